@@ -1,0 +1,43 @@
+//! The `steadfast` binary: parse, validate, run, and map errors to an exit code.
+#![forbid(unsafe_code)]
+
+mod train_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Steadfast: distributed deep-learning training that survives faults and reproduces bit
+/// for bit.
+#[derive(Parser, Debug)]
+#[command(name = "steadfast", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train a model in this process.
+    Train(train_cmd::TrainArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(args) => train_cmd::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `steadfast train`: arguments, progress display and the final summary.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use train::data::DataKind;
+use train::model::ModelKind;
+use train::optim::OptimKind;
+use train::{Event, TrainConfig};
+
+const EXAMPLES: &str = "\
+Examples:
+  # The MLP on Fashion-MNIST with its defaults (about 88% test accuracy)
+  steadfast train --model mlp --data fashion-mnist
+
+  # LeNet-5, 4 micro-batches of 32 per global batch of 128, SGD with momentum
+  steadfast train --model cnn --batch 128 --micro-batch 32 --optimizer sgd --lr 0.05
+
+  # The character-level GPT on fortunes, metrics in runs/gpt/metrics.jsonl
+  steadfast train --model gpt --data fortunes --out runs/gpt
+
+  # A quick run on generated data (no data set needed)
+  steadfast train --model mlp --data synthetic --steps 50";
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ModelArg {
+    Mlp,
+    Cnn,
+    Gpt,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DataArg {
+    FashionMnist,
+    Fortunes,
+    Synthetic,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OptimArg {
+    Sgd,
+    Adamw,
+}
+
+/// Arguments of `steadfast train`. Unset values take the model's defaults.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct TrainArgs {
+    /// Architecture.
+    #[arg(long, value_enum, default_value = "mlp")]
+    model: ModelArg,
+    /// Data set [default: fashion-mnist for mlp and cnn, fortunes for gpt].
+    #[arg(long, value_enum)]
+    data: Option<DataArg>,
+    /// Directory of the data set's files (overrides the Debian package's location).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Optimizer steps [default: mlp 2000, cnn 3000, gpt 1000].
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Global batch size [default: 128, gpt 32].
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Examples per forward/backward pass; must divide the batch [default: the batch].
+    #[arg(long)]
+    micro_batch: Option<usize>,
+    /// Learning rate [default: mlp 1e-3, cnn 2e-3, gpt 2e-3].
+    #[arg(long)]
+    lr: Option<f32>,
+    /// Optimizer.
+    #[arg(long, value_enum, default_value = "adamw")]
+    optimizer: OptimArg,
+    /// SGD momentum.
+    #[arg(long)]
+    momentum: Option<f32>,
+    /// Weight decay (L2 for SGD, decoupled for AdamW).
+    #[arg(long)]
+    weight_decay: Option<f32>,
+    /// Seed of initialisation, data order and synthetic data.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Evaluate on the held-out split every this many steps (0: only at the end).
+    #[arg(long)]
+    eval_every: Option<u64>,
+    /// Output directory for metrics.jsonl.
+    #[arg(long, default_value = "runs/train")]
+    out: PathBuf,
+}
+
+impl TrainArgs {
+    fn into_config(self) -> anyhow::Result<TrainConfig> {
+        let model = match self.model {
+            ModelArg::Mlp => ModelKind::Mlp,
+            ModelArg::Cnn => ModelKind::Cnn,
+            ModelArg::Gpt => ModelKind::Gpt,
+        };
+        let mut c = TrainConfig::defaults(model);
+        if let Some(d) = self.data {
+            c.data = match d {
+                DataArg::FashionMnist => DataKind::FashionMnist,
+                DataArg::Fortunes => DataKind::Fortunes,
+                DataArg::Synthetic => DataKind::Synthetic,
+            };
+        }
+        c.data_dir = self.data_dir;
+        c.steps = self.steps.unwrap_or(c.steps);
+        c.batch = self.batch.unwrap_or(c.batch);
+        c.micro_batch = self.micro_batch.unwrap_or(c.batch);
+        c.optimizer = match self.optimizer {
+            OptimArg::Sgd => OptimKind::Sgd,
+            OptimArg::Adamw => OptimKind::AdamW,
+        };
+        c.optim.lr = self.lr.unwrap_or(c.optim.lr);
+        c.optim.momentum = self.momentum.unwrap_or(c.optim.momentum);
+        c.optim.weight_decay = self.weight_decay.unwrap_or(c.optim.weight_decay);
+        c.seed = self.seed;
+        c.eval_every = self.eval_every.unwrap_or(c.eval_every);
+        c.out_dir = Some(self.out);
+        if !(c.optim.lr.is_finite() && c.optim.lr > 0.0) {
+            anyhow::bail!("--lr must be a positive number, not {}", c.optim.lr);
+        }
+        Ok(c)
+    }
+}
+
+/// Runs `steadfast train`.
+pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    let bar = ProgressBar::new(config.steps);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {per_sec}  eta {eta}  {msg}")
+            .expect("valid template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(250));
+    let mut on_event = |event: Event| match event {
+        Event::Started { parameters, .. } => {
+            tracing::info!(parameters, "training started");
+        }
+        Event::Step { step, loss } => {
+            bar.set_position(step);
+            bar.set_message(format!("loss {loss:.4}"));
+        }
+        Event::Eval(r) => {
+            let ppl = r
+                .perplexity
+                .map(|p| format!(", perplexity {p:.3}"))
+                .unwrap_or_default();
+            bar.println(format!(
+                "step {:>6}  test loss {:.4}, accuracy {:.2}%{ppl}",
+                r.step,
+                r.loss,
+                100.0 * r.accuracy
+            ));
+        }
+    };
+    let (summary, _) = train::train(&config, &mut on_event).context("training failed")?;
+    bar.finish_and_clear();
+    let out = config.out_dir.as_ref().expect("set by into_config");
+    let steps_per_s = summary.steps as f64 / summary.train_time.as_secs_f64();
+    println!(
+        "model:        {:?} on {:?}, {} parameters",
+        config.model, config.data, summary.parameters
+    );
+    println!(
+        "steps:        {} at {steps_per_s:.1} steps/s (optimizer {:.1}% of step time)",
+        summary.steps,
+        100.0 * summary.optimizer_time.as_secs_f64() / summary.train_time.as_secs_f64()
+    );
+    println!("final loss:   {:.4}", summary.final_loss);
+    println!("test loss:    {:.4}", summary.eval.loss);
+    println!("test accuracy: {:.2}%", 100.0 * summary.eval.accuracy);
+    if let (Some(p), Some(u)) = (summary.eval.perplexity, summary.unigram_perplexity) {
+        println!("perplexity:   {p:.3} (unigram baseline {u:.3})");
+    }
+    println!("metrics:      {}", out.join("metrics.jsonl").display());
+    println!(
+        "fingerprint: {}",
+        repro::fingerprint::hex(summary.fingerprint)
+    );
+    Ok(())
+}

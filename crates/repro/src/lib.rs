@@ -1,0 +1,27 @@
+//! # repro: arithmetic whose bits do not depend on how the work was split
+//!
+//! This crate owns the numerical building blocks of Steadfast's determinism contract
+//! (see `docs/determinism.md`). It knows nothing of tensors or training; it works on
+//! plain slices so that other programs can use it.
+//!
+//! - [`rng`]: a counter-based random number generator (Philox4x32-10). Every random
+//!   number is a pure function of `(seed, purpose, indices, position)`, so data order,
+//!   weight initialisation and dropout masks never depend on thread or rank scheduling.
+//! - [`fingerprint`]: xxh3-64 fingerprints of named f32 tensors, compared across runs
+//!   and replicas to prove that their bits are equal.
+//!
+//! ```
+//! use repro::{fingerprint::fingerprint, rng::permutation};
+//!
+//! // The data order of epoch 3 is the same wherever and whenever it is computed.
+//! assert_eq!(permutation(42, "data", &[3], 10), permutation(42, "data", &[3], 10));
+//!
+//! let w = [0.5f32, -1.25];
+//! let fp = fingerprint([("model.w", &w[..])]);
+//! assert_eq!(fp, fingerprint([("model.w", &[0.5f32, -1.25][..])]));
+//! ```
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod fingerprint;
+pub mod rng;

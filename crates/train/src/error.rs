@@ -1,0 +1,76 @@
+//! Error types of the training crate. Every variant carries what a person needs to act:
+//! the file, the setting, or the tensor involved.
+
+use std::path::PathBuf;
+
+/// A data set could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The data set's directory does not exist.
+    #[error("data not found at {path}: {hint}")]
+    Missing {
+        /// The directory looked for.
+        path: PathBuf,
+        /// How to get the data.
+        hint: String,
+    },
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A file was read but its content is not what the format requires.
+    #[error("malformed data file {path}: {reason}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The data set does not fit the model (e.g. images for a language model).
+    #[error("data set {data} does not provide {modality}, which the model needs")]
+    Mismatch {
+        /// The data set.
+        data: String,
+        /// What the model needs.
+        modality: String,
+    },
+}
+
+/// A configuration value is invalid.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The value breaks a rule stated in the message.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Training failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// See [`DataError`].
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// See [`ConfigError`].
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Writing metrics or outputs failed.
+    #[error("cannot write {path}: {source}")]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The model produced a non-finite loss.
+    #[error("training diverged at step {step}: loss is {loss}")]
+    Diverged {
+        /// The step.
+        step: u64,
+        /// The loss value.
+        loss: f32,
+    },
+}

@@ -1,0 +1,284 @@
+//! The models (plain burn modules with a constructor and `forward`), and the bridge
+//! between burn's parameters and the state registry's flat buffers.
+//!
+//! The registry is the source of truth for parameter values. Each step, [`Model::load`]
+//! copies the flat parameters into the burn module, [`Model::loss_and_grads`] runs a
+//! micro-batch forward and backward and returns each parameter's gradient as a flat
+//! buffer, and the optimizer (ours, not burn's) updates the flat buffers. Parameters are
+//! enumerated by burn's module visitor, which walks fields in declaration order, so
+//! names (`model.fc1.weight`) and order are fixed by the model's source code.
+
+mod cnn;
+mod gpt;
+pub mod init;
+mod mlp;
+
+use burn::module::{ModuleMapper, ModuleVisitor, Param};
+use burn::prelude::*;
+use burn::tensor::Gradients;
+use burn::tensor::activation::log_softmax;
+
+pub use cnn::LeNet;
+pub use gpt::{Gpt, GptConfig};
+pub use init::Init;
+pub use mlp::Mlp;
+
+use crate::data::Batch;
+use crate::state::{NamedTensor, Role};
+
+/// Which architecture to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// 784-256-128-10 perceptron.
+    Mlp,
+    /// LeNet-5.
+    Cnn,
+    /// Character-level transformer.
+    Gpt,
+}
+
+/// A model of one of the supported architectures.
+#[derive(Debug)]
+pub enum Model {
+    /// See [`Mlp`].
+    Mlp(Mlp),
+    /// See [`LeNet`].
+    Cnn(LeNet),
+    /// See [`Gpt`].
+    Gpt(Gpt),
+}
+
+/// Sum of the loss over a batch and, for classifiers, the number of correct predictions.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EvalSums {
+    /// Sum of per-example (per-token for text) cross-entropy, in nats.
+    pub loss_sum: f64,
+    /// Number of predictions scored (examples, or tokens for text).
+    pub count: usize,
+    /// Number of correct arg-max predictions.
+    pub correct: usize,
+}
+
+impl Model {
+    /// A freshly initialised model. `gpt` gives the GPT's shape and is ignored otherwise.
+    pub fn new(kind: ModelKind, seed: u64, gpt: GptConfig, device: &Device) -> Self {
+        let init = Init::new(device, seed);
+        match kind {
+            ModelKind::Mlp => Model::Mlp(Mlp::new(&init)),
+            ModelKind::Cnn => Model::Cnn(LeNet::new(&init)),
+            ModelKind::Gpt => Model::Gpt(Gpt::new(&init, gpt)),
+        }
+    }
+
+    /// The parameters as registry tensors (`model.<path>`), in declaration order.
+    pub fn params(&self) -> Vec<NamedTensor> {
+        let mut v = Collect {
+            path: Vec::new(),
+            out: Vec::new(),
+            grads: None,
+        };
+        self.visit(&mut v);
+        v.out
+    }
+
+    /// The model with every parameter overwritten by the registry's values (same order
+    /// as [`params`](Model::params)).
+    pub fn load(self, params: &[NamedTensor]) -> Self {
+        let mut m = Assign {
+            path: Vec::new(),
+            params,
+            next: 0,
+        };
+        let model = match self {
+            Model::Mlp(x) => Model::Mlp(x.map(&mut m)),
+            Model::Cnn(x) => Model::Cnn(x.map(&mut m)),
+            Model::Gpt(x) => Model::Gpt(x.map(&mut m)),
+        };
+        assert_eq!(
+            m.next,
+            params.len(),
+            "the model has fewer parameters than the registry"
+        );
+        model
+    }
+
+    /// Forward and backward on one micro-batch. The loss is the sum of per-example
+    /// cross-entropy divided by `denominator` (the global batch's example or token count),
+    /// so that summing the micro-batches' gradients gives the global batch's mean-loss
+    /// gradient. Returns the loss value and one flat gradient per parameter.
+    pub fn loss_and_grads(
+        &self,
+        batch: &Batch,
+        denominator: usize,
+        device: &Device,
+    ) -> (f32, Vec<Vec<f32>>) {
+        let (logits, labels) = self.logits(batch, device);
+        let [n, _] = logits.dims();
+        let nll = -log_softmax(logits, 1).gather(1, labels.reshape([n, 1]));
+        let loss = nll.sum().div_scalar(denominator as f32);
+        let value = loss.clone().into_scalar::<f32>();
+        let grads = loss.backward();
+        let mut v = Collect {
+            path: Vec::new(),
+            out: Vec::new(),
+            grads: Some(&grads),
+        };
+        self.visit(&mut v);
+        (value, v.out.into_iter().map(|t| t.data).collect())
+    }
+
+    /// Loss sum and correct predictions on a batch, without building a gradient graph.
+    pub fn evaluate(&self, batch: &Batch, device: &Device) -> EvalSums {
+        let plain = device.clone().inner();
+        let (logits, labels) = match self {
+            Model::Mlp(m) => m.valid().logits_of(batch, &plain),
+            Model::Cnn(m) => m.valid().logits_of(batch, &plain),
+            Model::Gpt(m) => m.valid().logits_of(batch, &plain),
+        };
+        let [n, _] = logits.dims();
+        let lp = log_softmax(logits, 1);
+        let nll: f64 = lp
+            .clone()
+            .gather(1, labels.clone().reshape([n, 1]))
+            .sum()
+            .into_scalar::<f32>()
+            .into();
+        let pred = lp.argmax(1).reshape([n]);
+        let correct = pred.equal(labels).int().sum().into_scalar::<i64>();
+        EvalSums {
+            loss_sum: -nll,
+            count: n,
+            correct: correct as usize,
+        }
+    }
+
+    fn logits(&self, batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
+        match self {
+            Model::Mlp(m) => m.logits_of(batch, device),
+            Model::Cnn(m) => m.logits_of(batch, device),
+            Model::Gpt(m) => m.logits_of(batch, device),
+        }
+    }
+
+    fn visit<V: ModuleVisitor>(&self, v: &mut V) {
+        match self {
+            Model::Mlp(m) => m.visit(v),
+            Model::Cnn(m) => m.visit(v),
+            Model::Gpt(m) => m.visit(v),
+        }
+    }
+}
+
+/// Turns a [`Batch`] into logits and flat labels for one architecture.
+trait Logits {
+    fn logits_of(&self, batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>);
+}
+
+fn image_inputs(batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
+    let Batch::Images { n, x, y } = batch else {
+        panic!("an image model was given a text batch")
+    };
+    let d = x.len() / n;
+    (
+        Tensor::from_data(TensorData::new(x.clone(), [*n, d]), device),
+        Tensor::from_data(TensorData::new(y.clone(), [*n]), device),
+    )
+}
+
+impl Logits for Mlp {
+    fn logits_of(&self, batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
+        let (x, y) = image_inputs(batch, device);
+        (self.forward(x), y)
+    }
+}
+
+impl Logits for LeNet {
+    fn logits_of(&self, batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
+        let (x, y) = image_inputs(batch, device);
+        (self.forward(x), y)
+    }
+}
+
+impl Logits for Gpt {
+    fn logits_of(&self, batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
+        let Batch::Tokens { n, x, y } = batch else {
+            panic!("a text model was given an image batch")
+        };
+        let t = x.len() / n;
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(x.clone(), [*n, t]), device);
+        (
+            self.forward(tokens),
+            Tensor::from_data(TensorData::new(y.clone(), [n * t]), device),
+        )
+    }
+}
+
+/// Collects parameter values (or, with `grads`, their gradients) in visiting order.
+struct Collect<'a> {
+    path: Vec<String>,
+    out: Vec<NamedTensor>,
+    grads: Option<&'a Gradients>,
+}
+
+impl ModuleVisitor for Collect<'_> {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.path.push(name.to_owned());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let value = param.val();
+        let shape = value.dims().to_vec();
+        let tensor = match self.grads {
+            None => value,
+            Some(grads) => match value.grad(grads) {
+                Some(g) => g,
+                // A parameter that did not take part in the loss has a zero gradient.
+                None => Tensor::zeros(shape.clone(), &value.device().inner()),
+            },
+        };
+        let data = tensor
+            .into_data()
+            .try_into_vec::<f32>()
+            .expect("parameters are f32");
+        self.out.push(NamedTensor::new(
+            format!("model.{}", self.path.join(".")),
+            Role::Model,
+            shape,
+            data,
+        ));
+    }
+}
+
+/// Assigns registry values to parameters in visiting order.
+struct Assign<'a> {
+    path: Vec<String>,
+    params: &'a [NamedTensor],
+    next: usize,
+}
+
+impl ModuleMapper for Assign<'_> {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.path.push(name.to_owned());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let src = &self.params[self.next];
+        self.next += 1;
+        debug_assert_eq!(src.name, format!("model.{}", self.path.join(".")));
+        let (id, old, mapper) = param.consume();
+        let device = old.device();
+        let mut t = Tensor::<D>::from_data(TensorData::new(src.data.clone(), old.shape()), &device);
+        if device.is_autodiff() {
+            t = t.require_grad();
+        }
+        Param::from_mapped_value(id, t, mapper)
+    }
+}

@@ -1,0 +1,102 @@
+//! Optimizers over flat f32 buffers: SGD (momentum, weight decay) and AdamW.
+//!
+//! The optimizer owns its state as named tensors, `optim.<param>.<slot>` (for example
+//! `optim.model.fc1.weight.exp_avg`), created in parameter order, so that checkpoints,
+//! fingerprints and bit flips address every slot by name. Updates are element-wise with a
+//! fixed operation order and no fused multiply-add, so they give the same bits on every
+//! thread count and every replica.
+
+mod adamw;
+mod sgd;
+
+pub use adamw::AdamW;
+pub use sgd::Sgd;
+
+use crate::state::NamedTensor;
+
+/// Hyper-parameters of the optimizers; fields that an optimizer does not use are ignored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OptimConfig {
+    /// Learning rate.
+    pub lr: f32,
+    /// SGD momentum (0 disables the buffer).
+    pub momentum: f32,
+    /// Weight decay: L2 for SGD, decoupled for AdamW.
+    pub weight_decay: f32,
+    /// AdamW first-moment decay.
+    pub beta1: f32,
+    /// AdamW second-moment decay.
+    pub beta2: f32,
+    /// AdamW denominator guard.
+    pub eps: f32,
+}
+
+/// Which optimizer to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimKind {
+    /// Stochastic gradient descent with optional momentum.
+    Sgd,
+    /// Adam with decoupled weight decay.
+    AdamW,
+}
+
+/// An optimizer and its state.
+#[derive(Clone, Debug)]
+pub enum Optimizer {
+    /// See [`Sgd`].
+    Sgd(Sgd),
+    /// See [`AdamW`].
+    AdamW(AdamW),
+}
+
+impl Optimizer {
+    /// A fresh optimizer for the given parameters (state zeroed).
+    pub fn new(kind: OptimKind, config: OptimConfig, params: &[NamedTensor]) -> Self {
+        match kind {
+            OptimKind::Sgd => Optimizer::Sgd(Sgd::new(config, params)),
+            OptimKind::AdamW => Optimizer::AdamW(AdamW::new(config, params)),
+        }
+    }
+
+    /// Applies one update to `params` given their gradients (same order and lengths).
+    pub fn step(&mut self, params: &mut [NamedTensor], grads: &[Vec<f32>]) {
+        assert_eq!(params.len(), grads.len(), "one gradient per parameter");
+        match self {
+            Optimizer::Sgd(o) => o.step(params, grads),
+            Optimizer::AdamW(o) => o.step(params, grads),
+        }
+    }
+
+    /// The optimizer's state tensors, in registry order.
+    pub fn slots(&self) -> &[NamedTensor] {
+        match self {
+            Optimizer::Sgd(o) => &o.slots,
+            Optimizer::AdamW(o) => &o.slots,
+        }
+    }
+
+    /// Mutable access to the state tensors (for loading and fault injection).
+    pub fn slots_mut(&mut self) -> &mut [NamedTensor] {
+        match self {
+            Optimizer::Sgd(o) => &mut o.slots,
+            Optimizer::AdamW(o) => &mut o.slots,
+        }
+    }
+
+    /// Number of updates applied so far.
+    pub fn updates(&self) -> u64 {
+        match self {
+            Optimizer::Sgd(o) => o.updates,
+            Optimizer::AdamW(o) => o.updates,
+        }
+    }
+}
+
+/// The slot tensor `optim.<param>.<slot>`, zero-filled, shaped like its parameter.
+fn slot_for(param: &NamedTensor, slot: &str) -> NamedTensor {
+    NamedTensor::zeros(
+        format!("optim.{}.{slot}", param.name),
+        crate::state::Role::Optim,
+        param.shape.clone(),
+    )
+}

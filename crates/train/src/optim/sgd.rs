@@ -1,0 +1,64 @@
+//! SGD with momentum and L2 weight decay, with PyTorch's update rule:
+//! `g += wd * p; buf = momentum * buf + g; p -= lr * buf` (without momentum, `p -= lr * g`).
+
+use super::{OptimConfig, slot_for};
+use crate::state::NamedTensor;
+
+/// Stochastic gradient descent.
+#[derive(Clone, Debug)]
+pub struct Sgd {
+    config: OptimConfig,
+    /// `optim.<param>.momentum_buffer` per parameter (empty without momentum).
+    pub(super) slots: Vec<NamedTensor>,
+    pub(super) updates: u64,
+}
+
+impl Sgd {
+    /// A fresh optimizer for `params`.
+    pub fn new(config: OptimConfig, params: &[NamedTensor]) -> Self {
+        let slots = if config.momentum != 0.0 {
+            params
+                .iter()
+                .map(|p| slot_for(p, "momentum_buffer"))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Sgd {
+            config,
+            slots,
+            updates: 0,
+        }
+    }
+
+    pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[Vec<f32>]) {
+        let OptimConfig {
+            lr,
+            momentum,
+            weight_decay: wd,
+            ..
+        } = self.config;
+        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+            assert_eq!(
+                p.data.len(),
+                g.len(),
+                "gradient of {} has the wrong length",
+                p.name
+            );
+            if momentum == 0.0 {
+                for (w, &g) in p.data.iter_mut().zip(g) {
+                    let g = g + wd * *w;
+                    *w -= lr * g;
+                }
+            } else {
+                let buf = &mut self.slots[i].data;
+                for ((w, &g), b) in p.data.iter_mut().zip(g).zip(buf.iter_mut()) {
+                    let g = g + wd * *w;
+                    *b = momentum * *b + g;
+                    *w -= lr * *b;
+                }
+            }
+        }
+        self.updates += 1;
+    }
+}

@@ -1,0 +1,340 @@
+//! The single-process trainer: the step loop, periodic evaluation and metrics.
+//!
+//! One step, in order:
+//! 1. copy the registry's parameters into the burn model;
+//! 2. for each micro-batch `i` of the global batch (in index order), build it from the
+//!    sampler, run forward and backward, and add its gradient into the accumulator
+//!    (fixed order: [`comm::reduce_in_order`]);
+//! 3. apply the optimizer to the flat parameters;
+//! 4. every `eval_every` steps, evaluate on the held-out split.
+//!
+//! Nothing in the loop reads a clock, a thread id or an unordered container to decide
+//! what to compute, so the final state is a function of the configuration alone.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use burn::prelude::Device;
+use serde_json::json;
+
+use crate::data::sampler::Sampler;
+use crate::data::text::unigram_cross_entropy;
+use crate::data::{DataKind, DataSpec, Dataset, Modality, Split};
+use crate::error::{ConfigError, TrainError};
+use crate::model::{EvalSums, GptConfig, Model, ModelKind};
+use crate::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::state::{self, NamedTensor};
+
+/// Text sequences scored per evaluation (the first ones of the held-out split).
+pub const TEXT_EVAL_SEQUENCES: usize = 1024;
+/// Examples per forward pass during evaluation.
+const EVAL_CHUNK: usize = 500;
+
+/// Everything that defines a training run.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Architecture.
+    pub model: ModelKind,
+    /// Data set.
+    pub data: DataKind,
+    /// Overrides the data set's directory.
+    pub data_dir: Option<PathBuf>,
+    /// Number of optimizer steps.
+    pub steps: u64,
+    /// Global batch size (examples per step).
+    pub batch: usize,
+    /// Examples per forward/backward pass; divides `batch`.
+    pub micro_batch: usize,
+    /// Optimizer.
+    pub optimizer: OptimKind,
+    /// Optimizer hyper-parameters.
+    pub optim: OptimConfig,
+    /// Seed of initialisation, data order and synthetic data.
+    pub seed: u64,
+    /// Evaluate every this many steps (and always at the end); 0 evaluates only at the end.
+    pub eval_every: u64,
+    /// Where to write `metrics.jsonl`; nothing is written without it.
+    pub out_dir: Option<PathBuf>,
+}
+
+impl TrainConfig {
+    /// The defaults for a model: sizes and schedules that reach the documented quality
+    /// within a few minutes on two cores.
+    pub fn defaults(model: ModelKind) -> Self {
+        let adamw = OptimConfig {
+            lr: 1e-3,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
+        let (data, steps, batch, micro_batch, lr) = match model {
+            ModelKind::Mlp => (DataKind::FashionMnist, 2000, 128, 128, 1e-3),
+            ModelKind::Cnn => (DataKind::FashionMnist, 3000, 128, 128, 2e-3),
+            ModelKind::Gpt => (DataKind::Fortunes, 1000, 32, 32, 2e-3),
+        };
+        TrainConfig {
+            model,
+            data,
+            data_dir: None,
+            steps,
+            batch,
+            micro_batch,
+            optimizer: OptimKind::AdamW,
+            optim: OptimConfig { lr, ..adamw },
+            seed: 0,
+            eval_every: 500,
+            out_dir: None,
+        }
+    }
+}
+
+/// Held-out quality at one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalReport {
+    /// Step after which it was measured.
+    pub step: u64,
+    /// Mean cross-entropy per example (per token for text), in nats.
+    pub loss: f64,
+    /// Arg-max accuracy (images) or next-token accuracy (text).
+    pub accuracy: f64,
+    /// `exp(loss)`, for text.
+    pub perplexity: Option<f64>,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    /// Steps taken.
+    pub steps: u64,
+    /// Mean training loss of the last step.
+    pub final_loss: f32,
+    /// The last evaluation.
+    pub eval: EvalReport,
+    /// Perplexity of a unigram model on the held-out text (text only).
+    pub unigram_perplexity: Option<f64>,
+    /// xxh3-64 fingerprint of all parameters and optimizer state.
+    pub fingerprint: u64,
+    /// Wall-clock time of the training steps (without evaluation).
+    pub train_time: Duration,
+    /// Of which inside the optimizer update.
+    pub optimizer_time: Duration,
+    /// Number of parameters.
+    pub parameters: usize,
+}
+
+/// Progress reported while training.
+#[derive(Clone, Debug)]
+pub enum Event<'a> {
+    /// Training starts.
+    Started {
+        /// Steps to run.
+        steps: u64,
+        /// Number of model parameters.
+        parameters: usize,
+    },
+    /// A step finished.
+    Step {
+        /// Steps done so far.
+        step: u64,
+        /// Mean training loss of that step.
+        loss: f32,
+    },
+    /// An evaluation finished.
+    Eval(&'a EvalReport),
+}
+
+/// The final training state, for tests and tools that inspect it.
+#[derive(Clone, Debug)]
+pub struct FinalState {
+    /// Parameters, in registry order.
+    pub params: Vec<NamedTensor>,
+    /// Optimizer slots, in registry order.
+    pub slots: Vec<NamedTensor>,
+}
+
+/// Runs training as configured, reporting progress to `on_event`.
+pub fn train(
+    config: &TrainConfig,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(Summary, FinalState), TrainError> {
+    let modality = match config.model {
+        ModelKind::Mlp | ModelKind::Cnn => Modality::Images,
+        ModelKind::Gpt => Modality::Text,
+    };
+    let probe = GptConfig::small(0);
+    let spec = DataSpec {
+        kind: config.data,
+        dir: config.data_dir.clone(),
+        modality,
+        context: probe.context,
+        seed: config.seed,
+    };
+    let data = Dataset::load(&spec)?;
+    let (gpt, tokens_per_example, unigram) = match &data {
+        Dataset::Text(t) => (
+            GptConfig::small(t.vocab.len()),
+            t.context,
+            Some(unigram_cross_entropy(t).exp()),
+        ),
+        Dataset::Images(_) => (probe, 1, None),
+    };
+    if config.steps == 0 {
+        return Err(ConfigError::Invalid("--steps must be at least 1".into()).into());
+    }
+    let mut metrics = MetricsFile::create(config.out_dir.as_ref())?;
+    let device = Device::flex().autodiff();
+    let mut sampler = Sampler::new(
+        config.seed,
+        data.len(Split::Train),
+        config.batch,
+        config.micro_batch,
+    )?;
+    let mut model = Model::new(config.model, config.seed, gpt, &device);
+    let mut params = model.params();
+    let mut optimizer = Optimizer::new(config.optimizer, config.optim, &params);
+    let parameters = params.iter().map(|p| p.data.len()).sum();
+    on_event(Event::Started {
+        steps: config.steps,
+        parameters,
+    });
+
+    let denominator = config.batch * tokens_per_example;
+    let (mut train_time, mut optimizer_time) = (Duration::ZERO, Duration::ZERO);
+    let mut last_loss = f32::NAN;
+    let mut last_eval = None;
+    for step in 0..config.steps {
+        let started = Instant::now();
+        model = model.load(&params);
+        let mut loss = 0.0f32;
+        let mut grads: Option<Vec<Vec<f32>>> = None;
+        for i in 0..sampler.micro_batches() {
+            let batch = data.batch(Split::Train, &sampler.micro_batch(step, i));
+            let (l, g) = model.loss_and_grads(&batch, denominator, &device);
+            loss += l;
+            match grads.as_mut() {
+                None => grads = Some(g),
+                Some(acc) => acc
+                    .iter_mut()
+                    .zip(&g)
+                    .for_each(|(a, g)| comm::reduce_in_order(a, &[g])),
+            }
+        }
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged { step, loss });
+        }
+        let update = Instant::now();
+        optimizer.step(&mut params, &grads.expect("at least one micro-batch"));
+        optimizer_time += update.elapsed();
+        train_time += started.elapsed();
+        last_loss = loss;
+        let done = step + 1;
+        metrics.write(json!({"kind": "train", "step": done, "loss": loss}))?;
+        on_event(Event::Step { step: done, loss });
+
+        if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
+            model = model.load(&params);
+            let report = evaluate(&model, &data, done, &device);
+            let mut line = json!({
+                "kind": "eval", "step": done, "test_loss": report.loss, "test_accuracy": report.accuracy,
+            });
+            if let Some(p) = report.perplexity {
+                line["test_perplexity"] = json!(p);
+                line["unigram_perplexity"] = json!(unigram);
+            }
+            metrics.write(line)?;
+            on_event(Event::Eval(&report));
+            last_eval = Some(report);
+        }
+    }
+    let fingerprint = state::fingerprint(config.steps, params.iter().chain(optimizer.slots()));
+    let summary = Summary {
+        steps: config.steps,
+        final_loss: last_loss,
+        eval: last_eval.expect("the last step always evaluates"),
+        unigram_perplexity: unigram,
+        fingerprint,
+        train_time,
+        optimizer_time,
+        parameters,
+    };
+    metrics.write(json!({
+        "kind": "summary",
+        "steps": summary.steps,
+        "final_loss": summary.final_loss,
+        "test_accuracy": summary.eval.accuracy,
+        "test_perplexity": summary.eval.perplexity,
+        "unigram_perplexity": summary.unigram_perplexity,
+        "fingerprint": repro::fingerprint::hex(fingerprint),
+        "train_seconds": train_time.as_secs_f64(),
+        "optimizer_seconds": optimizer_time.as_secs_f64(),
+    }))?;
+    Ok((
+        summary,
+        FinalState {
+            params,
+            slots: optimizer.slots().to_vec(),
+        },
+    ))
+}
+
+/// Scores the held-out split (all test images; the first [`TEXT_EVAL_SEQUENCES`] text
+/// sequences), in fixed chunks.
+pub fn evaluate(model: &Model, data: &Dataset, step: u64, device: &Device) -> EvalReport {
+    let n = match data {
+        Dataset::Images(_) => data.len(Split::Test),
+        Dataset::Text(_) => data.len(Split::Test).min(TEXT_EVAL_SEQUENCES),
+    };
+    let mut sums = EvalSums::default();
+    let indices: Vec<u32> = (0..n as u32).collect();
+    for chunk in indices.chunks(EVAL_CHUNK) {
+        let s = model.evaluate(&data.batch(Split::Test, chunk), device);
+        sums.loss_sum += s.loss_sum;
+        sums.count += s.count;
+        sums.correct += s.correct;
+    }
+    let loss = sums.loss_sum / sums.count as f64;
+    EvalReport {
+        step,
+        loss,
+        accuracy: sums.correct as f64 / sums.count as f64,
+        perplexity: matches!(data, Dataset::Text(_)).then(|| loss.exp()),
+    }
+}
+
+/// `metrics.jsonl`: one JSON object per line, flushed as written.
+struct MetricsFile {
+    file: Option<(PathBuf, std::io::BufWriter<std::fs::File>)>,
+}
+
+impl MetricsFile {
+    fn create(dir: Option<&PathBuf>) -> Result<Self, TrainError> {
+        let Some(dir) = dir else {
+            return Ok(MetricsFile { file: None });
+        };
+        let path = dir.join("metrics.jsonl");
+        let err = |source| TrainError::Output {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let f = std::fs::File::create(&path).map_err(err)?;
+        Ok(MetricsFile {
+            file: Some((path, std::io::BufWriter::new(f))),
+        })
+    }
+
+    fn write(&mut self, value: serde_json::Value) -> Result<(), TrainError> {
+        if let Some((path, w)) = &mut self.file {
+            writeln!(w, "{value}")
+                .and_then(|()| w.flush())
+                .map_err(|source| TrainError::Output {
+                    path: path.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+}
