@@ -148,12 +148,17 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                 .perplexity
                 .map(|p| format!(", perplexity {p:.3}"))
                 .unwrap_or_default();
-            bar.println(format!(
+            let line = format!(
                 "step {:>6}  test loss {:.4}, accuracy {:.2}%{ppl}",
                 r.step,
                 r.loss,
                 100.0 * r.accuracy
-            ));
+            );
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
         }
     };
     let (summary, _) = train::train(&config, &mut on_event).context("training failed")?;

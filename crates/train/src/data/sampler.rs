@@ -50,7 +50,7 @@ impl Sampler {
                 "batch and micro-batch sizes must be positive".into(),
             ));
         }
-        if global_batch % micro_batch != 0 {
+        if !global_batch.is_multiple_of(micro_batch) {
             return Err(ConfigError::Invalid(format!(
                 "the batch ({global_batch}) must be a multiple of the micro-batch ({micro_batch})"
             )));

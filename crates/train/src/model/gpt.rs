@@ -73,7 +73,7 @@ impl Gpt {
     /// `1/sqrt(2 * layers)`).
     pub fn new(init: &Init, c: GptConfig) -> Self {
         assert!(
-            c.width % c.heads == 0,
+            c.width.is_multiple_of(c.heads),
             "width {} is not a multiple of {} heads",
             c.width,
             c.heads

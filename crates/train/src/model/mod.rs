@@ -43,7 +43,7 @@ pub enum Model {
     /// See [`Mlp`].
     Mlp(Mlp),
     /// See [`LeNet`].
-    Cnn(LeNet),
+    Cnn(Box<LeNet>),
     /// See [`Gpt`].
     Gpt(Gpt),
 }
@@ -65,7 +65,7 @@ impl Model {
         let init = Init::new(device, seed);
         match kind {
             ModelKind::Mlp => Model::Mlp(Mlp::new(&init)),
-            ModelKind::Cnn => Model::Cnn(LeNet::new(&init)),
+            ModelKind::Cnn => Model::Cnn(Box::new(LeNet::new(&init))),
             ModelKind::Gpt => Model::Gpt(Gpt::new(&init, gpt)),
         }
     }
@@ -91,7 +91,7 @@ impl Model {
         };
         let model = match self {
             Model::Mlp(x) => Model::Mlp(x.map(&mut m)),
-            Model::Cnn(x) => Model::Cnn(x.map(&mut m)),
+            Model::Cnn(x) => Model::Cnn(Box::new(x.map(&mut m))),
             Model::Gpt(x) => Model::Gpt(x.map(&mut m)),
         };
         assert_eq!(

@@ -1,0 +1,210 @@
+//! `steadfast train` end to end: determinism across thread counts, quality with default
+//! arguments, and clear errors for bad input.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn steadfast(args: &[&str], threads: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+    cmd.args(args);
+    if let Some(t) = threads {
+        cmd.env("RAYON_NUM_THREADS", t);
+    }
+    cmd.output().expect("run steadfast")
+}
+
+fn fingerprint_line(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("fingerprint: "))
+        .expect("a fingerprint line")
+        .to_owned();
+    let hex = line.trim_start_matches("fingerprint: ");
+    assert!(
+        hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+        "{line}"
+    );
+    line
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let last = text.lines().last().expect("metrics.jsonl is empty");
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(v["kind"], "summary");
+    v
+}
+
+/// See `train/tests/common`: a missing data set skips, unless CI demands it.
+fn have_data(dir: &str) -> bool {
+    let present = Path::new(dir).is_dir();
+    if !present {
+        assert!(
+            std::env::var_os("STEADFAST_REQUIRE_DATA").is_none(),
+            "{dir} is missing but STEADFAST_REQUIRE_DATA is set"
+        );
+        eprintln!("skipping: {dir} is not installed");
+    }
+    present
+}
+
+#[test]
+fn same_fingerprint_with_one_and_two_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    for model in ["mlp", "cnn"] {
+        let args = [
+            "train",
+            "--model",
+            model,
+            "--data",
+            "synthetic",
+            "--steps",
+            "5",
+            "--batch",
+            "256",
+            "--micro-batch",
+            "64",
+            "--out",
+            out,
+        ];
+        let one = fingerprint_line(&steadfast(&args, Some("1")));
+        let two = fingerprint_line(&steadfast(&args, Some("2")));
+        assert_eq!(one, two, "{model}");
+        assert_eq!(
+            summary(dir.path())["fingerprint"].as_str().unwrap(),
+            two.trim_start_matches("fingerprint: ")
+        );
+    }
+}
+
+fn accuracy_with_defaults(model: &str, target: f64) {
+    if !have_data("/usr/share/datasets/fashion-mnist") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = steadfast(
+        &[
+            "train",
+            "--model",
+            model,
+            "--data",
+            "fashion-mnist",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        None,
+    );
+    let elapsed = started.elapsed();
+    fingerprint_line(&out);
+    let accuracy = summary(dir.path())["test_accuracy"].as_f64().unwrap();
+    eprintln!("{model}: test accuracy {accuracy:.4} in {elapsed:.1?}");
+    assert!(
+        accuracy >= target,
+        "{model}: accuracy {accuracy} < {target}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(300),
+        "{model} took {elapsed:?}"
+    );
+}
+
+#[test]
+fn mlp_reaches_85_percent_with_default_arguments() {
+    accuracy_with_defaults("mlp", 0.85);
+}
+
+#[test]
+fn cnn_reaches_88_percent_with_default_arguments() {
+    accuracy_with_defaults("cnn", 0.88);
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = steadfast(args, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: expected {needle:?} in\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+}
+
+#[test]
+fn bad_configurations_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    fails_with(
+        &[
+            "train",
+            "--data",
+            "synthetic",
+            "--batch",
+            "100",
+            "--micro-batch",
+            "30",
+            "--out",
+            out,
+        ],
+        "multiple of the micro-batch",
+    );
+    fails_with(
+        &[
+            "train",
+            "--data",
+            "synthetic",
+            "--batch",
+            "100000",
+            "--out",
+            out,
+        ],
+        "larger than the training set",
+    );
+    fails_with(
+        &["train", "--data", "synthetic", "--lr=-1", "--out", out],
+        "--lr must be a positive",
+    );
+    fails_with(
+        &["train", "--data", "synthetic", "--steps", "0", "--out", out],
+        "at least 1",
+    );
+    fails_with(
+        &[
+            "train", "--model", "mlp", "--data", "fortunes", "--out", out,
+        ],
+        "does not provide Images",
+    );
+    fails_with(
+        &[
+            "train",
+            "--model",
+            "mlp",
+            "--data-dir",
+            "/nonexistent/fm",
+            "--out",
+            out,
+        ],
+        "/nonexistent/fm",
+    );
+    fails_with(&["train", "--model", "resnet"], "invalid value 'resnet'");
+}
+
+#[test]
+fn help_shows_examples() {
+    let out = steadfast(&["train", "--help"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains("Examples:") && text.contains("steadfast train --model cnn"),
+        "{text}"
+    );
+}

@@ -1,0 +1,43 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use train::TrainConfig;
+use train::data::DataKind;
+use train::model::ModelKind;
+
+/// True when the Debian data set is installed. When `STEADFAST_REQUIRE_DATA` is set (CI
+/// sets it), a missing data set fails the test instead of skipping it.
+pub fn have_data(dir: &str) -> bool {
+    let present = Path::new(dir).is_dir();
+    if !present {
+        assert!(
+            std::env::var_os("STEADFAST_REQUIRE_DATA").is_none(),
+            "{dir} is missing but STEADFAST_REQUIRE_DATA is set"
+        );
+        eprintln!("skipping: {dir} is not installed");
+    }
+    present
+}
+
+/// A short run on synthetic data with several micro-batches per step.
+pub fn tiny(model: ModelKind) -> TrainConfig {
+    let mut c = TrainConfig::defaults(model);
+    c.data = DataKind::Synthetic;
+    c.steps = 4;
+    c.batch = 32;
+    c.micro_batch = 8;
+    c.eval_every = 0;
+    c
+}
+
+/// Runs training on a dedicated rayon pool of `threads` threads and returns the
+/// fingerprint.
+pub fn fingerprint_with_threads(config: &TrainConfig, threads: usize) -> u64 {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| train::train(config, &mut |_| {}).unwrap().0.fingerprint)
+}
