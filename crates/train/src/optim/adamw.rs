@@ -1,16 +1,20 @@
-//! AdamW (Loshchilov & Hutter), with PyTorch's update rule:
+//! AdamW (Loshchilov & Hutter), with PyTorch's update rule (the bias correction of the
+//! second moment is applied as a multiplication by a precomputed reciprocal, which saves a
+//! division per element):
 //!
 //! ```text
 //! p   -= lr * wd * p
 //! m    = b1 * m + (1 - b1) * g
 //! v    = b2 * v + (1 - b2) * g * g
-//! p   -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+//! p   -= (lr / (1 - b1^t)) * m / (sqrt(v) * (1 / sqrt(1 - b2^t)) + eps)
 //! ```
 //!
 //! The bias corrections `b^t` are computed in f64 by exponentiation by squaring (only
 //! correctly rounded multiplications), so they do not depend on the platform's `pow`.
 
-use super::{OptimConfig, slot_for};
+use rayon::prelude::*;
+
+use super::{MIN_CHUNK, OptimConfig, slot_for};
 use crate::state::NamedTensor;
 
 /// Adam with decoupled weight decay.
@@ -61,7 +65,7 @@ impl AdamW {
         let bc1 = 1.0 - pow_by_squaring(f64::from(b1), t);
         let bc2 = 1.0 - pow_by_squaring(f64::from(b2), t);
         let step_size = (f64::from(lr) / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
+        let inv_bc2_sqrt = (1.0 / bc2.sqrt()) as f32;
         let decay = 1.0 - lr * wd;
         for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
             assert_eq!(
@@ -72,12 +76,15 @@ impl AdamW {
             );
             let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
             let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
-            for (((w, &g), m), v) in p.data.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                *w *= decay;
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * (g * g);
-                *w -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
-            }
+            // Element-wise, so splitting over threads cannot change any bit.
+            p.data.par_iter_mut().zip(g).zip(m.par_iter_mut()).zip(v.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
+                |(((w, &g), m), v)| {
+                    *w *= decay;
+                    *m = b1 * *m + (1.0 - b1) * g;
+                    *v = b2 * *v + (1.0 - b2) * (g * g);
+                    *w -= step_size * *m / (v.sqrt() * inv_bc2_sqrt + eps);
+                },
+            );
         }
         self.updates = t;
     }

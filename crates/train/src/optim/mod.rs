@@ -3,7 +3,8 @@
 //! The optimizer owns its state as named tensors, `optim.<param>.<slot>` (for example
 //! `optim.model.fc1.weight.exp_avg`), created in parameter order, so that checkpoints,
 //! fingerprints and bit flips address every slot by name. Updates are element-wise with a
-//! fixed operation order and no fused multiply-add, so they give the same bits on every
+//! fixed operation order and no fused multiply-add; they are spread over threads by
+//! element ranges, which cannot change any bit, so they give the same bits on every
 //! thread count and every replica.
 
 mod adamw;
@@ -13,6 +14,9 @@ pub use adamw::AdamW;
 pub use sgd::Sgd;
 
 use crate::state::NamedTensor;
+
+/// Fewest elements a thread updates at once; smaller tensors are updated by one thread.
+const MIN_CHUNK: usize = 1 << 15;
 
 /// Hyper-parameters of the optimizers; fields that an optimizer does not use are ignored.
 #[derive(Clone, Copy, Debug, PartialEq)]

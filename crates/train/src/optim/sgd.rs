@@ -1,7 +1,9 @@
 //! SGD with momentum and L2 weight decay, with PyTorch's update rule:
 //! `g += wd * p; buf = momentum * buf + g; p -= lr * buf` (without momentum, `p -= lr * g`).
 
-use super::{OptimConfig, slot_for};
+use rayon::prelude::*;
+
+use super::{MIN_CHUNK, OptimConfig, slot_for};
 use crate::state::NamedTensor;
 
 /// Stochastic gradient descent.
@@ -46,17 +48,17 @@ impl Sgd {
                 p.name
             );
             if momentum == 0.0 {
-                for (w, &g) in p.data.iter_mut().zip(g) {
+                p.data.par_iter_mut().zip(g).with_min_len(MIN_CHUNK).for_each(|(w, &g)| {
                     let g = g + wd * *w;
                     *w -= lr * g;
-                }
+                });
             } else {
                 let buf = &mut self.slots[i].data;
-                for ((w, &g), b) in p.data.iter_mut().zip(g).zip(buf.iter_mut()) {
+                p.data.par_iter_mut().zip(g).zip(buf.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(|((w, &g), b)| {
                     let g = g + wd * *w;
                     *b = momentum * *b + g;
                     *w -= lr * *b;
-                }
+                });
             }
         }
         self.updates += 1;

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs Steadfast's benchmarks and rewrites their sections of docs/benchmarks.md.
+# Benchmarks are not tests: they take minutes and need peers (PyTorch) that CI lacks.
+#
+#   bench/run.sh            # every benchmark
+#   bench/run.sh train      # training steps/s against PyTorch
+#
+# PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
+# installed on demand into bench/.venv. No benchmark here needs a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+which=${1:-all}
+venv=bench/.venv
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, numpy' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q torch numpy safetensors
+fi
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+  echo "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist" >&2
+  exit 1
+fi
+cargo build --release --locked
+
+case "$which" in
+  all|train) "$venv/bin/python" bench/train_vs_pytorch.py ;;
+  *) echo "unknown benchmark: $which (expected: all, train)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,114 @@
+"""Training speed of Steadfast against PyTorch on the CPU, side by side in one run.
+
+Same architecture, batch (128), fp32, AdamW and thread count; each configuration is run
+REPEATS times, alternating the two sides, and the median steps/s is reported. Also
+reports, for each side, whether the final weights are bit-identical with 1 and 2
+threads. Writes a section of docs/benchmarks.md.
+
+Usage: bench/.venv/bin/python bench/train_vs_pytorch.py   (bench/run.sh does this)
+"""
+import datetime, json, os, platform, statistics, subprocess, sys, tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "steadfast")
+REPEATS = int(os.environ.get("REPEATS", "3"))
+STEPS = {"mlp": 1000, "cnn": 200}
+LR = {"mlp": 1e-3, "cnn": 2e-3}
+
+
+def steadfast(model, threads):
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [BIN, "train", "--model", model, "--data", "fashion-mnist", "--steps", str(STEPS[model]),
+               "--batch", "128", "--lr", str(LR[model]), "--eval-every", "0", "--out", out]
+        env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            s = json.loads(f.read().splitlines()[-1])
+    return STEPS[model] / s["train_seconds"], s["optimizer_seconds"] / s["train_seconds"], s["fingerprint"]
+
+
+def torch(model, threads):
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_train.py"), "--model", model,
+           "--steps", str(STEPS[model]), "--lr", str(LR[model]), "--threads", str(threads)]
+    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return STEPS[model] / r["seconds"], r["optimizer_seconds"] / r["seconds"], r["weights_sha256"], r["torch"]
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    rows, hashes, version = [], {}, "?"
+    for model in ["mlp", "cnn"]:
+        for threads in [1, 2]:
+            ours, theirs, ours_opt, theirs_opt = [], [], [], []
+            for _ in range(REPEATS):
+                sps, opt, fp = steadfast(model, threads)
+                ours.append(sps); ours_opt.append(opt)
+                hashes.setdefault(("steadfast", model, threads), set()).add(fp)
+                sps, opt, h, version = torch(model, threads)
+                theirs.append(sps); theirs_opt.append(opt)
+                hashes.setdefault(("pytorch", model, threads), set()).add(h)
+            o, t = statistics.median(ours), statistics.median(theirs)
+            rows.append((model, threads, o, t, o / t, statistics.median(ours_opt), statistics.median(theirs_opt)))
+            print(f"{model} threads={threads}: steadfast {o:.1f} steps/s, pytorch {t:.1f} steps/s, ratio {o/t:.2f}", flush=True)
+
+    def same(side, model):
+        a, b = hashes[(side, model, 1)], hashes[(side, model, 2)]
+        if len(a) > 1 or len(b) > 1:
+            return "no (differs run to run)"
+        return "yes" if a == b else "no"
+
+    today = datetime.date.today().isoformat()
+    lines = [
+        "<!-- train-vs-pytorch:start -->",
+        "## Training steps/s against PyTorch (CPU)",
+        "",
+        f"- Date: {today}; machine: {cpu_name()}, {os.cpu_count()} cores; PyTorch {version}.",
+        "- Command: `bench/run.sh train` (driver: `bench/train_vs_pytorch.py`).",
+        f"- Fashion-MNIST, batch 128, fp32, AdamW; MLP {STEPS['mlp']} steps, CNN (LeNet-5) {STEPS['cnn']} steps;"
+        f" median of {REPEATS} runs per cell, the two sides alternating. Steps/s counts the training loop only"
+        " (batch assembly, forward, backward, optimizer), not data loading or evaluation.",
+        "",
+        "| model | threads | Steadfast steps/s | PyTorch steps/s | ratio (Steadfast / PyTorch) | optimizer share, Steadfast | optimizer share, PyTorch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m, th, o, t, r, oo, to in rows:
+        lines.append(f"| {m} | {th} | {o:.1f} | {t:.1f} | {r:.2f}x | {100*oo:.1f}% | {100*to:.1f}% |")
+    lines += [
+        "",
+        "Final weights bit-identical with 1 and 2 threads:",
+        "",
+        "| model | Steadfast | PyTorch |",
+        "|---|---|---|",
+    ]
+    for m in ["mlp", "cnn"]:
+        lines.append(f"| {m} | {same('steadfast', m)} | {same('pytorch', m)} |")
+    lines.append("<!-- train-vs-pytorch:end -->")
+    section = "\n".join(lines)
+    print(section)
+    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "train-vs-pytorch", section)
+
+
+def write_section(path, name, section):
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        after = rest.split(end, 1)[1]
+        text = before + section + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
