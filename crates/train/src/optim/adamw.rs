@@ -77,14 +77,18 @@ impl AdamW {
             let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
             let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
             // Element-wise, so splitting over threads cannot change any bit.
-            p.data.par_iter_mut().zip(g).zip(m.par_iter_mut()).zip(v.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
-                |(((w, &g), m), v)| {
+            p.data
+                .par_iter_mut()
+                .zip(g)
+                .zip(m.par_iter_mut())
+                .zip(v.par_iter_mut())
+                .with_min_len(MIN_CHUNK)
+                .for_each(|(((w, &g), m), v)| {
                     *w *= decay;
                     *m = b1 * *m + (1.0 - b1) * g;
                     *v = b2 * *v + (1.0 - b2) * (g * g);
                     *w -= step_size * *m / (v.sqrt() * inv_bc2_sqrt + eps);
-                },
-            );
+                });
         }
         self.updates = t;
     }

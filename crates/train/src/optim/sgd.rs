@@ -48,17 +48,26 @@ impl Sgd {
                 p.name
             );
             if momentum == 0.0 {
-                p.data.par_iter_mut().zip(g).with_min_len(MIN_CHUNK).for_each(|(w, &g)| {
-                    let g = g + wd * *w;
-                    *w -= lr * g;
-                });
+                p.data
+                    .par_iter_mut()
+                    .zip(g)
+                    .with_min_len(MIN_CHUNK)
+                    .for_each(|(w, &g)| {
+                        let g = g + wd * *w;
+                        *w -= lr * g;
+                    });
             } else {
                 let buf = &mut self.slots[i].data;
-                p.data.par_iter_mut().zip(g).zip(buf.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(|((w, &g), b)| {
-                    let g = g + wd * *w;
-                    *b = momentum * *b + g;
-                    *w -= lr * *b;
-                });
+                p.data
+                    .par_iter_mut()
+                    .zip(g)
+                    .zip(buf.par_iter_mut())
+                    .with_min_len(MIN_CHUNK)
+                    .for_each(|((w, &g), b)| {
+                        let g = g + wd * *w;
+                        *b = momentum * *b + g;
+                        *w -= lr * *b;
+                    });
             }
         }
         self.updates += 1;
