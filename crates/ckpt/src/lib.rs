@@ -1,25 +1,63 @@
 //! # ckpt: checkpoints that are fast, verified and crash-safe
 //!
 //! This crate owns how training state is written to and read from disk. It works on
-//! named byte and f32 buffers and knows nothing of any tensor framework, so other tools
+//! named f32 and byte buffers and knows nothing of any tensor framework, so other tools
 //! can read and check Steadfast checkpoints.
 //!
-//! Today it holds the vocabulary that every part of Steadfast uses to address state:
-//! the [`Role`] of a tensor and the per-tensor checksum ([`checksum`]). The checkpoint
-//! directory format (manifest + safetensors shards) is built on these.
+//! A checkpoint is a directory `step-<8 digits>/` holding plain safetensors shards and a
+//! `manifest.json`, written last, that lists every tensor with its xxh3-64 checksum (see
+//! `docs/checkpoint-format.md`). The main pieces:
+//!
+//! - [`store::save`]: writes shards in parallel and commits atomically (the protocol and
+//!   its failpoints are listed in [`store`]); [`store::list`], the `LATEST` pointer and
+//!   [`Retention`] policies;
+//! - [`AsyncWriter`]: the two-phase writer; training waits only for a copy into reused
+//!   buffers, a background thread persists;
+//! - [`reader::resolve`], [`reader::open`], [`Checkpoint::load`] (verifies every checksum)
+//!   and [`Checkpoint::verify`] (reports every problem);
+//! - [`diff::diff`] and [`export::export`] for tools;
+//! - [`safetensors`]: the container, parsed strictly without I/O.
 //!
 //! ```
-//! use ckpt::{Role, checksum};
+//! use ckpt::{Meta, Role, SaveOptions, TensorRef};
 //!
-//! assert_eq!(Role::of_name("model.fc1.weight"), Some(Role::Model));
-//! assert_eq!(Role::of_name("optim.model.fc1.weight.exp_avg"), Some(Role::Optim));
-//! assert_ne!(checksum(&[1, 2, 3]), checksum(&[1, 2, 4]));
+//! let root = tempfile::tempdir().unwrap();
+//! let w = [1.0f32, 2.0, 3.0, 4.0];
+//! let tensors = [TensorRef { name: "model.w", role: Role::Model, shape: &[2, 2], data: &w }];
+//! let meta = Meta { step: 10, ..Meta::default() };
+//! ckpt::store::save(root.path(), &meta, &tensors, &SaveOptions::default()).unwrap();
+//!
+//! let ckpt = ckpt::reader::open(&ckpt::reader::resolve(root.path()).unwrap()).unwrap();
+//! assert_eq!(ckpt.manifest.meta.step, 10);
+//! assert!(ckpt.verify().is_empty());
+//! let loaded = ckpt.load().unwrap();
+//! assert_eq!(loaded[0].data, ckpt::TensorData::F32(w.to_vec()));
 //! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod diff;
+mod dtype;
+mod error;
+pub mod export;
+pub mod failpoint;
+pub mod manifest;
+pub mod reader;
+mod retention;
+pub mod safetensors;
+pub mod store;
+mod writer;
+
 use std::fmt;
 use std::str::FromStr;
+
+pub use dtype::DType;
+pub use error::{CkptError, Result};
+pub use manifest::{DataCursor, Manifest, Meta, RngState};
+pub use reader::{Checkpoint, LoadedTensor, Problem, TensorData};
+pub use retention::Retention;
+pub use store::{SaveOptions, SaveReport, TensorRef};
+pub use writer::{AsyncWriter, WriterStats};
 
 /// What part of training state a tensor is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,6 +1,7 @@
 //! The `steadfast` binary: parse, validate, run, and map errors to an exit code.
 #![forbid(unsafe_code)]
 
+mod ckpt_cmd;
 mod train_cmd;
 
 use std::process::ExitCode;
@@ -26,24 +27,26 @@ struct Cli {
 enum Command {
     /// Train a model in this process.
     Train(train_cmd::TrainArgs),
+    /// Inspect, verify, compare and export checkpoints.
+    Ckpt(ckpt_cmd::CkptArgs),
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Train(args) => train_cmd::run(args),
+        Command::Train(args) => train_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Ckpt(args) => ckpt_cmd::run(args),
     };
+    // 0: success; 1: a negative answer (corrupt checkpoint, checkpoints differ); 2: error.
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use train::checkpointing::CheckpointConfig;
 use train::data::DataKind;
 use train::model::ModelKind;
 use train::optim::OptimKind;
@@ -23,7 +24,11 @@ Examples:
   steadfast train --model gpt --data fortunes --out runs/gpt
 
   # A quick run on generated data (no data set needed)
-  steadfast train --model mlp --data synthetic --steps 50";
+  steadfast train --model mlp --data synthetic --steps 50
+
+  # Checkpoint every 100 steps, keep the 3 newest; after a crash, resume exactly
+  steadfast train --model mlp --checkpoint-every 100 --checkpoint-dir runs/ckpt --keep-last 3
+  steadfast train --model mlp --checkpoint-every 100 --checkpoint-dir runs/ckpt --keep-last 3 --resume latest";
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum ModelArg {
@@ -88,6 +93,25 @@ pub struct TrainArgs {
     /// Output directory for metrics.jsonl.
     #[arg(long, default_value = "runs/train")]
     out: PathBuf,
+    /// Checkpoint after every N steps (and after the last step).
+    #[arg(long, value_name = "N", requires = "checkpoint_dir")]
+    checkpoint_every: Option<u64>,
+    /// Root directory of the checkpoints.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Resume from a checkpoint directory, a checkpoint root, or `latest` (the newest
+    /// committed checkpoint under --checkpoint-dir).
+    #[arg(long, value_name = "DIR|latest")]
+    resume: Option<PathBuf>,
+    /// Keep only the K newest checkpoints.
+    #[arg(long, value_name = "K")]
+    keep_last: Option<usize>,
+    /// Also keep every checkpoint whose step is a multiple of N.
+    #[arg(long, value_name = "N")]
+    keep_every: Option<u64>,
+    /// Shard files per checkpoint, written in parallel.
+    #[arg(long, default_value_t = 2)]
+    checkpoint_shards: usize,
 }
 
 impl TrainArgs {
@@ -119,6 +143,24 @@ impl TrainArgs {
         c.seed = self.seed;
         c.eval_every = self.eval_every.unwrap_or(c.eval_every);
         c.out_dir = Some(self.out);
+        if let Some(dir) = &self.checkpoint_dir {
+            c.checkpoint = Some(CheckpointConfig {
+                dir: dir.clone(),
+                every: self.checkpoint_every.unwrap_or(u64::MAX),
+                retention: ckpt::Retention { keep_last: self.keep_last, keep_every: self.keep_every },
+                shards: self.checkpoint_shards.max(1),
+            });
+        }
+        c.resume = match self.resume {
+            Some(p) if p.as_os_str() == "latest" => match &self.checkpoint_dir {
+                Some(dir) => Some(dir.clone()),
+                None => anyhow::bail!("--resume latest needs --checkpoint-dir"),
+            },
+            other => other,
+        };
+        if self.checkpoint_every == Some(0) {
+            anyhow::bail!("--checkpoint-every must be at least 1");
+        }
         if !(c.optim.lr.is_finite() && c.optim.lr > 0.0) {
             anyhow::bail!("--lr must be a positive number, not {}", c.optim.lr);
         }
@@ -144,16 +186,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             bar.set_message(format!("loss {loss:.4}"));
         }
         Event::Eval(r) => {
-            let ppl = r
-                .perplexity
-                .map(|p| format!(", perplexity {p:.3}"))
-                .unwrap_or_default();
-            let line = format!(
-                "step {:>6}  test loss {:.4}, accuracy {:.2}%{ppl}",
-                r.step,
-                r.loss,
-                100.0 * r.accuracy
-            );
+            let ppl = r.perplexity.map(|p| format!(", perplexity {p:.3}")).unwrap_or_default();
+            let line = format!("step {:>6}  test loss {:.4}, accuracy {:.2}%{ppl}", r.step, r.loss, 100.0 * r.accuracy);
             if bar.is_hidden() {
                 eprintln!("{line}");
             } else {
@@ -165,10 +199,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let out = config.out_dir.as_ref().expect("set by into_config");
     let steps_per_s = summary.steps as f64 / summary.train_time.as_secs_f64();
-    println!(
-        "model:        {:?} on {:?}, {} parameters",
-        config.model, config.data, summary.parameters
-    );
+    println!("model:        {:?} on {:?}, {} parameters", config.model, config.data, summary.parameters);
     println!(
         "steps:        {} at {steps_per_s:.1} steps/s (optimizer {:.1}% of step time)",
         summary.steps,
@@ -180,10 +211,21 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if let (Some(p), Some(u)) = (summary.eval.perplexity, summary.unigram_perplexity) {
         println!("perplexity:   {p:.3} (unigram baseline {u:.3})");
     }
+    if summary.resumed_from > 0 {
+        println!("resumed from: step {}", summary.resumed_from);
+    }
+    let ck = &summary.checkpoints;
+    if ck.committed > 0 {
+        println!(
+            "checkpoints:  {} committed, {} MB, training stalled {:.1} ms in all (max {:.1} ms), persist {:.1} ms in all",
+            ck.committed,
+            ck.bytes / 1_000_000,
+            ck.stall.as_secs_f64() * 1e3,
+            ck.max_stall.as_secs_f64() * 1e3,
+            ck.persist.as_secs_f64() * 1e3
+        );
+    }
     println!("metrics:      {}", out.join("metrics.jsonl").display());
-    println!(
-        "fingerprint: {}",
-        repro::fingerprint::hex(summary.fingerprint)
-    );
+    println!("fingerprint: {}", repro::fingerprint::hex(summary.fingerprint));
     Ok(())
 }

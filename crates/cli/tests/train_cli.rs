@@ -16,22 +16,10 @@ fn steadfast(args: &[&str], threads: Option<&str>) -> Output {
 
 fn fingerprint_line(out: &Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("fingerprint: "))
-        .expect("a fingerprint line")
-        .to_owned();
+    assert!(out.status.success(), "failed: {}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().find(|l| l.starts_with("fingerprint: ")).expect("a fingerprint line").to_owned();
     let hex = line.trim_start_matches("fingerprint: ");
-    assert!(
-        hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()),
-        "{line}"
-    );
+    assert!(hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{line}");
     line
 }
 
@@ -79,10 +67,7 @@ fn same_fingerprint_with_one_and_two_threads() {
         let one = fingerprint_line(&steadfast(&args, Some("1")));
         let two = fingerprint_line(&steadfast(&args, Some("2")));
         assert_eq!(one, two, "{model}");
-        assert_eq!(
-            summary(dir.path())["fingerprint"].as_str().unwrap(),
-            two.trim_start_matches("fingerprint: ")
-        );
+        assert_eq!(summary(dir.path())["fingerprint"].as_str().unwrap(), two.trim_start_matches("fingerprint: "));
     }
 }
 
@@ -92,30 +77,14 @@ fn accuracy_with_defaults(model: &str, target: f64) {
     }
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let out = steadfast(
-        &[
-            "train",
-            "--model",
-            model,
-            "--data",
-            "fashion-mnist",
-            "--out",
-            dir.path().to_str().unwrap(),
-        ],
-        None,
-    );
+    let out =
+        steadfast(&["train", "--model", model, "--data", "fashion-mnist", "--out", dir.path().to_str().unwrap()], None);
     let elapsed = started.elapsed();
     fingerprint_line(&out);
     let accuracy = summary(dir.path())["test_accuracy"].as_f64().unwrap();
     eprintln!("{model}: test accuracy {accuracy:.4} in {elapsed:.1?}");
-    assert!(
-        accuracy >= target,
-        "{model}: accuracy {accuracy} < {target}"
-    );
-    assert!(
-        elapsed < Duration::from_secs(300),
-        "{model} took {elapsed:?}"
-    );
+    assert!(accuracy >= target, "{model}: accuracy {accuracy} < {target}");
+    assert!(elapsed < Duration::from_secs(300), "{model} took {elapsed:?}");
 }
 
 #[test]
@@ -132,10 +101,7 @@ fn fails_with(args: &[&str], needle: &str) {
     let out = steadfast(args, None);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: expected {needle:?} in\n{stderr}"
-    );
+    assert!(stderr.contains(needle), "{args:?}: expected {needle:?} in\n{stderr}");
     assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
 }
 
@@ -144,57 +110,14 @@ fn bad_configurations_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();
     fails_with(
-        &[
-            "train",
-            "--data",
-            "synthetic",
-            "--batch",
-            "100",
-            "--micro-batch",
-            "30",
-            "--out",
-            out,
-        ],
+        &["train", "--data", "synthetic", "--batch", "100", "--micro-batch", "30", "--out", out],
         "multiple of the micro-batch",
     );
-    fails_with(
-        &[
-            "train",
-            "--data",
-            "synthetic",
-            "--batch",
-            "100000",
-            "--out",
-            out,
-        ],
-        "larger than the training set",
-    );
-    fails_with(
-        &["train", "--data", "synthetic", "--lr=-1", "--out", out],
-        "--lr must be a positive",
-    );
-    fails_with(
-        &["train", "--data", "synthetic", "--steps", "0", "--out", out],
-        "at least 1",
-    );
-    fails_with(
-        &[
-            "train", "--model", "mlp", "--data", "fortunes", "--out", out,
-        ],
-        "does not provide Images",
-    );
-    fails_with(
-        &[
-            "train",
-            "--model",
-            "mlp",
-            "--data-dir",
-            "/nonexistent/fm",
-            "--out",
-            out,
-        ],
-        "/nonexistent/fm",
-    );
+    fails_with(&["train", "--data", "synthetic", "--batch", "100000", "--out", out], "larger than the training set");
+    fails_with(&["train", "--data", "synthetic", "--lr=-1", "--out", out], "--lr must be a positive");
+    fails_with(&["train", "--data", "synthetic", "--steps", "0", "--out", out], "at least 1");
+    fails_with(&["train", "--model", "mlp", "--data", "fortunes", "--out", out], "does not provide Images");
+    fails_with(&["train", "--model", "mlp", "--data-dir", "/nonexistent/fm", "--out", out], "/nonexistent/fm");
     fails_with(&["train", "--model", "resnet"], "invalid value 'resnet'");
 }
 
@@ -203,8 +126,5 @@ fn help_shows_examples() {
     let out = steadfast(&["train", "--help"], None);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert!(
-        text.contains("Examples:") && text.contains("steadfast train --model cnn"),
-        "{text}"
-    );
+    assert!(text.contains("Examples:") && text.contains("steadfast train --model cnn"), "{text}");
 }

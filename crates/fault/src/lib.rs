@@ -97,10 +97,8 @@ mod tests {
             let c = BitClass::of_f32_bit(bit);
             assert!(c.bits_f32().contains(&bit));
         }
-        let total: u32 = [BitClass::Sign, BitClass::Exponent, BitClass::Mantissa]
-            .iter()
-            .map(|c| c.bits_f32().len() as u32)
-            .sum();
+        let total: u32 =
+            [BitClass::Sign, BitClass::Exponent, BitClass::Mantissa].iter().map(|c| c.bits_f32().len() as u32).sum();
         assert_eq!(total, 32);
         assert_eq!("mantissa".parse::<BitClass>().unwrap(), BitClass::Mantissa);
         assert!("exp".parse::<BitClass>().is_err());

@@ -77,10 +77,7 @@ mod tests {
         assert_ne!(base, fingerprint([("w", &a[..]), ("b", &b[..])]));
         assert_ne!(base, fingerprint([("b", &a[..]), ("w", &a[..])]));
         assert_ne!(base, fingerprint([("w", &a[..]), ("c", &a[..])]));
-        assert_ne!(
-            fingerprint([("w", &[0.0f32][..])]),
-            fingerprint([("w", &[-0.0f32][..])])
-        );
+        assert_ne!(fingerprint([("w", &[0.0f32][..])]), fingerprint([("w", &[-0.0f32][..])]));
     }
 
     #[test]
@@ -93,9 +90,6 @@ mod tests {
         for x in &big {
             bytes.extend_from_slice(&x.to_le_bytes());
         }
-        assert_eq!(
-            fingerprint([("x", &big[..])]),
-            xxhash_rust::xxh3::xxh3_64(&bytes)
-        );
+        assert_eq!(fingerprint([("x", &big[..])]), xxhash_rust::xxh3::xxh3_64(&bytes));
     }
 }

@@ -70,13 +70,7 @@ pub struct Stream {
 impl Stream {
     /// Opens stream `stream` of the generator keyed by `seed`, at position 0.
     pub fn new(seed: u64, stream: u64) -> Self {
-        Stream {
-            key: [seed as u32, (seed >> 32) as u32],
-            stream,
-            block: 0,
-            buf: [0; 4],
-            used: 4,
-        }
+        Stream { key: [seed as u32, (seed >> 32) as u32], stream, block: 0, buf: [0; 4], used: 4 }
     }
 
     /// Opens the stream for a purpose tag and indices; see [`stream_id`].
@@ -88,12 +82,7 @@ impl Stream {
     pub fn next_u32(&mut self) -> u32 {
         if self.used == 4 {
             let b = self.block;
-            let ctr = [
-                b as u32,
-                (b >> 32) as u32,
-                self.stream as u32,
-                (self.stream >> 32) as u32,
-            ];
+            let ctr = [b as u32, (b >> 32) as u32, self.stream as u32, (self.stream >> 32) as u32];
             self.buf = philox4x32_10(self.key, ctr);
             self.block = self.block.wrapping_add(1);
             self.used = 0;
@@ -137,10 +126,7 @@ impl Stream {
 /// The permutation of `0..n` for a seed and a list of indices (e.g. the epoch), by a
 /// Fisher–Yates shuffle driven by its own stream. A pure function of its arguments.
 pub fn permutation(seed: u64, tag: &str, indices: &[u64], n: usize) -> Vec<u32> {
-    assert!(
-        n <= u32::MAX as usize,
-        "permutation of more than 2^32 items"
-    );
+    assert!(n <= u32::MAX as usize, "permutation of more than 2^32 items");
     let mut p: Vec<u32> = (0..n as u32).collect();
     let mut s = Stream::for_purpose(seed, tag, indices);
     for i in (1..n).rev() {
@@ -157,19 +143,10 @@ mod tests {
     // Known-answer vectors published with the Random123 library (kat_vectors).
     #[test]
     fn philox_known_answers() {
+        assert_eq!(philox4x32_10([0, 0], [0; 4]), [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
+        assert_eq!(philox4x32_10([0xffffffff; 2], [0xffffffff; 4]), [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]);
         assert_eq!(
-            philox4x32_10([0, 0], [0; 4]),
-            [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]
-        );
-        assert_eq!(
-            philox4x32_10([0xffffffff; 2], [0xffffffff; 4]),
-            [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]
-        );
-        assert_eq!(
-            philox4x32_10(
-                [0xa4093822, 0x299f31d0],
-                [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344]
-            ),
+            philox4x32_10([0xa4093822, 0x299f31d0], [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344]),
             [0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1]
         );
     }

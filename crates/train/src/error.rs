@@ -57,6 +57,17 @@ pub enum TrainError {
     /// See [`ConfigError`].
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// Saving or loading a checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] ckpt::CkptError),
+    /// A checkpoint does not fit the run that tries to resume from it.
+    #[error("cannot resume from {path}: {reason}")]
+    Resume {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
     /// Writing metrics or outputs failed.
     #[error("cannot write {path}: {source}")]
     Output {

@@ -11,7 +11,8 @@
 //! - [`optim`]: SGD and AdamW over flat f32 buffers;
 //! - [`state`]: the state registry (named tensors `model.*` and `optim.*`) and its
 //!   fingerprint;
-//! - [`trainer`]: the step loop with gradient accumulation over micro-batches.
+//! - [`trainer`]: the step loop with gradient accumulation over micro-batches;
+//! - [`checkpointing`]: what a checkpoint of a run holds, and exact resumption.
 //!
 //! ```no_run
 //! use train::{TrainConfig, model::ModelKind, data::DataKind};
@@ -25,6 +26,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod checkpointing;
 pub mod data;
 pub mod error;
 pub mod model;

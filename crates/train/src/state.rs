@@ -28,23 +28,13 @@ impl NamedTensor {
             "tensor {name}: shape {shape:?} vs {} elements",
             data.len()
         );
-        NamedTensor {
-            name,
-            role,
-            shape,
-            data,
-        }
+        NamedTensor { name, role, shape, data }
     }
 
     /// A zero-filled tensor.
     pub fn zeros(name: String, role: Role, shape: Vec<usize>) -> Self {
         let n = shape.iter().product();
-        NamedTensor {
-            name,
-            role,
-            shape,
-            data: vec![0.0; n],
-        }
+        NamedTensor { name, role, shape, data: vec![0.0; n] }
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use burn::prelude::Device;
 use serde_json::json;
 
+use crate::checkpointing::{self, CheckpointConfig};
 use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataKind, DataSpec, Dataset, Modality, Split};
@@ -56,20 +57,18 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Where to write `metrics.jsonl`; nothing is written without it.
     pub out_dir: Option<PathBuf>,
+    /// Periodic checkpoints; none without it.
+    pub checkpoint: Option<CheckpointConfig>,
+    /// Resume from this checkpoint (a checkpoint directory, or a root whose newest
+    /// committed checkpoint is used).
+    pub resume: Option<PathBuf>,
 }
 
 impl TrainConfig {
     /// The defaults for a model: sizes and schedules that reach the documented quality
     /// within a few minutes on two cores.
     pub fn defaults(model: ModelKind) -> Self {
-        let adamw = OptimConfig {
-            lr: 1e-3,
-            momentum: 0.9,
-            weight_decay: 0.0,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-        };
+        let adamw = OptimConfig { lr: 1e-3, momentum: 0.9, weight_decay: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
         let (data, steps, batch, micro_batch, lr) = match model {
             ModelKind::Mlp => (DataKind::FashionMnist, 2000, 128, 128, 1e-3),
             ModelKind::Cnn => (DataKind::FashionMnist, 3000, 128, 128, 2e-3),
@@ -87,6 +86,8 @@ impl TrainConfig {
             seed: 0,
             eval_every: 500,
             out_dir: None,
+            checkpoint: None,
+            resume: None,
         }
     }
 }
@@ -123,6 +124,10 @@ pub struct Summary {
     pub optimizer_time: Duration,
     /// Number of parameters.
     pub parameters: usize,
+    /// The step training resumed from (0 for a fresh start).
+    pub resumed_from: u64,
+    /// Checkpoint writer totals (all zero without checkpoints).
+    pub checkpoints: ckpt::WriterStats,
 }
 
 /// Progress reported while training.
@@ -156,10 +161,7 @@ pub struct FinalState {
 }
 
 /// Runs training as configured, reporting progress to `on_event`.
-pub fn train(
-    config: &TrainConfig,
-    on_event: &mut dyn FnMut(Event),
-) -> Result<(Summary, FinalState), TrainError> {
+pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Summary, FinalState), TrainError> {
     let modality = match config.model {
         ModelKind::Mlp | ModelKind::Cnn => Modality::Images,
         ModelKind::Gpt => Modality::Text,
@@ -174,38 +176,46 @@ pub fn train(
     };
     let data = Dataset::load(&spec)?;
     let (gpt, tokens_per_example, unigram) = match &data {
-        Dataset::Text(t) => (
-            GptConfig::small(t.vocab.len()),
-            t.context,
-            Some(unigram_cross_entropy(t).exp()),
-        ),
+        Dataset::Text(t) => (GptConfig::small(t.vocab.len()), t.context, Some(unigram_cross_entropy(t).exp())),
         Dataset::Images(_) => (probe, 1, None),
     };
     if config.steps == 0 {
         return Err(ConfigError::Invalid("--steps must be at least 1".into()).into());
     }
-    let mut metrics = MetricsFile::create(config.out_dir.as_ref())?;
     let device = Device::flex().autodiff();
-    let mut sampler = Sampler::new(
-        config.seed,
-        data.len(Split::Train),
-        config.batch,
-        config.micro_batch,
-    )?;
+    let mut sampler = Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;
     let mut model = Model::new(config.model, config.seed, gpt, &device);
     let mut params = model.params();
     let mut optimizer = Optimizer::new(config.optimizer, config.optim, &params);
     let parameters = params.iter().map(|p| p.data.len()).sum();
-    on_event(Event::Started {
-        steps: config.steps,
-        parameters,
-    });
+    let mut first_step = 0;
+    if let Some(path) = &config.resume {
+        let (step, dir) = checkpointing::restore(path, config, &mut params, &mut optimizer)?;
+        if step > config.steps {
+            return Err(ConfigError::Invalid(format!(
+                "the checkpoint {} is at step {step}, beyond --steps {}",
+                dir.display(),
+                config.steps
+            ))
+            .into());
+        }
+        tracing::info!(step, dir = %dir.display(), "resumed");
+        first_step = step;
+    }
+    let mut metrics = MetricsFile::create(config.out_dir.as_ref(), first_step > 0)?;
+    let mut writer = match &config.checkpoint {
+        Some(c) => {
+            Some(ckpt::AsyncWriter::new(&c.dir, ckpt::SaveOptions { shards: c.shards, retention: c.retention })?)
+        }
+        None => None,
+    };
+    on_event(Event::Started { steps: config.steps, parameters });
 
     let denominator = config.batch * tokens_per_example;
     let (mut train_time, mut optimizer_time) = (Duration::ZERO, Duration::ZERO);
     let mut last_loss = f32::NAN;
     let mut last_eval = None;
-    for step in 0..config.steps {
+    for step in first_step..config.steps {
         let started = Instant::now();
         model = model.load(&params);
         let mut loss = 0.0f32;
@@ -216,10 +226,7 @@ pub fn train(
             loss += l;
             match grads.as_mut() {
                 None => grads = Some(g),
-                Some(acc) => acc
-                    .iter_mut()
-                    .zip(&g)
-                    .for_each(|(a, g)| comm::reduce_in_order(a, &[g])),
+                Some(acc) => acc.iter_mut().zip(&g).for_each(|(a, g)| comm::reduce_in_order(a, &[g])),
             }
         }
         if !loss.is_finite() {
@@ -233,6 +240,14 @@ pub fn train(
         let done = step + 1;
         metrics.write(json!({"kind": "train", "step": done, "loss": loss}))?;
         on_event(Event::Step { step: done, loss });
+
+        if let (Some(w), Some(c)) = (writer.as_mut(), config.checkpoint.as_ref())
+            && (done % c.every.max(1) == 0 || done == config.steps)
+        {
+            let meta = checkpointing::meta(config, &sampler, done, &optimizer);
+            let stall = w.snapshot(meta, &checkpointing::tensor_refs(&params, optimizer.slots()))?;
+            metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
+        }
 
         if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
             model = model.load(&params);
@@ -249,16 +264,30 @@ pub fn train(
             last_eval = Some(report);
         }
     }
+    if let Some(w) = writer.as_mut() {
+        w.finish()?;
+    }
+    let checkpoints = writer.as_ref().map(|w| w.stats().clone()).unwrap_or_default();
+    let last_eval = match last_eval {
+        Some(e) => e,
+        // Resumed at the final step: nothing trained, evaluate the restored state.
+        None => {
+            model = model.load(&params);
+            evaluate(&model, &data, config.steps, &device)
+        }
+    };
     let fingerprint = state::fingerprint(config.steps, params.iter().chain(optimizer.slots()));
     let summary = Summary {
         steps: config.steps,
         final_loss: last_loss,
-        eval: last_eval.expect("the last step always evaluates"),
+        eval: last_eval,
         unigram_perplexity: unigram,
         fingerprint,
         train_time,
         optimizer_time,
         parameters,
+        resumed_from: first_step,
+        checkpoints,
     };
     metrics.write(json!({
         "kind": "summary",
@@ -270,14 +299,11 @@ pub fn train(
         "fingerprint": repro::fingerprint::hex(fingerprint),
         "train_seconds": train_time.as_secs_f64(),
         "optimizer_seconds": optimizer_time.as_secs_f64(),
+        "resumed_from": first_step,
+        "checkpoints": summary.checkpoints.committed,
+        "checkpoint_stall_seconds": summary.checkpoints.stall.as_secs_f64(),
     }))?;
-    Ok((
-        summary,
-        FinalState {
-            params,
-            slots: optimizer.slots().to_vec(),
-        },
-    ))
+    Ok((summary, FinalState { params, slots: optimizer.slots().to_vec() }))
 }
 
 /// Scores the held-out split (all test images; the first [`TEXT_EVAL_SEQUENCES`] text
@@ -310,30 +336,28 @@ struct MetricsFile {
 }
 
 impl MetricsFile {
-    fn create(dir: Option<&PathBuf>) -> Result<Self, TrainError> {
+    fn create(dir: Option<&PathBuf>, append: bool) -> Result<Self, TrainError> {
         let Some(dir) = dir else {
             return Ok(MetricsFile { file: None });
         };
         let path = dir.join("metrics.jsonl");
-        let err = |source| TrainError::Output {
-            path: path.clone(),
-            source,
-        };
+        let err = |source| TrainError::Output { path: path.clone(), source };
         std::fs::create_dir_all(dir).map_err(err)?;
-        let f = std::fs::File::create(&path).map_err(err)?;
-        Ok(MetricsFile {
-            file: Some((path, std::io::BufWriter::new(f))),
-        })
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&path)
+            .map_err(err)?;
+        Ok(MetricsFile { file: Some((path, std::io::BufWriter::new(f))) })
     }
 
     fn write(&mut self, value: serde_json::Value) -> Result<(), TrainError> {
         if let Some((path, w)) = &mut self.file {
             writeln!(w, "{value}")
                 .and_then(|()| w.flush())
-                .map_err(|source| TrainError::Output {
-                    path: path.clone(),
-                    source,
-                })?;
+                .map_err(|source| TrainError::Output { path: path.clone(), source })?;
         }
         Ok(())
     }

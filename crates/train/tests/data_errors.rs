@@ -24,14 +24,8 @@ fn idx(dims: &[u32], body_len: usize) -> Vec<u8> {
 /// Writes a valid miniature Fashion-MNIST (n train, n test images of 28x28).
 fn write_valid(dir: &Path, n: u32) {
     for prefix in ["train", "t10k"] {
-        gz(
-            &dir.join(format!("{prefix}-images-idx3-ubyte.gz")),
-            &idx(&[n, 28, 28], n as usize * 784),
-        );
-        gz(
-            &dir.join(format!("{prefix}-labels-idx1-ubyte.gz")),
-            &idx(&[n], n as usize),
-        );
+        gz(&dir.join(format!("{prefix}-images-idx3-ubyte.gz")), &idx(&[n, 28, 28], n as usize * 784));
+        gz(&dir.join(format!("{prefix}-labels-idx1-ubyte.gz")), &idx(&[n], n as usize));
     }
 }
 
@@ -40,15 +34,7 @@ fn a_valid_miniature_loads() {
     let dir = tempfile::tempdir().unwrap();
     write_valid(dir.path(), 5);
     let set = fashion_mnist::load(Some(dir.path())).unwrap();
-    assert_eq!(
-        (
-            set.rows,
-            set.cols,
-            set.train_labels.len(),
-            set.test_labels.len()
-        ),
-        (28, 28, 5, 5)
-    );
+    assert_eq!((set.rows, set.cols, set.train_labels.len(), set.test_labels.len()), (28, 28, 5, 5));
 }
 
 #[test]
@@ -58,54 +44,31 @@ fn truncated_gzip_is_named() {
     let path = dir.path().join("train-images-idx3-ubyte.gz");
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-    let err = fashion_mnist::load(Some(dir.path()))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("train-images-idx3-ubyte.gz") && err.contains("gzip"),
-        "{err}"
-    );
+    let err = fashion_mnist::load(Some(dir.path())).unwrap_err().to_string();
+    assert!(err.contains("train-images-idx3-ubyte.gz") && err.contains("gzip"), "{err}");
 }
 
 #[test]
 fn truncated_body_is_named() {
     let dir = tempfile::tempdir().unwrap();
     write_valid(dir.path(), 5);
-    gz(
-        &dir.path().join("t10k-images-idx3-ubyte.gz"),
-        &idx(&[5, 28, 28], 784 * 5 - 1),
-    );
-    let err = fashion_mnist::load(Some(dir.path()))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("t10k-images-idx3-ubyte.gz") && err.contains("promises"),
-        "{err}"
-    );
+    gz(&dir.path().join("t10k-images-idx3-ubyte.gz"), &idx(&[5, 28, 28], 784 * 5 - 1));
+    let err = fashion_mnist::load(Some(dir.path())).unwrap_err().to_string();
+    assert!(err.contains("t10k-images-idx3-ubyte.gz") && err.contains("promises"), "{err}");
 }
 
 #[test]
 fn label_count_mismatch_and_bad_labels_are_named() {
     let dir = tempfile::tempdir().unwrap();
     write_valid(dir.path(), 5);
-    gz(
-        &dir.path().join("train-labels-idx1-ubyte.gz"),
-        &idx(&[4], 4),
-    );
-    let err = fashion_mnist::load(Some(dir.path()))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("train-labels") && err.contains("4 labels for 5 images"),
-        "{err}"
-    );
+    gz(&dir.path().join("train-labels-idx1-ubyte.gz"), &idx(&[4], 4));
+    let err = fashion_mnist::load(Some(dir.path())).unwrap_err().to_string();
+    assert!(err.contains("train-labels") && err.contains("4 labels for 5 images"), "{err}");
 
     let mut labels = idx(&[5], 5);
     *labels.last_mut().unwrap() = 10;
     gz(&dir.path().join("train-labels-idx1-ubyte.gz"), &labels);
-    let err = fashion_mnist::load(Some(dir.path()))
-        .unwrap_err()
-        .to_string();
+    let err = fashion_mnist::load(Some(dir.path())).unwrap_err().to_string();
     assert!(err.contains("label 10"), "{err}");
 }
 
@@ -113,30 +76,14 @@ fn label_count_mismatch_and_bad_labels_are_named() {
 fn a_file_that_is_not_gzip_or_missing_is_named() {
     let dir = tempfile::tempdir().unwrap();
     write_valid(dir.path(), 5);
-    std::fs::write(
-        dir.path().join("t10k-labels-idx1-ubyte.gz"),
-        b"plain text, not gzip",
-    )
-    .unwrap();
-    let err = fashion_mnist::load(Some(dir.path()))
-        .unwrap_err()
-        .to_string();
+    std::fs::write(dir.path().join("t10k-labels-idx1-ubyte.gz"), b"plain text, not gzip").unwrap();
+    let err = fashion_mnist::load(Some(dir.path())).unwrap_err().to_string();
     assert!(err.contains("t10k-labels-idx1-ubyte.gz"), "{err}");
 
     std::fs::remove_file(dir.path().join("t10k-labels-idx1-ubyte.gz")).unwrap();
-    let err = fashion_mnist::load(Some(dir.path()))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("cannot read") && err.contains("t10k-labels-idx1-ubyte.gz"),
-        "{err}"
-    );
+    let err = fashion_mnist::load(Some(dir.path())).unwrap_err().to_string();
+    assert!(err.contains("cannot read") && err.contains("t10k-labels-idx1-ubyte.gz"), "{err}");
 
-    let err = fashion_mnist::load(Some(Path::new("/nonexistent/fmnist")))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("apt-get install dataset-fashion-mnist"),
-        "{err}"
-    );
+    let err = fashion_mnist::load(Some(Path::new("/nonexistent/fmnist"))).unwrap_err().to_string();
+    assert!(err.contains("apt-get install dataset-fashion-mnist"), "{err}");
 }

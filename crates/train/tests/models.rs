@@ -6,18 +6,8 @@ use train::data::{Batch, DataKind, DataSpec, Dataset, Modality, Split};
 use train::model::{GptConfig, Model, ModelKind};
 
 fn batch_for(kind: ModelKind) -> (Batch, usize, GptConfig) {
-    let modality = if kind == ModelKind::Gpt {
-        Modality::Text
-    } else {
-        Modality::Images
-    };
-    let spec = DataSpec {
-        kind: DataKind::Synthetic,
-        dir: None,
-        modality,
-        context: 64,
-        seed: 3,
-    };
+    let modality = if kind == ModelKind::Gpt { Modality::Text } else { Modality::Images };
+    let spec = DataSpec { kind: DataKind::Synthetic, dir: None, modality, context: 64, seed: 3 };
     let data = Dataset::load(&spec).unwrap();
     let gpt = match &data {
         Dataset::Text(t) => GptConfig::small(t.vocab.len()),
@@ -41,16 +31,8 @@ fn every_parameter_of_every_model_receives_a_nonzero_gradient() {
         assert_eq!(grads.len(), params.len());
         for (p, g) in params.iter().zip(&grads) {
             assert_eq!(p.data.len(), g.len(), "{}", p.name);
-            assert!(
-                g.iter().all(|x| x.is_finite()),
-                "{kind:?}: {} has a non-finite gradient",
-                p.name
-            );
-            assert!(
-                g.iter().any(|&x| x != 0.0),
-                "{kind:?}: {} has an all-zero gradient",
-                p.name
-            );
+            assert!(g.iter().all(|x| x.is_finite()), "{kind:?}: {} has a non-finite gradient", p.name);
+            assert!(g.iter().any(|&x| x != 0.0), "{kind:?}: {} has an all-zero gradient", p.name);
         }
     }
 }
@@ -58,28 +40,14 @@ fn every_parameter_of_every_model_receives_a_nonzero_gradient() {
 #[test]
 fn parameters_are_named_by_the_registry_convention_and_seeded_by_us() {
     let device = Device::flex().autodiff();
-    let names: Vec<String> = Model::new(ModelKind::Mlp, 0, GptConfig::small(0), &device)
-        .params()
-        .into_iter()
-        .map(|p| p.name)
-        .collect();
+    let names: Vec<String> =
+        Model::new(ModelKind::Mlp, 0, GptConfig::small(0), &device).params().into_iter().map(|p| p.name).collect();
     assert_eq!(
         names,
-        [
-            "fc1.weight",
-            "fc1.bias",
-            "fc2.weight",
-            "fc2.bias",
-            "fc3.weight",
-            "fc3.bias"
-        ]
-        .map(|n| format!("model.{n}"))
+        ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"].map(|n| format!("model.{n}"))
     );
     let gpt = Model::new(ModelKind::Gpt, 0, GptConfig::small(50), &device).params();
-    assert!(
-        gpt.iter()
-            .any(|p| p.name == "model.blocks.3.qkv.weight" && p.shape == vec![128, 384])
-    );
+    assert!(gpt.iter().any(|p| p.name == "model.blocks.3.qkv.weight" && p.shape == vec![128, 384]));
     assert!(gpt.iter().any(|p| p.name == "model.ln_f.gamma"));
 
     // Same seed, same bits, even when the framework's own generator is seeded differently.

@@ -19,12 +19,6 @@ fn gpt_perplexity_falls_well_below_the_unigram_baseline_on_fortunes() {
     let (summary, _) = train::train(&c, &mut |_| {}).unwrap();
     let ppl = summary.eval.perplexity.unwrap();
     let unigram = summary.unigram_perplexity.unwrap();
-    eprintln!(
-        "GPT after {} steps: perplexity {ppl:.3}, unigram baseline {unigram:.3}",
-        c.steps
-    );
-    assert!(
-        ppl < 0.75 * unigram,
-        "perplexity {ppl} vs unigram {unigram}"
-    );
+    eprintln!("GPT after {} steps: perplexity {ppl:.3}, unigram baseline {unigram:.3}", c.steps);
+    assert!(ppl < 0.75 * unigram, "perplexity {ppl} vs unigram {unigram}");
 }

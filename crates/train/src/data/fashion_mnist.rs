@@ -15,8 +15,7 @@ pub fn load(dir: Option<&Path>) -> Result<ImageSet, DataError> {
     if !dir.is_dir() {
         return Err(DataError::Missing {
             path: dir.to_owned(),
-            hint: "install it with `apt-get install dataset-fashion-mnist`, or pass --data-dir"
-                .into(),
+            hint: "install it with `apt-get install dataset-fashion-mnist`, or pass --data-dir".into(),
         });
     }
     let (train_pixels, rows, cols, train_labels) = load_pair(dir, "train")?;
@@ -27,15 +26,7 @@ pub fn load(dir: Option<&Path>) -> Result<ImageSet, DataError> {
             reason: format!("train images are {rows}x{cols} but test images are {trows}x{tcols}"),
         });
     }
-    Ok(ImageSet {
-        rows,
-        cols,
-        classes: 10,
-        train_pixels,
-        train_labels,
-        test_pixels,
-        test_labels,
-    })
+    Ok(ImageSet { rows, cols, classes: 10, train_pixels, train_labels, test_pixels, test_labels })
 }
 
 fn load_pair(dir: &Path, prefix: &str) -> Result<(Vec<u8>, usize, usize, Vec<u8>), DataError> {
@@ -50,10 +41,7 @@ fn load_pair(dir: &Path, prefix: &str) -> Result<(Vec<u8>, usize, usize, Vec<u8>
         });
     }
     if let Some(&bad) = labels.data.iter().find(|&&l| l >= 10) {
-        return Err(DataError::Format {
-            path: labels_path,
-            reason: format!("label {bad} is not a class in 0..10"),
-        });
+        return Err(DataError::Format { path: labels_path, reason: format!("label {bad} is not a class in 0..10") });
     }
     Ok((images.data, images.dims[1], images.dims[2], labels.data))
 }

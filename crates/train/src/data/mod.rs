@@ -149,20 +149,14 @@ impl Dataset {
             (DataKind::FashionMnist, Modality::Images) => {
                 Ok(Dataset::Images(fashion_mnist::load(spec.dir.as_deref())?))
             }
-            (DataKind::Fortunes, Modality::Text) => Ok(Dataset::Text(text::load_fortunes(
-                spec.dir.as_deref(),
-                spec.context,
-            )?)),
-            (DataKind::Synthetic, Modality::Images) => {
-                Ok(Dataset::Images(synthetic::images(spec.seed)))
+            (DataKind::Fortunes, Modality::Text) => {
+                Ok(Dataset::Text(text::load_fortunes(spec.dir.as_deref(), spec.context)?))
             }
-            (DataKind::Synthetic, Modality::Text) => {
-                Ok(Dataset::Text(synthetic::text(spec.seed, spec.context)))
+            (DataKind::Synthetic, Modality::Images) => Ok(Dataset::Images(synthetic::images(spec.seed))),
+            (DataKind::Synthetic, Modality::Text) => Ok(Dataset::Text(synthetic::text(spec.seed, spec.context))),
+            (kind, modality) => {
+                Err(DataError::Mismatch { data: format!("{kind:?}"), modality: format!("{modality:?}") })
             }
-            (kind, modality) => Err(DataError::Mismatch {
-                data: format!("{kind:?}"),
-                modality: format!("{modality:?}"),
-            }),
         }
     }
 
@@ -205,11 +199,7 @@ impl Dataset {
                     );
                     y.push(i64::from(labels[i]));
                 }
-                Batch::Images {
-                    n: indices.len(),
-                    x,
-                    y,
-                }
+                Batch::Images { n: indices.len(), x, y }
             }
             Dataset::Text(t) => {
                 let tokens = match split {
@@ -222,17 +212,9 @@ impl Dataset {
                 for &i in indices {
                     let start = i as usize * c;
                     x.extend(tokens[start..start + c].iter().map(|&v| i64::from(v)));
-                    y.extend(
-                        tokens[start + 1..start + c + 1]
-                            .iter()
-                            .map(|&v| i64::from(v)),
-                    );
+                    y.extend(tokens[start + 1..start + c + 1].iter().map(|&v| i64::from(v)));
                 }
-                Batch::Tokens {
-                    n: indices.len(),
-                    x,
-                    y,
-                }
+                Batch::Tokens { n: indices.len(), x, y }
             }
         }
     }

@@ -39,16 +39,9 @@ pub struct Position {
 impl Sampler {
     /// A sampler over `examples` training examples. The global batch must be a multiple of
     /// the micro-batch, and at most the number of examples.
-    pub fn new(
-        seed: u64,
-        examples: usize,
-        global_batch: usize,
-        micro_batch: usize,
-    ) -> Result<Self, ConfigError> {
+    pub fn new(seed: u64, examples: usize, global_batch: usize, micro_batch: usize) -> Result<Self, ConfigError> {
         if micro_batch == 0 || global_batch == 0 {
-            return Err(ConfigError::Invalid(
-                "batch and micro-batch sizes must be positive".into(),
-            ));
+            return Err(ConfigError::Invalid("batch and micro-batch sizes must be positive".into()));
         }
         if !global_batch.is_multiple_of(micro_batch) {
             return Err(ConfigError::Invalid(format!(
@@ -60,13 +53,7 @@ impl Sampler {
                 "the batch ({global_batch}) is larger than the training set ({examples} examples)"
             )));
         }
-        Ok(Sampler {
-            seed,
-            examples,
-            global_batch,
-            micro_batch,
-            cached: None,
-        })
+        Ok(Sampler { seed, examples, global_batch, micro_batch, cached: None })
     }
 
     /// Steps in one epoch.
@@ -87,19 +74,12 @@ impl Sampler {
     /// Where global step `step` (from 0) falls.
     pub fn position(&self, step: u64) -> Position {
         let spe = self.steps_per_epoch();
-        Position {
-            epoch: step / spe,
-            step_in_epoch: step % spe,
-        }
+        Position { epoch: step / spe, step_in_epoch: step % spe }
     }
 
     /// The example indices of micro-batch `index` of global step `step`.
     pub fn micro_batch(&mut self, step: u64, index: usize) -> Vec<u32> {
-        assert!(
-            index < self.micro_batches(),
-            "micro-batch {index} of {}",
-            self.micro_batches()
-        );
+        assert!(index < self.micro_batches(), "micro-batch {index} of {}", self.micro_batches());
         let pos = self.position(step);
         let start = pos.step_in_epoch as usize * self.global_batch + index * self.micro_batch;
         let len = self.micro_batch;
@@ -108,10 +88,7 @@ impl Sampler {
 
     fn epoch_permutation(&mut self, epoch: u64) -> &[u32] {
         if self.cached.as_ref().is_none_or(|(e, _)| *e != epoch) {
-            self.cached = Some((
-                epoch,
-                permutation(self.seed, PERMUTATION_TAG, &[epoch], self.examples),
-            ));
+            self.cached = Some((epoch, permutation(self.seed, PERMUTATION_TAG, &[epoch], self.examples)));
         }
         &self.cached.as_ref().expect("filled above").1
     }
@@ -125,13 +102,8 @@ mod tests {
     fn micro_batches_tile_the_global_batch_and_epochs_cover_distinct_examples() {
         let mut s = Sampler::new(3, 100, 20, 5).unwrap();
         assert_eq!(s.steps_per_epoch(), 5);
-        let mut seen: Vec<u32> = (0..5)
-            .flat_map(|st| {
-                (0..4)
-                    .flat_map(|i| s.micro_batch(st, i))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let mut seen: Vec<u32> =
+            (0..5).flat_map(|st| (0..4).flat_map(|i| s.micro_batch(st, i)).collect::<Vec<_>>()).collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..100).collect::<Vec<u32>>());
     }

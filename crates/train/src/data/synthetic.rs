@@ -20,9 +20,7 @@ pub fn images(seed: u64) -> ImageSet {
     let (rows, cols, classes) = (28, 28, 10);
     let size = rows * cols;
     let mut t = Stream::for_purpose(seed, "synthetic.templates", &[]);
-    let templates: Vec<u8> = (0..classes * size)
-        .map(|_| (t.next_u32() >> 24) as u8)
-        .collect();
+    let templates: Vec<u8> = (0..classes * size).map(|_| (t.next_u32() >> 24) as u8).collect();
     let make = |split: u64, n: usize| {
         let mut s = Stream::for_purpose(seed, "synthetic.images", &[split]);
         let mut pixels = Vec::with_capacity(n * size);
@@ -32,45 +30,20 @@ pub fn images(seed: u64) -> ImageSet {
             labels.push(label as u8);
             let tpl = &templates[label * size..(label + 1) * size];
             // Integer blend: 5/8 template, 3/8 noise.
-            pixels.extend(
-                tpl.iter()
-                    .map(|&p| ((u32::from(p) * 5 + (s.next_u32() >> 24) * 3) / 8) as u8),
-            );
+            pixels.extend(tpl.iter().map(|&p| ((u32::from(p) * 5 + (s.next_u32() >> 24) * 3) / 8) as u8));
         }
         (pixels, labels)
     };
     let (train_pixels, train_labels) = make(0, TRAIN_IMAGES);
     let (test_pixels, test_labels) = make(1, TEST_IMAGES);
-    ImageSet {
-        rows,
-        cols,
-        classes,
-        train_pixels,
-        train_labels,
-        test_pixels,
-        test_labels,
-    }
+    ImageSet { rows, cols, classes, train_pixels, train_labels, test_pixels, test_labels }
 }
 
 /// The synthetic text corpus for `seed` (about 200 kB of training text).
 pub fn text(seed: u64, context: usize) -> TextSet {
-    const SUBJECTS: [&str; 6] = [
-        "the cat",
-        "a dog",
-        "my friend",
-        "the robot",
-        "every bird",
-        "no one",
-    ];
+    const SUBJECTS: [&str; 6] = ["the cat", "a dog", "my friend", "the robot", "every bird", "no one"];
     const VERBS: [&str; 6] = ["sees", "likes", "follows", "paints", "ignores", "finds"];
-    const OBJECTS: [&str; 6] = [
-        "the moon",
-        "a red ball",
-        "old books",
-        "the river",
-        "some bread",
-        "a song",
-    ];
+    const OBJECTS: [&str; 6] = ["the moon", "a red ball", "old books", "the river", "some bread", "a song"];
     fn pick(s: &mut Stream, words: &[&'static str]) -> &'static str {
         words[s.below(words.len() as u64) as usize]
     }
@@ -78,12 +51,8 @@ pub fn text(seed: u64, context: usize) -> TextSet {
         let mut s = Stream::for_purpose(seed, "synthetic.text", &[split]);
         let mut out = Vec::with_capacity(bytes + 64);
         while out.len() < bytes {
-            let sentence = format!(
-                "{} {} {}.\n",
-                pick(&mut s, &SUBJECTS),
-                pick(&mut s, &VERBS),
-                pick(&mut s, &OBJECTS)
-            );
+            let sentence =
+                format!("{} {} {}.\n", pick(&mut s, &SUBJECTS), pick(&mut s, &VERBS), pick(&mut s, &OBJECTS));
             out.extend_from_slice(sentence.as_bytes());
         }
         out

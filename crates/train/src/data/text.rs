@@ -18,10 +18,7 @@ pub const DEFAULT_DIR: &str = "/usr/share/games/fortunes";
 /// Loads the fortunes corpus from `dir` (default [`DEFAULT_DIR`]).
 pub fn load_fortunes(dir: Option<&Path>, context: usize) -> Result<TextSet, DataError> {
     let dir = dir.unwrap_or(Path::new(DEFAULT_DIR));
-    let io = |source| DataError::Io {
-        path: dir.to_owned(),
-        source,
-    };
+    let io = |source| DataError::Io { path: dir.to_owned(), source };
     if !dir.is_dir() {
         return Err(DataError::Missing {
             path: dir.to_owned(),
@@ -40,20 +37,13 @@ pub fn load_fortunes(dir: Option<&Path>, context: usize) -> Result<TextSet, Data
     files.sort();
     let mut quotes = Vec::new();
     for path in &files {
-        let text = std::fs::read(path).map_err(|source| DataError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let text = std::fs::read(path).map_err(|source| DataError::Io { path: path.clone(), source })?;
         quotes.extend(split_quotes(&text));
     }
     if quotes.len() < 10 {
         return Err(DataError::Format {
             path: dir.to_owned(),
-            reason: format!(
-                "found {} quotations in {} files; need at least 10",
-                quotes.len(),
-                files.len()
-            ),
+            reason: format!("found {} quotations in {} files; need at least 10", quotes.len(), files.len()),
         });
     }
     let (mut train, mut test) = (Vec::new(), Vec::new());
@@ -62,10 +52,7 @@ pub fn load_fortunes(dir: Option<&Path>, context: usize) -> Result<TextSet, Data
         dst.extend_from_slice(q);
         dst.push(b'\n');
     }
-    tokenize(&train, &test, context).map_err(|reason| DataError::Format {
-        path: dir.to_owned(),
-        reason,
-    })
+    tokenize(&train, &test, context).map_err(|reason| DataError::Format { path: dir.to_owned(), reason })
 }
 
 /// Splits a fortune file into its quotations (without the `%` separators).
@@ -99,12 +86,7 @@ pub fn tokenize(train: &[u8], test: &[u8], context: usize) -> Result<TextSet, St
         id[usize::from(b)] = i as u16;
     }
     let encode = |s: &[u8]| s.iter().map(|&b| id[usize::from(b)]).collect::<Vec<u16>>();
-    let set = TextSet {
-        vocab,
-        context,
-        train: encode(train),
-        test: encode(test),
-    };
+    let set = TextSet { vocab, context, train: encode(train), test: encode(test) };
     if set.train.len() <= context || set.test.len() <= context {
         return Err(format!(
             "{} training and {} held-out bytes are too few for a context of {context}",
@@ -124,11 +106,7 @@ pub fn unigram_cross_entropy(set: &TextSet) -> f64 {
         counts[usize::from(t)] += 1.0;
     }
     let total: f64 = counts.iter().sum();
-    let nll: f64 = set
-        .test
-        .iter()
-        .map(|&t| -(counts[usize::from(t)] / total).ln())
-        .sum();
+    let nll: f64 = set.test.iter().map(|&t| -(counts[usize::from(t)] / total).ln()).sum();
     nll / set.test.len() as f64
 }
 
@@ -139,14 +117,7 @@ mod tests {
     #[test]
     fn splits_on_percent_lines() {
         let q = split_quotes(b"one\n%\ntwo\nlines\n%\n%\nthree");
-        assert_eq!(
-            q,
-            vec![
-                b"one\n".to_vec(),
-                b"two\nlines\n".to_vec(),
-                b"three".to_vec()
-            ]
-        );
+        assert_eq!(q, vec![b"one\n".to_vec(), b"two\nlines\n".to_vec(), b"three".to_vec()]);
     }
 
     #[test]
@@ -164,9 +135,6 @@ mod tests {
     #[test]
     fn a_missing_directory_names_the_package() {
         let err = load_fortunes(Some(Path::new("/nonexistent/fortunes")), 8).unwrap_err();
-        assert!(
-            err.to_string().contains("apt-get install fortunes"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("apt-get install fortunes"), "{err}");
     }
 }

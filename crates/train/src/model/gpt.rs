@@ -28,13 +28,7 @@ pub struct GptConfig {
 impl GptConfig {
     /// The default size: 4 layers, width 128, 4 heads, context 64.
     pub fn small(vocab: usize) -> Self {
-        GptConfig {
-            vocab,
-            context: 64,
-            width: 128,
-            layers: 4,
-            heads: 4,
-        }
+        GptConfig { vocab, context: 64, width: 128, layers: 4, heads: 4 }
     }
 }
 
@@ -72,12 +66,7 @@ impl Gpt {
     /// A freshly initialised GPT (GPT-2 scales: std 0.02, residual projections scaled by
     /// `1/sqrt(2 * layers)`).
     pub fn new(init: &Init, c: GptConfig) -> Self {
-        assert!(
-            c.width.is_multiple_of(c.heads),
-            "width {} is not a multiple of {} heads",
-            c.width,
-            c.heads
-        );
+        assert!(c.width.is_multiple_of(c.heads), "width {} is not a multiple of {} heads", c.width, c.heads);
         let std = 0.02f32;
         let bound = std * 3f32.sqrt();
         let resid = bound / ((2 * c.layers) as f32).sqrt();
@@ -126,14 +115,8 @@ impl Gpt {
         let [b, t, d] = x.dims();
         let (h, dh) = (self.heads, d / self.heads);
         // [b, t, 3, h, dh] -> three [b, h, t, dh]
-        let qkv = linear3(&block.qkv, x)
-            .reshape([b, t, 3, h, dh])
-            .permute([2, 0, 3, 1, 4]);
-        let split = |i: usize| {
-            qkv.clone()
-                .slice([i..i + 1, 0..b, 0..h, 0..t, 0..dh])
-                .reshape([b, h, t, dh])
-        };
+        let qkv = linear3(&block.qkv, x).reshape([b, t, 3, h, dh]).permute([2, 0, 3, 1, 4]);
+        let split = |i: usize| qkv.clone().slice([i..i + 1, 0..b, 0..h, 0..t, 0..dh]).reshape([b, h, t, dh]);
         let (q, k, v) = (split(0), split(1), split(2));
         let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((dh as f32).sqrt());
         let att = softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 3);

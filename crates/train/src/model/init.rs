@@ -34,21 +34,12 @@ impl<'a> Init<'a> {
     }
 
     /// A uniform parameter of the given shape.
-    pub fn uniform_param<const D: usize>(
-        &self,
-        name: &str,
-        shape: [usize; D],
-        bound: f32,
-    ) -> Param<Tensor<D>> {
+    pub fn uniform_param<const D: usize>(&self, name: &str, shape: [usize; D], bound: f32) -> Param<Tensor<D>> {
         self.param(self.uniform(name, shape.iter().product(), bound), shape)
     }
 
     /// A constant parameter of the given shape.
-    pub fn constant_param<const D: usize>(
-        &self,
-        shape: [usize; D],
-        value: f32,
-    ) -> Param<Tensor<D>> {
+    pub fn constant_param<const D: usize>(&self, shape: [usize; D], value: f32) -> Param<Tensor<D>> {
         self.param(vec![value; shape.iter().product()], shape)
     }
 
@@ -63,24 +54,13 @@ impl<'a> Init<'a> {
     pub fn linear_scaled(&self, name: &str, d_in: usize, d_out: usize, bound: f32) -> Linear {
         Linear {
             weight: self.uniform_param(&format!("{name}.weight"), [d_in, d_out], bound),
-            bias: Some(self.uniform_param(
-                &format!("{name}.bias"),
-                [d_out],
-                1.0 / (d_in as f32).sqrt(),
-            )),
+            bias: Some(self.uniform_param(&format!("{name}.bias"), [d_out], 1.0 / (d_in as f32).sqrt())),
         }
     }
 
     /// A 2-D convolution `[c_out, c_in, k, k]` with stride 1 and the given padding, weights
     /// and bias from `U(-1/sqrt(fan_in), 1/sqrt(fan_in))`.
-    pub fn conv2d(
-        &self,
-        name: &str,
-        c_in: usize,
-        c_out: usize,
-        k: usize,
-        padding: usize,
-    ) -> Conv2d {
+    pub fn conv2d(&self, name: &str, c_in: usize, c_out: usize, k: usize, padding: usize) -> Conv2d {
         let bound = 1.0 / ((c_in * k * k) as f32).sqrt();
         Conv2d {
             weight: self.uniform_param(&format!("{name}.weight"), [c_out, c_in, k, k], bound),
@@ -95,9 +75,7 @@ impl<'a> Init<'a> {
 
     /// An embedding table `[n, d]` with entries of standard deviation `std`.
     pub fn embedding(&self, name: &str, n: usize, d: usize, std: f32) -> Embedding {
-        Embedding {
-            weight: self.uniform_param(&format!("{name}.weight"), [n, d], std * 3f32.sqrt()),
-        }
+        Embedding { weight: self.uniform_param(&format!("{name}.weight"), [n, d], std * 3f32.sqrt()) }
     }
 
     /// A layer norm over `d` features with `gamma = 1`, `beta = 0`, epsilon `1e-5`.

@@ -72,11 +72,7 @@ impl Model {
 
     /// The parameters as registry tensors (`model.<path>`), in declaration order.
     pub fn params(&self) -> Vec<NamedTensor> {
-        let mut v = Collect {
-            path: Vec::new(),
-            out: Vec::new(),
-            grads: None,
-        };
+        let mut v = Collect { path: Vec::new(), out: Vec::new(), grads: None };
         self.visit(&mut v);
         v.out
     }
@@ -84,21 +80,13 @@ impl Model {
     /// The model with every parameter overwritten by the registry's values (same order
     /// as [`params`](Model::params)).
     pub fn load(self, params: &[NamedTensor]) -> Self {
-        let mut m = Assign {
-            path: Vec::new(),
-            params,
-            next: 0,
-        };
+        let mut m = Assign { path: Vec::new(), params, next: 0 };
         let model = match self {
             Model::Mlp(x) => Model::Mlp(x.map(&mut m)),
             Model::Cnn(x) => Model::Cnn(Box::new(x.map(&mut m))),
             Model::Gpt(x) => Model::Gpt(x.map(&mut m)),
         };
-        assert_eq!(
-            m.next,
-            params.len(),
-            "the model has fewer parameters than the registry"
-        );
+        assert_eq!(m.next, params.len(), "the model has fewer parameters than the registry");
         model
     }
 
@@ -106,23 +94,14 @@ impl Model {
     /// cross-entropy divided by `denominator` (the global batch's example or token count),
     /// so that summing the micro-batches' gradients gives the global batch's mean-loss
     /// gradient. Returns the loss value and one flat gradient per parameter.
-    pub fn loss_and_grads(
-        &self,
-        batch: &Batch,
-        denominator: usize,
-        device: &Device,
-    ) -> (f32, Vec<Vec<f32>>) {
+    pub fn loss_and_grads(&self, batch: &Batch, denominator: usize, device: &Device) -> (f32, Vec<Vec<f32>>) {
         let (logits, labels) = self.logits(batch, device);
         let [n, _] = logits.dims();
         let nll = -log_softmax(logits, 1).gather(1, labels.reshape([n, 1]));
         let loss = nll.sum().div_scalar(denominator as f32);
         let value = loss.clone().into_scalar::<f32>();
         let grads = loss.backward();
-        let mut v = Collect {
-            path: Vec::new(),
-            out: Vec::new(),
-            grads: Some(&grads),
-        };
+        let mut v = Collect { path: Vec::new(), out: Vec::new(), grads: Some(&grads) };
         self.visit(&mut v);
         (value, v.out.into_iter().map(|t| t.data).collect())
     }
@@ -137,19 +116,10 @@ impl Model {
         };
         let [n, _] = logits.dims();
         let lp = log_softmax(logits, 1);
-        let nll: f64 = lp
-            .clone()
-            .gather(1, labels.clone().reshape([n, 1]))
-            .sum()
-            .into_scalar::<f32>()
-            .into();
+        let nll: f64 = lp.clone().gather(1, labels.clone().reshape([n, 1])).sum().into_scalar::<f32>().into();
         let pred = lp.argmax(1).reshape([n]);
         let correct = pred.equal(labels).int().sum().into_scalar::<i64>();
-        EvalSums {
-            loss_sum: -nll,
-            count: n,
-            correct: correct as usize,
-        }
+        EvalSums { loss_sum: -nll, count: n, correct: correct as usize }
     }
 
     fn logits(&self, batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
@@ -175,9 +145,7 @@ trait Logits {
 }
 
 fn image_inputs(batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
-    let Batch::Images { n, x, y } = batch else {
-        panic!("an image model was given a text batch")
-    };
+    let Batch::Images { n, x, y } = batch else { panic!("an image model was given a text batch") };
     let d = x.len() / n;
     (
         Tensor::from_data(TensorData::new(x.clone(), [*n, d]), device),
@@ -201,15 +169,10 @@ impl Logits for LeNet {
 
 impl Logits for Gpt {
     fn logits_of(&self, batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
-        let Batch::Tokens { n, x, y } = batch else {
-            panic!("a text model was given an image batch")
-        };
+        let Batch::Tokens { n, x, y } = batch else { panic!("a text model was given an image batch") };
         let t = x.len() / n;
         let tokens = Tensor::<2, Int>::from_data(TensorData::new(x.clone(), [*n, t]), device);
-        (
-            self.forward(tokens),
-            Tensor::from_data(TensorData::new(y.clone(), [n * t]), device),
-        )
+        (self.forward(tokens), Tensor::from_data(TensorData::new(y.clone(), [n * t]), device))
     }
 }
 
@@ -240,16 +203,8 @@ impl ModuleVisitor for Collect<'_> {
                 None => Tensor::zeros(shape.clone(), &value.device().inner()),
             },
         };
-        let data = tensor
-            .into_data()
-            .try_into_vec::<f32>()
-            .expect("parameters are f32");
-        self.out.push(NamedTensor::new(
-            format!("model.{}", self.path.join(".")),
-            Role::Model,
-            shape,
-            data,
-        ));
+        let data = tensor.into_data().try_into_vec::<f32>().expect("parameters are f32");
+        self.out.push(NamedTensor::new(format!("model.{}", self.path.join(".")), Role::Model, shape, data));
     }
 }
 

@@ -41,26 +41,12 @@ fn pow_by_squaring(base: f64, mut exp: u64) -> f64 {
 impl AdamW {
     /// A fresh optimizer for `params`.
     pub fn new(config: OptimConfig, params: &[NamedTensor]) -> Self {
-        let slots = params
-            .iter()
-            .flat_map(|p| [slot_for(p, "exp_avg"), slot_for(p, "exp_avg_sq")])
-            .collect();
-        AdamW {
-            config,
-            slots,
-            updates: 0,
-        }
+        let slots = params.iter().flat_map(|p| [slot_for(p, "exp_avg"), slot_for(p, "exp_avg_sq")]).collect();
+        AdamW { config, slots, updates: 0 }
     }
 
     pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[Vec<f32>]) {
-        let OptimConfig {
-            lr,
-            weight_decay: wd,
-            beta1: b1,
-            beta2: b2,
-            eps,
-            ..
-        } = self.config;
+        let OptimConfig { lr, weight_decay: wd, beta1: b1, beta2: b2, eps, .. } = self.config;
         let t = self.updates + 1;
         let bc1 = 1.0 - pow_by_squaring(f64::from(b1), t);
         let bc2 = 1.0 - pow_by_squaring(f64::from(b2), t);
@@ -68,27 +54,18 @@ impl AdamW {
         let inv_bc2_sqrt = (1.0 / bc2.sqrt()) as f32;
         let decay = 1.0 - lr * wd;
         for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            assert_eq!(
-                p.data.len(),
-                g.len(),
-                "gradient of {} has the wrong length",
-                p.name
-            );
+            assert_eq!(p.data.len(), g.len(), "gradient of {} has the wrong length", p.name);
             let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
             let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
             // Element-wise, so splitting over threads cannot change any bit.
-            p.data
-                .par_iter_mut()
-                .zip(g)
-                .zip(m.par_iter_mut())
-                .zip(v.par_iter_mut())
-                .with_min_len(MIN_CHUNK)
-                .for_each(|(((w, &g), m), v)| {
+            p.data.par_iter_mut().zip(g).zip(m.par_iter_mut()).zip(v.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
+                |(((w, &g), m), v)| {
                     *w *= decay;
                     *m = b1 * *m + (1.0 - b1) * g;
                     *v = b2 * *v + (1.0 - b2) * (g * g);
                     *w -= step_size * *m / (v.sqrt() * inv_bc2_sqrt + eps);
-                });
+                },
+            );
         }
         self.updates = t;
     }
@@ -110,20 +87,8 @@ mod tests {
 
     #[test]
     fn first_step_moves_each_weight_by_about_lr_against_the_gradient_sign() {
-        let cfg = OptimConfig {
-            lr: 0.01,
-            momentum: 0.0,
-            weight_decay: 0.0,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-        };
-        let mut p = vec![NamedTensor::new(
-            "model.w".into(),
-            Role::Model,
-            vec![3],
-            vec![1.0, 1.0, 1.0],
-        )];
+        let cfg = OptimConfig { lr: 0.01, momentum: 0.0, weight_decay: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let mut p = vec![NamedTensor::new("model.w".into(), Role::Model, vec![3], vec![1.0, 1.0, 1.0])];
         let mut opt = AdamW::new(cfg, &p);
         opt.step(&mut p, &[vec![0.5, -2.0, 0.0]]);
         assert!((p[0].data[0] - 0.99).abs() < 1e-6);

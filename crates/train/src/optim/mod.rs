@@ -94,13 +94,17 @@ impl Optimizer {
             Optimizer::AdamW(o) => o.updates,
         }
     }
+
+    /// Sets the number of updates applied (when restoring from a checkpoint).
+    pub fn set_updates(&mut self, updates: u64) {
+        match self {
+            Optimizer::Sgd(o) => o.updates = updates,
+            Optimizer::AdamW(o) => o.updates = updates,
+        }
+    }
 }
 
 /// The slot tensor `optim.<param>.<slot>`, zero-filled, shaped like its parameter.
 fn slot_for(param: &NamedTensor, slot: &str) -> NamedTensor {
-    NamedTensor::zeros(
-        format!("optim.{}.{slot}", param.name),
-        crate::state::Role::Optim,
-        param.shape.clone(),
-    )
+    NamedTensor::zeros(format!("optim.{}.{slot}", param.name), crate::state::Role::Optim, param.shape.clone())
 }

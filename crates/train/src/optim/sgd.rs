@@ -19,55 +19,31 @@ impl Sgd {
     /// A fresh optimizer for `params`.
     pub fn new(config: OptimConfig, params: &[NamedTensor]) -> Self {
         let slots = if config.momentum != 0.0 {
-            params
-                .iter()
-                .map(|p| slot_for(p, "momentum_buffer"))
-                .collect()
+            params.iter().map(|p| slot_for(p, "momentum_buffer")).collect()
         } else {
             Vec::new()
         };
-        Sgd {
-            config,
-            slots,
-            updates: 0,
-        }
+        Sgd { config, slots, updates: 0 }
     }
 
     pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[Vec<f32>]) {
-        let OptimConfig {
-            lr,
-            momentum,
-            weight_decay: wd,
-            ..
-        } = self.config;
+        let OptimConfig { lr, momentum, weight_decay: wd, .. } = self.config;
         for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            assert_eq!(
-                p.data.len(),
-                g.len(),
-                "gradient of {} has the wrong length",
-                p.name
-            );
+            assert_eq!(p.data.len(), g.len(), "gradient of {} has the wrong length", p.name);
             if momentum == 0.0 {
-                p.data
-                    .par_iter_mut()
-                    .zip(g)
-                    .with_min_len(MIN_CHUNK)
-                    .for_each(|(w, &g)| {
-                        let g = g + wd * *w;
-                        *w -= lr * g;
-                    });
+                p.data.par_iter_mut().zip(g).with_min_len(MIN_CHUNK).for_each(|(w, &g)| {
+                    let g = g + wd * *w;
+                    *w -= lr * g;
+                });
             } else {
                 let buf = &mut self.slots[i].data;
-                p.data
-                    .par_iter_mut()
-                    .zip(g)
-                    .zip(buf.par_iter_mut())
-                    .with_min_len(MIN_CHUNK)
-                    .for_each(|((w, &g), b)| {
+                p.data.par_iter_mut().zip(g).zip(buf.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
+                    |((w, &g), b)| {
                         let g = g + wd * *w;
                         *b = momentum * *b + g;
                         *w -= lr * *b;
-                    });
+                    },
+                );
             }
         }
         self.updates += 1;

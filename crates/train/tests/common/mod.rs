@@ -35,9 +35,6 @@ pub fn tiny(model: ModelKind) -> TrainConfig {
 /// Runs training on a dedicated rayon pool of `threads` threads and returns the
 /// fingerprint.
 pub fn fingerprint_with_threads(config: &TrainConfig, threads: usize) -> u64 {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     pool.install(|| train::train(config, &mut |_| {}).unwrap().0.fingerprint)
 }

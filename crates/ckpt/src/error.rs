@@ -1,0 +1,74 @@
+//! The checkpoint error type. Every variant names the file involved, and where it applies
+//! the tensor, so that a person can act on it.
+
+use std::path::PathBuf;
+
+/// Anything that can go wrong reading, writing or verifying a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CkptError {
+    /// The operating system refused an operation.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done ("cannot read", "cannot fsync", ...).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A file exists but does not follow the format.
+    #[error("malformed checkpoint file {path}: {reason}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A checksum does not match: the bytes changed after they were written.
+    #[error("corrupt checkpoint data in {path}{}: {reason}", tensor.as_ref().map(|t| format!(" (tensor {t})")).unwrap_or_default())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The tensor, when the damage is in a tensor's bytes.
+        tensor: Option<String>,
+        /// What does not match.
+        reason: String,
+    },
+    /// The checkpoint was written by a newer format version than this reader knows.
+    #[error(
+        "{path} has checkpoint format version {found}; this build reads versions up to {supported}: upgrade Steadfast to read it"
+    )]
+    NewerVersion {
+        /// The manifest.
+        path: PathBuf,
+        /// Version in the file.
+        found: u32,
+        /// Newest version this build reads.
+        supported: u32,
+    },
+    /// No committed checkpoint where one was expected.
+    #[error("no committed checkpoint in {path}: {reason}")]
+    NotFound {
+        /// The directory searched.
+        path: PathBuf,
+        /// Why nothing qualified.
+        reason: String,
+    },
+    /// The state handed to the writer, or expected by the reader, is inconsistent.
+    #[error("checkpoint state mismatch: {0}")]
+    Mismatch(String),
+    /// A failpoint armed for testing fired.
+    #[error("failpoint {0} fired")]
+    Failpoint(&'static str),
+}
+
+impl CkptError {
+    /// An I/O error with its operation and path.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> CkptError {
+        let path = path.into();
+        move |source| CkptError::Io { op, path, source }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = CkptError> = std::result::Result<T, E>;

@@ -1,0 +1,244 @@
+//! Opening, loading and verifying committed checkpoints.
+//!
+//! Loading never trusts a byte it has not checked: the manifest checks itself, each shard
+//! must have the listed length, its header must match its checksum and agree with the
+//! manifest, and each tensor's bytes must match their checksum. [`Checkpoint::load`] stops
+//! at the first problem; [`Checkpoint::verify`] reads everything and reports every problem.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{CkptError, Result};
+use crate::manifest::{FileEntry, MANIFEST_FILE, Manifest, TensorEntry, hex64};
+use crate::safetensors::{header_len, parse_header};
+use crate::store::{LATEST_FILE, list};
+use crate::{DType, Role};
+
+/// A committed checkpoint whose manifest has been read and checked.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+}
+
+/// The elements of a loaded tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// Raw little-endian bytes of another dtype.
+    Bytes(Vec<u8>),
+}
+
+/// A tensor read from a checkpoint, its checksum verified.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadedTensor {
+    /// Registry name.
+    pub name: String,
+    /// Model or optimizer state.
+    pub role: Role,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Elements.
+    pub data: TensorData,
+}
+
+impl LoadedTensor {
+    /// The bytes as stored.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.data {
+            TensorData::F32(v) => bytemuck::cast_slice(v),
+            TensorData::Bytes(b) => b,
+        }
+    }
+}
+
+/// One problem found by [`Checkpoint::verify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The file concerned.
+    pub file: String,
+    /// The tensor concerned, if any.
+    pub tensor: Option<String>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Resolves what a user named to one checkpoint directory: a directory holding a
+/// `manifest.json` is taken as is; a checkpoint root resolves to its newest committed
+/// checkpoint whose manifest checks out. `LATEST` is the fast path: only directories
+/// newer than the one it names are examined (there is one when a writer died between
+/// its commit and the `LATEST` update), and if `LATEST` is missing or dangling every
+/// directory is, newest first.
+pub fn resolve(path: &Path) -> Result<PathBuf> {
+    if path.join(MANIFEST_FILE).exists() {
+        return Ok(path.to_owned());
+    }
+    if !path.is_dir() {
+        return Err(CkptError::NotFound { path: path.to_owned(), reason: "no such directory".into() });
+    }
+    let latest = std::fs::read_to_string(path.join(LATEST_FILE))
+        .ok()
+        .and_then(|name| crate::store::parse_step_dir(name.trim()).map(|step| (step, path.join(name.trim()))))
+        .filter(|(_, dir)| open(dir).is_ok());
+    let newer_than = latest.as_ref().map(|(step, _)| *step);
+    for (step, dir) in list(path)?.into_iter().rev() {
+        if newer_than.is_some_and(|l| step <= l) {
+            break;
+        }
+        if open(&dir).is_ok() {
+            return Ok(dir);
+        }
+    }
+    latest.map(|(_, dir)| dir).ok_or_else(|| CkptError::NotFound {
+        path: path.to_owned(),
+        reason: "neither a checkpoint (no manifest.json) nor a root with a valid checkpoint".into(),
+    })
+}
+
+/// Opens a checkpoint directory: reads and checks its manifest. A directory without a
+/// valid manifest is not a checkpoint.
+pub fn open(dir: &Path) -> Result<Checkpoint> {
+    let path = dir.join(MANIFEST_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CkptError::NotFound {
+                path: dir.to_owned(),
+                reason: "no manifest.json (never committed, or not a checkpoint)".into(),
+            });
+        }
+        Err(e) => return Err(CkptError::io("cannot read", &path)(e)),
+    };
+    let manifest = Manifest::from_bytes(&bytes, &path)?;
+    Ok(Checkpoint { dir: dir.to_owned(), manifest })
+}
+
+impl Checkpoint {
+    /// Reads every tensor, verifying every checksum; fails at the first problem. Files are
+    /// read in parallel.
+    pub fn load(&self) -> Result<Vec<LoadedTensor>> {
+        let per_file: Vec<Result<Vec<(usize, LoadedTensor)>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self.manifest.files.iter().map(|f| s.spawn(move || self.load_file(f))).collect();
+            handles.into_iter().map(|h| h.join().expect("checkpoint reader panicked")).collect()
+        });
+        let mut all = Vec::with_capacity(self.manifest.tensors.len());
+        for r in per_file {
+            all.extend(r?);
+        }
+        all.sort_by_key(|(i, _)| *i);
+        Ok(all.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// Checks every byte of the checkpoint; returns every problem found (empty: valid).
+    pub fn verify(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        for f in &self.manifest.files {
+            let file_problem = |reason: String| Problem { file: f.file.clone(), tensor: None, reason };
+            let handle = match self.open_checked(f) {
+                Ok(h) => h,
+                Err(e) => {
+                    problems.push(file_problem(e.to_string()));
+                    continue;
+                }
+            };
+            for t in self.manifest.tensors.iter().filter(|t| t.file == f.file) {
+                let mut buf = vec![0u8; t.length as usize];
+                let outcome = handle
+                    .read_exact_at(&mut buf, t.offset)
+                    .map_err(|e| format!("cannot read: {e}"))
+                    .and_then(|()| check_sum(t, &buf));
+                if let Err(reason) = outcome {
+                    problems.push(Problem { file: f.file.clone(), tensor: Some(t.name.clone()), reason });
+                }
+            }
+        }
+        problems
+    }
+
+    /// Opens a shard and checks its length, header checksum and header contents against
+    /// the manifest.
+    fn open_checked(&self, f: &FileEntry) -> Result<File> {
+        let path = self.dir.join(&f.file);
+        let corrupt = |reason: String| CkptError::Corrupt { path: path.clone(), tensor: None, reason };
+        let file = File::open(&path).map_err(CkptError::io("cannot open", &path))?;
+        let len = file.metadata().map_err(CkptError::io("cannot stat", &path))?.len();
+        if len != f.length {
+            return Err(corrupt(format!("the file has {len} bytes, the manifest says {}", f.length)));
+        }
+        if f.header_length < 8 || f.header_length > len {
+            return Err(corrupt(format!("header length {} is impossible", f.header_length)));
+        }
+        let mut prefix = vec![0u8; f.header_length as usize];
+        file.read_exact_at(&mut prefix, 0).map_err(CkptError::io("cannot read", &path))?;
+        if hex64(crate::checksum(&prefix)) != f.header_xxh3 {
+            return Err(corrupt("the safetensors header does not match its checksum".into()));
+        }
+        let first8: [u8; 8] = prefix[..8].try_into().expect("length checked above");
+        let n = header_len(&first8, len).map_err(&corrupt)?;
+        if 8 + n != f.header_length {
+            return Err(corrupt(format!("header says {n} bytes of JSON, manifest says {}", f.header_length - 8)));
+        }
+        let header = parse_header(&prefix[8..], len).map_err(&corrupt)?;
+        let listed: Vec<&TensorEntry> = self.manifest.tensors.iter().filter(|t| t.file == f.file).collect();
+        if listed.len() != header.entries.len() {
+            return Err(corrupt(format!(
+                "the file holds {} tensors, the manifest lists {}",
+                header.entries.len(),
+                listed.len()
+            )));
+        }
+        for e in &header.entries {
+            let agrees = listed.iter().any(|t| {
+                t.name == e.name
+                    && t.dtype == e.dtype.name()
+                    && t.shape.iter().map(|&d| d as usize).eq(e.shape.iter().copied())
+                    && t.offset == header.data_start + e.begin
+                    && t.length == e.len()
+            });
+            if !agrees {
+                return Err(corrupt(format!("tensor {:?} in the file disagrees with the manifest", e.name)));
+            }
+        }
+        Ok(file)
+    }
+
+    fn load_file(&self, f: &FileEntry) -> Result<Vec<(usize, LoadedTensor)>> {
+        let file = self.open_checked(f)?;
+        let path = self.dir.join(&f.file);
+        let mut out = Vec::new();
+        for (index, t) in self.manifest.tensors.iter().enumerate().filter(|(_, t)| t.file == f.file) {
+            let dtype = DType::from_name(&t.dtype).expect("checked when the manifest was parsed");
+            let role: Role = t.role.parse().expect("checked when the manifest was parsed");
+            let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+            let data = if dtype == DType::F32 {
+                let mut v = vec![0f32; (t.length / 4) as usize];
+                file.read_exact_at(bytemuck::cast_slice_mut(&mut v), t.offset)
+                    .map_err(CkptError::io("cannot read", &path))?;
+                TensorData::F32(v)
+            } else {
+                let mut v = vec![0u8; t.length as usize];
+                file.read_exact_at(&mut v, t.offset).map_err(CkptError::io("cannot read", &path))?;
+                TensorData::Bytes(v)
+            };
+            let tensor = LoadedTensor { name: t.name.clone(), role, dtype, shape, data };
+            check_sum(t, tensor.bytes()).map_err(|reason| CkptError::Corrupt {
+                path: path.clone(),
+                tensor: Some(t.name.clone()),
+                reason,
+            })?;
+            out.push((index, tensor));
+        }
+        Ok(out)
+    }
+}
+
+fn check_sum(t: &TensorEntry, bytes: &[u8]) -> std::result::Result<(), String> {
+    let actual = hex64(crate::checksum(bytes));
+    if actual == t.xxh3 { Ok(()) } else { Err(format!("checksum {actual} does not match the manifest's {}", t.xxh3)) }
+}

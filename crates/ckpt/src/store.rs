@@ -1,0 +1,332 @@
+//! Writing a checkpoint directory and committing it atomically.
+//!
+//! Layout under a root directory:
+//!
+//! ```text
+//! <root>/step-00001234/manifest.json               written last
+//! <root>/step-00001234/shard-0000.safetensors ...  plain safetensors files
+//! <root>/LATEST                                     "step-00001234\n"
+//! ```
+//!
+//! The commit protocol, in order (failpoints in brackets):
+//! 1. write every shard into a fresh `.tmp-*` directory, in parallel, and fsync each file
+//!    [`after_shard_write`];
+//! 2. write `manifest.json` and fsync it [`after_manifest_write`]; fsync the directory;
+//! 3. [`before_rename`] rename the directory to `step-<step>`, then fsync the root
+//!    [`after_rename`]. **This rename is the commit point**: a `step-*` directory always
+//!    holds a complete checkpoint, and nothing else is ever named so;
+//! 4. [`before_latest`] write `.LATEST.tmp`, fsync, rename it over `LATEST`, fsync the
+//!    root [`after_latest`];
+//! 5. apply the retention policy; a deleted checkpoint is first renamed out of the
+//!    `step-*` namespace, then removed.
+//!
+//! A crash at any instant leaves only (a) committed `step-*` directories, each complete,
+//! (b) a `LATEST` that names a committed checkpoint, or is one commit behind, and (c)
+//! perhaps a `.tmp-*` directory that readers ignore and the next writer removes. A reader
+//! asked for the newest checkpoint ([`resolve`](crate::reader::resolve)) takes the newest
+//! `step-*` directory whose manifest checks out, using `LATEST` to skip older ones.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{CkptError, Result};
+use crate::failpoint;
+use crate::manifest::{FileEntry, MANIFEST_FILE, Manifest, Meta, TensorEntry, hex64};
+use crate::retention::Retention;
+use crate::safetensors::{Layout, encode_header};
+use crate::{DType, Role};
+
+#[cfg(target_endian = "big")]
+compile_error!("Steadfast stores tensors little-endian and reinterprets f32 buffers in place");
+
+/// Name of the pointer file.
+pub const LATEST_FILE: &str = "LATEST";
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// A borrowed f32 tensor to save.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorRef<'a> {
+    /// Registry name.
+    pub name: &'a str,
+    /// Model parameter or optimizer state.
+    pub role: Role,
+    /// Shape.
+    pub shape: &'a [usize],
+    /// Elements, row-major.
+    pub data: &'a [f32],
+}
+
+/// How to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveOptions {
+    /// Number of shard files, written in parallel (at most one per tensor).
+    pub shards: usize,
+    /// Which older checkpoints to delete after a commit.
+    pub retention: Retention,
+}
+
+impl Default for SaveOptions {
+    fn default() -> Self {
+        SaveOptions { shards: 2, retention: Retention::default() }
+    }
+}
+
+/// What a save did.
+#[derive(Clone, Debug)]
+pub struct SaveReport {
+    /// The committed directory.
+    pub dir: PathBuf,
+    /// Bytes written, manifest included.
+    pub bytes: u64,
+    /// Time from the first write to the `LATEST` update.
+    pub duration: Duration,
+    /// Steps deleted by the retention policy.
+    pub deleted: Vec<u64>,
+}
+
+/// The directory name of the checkpoint of `step`.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+/// The step of a directory name produced by [`step_dir_name`].
+pub fn parse_step_dir(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("step-")?;
+    if digits.len() < 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Committed checkpoint directories under `root`, by ascending step.
+pub fn list(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(root).map_err(CkptError::io("cannot list", root))? {
+        let entry = entry.map_err(CkptError::io("cannot list", root))?;
+        if let Some(step) = entry.file_name().to_str().and_then(parse_step_dir)
+            && entry.path().is_dir()
+        {
+            out.push((step, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// fsyncs a directory so that renames and creations inside it are durable.
+pub fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(CkptError::io("cannot fsync", dir))
+}
+
+/// Removes temporary directories left by writers that crashed.
+pub fn remove_stale_temporaries(root: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(root) else { return Ok(()) };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            std::fs::remove_dir_all(entry.path()).map_err(CkptError::io("cannot remove", entry.path()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Splits tensors into at most `shards` contiguous groups of roughly equal byte size,
+/// keeping registry order. Returns the index ranges.
+fn plan_shards(sizes: &[u64], shards: usize) -> Vec<std::ops::Range<usize>> {
+    let shards = shards.clamp(1, sizes.len().max(1));
+    let total: u64 = sizes.iter().sum();
+    let mut ranges = Vec::with_capacity(shards);
+    let (mut start, mut acc) = (0usize, 0u64);
+    for (i, &s) in sizes.iter().enumerate() {
+        acc += s;
+        let k = ranges.len() as u64 + 1;
+        // Close the current shard once it holds its share of the bytes.
+        if ranges.len() + 1 < shards && acc * (shards as u64) >= k * total {
+            ranges.push(start..i + 1);
+            start = i + 1;
+        }
+    }
+    ranges.push(start..sizes.len());
+    ranges.retain(|r| !r.is_empty());
+    ranges
+}
+
+/// Writes one shard file and fsyncs it; returns its file entry and tensor entries.
+fn write_shard(
+    path: &Path,
+    file_name: &str,
+    tensors: &[TensorRef<'_>],
+    meta: &Meta,
+) -> Result<(FileEntry, Vec<TensorEntry>)> {
+    let layouts: Vec<Layout<'_>> =
+        tensors.iter().map(|t| Layout { name: t.name, dtype: DType::F32, shape: t.shape }).collect();
+    let metadata = BTreeMap::from([("steadfast.step".to_string(), meta.step.to_string())]);
+    let (prefix, entries) = encode_header(&layouts, &metadata);
+    let err = CkptError::io("cannot write", path);
+    let mut file = File::create_new(path).map_err(err)?;
+    file.write_all(&prefix).map_err(CkptError::io("cannot write", path))?;
+    let mut out = Vec::with_capacity(tensors.len());
+    for (t, e) in tensors.iter().zip(&entries) {
+        let bytes: &[u8] = bytemuck::cast_slice(t.data);
+        file.write_all(bytes).map_err(CkptError::io("cannot write", path))?;
+        out.push(TensorEntry {
+            name: t.name.to_owned(),
+            role: t.role.as_str().to_owned(),
+            dtype: DType::F32.name().to_owned(),
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+            file: file_name.to_owned(),
+            offset: prefix.len() as u64 + e.begin,
+            length: e.len(),
+            xxh3: hex64(crate::checksum(bytes)),
+        });
+    }
+    file.sync_all().map_err(CkptError::io("cannot fsync", path))?;
+    let length = prefix.len() as u64 + entries.last().map_or(0, |e| e.end);
+    let entry = FileEntry {
+        file: file_name.to_owned(),
+        length,
+        header_length: prefix.len() as u64,
+        header_xxh3: hex64(crate::checksum(&prefix)),
+    };
+    Ok((entry, out))
+}
+
+/// Saves `tensors` with `meta` as the checkpoint of `meta.step` under `root`, following
+/// the commit protocol above. Blocks until the checkpoint is durable.
+pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveOptions) -> Result<SaveReport> {
+    let started = Instant::now();
+    for t in tensors {
+        if t.shape.iter().product::<usize>() != t.data.len() {
+            return Err(CkptError::Mismatch(format!(
+                "tensor {}: shape {:?} but {} elements",
+                t.name,
+                t.shape,
+                t.data.len()
+            )));
+        }
+    }
+    std::fs::create_dir_all(root).map_err(CkptError::io("cannot create", root))?;
+    let nonce = format!(
+        "{}{}-{}-{}",
+        TEMP_PREFIX,
+        step_dir_name(meta.step),
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    );
+    let tmp = root.join(nonce);
+    std::fs::create_dir(&tmp).map_err(CkptError::io("cannot create", &tmp))?;
+
+    let sizes: Vec<u64> = tensors.iter().map(|t| t.data.len() as u64 * 4).collect();
+    let ranges = plan_shards(&sizes, options.shards);
+    let results: Vec<Result<(FileEntry, Vec<TensorEntry>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let name = format!("shard-{i:04}.safetensors");
+                let path = tmp.join(&name);
+                let part = &tensors[r.clone()];
+                s.spawn(move || write_shard(&path, &name, part, meta))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("shard writer panicked")).collect()
+    });
+    let mut files = Vec::new();
+    let mut entries = Vec::new();
+    for r in results {
+        let (f, t) = r?;
+        files.push(f);
+        entries.extend(t);
+    }
+    failpoint::hit("after_shard_write")?;
+
+    let manifest = Manifest::new(meta.clone(), files, entries);
+    let manifest_bytes = manifest.to_bytes();
+    let manifest_path = tmp.join(MANIFEST_FILE);
+    let mut f = File::create_new(&manifest_path).map_err(CkptError::io("cannot write", &manifest_path))?;
+    f.write_all(&manifest_bytes).map_err(CkptError::io("cannot write", &manifest_path))?;
+    f.sync_all().map_err(CkptError::io("cannot fsync", &manifest_path))?;
+    drop(f);
+    failpoint::hit("after_manifest_write")?;
+    fsync_dir(&tmp)?;
+
+    let name = step_dir_name(meta.step);
+    let dir = root.join(&name);
+    failpoint::hit("before_rename")?;
+    if dir.exists() {
+        // Re-saving a step (after a resume from an older checkpoint): move the old copy
+        // aside first; a crash in between leaves no `step-N`, and readers of LATEST fall
+        // back to the newest valid checkpoint.
+        let aside = root.join(format!("{TEMP_PREFIX}old-{name}-{}", std::process::id()));
+        std::fs::rename(&dir, &aside).map_err(CkptError::io("cannot rename", &dir))?;
+        std::fs::rename(&tmp, &dir).map_err(CkptError::io("cannot rename", &tmp))?;
+        fsync_dir(root)?;
+        std::fs::remove_dir_all(&aside).map_err(CkptError::io("cannot remove", &aside))?;
+    } else {
+        std::fs::rename(&tmp, &dir).map_err(CkptError::io("cannot rename", &tmp))?;
+        fsync_dir(root)?;
+    }
+    failpoint::hit("after_rename")?;
+
+    failpoint::hit("before_latest")?;
+    write_latest(root, &name)?;
+    failpoint::hit("after_latest")?;
+
+    let steps: Vec<u64> = list(root)?.into_iter().map(|(s, _)| s).collect();
+    let deleted = options.retention.to_delete(&steps);
+    for &step in &deleted {
+        if step != meta.step {
+            remove_checkpoint(root, step)?;
+        }
+    }
+    let bytes = manifest_bytes.len() as u64 + manifest.files.iter().map(|f| f.length).sum::<u64>();
+    Ok(SaveReport { dir, bytes, duration: started.elapsed(), deleted })
+}
+
+/// Deletes the checkpoint of `step`: first renames it out of the `step-*` namespace (one
+/// atomic operation), then removes the files, so that a crash midway never leaves a
+/// half-deleted directory that looks committed.
+pub fn remove_checkpoint(root: &Path, step: u64) -> Result<()> {
+    let dir = root.join(step_dir_name(step));
+    let doomed = root.join(format!("{TEMP_PREFIX}del-{}-{}", step_dir_name(step), std::process::id()));
+    std::fs::rename(&dir, &doomed).map_err(CkptError::io("cannot rename", &dir))?;
+    fsync_dir(root)?;
+    std::fs::remove_dir_all(&doomed).map_err(CkptError::io("cannot remove", &doomed))
+}
+
+/// Points `LATEST` at `name` atomically.
+pub fn write_latest(root: &Path, name: &str) -> Result<()> {
+    let tmp = root.join(".LATEST.tmp");
+    let mut f = File::create(&tmp).map_err(CkptError::io("cannot write", &tmp))?;
+    f.write_all(format!("{name}\n").as_bytes()).map_err(CkptError::io("cannot write", &tmp))?;
+    f.sync_all().map_err(CkptError::io("cannot fsync", &tmp))?;
+    std::fs::rename(&tmp, root.join(LATEST_FILE)).map_err(CkptError::io("cannot rename", &tmp))?;
+    fsync_dir(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_contiguous_balanced_and_never_empty() {
+        assert_eq!(plan_shards(&[10, 10, 10, 10], 2), vec![0..2, 2..4]);
+        assert_eq!(plan_shards(&[100, 1, 1, 1], 2), vec![0..1, 1..4]);
+        assert_eq!(plan_shards(&[5], 4), vec![0..1]);
+        assert_eq!(plan_shards(&[], 3), Vec::<std::ops::Range<usize>>::new());
+        let r = plan_shards(&[1; 10], 3);
+        assert_eq!(r.len(), 3);
+        assert_eq!(r.iter().map(|r| r.len()).sum::<usize>(), 10);
+    }
+
+    #[test]
+    fn step_names_round_trip() {
+        assert_eq!(step_dir_name(1234), "step-00001234");
+        assert_eq!(parse_step_dir("step-00001234"), Some(1234));
+        assert_eq!(parse_step_dir("step-123456789"), Some(123456789));
+        assert_eq!(parse_step_dir(".tmp-step-00000001-4-5"), None);
+        assert_eq!(parse_step_dir("step-12"), None);
+    }
+}

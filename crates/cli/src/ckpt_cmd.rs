@@ -1,0 +1,274 @@
+//! `steadfast ckpt`: list, inspect, verify, compare and export checkpoints.
+//!
+//! Exit status, as `grep` and `diff` do it: 0 when the answer is "yes" (valid,
+//! identical), 1 when it is "no" (corrupt, different), 2 on error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+const EXAMPLES: &str = "\
+Examples:
+  steadfast ckpt ls runs/ckpt
+  steadfast ckpt inspect runs/ckpt                 # the newest committed checkpoint
+  steadfast ckpt verify runs/ckpt/step-00000500    # exit 0 only if every checksum holds
+  steadfast ckpt diff runs/a/step-00000500 runs/b/step-00000500 --json
+  steadfast ckpt export runs/ckpt --to model.safetensors";
+
+/// Arguments of `steadfast ckpt`.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct CkptArgs {
+    #[command(subcommand)]
+    command: CkptCommand,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum CkptCommand {
+    /// List the committed checkpoints under a checkpoint root.
+    Ls {
+        /// Checkpoint root directory.
+        dir: PathBuf,
+    },
+    /// Show a checkpoint's metadata and tensors (a root means its newest checkpoint).
+    Inspect {
+        /// Checkpoint directory or root.
+        path: PathBuf,
+    },
+    /// Check every checksum; name each corrupt file or tensor.
+    Verify {
+        /// Checkpoint directory or root.
+        path: PathBuf,
+    },
+    /// Compare two checkpoints tensor by tensor.
+    Diff {
+        /// First checkpoint (directory or root).
+        a: PathBuf,
+        /// Second checkpoint (directory or root).
+        b: PathBuf,
+    },
+    /// Write all tensors into one plain safetensors file.
+    Export {
+        /// Checkpoint directory or root.
+        path: PathBuf,
+        /// Output file.
+        #[arg(long)]
+        to: PathBuf,
+    },
+}
+
+/// Runs `steadfast ckpt`.
+pub fn run(args: CkptArgs) -> anyhow::Result<ExitCode> {
+    let json = args.json;
+    match args.command {
+        CkptCommand::Ls { dir } => ls(&dir, json),
+        CkptCommand::Inspect { path } => inspect(&path, json),
+        CkptCommand::Verify { path } => verify(&path, json),
+        CkptCommand::Diff { a, b } => diff(&a, &b, json),
+        CkptCommand::Export { path, to } => export(&path, &to, json),
+    }
+}
+
+fn open(path: &std::path::Path) -> anyhow::Result<ckpt::Checkpoint> {
+    let dir = ckpt::reader::resolve(path)?;
+    Ok(ckpt::reader::open(&dir)?)
+}
+
+fn ls(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let latest = std::fs::read_to_string(dir.join(ckpt::store::LATEST_FILE)).ok().map(|s| s.trim().to_owned());
+    let mut rows = Vec::new();
+    for (step, path) in ckpt::store::list(dir)? {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let is_latest = latest.as_deref() == Some(name.as_str());
+        let row = match ckpt::reader::open(&path) {
+            Ok(c) => json!({
+                "step": step, "dir": name, "latest": is_latest, "valid_manifest": true,
+                "tensors": c.manifest.tensors.len(), "files": c.manifest.files.len(),
+                "bytes": c.manifest.files.iter().map(|f| f.length).sum::<u64>(),
+            }),
+            Err(e) => {
+                json!({"step": step, "dir": name, "latest": is_latest, "valid_manifest": false, "error": e.to_string()})
+            }
+        };
+        rows.push(row);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!("{:<16} {:>10} {:>8} {:>14}  note", "checkpoint", "step", "tensors", "bytes");
+        for r in &rows {
+            let note = match (r["latest"].as_bool(), r["error"].as_str()) {
+                (_, Some(e)) => format!("INVALID: {e}"),
+                (Some(true), _) => "LATEST".to_owned(),
+                _ => String::new(),
+            };
+            println!(
+                "{:<16} {:>10} {:>8} {:>14}  {note}",
+                r["dir"].as_str().unwrap_or(""),
+                r["step"],
+                r["tensors"].as_u64().map(|n| n.to_string()).unwrap_or_default(),
+                r["bytes"].as_u64().map(|n| n.to_string()).unwrap_or_default()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let c = open(path)?;
+    let m = &c.manifest;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&json!({"dir": c.dir, "manifest": m}))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let meta = &m.meta;
+    println!("checkpoint:  {}", c.dir.display());
+    println!("format:      {} version {}", m.format, m.version);
+    println!(
+        "step:        {} (epoch {}, next step {} of the epoch)",
+        meta.step, meta.epoch, meta.data_cursor.step_in_epoch
+    );
+    println!("world size:  {}", meta.world_size);
+    println!("config hash: {}", meta.config_hash);
+    println!("rng:         {} seed {}", meta.rng.algorithm, meta.rng.seed);
+    for (k, v) in &meta.scalars {
+        println!("{:<12} {v}", format!("{k}:"));
+    }
+    let mut by_role = std::collections::BTreeMap::<&str, (usize, u64)>::new();
+    println!("\n{:<48} {:<6} {:<5} {:<16} {:>12}  file", "tensor", "role", "dtype", "shape", "bytes");
+    for t in &m.tensors {
+        let e = by_role.entry(t.role.as_str()).or_default();
+        e.0 += 1;
+        e.1 += t.length;
+        println!(
+            "{:<48} {:<6} {:<5} {:<16} {:>12}  {}",
+            t.name,
+            t.role,
+            t.dtype,
+            format!("{:?}", t.shape),
+            t.length,
+            t.file
+        );
+    }
+    println!();
+    for (role, (n, bytes)) in by_role {
+        println!("{role}: {n} tensors, {bytes} bytes");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let dir = ckpt::reader::resolve(path).unwrap_or_else(|_| path.to_owned());
+    let (problems, opened) = match ckpt::reader::open(&dir) {
+        Ok(c) => (c.verify(), true),
+        Err(e) => (
+            vec![ckpt::Problem { file: ckpt::manifest::MANIFEST_FILE.into(), tensor: None, reason: e.to_string() }],
+            false,
+        ),
+    };
+    if json {
+        let list: Vec<_> =
+            problems.iter().map(|p| json!({"file": p.file, "tensor": p.tensor, "reason": p.reason})).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"dir": dir, "ok": problems.is_empty(), "problems": list}))?
+        );
+    } else if problems.is_empty() {
+        println!("OK {}: every checksum holds", dir.display());
+    } else {
+        for p in &problems {
+            match &p.tensor {
+                Some(t) => println!("CORRUPT {} tensor {t}: {}", p.file, p.reason),
+                None => println!("CORRUPT {}: {}", p.file, p.reason),
+            }
+        }
+        println!("{} problem(s) in {}{}", problems.len(), dir.display(), if opened { "" } else { " (not loadable)" });
+    }
+    Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn diff(a: &std::path::Path, b: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let (ca, cb) = (open(a)?, open(b)?);
+    let ta = ca.load().with_context(|| format!("loading {}", ca.dir.display()))?;
+    let tb = cb.load().with_context(|| format!("loading {}", cb.dir.display()))?;
+    let diffs = ckpt::diff::diff(&ta, &tb);
+    let same = diffs.iter().all(|d| d.status == ckpt::diff::DiffStatus::Equal);
+    let finite = |x: Option<f64>| x.map(|v| if v.is_finite() { json!(v) } else { json!("inf") });
+    if json {
+        use ckpt::diff::DiffStatus::*;
+        let rows: Vec<_> = diffs
+            .iter()
+            .map(|d| match &d.status {
+                OnlyInA => json!({"tensor": d.name, "status": "only_in_a"}),
+                OnlyInB => json!({"tensor": d.name, "status": "only_in_b"}),
+                Incompatible { a, b } => json!({"tensor": d.name, "status": "incompatible", "a": a, "b": b}),
+                Equal => json!({"tensor": d.name, "status": "equal"}),
+                Differs(e) => json!({
+                    "tensor": d.name, "status": "differs", "elements": e.elements, "total": e.total,
+                    "max_abs": finite(e.max_abs), "max_rel": finite(e.max_rel),
+                    "bits": e.bit_counts.iter().enumerate().filter(|(_, c)| **c > 0)
+                        .map(|(b, c)| json!({"bit": b, "count": c})).collect::<Vec<_>>(),
+                }),
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json!({"identical": same, "tensors": rows}))?);
+    } else {
+        for d in &diffs {
+            use ckpt::diff::DiffStatus::*;
+            match &d.status {
+                Equal => {}
+                OnlyInA => println!("{:<48} only in {}", d.name, ca.dir.display()),
+                OnlyInB => println!("{:<48} only in {}", d.name, cb.dir.display()),
+                Incompatible { a, b } => println!("{:<48} incompatible: {a} vs {b}", d.name),
+                Differs(e) => {
+                    let bits: Vec<String> = e
+                        .bit_counts
+                        .iter()
+                        .enumerate()
+                        .rev()
+                        .filter(|(_, c)| **c > 0)
+                        .map(|(b, c)| format!("{b}:{c}"))
+                        .collect();
+                    let fmt = |x: Option<f64>| x.map(|v| format!("{v:.3e}")).unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:<48} {}/{} elements differ, max abs {}, max rel {}, bits {}",
+                        d.name,
+                        e.elements,
+                        e.total,
+                        fmt(e.max_abs),
+                        fmt(e.max_rel),
+                        bits.join(" ")
+                    );
+                }
+            }
+        }
+        let differing = diffs.iter().filter(|d| d.status != ckpt::diff::DiffStatus::Equal).count();
+        println!(
+            "{}",
+            if same { "identical".to_owned() } else { format!("{differing} of {} tensors differ", diffs.len()) }
+        );
+    }
+    Ok(if same { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn export(path: &std::path::Path, to: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let c = open(path)?;
+    let bytes = ckpt::export::export(&c, to)?;
+    if json {
+        println!("{}", json!({"from": c.dir, "to": to, "bytes": bytes, "tensors": c.manifest.tensors.len()}));
+    } else {
+        println!(
+            "wrote {} ({} tensors, {bytes} bytes) from {}",
+            to.display(),
+            c.manifest.tensors.len(),
+            c.dir.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

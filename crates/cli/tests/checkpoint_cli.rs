@@ -1,0 +1,168 @@
+//! Checkpoints end to end through the binary: kill -9 in the middle of training and
+//! resume to the same fingerprint; the `ckpt` tools and their exit codes.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn steadfast(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_steadfast")).args(args).output().expect("run steadfast")
+}
+
+fn fingerprint(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout.lines().find(|l| l.starts_with("fingerprint: ")).expect("fingerprint line").to_owned()
+}
+
+const RUN: [&str; 12] = [
+    "train",
+    "--model",
+    "mlp",
+    "--data",
+    "synthetic",
+    "--steps",
+    "600",
+    "--batch",
+    "64",
+    "--micro-batch",
+    "32",
+    "--eval-every=0",
+];
+
+fn latest_step(root: &Path) -> Option<u64> {
+    let name = std::fs::read_to_string(root.join("LATEST")).ok()?;
+    ckpt::store::parse_step_dir(name.trim())
+}
+
+#[test]
+fn kill_dash_nine_mid_training_then_resume_gives_the_uninterrupted_fingerprint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |name: &str| tmp.path().join(name).to_string_lossy().into_owned();
+    let uninterrupted = fingerprint(&steadfast(&[&RUN[..], &["--out", &out("a")]].concat()));
+
+    let root = out("ckpt");
+    let ck = ["--checkpoint-every", "7", "--checkpoint-dir", &root, "--keep-last", "2"];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args([&RUN[..], &ck[..], &["--out", &out("b")]].concat())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait (bounded) until training is well under way, then kill it.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while latest_step(Path::new(&root)).is_none_or(|s| s < 100) {
+        assert!(Instant::now() < deadline, "no checkpoint appeared");
+        assert!(child.try_wait().unwrap().is_none(), "training ended before it could be killed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let killed_at = latest_step(Path::new(&root)).unwrap();
+    assert!(killed_at < 600, "the run finished before the kill");
+
+    let resumed = steadfast(&[&RUN[..], &ck[..], &["--resume", "latest", "--out", &out("b")]].concat());
+    let stdout = String::from_utf8_lossy(&resumed.stdout).into_owned();
+    assert!(stdout.contains("resumed from: step"), "{stdout}");
+    assert_eq!(fingerprint(&resumed), uninterrupted);
+}
+
+#[test]
+fn ckpt_tools_list_inspect_verify_diff_and_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ckpt");
+    let r = root.to_str().unwrap();
+    let o = tmp.path().join("o");
+    let run = ["train", "--data", "synthetic", "--steps", "6", "--batch", "32", "--checkpoint-every", "3"];
+    fingerprint(&steadfast(&[&run[..], &["--checkpoint-dir", r, "--out", o.to_str().unwrap()]].concat()));
+
+    let ls = steadfast(&["ckpt", "ls", r, "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 2);
+    assert_eq!(rows[1]["latest"], true);
+
+    let inspect = steadfast(&["ckpt", "inspect", r, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(v["manifest"]["meta"]["step"], 6);
+    assert_eq!(v["manifest"]["tensors"][0]["name"], "model.fc1.weight");
+    let text = String::from_utf8_lossy(&steadfast(&["ckpt", "inspect", r]).stdout).into_owned();
+    assert!(text.contains("optim.model.fc3.bias.exp_avg_sq") && text.contains("model: 6 tensors"), "{text}");
+
+    let step3 = root.join("step-00000003");
+    let s3 = step3.to_str().unwrap();
+    assert_eq!(steadfast(&["ckpt", "verify", s3]).status.code(), Some(0));
+    let diff = steadfast(&["ckpt", "diff", s3, r, "--json"]);
+    assert_eq!(diff.status.code(), Some(1));
+    let d: serde_json::Value = serde_json::from_slice(&diff.stdout).unwrap();
+    assert_eq!(d["identical"], false);
+    assert_eq!(d["tensors"][0]["status"], "differs");
+    assert_eq!(steadfast(&["ckpt", "diff", s3, s3]).status.code(), Some(0));
+
+    let exported = tmp.path().join("all.safetensors");
+    let e = steadfast(&["ckpt", "export", r, "--to", exported.to_str().unwrap()]);
+    assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
+    assert!(std::fs::metadata(&exported).unwrap().len() > 235_146 * 4 * 3);
+
+    // Corrupt one tensor: verify names it and exits 1.
+    let m = ckpt::reader::open(&step3).unwrap().manifest;
+    let t = &m.tensors[3];
+    let shard = step3.join(&t.file);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[t.offset as usize] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let v = steadfast(&["ckpt", "verify", s3]);
+    assert_eq!(v.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&v.stdout).into_owned();
+    assert!(text.contains(&format!("tensor {}", t.name)), "{text}");
+    // Not a checkpoint at all: an error, exit 2.
+    assert_eq!(steadfast(&["ckpt", "inspect", tmp.path().to_str().unwrap()]).status.code(), Some(2));
+}
+
+/// The shards are plain safetensors files that the reference Python library opens
+/// unchanged (skipped when it is not installed, unless CI demands it).
+#[test]
+fn shards_open_in_python_safetensors() {
+    let probe = Command::new("python3").args(["-c", "import safetensors.numpy, numpy"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        assert!(std::env::var_os("STEADFAST_REQUIRE_PYTHON").is_none(), "python3 safetensors is missing");
+        eprintln!("skipping: python3 with safetensors and numpy is not installed");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ckpt");
+    let run =
+        ["train", "--model", "cnn", "--data", "synthetic", "--steps", "2", "--batch", "16", "--checkpoint-every", "2"];
+    let o = tmp.path().join("o");
+    fingerprint(&steadfast(
+        &[&run[..], &["--checkpoint-dir", root.to_str().unwrap(), "--out", o.to_str().unwrap()]].concat(),
+    ));
+    let dir = ckpt::reader::resolve(&root).unwrap();
+    let c = ckpt::reader::open(&dir).unwrap();
+    let loaded = c.load().unwrap();
+    let script = r#"
+import sys, json, hashlib
+from safetensors.numpy import load_file
+out = {}
+for path in sys.argv[1:]:
+    for name, array in load_file(path).items():
+        out[name] = [str(array.dtype), list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
+print(json.dumps(out))
+"#;
+    let shards: Vec<String> =
+        c.manifest.files.iter().map(|f| dir.join(&f.file).to_string_lossy().into_owned()).collect();
+    let py = Command::new("python3").arg("-c").arg(script).args(&shards).output().unwrap();
+    assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));
+    let seen: serde_json::Value = serde_json::from_slice(&py.stdout).unwrap();
+    assert_eq!(seen.as_object().unwrap().len(), loaded.len());
+    for t in &loaded {
+        let row = &seen[&t.name];
+        assert_eq!(row[0], "float32", "{}", t.name);
+        assert_eq!(row[1], serde_json::json!(t.shape), "{}", t.name);
+        let sha = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        use std::io::Write;
+        let mut sha = sha;
+        sha.stdin.take().unwrap().write_all(t.bytes()).unwrap();
+        let digest = String::from_utf8(sha.wait_with_output().unwrap().stdout).unwrap();
+        assert_eq!(row[2].as_str().unwrap(), digest.split_whitespace().next().unwrap(), "{}", t.name);
+    }
+}

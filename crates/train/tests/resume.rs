@@ -1,0 +1,84 @@
+//! A run stopped at step k and resumed from its checkpoint ends with the same bits as the
+//! run that never stopped: model, optimizer state, RNG and data position all restored.
+
+mod common;
+
+use common::tiny;
+use train::checkpointing::CheckpointConfig;
+use train::model::ModelKind;
+use train::optim::OptimKind;
+use train::{TrainConfig, TrainError};
+
+fn with_checkpoints(mut c: TrainConfig, dir: &std::path::Path, every: u64) -> TrainConfig {
+    c.checkpoint =
+        Some(CheckpointConfig { dir: dir.to_owned(), every, retention: ckpt::Retention::default(), shards: 2 });
+    c
+}
+
+fn fingerprint(c: &TrainConfig) -> u64 {
+    train::train(c, &mut |_| {}).unwrap().0.fingerprint
+}
+
+#[test]
+fn resumed_runs_match_uninterrupted_runs_for_mlp_and_gpt_with_sgd_and_adamw() {
+    for model in [ModelKind::Mlp, ModelKind::Gpt] {
+        for optimizer in [OptimKind::Sgd, OptimKind::AdamW] {
+            let mut c = tiny(model);
+            c.optimizer = optimizer;
+            c.optim.lr = if optimizer == OptimKind::Sgd { 0.05 } else { 1e-3 };
+            c.steps = 7;
+            if model == ModelKind::Gpt {
+                c.batch = 8;
+                c.micro_batch = 4;
+            }
+            let uninterrupted = fingerprint(&c);
+
+            let root = tempfile::tempdir().unwrap();
+            let mut first = with_checkpoints(c.clone(), root.path(), 2);
+            first.steps = 5; // checkpoints at 2, 4 and 5
+            assert_ne!(fingerprint(&first), uninterrupted);
+
+            let mut resumed = with_checkpoints(c.clone(), root.path(), 2);
+            resumed.resume = Some(root.path().to_owned());
+            let (summary, _) = train::train(&resumed, &mut |_| {}).unwrap();
+            assert_eq!(summary.resumed_from, 5);
+            assert_eq!(summary.fingerprint, uninterrupted, "{model:?} {optimizer:?} from step 5");
+
+            // From an older checkpoint too (one that does not fall on the final step).
+            let mut from_two = c.clone();
+            from_two.resume = Some(root.path().join("step-00000002"));
+            assert_eq!(fingerprint(&from_two), uninterrupted, "{model:?} {optimizer:?} from step 2");
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_of_another_configuration_is_refused() {
+    let c = tiny(ModelKind::Mlp);
+    let root = tempfile::tempdir().unwrap();
+    train::train(&with_checkpoints(c.clone(), root.path(), 2), &mut |_| {}).unwrap();
+    let mut other = c.clone();
+    other.seed = 99;
+    other.resume = Some(root.path().to_owned());
+    let err = train::train(&other, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, TrainError::Resume { .. }), "{err}");
+    assert!(err.to_string().contains("different configuration"), "{err}");
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_never_loaded() {
+    let c = tiny(ModelKind::Mlp);
+    let root = tempfile::tempdir().unwrap();
+    train::train(&with_checkpoints(c.clone(), root.path(), 4), &mut |_| {}).unwrap();
+    let dir = root.path().join("step-00000004");
+    let m = ckpt::reader::open(&dir).unwrap().manifest;
+    let t = m.tensors.iter().find(|t| t.name == "optim.model.fc2.weight.exp_avg").unwrap();
+    let shard = dir.join(&t.file);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[t.offset as usize + 17] ^= 0x04;
+    std::fs::write(&shard, bytes).unwrap();
+    let mut resumed = c.clone();
+    resumed.resume = Some(dir);
+    let err = train::train(&resumed, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("optim.model.fc2.weight.exp_avg") && err.contains("corrupt"), "{err}");
+}
