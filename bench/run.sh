@@ -4,6 +4,8 @@
 #
 #   bench/run.sh            # every benchmark
 #   bench/run.sh train      # training steps/s against PyTorch
+#   bench/run.sh ckpt       # checkpoint save/load/stall against dd, torch.save, safetensors
+#   bench/run.sh overhead   # training throughput with a checkpoint every N steps
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv. No benchmark here needs a GPU.
@@ -22,7 +24,15 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
 fi
 cargo build --release --locked
 
+mkdir -p bench/out
 case "$which" in
-  all|train) "$venv/bin/python" bench/train_vs_pytorch.py ;;
-  *) echo "unknown benchmark: $which (expected: all, train)" >&2; exit 2 ;;
+  train) "$venv/bin/python" bench/train_vs_pytorch.py ;;
+  ckpt) "$venv/bin/python" bench/ckpt_vs_peers.py ;;
+  overhead) "$venv/bin/python" bench/ckpt_training_overhead.py ;;
+  all)
+    "$venv/bin/python" bench/train_vs_pytorch.py
+    "$venv/bin/python" bench/ckpt_vs_peers.py
+    "$venv/bin/python" bench/ckpt_training_overhead.py
+    ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead)" >&2; exit 2 ;;
 esac

@@ -7,9 +7,12 @@ threads. Writes a section of docs/benchmarks.md.
 
 Usage: bench/.venv/bin/python bench/train_vs_pytorch.py   (bench/run.sh does this)
 """
-import datetime, json, os, platform, statistics, subprocess, sys, tempfile
+import datetime, json, os, statistics, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from common import cpu_name, write_section  # noqa: E402
+
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 REPEATS = int(os.environ.get("REPEATS", "3"))
 STEPS = {"mlp": 1000, "cnn": 200}
@@ -32,16 +35,6 @@ def torch(model, threads):
            "--steps", str(STEPS[model]), "--lr", str(LR[model]), "--threads", str(threads)]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return STEPS[model] / r["seconds"], r["optimizer_seconds"] / r["seconds"], r["weights_sha256"], r["torch"]
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():
@@ -95,19 +88,6 @@ def main():
     section = "\n".join(lines)
     print(section)
     write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "train-vs-pytorch", section)
-
-
-def write_section(path, name, section):
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if start in text and end in text:
-        before, rest = text.split(start, 1)
-        after = rest.split(end, 1)[1]
-        text = before + section + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 //! The `steadfast` binary: parse, validate, run, and map errors to an exit code.
 #![forbid(unsafe_code)]
 
+mod bench_cmd;
 mod ckpt_cmd;
 mod train_cmd;
 
@@ -29,6 +30,8 @@ enum Command {
     Train(train_cmd::TrainArgs),
     /// Inspect, verify, compare and export checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),
+    /// Measurements driven by the scripts under bench/ (prints JSON lines).
+    Bench(bench_cmd::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Ckpt(args) => ckpt_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run(args).map(|()| ExitCode::SUCCESS),
     };
     // 0: success; 1: a negative answer (corrupt checkpoint, checkpoints differ); 2: error.
     match result {

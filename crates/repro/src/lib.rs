@@ -8,13 +8,24 @@
 //!   number is a pure function of `(seed, purpose, indices, position)`, so data order,
 //!   weight initialisation and dropout masks never depend on thread or rank scheduling.
 //! - [`fingerprint`]: xxh3-64 fingerprints of named f32 tensors, compared across runs
-//!   and replicas to prove that their bits are equal.
+//!   and replicas to prove that their bits are equal;
+//! - [`sum`]: the reproducible sum (the exact sum, correctly rounded, whatever the order,
+//!   chunking or thread count) with a mergeable accumulator, and fixed-order sums
+//!   (pairwise, block tree) for comparison;
+//! - [`batched`]: the reproducible element-wise sum of many vectors in two phases
+//!   (exponent max, then 64-bit fixed point), the arithmetic of a reproducible all-reduce.
 //!
 //! ```
 //! use repro::{fingerprint::fingerprint, rng::permutation};
 //!
 //! // The data order of epoch 3 is the same wherever and whenever it is computed.
 //! assert_eq!(permutation(42, "data", &[3], 10), permutation(42, "data", &[3], 10));
+//!
+//! // The same bits for any order of the terms.
+//! let xs = [1e8f32, 1.0, -1e8, 0.25];
+//! let ys = [0.25f32, -1e8, 1.0, 1e8];
+//! assert_eq!(repro::sum::sum(&xs), 1.25);
+//! assert_eq!(repro::sum::sum(&ys), 1.25);
 //!
 //! let w = [0.5f32, -1.25];
 //! let fp = fingerprint([("model.w", &w[..])]);
@@ -23,5 +34,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod batched;
+mod exact;
 pub mod fingerprint;
 pub mod rng;
+pub mod sum;

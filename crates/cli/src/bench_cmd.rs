@@ -1,0 +1,177 @@
+//! `steadfast bench`: measurements that the scripts under `bench/` drive and compare with
+//! peers. Each prints JSON lines, one per configuration.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+const EXAMPLES: &str = "\
+Examples:
+  # Save, snapshot-stall and load times of 100 MB and 1 GB of state, 1 and 4 shards
+  steadfast bench ckpt --dir /tmp/bench --mb 100,1000 --shards 1,4";
+
+/// Arguments of `steadfast bench`.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Checkpoint persist bandwidth, training stall and load time.
+    Ckpt(CkptBench),
+}
+
+#[derive(Args, Debug)]
+struct CkptBench {
+    /// Scratch directory (on the disk to measure); the last checkpoint of each size is
+    /// left in `<dir>/<mb>mb` for peers to read.
+    #[arg(long)]
+    dir: PathBuf,
+    /// State sizes in MB (10^6 bytes), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    mb: Vec<u64>,
+    /// Shard counts to try, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    shards: Vec<usize>,
+    /// Tensors the state is split into.
+    #[arg(long, default_value_t = 24)]
+    tensors: usize,
+    /// Repetitions per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Drop the page cache before each load, so loads read from the disk (needs root).
+    #[arg(long)]
+    drop_caches: bool,
+}
+
+/// Flushes dirty pages and empties the page cache.
+fn drop_caches() -> anyhow::Result<()> {
+    std::process::Command::new("sync").status()?;
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| anyhow::anyhow!("cannot drop the page cache (root needed): {e}"))
+}
+
+/// Runs `steadfast bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Ckpt(b) => ckpt_bench(&b),
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// A state of `bytes` bytes in `n` f32 tensors of varied sizes, with non-repeating content.
+fn make_state(bytes: u64, n: usize) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let weights: Vec<u64> = (0..n as u64).map(|i| i % 4 + 1).collect();
+    let total_w: u64 = weights.iter().sum();
+    let elements = bytes / 4;
+    let mut out = Vec::with_capacity(n);
+    let mut assigned = 0u64;
+    for (i, w) in weights.iter().enumerate() {
+        let len = if i + 1 == n { elements - assigned } else { elements * w / total_w };
+        assigned += len;
+        let data: Vec<f32> =
+            (0..len).map(|j| ((j as u32 ^ i as u32).wrapping_mul(2_654_435_761) >> 8) as f32 * 1e-7).collect();
+        let role = if i % 3 == 0 { "model" } else { "optim" };
+        out.push((format!("{role}.t{i:02}"), vec![len as usize], data));
+    }
+    out
+}
+
+fn ckpt_bench(b: &CkptBench) -> anyhow::Result<()> {
+    let repeats = b.repeats.max(1);
+    for &mb in &b.mb {
+        let bytes = mb * 1_000_000;
+        let state = make_state(bytes, b.tensors.max(1));
+        let refs: Vec<ckpt::TensorRef<'_>> = state
+            .iter()
+            .map(|(name, shape, data)| ckpt::TensorRef {
+                name,
+                role: ckpt::Role::of_name(name).unwrap_or(ckpt::Role::Model),
+                shape,
+                data,
+            })
+            .collect();
+
+        // The floor for a snapshot: copying the same bytes into buffers that exist already.
+        let mut dst: Vec<Vec<f32>> = state.iter().map(|(_, _, d)| vec![0.0; d.len()]).collect();
+        let memcpy = median(
+            (0..repeats)
+                .map(|_| {
+                    let t = Instant::now();
+                    for (d, (_, _, s)) in dst.iter_mut().zip(&state) {
+                        d.copy_from_slice(s);
+                    }
+                    t.elapsed()
+                })
+                .collect(),
+        );
+        drop(dst);
+
+        for &shards in &b.shards {
+            let root = b.dir.join(format!("{mb}mb"));
+            if root.exists() {
+                std::fs::remove_dir_all(&root)?;
+            }
+            let options =
+                ckpt::SaveOptions { shards, retention: ckpt::Retention { keep_last: Some(1), keep_every: None } };
+            let mut saves = Vec::new();
+            for step in 1..=repeats as u64 {
+                let meta = ckpt::Meta { step, ..ckpt::Meta::default() };
+                let t = Instant::now();
+                ckpt::store::save(&root, &meta, &refs, &options)?;
+                saves.push(t.elapsed());
+            }
+            let save = median(saves);
+
+            // Two-phase: time only the snapshot (no persist in flight: each is waited for).
+            let mut writer = ckpt::AsyncWriter::new(&root, options)?;
+            let mut stalls = Vec::new();
+            for step in 0..=repeats as u64 {
+                let meta = ckpt::Meta { step: 1000 + step, ..ckpt::Meta::default() };
+                let stall = writer.snapshot(meta, &refs)?;
+                writer.finish()?;
+                if step > 0 {
+                    stalls.push(stall); // the first snapshot also allocates its buffers
+                }
+            }
+            let stall = median(stalls);
+            drop(writer);
+
+            let dir = ckpt::reader::resolve(&root)?;
+            let mut loads = Vec::new();
+            for _ in 0..repeats {
+                if b.drop_caches {
+                    drop_caches()?;
+                }
+                let t = Instant::now();
+                let c = ckpt::reader::open(&dir)?;
+                let tensors = c.load()?;
+                loads.push(t.elapsed());
+                drop(tensors);
+            }
+            let load = median(loads);
+            let mbps = |d: Duration| bytes as f64 / 1e6 / d.as_secs_f64();
+            println!(
+                "{}",
+                json!({
+                    "mb": mb, "shards": shards, "tensors": state.len(), "repeats": repeats,
+                    "save_seconds": save.as_secs_f64(), "save_mb_per_s": mbps(save),
+                    "snapshot_stall_seconds": stall.as_secs_f64(), "memcpy_seconds": memcpy.as_secs_f64(),
+                    "stall_over_memcpy": stall.as_secs_f64() / memcpy.as_secs_f64(),
+                    "load_seconds": load.as_secs_f64(), "load_mb_per_s": mbps(load), "cold_load": b.drop_caches,
+                    "checkpoint": dir,
+                })
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! The batched (element-wise) reproducible sum: any grouping of the parts into workers
+//! and any combination order give the same bits, and the error stays within the bound.
+
+use proptest::prelude::*;
+use repro::batched::{DEFAULT_HEADROOM, add_fixed, decode, encode, finish, max_exponents, sum_parts};
+
+/// Sums `parts` the way W workers would: each reduces its own parts, then the workers'
+/// exponents are max-combined and their fixed-point sums added in `order`.
+fn as_workers(parts: &[Vec<f32>], owner: &[usize], workers: usize, order: &[usize]) -> Vec<f32> {
+    let n = parts[0].len();
+    let mut local_exps = vec![vec![0u8; n]; workers];
+    for (p, &w) in parts.iter().zip(owner) {
+        max_exponents(&mut local_exps[w], p);
+    }
+    let mut exps = vec![0u8; n];
+    for &w in order {
+        for (e, &l) in exps.iter_mut().zip(&local_exps[w]) {
+            *e = (*e).max(l);
+        }
+    }
+    let mut local_acc = vec![vec![0i64; n]; workers];
+    for (p, &w) in parts.iter().zip(owner) {
+        add_fixed(&mut local_acc[w], p, &exps, DEFAULT_HEADROOM);
+    }
+    let mut acc = vec![0i64; n];
+    for &w in order {
+        // Through the wire format, as a real all-reduce would send it.
+        let (part, e, h) = decode(&encode(&local_acc[w], &exps, DEFAULT_HEADROOM)).unwrap();
+        assert_eq!((e.as_slice(), h), (exps.as_slice(), DEFAULT_HEADROOM));
+        for (a, b) in acc.iter_mut().zip(part) {
+            *a += b;
+        }
+    }
+    finish(&acc, &exps, DEFAULT_HEADROOM)
+}
+
+fn value() -> impl Strategy<Value = f32> {
+    prop_oneof![(-1.0f32..1.0), (-1e6f32..1e6), (-1e-6f32..1e-6), Just(0.0f32)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn any_worker_count_grouping_and_order_gives_the_same_bits(
+        parts in (1usize..20, 1usize..12).prop_flat_map(|(p, n)| prop::collection::vec(prop::collection::vec(value(), n), p)),
+        workers in 1usize..6,
+        seed in any::<u64>(),
+    ) {
+        let refs: Vec<&[f32]> = parts.iter().map(|p| p.as_slice()).collect();
+        let single = sum_parts(&refs, DEFAULT_HEADROOM);
+        let mut s = seed | 1;
+        let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
+        let owner: Vec<usize> = parts.iter().map(|_| (next() % workers as u64) as usize).collect();
+        let mut order: Vec<usize> = (0..workers).collect();
+        for i in (1..workers).rev() {
+            order.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        let grouped = as_workers(&parts, &owner, workers, &order);
+        prop_assert_eq!(
+            single.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            grouped.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        // Error bound: n * 2^(h - 62) * max|term| + half an ulp of the result.
+        for i in 0..single.len() {
+            let exact: f64 = parts.iter().map(|p| f64::from(p[i])).sum();
+            let max = parts.iter().map(|p| p[i].abs()).fold(0.0f32, f32::max) as f64;
+            let bound = parts.len() as f64 * 2f64.powi(DEFAULT_HEADROOM as i32 - 62) * max
+                + f64::from(single[i]).abs() * 2f64.powi(-24)
+                + max * 2f64.powi(-45); // the f64 reference itself rounds
+            prop_assert!((f64::from(single[i]) - exact).abs() <= bound, "element {i}: {} vs {exact}", single[i]);
+        }
+    }
+}
+
+#[test]
+fn far_more_accurate_than_a_naive_f32_sum_on_cancellation() {
+    // Per element: +big, many small, -big. A naive f32 sum loses the small terms.
+    let n = 1000;
+    let mut parts = vec![vec![1e7f32; 4]];
+    parts.extend((0..n).map(|_| vec![0.1f32; 4]));
+    parts.push(vec![-1e7f32; 4]);
+    let refs: Vec<&[f32]> = parts.iter().map(|p| p.as_slice()).collect();
+    let r = sum_parts(&refs, DEFAULT_HEADROOM);
+    let naive: f32 = parts.iter().map(|p| p[0]).sum();
+    let exact = 0.1f32 as f64 * n as f64;
+    assert!((f64::from(r[0]) - exact).abs() < 1e-3, "{}", r[0]);
+    assert!((f64::from(naive) - exact).abs() > 1.0, "naive {naive}");
+}
