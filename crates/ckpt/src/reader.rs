@@ -216,22 +216,32 @@ impl Checkpoint {
             let dtype = DType::from_name(&t.dtype).expect("checked when the manifest was parsed");
             let role: Role = t.role.parse().expect("checked when the manifest was parsed");
             let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-            let data = if dtype == DType::F32 {
-                let mut v = vec![0f32; (t.length / 4) as usize];
-                file.read_exact_at(bytemuck::cast_slice_mut(&mut v), t.offset)
-                    .map_err(CkptError::io("cannot read", &path))?;
-                TensorData::F32(v)
+            let mut data = if dtype == DType::F32 {
+                TensorData::F32(vec![0f32; (t.length / 4) as usize])
             } else {
-                let mut v = vec![0u8; t.length as usize];
-                file.read_exact_at(&mut v, t.offset).map_err(CkptError::io("cannot read", &path))?;
-                TensorData::Bytes(v)
+                TensorData::Bytes(vec![0u8; t.length as usize])
             };
+            let buf: &mut [u8] = match &mut data {
+                TensorData::F32(v) => bytemuck::cast_slice_mut(v),
+                TensorData::Bytes(v) => v,
+            };
+            // Read and hash chunk by chunk, so each chunk is hashed while in cache.
+            let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+            let mut offset = t.offset;
+            for chunk in buf.chunks_mut(crate::store::IO_CHUNK) {
+                file.read_exact_at(chunk, offset).map_err(CkptError::io("cannot read", &path))?;
+                hasher.update(chunk);
+                offset += chunk.len() as u64;
+            }
+            let actual = hex64(hasher.digest());
+            if actual != t.xxh3 {
+                return Err(CkptError::Corrupt {
+                    path: path.clone(),
+                    tensor: Some(t.name.clone()),
+                    reason: format!("checksum {actual} does not match the manifest's {}", t.xxh3),
+                });
+            }
             let tensor = LoadedTensor { name: t.name.clone(), role, dtype, shape, data };
-            check_sum(t, tensor.bytes()).map_err(|reason| CkptError::Corrupt {
-                path: path.clone(),
-                tensor: Some(t.name.clone()),
-                reason,
-            })?;
             out.push((index, tensor));
         }
         Ok(out)

@@ -42,6 +42,10 @@ use crate::{DType, Role};
 #[cfg(target_endian = "big")]
 compile_error!("Steadfast stores tensors little-endian and reinterprets f32 buffers in place");
 
+/// Bytes hashed and written (or read and hashed) at a time: small enough to stay in the
+/// cache between the two, large enough to keep system calls few.
+pub(crate) const IO_CHUNK: usize = 1 << 22;
+
 /// Name of the pointer file.
 pub const LATEST_FILE: &str = "LATEST";
 const TEMP_PREFIX: &str = ".tmp-";
@@ -170,7 +174,13 @@ fn write_shard(
     let mut out = Vec::with_capacity(tensors.len());
     for (t, e) in tensors.iter().zip(&entries) {
         let bytes: &[u8] = bytemuck::cast_slice(t.data);
-        file.write_all(bytes).map_err(CkptError::io("cannot write", path))?;
+        // Hash each chunk just before writing it, while it is in cache: one pass over
+        // memory instead of two.
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        for chunk in bytes.chunks(IO_CHUNK) {
+            hasher.update(chunk);
+            file.write_all(chunk).map_err(CkptError::io("cannot write", path))?;
+        }
         out.push(TensorEntry {
             name: t.name.to_owned(),
             role: t.role.as_str().to_owned(),
@@ -179,7 +189,7 @@ fn write_shard(
             file: file_name.to_owned(),
             offset: prefix.len() as u64 + e.begin,
             length: e.len(),
-            xxh3: hex64(crate::checksum(bytes)),
+            xxh3: hex64(hasher.digest()),
         });
     }
     file.sync_all().map_err(CkptError::io("cannot fsync", path))?;

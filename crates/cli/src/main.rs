@@ -3,6 +3,7 @@
 
 mod bench_cmd;
 mod ckpt_cmd;
+mod fpna_cmd;
 mod train_cmd;
 
 use std::process::ExitCode;
@@ -30,6 +31,8 @@ enum Command {
     Train(train_cmd::TrainArgs),
     /// Inspect, verify, compare and export checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),
+    /// The floating-point non-associativity lab: variability of parallel reductions.
+    Fpna(fpna_cmd::FpnaArgs),
     /// Measurements driven by the scripts under bench/ (prints JSON lines).
     Bench(bench_cmd::BenchArgs),
 }
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Ckpt(args) => ckpt_cmd::run(args),
+        Command::Fpna(args) => fpna_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench_cmd::run(args).map(|()| ExitCode::SUCCESS),
     };
     // 0: success; 1: a negative answer (corrupt checkpoint, checkpoints differ); 2: error.

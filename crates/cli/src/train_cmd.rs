@@ -37,11 +37,46 @@ enum ModelArg {
     Gpt,
 }
 
+/// Data sets on the command line.
 #[derive(Clone, Copy, Debug, ValueEnum)]
-enum DataArg {
+pub enum DataArg {
+    /// Fashion-MNIST images.
     FashionMnist,
+    /// Character-level text from fortunes.
     Fortunes,
+    /// Generated in memory.
     Synthetic,
+}
+
+impl From<DataArg> for DataKind {
+    fn from(d: DataArg) -> Self {
+        match d {
+            DataArg::FashionMnist => DataKind::FashionMnist,
+            DataArg::Fortunes => DataKind::Fortunes,
+            DataArg::Synthetic => DataKind::Synthetic,
+        }
+    }
+}
+
+/// How micro-batch gradients are summed.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ReduceArg {
+    /// Racing threads with atomic adds: order (and bits) vary run to run.
+    Fast,
+    /// In micro-batch order: same bits every run.
+    Deterministic,
+    /// Order-independent fixed-point sum: same bits for any order and worker count.
+    Reproducible,
+}
+
+impl From<ReduceArg> for comm::ReduceMode {
+    fn from(r: ReduceArg) -> Self {
+        match r {
+            ReduceArg::Fast => comm::ReduceMode::Fast,
+            ReduceArg::Deterministic => comm::ReduceMode::Deterministic,
+            ReduceArg::Reproducible => comm::ReduceMode::Reproducible,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -87,6 +122,9 @@ pub struct TrainArgs {
     /// Seed of initialisation, data order and synthetic data.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// How micro-batch gradients are summed.
+    #[arg(long, value_enum, default_value = "deterministic")]
+    reduce: ReduceArg,
     /// Evaluate on the held-out split every this many steps (0: only at the end).
     #[arg(long)]
     eval_every: Option<u64>,
@@ -123,11 +161,7 @@ impl TrainArgs {
         };
         let mut c = TrainConfig::defaults(model);
         if let Some(d) = self.data {
-            c.data = match d {
-                DataArg::FashionMnist => DataKind::FashionMnist,
-                DataArg::Fortunes => DataKind::Fortunes,
-                DataArg::Synthetic => DataKind::Synthetic,
-            };
+            c.data = d.into();
         }
         c.data_dir = self.data_dir;
         c.steps = self.steps.unwrap_or(c.steps);
@@ -141,6 +175,7 @@ impl TrainArgs {
         c.optim.momentum = self.momentum.unwrap_or(c.optim.momentum);
         c.optim.weight_decay = self.weight_decay.unwrap_or(c.optim.weight_decay);
         c.seed = self.seed;
+        c.reduce = self.reduce.into();
         c.eval_every = self.eval_every.unwrap_or(c.eval_every);
         c.out_dir = Some(self.out);
         if let Some(dir) = &self.checkpoint_dir {

@@ -6,6 +6,8 @@
 //! per-worker gradients in a fixed order ([`reduce_in_order`]), which a single process
 //! uses today and the distributed all-reduce must match in `deterministic` mode.
 //!
+//! [`sum_parts`] combines vectors locally in any of the three modes.
+//!
 //! ```
 //! use comm::{ReduceMode, reduce_in_order};
 //!
@@ -59,6 +61,23 @@ impl FromStr for ReduceMode {
     }
 }
 
+/// Sums equal-length vectors element-wise as `mode` prescribes: `Fast` races threads that
+/// add with atomics (run-dependent order), `Deterministic` adds in the order given,
+/// `Reproducible` uses the order-independent fixed-point sum of [`repro::batched`].
+/// This is the local form of the all-reduce: what one process does with its micro-batch
+/// gradients.
+pub fn sum_parts(mode: ReduceMode, parts: &[&[f32]]) -> Vec<f32> {
+    match mode {
+        ReduceMode::Fast => repro::fpna::racy_sum_parts(parts),
+        ReduceMode::Deterministic => {
+            let mut acc = parts.first().map(|p| p.to_vec()).unwrap_or_default();
+            reduce_in_order(&mut acc, &parts[1.min(parts.len())..]);
+            acc
+        }
+        ReduceMode::Reproducible => repro::batched::sum_parts(parts, repro::batched::DEFAULT_HEADROOM),
+    }
+}
+
 /// Adds each of `parts` into `acc`, element-wise, in the order given: the reference
 /// reduction of the `deterministic` mode. Panics if a part's length differs from `acc`'s.
 pub fn reduce_in_order(acc: &mut [f32], parts: &[&[f32]]) {
@@ -80,6 +99,20 @@ mod tests {
             assert_eq!(m.to_string().parse::<ReduceMode>().unwrap(), m);
         }
         assert!("exact".parse::<ReduceMode>().is_err());
+    }
+
+    #[test]
+    fn reproducible_mode_ignores_the_order_of_the_parts() {
+        let a = [1e8f32, 0.5];
+        let b = [1.0f32, 0.25];
+        let c = [-1e8f32, 0.125];
+        let fwd = sum_parts(ReduceMode::Reproducible, &[&a, &b, &c]);
+        let rev = sum_parts(ReduceMode::Reproducible, &[&c, &b, &a]);
+        assert_eq!(fwd, rev);
+        assert_eq!(fwd, vec![1.0, 0.875]);
+        // In order, (1e8 + 1) - 1e8 loses the 1.
+        assert_eq!(sum_parts(ReduceMode::Deterministic, &[&a, &b, &c]), vec![0.0, 0.875]);
+        assert_eq!(sum_parts(ReduceMode::Deterministic, &[&a]), a.to_vec());
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //!   chunking or thread count) with a mergeable accumulator, and fixed-order sums
 //!   (pairwise, block tree) for comparison;
 //! - [`batched`]: the reproducible element-wise sum of many vectors in two phases
-//!   (exponent max, then 64-bit fixed point), the arithmetic of a reproducible all-reduce.
+//!   (exponent max, then 64-bit fixed point), the arithmetic of a reproducible all-reduce;
+//! - [`fpna`] and [`metrics`]: the kernels and metrics of the floating-point
+//!   non-associativity study (atomic-order, fixed-order and reproducible sums and
+//!   index-adds; `V_s`, relative differences, distinct outputs).
 //!
 //! ```
 //! use repro::{fingerprint::fingerprint, rng::permutation};
@@ -37,5 +40,7 @@
 pub mod batched;
 mod exact;
 pub mod fingerprint;
+pub mod fpna;
+pub mod metrics;
 pub mod rng;
 pub mod sum;

@@ -40,13 +40,14 @@ pub struct CheckpointConfig {
 pub fn config_hash(c: &TrainConfig) -> u64 {
     let o = &c.optim;
     let text = format!(
-        "model={:?};data={:?};seed={};batch={};micro_batch={};optimizer={:?};lr={:08x};momentum={:08x};\
+        "model={:?};data={:?};seed={};batch={};micro_batch={};reduce={};optimizer={:?};lr={:08x};momentum={:08x};\
          weight_decay={:08x};beta1={:08x};beta2={:08x};eps={:08x}",
         c.model,
         c.data,
         c.seed,
         c.batch,
         c.micro_batch,
+        c.reduce,
         c.optimizer,
         o.lr.to_bits(),
         o.momentum.to_bits(),

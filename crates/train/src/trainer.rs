@@ -3,19 +3,22 @@
 //! One step, in order:
 //! 1. copy the registry's parameters into the burn model;
 //! 2. for each micro-batch `i` of the global batch (in index order), build it from the
-//!    sampler, run forward and backward, and add its gradient into the accumulator
-//!    (fixed order: [`comm::reduce_in_order`]);
+//!    sampler and run forward and backward; then sum the micro-batch gradients in the
+//!    configured reduce mode ([`comm::sum_parts`]: in order, order-independent, or racing
+//!    atomics for the `fast` mode);
 //! 3. apply the optimizer to the flat parameters;
 //! 4. every `eval_every` steps, evaluate on the held-out split.
 //!
 //! Nothing in the loop reads a clock, a thread id or an unordered container to decide
-//! what to compute, so the final state is a function of the configuration alone.
+//! what to compute, so the final state is a function of the configuration alone (except
+//! in the `fast` reduce mode, which opts into run-dependent summation order).
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use burn::prelude::Device;
+use comm::ReduceMode;
 use serde_json::json;
 
 use crate::checkpointing::{self, CheckpointConfig};
@@ -53,6 +56,8 @@ pub struct TrainConfig {
     pub optim: OptimConfig,
     /// Seed of initialisation, data order and synthetic data.
     pub seed: u64,
+    /// How micro-batch gradients are summed (see `docs/determinism.md`).
+    pub reduce: ReduceMode,
     /// Evaluate every this many steps (and always at the end); 0 evaluates only at the end.
     pub eval_every: u64,
     /// Where to write `metrics.jsonl`; nothing is written without it.
@@ -84,6 +89,7 @@ impl TrainConfig {
             optimizer: OptimKind::AdamW,
             optim: OptimConfig { lr, ..adamw },
             seed: 0,
+            reduce: ReduceMode::Deterministic,
             eval_every: 500,
             out_dir: None,
             checkpoint: None,
@@ -219,21 +225,19 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         let started = Instant::now();
         model = model.load(&params);
         let mut loss = 0.0f32;
-        let mut grads: Option<Vec<Vec<f32>>> = None;
+        let mut micro_grads: Vec<Vec<Vec<f32>>> = Vec::with_capacity(sampler.micro_batches());
         for i in 0..sampler.micro_batches() {
             let batch = data.batch(Split::Train, &sampler.micro_batch(step, i));
             let (l, g) = model.loss_and_grads(&batch, denominator, &device);
             loss += l;
-            match grads.as_mut() {
-                None => grads = Some(g),
-                Some(acc) => acc.iter_mut().zip(&g).for_each(|(a, g)| comm::reduce_in_order(a, &[g])),
-            }
+            micro_grads.push(g);
         }
+        let grads = combine_micro_batches(config.reduce, &micro_grads);
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
         }
         let update = Instant::now();
-        optimizer.step(&mut params, &grads.expect("at least one micro-batch"));
+        optimizer.step(&mut params, &grads);
         optimizer_time += update.elapsed();
         train_time += started.elapsed();
         last_loss = loss;
@@ -304,6 +308,20 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         "checkpoint_stall_seconds": summary.checkpoints.stall.as_secs_f64(),
     }))?;
     Ok((summary, FinalState { params, slots: optimizer.slots().to_vec() }))
+}
+
+/// Sums the micro-batches' gradients, parameter by parameter, in the reduce mode (a single
+/// micro-batch is taken as is in every mode).
+fn combine_micro_batches(mode: ReduceMode, micro: &[Vec<Vec<f32>>]) -> Vec<Vec<f32>> {
+    if micro.len() == 1 {
+        return micro[0].clone();
+    }
+    (0..micro[0].len())
+        .map(|p| {
+            let parts: Vec<&[f32]> = micro.iter().map(|g| g[p].as_slice()).collect();
+            comm::sum_parts(mode, &parts)
+        })
+        .collect()
 }
 
 /// Scores the held-out split (all test images; the first [`TEXT_EVAL_SEQUENCES`] text
