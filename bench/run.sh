@@ -6,6 +6,7 @@
 #   bench/run.sh train      # training steps/s against PyTorch
 #   bench/run.sh ckpt       # checkpoint save/load/stall against dd, torch.save, safetensors
 #   bench/run.sh overhead   # training throughput with a checkpoint every N steps
+#   bench/run.sh sum        # reproducible sum against naive, pairwise, xsum, accurate
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv. No benchmark here needs a GPU.
@@ -29,10 +30,12 @@ case "$which" in
   train) "$venv/bin/python" bench/train_vs_pytorch.py ;;
   ckpt) "$venv/bin/python" bench/ckpt_vs_peers.py ;;
   overhead) "$venv/bin/python" bench/ckpt_training_overhead.py ;;
+  sum) "$venv/bin/python" bench/sum_vs_peers.py ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
     "$venv/bin/python" bench/ckpt_vs_peers.py
     "$venv/bin/python" bench/ckpt_training_overhead.py
+    "$venv/bin/python" bench/sum_vs_peers.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum)" >&2; exit 2 ;;
 esac

@@ -210,6 +210,8 @@ impl Checkpoint {
 
     fn load_file(&self, f: &FileEntry) -> Result<Vec<(usize, LoadedTensor)>> {
         let file = self.open_checked(f)?;
+        // Ask the kernel to read the whole file ahead while we copy and hash; a hint only.
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::WillNeed);
         let path = self.dir.join(&f.file);
         let mut out = Vec::new();
         for (index, t) in self.manifest.tensors.iter().enumerate().filter(|(_, t)| t.file == f.file) {
