@@ -6,7 +6,10 @@
 //! per-worker gradients in a fixed order ([`reduce_in_order`]), which a single process
 //! uses today and the distributed all-reduce must match in `deterministic` mode.
 //!
-//! [`sum_parts`] combines vectors locally in any of the three modes.
+//! [`sum_parts`] combines vectors locally in any of the three modes. The transport is
+//! being built from the bottom: [`frame`] (length-prefixed frames with a size limit, and
+//! a clear error for a peer that disconnects mid-frame) and [`handshake`] (mutual
+//! HMAC-SHA256 challenge-response over a per-job secret).
 //!
 //! ```
 //! use comm::{ReduceMode, reduce_in_order};
@@ -18,6 +21,9 @@
 //! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+pub mod frame;
+pub mod handshake;
 
 use std::fmt;
 use std::str::FromStr;
