@@ -49,6 +49,10 @@ pub trait ReproFloat: Copy + Send + Sync + 'static {
     fn from_bits64(bits: u64) -> Self;
     /// Serialised type tag.
     const TAG: u8;
+    /// The slice as f32, when `Self` is f32.
+    fn as_f32(xs: &[Self]) -> Option<&[f32]>;
+    /// The slice as f64, when `Self` is f64.
+    fn as_f64(xs: &[Self]) -> Option<&[f64]>;
 }
 
 impl ReproFloat for f32 {
@@ -63,6 +67,12 @@ impl ReproFloat for f32 {
         f32::from_bits(bits as u32)
     }
     const TAG: u8 = 4;
+    fn as_f32(xs: &[Self]) -> Option<&[f32]> {
+        Some(xs)
+    }
+    fn as_f64(_: &[Self]) -> Option<&[f64]> {
+        None
+    }
 }
 
 impl ReproFloat for f64 {
@@ -77,6 +87,12 @@ impl ReproFloat for f64 {
         f64::from_bits(bits)
     }
     const TAG: u8 = 8;
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f64(xs: &[Self]) -> Option<&[f64]> {
+        Some(xs)
+    }
 }
 
 /// Counters of special inputs.
@@ -85,7 +101,7 @@ struct Specials {
     nan: u64,
     pos_inf: u64,
     neg_inf: u64,
-    /// Inputs that are not `-0.0`.
+    /// Inputs that are not `-0.0` (counted only until the first one is seen).
     not_neg_zero: u64,
     /// All inputs.
     count: u64,
@@ -115,10 +131,11 @@ const F32_BUDGET: u64 = 1 << 38;
 /// A mergeable accumulator whose total is the exact sum of everything added.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReproSum<F: ReproFloat> {
-    /// f32: `LANES * 256` i64 buckets, lane-major. Unused for f64.
-    small: Vec<i64>,
-    /// f64: 2048 i128 buckets. Unused for f32.
-    wide: Vec<i128>,
+    /// f32: `LANES` arrays of 256 i64 buckets (fixed sizes, so indexing by an 8-bit
+    /// exponent needs no bounds check). Empty for f64.
+    small: Vec<[i64; 256]>,
+    /// f64: 2048 i128 buckets. Empty for f32.
+    wide: Vec<[i128; 2048]>,
     /// Terms added to `small` since its last carry pass.
     pending: u64,
     specials: Specials,
@@ -134,9 +151,8 @@ impl<F: ReproFloat> Default for ReproSum<F> {
 impl<F: ReproFloat> ReproSum<F> {
     /// An empty accumulator.
     pub fn new() -> Self {
-        let buckets = 1usize << F::EXP_BITS;
         let (small, wide) =
-            if F::TAG == 4 { (vec![0; LANES * buckets], Vec::new()) } else { (Vec::new(), vec![0; buckets]) };
+            if F::TAG == 4 { (vec![[0; 256]; LANES], Vec::new()) } else { (Vec::new(), vec![[0; 2048]]) };
         ReproSum { small, wide, pending: 0, specials: Specials::default(), _float: std::marker::PhantomData }
     }
 
@@ -147,46 +163,65 @@ impl<F: ReproFloat> ReproSum<F> {
 
     /// Adds every value of `xs`.
     pub fn add_slice(&mut self, xs: &[F]) {
-        let mut not_neg_zero = 0u64;
         let neg_zero = 1u64 << (F::MANT_BITS - 1 + F::EXP_BITS);
-        if F::TAG == 4 {
+        // Only "are all inputs -0.0?" matters, and the first other input settles it.
+        if self.specials.not_neg_zero == 0 {
+            self.specials.not_neg_zero = xs.iter().filter(|x| x.bits() != neg_zero).count() as u64;
+        }
+        self.specials.count += xs.len() as u64;
+        if let Some(xs) = F::as_f32(xs) {
             for chunk in xs.chunks(F32_BUDGET as usize) {
                 if self.pending + chunk.len() as u64 > F32_BUDGET {
                     self.carry();
                 }
                 self.pending += chunk.len() as u64;
-                let (quads, rest) = chunk.split_at(chunk.len() - chunk.len() % LANES);
-                for quad in quads.chunks_exact(LANES) {
-                    for (lane, x) in quad.iter().enumerate() {
-                        let bits = x.bits();
-                        not_neg_zero += u64::from(bits != neg_zero);
-                        match split::<F>(bits) {
-                            Some((b, m)) => self.small[lane * 256 + b] += m,
-                            None => self.special(bits),
-                        }
-                    }
-                }
-                for x in rest {
-                    let bits = x.bits();
-                    not_neg_zero += u64::from(bits != neg_zero);
-                    match split::<F>(bits) {
-                        Some((b, m)) => self.small[b] += m,
-                        None => self.special(bits),
-                    }
+                self.add_f32(chunk);
+            }
+        } else if let Some(xs) = F::as_f64(xs) {
+            let buckets = &mut self.wide[0];
+            let mut specials = Vec::new();
+            for x in xs {
+                let bits = x.to_bits();
+                match split::<f64>(bits) {
+                    Some((b, m)) => buckets[b & 2047] += i128::from(m),
+                    None => specials.push(bits),
                 }
             }
-        } else {
-            for x in xs {
-                let bits = x.bits();
-                not_neg_zero += u64::from(bits != neg_zero);
-                match split::<F>(bits) {
-                    Some((b, m)) => self.wide[b] += i128::from(m),
-                    None => self.special(bits),
-                }
+            for bits in specials {
+                self.special(bits);
             }
         }
-        self.specials.not_neg_zero += not_neg_zero;
-        self.specials.count += xs.len() as u64;
+    }
+
+    /// The f32 hot loop: four interleaved bucket arrays, indexed by the 8-bit exponent.
+    fn add_f32(&mut self, xs: &[f32]) {
+        #[inline(always)]
+        fn one(lane: &mut [i64; 256], x: f32, specials: &mut Vec<u64>) {
+            let bits = x.to_bits();
+            let field = (bits >> 23) as u8; // the sign bit is shifted out by the cast
+            if field == 0xFF {
+                specials.push(u64::from(bits));
+                return;
+            }
+            let mant = i64::from((bits & 0x7F_FFFF) | (u32::from(field != 0) << 23));
+            let signed = if (bits as i32) < 0 { -mant } else { mant };
+            lane[usize::from(field.max(1))] += signed;
+        }
+        let [l0, l1, l2, l3] = &mut self.small[..] else { unreachable!("f32 accumulators have four lanes") };
+        let mut specials = Vec::new();
+        let mut quads = xs.chunks_exact(LANES);
+        for q in &mut quads {
+            one(l0, q[0], &mut specials);
+            one(l1, q[1], &mut specials);
+            one(l2, q[2], &mut specials);
+            one(l3, q[3], &mut specials);
+        }
+        for &x in quads.remainder() {
+            one(l0, x, &mut specials);
+        }
+        for bits in specials {
+            self.special(bits);
+        }
     }
 
     #[cold]
@@ -207,18 +242,19 @@ impl<F: ReproFloat> ReproSum<F> {
         if F::TAG != 4 {
             return;
         }
-        for lane in 1..LANES {
-            for b in 0..256 {
-                let v = std::mem::take(&mut self.small[lane * 256 + b]);
-                self.small[b] += v;
+        let (first, rest) = self.small.split_at_mut(1);
+        let lane0 = &mut first[0];
+        for lane in rest {
+            for (a, b) in lane0.iter_mut().zip(lane.iter_mut()) {
+                *a += std::mem::take(b);
             }
         }
         // Bucket b+32 has weight 2^32 times bucket b; the top buckets keep their bits
         // (they hold at most 2^32 terms' worth after a carry and can take 2^38 more).
         for b in 1..224 {
-            let c = self.small[b] >> 32;
-            self.small[b] -= c << 32;
-            self.small[b + 32] += c;
+            let c = lane0[b] >> 32;
+            lane0[b] -= c << 32;
+            lane0[b + 32] += c;
         }
         self.pending = 0;
     }
@@ -229,12 +265,12 @@ impl<F: ReproFloat> ReproSum<F> {
             self.carry();
             let mut o = other.clone();
             o.carry();
-            for b in 0..256 {
-                self.small[b] += o.small[b];
+            for (a, b) in self.small[0].iter_mut().zip(o.small[0].iter()) {
+                *a += b;
             }
             self.pending = 2 << 32; // both sides are carried: each bucket is below 2^32 + 2^32
         } else {
-            for (a, b) in self.wide.iter_mut().zip(&other.wide) {
+            for (a, b) in self.wide[0].iter_mut().zip(other.wide[0].iter()) {
                 *a += b;
             }
         }
@@ -242,7 +278,7 @@ impl<F: ReproFloat> ReproSum<F> {
         s.nan += o.nan;
         s.pos_inf += o.pos_inf;
         s.neg_inf += o.neg_inf;
-        s.not_neg_zero += o.not_neg_zero;
+        s.not_neg_zero = s.not_neg_zero.max(o.not_neg_zero);
         s.count += o.count;
     }
 
@@ -266,14 +302,13 @@ impl<F: ReproFloat> ReproSum<F> {
             return F::from_bits64(exp_all_ones | sign_bit);
         }
         let mut total = BigInt::zero(F::LIMBS);
-        if F::TAG == 4 {
-            for lane in 0..LANES {
-                for b in 1..256 {
-                    total.add_shifted(i128::from(self.small[lane * 256 + b]), b as u32 - 1);
-                }
+        for lane in &self.small {
+            for (b, &v) in lane.iter().enumerate().skip(1) {
+                total.add_shifted(i128::from(v), b as u32 - 1);
             }
-        } else {
-            for (b, &v) in self.wide.iter().enumerate().skip(1) {
+        }
+        for lane in &self.wide {
+            for (b, &v) in lane.iter().enumerate().skip(1) {
                 total.add_shifted(v, b as u32 - 1);
             }
         }
