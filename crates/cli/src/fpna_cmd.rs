@@ -39,6 +39,16 @@ enum Dist {
     Mixed,
 }
 
+impl Dist {
+    fn name(self) -> &'static str {
+        match self {
+            Dist::Uniform => "uniform",
+            Dist::Normal => "normal",
+            Dist::Mixed => "mixed",
+        }
+    }
+}
+
 /// Arguments of `steadfast fpna`.
 #[derive(Args, Debug)]
 #[command(after_help = EXAMPLES)]
@@ -303,11 +313,18 @@ fn training_experiment(plan: &Plan, bar: &ProgressBar) -> anyhow::Result<Vec<Tra
     Ok(runs)
 }
 
+/// Mean, standard deviation, min and max. Identical values have a standard deviation of
+/// exactly 0 (not the rounding noise of the mean).
 fn stats(v: &[f64]) -> (f64, f64, f64, f64) {
     let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
+    let (min, max) =
+        (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    if min == max {
+        return (min, 0.0, min, max);
+    }
+    let mean = repro::sum::sum(v) / n;
     let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
-    (mean, sd, v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+    (mean, sd, min, max)
 }
 
 fn mode_summary(runs: &[TrainRun], mode: comm::ReduceMode) -> serde_json::Value {
@@ -351,7 +368,7 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<Train
         let abs: Vec<f64> = r.vs.iter().map(|v| v.abs()).collect();
         println!(
             "{:<8} {:>9} {:>7} {:>10.2e} {:>10.2e} {:>9} {:>9} {:>9} {:>9.3} {:>9.3} {:>9.3}",
-            format!("{:?}", r.dist).to_lowercase(),
+            r.dist.name(),
             r.n,
             r.threads,
             abs.iter().sum::<f64>() / abs.len() as f64,
@@ -372,7 +389,7 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<Train
     for r in index {
         println!(
             "{:<8} {:>9} {:>7} {:>12.2e} {:>10.4} {:>9} {:>9} {:>10.3} {:>10.3} {:>7.2}x",
-            format!("{:?}", r.dist).to_lowercase(),
+            r.dist.name(),
             r.n,
             r.threads,
             r.mean_rel,
@@ -392,7 +409,7 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<Train
         for mode in [comm::ReduceMode::Fast, comm::ReduceMode::Reproducible] {
             let s = mode_summary(runs, mode);
             println!(
-                "{:<13} accuracy {:.4} +/- {:.4} (min {:.4}, max {:.4}), loss sd {:.2e}, distinct fingerprints {}/{}, weights differ from run 1 in {:.1}% of elements",
+                "{:<13} accuracy {:.4} +/- {:.1e} (min {:.4}, max {:.4}), loss sd {:.2e}, distinct fingerprints {}/{}, weights differ from run 1 in {:.1}% of elements",
                 mode.to_string(),
                 s["accuracy_mean"].as_f64().unwrap_or(0.0),
                 s["accuracy_sd"].as_f64().unwrap_or(0.0),
@@ -421,7 +438,7 @@ fn write_outputs(
     let mut csv = String::from("dist,n,threads,rep,v_s\n");
     for r in sums {
         for (i, v) in r.vs.iter().enumerate() {
-            csv += &format!("{:?},{},{},{},{:e}\n", r.dist, r.n, r.threads, i, v).to_lowercase();
+            csv += &format!("{},{},{},{},{:e}\n", r.dist.name(), r.n, r.threads, i, v);
         }
     }
     write("sums.csv", csv)?;
@@ -431,7 +448,7 @@ fn write_outputs(
     for r in index {
         csv += &format!(
             "{},{},{},{:e},{},{},{},{},{}\n",
-            format!("{:?}", r.dist).to_lowercase(),
+            r.dist.name(),
             r.n,
             r.threads,
             r.mean_rel,
@@ -451,14 +468,14 @@ fn write_outputs(
     let summary = json!({
         "reps": plan.reps,
         "sums": sums.iter().map(|r| json!({
-            "dist": format!("{:?}", r.dist).to_lowercase(), "n": r.n, "threads": r.threads,
+            "dist": r.dist.name(), "n": r.n, "threads": r.threads,
             "mean_abs_vs": r.vs.iter().map(|v| v.abs()).sum::<f64>() / r.vs.len() as f64,
             "distinct_atomic": r.distinct_atomic, "distinct_tree": r.distinct_tree, "distinct_repro": r.distinct_repro,
             "max_relative_error_atomic": r.atomic_error,
             "atomic_ms": r.atomic_ms, "tree_ms": r.tree_ms, "repro_ms": r.repro_ms,
         })).collect::<Vec<_>>(),
         "index_add": index.iter().map(|r| json!({
-            "dist": format!("{:?}", r.dist).to_lowercase(), "n": r.n, "threads": r.threads,
+            "dist": r.dist.name(), "n": r.n, "threads": r.threads,
             "mean_relative_difference": r.mean_rel, "fraction_differing": r.frac_differ,
             "distinct_atomic": r.distinct_atomic, "distinct_sorted": r.distinct_sorted,
             "deterministic_cost": r.sorted_ms / r.atomic_ms,
@@ -504,10 +521,7 @@ fn plot_vs_histograms(out: &Path, sums: &[SumRow]) -> anyhow::Result<()> {
         }
         let top = counts.iter().copied().max().unwrap_or(1);
         let mut chart = ChartBuilder::on(panel)
-            .caption(
-                format!("V_s of the atomic sum, {}, n={n_max}", format!("{dist:?}").to_lowercase()),
-                ("sans-serif", 16),
-            )
+            .caption(format!("V_s of the atomic sum, {}, n={n_max}", dist.name()), ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(40)
