@@ -8,8 +8,10 @@
 //!
 //! [`sum_parts`] combines vectors locally in any of the three modes. The transport is
 //! being built from the bottom: [`frame`] (length-prefixed frames with a size limit, and
-//! a clear error for a peer that disconnects mid-frame) and [`handshake`] (mutual
-//! HMAC-SHA256 challenge-response over a per-job secret).
+//! a clear error for a peer that disconnects mid-frame), [`handshake`] (mutual
+//! HMAC-SHA256 challenge-response over a per-job secret), [`transport`] (an authenticated
+//! TCP mesh, and an in-process network whose ranks tests can kill), and [`collective`]
+//! (abortable ring all-reduce in the three modes, broadcast, barrier).
 //!
 //! ```
 //! use comm::{ReduceMode, reduce_in_order};
@@ -22,8 +24,10 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod collective;
 pub mod frame;
 pub mod handshake;
+pub mod transport;
 
 use std::fmt;
 use std::str::FromStr;

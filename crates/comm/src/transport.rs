@@ -1,0 +1,291 @@
+//! Point-to-point transports between the ranks of a job: TCP between processes, and an
+//! in-process network for tests that can kill a rank at a chosen moment.
+//!
+//! Both carry [`Frame`]s and give every failure a bounded time to surface: a receive
+//! waits until its deadline and then fails with [`CommError::Timeout`]; a peer whose
+//! connection closes (or that was killed) fails with [`CommError::PeerLost`]; a peer that
+//! sends a malformed or oversized frame fails with [`CommError::Protocol`]. Nothing
+//! blocks forever, and nothing panics on bad input.
+//!
+//! Methods take `&self` so that a collective can send and receive at the same time from
+//! two threads (a ring step sends to the right while it receives from the left).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::{Duration, Instant};
+
+use crate::frame::{Frame, FrameError, read_frame, write_frame};
+use crate::handshake::{HandshakeError, handshake};
+
+/// A communication failure, naming the peer.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// The peer did not answer in time.
+    #[error("rank {peer} did not answer within {waited:?}")]
+    Timeout {
+        /// The peer.
+        peer: usize,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The peer's connection closed or it died.
+    #[error("lost rank {peer}: {reason}")]
+    PeerLost {
+        /// The peer.
+        peer: usize,
+        /// What happened.
+        reason: String,
+    },
+    /// The peer broke the protocol (malformed, oversized or unexpected data).
+    #[error("rank {peer} broke the protocol: {reason}")]
+    Protocol {
+        /// The peer.
+        peer: usize,
+        /// What it sent.
+        reason: String,
+    },
+    /// Setting up the connections failed.
+    #[error("cannot connect the job: {0}")]
+    Setup(String),
+}
+
+/// Sends and receives frames between the ranks of a job.
+pub trait Transport: Sync {
+    /// This process's rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn world(&self) -> usize;
+    /// Sends a frame to `to`.
+    fn send(&self, to: usize, kind: u8, payload: &[u8]) -> Result<(), CommError>;
+    /// Receives the next frame from `from`, waiting at most until `deadline`.
+    fn recv(&self, from: usize, deadline: Instant) -> Result<Frame, CommError>;
+}
+
+fn frame_error(peer: usize, waited: Duration, e: FrameError) -> CommError {
+    match e {
+        FrameError::Timeout => CommError::Timeout { peer, waited },
+        FrameError::Closed | FrameError::Truncated { .. } | FrameError::Io(_) => {
+            CommError::PeerLost { peer, reason: e.to_string() }
+        }
+        FrameError::TooLarge { .. } | FrameError::Empty => CommError::Protocol { peer, reason: e.to_string() },
+    }
+}
+
+/// One rank's end of an in-process network.
+pub struct MemEndpoint {
+    rank: usize,
+    world: usize,
+    to: Vec<Mutex<Option<Sender<Frame>>>>,
+    from: Vec<Mutex<Receiver<Frame>>>,
+}
+
+/// Builds a fully connected in-process network of `world` ranks.
+pub fn mem_network(world: usize) -> Vec<MemEndpoint> {
+    let mut senders: Vec<Vec<Option<Sender<Frame>>>> = (0..world).map(|_| (0..world).map(|_| None).collect()).collect();
+    let mut receivers: Vec<Vec<Option<Receiver<Frame>>>> =
+        (0..world).map(|_| (0..world).map(|_| None).collect()).collect();
+    for a in 0..world {
+        for b in 0..world {
+            let (tx, rx) = channel();
+            senders[a][b] = Some(tx); // a -> b
+            receivers[b][a] = Some(rx); // b receives from a
+        }
+    }
+    senders
+        .into_iter()
+        .zip(receivers)
+        .enumerate()
+        .map(|(rank, (to, from))| MemEndpoint {
+            rank,
+            world,
+            to: to.into_iter().map(Mutex::new).collect(),
+            from: from.into_iter().map(|r| Mutex::new(r.expect("filled above"))).collect(),
+        })
+        .collect()
+}
+
+impl MemEndpoint {
+    /// Simulates this rank dying: its outgoing links close, so peers waiting on it fail
+    /// with [`CommError::PeerLost`].
+    pub fn kill(&self) {
+        for s in &self.to {
+            *s.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+}
+
+impl Transport for MemEndpoint {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn send(&self, to: usize, kind: u8, payload: &[u8]) -> Result<(), CommError> {
+        let guard = self.to[to].lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tx) = guard.as_ref() else {
+            return Err(CommError::PeerLost { peer: self.rank, reason: "this rank was killed".into() });
+        };
+        tx.send(Frame { kind, payload: payload.to_vec() })
+            .map_err(|_| CommError::PeerLost { peer: to, reason: "its endpoint is gone".into() })
+    }
+    fn recv(&self, from: usize, deadline: Instant) -> Result<Frame, CommError> {
+        let rx = self.from[from].lock().unwrap_or_else(|e| e.into_inner());
+        let waited = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(waited) {
+            Ok(f) => Ok(f),
+            Err(RecvTimeoutError::Timeout) => Err(CommError::Timeout { peer: from, waited }),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(CommError::PeerLost { peer: from, reason: "the link closed (the rank died)".into() })
+            }
+        }
+    }
+}
+
+/// Settings of a TCP mesh.
+#[derive(Clone, Debug)]
+pub struct TcpConfig {
+    /// The job's shared secret.
+    pub secret: Vec<u8>,
+    /// Largest frame accepted.
+    pub max_frame: u32,
+    /// How long to keep trying to reach a peer while the job starts.
+    pub connect_timeout: Duration,
+    /// Bound on a single write.
+    pub write_timeout: Duration,
+}
+
+/// A TCP connection to every other rank, authenticated by the job secret.
+pub struct TcpMesh {
+    rank: usize,
+    world: usize,
+    max_frame: u32,
+    writers: HashMap<usize, Mutex<TcpStream>>,
+    readers: HashMap<usize, Mutex<TcpStream>>,
+}
+
+impl TcpMesh {
+    /// Connects rank `rank` to every other rank: it accepts connections from higher ranks
+    /// on `listener` and connects to lower ranks at `addrs[j]`. Every connection is
+    /// authenticated before use.
+    pub fn connect(
+        rank: usize,
+        listener: TcpListener,
+        addrs: &[SocketAddr],
+        config: &TcpConfig,
+    ) -> Result<Self, CommError> {
+        let world = addrs.len();
+        let setup = |what: &str, e: &dyn std::fmt::Display| CommError::Setup(format!("{what}: {e}"));
+        let mut streams = HashMap::new();
+        let deadline = Instant::now() + config.connect_timeout;
+        for (peer, addr) in addrs.iter().enumerate().take(rank) {
+            let mut stream = loop {
+                match TcpStream::connect_timeout(addr, Duration::from_millis(500)) {
+                    Ok(s) => break s,
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::debug!(peer, "connect failed, retrying: {e}");
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => return Err(setup(&format!("cannot reach rank {peer} at {addr}"), &e)),
+                }
+            };
+            prepare(&stream, config).map_err(|e| setup("socket options", &e))?;
+            let got = handshake(&mut stream, &config.secret, rank as u32).map_err(|e| handshake_error(peer, e))?;
+            if got as usize != peer {
+                return Err(CommError::Protocol { peer, reason: format!("answered as rank {got}") });
+            }
+            streams.insert(peer, stream);
+        }
+        listener.set_nonblocking(false).map_err(|e| setup("listener", &e))?;
+        while streams.len() < world - 1 {
+            let (mut stream, from) = accept_until(&listener, deadline).map_err(|e| setup("accept", &e))?;
+            prepare(&stream, config).map_err(|e| setup("socket options", &e))?;
+            match handshake(&mut stream, &config.secret, rank as u32) {
+                Ok(peer)
+                    if (peer as usize) > rank && (peer as usize) < world && !streams.contains_key(&(peer as usize)) =>
+                {
+                    streams.insert(peer as usize, stream);
+                }
+                Ok(peer) => tracing::warn!(%from, peer, "refused a connection claiming an unexpected rank"),
+                Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
+            }
+        }
+        let mut writers = HashMap::new();
+        let mut readers = HashMap::new();
+        for (peer, s) in streams {
+            let r = s.try_clone().map_err(|e| setup("clone socket", &e))?;
+            writers.insert(peer, Mutex::new(s));
+            readers.insert(peer, Mutex::new(r));
+        }
+        Ok(TcpMesh { rank, world, max_frame: config.max_frame, writers, readers })
+    }
+}
+
+fn prepare(s: &TcpStream, config: &TcpConfig) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_write_timeout(Some(config.write_timeout))?;
+    // The handshake itself must not hang on a silent peer.
+    s.set_read_timeout(Some(config.connect_timeout))
+}
+
+fn accept_until(listener: &TcpListener, deadline: Instant) -> std::io::Result<(TcpStream, SocketAddr)> {
+    listener.set_nonblocking(true)?;
+    loop {
+        match listener.accept() {
+            Ok((s, a)) => {
+                s.set_nonblocking(false)?;
+                return Ok((s, a));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "peers did not connect in time"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn handshake_error(peer: usize, e: HandshakeError) -> CommError {
+    match e {
+        HandshakeError::Frame(f) => frame_error(peer, Duration::ZERO, f),
+        other => CommError::Protocol { peer, reason: other.to_string() },
+    }
+}
+
+impl Transport for TcpMesh {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn send(&self, to: usize, kind: u8, payload: &[u8]) -> Result<(), CommError> {
+        let mut s = self
+            .writers
+            .get(&to)
+            .ok_or(CommError::Setup(format!("no connection to rank {to}")))?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        write_frame(&mut *s, kind, payload).map_err(|e| frame_error(to, Duration::ZERO, e))?;
+        s.flush().map_err(|e| CommError::PeerLost { peer: to, reason: e.to_string() })
+    }
+    fn recv(&self, from: usize, deadline: Instant) -> Result<Frame, CommError> {
+        let mut s = self
+            .readers
+            .get(&from)
+            .ok_or(CommError::Setup(format!("no connection to rank {from}")))?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let waited = deadline.saturating_duration_since(Instant::now());
+        if waited.is_zero() {
+            return Err(CommError::Timeout { peer: from, waited });
+        }
+        s.set_read_timeout(Some(waited)).map_err(|e| CommError::PeerLost { peer: from, reason: e.to_string() })?;
+        read_frame(&mut *s, self.max_frame).map_err(|e| frame_error(from, waited, e))
+    }
+}

@@ -1,0 +1,201 @@
+//! Collectives as a matrix over world sizes, modes and transports; and the failures they
+//! must survive: a rank that dies in the middle, a rank that sends garbage.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use comm::ReduceMode;
+use comm::collective::{all_reduce_parts, barrier, broadcast};
+use comm::transport::{CommError, TcpConfig, TcpMesh, Transport, mem_network};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Six "micro-batch gradients" with values of very different magnitudes.
+fn parts(n: usize) -> Vec<Vec<f32>> {
+    let mut s = repro::rng::Stream::new(11, 0);
+    (0..6).map(|_| (0..n).map(|_| s.uniform_symmetric(1.0) * 2f32.powi(s.below(30) as i32 - 15)).collect()).collect()
+}
+
+/// Runs `f(rank, transport)` on every rank of a fresh in-process network.
+fn on_mem<R: Send>(world: usize, f: impl Fn(usize, &dyn Transport) -> R + Sync) -> Vec<R> {
+    let net = mem_network(world);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = net
+            .iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let f = &f;
+                s.spawn(move || f(r, t))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The parts that rank `rank` of `world` holds (round-robin).
+fn mine(all: &[Vec<f32>], rank: usize, world: usize) -> Vec<&[f32]> {
+    all.iter().enumerate().filter(|(i, _)| i % world == rank).map(|(_, p)| p.as_slice()).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn reproducible_all_reduce_gives_the_same_bits_for_every_world_size() {
+    let all = parts(1001);
+    let refs: Vec<&[f32]> = all.iter().map(|p| p.as_slice()).collect();
+    let single = repro::batched::sum_parts(&refs, repro::batched::DEFAULT_HEADROOM);
+    for world in 1..=5 {
+        let out = on_mem(world, |r, t| {
+            all_reduce_parts(t, &mine(&all, r, world), ReduceMode::Reproducible, TIMEOUT).unwrap()
+        });
+        for o in &out {
+            assert_eq!(bits(o), bits(&single), "world {world}");
+        }
+    }
+}
+
+#[test]
+fn deterministic_all_reduce_repeats_its_bits_for_a_fixed_world_size_and_differs_across_sizes() {
+    let all = parts(777);
+    let mut per_world = Vec::new();
+    for world in [2, 3] {
+        let a = on_mem(world, |r, t| {
+            all_reduce_parts(t, &mine(&all, r, world), ReduceMode::Deterministic, TIMEOUT).unwrap()
+        });
+        let b = on_mem(world, |r, t| {
+            all_reduce_parts(t, &mine(&all, r, world), ReduceMode::Deterministic, TIMEOUT).unwrap()
+        });
+        assert_eq!(a, b, "world {world}");
+        assert!(a.iter().all(|o| bits(o) == bits(&a[0])), "ranks disagree at world {world}");
+        per_world.push(a[0].clone());
+    }
+    // Float sums in another grouping round differently somewhere in 777 mixed-magnitude sums.
+    assert_ne!(bits(&per_world[0]), bits(&per_world[1]));
+}
+
+#[test]
+fn a_rank_that_dies_mid_all_reduce_fails_every_survivor_within_the_timeout() {
+    let all = parts(100_000);
+    let net = mem_network(3);
+    let timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let results: Vec<Result<Vec<f32>, CommError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = net
+            .iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let all = &all;
+                s.spawn(move || {
+                    if r == 2 {
+                        // Take part in the first exchange only, then die.
+                        t.send(0, 1, &[0u8; 4]).ok();
+                        t.kill();
+                        return Err(CommError::Setup("killed".into()));
+                    }
+                    all_reduce_parts(t, &mine(all, r, 3), ReduceMode::Reproducible, timeout)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    for (r, res) in results.iter().enumerate().take(2) {
+        let err = res.as_ref().unwrap_err();
+        assert!(
+            matches!(err, CommError::PeerLost { .. } | CommError::Timeout { .. } | CommError::Protocol { .. }),
+            "rank {r}: {err}"
+        );
+    }
+}
+
+fn tcp_config() -> TcpConfig {
+    TcpConfig {
+        secret: b"test-secret".to_vec(),
+        max_frame: 1 << 24,
+        connect_timeout: Duration::from_secs(10),
+        write_timeout: Duration::from_secs(5),
+    }
+}
+
+/// Runs `f` on every rank of a TCP mesh on loopback (ephemeral ports).
+fn on_tcp<R: Send>(world: usize, f: impl Fn(usize, &dyn Transport) -> R + Sync) -> Vec<R> {
+    let listeners: Vec<TcpListener> = (0..world).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let (f, addrs) = (&f, &addrs);
+                s.spawn(move || {
+                    let mesh = TcpMesh::connect(r, l, addrs, &tcp_config()).unwrap();
+                    f(r, &mesh)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn tcp_mesh_all_reduce_broadcast_and_barrier_match_the_in_process_network() {
+    let all = parts(50_000);
+    let refs: Vec<&[f32]> = all.iter().map(|p| p.as_slice()).collect();
+    let single = repro::batched::sum_parts(&refs, repro::batched::DEFAULT_HEADROOM);
+    let out = on_tcp(3, |r, t| {
+        barrier(t, TIMEOUT).unwrap();
+        let mut msg = if r == 1 { b"from rank 1".to_vec() } else { Vec::new() };
+        broadcast(t, &mut msg, 1, TIMEOUT).unwrap();
+        assert_eq!(msg, b"from rank 1");
+        all_reduce_parts(t, &mine(&all, r, 3), ReduceMode::Reproducible, TIMEOUT).unwrap()
+    });
+    for o in out {
+        assert_eq!(bits(&o), bits(&single));
+    }
+}
+
+#[test]
+fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
+    let out = on_tcp(2, |r, t| {
+        if r == 1 {
+            // A chunk of the wrong size, then silence.
+            t.send(0, 1, &[1, 2, 3]).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            return None;
+        }
+        Some(all_reduce_parts(t, &[&[1.0f32; 8]], ReduceMode::Deterministic, Duration::from_millis(500)))
+    });
+    let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
+    assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{err}");
+
+    let out = on_tcp(2, |r, t| {
+        if r == 1 {
+            return None; // hangs up: the mesh is dropped when this closure returns
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        Some(all_reduce_parts(t, &[&[1.0f32; 8]], ReduceMode::Deterministic, Duration::from_secs(2)))
+    });
+    let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
+    assert!(matches!(err, CommError::PeerLost { peer: 1, .. }), "{err}");
+}
+
+#[test]
+fn a_wrong_secret_cannot_join() {
+    let l0 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let l1 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addrs = vec![l0.local_addr().unwrap(), l1.local_addr().unwrap()];
+    let mut short = tcp_config();
+    short.connect_timeout = Duration::from_millis(800);
+    let (addrs, short) = (&addrs, &short);
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(move || TcpMesh::connect(0, l0, addrs, short).map(|_| ()));
+        let mut wrong = short.clone();
+        wrong.secret = b"not-the-secret".to_vec();
+        let b = s.spawn(move || TcpMesh::connect(1, l1, addrs, &wrong).map(|_| ()));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
+    assert!(b.unwrap_err().to_string().contains("failed to prove"), "rank 1 should name the proof failure");
+}
