@@ -4,6 +4,7 @@
 mod bench_cmd;
 mod ckpt_cmd;
 mod fpna_cmd;
+mod launch_cmd;
 mod train_cmd;
 
 use std::process::ExitCode;
@@ -29,6 +30,8 @@ struct Cli {
 enum Command {
     /// Train a model in this process.
     Train(train_cmd::TrainArgs),
+    /// Train data-parallel: an embedded coordinator and N worker processes.
+    Launch(launch_cmd::LaunchArgs),
     /// Inspect, verify, compare and export checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),
     /// The floating-point non-associativity lab: variability of parallel reductions.
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Launch(args) => launch_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Ckpt(args) => ckpt_cmd::run(args),
         Command::Fpna(args) => fpna_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench_cmd::run(args).map(|()| ExitCode::SUCCESS),

@@ -150,10 +150,80 @@ pub struct TrainArgs {
     /// Shard files per checkpoint, written in parallel.
     #[arg(long, default_value_t = 2)]
     checkpoint_shards: usize,
+    /// This worker's rank in a data-parallel job [env: STEADFAST_RANK, RANK, SLURM_PROCID].
+    #[arg(long)]
+    rank: Option<usize>,
+    /// Workers in the job [env: STEADFAST_WORLD_SIZE, WORLD_SIZE, SLURM_NTASKS].
+    #[arg(long)]
+    world_size: Option<usize>,
+    /// The job's coordinator, HOST:PORT [env: STEADFAST_COORDINATOR, or MASTER_ADDR and MASTER_PORT].
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// Address this worker listens on for its peers.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: std::net::IpAddr,
+    /// Seconds a collective may wait for a peer before the job fails.
+    #[arg(long, default_value_t = 30.0)]
+    comm_timeout: f64,
+    /// Compare the replicas' fingerprints every K steps (and always at the end).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    fingerprint_every: u64,
+}
+
+fn env_first(names: &[&str]) -> Option<String> {
+    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+}
+
+/// The data-parallel settings from flags, then the environment (ours, torchrun's, Slurm's).
+fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
+    let parse = |v: String, what: &str| v.parse::<usize>().map_err(|e| anyhow::anyhow!("bad {what} {v:?}: {e}"));
+    let world = match args.world_size {
+        Some(w) => Some(w),
+        None => env_first(&["STEADFAST_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS"])
+            .map(|v| parse(v, "world size"))
+            .transpose()?,
+    };
+    let Some(world) = world else { return Ok(None) };
+    let rank = match args.rank {
+        Some(r) => r,
+        None => env_first(&["STEADFAST_RANK", "RANK", "SLURM_PROCID"])
+            .map(|v| parse(v, "rank"))
+            .transpose()?
+            .ok_or_else(|| anyhow::anyhow!("a world size was given but no rank (--rank or RANK)"))?,
+    };
+    if rank >= world || world == 0 {
+        anyhow::bail!("rank {rank} is not in a world of {world}");
+    }
+    let coordinator = args
+        .coordinator
+        .clone()
+        .or_else(|| env_first(&["STEADFAST_COORDINATOR"]))
+        .or_else(|| Some(format!("{}:{}", env_first(&["MASTER_ADDR"])?, env_first(&["MASTER_PORT"])?)))
+        .ok_or_else(|| anyhow::anyhow!("no coordinator address (--coordinator, or MASTER_ADDR and MASTER_PORT)"))?;
+    let coordinator = std::net::ToSocketAddrs::to_socket_addrs(&coordinator)
+        .with_context(|| format!("cannot resolve the coordinator {coordinator:?}"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("the coordinator {coordinator:?} resolves to nothing"))?;
+    let secret = env_first(&["STEADFAST_SECRET"])
+        .ok_or_else(|| anyhow::anyhow!("STEADFAST_SECRET is not set (the launcher sets it for its workers)"))?
+        .into_bytes();
+    if !(args.comm_timeout > 0.0 && args.comm_timeout.is_finite()) {
+        anyhow::bail!("--comm-timeout must be a positive number of seconds");
+    }
+    Ok(Some(train::DistConfig {
+        rank,
+        world,
+        coordinator,
+        secret,
+        bind: args.bind,
+        timeout: Duration::from_secs_f64(args.comm_timeout),
+        fingerprint_every: args.fingerprint_every,
+    }))
 }
 
 impl TrainArgs {
     fn into_config(self) -> anyhow::Result<TrainConfig> {
+        let dist = dist_config(&self)?;
         let model = match self.model {
             ModelArg::Mlp => ModelKind::Mlp,
             ModelArg::Cnn => ModelKind::Cnn,
@@ -193,6 +263,7 @@ impl TrainArgs {
             },
             other => other,
         };
+        c.dist = dist;
         if self.checkpoint_every == Some(0) {
             anyhow::bail!("--checkpoint-every must be at least 1");
         }

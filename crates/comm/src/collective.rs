@@ -136,13 +136,14 @@ pub fn all_reduce_sum(
     mode: ReduceMode,
     timeout: Duration,
 ) -> Result<(), CommError> {
-    let sum = all_reduce_parts(t, &[&*data], mode, timeout)?;
+    let sum = all_reduce_parts(t, &[&*data], data.len(), mode, timeout)?;
     data.copy_from_slice(&sum);
     Ok(())
 }
 
 /// Sums, element-wise, every part held by every rank (each rank passes its own parts,
-/// e.g. the gradients of its micro-batches) and returns the total on every rank.
+/// e.g. the gradients of its micro-batches; possibly none) and returns the total of
+/// length `len` on every rank.
 ///
 /// In `reproducible` mode the local parts are never added as floats: each is converted to
 /// fixed point at the global exponents, so the result is bitwise the same however the
@@ -151,10 +152,11 @@ pub fn all_reduce_sum(
 pub fn all_reduce_parts(
     t: &dyn Transport,
     parts: &[&[f32]],
+    len: usize,
     mode: ReduceMode,
     timeout: Duration,
 ) -> Result<Vec<f32>, CommError> {
-    let n = parts.first().map_or(0, |p| p.len());
+    let n = len;
     if parts.iter().any(|p| p.len() != n) {
         return Err(CommError::Setup("parts of different lengths".into()));
     }
@@ -182,6 +184,14 @@ pub fn all_reduce_parts(
             Ok(repro::batched::finish(&fixed, &exps, headroom))
         }
     }
+}
+
+/// Every rank's `value`, indexed by rank, on every rank.
+pub fn all_gather_u64(t: &dyn Transport, value: u64, timeout: Duration) -> Result<Vec<u64>, CommError> {
+    let mut slots = vec![0i64; t.world()];
+    slots[t.rank()] = value as i64;
+    ring(t, &mut slots, |a, b| *a = a.wrapping_add(b), timeout)?;
+    Ok(slots.into_iter().map(|v| v as u64).collect())
 }
 
 /// Copies `data` from `root` to every rank.

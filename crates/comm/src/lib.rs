@@ -27,6 +27,7 @@
 pub mod collective;
 pub mod frame;
 pub mod handshake;
+pub mod rendezvous;
 pub mod transport;
 
 use std::fmt;

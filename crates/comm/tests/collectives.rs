@@ -48,12 +48,18 @@ fn reproducible_all_reduce_gives_the_same_bits_for_every_world_size() {
     let single = repro::batched::sum_parts(&refs, repro::batched::DEFAULT_HEADROOM);
     for world in 1..=5 {
         let out = on_mem(world, |r, t| {
-            all_reduce_parts(t, &mine(&all, r, world), ReduceMode::Reproducible, TIMEOUT).unwrap()
+            all_reduce_parts(t, &mine(&all, r, world), 1001, ReduceMode::Reproducible, TIMEOUT).unwrap()
         });
         for o in &out {
             assert_eq!(bits(o), bits(&single), "world {world}");
         }
     }
+    // More ranks than parts: some ranks contribute nothing.
+    let out =
+        on_mem(8, |r, t| all_reduce_parts(t, &mine(&all, r, 8), 1001, ReduceMode::Reproducible, TIMEOUT).unwrap());
+    assert!(out.iter().all(|o| bits(o) == bits(&single)));
+    let fps = on_mem(3, |r, t| comm::collective::all_gather_u64(t, 100 + r as u64, TIMEOUT).unwrap());
+    assert!(fps.iter().all(|f| f == &vec![100, 101, 102]));
 }
 
 #[test]
@@ -62,10 +68,10 @@ fn deterministic_all_reduce_repeats_its_bits_for_a_fixed_world_size_and_differs_
     let mut per_world = Vec::new();
     for world in [2, 3] {
         let a = on_mem(world, |r, t| {
-            all_reduce_parts(t, &mine(&all, r, world), ReduceMode::Deterministic, TIMEOUT).unwrap()
+            all_reduce_parts(t, &mine(&all, r, world), 777, ReduceMode::Deterministic, TIMEOUT).unwrap()
         });
         let b = on_mem(world, |r, t| {
-            all_reduce_parts(t, &mine(&all, r, world), ReduceMode::Deterministic, TIMEOUT).unwrap()
+            all_reduce_parts(t, &mine(&all, r, world), 777, ReduceMode::Deterministic, TIMEOUT).unwrap()
         });
         assert_eq!(a, b, "world {world}");
         assert!(a.iter().all(|o| bits(o) == bits(&a[0])), "ranks disagree at world {world}");
@@ -94,7 +100,7 @@ fn a_rank_that_dies_mid_all_reduce_fails_every_survivor_within_the_timeout() {
                         t.kill();
                         return Err(CommError::Setup("killed".into()));
                     }
-                    all_reduce_parts(t, &mine(all, r, 3), ReduceMode::Reproducible, timeout)
+                    all_reduce_parts(t, &mine(all, r, 3), 100_000, ReduceMode::Reproducible, timeout)
                 })
             })
             .collect();
@@ -149,7 +155,7 @@ fn tcp_mesh_all_reduce_broadcast_and_barrier_match_the_in_process_network() {
         let mut msg = if r == 1 { b"from rank 1".to_vec() } else { Vec::new() };
         broadcast(t, &mut msg, 1, TIMEOUT).unwrap();
         assert_eq!(msg, b"from rank 1");
-        all_reduce_parts(t, &mine(&all, r, 3), ReduceMode::Reproducible, TIMEOUT).unwrap()
+        all_reduce_parts(t, &mine(&all, r, 3), 50_000, ReduceMode::Reproducible, TIMEOUT).unwrap()
     });
     for o in out {
         assert_eq!(bits(&o), bits(&single));
@@ -165,7 +171,7 @@ fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
             std::thread::sleep(Duration::from_millis(200));
             return None;
         }
-        Some(all_reduce_parts(t, &[&[1.0f32; 8]], ReduceMode::Deterministic, Duration::from_millis(500)))
+        Some(all_reduce_parts(t, &[&[1.0f32; 8]], 8, ReduceMode::Deterministic, Duration::from_millis(500)))
     });
     let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
     assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{err}");
@@ -175,7 +181,7 @@ fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
             return None; // hangs up: the mesh is dropped when this closure returns
         }
         std::thread::sleep(Duration::from_millis(100));
-        Some(all_reduce_parts(t, &[&[1.0f32; 8]], ReduceMode::Deterministic, Duration::from_secs(2)))
+        Some(all_reduce_parts(t, &[&[1.0f32; 8]], 8, ReduceMode::Deterministic, Duration::from_secs(2)))
     });
     let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
     assert!(matches!(err, CommError::PeerLost { peer: 1, .. }), "{err}");

@@ -68,6 +68,17 @@ pub enum TrainError {
         /// What does not match.
         reason: String,
     },
+    /// Communication with the other workers failed.
+    #[error(transparent)]
+    Comm(#[from] comm::transport::CommError),
+    /// The replicas' parameters differ.
+    #[error("replicas diverged at step {step}: rank(s) {ranks:?} hold different parameters than the others")]
+    ReplicasDiverged {
+        /// The step of the check.
+        step: u64,
+        /// The ranks whose fingerprint differs from the majority.
+        ranks: Vec<usize>,
+    },
     /// Writing metrics or outputs failed.
     #[error("cannot write {path}: {source}")]
     Output {

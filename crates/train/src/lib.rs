@@ -35,4 +35,4 @@ pub mod state;
 pub mod trainer;
 
 pub use error::{ConfigError, DataError, TrainError};
-pub use trainer::{EvalReport, Event, FinalState, Summary, TrainConfig, train};
+pub use trainer::{DistConfig, EvalReport, Event, FinalState, Summary, TrainConfig, train};

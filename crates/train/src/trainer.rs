@@ -56,7 +56,8 @@ pub struct TrainConfig {
     pub optim: OptimConfig,
     /// Seed of initialisation, data order and synthetic data.
     pub seed: u64,
-    /// How micro-batch gradients are summed (see `docs/determinism.md`).
+    /// How micro-batch gradients are summed, in this process and across a job (see
+    /// `docs/determinism.md`).
     pub reduce: ReduceMode,
     /// Evaluate every this many steps (and always at the end); 0 evaluates only at the end.
     pub eval_every: u64,
@@ -67,6 +68,27 @@ pub struct TrainConfig {
     /// Resume from this checkpoint (a checkpoint directory, or a root whose newest
     /// committed checkpoint is used).
     pub resume: Option<PathBuf>,
+    /// Data-parallel training across processes; `None` trains in this process alone.
+    pub dist: Option<DistConfig>,
+}
+
+/// This process's place in a data-parallel job.
+#[derive(Clone, Debug)]
+pub struct DistConfig {
+    /// This worker's rank.
+    pub rank: usize,
+    /// Number of workers.
+    pub world: usize,
+    /// Where the coordinator listens.
+    pub coordinator: std::net::SocketAddr,
+    /// The job's shared secret.
+    pub secret: Vec<u8>,
+    /// Address this worker listens on for its peers (port chosen by the system).
+    pub bind: std::net::IpAddr,
+    /// Bound on every collective step; a dead or hung peer surfaces within it.
+    pub timeout: Duration,
+    /// Compare the replicas' fingerprints every this many steps (0: only at the end).
+    pub fingerprint_every: u64,
 }
 
 impl TrainConfig {
@@ -94,6 +116,7 @@ impl TrainConfig {
             out_dir: None,
             checkpoint: None,
             resume: None,
+            dist: None,
         }
     }
 }
@@ -208,8 +231,14 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         tracing::info!(step, dir = %dir.display(), "resumed");
         first_step = step;
     }
-    let mut metrics = MetricsFile::create(config.out_dir.as_ref(), first_step > 0)?;
-    let mut writer = match &config.checkpoint {
+    let mesh = match &config.dist {
+        Some(d) => Some(connect(d)?),
+        None => None,
+    };
+    // In a data-parallel job the replicas are equal; rank 0 alone writes outputs.
+    let lead = config.dist.as_ref().is_none_or(|d| d.rank == 0);
+    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| lead), first_step > 0)?;
+    let mut writer = match config.checkpoint.as_ref().filter(|_| lead) {
         Some(c) => {
             Some(ckpt::AsyncWriter::new(&c.dir, ckpt::SaveOptions { shards: c.shards, retention: c.retention })?)
         }
@@ -221,18 +250,36 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     let (mut train_time, mut optimizer_time) = (Duration::ZERO, Duration::ZERO);
     let mut last_loss = f32::NAN;
     let mut last_eval = None;
+    let crash_point = crash_point();
     for step in first_step..config.steps {
         let started = Instant::now();
         model = model.load(&params);
         let mut loss = 0.0f32;
-        let mut micro_grads: Vec<Vec<Vec<f32>>> = Vec::with_capacity(sampler.micro_batches());
-        for i in 0..sampler.micro_batches() {
+        // Micro-batch i is computed by rank i mod world (all of them without a job).
+        let (rank, world) = config.dist.as_ref().map_or((0, 1), |d| (d.rank, d.world));
+        if crash_point == Some((rank, step)) {
+            tracing::error!(rank, step, "crash point reached: aborting");
+            std::process::abort();
+        }
+        let mut micro_grads: Vec<Vec<f32>> = Vec::new();
+        for i in (rank..sampler.micro_batches()).step_by(world) {
             let batch = data.batch(Split::Train, &sampler.micro_batch(step, i));
             let (l, g) = model.loss_and_grads(&batch, denominator, &device);
             loss += l;
-            micro_grads.push(g);
+            micro_grads.push(g.concat());
         }
-        let grads = combine_micro_batches(config.reduce, &micro_grads);
+        let parts: Vec<&[f32]> = micro_grads.iter().map(|g| g.as_slice()).collect();
+        let flat = match (&mesh, &config.dist) {
+            (Some(m), Some(d)) => {
+                let total = comm::collective::all_reduce_parts(m, &parts, parameters, config.reduce, d.timeout)?;
+                let mut l = [loss];
+                comm::collective::all_reduce_sum(m, &mut l, ReduceMode::Deterministic, d.timeout)?;
+                loss = l[0];
+                total
+            }
+            _ => comm::sum_parts(config.reduce, &parts),
+        };
+        let grads = split_like(&flat, &params);
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
         }
@@ -244,6 +291,12 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         let done = step + 1;
         metrics.write(json!({"kind": "train", "step": done, "loss": loss}))?;
         on_event(Event::Step { step: done, loss });
+
+        if let (Some(m), Some(d)) = (&mesh, &config.dist)
+            && ((d.fingerprint_every > 0 && done % d.fingerprint_every == 0) || done == config.steps)
+        {
+            check_replicas(m, d, done, state::fingerprint(done, params.iter().chain(optimizer.slots())))?;
+        }
 
         if let (Some(w), Some(c)) = (writer.as_mut(), config.checkpoint.as_ref())
             && (done % c.every.max(1) == 0 || done == config.steps)
@@ -310,18 +363,58 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     Ok((summary, FinalState { params, slots: optimizer.slots().to_vec() }))
 }
 
-/// Sums the micro-batches' gradients, parameter by parameter, in the reduce mode (a single
-/// micro-batch is taken as is in every mode).
-fn combine_micro_batches(mode: ReduceMode, micro: &[Vec<Vec<f32>>]) -> Vec<Vec<f32>> {
-    if micro.len() == 1 {
-        return micro[0].clone();
-    }
-    (0..micro[0].len())
+/// The fault-injection hook `STEADFAST_CRASH_AT=<rank>:<step>`: the process of that rank
+/// aborts (as a kill -9 would end it) when that step starts. Inert when unset.
+fn crash_point() -> Option<(usize, u64)> {
+    let spec = std::env::var("STEADFAST_CRASH_AT").ok()?;
+    let (rank, step) = spec.split_once(':')?;
+    Some((rank.trim().parse().ok()?, step.trim().parse().ok()?))
+}
+
+/// Cuts a flat gradient back into one vector per parameter.
+fn split_like(flat: &[f32], params: &[NamedTensor]) -> Vec<Vec<f32>> {
+    let mut rest = flat;
+    params
+        .iter()
         .map(|p| {
-            let parts: Vec<&[f32]> = micro.iter().map(|g| g[p].as_slice()).collect();
-            comm::sum_parts(mode, &parts)
+            let (head, tail) = rest.split_at(p.data.len());
+            rest = tail;
+            head.to_vec()
         })
         .collect()
+}
+
+/// Joins the job: listen, meet the others through the coordinator, connect to all.
+fn connect(d: &DistConfig) -> Result<comm::transport::TcpMesh, TrainError> {
+    let listener = std::net::TcpListener::bind((d.bind, 0))
+        .map_err(|e| comm::transport::CommError::Setup(format!("cannot listen on {}: {e}", d.bind)))?;
+    let me = listener.local_addr().map_err(|e| comm::transport::CommError::Setup(e.to_string()))?;
+    let setup_time = d.timeout.max(Duration::from_secs(30));
+    let addrs = comm::rendezvous::join(d.coordinator, d.rank, me, &d.secret, setup_time)?;
+    if addrs.len() != d.world {
+        return Err(ConfigError::Invalid(format!(
+            "the coordinator knows {} workers, this one expects {}",
+            addrs.len(),
+            d.world
+        ))
+        .into());
+    }
+    let config = comm::transport::TcpConfig {
+        secret: d.secret.clone(),
+        max_frame: comm::frame::DEFAULT_MAX_FRAME,
+        connect_timeout: setup_time,
+        write_timeout: d.timeout,
+    };
+    Ok(comm::transport::TcpMesh::connect(d.rank, listener, &addrs, &config)?)
+}
+
+/// Compares every replica's fingerprint; fails naming the ranks that differ from the
+/// majority.
+fn check_replicas(m: &comm::transport::TcpMesh, d: &DistConfig, step: u64, fp: u64) -> Result<(), TrainError> {
+    let all = comm::collective::all_gather_u64(m, fp, d.timeout)?;
+    let majority = all.iter().copied().max_by_key(|v| all.iter().filter(|w| *w == v).count()).unwrap_or(fp);
+    let divergent: Vec<usize> = (0..all.len()).filter(|&r| all[r] != majority).collect();
+    if divergent.is_empty() { Ok(()) } else { Err(TrainError::ReplicasDiverged { step, ranks: divergent }) }
 }
 
 /// Scores the held-out split (all test images; the first [`TEXT_EVAL_SEQUENCES`] text

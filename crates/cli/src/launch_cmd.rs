@@ -1,0 +1,106 @@
+//! `steadfast launch`: an embedded coordinator and N worker processes on this host.
+//!
+//! The launcher draws a random secret for the job, listens for the rendezvous on a
+//! loopback port, starts `--nproc` copies of this binary running the given `train`
+//! command with their rank, the world size, the coordinator's address and the secret in
+//! the environment, streams their output with rank prefixes, and fails if any worker
+//! fails.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+const EXAMPLES: &str = "\
+Examples:
+  # Four workers, reproducible gradient sums: the same fingerprint as one process
+  steadfast launch --nproc 4 -- train --model mlp --data synthetic --steps 50 --batch 64 --micro-batch 16 --reduce reproducible
+
+  # Compare replica fingerprints every 10 steps
+  steadfast launch --nproc 2 -- train --model cnn --fingerprint-every 10";
+
+/// Arguments of `steadfast launch`.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct LaunchArgs {
+    /// Number of worker processes.
+    #[arg(long)]
+    nproc: usize,
+    /// Seconds to wait for every worker to join.
+    #[arg(long, default_value_t = 120.0)]
+    rendezvous_timeout: f64,
+    /// The worker command: `train` and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Runs `steadfast launch`.
+pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
+    if args.nproc == 0 {
+        anyhow::bail!("--nproc must be at least 1");
+    }
+    if args.command.first().map(String::as_str) != Some("train") {
+        anyhow::bail!("the worker command must be `train ...`, got {:?}", args.command);
+    }
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("cannot draw the job secret: {e}"))?;
+    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot listen for the rendezvous")?;
+    let coordinator = listener.local_addr()?;
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+
+    let mut children = Vec::new();
+    for rank in 0..args.nproc {
+        let child = Command::new(&exe)
+            .args(&args.command)
+            .env("STEADFAST_RANK", rank.to_string())
+            .env("STEADFAST_WORLD_SIZE", args.nproc.to_string())
+            .env("STEADFAST_COORDINATOR", coordinator.to_string())
+            .env("STEADFAST_SECRET", &secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start rank {rank}"))?;
+        children.push(child);
+    }
+    let timeout = Duration::from_secs_f64(args.rendezvous_timeout.max(1.0));
+    let secret_bytes = secret.into_bytes();
+    let world = args.nproc;
+    let failures = std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
+        let rendezvous = s.spawn(|| comm::rendezvous::serve(&listener, world, &secret_bytes, timeout));
+        let mut pumps = Vec::new();
+        for (rank, child) in children.iter_mut().enumerate() {
+            let out = child.stdout.take().expect("piped");
+            let err = child.stderr.take().expect("piped");
+            pumps.push(s.spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    println!("[{rank}] {line}");
+                }
+            }));
+            pumps.push(s.spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    eprintln!("[{rank}] {line}");
+                }
+            }));
+        }
+        let mut failures = Vec::new();
+        for (rank, child) in children.iter_mut().enumerate() {
+            let status = child.wait().with_context(|| format!("waiting for rank {rank}"))?;
+            if !status.success() {
+                failures.push(format!("rank {rank} exited with {status}"));
+            }
+        }
+        for p in pumps {
+            let _ = p.join();
+        }
+        if let Ok(Err(e)) = rendezvous.join() {
+            failures.push(format!("rendezvous: {e}"));
+        }
+        Ok(failures)
+    })?;
+    if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }
+}

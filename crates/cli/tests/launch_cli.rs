@@ -1,0 +1,92 @@
+//! Data-parallel training through `steadfast launch`: the headline property (in
+//! `reproducible` mode the fingerprint does not depend on the number of workers) and a
+//! worker's death surfacing on the survivors within the bound.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn steadfast(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run steadfast")
+}
+
+/// Every `fingerprint:` line of a run's output (one per rank under `launch`).
+fn fingerprints(out: &Output) -> Vec<String> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let fps: Vec<String> =
+        stdout.lines().filter_map(|l| l.split("fingerprint: ").nth(1)).map(|f| f.trim().to_owned()).collect();
+    assert!(!fps.is_empty(), "no fingerprint in {stdout}");
+    fps
+}
+
+fn train_args<'a>(model: &'a str, reduce: &'a str, out: &'a str) -> Vec<&'a str> {
+    let mut v =
+        vec!["train", "--model", model, "--data", "synthetic", "--reduce", reduce, "--eval-every", "0", "--out", out];
+    if model == "gpt" {
+        v.extend(["--steps", "3", "--batch", "8", "--micro-batch", "2"]);
+    } else {
+        v.extend(["--steps", "12", "--batch", "64", "--micro-batch", "16"]);
+    }
+    v
+}
+
+#[test]
+fn reproducible_mode_gives_one_fingerprint_for_one_process_and_one_to_four_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    for model in ["mlp", "gpt"] {
+        let args = train_args(model, "reproducible", out);
+        let single = fingerprints(&steadfast(&args, &[]));
+        assert_eq!(single.len(), 1);
+        for nproc in 1..=4 {
+            let n = nproc.to_string();
+            let launched = fingerprints(&steadfast(&[&["launch", "--nproc", &n, "--"][..], &args].concat(), &[]));
+            assert_eq!(launched.len(), nproc, "{model}: one summary per rank");
+            for fp in &launched {
+                assert_eq!(fp, &single[0], "{model} with {nproc} workers");
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_mode_results_depend_on_the_number_of_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = train_args("mlp", "fast", dir.path().to_str().unwrap());
+    let one = fingerprints(&steadfast(&[&["launch", "--nproc", "1", "--"][..], &args].concat(), &[]));
+    let two = fingerprints(&steadfast(&[&["launch", "--nproc", "2", "--"][..], &args].concat(), &[]));
+    assert_ne!(one[0], two[0], "fast sums grouped differently should round differently");
+}
+
+#[test]
+fn a_worker_that_dies_mid_training_fails_the_job_within_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let args =
+        ["train", "--model", "mlp", "--data", "synthetic", "--steps", "100000", "--batch", "64", "--micro-batch", "16"];
+    let started = Instant::now();
+    let run = steadfast(
+        &[&["launch", "--nproc", "3", "--"][..], &args, &["--comm-timeout", "3", "--eval-every", "0", "--out", out]]
+            .concat(),
+        &[("STEADFAST_CRASH_AT", "1:5")],
+    );
+    let elapsed = started.elapsed();
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(!run.status.success(), "the job should fail");
+    assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
+    assert!(stderr.contains("rank 1 exited"), "{stderr}");
+    // Both survivors report the failure themselves instead of hanging.
+    for survivor in ["[0]", "[2]"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(survivor) && (l.contains("lost rank") || l.contains("did not answer"))),
+            "{survivor} did not report the loss:\n{stderr}"
+        );
+    }
+}

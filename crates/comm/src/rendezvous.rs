@@ -1,0 +1,116 @@
+//! Rendezvous: how the workers of a job find each other.
+//!
+//! The coordinator (embedded in `steadfast launch`, or standalone) listens on a known
+//! address. Each worker binds its own listener, connects to the coordinator, proves it
+//! knows the job secret, and announces `(rank, listening address)`. When all `world` ranks
+//! have joined, with distinct ranks, the coordinator sends every worker the full address
+//! table, and the workers build their [`TcpMesh`](crate::transport::TcpMesh). A worker
+//! that never shows up makes the rendezvous fail at its deadline on every side.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::frame::{read_frame, write_frame};
+use crate::handshake::handshake;
+use crate::transport::CommError;
+
+/// The rank the coordinator uses in handshakes.
+pub const COORDINATOR_RANK: u32 = u32::MAX;
+const KIND_JOIN: u8 = 0xB1;
+const KIND_TABLE: u8 = 0xB2;
+
+fn setup(what: impl std::fmt::Display) -> CommError {
+    CommError::Setup(what.to_string())
+}
+
+/// Coordinator side: waits for `world` workers and returns the address table after
+/// sending it to all of them.
+pub fn serve(
+    listener: &TcpListener,
+    world: usize,
+    secret: &[u8],
+    timeout: Duration,
+) -> Result<Vec<SocketAddr>, CommError> {
+    let deadline = Instant::now() + timeout;
+    listener.set_nonblocking(true).map_err(setup)?;
+    let mut joined: Vec<Option<(SocketAddr, TcpStream)>> = (0..world).map(|_| None).collect();
+    while joined.iter().any(Option::is_none) {
+        let (mut stream, from) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    let missing: Vec<usize> = (0..world).filter(|&r| joined[r].is_none()).collect();
+                    return Err(setup(format!("ranks {missing:?} did not join within {timeout:?}")));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(e) => return Err(setup(e)),
+        };
+        stream.set_nonblocking(false).map_err(setup)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(setup)?;
+        let joined_ok = (|| -> Result<(usize, SocketAddr), String> {
+            let rank = handshake(&mut stream, secret, COORDINATOR_RANK).map_err(|e| e.to_string())? as usize;
+            let f = read_frame(&mut stream, 1024).map_err(|e| e.to_string())?;
+            let addr: SocketAddr = std::str::from_utf8(&f.payload)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .filter(|_| f.kind == KIND_JOIN)
+                .ok_or("malformed join message")?;
+            if rank >= world {
+                return Err(format!("rank {rank} is outside a world of {world}"));
+            }
+            Ok((rank, addr))
+        })();
+        match joined_ok {
+            Ok((rank, addr)) if joined[rank].is_none() => joined[rank] = Some((addr, stream)),
+            Ok((rank, _)) => tracing::warn!(%from, rank, "refused a second worker claiming the same rank"),
+            Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
+        }
+    }
+    let table: Vec<SocketAddr> = joined.iter().map(|j| j.as_ref().expect("all joined").0).collect();
+    let text = table.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",");
+    for (_, stream) in joined.iter_mut().flatten() {
+        write_frame(stream, KIND_TABLE, text.as_bytes()).map_err(setup)?;
+        stream.flush().map_err(setup)?;
+    }
+    Ok(table)
+}
+
+/// Worker side: joins the job at `coordinator` as `rank` listening on `my_addr`; returns
+/// the address table.
+pub fn join(
+    coordinator: SocketAddr,
+    rank: usize,
+    my_addr: SocketAddr,
+    secret: &[u8],
+    timeout: Duration,
+) -> Result<Vec<SocketAddr>, CommError> {
+    let deadline = Instant::now() + timeout;
+    let mut stream = loop {
+        match TcpStream::connect_timeout(&coordinator, Duration::from_millis(500)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("coordinator not reachable yet: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(setup(format!("cannot reach the coordinator at {coordinator}: {e}"))),
+        }
+    };
+    stream.set_read_timeout(Some(timeout)).map_err(setup)?;
+    let who = handshake(&mut stream, secret, rank as u32).map_err(setup)?;
+    if who != COORDINATOR_RANK {
+        return Err(setup(format!("{coordinator} answered as rank {who}, not as a coordinator")));
+    }
+    write_frame(&mut stream, KIND_JOIN, my_addr.to_string().as_bytes()).map_err(setup)?;
+    let f = read_frame(&mut stream, 1 << 20).map_err(|e| setup(format!("waiting for the other ranks: {e}")))?;
+    if f.kind != KIND_TABLE {
+        return Err(setup("the coordinator sent something other than the address table"));
+    }
+    std::str::from_utf8(&f.payload)
+        .map_err(setup)?
+        .split(',')
+        .map(|a| a.parse().map_err(|e| setup(format!("bad address {a:?}: {e}"))))
+        .collect()
+}
