@@ -3,6 +3,7 @@
 
 mod bench_cmd;
 mod ckpt_cmd;
+mod coordinator_cmd;
 mod fpna_cmd;
 mod launch_cmd;
 mod train_cmd;
@@ -32,6 +33,8 @@ enum Command {
     Train(train_cmd::TrainArgs),
     /// Train data-parallel: an embedded coordinator and N worker processes.
     Launch(launch_cmd::LaunchArgs),
+    /// The rendezvous point of a job whose workers run on several hosts.
+    Coordinator(coordinator_cmd::CoordinatorArgs),
     /// Inspect, verify, compare and export checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),
     /// The floating-point non-associativity lab: variability of parallel reductions.
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Launch(args) => launch_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Coordinator(args) => coordinator_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Ckpt(args) => ckpt_cmd::run(args),
         Command::Fpna(args) => fpna_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench_cmd::run(args).map(|()| ExitCode::SUCCESS),

@@ -90,3 +90,42 @@ fn a_worker_that_dies_mid_training_fails_the_job_within_the_bound() {
         );
     }
 }
+
+#[test]
+fn workers_started_by_hand_meet_at_a_standalone_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let args = train_args("mlp", "reproducible", out);
+    let single = fingerprints(&steadfast(&args, &[]));
+    // A free port for the coordinator: bind port 0, read it, release it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let exe = env!("CARGO_BIN_EXE_steadfast");
+    let secret = [("STEADFAST_SECRET", "hand-started-job")];
+    let coordinator = Command::new(exe)
+        .args(["coordinator", "--bind", &addr, "--world-size", "2", "--timeout", "60"])
+        .envs(secret)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let workers: Vec<_> = (0..2)
+        .map(|r| {
+            let rank = r.to_string();
+            Command::new(exe)
+                .args(&args)
+                .args(["--rank", &rank, "--world-size", "2", "--coordinator", &addr])
+                .envs(secret)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for w in workers {
+        let out = w.wait_with_output().unwrap();
+        assert_eq!(fingerprints(&out), single);
+    }
+    let c = coordinator.wait_with_output().unwrap();
+    assert!(c.status.success());
+    assert!(String::from_utf8_lossy(&c.stdout).contains("rank 1 at 127.0.0.1:"));
+}
