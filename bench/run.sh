@@ -7,6 +7,7 @@
 #   bench/run.sh ckpt       # checkpoint save/load/stall against dd, torch.save, safetensors
 #   bench/run.sh overhead   # training throughput with a checkpoint every N steps
 #   bench/run.sh sum        # reproducible sum against naive, pairwise, xsum, accurate
+#   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv. No benchmark here needs a GPU.
@@ -31,11 +32,13 @@ case "$which" in
   ckpt) "$venv/bin/python" bench/ckpt_vs_peers.py ;;
   overhead) "$venv/bin/python" bench/ckpt_training_overhead.py ;;
   sum) "$venv/bin/python" bench/sum_vs_peers.py ;;
+  allreduce) "$venv/bin/python" bench/allreduce.py ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
     "$venv/bin/python" bench/ckpt_vs_peers.py
     "$venv/bin/python" bench/ckpt_training_overhead.py
     "$venv/bin/python" bench/sum_vs_peers.py
+    "$venv/bin/python" bench/allreduce.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce)" >&2; exit 2 ;;
 esac

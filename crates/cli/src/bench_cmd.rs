@@ -24,6 +24,21 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Checkpoint persist bandwidth, training stall and load time.
     Ckpt(CkptBench),
+    /// All-reduce bus bandwidth over loopback TCP against the loopback's own bandwidth.
+    Allreduce(AllreduceBench),
+}
+
+#[derive(Args, Debug)]
+struct AllreduceBench {
+    /// Ranks (threads of this process, each with its own TCP mesh).
+    #[arg(long, default_value_t = 2)]
+    world: usize,
+    /// Message sizes in MB (10^6 bytes of f32), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    mb: Vec<u64>,
+    /// Repetitions per size (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
 }
 
 #[derive(Args, Debug)]
@@ -60,6 +75,7 @@ fn drop_caches() -> anyhow::Result<()> {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Ckpt(b) => ckpt_bench(&b),
+        BenchCommand::Allreduce(b) => allreduce_bench(&b),
     }
 }
 
@@ -172,6 +188,106 @@ fn ckpt_bench(b: &CkptBench) -> anyhow::Result<()> {
                 })
             );
         }
+    }
+    Ok(())
+}
+
+/// One-way loopback TCP bandwidth: one thread streams `bytes` in 4 MiB frames to another.
+fn loopback_mb_per_s(bytes: usize) -> anyhow::Result<f64> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let mut buf = vec![0u8; 1 << 22];
+        let mut left = bytes;
+        while left > 0 {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            left -= n.min(left);
+        }
+        s.write_all(b"k")
+    });
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let chunk = vec![7u8; 1 << 22];
+    let t = Instant::now();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        s.write_all(&chunk[..n])?;
+        left -= n;
+    }
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack)?;
+    let secs = t.elapsed().as_secs_f64();
+    reader.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+    Ok(bytes as f64 / 1e6 / secs)
+}
+
+fn allreduce_bench(b: &AllreduceBench) -> anyhow::Result<()> {
+    let world = b.world.max(2);
+    let loopback = median(
+        (0..3)
+            .map(|_| loopback_mb_per_s(256 << 20).map(|mbps| Duration::from_secs_f64(1.0 / mbps)))
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    );
+    let loopback_mbps = 1.0 / loopback.as_secs_f64();
+    let listeners: Vec<std::net::TcpListener> =
+        (0..world).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
+    let config = comm::transport::TcpConfig {
+        secret: b"bench".to_vec(),
+        max_frame: comm::frame::DEFAULT_MAX_FRAME,
+        connect_timeout: Duration::from_secs(30),
+        write_timeout: Duration::from_secs(60),
+    };
+    let timeout = Duration::from_secs(120);
+    let results: Vec<anyhow::Result<Vec<serde_json::Value>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(rank, l)| {
+                let (addrs, config) = (&addrs, &config);
+                s.spawn(move || -> anyhow::Result<Vec<serde_json::Value>> {
+                    let mesh = comm::transport::TcpMesh::connect(rank, l, addrs, config)?;
+                    let mut rows = Vec::new();
+                    for &mb in &b.mb {
+                        let n = (mb * 1_000_000 / 4) as usize;
+                        let data: Vec<f32> = (0..n).map(|i| ((i * (rank + 1)) % 1000) as f32 * 1e-3).collect();
+                        let mut row = json!({"world": world, "mb": mb, "loopback_mb_per_s": loopback_mbps});
+                        for mode in [comm::ReduceMode::Fast, comm::ReduceMode::Reproducible] {
+                            let mut times = Vec::new();
+                            for _ in 0..b.repeats.max(1) {
+                                comm::collective::barrier(&mesh, timeout)?;
+                                let mut d = data.clone();
+                                let t = Instant::now();
+                                comm::collective::all_reduce_sum(&mesh, &mut d, mode, timeout)?;
+                                times.push(t.elapsed());
+                            }
+                            let secs = median(times).as_secs_f64();
+                            // Bus bandwidth as NCCL defines it: 2(W-1)/W of the message per second.
+                            let bus = 2.0 * (world as f64 - 1.0) / world as f64 * (mb as f64) / secs;
+                            row[format!("{mode}_seconds")] = json!(secs);
+                            row[format!("{mode}_bus_mb_per_s")] = json!(bus);
+                        }
+                        rows.push(row);
+                    }
+                    Ok(rows)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("rank panicked")))).collect()
+    });
+    let mut results = results.into_iter();
+    let rows = results.next().expect("at least two ranks")?;
+    for r in results {
+        r?;
+    }
+    for row in rows {
+        println!("{row}");
     }
     Ok(())
 }

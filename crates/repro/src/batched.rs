@@ -113,7 +113,9 @@ pub fn finish(acc: &[i64], exps: &[u8], headroom: u32) -> Vec<f32> {
             }
             // One rounding to f32, then an exact power-of-two scaling in f64 (a second
             // rounding only if the result is subnormal in f32).
-            let unit = f64::from(i32::from(e) - 150 - s).exp2();
+            // 2^(e - 150 - s), built from its bits (exact; the exponent is always in f64's
+            // normal range).
+            let unit = f64::from_bits(((i64::from(e) - 150 - i64::from(s) + 1023) as u64) << 52);
             ((a as f32) as f64 * unit) as f32
         })
         .collect()

@@ -1,0 +1,47 @@
+"""All-reduce bus bandwidth over loopback TCP, for 1..256 MB, against the loopback's own
+one-way bandwidth measured in the same process, and the cost of the reproducible mode
+against the fast one. Each rank is a thread of one process with its own TCP mesh.
+
+Usage: python3 bench/allreduce.py   (bench/run.sh allreduce does this)
+"""
+import datetime, json, os, subprocess, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from common import cpu_name, write_section  # noqa: E402
+
+BIN = os.path.join(ROOT, "target", "release", "steadfast")
+WORLDS = [int(w) for w in os.environ.get("WORLDS", "2,4").split(",")]
+
+
+def main():
+    lines = [
+        "<!-- allreduce:start -->",
+        "## All-reduce bandwidth over loopback TCP",
+        "",
+        f"- Date: {datetime.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores.",
+        "- Command: `bench/run.sh allreduce` (driver: `bench/allreduce.py`, Rust side: `steadfast bench allreduce`).",
+        "- Ring all-reduce of f32 vectors, each rank a thread with its own authenticated TCP mesh on 127.0.0.1; median of 5."
+        " Bus bandwidth = 2(W-1)/W x message / time (NCCL's definition); loopback = one TCP stream's one-way bandwidth"
+        " measured by the same command.",
+        "",
+        "| ranks | message | loopback MB/s | fast bus MB/s | fast / loopback | reproducible bus MB/s | reproducible / fast time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for w in WORLDS:
+        out = subprocess.run([BIN, "bench", "allreduce", "--world", str(w)], check=True, capture_output=True, text=True).stdout
+        for r in (json.loads(l) for l in out.splitlines() if l.strip()):
+            lines.append(
+                f"| {w} | {r['mb']} MB | {r['loopback_mb_per_s']:.0f} | {r['fast_bus_mb_per_s']:.0f} |"
+                f" {r['fast_bus_mb_per_s'] / r['loopback_mb_per_s']:.2f}x | {r['reproducible_bus_mb_per_s']:.0f} |"
+                f" {r['reproducible_seconds'] / r['fast_seconds']:.2f}x |"
+            )
+            print(lines[-1], flush=True)
+    lines.append("<!-- allreduce:end -->")
+    section = "\n".join(lines)
+    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "allreduce", section)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
