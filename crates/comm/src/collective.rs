@@ -25,76 +25,53 @@ use crate::transport::{CommError, Transport};
 const KIND_CHUNK: u8 = 1;
 const KIND_BCAST: u8 = 2;
 
-/// Plain element types that travel as little-endian bytes.
-trait Wire: Copy + Send + Sync {
-    const SIZE: usize;
-    fn put(self, out: &mut Vec<u8>);
-    fn get(b: &[u8]) -> Self;
-}
-
-impl Wire for f32 {
-    const SIZE: usize = 4;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
+/// Plain element types that travel as their little-endian bytes (sent without copying:
+/// the platforms Steadfast builds for are little-endian).
+trait Wire: bytemuck::Pod + Send + Sync {
+    const SIZE: usize = std::mem::size_of::<Self>();
     fn get(b: &[u8]) -> Self {
-        f32::from_le_bytes(b.try_into().expect("4 bytes"))
+        bytemuck::pod_read_unaligned(b)
     }
 }
 
-impl Wire for i64 {
-    const SIZE: usize = 8;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn get(b: &[u8]) -> Self {
-        i64::from_le_bytes(b.try_into().expect("8 bytes"))
-    }
-}
+impl Wire for f32 {}
+impl Wire for i64 {}
+impl Wire for u8 {}
 
-impl Wire for u8 {
-    const SIZE: usize = 1;
-    fn put(self, out: &mut Vec<u8>) {
-        out.push(self);
-    }
-    fn get(b: &[u8]) -> Self {
-        b[0]
-    }
-}
+#[cfg(target_endian = "big")]
+compile_error!("the wire format of the collectives is little-endian");
 
 fn chunk_range(n: usize, world: usize, c: usize) -> std::ops::Range<usize> {
     (c * n / world)..((c + 1) * n / world)
 }
 
 /// Sends `send` to the right neighbour while receiving a chunk of `expect` elements from
-/// the left one.
-fn exchange<T: Wire>(t: &dyn Transport, send: &[T], expect: usize, deadline: Instant) -> Result<Vec<T>, CommError> {
+/// the left one into `buf`.
+fn exchange<T: Wire>(
+    t: &dyn Transport,
+    send: &[T],
+    expect: usize,
+    deadline: Instant,
+    buf: &mut Vec<u8>,
+) -> Result<(), CommError> {
     let world = t.world();
     let right = (t.rank() + 1) % world;
     let left = (t.rank() + world - 1) % world;
-    let mut bytes = Vec::with_capacity(send.len() * T::SIZE);
-    for &x in send {
-        x.put(&mut bytes);
-    }
+    let bytes: &[u8] = bytemuck::cast_slice(send);
     let (sent, got) = std::thread::scope(|s| {
-        let sender = s.spawn(|| t.send(right, KIND_CHUNK, &bytes));
-        let got = t.recv(left, deadline);
+        let sender = s.spawn(|| t.send(right, KIND_CHUNK, bytes));
+        let got = t.recv_into(left, deadline, buf);
         (sender.join().unwrap_or_else(|_| Err(CommError::Setup("sender thread panicked".into()))), got)
     });
     sent?;
-    let frame = got?;
-    if frame.kind != KIND_CHUNK || frame.payload.len() != expect * T::SIZE {
+    let kind = got?;
+    if kind != KIND_CHUNK || buf.len() != expect * T::SIZE {
         return Err(CommError::Protocol {
             peer: left,
-            reason: format!(
-                "expected a chunk of {} bytes, got kind {} with {} bytes",
-                expect * T::SIZE,
-                frame.kind,
-                frame.payload.len()
-            ),
+            reason: format!("expected a chunk of {} bytes, got kind {kind} with {} bytes", expect * T::SIZE, buf.len()),
         });
     }
-    Ok(frame.payload.chunks_exact(T::SIZE).map(T::get).collect())
+    Ok(())
 }
 
 /// Ring all-reduce of `data` in place with the associative `combine`.
@@ -109,21 +86,25 @@ fn ring<T: Wire>(
         return Ok(());
     }
     let deadline = || Instant::now() + timeout;
+    // One receive buffer for the whole ring: its pages are touched once, not every step.
+    let mut buf = Vec::new();
     for s in 0..world - 1 {
         let send_c = (rank + world - s) % world;
         let recv_c = (rank + world - s - 1) % world;
         let r = chunk_range(n, world, recv_c);
-        let incoming = exchange(t, &data[chunk_range(n, world, send_c)], r.len(), deadline())?;
-        for (d, x) in data[r].iter_mut().zip(incoming) {
-            combine(d, x);
+        exchange(t, &data[chunk_range(n, world, send_c)], r.len(), deadline(), &mut buf)?;
+        for (d, x) in data[r].iter_mut().zip(buf.chunks_exact(T::SIZE)) {
+            combine(d, T::get(x));
         }
     }
     for s in 0..world - 1 {
         let send_c = (rank + 1 + world - s) % world;
         let recv_c = (rank + world - s) % world;
         let r = chunk_range(n, world, recv_c);
-        let incoming = exchange(t, &data[chunk_range(n, world, send_c)], r.len(), deadline())?;
-        data[r].copy_from_slice(&incoming);
+        exchange(t, &data[chunk_range(n, world, send_c)], r.len(), deadline(), &mut buf)?;
+        for (d, x) in data[r].iter_mut().zip(buf.chunks_exact(T::SIZE)) {
+            *d = T::get(x);
+        }
     }
     Ok(())
 }

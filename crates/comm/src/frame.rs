@@ -90,6 +90,14 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> Result<usize, FrameError> {
 
 /// Reads one frame of at most `max` bytes.
 pub fn read_frame(r: &mut impl Read, max: u32) -> Result<Frame, FrameError> {
+    let mut payload = Vec::new();
+    let kind = read_frame_into(r, max, &mut payload)?;
+    Ok(Frame { kind, payload })
+}
+
+/// Reads one frame of at most `max` bytes into `payload` (reusing its allocation), and
+/// returns its kind.
+pub fn read_frame_into(r: &mut impl Read, max: u32, payload: &mut Vec<u8>) -> Result<u8, FrameError> {
     let mut header = [0u8; 5];
     match read_full(r, &mut header)? {
         0 => return Err(FrameError::Closed),
@@ -103,12 +111,12 @@ pub fn read_frame(r: &mut impl Read, max: u32) -> Result<Frame, FrameError> {
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
-    let mut payload = vec![0u8; len as usize - 1];
-    let got = read_full(r, &mut payload)?;
+    payload.resize(len as usize - 1, 0);
+    let got = read_full(r, payload)?;
     if got < payload.len() {
         return Err(FrameError::Truncated { got: got + 5, expected: len as usize + 4 });
     }
-    Ok(Frame { kind: header[4], payload })
+    Ok(header[4])
 }
 
 #[cfg(test)]

@@ -79,6 +79,8 @@ impl FromStr for ReduceMode {
 /// gradients.
 pub fn sum_parts(mode: ReduceMode, parts: &[&[f32]]) -> Vec<f32> {
     match mode {
+        // One part is its own sum (in these two modes, bit for bit).
+        ReduceMode::Fast | ReduceMode::Deterministic if parts.len() == 1 => parts[0].to_vec(),
         ReduceMode::Fast => repro::fpna::racy_sum_parts(parts),
         ReduceMode::Deterministic => {
             let mut acc = parts.first().map(|p| p.to_vec()).unwrap_or_default();

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
-use crate::frame::{Frame, FrameError, read_frame, write_frame};
+use crate::frame::{Frame, FrameError, read_frame_into, write_frame};
 use crate::handshake::{HandshakeError, handshake};
 
 /// A communication failure, naming the peer.
@@ -62,6 +62,13 @@ pub trait Transport: Sync {
     fn send(&self, to: usize, kind: u8, payload: &[u8]) -> Result<(), CommError>;
     /// Receives the next frame from `from`, waiting at most until `deadline`.
     fn recv(&self, from: usize, deadline: Instant) -> Result<Frame, CommError>;
+    /// Like [`recv`](Transport::recv), into `payload` (reusing its allocation); returns
+    /// the frame's kind.
+    fn recv_into(&self, from: usize, deadline: Instant, payload: &mut Vec<u8>) -> Result<u8, CommError> {
+        let f = self.recv(from, deadline)?;
+        *payload = f.payload;
+        Ok(f.kind)
+    }
 }
 
 fn frame_error(peer: usize, waited: Duration, e: FrameError) -> CommError {
@@ -275,6 +282,11 @@ impl Transport for TcpMesh {
         s.flush().map_err(|e| CommError::PeerLost { peer: to, reason: e.to_string() })
     }
     fn recv(&self, from: usize, deadline: Instant) -> Result<Frame, CommError> {
+        let mut payload = Vec::new();
+        let kind = self.recv_into(from, deadline, &mut payload)?;
+        Ok(Frame { kind, payload })
+    }
+    fn recv_into(&self, from: usize, deadline: Instant, payload: &mut Vec<u8>) -> Result<u8, CommError> {
         let mut s = self
             .readers
             .get(&from)
@@ -286,6 +298,6 @@ impl Transport for TcpMesh {
             return Err(CommError::Timeout { peer: from, waited });
         }
         s.set_read_timeout(Some(waited)).map_err(|e| CommError::PeerLost { peer: from, reason: e.to_string() })?;
-        read_frame(&mut *s, self.max_frame).map_err(|e| frame_error(from, waited, e))
+        read_frame_into(&mut *s, self.max_frame, payload).map_err(|e| frame_error(from, waited, e))
     }
 }
