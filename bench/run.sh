@@ -8,6 +8,7 @@
 #   bench/run.sh overhead   # training throughput with a checkpoint every N steps
 #   bench/run.sh sum        # reproducible sum against naive, pairwise, xsum, accurate
 #   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
+#   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv. No benchmark here needs a GPU.
@@ -33,12 +34,14 @@ case "$which" in
   overhead) "$venv/bin/python" bench/ckpt_training_overhead.py ;;
   sum) "$venv/bin/python" bench/sum_vs_peers.py ;;
   allreduce) "$venv/bin/python" bench/allreduce.py ;;
+  ddp) "$venv/bin/python" bench/ddp_vs_pytorch.py ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
     "$venv/bin/python" bench/ckpt_vs_peers.py
     "$venv/bin/python" bench/ckpt_training_overhead.py
     "$venv/bin/python" bench/sum_vs_peers.py
     "$venv/bin/python" bench/allreduce.py
+    "$venv/bin/python" bench/ddp_vs_pytorch.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp)" >&2; exit 2 ;;
 esac

@@ -1,0 +1,82 @@
+"""Data-parallel training steps/s for 1, 2 and 4 workers: Steadfast (`launch`, fast and
+reproducible all-reduce) against PyTorch DDP with gloo, on the same model, global batch
+and world size, side by side in one run; plus each side's final-weights hash per world
+size, to show whether the result depends on the number of workers.
+
+Usage: bench/.venv/bin/python bench/ddp_vs_pytorch.py   (bench/run.sh ddp does this)
+"""
+import datetime, json, os, socket, subprocess, sys, tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from common import cpu_name, write_section  # noqa: E402
+
+BIN = os.path.join(ROOT, "target", "release", "steadfast")
+STEPS = int(os.environ.get("STEPS", "300"))
+WORLDS = [1, 2, 4]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def steadfast(world, reduce):
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [BIN, "launch", "--nproc", str(world), "--", "train", "--model", "mlp", "--data", "fashion-mnist",
+               "--steps", str(STEPS), "--batch", "128", "--micro-batch", "32", "--reduce", reduce,
+               "--eval-every", "0", "--out", out]
+        env = dict(os.environ, RAYON_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // world)))
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            s = json.loads(f.read().splitlines()[-1])
+    fp = [l.split("fingerprint: ")[1].strip() for l in res.stdout.splitlines() if "] fingerprint: " in l][0]
+    return STEPS / s["train_seconds"], fp
+
+
+def torch_ddp(world):
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_ddp.py"), "--world", str(world), "--steps", str(STEPS),
+           "--port", str(free_port())]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    r = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+    return STEPS / r["seconds"], r["weights_sha256"]
+
+
+def main():
+    import torch
+    rows = []
+    for w in WORLDS:
+        fast, fast_fp = steadfast(w, "fast")
+        rep, rep_fp = steadfast(w, "reproducible")
+        ddp, ddp_hash = torch_ddp(w)
+        rows.append((w, fast, rep, ddp, fast_fp, rep_fp, ddp_hash))
+        print(rows[-1], flush=True)
+    lines = [
+        "<!-- ddp:start -->",
+        "## Data-parallel training against PyTorch DDP (gloo)",
+        "",
+        f"- Date: {datetime.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores; PyTorch {torch.__version__}.",
+        "- Command: `bench/run.sh ddp` (driver: `bench/ddp_vs_pytorch.py`, peer: `bench/torch_ddp.py`).",
+        f"- MLP on Fashion-MNIST, global batch 128 (Steadfast: 4 micro-batches of 32 spread over the workers;"
+        f" DDP: 128/W per rank), AdamW, {STEPS} steps, all workers on this host, threads per worker = cores / W."
+        " Steps/s of rank 0's training loop.",
+        "",
+        "| workers | Steadfast fast steps/s | Steadfast reproducible steps/s | DDP gloo steps/s | reproducible / DDP |"
+        " Steadfast reproducible fingerprint | DDP final weights hash |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for w, fast, rep, ddp, fast_fp, rep_fp, ddp_hash in rows:
+        lines.append(f"| {w} | {fast:.1f} | {rep:.1f} | {ddp:.1f} | {rep / ddp:.2f}x | `{rep_fp}` | `{ddp_hash}` |")
+    same = len({r[5] for r in rows}) == 1
+    ddp_same = len({r[6] for r in rows}) == 1
+    lines += ["", f"Steadfast reproducible fingerprint identical for 1, 2 and 4 workers: {'yes' if same else 'no'}."
+              f" PyTorch DDP final weights identical across world sizes: {'yes' if ddp_same else 'no'}.",
+              "<!-- ddp:end -->"]
+    section = "\n".join(lines)
+    print(section)
+    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "ddp", section)
+
+
+if __name__ == "__main__":
+    main()
