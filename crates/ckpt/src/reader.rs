@@ -235,14 +235,11 @@ impl Checkpoint {
                 hasher.update(chunk);
                 offset += chunk.len() as u64;
             }
-            let actual = hex64(hasher.digest());
-            if actual != t.xxh3 {
-                return Err(CkptError::Corrupt {
-                    path: path.clone(),
-                    tensor: Some(t.name.clone()),
-                    reason: format!("checksum {actual} does not match the manifest's {}", t.xxh3),
-                });
-            }
+            compare_sum(t, hasher.digest()).map_err(|reason| CkptError::Corrupt {
+                path: path.clone(),
+                tensor: Some(t.name.clone()),
+                reason,
+            })?;
             let tensor = LoadedTensor { name: t.name.clone(), role, dtype, shape, data };
             out.push((index, tensor));
         }
@@ -251,6 +248,10 @@ impl Checkpoint {
 }
 
 fn check_sum(t: &TensorEntry, bytes: &[u8]) -> std::result::Result<(), String> {
-    let actual = hex64(crate::checksum(bytes));
+    compare_sum(t, crate::checksum(bytes))
+}
+
+fn compare_sum(t: &TensorEntry, digest: u64) -> std::result::Result<(), String> {
+    let actual = hex64(digest);
     if actual == t.xxh3 { Ok(()) } else { Err(format!("checksum {actual} does not match the manifest's {}", t.xxh3)) }
 }

@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand};
 
 /// Training frees and reallocates multi-megabyte activation buffers every step. With the
 /// system allocator each of those is an `mmap`/`munmap` pair whose pages are faulted in
-/// and zeroed again; mimalloc keeps them, which makes the CNN and GPT steps 15-25% faster.
+/// and zeroed again; mimalloc keeps them. Measured with `steadfast train --model {cnn,gpt}
+/// --data synthetic --steps 100 --eval-every 0`: CNN 48.6 -> 55.7 steps/s, GPT 4.2 -> 4.6-5.0.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

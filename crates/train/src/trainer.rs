@@ -254,32 +254,31 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     for step in first_step..config.steps {
         let started = Instant::now();
         model = model.load(&params);
-        let mut loss = 0.0f32;
         // Micro-batch i is computed by rank i mod world (all of them without a job).
         let (rank, world) = config.dist.as_ref().map_or((0, 1), |d| (d.rank, d.world));
         if crash_point == Some((rank, step)) {
             tracing::error!(rank, step, "crash point reached: aborting");
             std::process::abort();
         }
+        // Each micro-batch contributes its flat gradient followed by its loss, so one
+        // reduction sums both (the loss is per-element data like any other).
         let mut micro_grads: Vec<Vec<f32>> = Vec::new();
         for i in (rank..sampler.micro_batches()).step_by(world) {
             let batch = data.batch(Split::Train, &sampler.micro_batch(step, i));
             let (l, g) = model.loss_and_grads(&batch, denominator, &device);
-            loss += l;
-            micro_grads.push(g.concat());
+            let mut flat = g.concat();
+            flat.push(l);
+            micro_grads.push(flat);
         }
         let parts: Vec<&[f32]> = micro_grads.iter().map(|g| g.as_slice()).collect();
         let flat = match (&mesh, &config.dist) {
             (Some(m), Some(d)) => {
-                let total = comm::collective::all_reduce_parts(m, &parts, parameters, config.reduce, d.timeout)?;
-                let mut l = [loss];
-                comm::collective::all_reduce_sum(m, &mut l, ReduceMode::Deterministic, d.timeout)?;
-                loss = l[0];
-                total
+                comm::collective::all_reduce_parts(m, &parts, parameters + 1, config.reduce, d.timeout)?
             }
             _ => comm::sum_parts(config.reduce, &parts),
         };
-        let grads = split_like(&flat, &params);
+        let loss = flat[parameters];
+        let grads = split_like(&flat[..parameters], &params);
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
         }
