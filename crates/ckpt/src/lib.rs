@@ -56,7 +56,7 @@ pub use error::{CkptError, Result};
 pub use manifest::{DataCursor, Manifest, Meta, RngState};
 pub use reader::{Checkpoint, LoadedTensor, Problem, TensorData};
 pub use retention::Retention;
-pub use store::{SaveOptions, SaveReport, TensorRef};
+pub use store::{Part, SaveOptions, SaveReport, TensorRef};
 pub use writer::{AsyncWriter, WriterStats};
 
 /// What part of training state a tensor is.

@@ -203,10 +203,7 @@ fn write_shard(
     Ok((entry, out))
 }
 
-/// Saves `tensors` with `meta` as the checkpoint of `meta.step` under `root`, following
-/// the commit protocol above. Blocks until the checkpoint is durable.
-pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveOptions) -> Result<SaveReport> {
-    let started = Instant::now();
+fn check_shapes(tensors: &[TensorRef<'_>]) -> Result<()> {
     for t in tensors {
         if t.shape.iter().product::<usize>() != t.data.len() {
             return Err(CkptError::Mismatch(format!(
@@ -217,27 +214,27 @@ pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveO
             )));
         }
     }
-    std::fs::create_dir_all(root).map_err(CkptError::io("cannot create", root))?;
-    let nonce = format!(
-        "{}{}-{}-{}",
-        TEMP_PREFIX,
-        step_dir_name(meta.step),
-        std::process::id(),
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
-    );
-    let tmp = root.join(nonce);
-    std::fs::create_dir(&tmp).map_err(CkptError::io("cannot create", &tmp))?;
+    Ok(())
+}
 
-    let sizes: Vec<u64> = tensors.iter().map(|t| t.data.len() as u64 * 4).collect();
-    let ranges = plan_shards(&sizes, options.shards);
+/// The file name of shard `i`.
+fn shard_name(i: usize) -> String {
+    format!("shard-{i:04}.safetensors")
+}
+
+/// Writes the shards `(index, tensors)` into `dir` in parallel, each fsynced; returns
+/// their entries in the order given.
+fn write_shards(
+    dir: &Path,
+    meta: &Meta,
+    shards: &[(usize, Vec<TensorRef<'_>>)],
+) -> Result<(Vec<FileEntry>, Vec<TensorEntry>)> {
     let results: Vec<Result<(FileEntry, Vec<TensorEntry>)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ranges
+        let handles: Vec<_> = shards
             .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let name = format!("shard-{i:04}.safetensors");
-                let path = tmp.join(&name);
-                let part = &tensors[r.clone()];
+            .map(|(i, part)| {
+                let name = shard_name(*i);
+                let path = dir.join(&name);
                 s.spawn(move || write_shard(&path, &name, part, meta))
             })
             .collect();
@@ -250,9 +247,42 @@ pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveO
         files.push(f);
         entries.extend(t);
     }
-    failpoint::hit("after_shard_write")?;
+    Ok((files, entries))
+}
 
-    let manifest = Manifest::new(meta.clone(), files, entries);
+/// Saves `tensors` with `meta` as the checkpoint of `meta.step` under `root`, following
+/// the commit protocol above. Blocks until the checkpoint is durable.
+pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveOptions) -> Result<SaveReport> {
+    let started = Instant::now();
+    check_shapes(tensors)?;
+    std::fs::create_dir_all(root).map_err(CkptError::io("cannot create", root))?;
+    let nonce = format!(
+        "{}{}-{}-{}",
+        TEMP_PREFIX,
+        step_dir_name(meta.step),
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    );
+    let tmp = root.join(nonce);
+    std::fs::create_dir(&tmp).map_err(CkptError::io("cannot create", &tmp))?;
+
+    let sizes: Vec<u64> = tensors.iter().map(|t| t.data.len() as u64 * 4).collect();
+    let shards: Vec<(usize, Vec<TensorRef<'_>>)> =
+        plan_shards(&sizes, options.shards).into_iter().enumerate().map(|(i, r)| (i, tensors[r].to_vec())).collect();
+    let (files, entries) = write_shards(&tmp, meta, &shards)?;
+    failpoint::hit("after_shard_write")?;
+    commit_dir(root, &tmp, Manifest::new(meta.clone(), files, entries), options.retention, started)
+}
+
+/// Steps 2 to 5 of the commit protocol: the manifest, the rename, `LATEST`, retention.
+fn commit_dir(
+    root: &Path,
+    tmp: &Path,
+    manifest: Manifest,
+    retention: Retention,
+    started: Instant,
+) -> Result<SaveReport> {
+    let step = manifest.meta.step;
     let manifest_bytes = manifest.to_bytes();
     let manifest_path = tmp.join(MANIFEST_FILE);
     let mut f = File::create_new(&manifest_path).map_err(CkptError::io("cannot write", &manifest_path))?;
@@ -260,9 +290,9 @@ pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveO
     f.sync_all().map_err(CkptError::io("cannot fsync", &manifest_path))?;
     drop(f);
     failpoint::hit("after_manifest_write")?;
-    fsync_dir(&tmp)?;
+    fsync_dir(tmp)?;
 
-    let name = step_dir_name(meta.step);
+    let name = step_dir_name(step);
     let dir = root.join(&name);
     failpoint::hit("before_rename")?;
     if dir.exists() {
@@ -271,11 +301,11 @@ pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveO
         // back to the newest valid checkpoint.
         let aside = root.join(format!("{TEMP_PREFIX}old-{name}-{}", std::process::id()));
         std::fs::rename(&dir, &aside).map_err(CkptError::io("cannot rename", &dir))?;
-        std::fs::rename(&tmp, &dir).map_err(CkptError::io("cannot rename", &tmp))?;
+        std::fs::rename(tmp, &dir).map_err(CkptError::io("cannot rename", tmp))?;
         fsync_dir(root)?;
         std::fs::remove_dir_all(&aside).map_err(CkptError::io("cannot remove", &aside))?;
     } else {
-        std::fs::rename(&tmp, &dir).map_err(CkptError::io("cannot rename", &tmp))?;
+        std::fs::rename(tmp, &dir).map_err(CkptError::io("cannot rename", tmp))?;
         fsync_dir(root)?;
     }
     failpoint::hit("after_rename")?;
@@ -285,14 +315,143 @@ pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveO
     failpoint::hit("after_latest")?;
 
     let steps: Vec<u64> = list(root)?.into_iter().map(|(s, _)| s).collect();
-    let deleted = options.retention.to_delete(&steps);
-    for &step in &deleted {
-        if step != meta.step {
-            remove_checkpoint(root, step)?;
+    let deleted = retention.to_delete(&steps);
+    for &old in &deleted {
+        if old != step {
+            remove_checkpoint(root, old)?;
         }
     }
     let bytes = manifest_bytes.len() as u64 + manifest.files.iter().map(|f| f.length).sum::<u64>();
     Ok(SaveReport { dir, bytes, duration: started.elapsed(), deleted })
+}
+
+/// One of `count` writers of a checkpoint whose state they all hold (the replicas of a
+/// data-parallel job): writer `index` writes the shards `i` with `i % count == index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// This writer.
+    pub index: usize,
+    /// Number of writers.
+    pub count: usize,
+}
+
+impl Part {
+    /// The only writer: the whole checkpoint.
+    pub const WHOLE: Part = Part { index: 0, count: 1 };
+
+    /// The shards this writer writes, as `(shard index, tensor index range)`, when every
+    /// writer splits `sizes` (bytes per tensor, in registry order) into
+    /// `shards_per_writer * count` shards.
+    pub fn shards(&self, sizes: &[u64], shards_per_writer: usize) -> Vec<(usize, std::ops::Range<usize>)> {
+        let total = shards_per_writer.max(1) * self.count.max(1);
+        plan_shards(sizes, total).into_iter().enumerate().filter(|(i, _)| i % self.count.max(1) == self.index).collect()
+    }
+}
+
+/// What one writer recorded about the shards it made durable, in `part-<index>.json`
+/// inside the shared temporary directory.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartRecord {
+    step: u64,
+    index: usize,
+    count: usize,
+    shards: Vec<usize>,
+    files: Vec<FileEntry>,
+    tensors: Vec<TensorEntry>,
+}
+
+/// The temporary directory that all writers of a parted checkpoint share.
+fn parts_dir(root: &Path, step: u64) -> PathBuf {
+    root.join(format!("{TEMP_PREFIX}{}-parts", step_dir_name(step)))
+}
+
+fn part_record_path(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("part-{index:04}.json"))
+}
+
+/// A parted checkpoint, phase one, run by every writer: writes this writer's `shards`
+/// (from [`Part::shards`]) into the shared temporary directory, fsyncs them, then records
+/// their entries in `part-<index>.json`, fsynced. Returns the bytes written. Nothing is
+/// committed: [`commit_parts`] does that once every part is durable.
+pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<TensorRef<'_>>)]) -> Result<u64> {
+    for (_, tensors) in shards {
+        check_shapes(tensors)?;
+    }
+    let dir = parts_dir(root, meta.step);
+    std::fs::create_dir_all(&dir).map_err(CkptError::io("cannot create", &dir))?;
+    let (files, tensors) = write_shards(&dir, meta, shards)?;
+    failpoint::hit("after_shard_write")?;
+    let record = PartRecord {
+        step: meta.step,
+        index: part.index,
+        count: part.count,
+        shards: shards.iter().map(|(i, _)| *i).collect(),
+        files,
+        tensors,
+    };
+    let bytes = record.files.iter().map(|f| f.length).sum();
+    let path = part_record_path(&dir, part.index);
+    let json =
+        serde_json::to_vec(&record).map_err(|e| CkptError::Mismatch(format!("cannot encode a part record: {e}")))?;
+    let mut f = File::create_new(&path).map_err(CkptError::io("cannot write", &path))?;
+    f.write_all(&json).map_err(CkptError::io("cannot write", &path))?;
+    f.sync_all().map_err(CkptError::io("cannot fsync", &path))?;
+    fsync_dir(&dir)?;
+    Ok(bytes)
+}
+
+/// A parted checkpoint, phase two, run by writer 0 once every writer reported its part
+/// durable: gathers the `count` part records, checks that they cover every shard exactly
+/// once, and commits the checkpoint of `meta.step` with steps 2 to 5 of the protocol.
+/// Until this returns, the checkpoint does not exist for readers.
+pub fn commit_parts(root: &Path, meta: &Meta, count: usize, retention: Retention) -> Result<SaveReport> {
+    let started = Instant::now();
+    let dir = parts_dir(root, meta.step);
+    let mut shards: Vec<(usize, FileEntry, Vec<TensorEntry>)> = Vec::new();
+    for index in 0..count {
+        let path = part_record_path(&dir, index);
+        let bytes = std::fs::read(&path).map_err(CkptError::io("cannot read the part record", &path))?;
+        let record: PartRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| CkptError::Format { path: path.clone(), reason: format!("malformed part record: {e}") })?;
+        if record.step != meta.step || record.index != index || record.count != count {
+            return Err(CkptError::Format {
+                path,
+                reason: format!(
+                    "part record of step {} part {}/{}, expected step {} part {index}/{count}",
+                    record.step, record.index, record.count, meta.step
+                ),
+            });
+        }
+        let mut tensors = record.tensors.into_iter().peekable();
+        for (i, file) in record.shards.into_iter().zip(record.files) {
+            let mut mine = Vec::new();
+            while let Some(t) = tensors.next_if(|t| t.file == file.file) {
+                mine.push(t);
+            }
+            shards.push((i, file, mine));
+        }
+    }
+    shards.sort_by_key(|(i, _, _)| *i);
+    if shards.iter().enumerate().any(|(k, (i, _, _))| k != *i) {
+        return Err(CkptError::Mismatch(format!(
+            "the parts of step {} do not cover shards 0..{} exactly once",
+            meta.step,
+            shards.len()
+        )));
+    }
+    let mut files = Vec::new();
+    let mut entries = Vec::new();
+    for (_, f, t) in shards {
+        files.push(f);
+        entries.extend(t);
+    }
+    // The records are not part of the checkpoint format.
+    for index in 0..count {
+        let path = part_record_path(&dir, index);
+        std::fs::remove_file(&path).map_err(CkptError::io("cannot remove", &path))?;
+    }
+    commit_dir(root, &dir, Manifest::new(meta.clone(), files, entries), retention, started)
 }
 
 /// Deletes the checkpoint of `step`: first renames it out of the `step-*` namespace (one

@@ -8,6 +8,14 @@
 //! (back-pressure), and that wait is counted in the stall.
 //!
 //! A persist error is reported by the next `snapshot` or by [`AsyncWriter::finish`].
+//!
+//! In a data-parallel job every replica runs a writer for its [`Part`]: its snapshot
+//! copies only the tensors of its own shards (so the stall shrinks with the world size)
+//! and its persist makes them durable without committing ([`store::save_part`]). The
+//! caller learns from every rank which step it has made durable ([`AsyncWriter::durable`];
+//! the trainer carries it in the per-step commit vote) and tells writer 0, which commits
+//! every pending checkpoint that all parts have reached ([`AsyncWriter::commit_through`],
+//! in the background).
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -16,7 +24,7 @@ use std::time::{Duration, Instant};
 use crate::Role;
 use crate::error::{CkptError, Result};
 use crate::manifest::Meta;
-use crate::store::{SaveOptions, SaveReport, TensorRef, remove_stale_temporaries, save};
+use crate::store::{Part, SaveOptions, SaveReport, TensorRef, commit_parts, remove_stale_temporaries, save, save_part};
 
 /// An owned copy of one tensor (a reusable snapshot buffer).
 #[derive(Debug)]
@@ -27,7 +35,14 @@ struct Buffer {
     data: Vec<f32>,
 }
 
-type Persist = JoinHandle<(Vec<Buffer>, Result<SaveReport>)>;
+/// What a persist achieved: a committed checkpoint, or a durable part of one.
+enum Persisted {
+    Committed(SaveReport),
+    Part { step: u64, bytes: u64, duration: Duration },
+}
+
+type Persist = JoinHandle<(Vec<Buffer>, Result<Persisted>)>;
+type Commit = JoinHandle<Result<Vec<SaveReport>>>;
 
 /// Totals over the writer's life.
 #[derive(Clone, Debug, Default)]
@@ -52,8 +67,13 @@ pub struct WriterStats {
 pub struct AsyncWriter {
     root: PathBuf,
     options: SaveOptions,
+    part: Part,
     idle: Vec<Buffer>,
     in_flight: Option<Persist>,
+    /// Writer 0 of a parted checkpoint: snapshots whose parts may not all be durable yet.
+    pending: Vec<Meta>,
+    committing: Option<Commit>,
+    durable: u64,
     stats: WriterStats,
     last: Option<SaveReport>,
 }
@@ -61,24 +81,48 @@ pub struct AsyncWriter {
 impl AsyncWriter {
     /// A writer into `root` (created if needed; temporaries of crashed writers removed).
     pub fn new(root: &Path, options: SaveOptions) -> Result<Self> {
+        Self::for_part(root, options, Part::WHOLE)
+    }
+
+    /// One of the writers of parted checkpoints. Writer 0 removes the temporaries of
+    /// crashed writers, so it must be created before any other writer starts to persist.
+    pub fn for_part(root: &Path, options: SaveOptions, part: Part) -> Result<Self> {
+        if part.count == 0 || part.index >= part.count {
+            return Err(CkptError::Mismatch(format!("writer {} of {} does not exist", part.index, part.count)));
+        }
         std::fs::create_dir_all(root).map_err(CkptError::io("cannot create", root))?;
-        remove_stale_temporaries(root)?;
+        if part.index == 0 {
+            remove_stale_temporaries(root)?;
+        }
         Ok(AsyncWriter {
             root: root.to_owned(),
             options,
+            part,
             idle: Vec::new(),
             in_flight: None,
+            pending: Vec::new(),
+            committing: None,
+            durable: 0,
             stats: WriterStats::default(),
             last: None,
         })
     }
 
-    /// Copies `tensors` and starts persisting them as the checkpoint described by `meta`.
+    /// Copies `tensors` (all of the state, in registry order; a parted writer copies its
+    /// own shards only) and starts persisting them as the checkpoint described by `meta`.
     /// Returns how long the caller was blocked.
-    pub fn snapshot(&mut self, meta: Meta, tensors: &[TensorRef<'_>]) -> Result<Duration> {
+    pub fn snapshot(&mut self, meta: Meta, all: &[TensorRef<'_>]) -> Result<Duration> {
         let started = Instant::now();
         self.wait_in_flight()?;
         let backpressure = started.elapsed();
+        let sizes: Vec<u64> = all.iter().map(|t| t.data.len() as u64 * 4).collect();
+        let plan = if self.part.count > 1 { self.part.shards(&sizes, self.options.shards) } else { Vec::new() };
+        let mine: Vec<TensorRef<'_>> = if self.part.count > 1 {
+            plan.iter().flat_map(|(_, r)| all[r.clone()].iter().copied()).collect()
+        } else {
+            all.to_vec()
+        };
+        let tensors = &mine[..];
         let mut buffers = std::mem::take(&mut self.idle);
         let reusable = buffers.len() == tensors.len()
             && buffers.iter().zip(tensors).all(|(b, t)| b.name == t.name && b.data.len() == t.data.len());
@@ -101,12 +145,36 @@ impl AsyncWriter {
         }
         let root = self.root.clone();
         let options = self.options;
+        let part = self.part;
+        if part.count > 1 && part.index == 0 {
+            self.pending.push(meta.clone());
+        }
+        // Shard i of the plan holds the next `r.len()` buffers.
+        let counts: Vec<(usize, usize)> = plan.iter().map(|(i, r)| (*i, r.len())).collect();
         self.in_flight = Some(std::thread::spawn(move || {
             let refs: Vec<TensorRef<'_>> = buffers
                 .iter()
                 .map(|b| TensorRef { name: &b.name, role: b.role, shape: &b.shape, data: &b.data })
                 .collect();
-            let result = save(&root, &meta, &refs, &options);
+            let result = if part.count == 1 {
+                save(&root, &meta, &refs, &options).map(Persisted::Committed)
+            } else {
+                let started = Instant::now();
+                let mut rest = &refs[..];
+                let shards: Vec<(usize, Vec<TensorRef<'_>>)> = counts
+                    .iter()
+                    .map(|&(i, n)| {
+                        let (head, tail) = rest.split_at(n);
+                        rest = tail;
+                        (i, head.to_vec())
+                    })
+                    .collect();
+                save_part(&root, &meta, part, &shards).map(|bytes| Persisted::Part {
+                    step: meta.step,
+                    bytes,
+                    duration: started.elapsed(),
+                })
+            };
             drop(refs);
             (buffers, result)
         }));
@@ -118,10 +186,61 @@ impl AsyncWriter {
         Ok(stall)
     }
 
-    /// Waits for the persist in flight, if any, and reports its outcome.
+    /// Waits for the persist in flight, if any, and (writer 0) for the commits started;
+    /// reports the last commit.
     pub fn finish(&mut self) -> Result<Option<SaveReport>> {
         self.wait_in_flight()?;
+        self.wait_committing()?;
         Ok(self.last.clone())
+    }
+
+    /// Waits for this writer's persist in flight, if any (its part is then durable).
+    pub fn wait_persisted(&mut self) -> Result<()> {
+        self.wait_in_flight()
+    }
+
+    /// Notices, without waiting, a persist that has finished.
+    pub fn poll(&mut self) -> Result<()> {
+        if self.in_flight.as_ref().is_some_and(|h| h.is_finished()) {
+            self.wait_in_flight()?;
+        }
+        Ok(())
+    }
+
+    /// The newest step whose part (or whole checkpoint) this writer has made durable,
+    /// as far as it has noticed ([`poll`](AsyncWriter::poll)); 0 for none.
+    pub fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// Writer 0 of parted checkpoints: every writer has made its part of every step up
+    /// to `step` durable, so commit the pending checkpoints up to it, in the background.
+    /// Does nothing on other writers or when nothing is pending.
+    pub fn commit_through(&mut self, step: u64) -> Result<()> {
+        if self.part.index != 0 || self.part.count == 1 || !self.pending.iter().any(|m| m.step <= step) {
+            return Ok(());
+        }
+        self.wait_committing()?;
+        let ready: Vec<Meta> = self.pending.iter().filter(|m| m.step <= step).cloned().collect();
+        self.pending.retain(|m| m.step > step);
+        let (root, count, retention) = (self.root.clone(), self.part.count, self.options.retention);
+        self.committing = Some(std::thread::spawn(move || {
+            ready.iter().map(|meta| commit_parts(&root, meta, count, retention)).collect()
+        }));
+        Ok(())
+    }
+
+    fn wait_committing(&mut self) -> Result<()> {
+        if let Some(handle) = self.committing.take() {
+            let reports =
+                handle.join().map_err(|_| CkptError::Mismatch("the checkpoint commit thread panicked".into()))??;
+            for report in reports {
+                self.stats.committed += 1;
+                self.stats.persist += report.duration;
+                self.last = Some(report);
+            }
+        }
+        Ok(())
     }
 
     /// Totals so far.
@@ -134,19 +253,32 @@ impl AsyncWriter {
             let (buffers, result) =
                 handle.join().map_err(|_| CkptError::Mismatch("the checkpoint writer thread panicked".into()))?;
             self.idle = buffers;
-            let report = result?;
-            self.stats.committed += 1;
-            self.stats.persist += report.duration;
-            self.stats.bytes += report.bytes;
-            self.last = Some(report);
+            match result? {
+                Persisted::Committed(report) => {
+                    self.durable = report_step(&report).unwrap_or(self.durable);
+                    self.stats.committed += 1;
+                    self.stats.persist += report.duration;
+                    self.stats.bytes += report.bytes;
+                    self.last = Some(report);
+                }
+                Persisted::Part { step, bytes, duration } => {
+                    self.durable = step;
+                    self.stats.persist += duration;
+                    self.stats.bytes += bytes;
+                }
+            }
         }
         Ok(())
     }
 }
 
+fn report_step(report: &SaveReport) -> Option<u64> {
+    report.dir.file_name()?.to_str().and_then(crate::store::parse_step_dir)
+}
+
 impl Drop for AsyncWriter {
     fn drop(&mut self) {
-        if let Err(e) = self.wait_in_flight() {
+        if let Err(e) = self.wait_in_flight().and_then(|()| self.wait_committing()) {
             tracing::error!("checkpoint persist failed: {e}");
         }
     }

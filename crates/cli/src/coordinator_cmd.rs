@@ -1,6 +1,7 @@
 //! `steadfast coordinator`: the rendezvous point of a job whose workers run on several
 //! hosts. It waits for `--world-size` workers that know the job secret, hands each the
-//! address table, and exits.
+//! address table, then keeps membership by heartbeat until every worker has finished or
+//! been lost; it exits with 1 if any was lost.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -29,6 +30,9 @@ pub struct CoordinatorArgs {
     /// Seconds to wait for every worker to join.
     #[arg(long, default_value_t = 300.0)]
     timeout: f64,
+    /// Seconds of silence after which a worker is declared lost.
+    #[arg(long, default_value_t = 10.0)]
+    heartbeat_timeout: f64,
 }
 
 /// Runs `steadfast coordinator`.
@@ -39,14 +43,23 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     let secret = std::env::var("STEADFAST_SECRET").context("STEADFAST_SECRET must hold the job secret")?;
     let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
     println!("coordinator listening on {}", listener.local_addr()?);
-    let table = comm::rendezvous::serve(
+    let heartbeat = Duration::from_secs_f64(args.heartbeat_timeout.max(0.05));
+    let job = comm::rendezvous::serve(
         &listener,
         args.world_size,
         secret.as_bytes(),
         Duration::from_secs_f64(args.timeout.max(1.0)),
+        heartbeat,
     )?;
-    for (rank, addr) in table.iter().enumerate() {
+    for (rank, addr) in job.table.iter().enumerate() {
         println!("rank {rank} at {addr}");
     }
-    Ok(())
+    let membership = comm::supervisor::supervise(job.streams, heartbeat, &mut |event| println!("{event}"));
+    let lost = membership.lost();
+    if lost.is_empty() {
+        println!("all {} workers finished", args.world_size);
+        Ok(())
+    } else {
+        anyhow::bail!("{} of {} workers were lost", lost.len(), args.world_size)
+    }
 }

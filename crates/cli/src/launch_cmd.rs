@@ -5,11 +5,17 @@
 //! command with their rank, the world size, the coordinator's address and the secret in
 //! the environment, streams their output with rank prefixes, and fails if any worker
 //! fails.
+//!
+//! After the rendezvous the embedded coordinator keeps membership by heartbeat: a worker
+//! that dies, hangs or is cut off is reported to the others, which abort at once. When
+//! no member is left alive, workers that have not exited within a grace period (a
+//! stopped process, say) are killed.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
@@ -32,10 +38,16 @@ pub struct LaunchArgs {
     /// Seconds to wait for every worker to join.
     #[arg(long, default_value_t = 120.0)]
     rendezvous_timeout: f64,
+    /// Seconds of silence after which the coordinator declares a worker lost.
+    #[arg(long, default_value_t = 10.0)]
+    heartbeat_timeout: f64,
     /// The worker command: `train` and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
+
+/// How long workers may outlive the coordinator's last member before they are killed.
+const KILL_GRACE: Duration = Duration::from_secs(3);
 
 /// Runs `steadfast launch`.
 pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
@@ -68,10 +80,20 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
         children.push(child);
     }
     let timeout = Duration::from_secs_f64(args.rendezvous_timeout.max(1.0));
+    let heartbeat = Duration::from_secs_f64(args.heartbeat_timeout.max(0.05));
     let secret_bytes = secret.into_bytes();
     let world = args.nproc;
     let failures = std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
-        let rendezvous = s.spawn(|| comm::rendezvous::serve(&listener, world, &secret_bytes, timeout));
+        let (over_tx, over_rx) = mpsc::channel();
+        let coordinator = s.spawn(move || {
+            let result = comm::rendezvous::serve(&listener, world, &secret_bytes, timeout, heartbeat).map(|job| {
+                comm::supervisor::supervise(job.streams, heartbeat, &mut |event| {
+                    eprintln!("[coordinator] {event}");
+                })
+            });
+            let _ = over_tx.send(());
+            result
+        });
         let mut pumps = Vec::new();
         for (rank, child) in children.iter_mut().enumerate() {
             let out = child.stdout.take().expect("piped");
@@ -88,17 +110,42 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             }));
         }
         let mut failures = Vec::new();
-        for (rank, child) in children.iter_mut().enumerate() {
-            let status = child.wait().with_context(|| format!("waiting for rank {rank}"))?;
-            if !status.success() {
-                failures.push(format!("rank {rank} exited with {status}"));
+        let mut running: Vec<usize> = (0..children.len()).collect();
+        let mut over_since: Option<Instant> = None;
+        while !running.is_empty() {
+            let mut still = Vec::new();
+            for rank in running {
+                match children[rank].try_wait().with_context(|| format!("waiting for rank {rank}"))? {
+                    Some(status) if !status.success() => failures.push(format!("rank {rank} exited with {status}")),
+                    Some(_) => {}
+                    None => still.push(rank),
+                }
             }
+            running = still;
+            if over_since.is_none() && over_rx.try_recv().is_ok() {
+                over_since = Some(Instant::now());
+            }
+            // No member is alive as far as the coordinator knows: whoever still runs is
+            // hung or stopped.
+            if over_since.is_some_and(|t| t.elapsed() > KILL_GRACE) {
+                for &rank in &running {
+                    let _ = children[rank].kill();
+                    let _ = children[rank].wait();
+                    failures.push(format!("rank {rank} was killed: still running after the job ended"));
+                }
+                running.clear();
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         for p in pumps {
             let _ = p.join();
         }
-        if let Ok(Err(e)) = rendezvous.join() {
-            failures.push(format!("rendezvous: {e}"));
+        match coordinator.join() {
+            Ok(Err(e)) => failures.push(format!("rendezvous: {e}")),
+            Ok(Ok(membership)) => {
+                failures.extend(membership.lost().into_iter().map(|(r, why)| format!("rank {r} was lost: {why}")))
+            }
+            Err(_) => failures.push("the coordinator thread panicked".into()),
         }
         Ok(failures)
     })?;

@@ -1,6 +1,7 @@
 //! Data-parallel training through `steadfast launch`: the headline property (in
-//! `reproducible` mode the fingerprint does not depend on the number of workers) and a
-//! worker's death surfacing on the survivors within the bound.
+//! `reproducible` mode the fingerprint does not depend on the number of workers), a
+//! worker's death or stop surfacing on the survivors within the bound, and checkpoints
+//! written in parts by every rank.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -85,7 +86,7 @@ fn a_worker_that_dies_mid_training_fails_the_job_within_the_bound() {
         assert!(
             stderr
                 .lines()
-                .any(|l| l.starts_with(survivor) && (l.contains("lost rank") || l.contains("did not answer"))),
+                .any(|l| l.starts_with(survivor) && (l.contains("rank 1 was lost") || l.contains("lost rank 1"))),
             "{survivor} did not report the loss:\n{stderr}"
         );
     }
@@ -128,4 +129,77 @@ fn workers_started_by_hand_meet_at_a_standalone_coordinator() {
     let c = coordinator.wait_with_output().unwrap();
     assert!(c.status.success());
     assert!(String::from_utf8_lossy(&c.stdout).contains("rank 1 at 127.0.0.1:"));
+}
+
+#[test]
+fn a_stopped_worker_is_caught_by_heartbeat_long_before_the_collective_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let args =
+        ["train", "--model", "mlp", "--data", "synthetic", "--steps", "100000", "--batch", "48", "--micro-batch", "16"];
+    let started = Instant::now();
+    // The collectives would wait 600 s; the heartbeat timeout is 2 s.
+    let run = steadfast(
+        &[
+            &["launch", "--nproc", "3", "--heartbeat-timeout", "2", "--"][..],
+            &args,
+            &["--comm-timeout", "600", "--eval-every", "0", "--out", out],
+        ]
+        .concat(),
+        &[("STEADFAST_STOP_AT", "2:5")],
+    );
+    let elapsed = started.elapsed();
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(!run.status.success(), "the job should fail");
+    assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}:\n{stderr}");
+    assert!(stderr.contains("[coordinator] rank 2 lost: no heartbeat"), "{stderr}");
+    for survivor in ["[0]", "[1]"] {
+        assert!(
+            stderr.lines().any(|l| l.starts_with(survivor) && l.contains("rank 2 was lost: no heartbeat")),
+            "{survivor} did not report the loss:\n{stderr}"
+        );
+    }
+    assert!(stderr.contains("rank 2 was killed"), "the stopped worker must be killed:\n{stderr}");
+}
+
+#[test]
+fn every_rank_writes_its_part_and_a_parted_checkpoint_resumes_on_another_world_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ckpt");
+    let root_s = root.to_str().unwrap();
+    let out = dir.path().join("o");
+    let out_s = out.to_str().unwrap();
+    let mut args = train_args("mlp", "reproducible", out_s);
+    let steps = args.iter().position(|a| *a == "--steps").unwrap();
+    args[steps + 1] = "8";
+    let single = fingerprints(&steadfast(&args, &[]));
+
+    // Three workers checkpoint every 4 steps, one shard per rank, then stop at step 4.
+    let mut first = args.clone();
+    first[steps + 1] = "4";
+    let ckpt_args = ["--checkpoint-every", "4", "--checkpoint-dir", root_s, "--checkpoint-shards", "1"];
+    fingerprints(&steadfast(&[&["launch", "--nproc", "3", "--"][..], &first, &ckpt_args].concat(), &[]));
+    let step4 = root.join("step-00000004");
+    let mut shards: Vec<String> = std::fs::read_dir(&step4)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("shard-"))
+        .collect();
+    shards.sort();
+    assert_eq!(shards, ["shard-0000.safetensors", "shard-0001.safetensors", "shard-0002.safetensors"]);
+    let leftovers: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "temporaries left behind: {leftovers:?}");
+    let verify = steadfast(&["ckpt", "verify", step4.to_str().unwrap()], &[]);
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+
+    // Two workers resume it and finish: the same bits as one process that never stopped.
+    let resumed = fingerprints(&steadfast(
+        &[&["launch", "--nproc", "2", "--"][..], &args, &["--resume", root_s, "--checkpoint-dir", root_s]].concat(),
+        &[],
+    ));
+    assert!(resumed.iter().all(|f| *f == single[0]), "{resumed:?} vs {single:?}");
 }

@@ -169,10 +169,19 @@ pub fn all_reduce_parts(
 
 /// Every rank's `value`, indexed by rank, on every rank.
 pub fn all_gather_u64(t: &dyn Transport, value: u64, timeout: Duration) -> Result<Vec<u64>, CommError> {
-    let mut slots = vec![0i64; t.world()];
-    slots[t.rank()] = value as i64;
+    Ok(all_gather_words(t, &[value], timeout)?.into_iter().map(|w| w[0]).collect())
+}
+
+/// Every rank's `words` (the same number on every rank), indexed by rank, on every rank.
+pub fn all_gather_words(t: &dyn Transport, words: &[u64], timeout: Duration) -> Result<Vec<Vec<u64>>, CommError> {
+    let k = words.len();
+    // Each rank fills its own slots and zeros elsewhere; a wrapping sum is then a gather.
+    let mut slots = vec![0i64; t.world() * k];
+    for (slot, &w) in slots[t.rank() * k..(t.rank() + 1) * k].iter_mut().zip(words) {
+        *slot = w as i64;
+    }
     ring(t, &mut slots, |a, b| *a = a.wrapping_add(b), timeout)?;
-    Ok(slots.into_iter().map(|v| v as u64).collect())
+    Ok(slots.chunks(k.max(1)).take(t.world()).map(|c| c.iter().map(|&v| v as u64).collect()).collect())
 }
 
 /// Copies `data` from `root` to every rank.

@@ -6,12 +6,19 @@
 //! per-worker gradients in a fixed order ([`reduce_in_order`]), which a single process
 //! uses today and the distributed all-reduce must match in `deterministic` mode.
 //!
-//! [`sum_parts`] combines vectors locally in any of the three modes. The transport is
-//! being built from the bottom: [`frame`] (length-prefixed frames with a size limit, and
-//! a clear error for a peer that disconnects mid-frame), [`handshake`] (mutual
-//! HMAC-SHA256 challenge-response over a per-job secret), [`transport`] (an authenticated
-//! TCP mesh, and an in-process network whose ranks tests can kill), and [`collective`]
-//! (abortable ring all-reduce in the three modes, broadcast, barrier).
+//! [`sum_parts`] combines vectors locally in any of the three modes. Across processes,
+//! from the bottom up:
+//! - [`frame`]: length-prefixed frames with a size limit, and a clear error for a peer
+//!   that disconnects mid-frame;
+//! - [`handshake`]: mutual HMAC-SHA256 challenge-response over a per-job secret;
+//! - [`transport`]: an authenticated TCP mesh that can be aborted from another thread,
+//!   and an in-process network whose ranks tests can kill;
+//! - [`collective`]: abortable ring all-reduce in the three modes, all-gather, broadcast,
+//!   barrier;
+//! - [`rendezvous`]: how workers find each other through the coordinator;
+//! - [`membership`] (the protocol, no I/O) and [`supervisor`] (its socket shell):
+//!   heartbeats, and the coordinator's reports of lost members;
+//! - [`commit`]: the per-step vote that decides whether anyone applies an update.
 //!
 //! ```
 //! use comm::{ReduceMode, reduce_in_order};
@@ -25,9 +32,12 @@
 #![deny(missing_docs)]
 
 pub mod collective;
+pub mod commit;
 pub mod frame;
 pub mod handshake;
+pub mod membership;
 pub mod rendezvous;
+pub mod supervisor;
 pub mod transport;
 
 use std::fmt;

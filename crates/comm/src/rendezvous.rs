@@ -3,9 +3,13 @@
 //! The coordinator (embedded in `steadfast launch`, or standalone) listens on a known
 //! address. Each worker binds its own listener, connects to the coordinator, proves it
 //! knows the job secret, and announces `(rank, listening address)`. When all `world` ranks
-//! have joined, with distinct ranks, the coordinator sends every worker the full address
-//! table, and the workers build their [`TcpMesh`](crate::transport::TcpMesh). A worker
-//! that never shows up makes the rendezvous fail at its deadline on every side.
+//! have joined, with distinct ranks, the coordinator sends every worker the heartbeat
+//! timeout and the full address table, and the workers build their
+//! [`TcpMesh`](crate::transport::TcpMesh). A worker that never shows up makes the
+//! rendezvous fail at its deadline on every side.
+//!
+//! The connections to the coordinator stay open afterwards: they carry the heartbeats of
+//! [`supervisor`](crate::supervisor).
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -24,14 +28,35 @@ fn setup(what: impl std::fmt::Display) -> CommError {
     CommError::Setup(what.to_string())
 }
 
-/// Coordinator side: waits for `world` workers and returns the address table after
-/// sending it to all of them.
+/// A job as the coordinator formed it.
+#[derive(Debug)]
+pub struct Formed {
+    /// Every rank's listening address.
+    pub table: Vec<SocketAddr>,
+    /// The connection to each rank, by rank.
+    pub streams: Vec<TcpStream>,
+}
+
+/// A job as a worker joined it.
+#[derive(Debug)]
+pub struct Joined {
+    /// Every rank's listening address.
+    pub table: Vec<SocketAddr>,
+    /// The connection to the coordinator.
+    pub coordinator: TcpStream,
+    /// The heartbeat timeout the coordinator applies.
+    pub heartbeat_timeout: Duration,
+}
+
+/// Coordinator side: waits for `world` workers, sends all of them the address table and
+/// the `heartbeat_timeout`, and returns the formed job.
 pub fn serve(
     listener: &TcpListener,
     world: usize,
     secret: &[u8],
     timeout: Duration,
-) -> Result<Vec<SocketAddr>, CommError> {
+    heartbeat_timeout: Duration,
+) -> Result<Formed, CommError> {
     let deadline = Instant::now() + timeout;
     listener.set_nonblocking(true).map_err(setup)?;
     let mut joined: Vec<Option<(SocketAddr, TcpStream)>> = (0..world).map(|_| None).collect();
@@ -69,24 +94,24 @@ pub fn serve(
             Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
         }
     }
-    let table: Vec<SocketAddr> = joined.iter().map(|j| j.as_ref().expect("all joined").0).collect();
-    let text = table.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",");
-    for (_, stream) in joined.iter_mut().flatten() {
+    let (table, mut streams): (Vec<SocketAddr>, Vec<TcpStream>) = joined.into_iter().flatten().unzip();
+    let addrs = table.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",");
+    let text = format!("{}\n{addrs}", heartbeat_timeout.as_millis().max(1));
+    for stream in &mut streams {
         write_frame(stream, KIND_TABLE, text.as_bytes()).map_err(setup)?;
         stream.flush().map_err(setup)?;
     }
-    Ok(table)
+    Ok(Formed { table, streams })
 }
 
-/// Worker side: joins the job at `coordinator` as `rank` listening on `my_addr`; returns
-/// the address table.
+/// Worker side: joins the job at `coordinator` as `rank` listening on `my_addr`.
 pub fn join(
     coordinator: SocketAddr,
     rank: usize,
     my_addr: SocketAddr,
     secret: &[u8],
     timeout: Duration,
-) -> Result<Vec<SocketAddr>, CommError> {
+) -> Result<Joined, CommError> {
     let deadline = Instant::now() + timeout;
     let mut stream = loop {
         match TcpStream::connect_timeout(&coordinator, Duration::from_millis(500)) {
@@ -108,9 +133,12 @@ pub fn join(
     if f.kind != KIND_TABLE {
         return Err(setup("the coordinator sent something other than the address table"));
     }
-    std::str::from_utf8(&f.payload)
-        .map_err(setup)?
+    let text = std::str::from_utf8(&f.payload).map_err(setup)?;
+    let (millis, addrs) = text.split_once('\n').ok_or_else(|| setup("malformed address table"))?;
+    let millis: u64 = millis.parse().map_err(|e| setup(format!("bad heartbeat timeout {millis:?}: {e}")))?;
+    let table = addrs
         .split(',')
         .map(|a| a.parse().map_err(|e| setup(format!("bad address {a:?}: {e}"))))
-        .collect()
+        .collect::<Result<Vec<SocketAddr>, CommError>>()?;
+    Ok(Joined { table, coordinator: stream, heartbeat_timeout: Duration::from_millis(millis) })
 }

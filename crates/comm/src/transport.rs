@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::frame::{Frame, FrameError, read_frame_into, write_frame};
@@ -50,6 +50,10 @@ pub enum CommError {
     /// Setting up the connections failed.
     #[error("cannot connect the job: {0}")]
     Setup(String),
+    /// The job was aborted from outside the collective (the coordinator reported a lost
+    /// member, or was lost itself).
+    #[error("{0}")]
+    Aborted(String),
 }
 
 /// Sends and receives frames between the ranks of a job.
@@ -172,6 +176,11 @@ pub struct TcpMesh {
     max_frame: u32,
     writers: HashMap<usize, Mutex<TcpStream>>,
     readers: HashMap<usize, Mutex<TcpStream>>,
+    /// Handles used only to shut the sockets down, which wakes blocked reads and writes.
+    wake: Vec<TcpStream>,
+    aborted: Mutex<Option<String>>,
+    abort_signal: Condvar,
+    abort_grace: Mutex<Duration>,
 }
 
 impl TcpMesh {
@@ -222,12 +231,64 @@ impl TcpMesh {
         }
         let mut writers = HashMap::new();
         let mut readers = HashMap::new();
+        let mut wake = Vec::new();
         for (peer, s) in streams {
             let r = s.try_clone().map_err(|e| setup("clone socket", &e))?;
+            wake.push(s.try_clone().map_err(|e| setup("clone socket", &e))?);
             writers.insert(peer, Mutex::new(s));
             readers.insert(peer, Mutex::new(r));
         }
-        Ok(TcpMesh { rank, world, max_frame: config.max_frame, writers, readers })
+        Ok(TcpMesh {
+            rank,
+            world,
+            max_frame: config.max_frame,
+            writers,
+            readers,
+            wake,
+            aborted: Mutex::new(None),
+            abort_signal: Condvar::new(),
+            abort_grace: Mutex::new(Duration::ZERO),
+        })
+    }
+
+    /// When a peer is lost, wait up to `grace` for an [`abort`](TcpMesh::abort) that
+    /// explains it before failing. With a coordinator that reports lost members, this
+    /// makes every survivor name the member that failed first, rather than a neighbour
+    /// that merely aborted sooner. Zero (the default) fails at once.
+    pub fn set_abort_grace(&self, grace: Duration) {
+        *self.abort_grace.lock().unwrap_or_else(|e| e.into_inner()) = grace;
+    }
+
+    /// Aborts the job on this rank: every pending and future send or receive fails at
+    /// once with [`CommError::Aborted`] carrying `reason`. Safe to call from any thread,
+    /// while collectives are blocked; the first reason wins.
+    pub fn abort(&self, reason: String) {
+        let mut aborted = self.aborted.lock().unwrap_or_else(|e| e.into_inner());
+        if aborted.is_none() {
+            *aborted = Some(reason);
+        }
+        drop(aborted);
+        self.abort_signal.notify_all();
+        for s in &self.wake {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Why the job was aborted, if it was.
+    pub fn aborted(&self) -> Option<String> {
+        self.aborted.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// An abort explains any failure that follows it; a lost peer waits the grace for one.
+    fn explain(&self, e: CommError) -> CommError {
+        let grace = *self.abort_grace.lock().unwrap_or_else(|e| e.into_inner());
+        let aborted = self.aborted.lock().unwrap_or_else(|e| e.into_inner());
+        let aborted = if aborted.is_none() && matches!(e, CommError::PeerLost { .. }) && !grace.is_zero() {
+            self.abort_signal.wait_timeout_while(aborted, grace, |a| a.is_none()).unwrap_or_else(|e| e.into_inner()).0
+        } else {
+            aborted
+        };
+        aborted.clone().map_or(e, CommError::Aborted)
     }
 }
 
@@ -272,6 +333,23 @@ impl Transport for TcpMesh {
         self.world
     }
     fn send(&self, to: usize, kind: u8, payload: &[u8]) -> Result<(), CommError> {
+        self.send_frame(to, kind, payload).map_err(|e| self.explain(e))
+    }
+    fn recv(&self, from: usize, deadline: Instant) -> Result<Frame, CommError> {
+        let mut payload = Vec::new();
+        let kind = self.recv_into(from, deadline, &mut payload)?;
+        Ok(Frame { kind, payload })
+    }
+    fn recv_into(&self, from: usize, deadline: Instant, payload: &mut Vec<u8>) -> Result<u8, CommError> {
+        self.recv_frame(from, deadline, payload).map_err(|e| self.explain(e))
+    }
+}
+
+impl TcpMesh {
+    fn send_frame(&self, to: usize, kind: u8, payload: &[u8]) -> Result<(), CommError> {
+        if let Some(reason) = self.aborted() {
+            return Err(CommError::Aborted(reason));
+        }
         let mut s = self
             .writers
             .get(&to)
@@ -281,12 +359,10 @@ impl Transport for TcpMesh {
         write_frame(&mut *s, kind, payload).map_err(|e| frame_error(to, Duration::ZERO, e))?;
         s.flush().map_err(|e| CommError::PeerLost { peer: to, reason: e.to_string() })
     }
-    fn recv(&self, from: usize, deadline: Instant) -> Result<Frame, CommError> {
-        let mut payload = Vec::new();
-        let kind = self.recv_into(from, deadline, &mut payload)?;
-        Ok(Frame { kind, payload })
-    }
-    fn recv_into(&self, from: usize, deadline: Instant, payload: &mut Vec<u8>) -> Result<u8, CommError> {
+    fn recv_frame(&self, from: usize, deadline: Instant, payload: &mut Vec<u8>) -> Result<u8, CommError> {
+        if let Some(reason) = self.aborted() {
+            return Err(CommError::Aborted(reason));
+        }
         let mut s = self
             .readers
             .get(&from)

@@ -205,3 +205,52 @@ fn a_wrong_secret_cannot_join() {
     assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
     assert!(b.unwrap_err().to_string().contains("failed to prove"), "rank 1 should name the proof failure");
 }
+
+#[test]
+fn the_commit_vote_refuses_a_step_on_every_rank_if_one_rank_disagrees_or_vetoes() {
+    use comm::commit::{Ballot, Decision, vote};
+    for world in 1..=4 {
+        let out =
+            on_mem(world, |r, t| vote(t, Ballot { ok: true, digest: 42, durable: 10 + r as u64 }, TIMEOUT).unwrap());
+        for (decision, ballots) in &out {
+            assert_eq!(*decision, Decision::Commit);
+            assert_eq!(comm::commit::durable_everywhere(ballots), 10);
+        }
+    }
+    // Rank 2's sum differs (a corrupted buffer); rank 0 found a non-finite gradient.
+    let out = on_mem(4, |r, t| {
+        let digest = if r == 2 { 43 } else { 42 };
+        vote(t, Ballot { ok: r != 0, digest, durable: 0 }, TIMEOUT).unwrap().0
+    });
+    for d in out {
+        assert_eq!(d, Decision::Abort { vetoed: vec![0], disagreeing: vec![2] });
+    }
+}
+
+#[test]
+fn an_aborted_mesh_fails_a_blocked_receive_at_once_with_the_reason() {
+    let net_addrs: Vec<_> = (0..2).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let addrs: Vec<_> = net_addrs.iter().map(|l| l.local_addr().unwrap()).collect();
+    let meshes: Vec<TcpMesh> = std::thread::scope(|s| {
+        let hs: Vec<_> = net_addrs
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let addrs = &addrs;
+                s.spawn(move || TcpMesh::connect(r, l, addrs, &tcp_config()).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let blocked = s.spawn(|| meshes[0].recv(1, Instant::now() + Duration::from_secs(60)));
+        std::thread::sleep(Duration::from_millis(100));
+        meshes[0].abort("rank 1 was lost: test".into());
+        let err = blocked.join().unwrap().unwrap_err();
+        assert!(matches!(&err, CommError::Aborted(r) if r == "rank 1 was lost: test"), "{err}");
+    });
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Later calls fail the same way, without touching the sockets.
+    assert!(matches!(meshes[0].send(1, 1, b"x"), Err(CommError::Aborted(_))));
+}

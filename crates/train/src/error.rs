@@ -87,6 +87,19 @@ pub enum TrainError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// The commit vote refused a step: nobody applied its update.
+    #[error(
+        "step {step} was not committed: rank(s) {vetoed:?} found a non-finite gradient, rank(s) {disagreeing:?} \
+         hold a different gradient sum than the others"
+    )]
+    CommitRefused {
+        /// The step.
+        step: u64,
+        /// Ranks whose own checks failed.
+        vetoed: Vec<usize>,
+        /// Ranks whose gradient digest differs from the majority's.
+        disagreeing: Vec<usize>,
+    },
     /// The model produced a non-finite loss.
     #[error("training diverged at step {step}: loss is {loss}")]
     Diverged {

@@ -1,13 +1,23 @@
-//! The single-process trainer: the step loop, periodic evaluation and metrics.
+//! The trainer: the step loop, periodic evaluation and metrics, in one process or as
+//! one rank of a data-parallel job.
 //!
 //! One step, in order:
 //! 1. copy the registry's parameters into the burn model;
-//! 2. for each micro-batch `i` of the global batch (in index order), build it from the
-//!    sampler and run forward and backward; then sum the micro-batch gradients in the
-//!    configured reduce mode ([`comm::sum_parts`]: in order, order-independent, or racing
-//!    atomics for the `fast` mode);
-//! 3. apply the optimizer to the flat parameters;
-//! 4. every `eval_every` steps, evaluate on the held-out split.
+//! 2. for each micro-batch `i` of the global batch that this rank owns (`i mod world ==
+//!    rank`), build it from the sampler and run forward and backward;
+//! 3. sum the micro-batch gradients (and losses) in the configured reduce mode: locally
+//!    with [`comm::sum_parts`], or across the job with one
+//!    [`all_reduce_parts`](comm::collective::all_reduce_parts);
+//! 4. in a job, the commit vote ([`comm::commit`]): every rank checks the sum is finite
+//!    and hashes it; only if all ranks agree does anyone go on. The ballots also carry
+//!    each rank's durable checkpoint step, from which rank 0 commits checkpoints;
+//! 5. apply the optimizer to the flat parameters;
+//! 6. every `fingerprint_every` steps compare the replicas; checkpoint (every rank writes
+//!    its own part); every `eval_every` steps evaluate on the held-out split.
+//!
+//! In a job, a heartbeat thread ([`comm::supervisor::Heartbeat`]) listens to the
+//! coordinator; when it reports a lost member, the transport is aborted, so that the step
+//! in progress fails at once on every survivor.
 //!
 //! Nothing in the loop reads a clock, a thread id or an unordered container to decide
 //! what to compute, so the final state is a function of the configuration alone (except
@@ -15,6 +25,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::prelude::Device;
@@ -231,26 +242,33 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         tracing::info!(step, dir = %dir.display(), "resumed");
         first_step = step;
     }
-    let mesh = match &config.dist {
+    // In a data-parallel job the replicas are equal: rank 0 alone writes metrics, and
+    // every rank writes its own part of each checkpoint. Writers exist before the job
+    // connects, so rank 0 has cleared crashed writers' leftovers before anyone writes.
+    let lead = config.dist.as_ref().is_none_or(|d| d.rank == 0);
+    let part = config.dist.as_ref().map_or(ckpt::Part::WHOLE, |d| ckpt::Part { index: d.rank, count: d.world });
+    let mut writer = match config.checkpoint.as_ref() {
+        Some(c) => Some(ckpt::AsyncWriter::for_part(
+            &c.dir,
+            ckpt::SaveOptions { shards: c.shards, retention: c.retention },
+            part,
+        )?),
+        None => None,
+    };
+    let job = match &config.dist {
         Some(d) => Some(connect(d)?),
         None => None,
     };
-    // In a data-parallel job the replicas are equal; rank 0 alone writes outputs.
-    let lead = config.dist.as_ref().is_none_or(|d| d.rank == 0);
+    let mesh = job.as_ref().map(|j| &*j.mesh);
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| lead), first_step > 0)?;
-    let mut writer = match config.checkpoint.as_ref().filter(|_| lead) {
-        Some(c) => {
-            Some(ckpt::AsyncWriter::new(&c.dir, ckpt::SaveOptions { shards: c.shards, retention: c.retention })?)
-        }
-        None => None,
-    };
     on_event(Event::Started { steps: config.steps, parameters });
 
     let denominator = config.batch * tokens_per_example;
     let (mut train_time, mut optimizer_time) = (Duration::ZERO, Duration::ZERO);
     let mut last_loss = f32::NAN;
     let mut last_eval = None;
-    let crash_point = crash_point();
+    let crash_point = fault_point("STEADFAST_CRASH_AT");
+    let stop_point = fault_point("STEADFAST_STOP_AT");
     for step in first_step..config.steps {
         let started = Instant::now();
         model = model.load(&params);
@@ -259,6 +277,9 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         if crash_point == Some((rank, step)) {
             tracing::error!(rank, step, "crash point reached: aborting");
             std::process::abort();
+        }
+        if stop_point == Some((rank, step)) {
+            stop_this_process(rank, step);
         }
         // Each micro-batch contributes its flat gradient followed by its loss, so one
         // reduction sums both (the loss is per-element data like any other).
@@ -271,13 +292,33 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
             micro_grads.push(flat);
         }
         let parts: Vec<&[f32]> = micro_grads.iter().map(|g| g.as_slice()).collect();
-        let flat = match (&mesh, &config.dist) {
+        let flat = match (mesh, &config.dist) {
             (Some(m), Some(d)) => {
                 comm::collective::all_reduce_parts(m, &parts, parameters + 1, config.reduce, d.timeout)?
             }
             _ => comm::sum_parts(config.reduce, &parts),
         };
         let loss = flat[parameters];
+        if let (Some(m), Some(d)) = (mesh, &config.dist) {
+            if let Some(w) = writer.as_mut() {
+                w.poll()?;
+            }
+            let ballot = comm::commit::Ballot {
+                ok: flat.iter().all(|x| x.is_finite()),
+                digest: ckpt::checksum(bytemuck::cast_slice(&flat)),
+                durable: writer.as_ref().map_or(0, |w| w.durable()),
+            };
+            let (decision, ballots) = comm::commit::vote(m, ballot, d.timeout)?;
+            if let comm::commit::Decision::Abort { vetoed, disagreeing } = decision {
+                if !loss.is_finite() {
+                    return Err(TrainError::Diverged { step, loss });
+                }
+                return Err(TrainError::CommitRefused { step, vetoed, disagreeing });
+            }
+            if let Some(w) = writer.as_mut() {
+                w.commit_through(comm::commit::durable_everywhere(&ballots))?;
+            }
+        }
         let grads = split_like(&flat[..parameters], &params);
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
@@ -291,7 +332,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         metrics.write(json!({"kind": "train", "step": done, "loss": loss}))?;
         on_event(Event::Step { step: done, loss });
 
-        if let (Some(m), Some(d)) = (&mesh, &config.dist)
+        if let (Some(m), Some(d)) = (mesh, &config.dist)
             && ((d.fingerprint_every > 0 && done % d.fingerprint_every == 0) || done == config.steps)
         {
             check_replicas(m, d, done, state::fingerprint(done, params.iter().chain(optimizer.slots())))?;
@@ -321,7 +362,16 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         }
     }
     if let Some(w) = writer.as_mut() {
+        if let (Some(m), Some(d)) = (mesh, &config.dist) {
+            // The last parts: once every rank's is durable, rank 0 commits.
+            w.wait_persisted()?;
+            let durable = comm::collective::all_gather_u64(m, w.durable(), d.timeout)?;
+            w.commit_through(durable.into_iter().min().unwrap_or(0))?;
+        }
         w.finish()?;
+    }
+    if let Some(job) = job {
+        job.heartbeat.finish();
     }
     let checkpoints = writer.as_ref().map(|w| w.stats().clone()).unwrap_or_default();
     let last_eval = match last_eval {
@@ -362,12 +412,22 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     Ok((summary, FinalState { params, slots: optimizer.slots().to_vec() }))
 }
 
-/// The fault-injection hook `STEADFAST_CRASH_AT=<rank>:<step>`: the process of that rank
-/// aborts (as a kill -9 would end it) when that step starts. Inert when unset.
-fn crash_point() -> Option<(usize, u64)> {
-    let spec = std::env::var("STEADFAST_CRASH_AT").ok()?;
+/// The fault-injection hooks `STEADFAST_CRASH_AT=<rank>:<step>` (the process of that
+/// rank aborts, as a kill -9 would end it, when that step starts) and
+/// `STEADFAST_STOP_AT=<rank>:<step>` (it stops itself with SIGSTOP: alive but silent, as a
+/// hung or partitioned worker). Inert when unset.
+fn fault_point(var: &str) -> Option<(usize, u64)> {
+    let spec = std::env::var(var).ok()?;
     let (rank, step) = spec.split_once(':')?;
     Some((rank.trim().parse().ok()?, step.trim().parse().ok()?))
+}
+
+fn stop_this_process(rank: usize, step: u64) {
+    tracing::error!(rank, step, "stop point reached: stopping this process");
+    let pid = std::process::id().to_string();
+    if let Err(e) = std::process::Command::new("kill").args(["-STOP", &pid]).status() {
+        tracing::error!("cannot stop this process: {e}");
+    }
 }
 
 /// Cuts a flat gradient back into one vector per parameter.
@@ -383,13 +443,21 @@ fn split_like(flat: &[f32], params: &[NamedTensor]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Joins the job: listen, meet the others through the coordinator, connect to all.
-fn connect(d: &DistConfig) -> Result<comm::transport::TcpMesh, TrainError> {
+/// This rank's connections to a job.
+struct Job {
+    mesh: Arc<comm::transport::TcpMesh>,
+    heartbeat: comm::supervisor::Heartbeat,
+}
+
+/// Joins the job: listen, meet the others through the coordinator, connect to all, and
+/// start the heartbeat, whose notices abort the mesh.
+fn connect(d: &DistConfig) -> Result<Job, TrainError> {
     let listener = std::net::TcpListener::bind((d.bind, 0))
         .map_err(|e| comm::transport::CommError::Setup(format!("cannot listen on {}: {e}", d.bind)))?;
     let me = listener.local_addr().map_err(|e| comm::transport::CommError::Setup(e.to_string()))?;
     let setup_time = d.timeout.max(Duration::from_secs(30));
-    let addrs = comm::rendezvous::join(d.coordinator, d.rank, me, &d.secret, setup_time)?;
+    let joined = comm::rendezvous::join(d.coordinator, d.rank, me, &d.secret, setup_time)?;
+    let addrs = joined.table;
     if addrs.len() != d.world {
         return Err(ConfigError::Invalid(format!(
             "the coordinator knows {} workers, this one expects {}",
@@ -404,12 +472,22 @@ fn connect(d: &DistConfig) -> Result<comm::transport::TcpMesh, TrainError> {
         connect_timeout: setup_time,
         write_timeout: d.timeout,
     };
-    Ok(comm::transport::TcpMesh::connect(d.rank, listener, &addrs, &config)?)
+    let mesh = Arc::new(comm::transport::TcpMesh::connect(d.rank, listener, &addrs, &config)?);
+    // A peer's death reaches the coordinator at once: wait briefly for its verdict so the
+    // error names the rank that failed, not a neighbour that aborted first.
+    mesh.set_abort_grace(joined.heartbeat_timeout.min(Duration::from_secs(1)));
+    let aborter = Arc::clone(&mesh);
+    let heartbeat = comm::supervisor::Heartbeat::start(joined.coordinator, joined.heartbeat_timeout, move |notice| {
+        tracing::error!("{notice}");
+        aborter.abort(notice.to_string());
+    })
+    .map_err(|e| comm::transport::CommError::Setup(format!("cannot start the heartbeat: {e}")))?;
+    Ok(Job { mesh, heartbeat })
 }
 
 /// Compares every replica's fingerprint; fails naming the ranks that differ from the
 /// majority.
-fn check_replicas(m: &comm::transport::TcpMesh, d: &DistConfig, step: u64, fp: u64) -> Result<(), TrainError> {
+fn check_replicas(m: &dyn comm::transport::Transport, d: &DistConfig, step: u64, fp: u64) -> Result<(), TrainError> {
     let all = comm::collective::all_gather_u64(m, fp, d.timeout)?;
     let majority = all.iter().copied().max_by_key(|v| all.iter().filter(|w| *w == v).count()).unwrap_or(fp);
     let divergent: Vec<usize> = (0..all.len()).filter(|&r| all[r] != majority).collect();

@@ -1,0 +1,110 @@
+//! Checkpoints written in parts by several writers that hold the same state (the replicas
+//! of a data-parallel job): each writes disjoint shards, writer 0 commits once all parts
+//! are durable, and nothing is visible to readers before that.
+
+mod common;
+
+use ckpt::store::{Part, commit_parts};
+use ckpt::{AsyncWriter, Retention, SaveOptions};
+use common::{assert_holds_step, meta, refs, state};
+
+const SIZES: &[usize] = &[300, 20, 4000, 7, 900, 64, 1, 2500];
+
+fn writers(root: &std::path::Path, count: usize) -> Vec<AsyncWriter> {
+    let options = SaveOptions { shards: 2, retention: Retention::default() };
+    (0..count).map(|index| AsyncWriter::for_part(root, options, Part { index, count }).unwrap()).collect()
+}
+
+#[test]
+fn three_writers_produce_the_same_checkpoint_as_one() {
+    let root = tempfile::tempdir().unwrap();
+    let s = state(6, SIZES);
+    let mut ws = writers(root.path(), 3);
+    for w in &mut ws {
+        w.snapshot(meta(6), &refs(&s)).unwrap();
+    }
+    for w in &mut ws {
+        w.wait_persisted().unwrap();
+        assert_eq!(w.durable(), 6);
+    }
+    assert!(ckpt::reader::resolve(root.path()).is_err(), "nothing is committed before writer 0 commits");
+    // Committing through an older step does nothing.
+    ws[0].commit_through(5).unwrap();
+    ws[0].finish().unwrap();
+    assert!(ckpt::reader::resolve(root.path()).is_err());
+    ws[0].commit_through(6).unwrap();
+    let report = ws[0].finish().unwrap().expect("committed");
+    assert_eq!(assert_holds_step(&report.dir, SIZES), 6);
+    let c = ckpt::reader::open(&report.dir).unwrap();
+    assert!(c.verify().is_empty());
+    let sizes: Vec<u64> = SIZES.iter().map(|&n| n as u64 * 4).collect();
+    let planned: usize = (0..3).map(|index| Part { index, count: 3 }.shards(&sizes, 2).len()).sum();
+    assert_eq!(c.manifest.files.len(), planned);
+    assert!(planned > 3, "several shards per writer");
+
+    // The same tensors, checksums and registry order as a single writer's checkpoint.
+    let single = tempfile::tempdir().unwrap();
+    let one = common::save(single.path(), 6, SIZES, &SaveOptions::default());
+    let one = ckpt::reader::open(&one.dir).unwrap();
+    let key = |c: &ckpt::Checkpoint| -> Vec<(String, String)> {
+        c.manifest.tensors.iter().map(|t| (t.name.clone(), t.xxh3.clone())).collect()
+    };
+    assert_eq!(key(&c), key(&one));
+    // Only the committed directory and LATEST remain.
+    let names: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
+#[test]
+fn a_missing_part_is_never_committed() {
+    let root = tempfile::tempdir().unwrap();
+    let s = state(4, SIZES);
+    let mut ws = writers(root.path(), 3);
+    // Writer 2 dies before persisting anything.
+    for w in ws.iter_mut().take(2) {
+        w.snapshot(meta(4), &refs(&s)).unwrap();
+        w.wait_persisted().unwrap();
+    }
+    let err = commit_parts(root.path(), &meta(4), 3, Retention::default()).unwrap_err();
+    assert!(err.to_string().contains("part-0002.json"), "{err}");
+    assert!(ckpt::store::list(root.path()).unwrap().is_empty());
+    assert!(ckpt::reader::resolve(root.path()).is_err());
+    // A new writer 0 clears the leftovers of the failed checkpoint.
+    drop(ws);
+    let _fresh = writers(root.path(), 3);
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_part_record_from_another_step_or_job_shape_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let s = state(4, SIZES);
+    let mut ws = writers(root.path(), 2);
+    for w in &mut ws {
+        w.snapshot(meta(4), &refs(&s)).unwrap();
+        w.wait_persisted().unwrap();
+    }
+    // Committing as if the job had three writers, or another step, fails clearly.
+    let err = commit_parts(root.path(), &meta(4), 3, Retention::default()).unwrap_err();
+    assert!(err.to_string().contains("part 0/2, expected step 4 part 0/3"), "{err}");
+    assert!(commit_parts(root.path(), &meta(5), 2, Retention::default()).is_err());
+    // The real commit still works afterwards.
+    let report = commit_parts(root.path(), &meta(4), 2, Retention::default()).unwrap();
+    assert_eq!(assert_holds_step(&report.dir, SIZES), 4);
+}
+
+#[test]
+fn each_writer_copies_only_its_own_shards() {
+    let sizes: Vec<u64> = SIZES.iter().map(|&n| n as u64 * 4).collect();
+    let mut covered = Vec::new();
+    for index in 0..3 {
+        let shards = Part { index, count: 3 }.shards(&sizes, 2);
+        assert!(shards.iter().all(|(i, _)| i % 3 == index));
+        covered.extend(shards.into_iter().flat_map(|(_, r)| r));
+    }
+    covered.sort();
+    assert_eq!(covered, (0..SIZES.len()).collect::<Vec<_>>(), "every tensor exactly once");
+}

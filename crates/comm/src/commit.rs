@@ -1,0 +1,107 @@
+//! The per-step commit vote: nobody applies an update unless every member can.
+//!
+//! After the gradient all-reduce each rank casts a [`Ballot`]:
+//! - `ok`: its own checks passed (the summed loss and gradient are finite);
+//! - `digest`: a hash of the summed gradient it is about to apply. Every rank holds the
+//!   same sum after a correct all-reduce, so a digest that differs from the others'
+//!   exposes a corrupted buffer on that rank before the corruption reaches the weights;
+//! - `durable`: the newest step whose checkpoint part this rank has made durable, which
+//!   tells the checkpoint committer when every part of a checkpoint is on disk.
+//!
+//! The ballots are gathered on every rank ([`vote`]) and every rank reaches the same
+//! [`Decision`] with the pure function [`decide`]: commit only if every ballot is ok and
+//! all digests agree. If a rank cannot vote (it died, or the all-reduce failed), the
+//! vote itself fails on every survivor within the timeout, and nobody commits.
+
+use std::time::Duration;
+
+use crate::collective::all_gather_words;
+use crate::transport::{CommError, Transport};
+
+/// One rank's vote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ballot {
+    /// This rank's checks passed.
+    pub ok: bool,
+    /// Hash of the reduced gradient this rank would apply.
+    pub digest: u64,
+    /// Newest step with this rank's checkpoint part durable (0: none).
+    pub durable: u64,
+}
+
+/// What every rank does with the step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Apply the update.
+    Commit,
+    /// Nobody applies it.
+    Abort {
+        /// Ranks whose own checks failed.
+        vetoed: Vec<usize>,
+        /// Ranks whose digest differs from the majority's.
+        disagreeing: Vec<usize>,
+    },
+}
+
+/// The decision for a full set of ballots, indexed by rank.
+pub fn decide(ballots: &[Ballot]) -> Decision {
+    let vetoed: Vec<usize> = (0..ballots.len()).filter(|&r| !ballots[r].ok).collect();
+    let count = |d: u64| ballots.iter().filter(|b| b.digest == d).count();
+    // The most common digest; ties go to the lowest rank's, so every rank picks the same.
+    let majority = ballots.iter().map(|b| b.digest).fold(None, |best: Option<u64>, d| match best {
+        Some(b) if count(b) >= count(d) => Some(b),
+        _ => Some(d),
+    });
+    let disagreeing: Vec<usize> = (0..ballots.len()).filter(|&r| Some(ballots[r].digest) != majority).collect();
+    if vetoed.is_empty() && disagreeing.is_empty() { Decision::Commit } else { Decision::Abort { vetoed, disagreeing } }
+}
+
+/// The newest step that every rank has made durable.
+pub fn durable_everywhere(ballots: &[Ballot]) -> u64 {
+    ballots.iter().map(|b| b.durable).min().unwrap_or(0)
+}
+
+/// Gathers every rank's ballot and decides. Fails (on every survivor, within `timeout`
+/// per ring step) if a rank cannot take part.
+pub fn vote(t: &dyn Transport, ballot: Ballot, timeout: Duration) -> Result<(Decision, Vec<Ballot>), CommError> {
+    let words = all_gather_words(t, &[ballot.ok as u64, ballot.digest, ballot.durable], timeout)?;
+    let ballots: Vec<Ballot> = words.iter().map(|w| Ballot { ok: w[0] == 1, digest: w[1], durable: w[2] }).collect();
+    Ok((decide(&ballots), ballots))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(digest: u64) -> Ballot {
+        Ballot { ok: true, digest, durable: 0 }
+    }
+
+    #[test]
+    fn unanimous_ballots_commit() {
+        assert_eq!(decide(&[ok(7), ok(7), ok(7)]), Decision::Commit);
+        assert_eq!(decide(&[ok(7)]), Decision::Commit);
+    }
+
+    #[test]
+    fn one_veto_aborts_for_everyone() {
+        let mut b = vec![ok(7); 4];
+        b[2].ok = false;
+        assert_eq!(decide(&b), Decision::Abort { vetoed: vec![2], disagreeing: vec![] });
+    }
+
+    #[test]
+    fn a_different_digest_names_the_minority() {
+        assert_eq!(decide(&[ok(7), ok(7), ok(9)]), Decision::Abort { vetoed: vec![], disagreeing: vec![2] });
+        assert_eq!(decide(&[ok(9), ok(7), ok(7), ok(7)]), Decision::Abort { vetoed: vec![], disagreeing: vec![0] });
+        // A tie picks the lowest rank's digest, the same on every rank.
+        assert_eq!(decide(&[ok(1), ok(2)]), Decision::Abort { vetoed: vec![], disagreeing: vec![1] });
+    }
+
+    #[test]
+    fn durability_is_the_minimum_over_ranks() {
+        let b = [Ballot { durable: 30, ..ok(1) }, Ballot { durable: 20, ..ok(1) }, Ballot { durable: 30, ..ok(1) }];
+        assert_eq!(durable_everywhere(&b), 20);
+        assert_eq!(durable_everywhere(&[]), 0);
+    }
+}
