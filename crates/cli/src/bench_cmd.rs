@@ -227,14 +227,72 @@ fn loopback_mb_per_s(bytes: usize) -> anyhow::Result<f64> {
     Ok(bytes as f64 / 1e6 / secs)
 }
 
+/// Per-stream bandwidth of a ring of `world` raw loopback TCP streams all busy at once:
+/// each rank sends `bytes` to its right neighbour while receiving as much from its left,
+/// as every rank does in a ring all-reduce step. On a machine with fewer cores than
+/// streams this, not the single-stream figure, bounds the bus bandwidth.
+fn ring_loopback_mb_per_s(world: usize, bytes: usize) -> anyhow::Result<f64> {
+    use std::io::{Read, Write};
+    let listeners: Vec<std::net::TcpListener> =
+        (0..world).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
+    // Rank r connects to its right neighbour and accepts from its left one.
+    let outs: Vec<std::net::TcpStream> =
+        (0..world).map(|r| std::net::TcpStream::connect(addrs[(r + 1) % world])).collect::<Result<_, _>>()?;
+    let ins: Vec<std::net::TcpStream> =
+        listeners.iter().map(|l| l.accept().map(|(s, _)| s)).collect::<Result<_, _>>()?;
+    let barrier = std::sync::Barrier::new(2 * world);
+    let t = std::sync::Mutex::new(None::<Instant>);
+    let times: Vec<std::io::Result<Duration>> = std::thread::scope(|s| {
+        let mut hs = Vec::new();
+        for (mut out, mut inp) in outs.into_iter().zip(ins) {
+            let (barrier, t) = (&barrier, &t);
+            hs.push(s.spawn(move || -> std::io::Result<Duration> {
+                out.set_nodelay(true)?;
+                let chunk = vec![7u8; 1 << 20];
+                barrier.wait();
+                let started = *t.lock().expect("clock").get_or_insert_with(Instant::now);
+                let mut left = bytes;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    out.write_all(&chunk[..n])?;
+                    left -= n;
+                }
+                Ok(started.elapsed())
+            }));
+            hs.push(s.spawn(move || -> std::io::Result<Duration> {
+                let mut buf = vec![0u8; 1 << 20];
+                barrier.wait();
+                let started = *t.lock().expect("clock").get_or_insert_with(Instant::now);
+                let mut left = bytes;
+                while left > 0 {
+                    let n = inp.read(&mut buf)?;
+                    if n == 0 {
+                        break;
+                    }
+                    left -= n.min(left);
+                }
+                Ok(started.elapsed())
+            }));
+        }
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked")))).collect()
+    });
+    let mut slowest = Duration::ZERO;
+    for d in times {
+        slowest = slowest.max(d?);
+    }
+    Ok(bytes as f64 / 1e6 / slowest.as_secs_f64())
+}
+
 fn allreduce_bench(b: &AllreduceBench) -> anyhow::Result<()> {
     let world = b.world.max(2);
-    let loopback = median(
-        (0..3)
-            .map(|_| loopback_mb_per_s(256 << 20).map(|mbps| Duration::from_secs_f64(1.0 / mbps)))
-            .collect::<anyhow::Result<Vec<_>>>()?,
-    );
-    let loopback_mbps = 1.0 / loopback.as_secs_f64();
+    let per_second = |f: &dyn Fn() -> anyhow::Result<f64>| -> anyhow::Result<f64> {
+        let times =
+            (0..3).map(|_| f().map(|mbps| Duration::from_secs_f64(1.0 / mbps))).collect::<anyhow::Result<_>>()?;
+        Ok(1.0 / median(times).as_secs_f64())
+    };
+    let loopback_mbps = per_second(&|| loopback_mb_per_s(256 << 20))?;
+    let ring_mbps = per_second(&|| ring_loopback_mb_per_s(world, 128 << 20))?;
     let listeners: Vec<std::net::TcpListener> =
         (0..world).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
@@ -253,18 +311,22 @@ fn allreduce_bench(b: &AllreduceBench) -> anyhow::Result<()> {
                 let (addrs, config) = (&addrs, &config);
                 s.spawn(move || -> anyhow::Result<Vec<serde_json::Value>> {
                     let mesh = comm::transport::TcpMesh::connect(rank, l, addrs, config)?;
+                    let mut reducer = comm::collective::Reducer::default();
                     let mut rows = Vec::new();
                     for &mb in &b.mb {
                         let n = (mb * 1_000_000 / 4) as usize;
                         let data: Vec<f32> = (0..n).map(|i| ((i * (rank + 1)) % 1000) as f32 * 1e-3).collect();
-                        let mut row = json!({"world": world, "mb": mb, "loopback_mb_per_s": loopback_mbps});
+                        let mut row = json!({
+                            "world": world, "mb": mb, "loopback_mb_per_s": loopback_mbps,
+                            "ring_loopback_mb_per_s": ring_mbps,
+                        });
                         for mode in [comm::ReduceMode::Fast, comm::ReduceMode::Reproducible] {
                             let mut times = Vec::new();
                             for _ in 0..b.repeats.max(1) {
                                 comm::collective::barrier(&mesh, timeout)?;
                                 let mut d = data.clone();
                                 let t = Instant::now();
-                                comm::collective::all_reduce_sum(&mesh, &mut d, mode, timeout)?;
+                                reducer.sum(&mesh, &mut d, mode, timeout)?;
                                 times.push(t.elapsed());
                             }
                             let secs = median(times).as_secs_f64();

@@ -4,18 +4,23 @@
 //!
 //! The ring all-reduce cuts the vector into `world` chunks. In `world - 1` reduce-scatter
 //! steps each rank sends one chunk to its right neighbour while it receives another from
-//! its left and combines it; in `world - 1` all-gather steps the finished chunks travel
-//! round the ring. Each step sends and receives concurrently (two threads), so large
-//! chunks cannot deadlock on full socket buffers.
+//! its left and combines it; after them rank `r` holds the full sum of chunk `r + 1`. In
+//! `world - 1` all-gather steps the finished chunks travel round the ring. Each step
+//! sends from one thread while the calling thread receives, so large chunks cannot
+//! deadlock on full socket buffers; and each chunk travels as segments of
+//! [`SEGMENT_BYTES`], which the receiver combines as they arrive while later segments are
+//! still in flight (a pipeline, instead of receive-everything-then-add).
 //!
 //! Modes:
 //! - `fast` and `deterministic`: f32 sums. The order in which a chunk's contributions are
 //!   added is fixed by the ring for a given world size, so both are deterministic here;
 //!   `fast` leaves room for faster, order-free algorithms.
 //! - `reproducible`: the two phases of [`repro::batched`]: a ring max of one exponent byte
-//!   per element, then a ring sum of 64-bit fixed-point integers, converted back once.
-//!   Integer addition is associative, so the result is the same for any world size and
-//!   any order: bitwise equal to [`repro::batched::sum_parts`] over all contributions.
+//!   per element, then a reduce-scatter of 64-bit fixed-point integers. Integer addition
+//!   is associative, so each finished chunk is the same for any world size and any order;
+//!   its owner converts it back to f32 once, and the all-gather circulates those f32 bits
+//!   (half the bytes of the integers). The result is bitwise equal to
+//!   [`repro::batched::sum_parts`] over all contributions.
 
 use std::time::{Duration, Instant};
 
@@ -41,35 +46,121 @@ impl Wire for u8 {}
 #[cfg(target_endian = "big")]
 compile_error!("the wire format of the collectives is little-endian");
 
+/// Bytes per frame within a ring step: small enough that the receiver's work on one
+/// segment overlaps the transfer of the next, large enough to keep system calls few.
+pub const SEGMENT_BYTES: usize = 1 << 20;
+
 fn chunk_range(n: usize, world: usize, c: usize) -> std::ops::Range<usize> {
     (c * n / world)..((c + 1) * n / world)
 }
 
-/// Sends `send` to the right neighbour while receiving a chunk of `expect` elements from
-/// the left one into `buf`.
+/// The chunk at `send` to read and the (different) chunk at `recv` to write, of one slice.
+fn split_chunks<T>(data: &mut [T], send: std::ops::Range<usize>, recv: std::ops::Range<usize>) -> (&[T], &mut [T]) {
+    if send.start >= recv.end {
+        let (lo, hi) = data.split_at_mut(send.start);
+        (&hi[..send.len()], &mut lo[recv])
+    } else {
+        let (lo, hi) = data.split_at_mut(recv.start);
+        (&lo[send], &mut hi[..recv.len()])
+    }
+}
+
+/// One ring step: sends `send` to the right neighbour (from a helper thread) while
+/// receiving `recv.len()` elements from the left one, segment by segment;
+/// `take(offset, dst, src)` folds each received segment (`src`, raw bytes) into its
+/// place `dst`, which starts `offset` elements into `recv`.
 fn exchange<T: Wire>(
     t: &dyn Transport,
     send: &[T],
-    expect: usize,
+    recv: &mut [T],
     deadline: Instant,
     buf: &mut Vec<u8>,
+    take: &impl Fn(usize, &mut [T], &[u8]),
 ) -> Result<(), CommError> {
     let world = t.world();
     let right = (t.rank() + 1) % world;
     let left = (t.rank() + world - 1) % world;
-    let bytes: &[u8] = bytemuck::cast_slice(send);
+    let per = (SEGMENT_BYTES / T::SIZE).max(1);
     let (sent, got) = std::thread::scope(|s| {
-        let sender = s.spawn(|| t.send(right, KIND_CHUNK, bytes));
-        let got = t.recv_into(left, deadline, buf);
+        let sender = s.spawn(|| {
+            for seg in send.chunks(per) {
+                t.send(right, KIND_CHUNK, bytemuck::cast_slice(seg))?;
+            }
+            // An empty chunk still sends one (empty) frame, so both sides agree on counts.
+            if send.is_empty() {
+                t.send(right, KIND_CHUNK, &[])?;
+            }
+            Ok(())
+        });
+        let got = (|| {
+            let len = recv.len();
+            for k in 0..len.div_ceil(per).max(1) {
+                let dst = &mut recv[(k * per).min(len)..((k + 1) * per).min(len)];
+                let kind = t.recv_into(left, deadline, buf)?;
+                if kind != KIND_CHUNK || buf.len() != dst.len() * T::SIZE {
+                    return Err(CommError::Protocol {
+                        peer: left,
+                        reason: format!(
+                            "expected a segment of {} bytes, got kind {kind} with {} bytes",
+                            dst.len() * T::SIZE,
+                            buf.len()
+                        ),
+                    });
+                }
+                take(k * per, dst, buf);
+            }
+            Ok(())
+        })();
         (sender.join().unwrap_or_else(|_| Err(CommError::Setup("sender thread panicked".into()))), got)
     });
-    sent?;
-    let kind = got?;
-    if kind != KIND_CHUNK || buf.len() != expect * T::SIZE {
-        return Err(CommError::Protocol {
-            peer: left,
-            reason: format!("expected a chunk of {} bytes, got kind {kind} with {} bytes", expect * T::SIZE, buf.len()),
-        });
+    // A receive failure is the more telling one (it names the silent or broken peer).
+    got?;
+    sent
+}
+
+/// The reduce-scatter half of the ring: afterwards chunk `rank + 1` of `data` holds the
+/// combination of every rank's chunk. Returns its index.
+fn reduce_scatter<T: Wire>(
+    t: &dyn Transport,
+    data: &mut [T],
+    combine: impl Fn(&mut T, T) + Sync,
+    timeout: Duration,
+    buf: &mut Vec<u8>,
+) -> Result<usize, CommError> {
+    let (world, rank, n) = (t.world(), t.rank(), data.len());
+    let take = |_: usize, dst: &mut [T], src: &[u8]| {
+        for (d, x) in dst.iter_mut().zip(src.chunks_exact(T::SIZE)) {
+            combine(d, T::get(x));
+        }
+    };
+    for s in 0..world - 1 {
+        let send_c = (rank + world - s) % world;
+        let recv_c = (rank + world - s - 1) % world;
+        let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
+        exchange(t, send, recv, Instant::now() + timeout, buf, &take)?;
+    }
+    Ok((rank + 1) % world)
+}
+
+/// The all-gather half of the ring: every rank starts holding chunk `rank + 1` and ends
+/// holding all of them.
+fn all_gather<T: Wire>(
+    t: &dyn Transport,
+    data: &mut [T],
+    timeout: Duration,
+    buf: &mut Vec<u8>,
+) -> Result<(), CommError> {
+    let (world, rank, n) = (t.world(), t.rank(), data.len());
+    let take = |_: usize, dst: &mut [T], src: &[u8]| {
+        for (d, x) in dst.iter_mut().zip(src.chunks_exact(T::SIZE)) {
+            *d = T::get(x);
+        }
+    };
+    for s in 0..world - 1 {
+        let send_c = (rank + 1 + world - s) % world;
+        let recv_c = (rank + world - s) % world;
+        let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
+        exchange(t, send, recv, Instant::now() + timeout, buf, &take)?;
     }
     Ok(())
 }
@@ -78,48 +169,28 @@ fn exchange<T: Wire>(
 fn ring<T: Wire>(
     t: &dyn Transport,
     data: &mut [T],
-    combine: impl Fn(&mut T, T),
+    combine: impl Fn(&mut T, T) + Sync,
     timeout: Duration,
 ) -> Result<(), CommError> {
-    let (world, rank, n) = (t.world(), t.rank(), data.len());
-    if world == 1 {
+    if t.world() == 1 {
         return Ok(());
     }
-    let deadline = || Instant::now() + timeout;
     // One receive buffer for the whole ring: its pages are touched once, not every step.
     let mut buf = Vec::new();
-    for s in 0..world - 1 {
-        let send_c = (rank + world - s) % world;
-        let recv_c = (rank + world - s - 1) % world;
-        let r = chunk_range(n, world, recv_c);
-        exchange(t, &data[chunk_range(n, world, send_c)], r.len(), deadline(), &mut buf)?;
-        for (d, x) in data[r].iter_mut().zip(buf.chunks_exact(T::SIZE)) {
-            combine(d, T::get(x));
-        }
-    }
-    for s in 0..world - 1 {
-        let send_c = (rank + 1 + world - s) % world;
-        let recv_c = (rank + world - s) % world;
-        let r = chunk_range(n, world, recv_c);
-        exchange(t, &data[chunk_range(n, world, send_c)], r.len(), deadline(), &mut buf)?;
-        for (d, x) in data[r].iter_mut().zip(buf.chunks_exact(T::SIZE)) {
-            *d = T::get(x);
-        }
-    }
-    Ok(())
+    reduce_scatter(t, data, combine, timeout, &mut buf)?;
+    all_gather(t, data, timeout, &mut buf)
 }
 
 /// Sums `data` element-wise across all ranks, in place, in the given mode. Fails on every
-/// survivor within `timeout` per step if a peer dies, hangs or sends garbage.
+/// survivor within `timeout` per step if a peer dies, hangs or sends garbage. (A
+/// [`Reducer`] does the same and keeps its working buffers for the next call.)
 pub fn all_reduce_sum(
     t: &dyn Transport,
     data: &mut [f32],
     mode: ReduceMode,
     timeout: Duration,
 ) -> Result<(), CommError> {
-    let sum = all_reduce_parts(t, &[&*data], data.len(), mode, timeout)?;
-    data.copy_from_slice(&sum);
-    Ok(())
+    Reducer::default().sum(t, data, mode, timeout)
 }
 
 /// Sums, element-wise, every part held by every rank (each rank passes its own parts,
@@ -137,34 +208,162 @@ pub fn all_reduce_parts(
     mode: ReduceMode,
     timeout: Duration,
 ) -> Result<Vec<f32>, CommError> {
-    let n = len;
-    if parts.iter().any(|p| p.len() != n) {
-        return Err(CommError::Setup("parts of different lengths".into()));
-    }
-    match mode {
-        ReduceMode::Fast | ReduceMode::Deterministic => {
-            let mut data = crate::sum_parts(mode, parts);
-            if data.is_empty() {
-                data = vec![0.0; n];
+    let mut out = vec![0f32; len];
+    Reducer::default().sum_parts(t, parts, &mut out, mode, timeout)?;
+    Ok(out)
+}
+
+/// The all-reduce with working buffers kept between calls: a training loop that reduces
+/// a gradient of the same size every step touches fresh memory only once.
+#[derive(Debug, Default)]
+pub struct Reducer {
+    buf: Vec<u8>,
+    exps: Vec<u8>,
+    sending: Vec<i64>,
+    receiving: Vec<i64>,
+    owned: Vec<f32>,
+}
+
+impl Reducer {
+    /// [`all_reduce_sum`], reusing this reducer's buffers.
+    pub fn sum(
+        &mut self,
+        t: &dyn Transport,
+        data: &mut [f32],
+        mode: ReduceMode,
+        timeout: Duration,
+    ) -> Result<(), CommError> {
+        match mode {
+            // In place: no copy of the message on either side of the ring.
+            ReduceMode::Fast | ReduceMode::Deterministic => {
+                if t.world() > 1 {
+                    reduce_scatter(t, data, |a, b| *a += b, timeout, &mut self.buf)?;
+                    all_gather(t, data, timeout, &mut self.buf)?;
+                }
+                Ok(())
             }
-            ring(t, &mut data, |a, b| *a += b, timeout)?;
-            Ok(data)
+            ReduceMode::Reproducible => {
+                let r = self.reproducible(t, &[&*data], timeout)?;
+                data[r].copy_from_slice(&self.owned);
+                if t.world() > 1 {
+                    all_gather(t, data, timeout, &mut self.buf)?;
+                }
+                Ok(())
+            }
         }
-        ReduceMode::Reproducible => {
-            let headroom = repro::batched::DEFAULT_HEADROOM;
-            let mut exps = vec![0u8; n];
-            for p in parts {
-                repro::batched::max_exponents(&mut exps, p);
+    }
+
+    /// [`all_reduce_parts`] into `out` (whose length is that of every part), reusing this
+    /// reducer's buffers.
+    pub fn sum_parts(
+        &mut self,
+        t: &dyn Transport,
+        parts: &[&[f32]],
+        out: &mut [f32],
+        mode: ReduceMode,
+        timeout: Duration,
+    ) -> Result<(), CommError> {
+        if parts.iter().any(|p| p.len() != out.len()) {
+            return Err(CommError::Setup("parts of different lengths".into()));
+        }
+        match mode {
+            ReduceMode::Fast | ReduceMode::Deterministic => {
+                match parts {
+                    [] => out.fill(0.0),
+                    [one] => out.copy_from_slice(one),
+                    _ => out.copy_from_slice(&crate::sum_parts(mode, parts)),
+                }
+                self.sum(t, out, mode, timeout)
             }
-            ring(t, &mut exps, |a, b| *a = (*a).max(b), timeout)?;
-            let mut fixed = vec![0i64; n];
-            for p in parts {
-                repro::batched::add_fixed(&mut fixed, p, &exps, headroom);
+            ReduceMode::Reproducible => {
+                let r = self.reproducible_len(t, parts, out.len(), timeout)?;
+                out[r].copy_from_slice(&self.owned);
+                if t.world() > 1 {
+                    all_gather(t, out, timeout, &mut self.buf)?;
+                }
+                Ok(())
             }
-            ring(t, &mut fixed, |a, b| *a = a.wrapping_add(b), timeout)?;
-            Ok(repro::batched::finish(&fixed, &exps, headroom))
         }
     }
+
+    fn reproducible(
+        &mut self,
+        t: &dyn Transport,
+        parts: &[&[f32]],
+        timeout: Duration,
+    ) -> Result<std::ops::Range<usize>, CommError> {
+        let n = parts.first().map_or(0, |p| p.len());
+        self.reproducible_len(t, parts, n, timeout)
+    }
+
+    /// The reproducible mode up to the all-gather: the exponent ring, then the streamed
+    /// fixed-point reduce-scatter. Leaves the f32 sum of the chunk this rank owns in
+    /// `self.owned` and returns the chunk's range.
+    fn reproducible_len(
+        &mut self,
+        t: &dyn Transport,
+        parts: &[&[f32]],
+        n: usize,
+        timeout: Duration,
+    ) -> Result<std::ops::Range<usize>, CommError> {
+        self.exps.clear();
+        self.exps.resize(n, 0);
+        for p in parts {
+            repro::batched::max_exponents(&mut self.exps, p);
+        }
+        if t.world() > 1 {
+            reduce_scatter(t, &mut self.exps, |a, b| *a = (*a).max(b), timeout, &mut self.buf)?;
+            all_gather(t, &mut self.exps, timeout, &mut self.buf)?;
+        }
+        fixed_reduce_scatter(t, parts, repro::batched::DEFAULT_HEADROOM, timeout, self)
+    }
+}
+
+/// The reproducible reduce-scatter, streamed: the 64-bit fixed-point form of a chunk
+/// exists only while the chunk passes through this rank (two chunk-sized buffers, not
+/// one integer per element of the message), and each received segment is combined with
+/// this rank's own contribution, converted on the fly, while the next segment arrives.
+/// Leaves the f32 sum of the chunk this rank ends up owning in `r.owned` and returns the
+/// chunk's range.
+fn fixed_reduce_scatter(
+    t: &dyn Transport,
+    parts: &[&[f32]],
+    headroom: u32,
+    timeout: Duration,
+    r: &mut Reducer,
+) -> Result<std::ops::Range<usize>, CommError> {
+    let Reducer { buf, exps, sending, receiving, owned } = r;
+    let (world, rank, n) = (t.world(), t.rank(), exps.len());
+    let exps = &exps[..];
+    let own = |range: std::ops::Range<usize>, acc: &mut [i64]| {
+        for p in parts {
+            repro::batched::add_fixed(acc, &p[range.clone()], &exps[range.clone()], headroom);
+        }
+    };
+    let longest = (0..world).map(|c| chunk_range(n, world, c).len()).max().unwrap_or(0);
+    sending.resize(longest, 0);
+    receiving.resize(longest, 0);
+    let first = chunk_range(n, world, rank);
+    sending[..first.len()].fill(0);
+    own(first.clone(), &mut sending[..first.len()]);
+    let mut owned_range = first;
+    for s in 0..world - 1 {
+        let send_c = (rank + world - s) % world;
+        let recv_c = (rank + world - s - 1) % world;
+        let (sr, rr) = (chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
+        let take = |offset: usize, dst: &mut [i64], src: &[u8]| {
+            for (d, x) in dst.iter_mut().zip(src.chunks_exact(8)) {
+                *d = i64::get(x);
+            }
+            let start = rr.start + offset;
+            own(start..start + dst.len(), dst);
+        };
+        exchange(t, &sending[..sr.len()], &mut receiving[..rr.len()], Instant::now() + timeout, buf, &take)?;
+        std::mem::swap(sending, receiving);
+        owned_range = rr;
+    }
+    *owned = repro::batched::finish(&sending[..owned_range.len()], &exps[owned_range.clone()], headroom);
+    Ok(owned_range)
 }
 
 /// Every rank's `value`, indexed by rank, on every rank.

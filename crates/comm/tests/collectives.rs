@@ -254,3 +254,28 @@ fn an_aborted_mesh_fails_a_blocked_receive_at_once_with_the_reason() {
     // Later calls fail the same way, without touching the sockets.
     assert!(matches!(meshes[0].send(1, 1, b"x"), Err(CommError::Aborted(_))));
 }
+
+#[test]
+fn messages_of_many_segments_reduce_exactly_as_small_ones() {
+    // Chunks of several segments, with lengths that do not divide evenly.
+    let n = 3 * comm::collective::SEGMENT_BYTES / 4 + 12_345;
+    let all = parts(n);
+    let refs: Vec<&[f32]> = all.iter().map(|p| p.as_slice()).collect();
+    let single = repro::batched::sum_parts(&refs, repro::batched::DEFAULT_HEADROOM);
+    for world in [2, 3] {
+        let out = on_mem(world, |r, t| {
+            let repro = all_reduce_parts(t, &mine(&all, r, world), n, ReduceMode::Reproducible, TIMEOUT).unwrap();
+            let det = all_reduce_parts(t, &mine(&all, r, world), n, ReduceMode::Deterministic, TIMEOUT).unwrap();
+            (repro, det)
+        });
+        for (repro, det) in &out {
+            assert_eq!(bits(repro), bits(&single), "world {world}");
+            assert_eq!(bits(det), bits(&out[0].1), "every rank holds the same deterministic sum");
+            // A float sum of six terms errs by at most 6 ulps of the sum of magnitudes.
+            for (i, (a, b)) in det.iter().zip(&single).enumerate() {
+                let magnitude: f32 = all.iter().map(|p| p[i].abs()).sum();
+                assert!((a - b).abs() <= 6.0 * f32::EPSILON * magnitude, "element {i}: {a} vs {b}");
+            }
+        }
+    }
+}

@@ -269,6 +269,9 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     let mut last_eval = None;
     let crash_point = fault_point("STEADFAST_CRASH_AT");
     let stop_point = fault_point("STEADFAST_STOP_AT");
+    // The summed gradient and the all-reduce's buffers, reused every step.
+    let mut reduced: Vec<f32> = Vec::new();
+    let mut reducer = comm::collective::Reducer::default();
     for step in first_step..config.steps {
         let started = Instant::now();
         model = model.load(&params);
@@ -292,12 +295,14 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
             micro_grads.push(flat);
         }
         let parts: Vec<&[f32]> = micro_grads.iter().map(|g| g.as_slice()).collect();
-        let flat = match (mesh, &config.dist) {
+        match (mesh, &config.dist) {
             (Some(m), Some(d)) => {
-                comm::collective::all_reduce_parts(m, &parts, parameters + 1, config.reduce, d.timeout)?
+                reduced.resize(parameters + 1, 0.0);
+                reducer.sum_parts(m, &parts, &mut reduced, config.reduce, d.timeout)?;
             }
-            _ => comm::sum_parts(config.reduce, &parts),
-        };
+            _ => reduced = comm::sum_parts(config.reduce, &parts),
+        }
+        let flat = &reduced[..];
         let loss = flat[parameters];
         if let (Some(m), Some(d)) = (mesh, &config.dist) {
             if let Some(w) = writer.as_mut() {
@@ -305,7 +310,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
             }
             let ballot = comm::commit::Ballot {
                 ok: flat.iter().all(|x| x.is_finite()),
-                digest: ckpt::checksum(bytemuck::cast_slice(&flat)),
+                digest: ckpt::checksum(bytemuck::cast_slice(flat)),
                 durable: writer.as_ref().map_or(0, |w| w.durable()),
             };
             let (decision, ballots) = comm::commit::vote(m, ballot, d.timeout)?;
