@@ -41,6 +41,7 @@ mod dtype;
 mod error;
 pub mod export;
 pub mod failpoint;
+pub mod foreign;
 pub mod manifest;
 pub mod reader;
 mod retention;

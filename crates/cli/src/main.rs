@@ -5,6 +5,7 @@ mod bench_cmd;
 mod ckpt_cmd;
 mod coordinator_cmd;
 mod fpna_cmd;
+mod inject_cmd;
 mod launch_cmd;
 mod train_cmd;
 
@@ -38,6 +39,8 @@ enum Command {
     Coordinator(coordinator_cmd::CoordinatorArgs),
     /// Inspect, verify, compare and export checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),
+    /// Flip bits inside the tensors of a checkpoint file (any supported format).
+    Inject(inject_cmd::InjectArgs),
     /// The floating-point non-associativity lab: variability of parallel reductions.
     Fpna(fpna_cmd::FpnaArgs),
     /// Measurements driven by the scripts under bench/ (prints JSON lines).
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Launch(args) => launch_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Coordinator(args) => coordinator_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Ckpt(args) => ckpt_cmd::run(args),
+        Command::Inject(args) => inject_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Fpna(args) => fpna_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench_cmd::run(args).map(|()| ExitCode::SUCCESS),
     };

@@ -1,0 +1,471 @@
+//! Where each tensor's bytes are in checkpoint files of any format Steadfast can alter:
+//! its own checkpoints, plain safetensors, NumPy `.npz`, PyTorch `.pt`/`.pth` and (with
+//! the `hdf5` feature) HDF5/Keras `.h5`.
+//!
+//! Every supported layout keeps a tensor as one contiguous run of little-endian elements
+//! in one file, so [`locate`] answers with byte ranges ([`TensorLoc`]) and the caller can
+//! read or patch the bytes in place with no framework in the loop. What a format keeps
+//! *about* those bytes (a ZIP member's CRC-32, a Steadfast manifest's xxh3) is named in
+//! [`Integrity`] so that a tool which changes bytes can bring it up to date, or leave it
+//! stale on purpose.
+//!
+//! Nothing here executes code from a file: PyTorch's pickle is decoded symbolically
+//! ([`pickle`]).
+
+pub mod pickle;
+pub mod zip;
+
+#[cfg(feature = "hdf5")]
+mod h5;
+
+use std::path::{Path, PathBuf};
+
+use crate::{DType, Role};
+
+/// A file format Steadfast can locate tensors in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// A Steadfast checkpoint directory (manifest plus safetensors shards).
+    Steadfast,
+    /// A single safetensors file.
+    Safetensors,
+    /// A PyTorch `torch.save` archive (ZIP with a pickle).
+    PyTorch,
+    /// A NumPy `.npz` archive of `.npy` members.
+    Npz,
+    /// An HDF5 file (Keras `.h5` included).
+    Hdf5,
+}
+
+impl Format {
+    /// The lower-case name used in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Steadfast => "steadfast",
+            Format::Safetensors => "safetensors",
+            Format::PyTorch => "pytorch",
+            Format::Npz => "npz",
+            Format::Hdf5 => "hdf5",
+        }
+    }
+}
+
+/// What a format records about a tensor's bytes that must change when they change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Integrity {
+    /// Nothing.
+    None,
+    /// The CRC-32 of the ZIP member holding the tensor (index into [`Located::members`]).
+    ZipCrc(usize),
+    /// The tensor's xxh3 in the Steadfast manifest.
+    Manifest,
+}
+
+/// One tensor's place in a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorLoc {
+    /// Its name (registry name, state-dict path, archive member or HDF5 path).
+    pub name: String,
+    /// Model parameter or optimizer state (from the name where the format has no roles).
+    pub role: Role,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// The file that holds its bytes.
+    pub file: PathBuf,
+    /// Absolute offset of its first byte in that file.
+    pub offset: u64,
+    /// Length in bytes (elements times element size).
+    pub len: u64,
+    /// What must be updated when its bytes change.
+    pub integrity: Integrity,
+}
+
+impl TensorLoc {
+    /// Number of elements.
+    pub fn elements(&self) -> u64 {
+        self.len / self.dtype.size() as u64
+    }
+}
+
+/// The tensors of a file, and what is needed to keep its integrity data right.
+#[derive(Clone, Debug)]
+pub struct Located {
+    /// The format found.
+    pub format: Format,
+    /// The tensors, in the file's order.
+    pub tensors: Vec<TensorLoc>,
+    /// ZIP members (ZIP formats only).
+    pub members: Vec<zip::Member>,
+    /// The archive file (ZIP formats only).
+    pub archive: Option<PathBuf>,
+    /// Arrays that exist but cannot be located as one byte range, with the reason.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// A file that cannot be read as any supported format, or that lies about its layout.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct ForeignError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn err(path: &Path, reason: impl std::fmt::Display) -> ForeignError {
+    ForeignError { path: path.to_owned(), reason: reason.to_string() }
+}
+
+/// The role a name suggests in formats without roles: optimizer state if any path
+/// component mentions an optimizer (`optimizer.state.0.exp_avg`,
+/// `optimizer_weights/...`) or starts with `optim`, else model.
+pub fn role_from_name(name: &str) -> Role {
+    let lower = name.to_ascii_lowercase();
+    if lower.starts_with("optim") || lower.contains("optimizer") || lower.contains("/optim") {
+        Role::Optim
+    } else {
+        Role::Model
+    }
+}
+
+/// Recognises the format of `path` from its content (a directory is a Steadfast
+/// checkpoint or a root of them).
+pub fn detect(path: &Path) -> Result<Format, ForeignError> {
+    if path.is_dir() {
+        return Ok(Format::Steadfast);
+    }
+    let mut head = [0u8; 8];
+    let n = {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| err(path, e))?;
+        f.read(&mut head).map_err(|e| err(path, e))?
+    };
+    if n >= 4 && &head[..4] == b"PK\x03\x04" {
+        let members = zip::members(path).map_err(|e| err(path, e))?;
+        if members.iter().any(|m| m.name.ends_with("data.pkl")) {
+            return Ok(Format::PyTorch);
+        }
+        if members.iter().any(|m| m.name.ends_with(".npy")) {
+            return Ok(Format::Npz);
+        }
+        return Err(err(path, "a ZIP archive that is neither a PyTorch checkpoint nor an .npz"));
+    }
+    if n == 8 && head == *b"\x89HDF\r\n\x1a\n" {
+        return Ok(Format::Hdf5);
+    }
+    if n == 8 {
+        let len = std::fs::metadata(path).map_err(|e| err(path, e))?.len();
+        if crate::safetensors::header_len(&head, len).is_ok() {
+            return Ok(Format::Safetensors);
+        }
+    }
+    Err(err(path, "unknown format (expected a Steadfast checkpoint, safetensors, .pt, .npz or .h5)"))
+}
+
+/// Finds every tensor of the file (or Steadfast checkpoint directory) at `path`.
+pub fn locate(path: &Path) -> Result<Located, ForeignError> {
+    let format = detect(path)?;
+    let mut located = Located { format, tensors: Vec::new(), members: Vec::new(), archive: None, skipped: Vec::new() };
+    match format {
+        Format::Steadfast => located.tensors = steadfast(path)?,
+        Format::Safetensors => located.tensors = safetensors_file(path)?,
+        Format::Npz | Format::PyTorch => {
+            let members = zip::members(path).map_err(|e| err(path, e))?;
+            located.tensors = if format == Format::Npz { npz(path, &members)? } else { pytorch(path, &members)? };
+            located.members = members;
+            located.archive = Some(path.to_owned());
+        }
+        Format::Hdf5 => (located.tensors, located.skipped) = hdf5(path)?,
+    }
+    Ok(located)
+}
+
+type Hdf5Tensors = (Vec<TensorLoc>, Vec<(String, String)>);
+
+#[cfg(feature = "hdf5")]
+fn hdf5(path: &Path) -> Result<Hdf5Tensors, ForeignError> {
+    h5::locate(path).map_err(|e| err(path, e))
+}
+
+#[cfg(not(feature = "hdf5"))]
+fn hdf5(path: &Path) -> Result<Hdf5Tensors, ForeignError> {
+    Err(err(path, "this build has no HDF5 support (build with the `hdf5` feature and libhdf5)"))
+}
+
+fn steadfast(path: &Path) -> Result<Vec<TensorLoc>, ForeignError> {
+    let dir = crate::reader::resolve(path).map_err(|e| err(path, e))?;
+    let c = crate::reader::open(&dir).map_err(|e| err(path, e))?;
+    c.manifest
+        .tensors
+        .iter()
+        .map(|t| {
+            Ok(TensorLoc {
+                name: t.name.clone(),
+                role: t.role.parse().map_err(|e| err(&dir, e))?,
+                dtype: DType::from_name(&t.dtype).ok_or_else(|| err(&dir, format!("unknown dtype {}", t.dtype)))?,
+                shape: t.shape.clone(),
+                file: dir.join(&t.file),
+                offset: t.offset,
+                len: t.length,
+                integrity: Integrity::Manifest,
+            })
+        })
+        .collect()
+}
+
+fn safetensors_file(path: &Path) -> Result<Vec<TensorLoc>, ForeignError> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| err(path, e))?;
+    let file_len = f.metadata().map_err(|e| err(path, e))?.len();
+    let mut first8 = [0u8; 8];
+    f.read_exact(&mut first8).map_err(|e| err(path, e))?;
+    let n = crate::safetensors::header_len(&first8, file_len).map_err(|e| err(path, e))?;
+    let mut json = vec![0u8; n as usize];
+    f.read_exact(&mut json).map_err(|e| err(path, e))?;
+    let header = crate::safetensors::parse_header(&json, file_len).map_err(|e| err(path, e))?;
+    Ok(header
+        .entries
+        .iter()
+        .map(|e| TensorLoc {
+            name: e.name.clone(),
+            role: Role::of_name(&e.name).unwrap_or_else(|| role_from_name(&e.name)),
+            dtype: e.dtype,
+            shape: e.shape.iter().map(|&d| d as u64).collect(),
+            file: path.to_owned(),
+            offset: header.data_start + e.begin,
+            len: e.len(),
+            integrity: Integrity::None,
+        })
+        .collect())
+}
+
+/// The dtype of a NumPy `descr` such as `<f4`; big-endian arrays are refused.
+fn npy_dtype(descr: &str) -> Result<DType, String> {
+    let (order, code) = descr.split_at(1.min(descr.len()));
+    if order == ">" && !code.ends_with('1') {
+        return Err(format!("big-endian arrays ({descr}) are not supported"));
+    }
+    Ok(match code {
+        "f8" => DType::F64,
+        "f4" => DType::F32,
+        "f2" => DType::F16,
+        "i8" => DType::I64,
+        "i4" => DType::I32,
+        "i2" => DType::I16,
+        "i1" => DType::I8,
+        "u8" => DType::U64,
+        "u4" => DType::U32,
+        "u2" => DType::U16,
+        "u1" => DType::U8,
+        "b1" => DType::Bool,
+        _ => return Err(format!("unsupported NumPy dtype {descr:?}")),
+    })
+}
+
+/// Parses an `.npy` header: returns (dtype, shape, header length).
+pub fn npy_header(bytes: &[u8]) -> Result<(DType, Vec<u64>, u64), String> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err("not an .npy array (bad magic)".into());
+    }
+    let (len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes(bytes[8..12].try_into().expect("4")) as usize, 12),
+        v => return Err(format!("unsupported .npy version {v}")),
+    };
+    let text = bytes.get(start..start + len).ok_or("truncated .npy header")?;
+    let text = std::str::from_utf8(text).map_err(|_| "the .npy header is not text")?;
+    let field = |key: &str| -> Result<&str, String> {
+        let at = text.find(&format!("'{key}'")).ok_or(format!("the .npy header has no {key}"))?;
+        Ok(text[at + key.len() + 2..].trim_start().trim_start_matches(':').trim_start())
+    };
+    let descr = field("descr")?;
+    let descr = descr.strip_prefix('\'').and_then(|d| d.split('\'').next()).ok_or("malformed descr")?;
+    let dtype = npy_dtype(descr)?;
+    let shape = field("shape")?;
+    let shape = shape.strip_prefix('(').and_then(|s| s.split(')').next()).ok_or("malformed shape")?;
+    let shape = shape
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|d| d.parse::<u64>().map_err(|_| format!("bad dimension {d:?}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((dtype, shape, (start + len) as u64))
+}
+
+fn npz(path: &Path, members: &[zip::Member]) -> Result<Vec<TensorLoc>, ForeignError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).map_err(|e| err(path, e))?;
+    let mut out = Vec::new();
+    for (i, m) in members.iter().enumerate().filter(|(_, m)| m.name.ends_with(".npy")) {
+        if m.method != 0 {
+            return Err(err(
+                path,
+                format!(
+                    "member {} is compressed (np.savez_compressed); only stored members can be altered in place",
+                    m.name
+                ),
+            ));
+        }
+        let mut head = vec![0u8; m.size.min(65_536 + 12) as usize];
+        f.seek(SeekFrom::Start(m.data_offset)).map_err(|e| err(path, e))?;
+        f.read_exact(&mut head).map_err(|e| err(path, e))?;
+        let (dtype, shape, header) = npy_header(&head).map_err(|e| err(path, format!("member {}: {e}", m.name)))?;
+        let len = shape.iter().product::<u64>() * dtype.size() as u64;
+        if header + len != m.size {
+            return Err(err(
+                path,
+                format!("member {}: {} bytes of data, its header implies {len}", m.name, m.size - header.min(m.size)),
+            ));
+        }
+        let name = m.name.trim_end_matches(".npy").to_owned();
+        out.push(TensorLoc {
+            role: role_from_name(&name),
+            name,
+            dtype,
+            shape,
+            file: path.to_owned(),
+            offset: m.data_offset + header,
+            len,
+            integrity: Integrity::ZipCrc(i),
+        });
+    }
+    Ok(out)
+}
+
+fn storage_dtype(class: &str) -> Option<DType> {
+    Some(match class {
+        "FloatStorage" => DType::F32,
+        "DoubleStorage" => DType::F64,
+        "HalfStorage" => DType::F16,
+        "BFloat16Storage" => DType::BF16,
+        "LongStorage" => DType::I64,
+        "IntStorage" => DType::I32,
+        "ShortStorage" => DType::I16,
+        "CharStorage" => DType::I8,
+        "ByteStorage" => DType::U8,
+        "BoolStorage" => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn pytorch(path: &Path, members: &[zip::Member]) -> Result<Vec<TensorLoc>, ForeignError> {
+    use pickle::Value;
+    use std::io::{Read, Seek, SeekFrom};
+    let pkl = members.iter().find(|m| m.name.ends_with("data.pkl")).ok_or_else(|| err(path, "no data.pkl"))?;
+    if pkl.method != 0 || pkl.size > 1 << 30 {
+        return Err(err(path, "data.pkl is compressed or too large"));
+    }
+    let prefix = pkl.name.trim_end_matches("data.pkl").to_owned();
+    let mut f = std::fs::File::open(path).map_err(|e| err(path, e))?;
+    let mut bytes = vec![0u8; pkl.size as usize];
+    f.seek(SeekFrom::Start(pkl.data_offset)).map_err(|e| err(path, e))?;
+    f.read_exact(&mut bytes).map_err(|e| err(path, e))?;
+    let root = pickle::parse(&bytes).map_err(|e| err(path, format!("data.pkl: {e}")))?;
+
+    let mut out = Vec::new();
+    // Depth-first over dicts, lists and tuples, naming tensors by their key path.
+    let mut todo: Vec<(String, &Value, usize)> = vec![(String::new(), &root, 0)];
+    while let Some((name, v, depth)) = todo.pop() {
+        if depth > 64 {
+            return Err(err(path, "data.pkl nests deeper than 64 levels"));
+        }
+        let join = |k: &str| if name.is_empty() { k.to_owned() } else { format!("{name}.{k}") };
+        match v {
+            Value::Dict(items) => {
+                for (k, v) in items.iter().rev() {
+                    let key = match k {
+                        Value::Str(s) => s.clone(),
+                        Value::Int(i) => i.to_string(),
+                        _ => continue,
+                    };
+                    todo.push((join(&key), v, depth + 1));
+                }
+            }
+            Value::List(items) | Value::Tuple(items) => {
+                for (i, v) in items.iter().enumerate().rev() {
+                    todo.push((join(&i.to_string()), v, depth + 1));
+                }
+            }
+            Value::Call(func, args) => {
+                let (Value::Global(module, fname), Value::Tuple(args)) = (&**func, &**args) else { continue };
+                match (module.as_str(), fname.as_str()) {
+                    ("torch._utils", "_rebuild_parameter") | ("torch._utils", "_rebuild_parameter_with_state") => {
+                        if let Some(t) = args.first() {
+                            todo.push((name.clone(), t, depth + 1));
+                        }
+                    }
+                    ("torch._utils", "_rebuild_tensor_v2") | ("torch._utils", "_rebuild_tensor") => {
+                        out.push(pytorch_tensor(path, &name, args, &prefix, members)?);
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+fn pytorch_tensor(
+    path: &Path,
+    name: &str,
+    args: &[pickle::Value],
+    prefix: &str,
+    members: &[zip::Member],
+) -> Result<TensorLoc, ForeignError> {
+    use pickle::Value;
+    let bad = |why: &str| err(path, format!("tensor {name}: {why}"));
+    let ints = |v: &Value| -> Option<Vec<u64>> {
+        match v {
+            Value::Tuple(t) => {
+                t.iter().map(|d| if let Value::Int(i) = d { u64::try_from(*i).ok() } else { None }).collect()
+            }
+            _ => None,
+        }
+    };
+    let [Value::PersId(id), Value::Int(offset), size, stride, ..] = args else {
+        return Err(bad("unexpected arguments to _rebuild_tensor_v2"));
+    };
+    let Value::Tuple(id) = &**id else { return Err(bad("unexpected storage id")) };
+    let [_, Value::Global(_, class), Value::Str(key), ..] = id.as_slice() else {
+        return Err(bad("unexpected storage id"));
+    };
+    let dtype = storage_dtype(class).ok_or_else(|| bad(&format!("unsupported storage type {class}")))?;
+    let shape = ints(size).ok_or_else(|| bad("malformed size"))?;
+    let stride = ints(stride).ok_or_else(|| bad("malformed stride"))?;
+    // Row-major contiguity (dimensions of length 1 may have any stride).
+    let mut expect = 1u64;
+    for (d, s) in shape.iter().zip(&stride).rev() {
+        if *d != 1 && *s != expect {
+            return Err(bad("not contiguous (a strided view); only contiguous tensors can be located"));
+        }
+        expect *= d;
+    }
+    let storage = format!("{prefix}data/{key}");
+    let (i, m) = members
+        .iter()
+        .enumerate()
+        .find(|(_, m)| m.name == storage)
+        .ok_or_else(|| bad(&format!("its storage {storage} is missing from the archive")))?;
+    if m.method != 0 {
+        return Err(bad("its storage is compressed"));
+    }
+    let size = dtype.size() as u64;
+    let begin = u64::try_from(*offset).map_err(|_| bad("negative storage offset"))? * size;
+    let len = shape.iter().product::<u64>() * size;
+    if begin + len > m.size {
+        return Err(bad(&format!("{len} bytes at {begin} lie outside its storage of {} bytes", m.size)));
+    }
+    Ok(TensorLoc {
+        name: name.to_owned(),
+        role: role_from_name(name),
+        dtype,
+        shape,
+        file: path.to_owned(),
+        offset: m.data_offset + begin,
+        len,
+        integrity: Integrity::ZipCrc(i),
+    })
+}
