@@ -28,7 +28,11 @@ Examples:
 
   # Checkpoint every 100 steps, keep the 3 newest; after a crash, resume exactly
   steadfast train --model mlp --checkpoint-every 100 --checkpoint-dir runs/ckpt --keep-last 3
-  steadfast train --model mlp --checkpoint-every 100 --checkpoint-dir runs/ckpt --keep-last 3 --resume latest";
+  steadfast train --model mlp --checkpoint-every 100 --checkpoint-dir runs/ckpt --keep-last 3 --resume latest
+
+  # Flip one exponent bit of a first-layer weight before step 300, and one of Adam's state at step 500
+  steadfast train --model mlp --inject 'step=300,state=param,target=model.fc1.*,bits=exponent,count=1,seed=7' \
+                              --inject 'step=500,state=optim,bits=30,count=1'";
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum ModelArg {
@@ -168,6 +172,11 @@ pub struct TrainArgs {
     /// Compare the replicas' fingerprints every K steps (and always at the end).
     #[arg(long, value_name = "K", default_value_t = 0)]
     fingerprint_every: u64,
+    /// Flip bits in live state: `step=S[,rank=R][,state=param|grad|optim][,target=GLOB]
+    /// [,bits=sign|exponent|mantissa|any|N|N-M][,count=K|rate=P][,burst=B][,seed=N]`.
+    /// Repeatable.
+    #[arg(long, value_name = "FAULT")]
+    inject: Vec<fault::live::LiveFault>,
 }
 
 fn env_first(names: &[&str]) -> Option<String> {
@@ -264,6 +273,7 @@ impl TrainArgs {
             other => other,
         };
         c.dist = dist;
+        c.inject = self.inject;
         if self.checkpoint_every == Some(0) {
             anyhow::bail!("--checkpoint-every must be at least 1");
         }

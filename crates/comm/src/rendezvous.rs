@@ -74,6 +74,7 @@ pub fn serve(
             Err(e) => return Err(setup(e)),
         };
         stream.set_nonblocking(false).map_err(setup)?;
+        crate::transport::keepalive(&stream).map_err(setup)?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(setup)?;
         let joined_ok = (|| -> Result<(usize, SocketAddr), String> {
             let rank = handshake(&mut stream, secret, COORDINATOR_RANK).map_err(|e| e.to_string())? as usize;
@@ -123,6 +124,7 @@ pub fn join(
             Err(e) => return Err(setup(format!("cannot reach the coordinator at {coordinator}: {e}"))),
         }
     };
+    crate::transport::keepalive(&stream).map_err(setup)?;
     stream.set_read_timeout(Some(timeout)).map_err(setup)?;
     let who = handshake(&mut stream, secret, rank as u32).map_err(setup)?;
     if who != COORDINATOR_RANK {

@@ -294,9 +294,22 @@ impl TcpMesh {
 
 fn prepare(s: &TcpStream, config: &TcpConfig) -> std::io::Result<()> {
     s.set_nodelay(true)?;
+    keepalive(s)?;
     s.set_write_timeout(Some(config.write_timeout))?;
     // The handshake itself must not hang on a silent peer.
     s.set_read_timeout(Some(config.connect_timeout))
+}
+
+/// TCP keepalive: an idle connection whose peer host vanished (power loss, a cut link,
+/// no RST ever sent) is probed after 5 s and closed after 3 unanswered probes 1 s apart,
+/// so that a blocked read fails even outside the collectives' own deadlines.
+pub fn keepalive(s: &TcpStream) -> std::io::Result<()> {
+    use rustix::net::sockopt;
+    sockopt::set_socket_keepalive(s, true)?;
+    sockopt::set_tcp_keepidle(s, Duration::from_secs(5))?;
+    sockopt::set_tcp_keepintvl(s, Duration::from_secs(1))?;
+    sockopt::set_tcp_keepcnt(s, 3)?;
+    Ok(())
 }
 
 fn accept_until(listener: &TcpListener, deadline: Instant) -> std::io::Result<(TcpStream, SocketAddr)> {

@@ -6,7 +6,9 @@
 //! - [`plan`]: which tensors, elements and bits a fault hits, drawn from a seed;
 //! - [`inject`]: flipping those bits inside checkpoint files of every supported format
 //!   (Steadfast, safetensors, PyTorch, NumPy, HDF5), with a JSON log that redoes and
-//!   undoes the change exactly.
+//!   undoes the change exactly;
+//! - [`live`]: the same flips in live training state (parameters, gradients, optimizer
+//!   slots) at a chosen step and rank.
 //!
 //! ```
 //! use fault::{BitClass, flip_f32};
@@ -22,6 +24,7 @@
 
 pub mod bits;
 pub mod inject;
+pub mod live;
 pub mod plan;
 pub mod value;
 

@@ -100,6 +100,9 @@ pub enum TrainError {
         /// Ranks whose gradient digest differs from the majority's.
         disagreeing: Vec<usize>,
     },
+    /// A `--inject` fault cannot be applied.
+    #[error("cannot inject: {0}")]
+    Inject(#[from] fault::plan::PlanError),
     /// The model produced a non-finite loss.
     #[error("training diverged at step {step}: loss is {loss}")]
     Diverged {

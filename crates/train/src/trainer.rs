@@ -39,7 +39,8 @@ use crate::data::{DataKind, DataSpec, Dataset, Modality, Split};
 use crate::error::{ConfigError, TrainError};
 use crate::model::{EvalSums, GptConfig, Model, ModelKind};
 use crate::optim::{OptimConfig, OptimKind, Optimizer};
-use crate::state::{self, NamedTensor};
+use crate::state::{self, NamedTensor, Role};
+use fault::live::StateKind;
 
 /// Text sequences scored per evaluation (the first ones of the held-out split).
 pub const TEXT_EVAL_SEQUENCES: usize = 1024;
@@ -81,6 +82,8 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Data-parallel training across processes; `None` trains in this process alone.
     pub dist: Option<DistConfig>,
+    /// Bit flips to inject into live state (`--inject`).
+    pub inject: Vec<fault::live::LiveFault>,
 }
 
 /// This process's place in a data-parallel job.
@@ -128,6 +131,7 @@ impl TrainConfig {
             checkpoint: None,
             resume: None,
             dist: None,
+            inject: Vec::new(),
         }
     }
 }
@@ -284,6 +288,11 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         if stop_point == Some((rank, step)) {
             stop_this_process(rank, step);
         }
+        for f in config.inject.iter().filter(|f| f.step == step && f.rank == rank && f.state == StateKind::Param) {
+            let mut views: Vec<(&str, Role, &mut [f32])> =
+                params.iter_mut().map(|p| (p.name.as_str(), p.role, p.data.as_mut_slice())).collect();
+            report_injection(&mut metrics, f, f.apply(&mut views)?)?;
+        }
         // Each micro-batch contributes its flat gradient followed by its loss, so one
         // reduction sums both (the loss is per-element data like any other).
         let mut micro_grads: Vec<Vec<f32>> = Vec::new();
@@ -301,6 +310,17 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
                 reducer.sum_parts(m, &parts, &mut reduced, config.reduce, d.timeout)?;
             }
             _ => reduced = comm::sum_parts(config.reduce, &parts),
+        }
+        for f in config.inject.iter().filter(|f| f.step == step && f.rank == rank && f.state == StateKind::Grad) {
+            // The gradient of each parameter is its slice of the flat sum.
+            let mut rest = &mut reduced[..parameters];
+            let mut views: Vec<(&str, Role, &mut [f32])> = Vec::with_capacity(params.len());
+            for p in &params {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.data.len());
+                views.push((p.name.as_str(), p.role, head));
+                rest = tail;
+            }
+            report_injection(&mut metrics, f, f.apply(&mut views)?)?;
         }
         let flat = &reduced[..];
         let loss = flat[parameters];
@@ -327,6 +347,11 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         let grads = split_like(&flat[..parameters], &params);
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
+        }
+        for f in config.inject.iter().filter(|f| f.step == step && f.rank == rank && f.state == StateKind::Optim) {
+            let mut views: Vec<(&str, Role, &mut [f32])> =
+                optimizer.slots_mut().iter_mut().map(|p| (p.name.as_str(), p.role, p.data.as_mut_slice())).collect();
+            report_injection(&mut metrics, f, f.apply(&mut views)?)?;
         }
         let update = Instant::now();
         optimizer.step(&mut params, &grads);
@@ -433,6 +458,33 @@ fn stop_this_process(rank: usize, step: u64) {
     if let Err(e) = std::process::Command::new("kill").args(["-STOP", &pid]).status() {
         tracing::error!("cannot stop this process: {e}");
     }
+}
+
+/// Logs the flips of a live fault (as a warning, and in `metrics.jsonl`).
+fn report_injection(
+    metrics: &mut MetricsFile,
+    fault: &fault::live::LiveFault,
+    flips: Vec<fault::live::LiveFlip>,
+) -> Result<(), TrainError> {
+    for f in flips {
+        tracing::warn!(
+            step = fault.step,
+            rank = fault.rank,
+            state = fault.state.name(),
+            tensor = %f.tensor,
+            element = f.element,
+            bits = ?f.bits,
+            "injected a bit flip: {} -> {}",
+            f.old,
+            f.new
+        );
+        metrics.write(json!({
+            "kind": "inject", "step": fault.step, "rank": fault.rank, "state": fault.state.name(),
+            "tensor": f.tensor, "element": f.element, "bits": f.bits,
+            "old": f.old.to_string(), "new": f.new.to_string(),
+        }))?;
+    }
+    Ok(())
 }
 
 /// Cuts a flat gradient back into one vector per parameter.
