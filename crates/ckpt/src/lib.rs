@@ -15,8 +15,12 @@
 //!   buffers, a background thread persists;
 //! - [`reader::resolve`], [`reader::open`], [`Checkpoint::load`] (verifies every checksum)
 //!   and [`Checkpoint::verify`] (reports every problem);
+//! - [`AsyncWriter::for_part`] and [`store::commit_parts`]: checkpoints written by every
+//!   replica of a data-parallel job, each a disjoint part, committed once all are durable;
 //! - [`diff::diff`] and [`export::export`] for tools;
-//! - [`safetensors`]: the container, parsed strictly without I/O.
+//! - [`safetensors`]: the container, parsed strictly without I/O;
+//! - [`foreign`]: where each tensor's bytes lie in other frameworks' files (safetensors,
+//!   PyTorch `.pt`, NumPy `.npz`, HDF5 `.h5`), for tools that read or alter them.
 //!
 //! ```
 //! use ckpt::{Meta, Role, SaveOptions, TensorRef};
