@@ -81,6 +81,8 @@ impl Default for SaveOptions {
 /// What a save did.
 #[derive(Clone, Debug)]
 pub struct SaveReport {
+    /// The committed step.
+    pub step: u64,
     /// The committed directory.
     pub dir: PathBuf,
     /// Bytes written, manifest included.
@@ -322,7 +324,7 @@ fn commit_dir(
         }
     }
     let bytes = manifest_bytes.len() as u64 + manifest.files.iter().map(|f| f.length).sum::<u64>();
-    Ok(SaveReport { dir, bytes, duration: started.elapsed(), deleted })
+    Ok(SaveReport { step, dir, bytes, duration: started.elapsed(), deleted })
 }
 
 /// One of `count` writers of a checkpoint whose state they all hold (the replicas of a

@@ -255,7 +255,7 @@ impl AsyncWriter {
             self.idle = buffers;
             match result? {
                 Persisted::Committed(report) => {
-                    self.durable = report_step(&report).unwrap_or(self.durable);
+                    self.durable = report.step;
                     self.stats.committed += 1;
                     self.stats.persist += report.duration;
                     self.stats.bytes += report.bytes;
@@ -270,10 +270,6 @@ impl AsyncWriter {
         }
         Ok(())
     }
-}
-
-fn report_step(report: &SaveReport) -> Option<u64> {
-    report.dir.file_name()?.to_str().and_then(crate::store::parse_step_dir)
 }
 
 impl Drop for AsyncWriter {

@@ -301,6 +301,7 @@ fn allreduce_bench(b: &AllreduceBench) -> anyhow::Result<()> {
         max_frame: comm::frame::DEFAULT_MAX_FRAME,
         connect_timeout: Duration::from_secs(30),
         write_timeout: Duration::from_secs(60),
+        abort_grace: Duration::ZERO,
     };
     let timeout = Duration::from_secs(120);
     let results: Vec<anyhow::Result<Vec<serde_json::Value>>> = std::thread::scope(|s| {

@@ -2,18 +2,12 @@
 //! resume to the same fingerprint; the `ckpt` tools and their exit codes.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn steadfast(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_steadfast")).args(args).output().expect("run steadfast")
-}
+mod common;
 
-fn fingerprint(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    stdout.lines().find(|l| l.starts_with("fingerprint: ")).expect("fingerprint line").to_owned()
-}
+use common::{fingerprint, steadfast};
 
 const RUN: [&str; 12] = [
     "train",

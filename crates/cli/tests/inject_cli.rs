@@ -4,17 +4,11 @@
 //! bits differ. Replay and undo are exact; bad input is refused without touching files.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn steadfast(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_steadfast")).args(args).output().expect("run steadfast")
-}
+mod common;
 
-fn ok(out: Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    stdout
-}
+use common::{ok, steadfast};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

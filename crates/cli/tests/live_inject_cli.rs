@@ -2,17 +2,9 @@
 //! data-parallel job by the commit vote (a corrupted gradient sum on one rank) or by the
 //! replica fingerprints (corrupted parameters on one rank).
 
-use std::process::{Command, Output};
+mod common;
 
-fn steadfast(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_steadfast")).args(args).output().expect("run steadfast")
-}
-
-fn fingerprint(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    stdout.lines().find_map(|l| l.split("fingerprint: ").nth(1)).expect("a fingerprint").trim().to_owned()
-}
+use common::{fingerprint, steadfast};
 
 const TRAIN: [&str; 13] = [
     "train",

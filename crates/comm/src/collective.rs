@@ -165,20 +165,20 @@ fn all_gather<T: Wire>(
     Ok(())
 }
 
-/// Ring all-reduce of `data` in place with the associative `combine`.
+/// Ring all-reduce of `data` in place with the associative `combine`; `buf` receives the
+/// segments (one buffer for the whole ring, or kept across calls by a [`Reducer`]).
 fn ring<T: Wire>(
     t: &dyn Transport,
     data: &mut [T],
     combine: impl Fn(&mut T, T) + Sync,
     timeout: Duration,
+    buf: &mut Vec<u8>,
 ) -> Result<(), CommError> {
     if t.world() == 1 {
         return Ok(());
     }
-    // One receive buffer for the whole ring: its pages are touched once, not every step.
-    let mut buf = Vec::new();
-    reduce_scatter(t, data, combine, timeout, &mut buf)?;
-    all_gather(t, data, timeout, &mut buf)
+    reduce_scatter(t, data, combine, timeout, buf)?;
+    all_gather(t, data, timeout, buf)
 }
 
 /// Sums `data` element-wise across all ranks, in place, in the given mode. Fails on every
@@ -235,15 +235,9 @@ impl Reducer {
     ) -> Result<(), CommError> {
         match mode {
             // In place: no copy of the message on either side of the ring.
-            ReduceMode::Fast | ReduceMode::Deterministic => {
-                if t.world() > 1 {
-                    reduce_scatter(t, data, |a, b| *a += b, timeout, &mut self.buf)?;
-                    all_gather(t, data, timeout, &mut self.buf)?;
-                }
-                Ok(())
-            }
+            ReduceMode::Fast | ReduceMode::Deterministic => ring(t, data, |a, b| *a += b, timeout, &mut self.buf),
             ReduceMode::Reproducible => {
-                let r = self.reproducible(t, &[&*data], timeout)?;
+                let r = self.reproducible(t, &[&*data], data.len(), timeout)?;
                 data[r].copy_from_slice(&self.owned);
                 if t.world() > 1 {
                     all_gather(t, data, timeout, &mut self.buf)?;
@@ -276,7 +270,7 @@ impl Reducer {
                 self.sum(t, out, mode, timeout)
             }
             ReduceMode::Reproducible => {
-                let r = self.reproducible_len(t, parts, out.len(), timeout)?;
+                let r = self.reproducible(t, parts, out.len(), timeout)?;
                 out[r].copy_from_slice(&self.owned);
                 if t.world() > 1 {
                     all_gather(t, out, timeout, &mut self.buf)?;
@@ -286,20 +280,10 @@ impl Reducer {
         }
     }
 
-    fn reproducible(
-        &mut self,
-        t: &dyn Transport,
-        parts: &[&[f32]],
-        timeout: Duration,
-    ) -> Result<std::ops::Range<usize>, CommError> {
-        let n = parts.first().map_or(0, |p| p.len());
-        self.reproducible_len(t, parts, n, timeout)
-    }
-
     /// The reproducible mode up to the all-gather: the exponent ring, then the streamed
     /// fixed-point reduce-scatter. Leaves the f32 sum of the chunk this rank owns in
     /// `self.owned` and returns the chunk's range.
-    fn reproducible_len(
+    fn reproducible(
         &mut self,
         t: &dyn Transport,
         parts: &[&[f32]],
@@ -311,10 +295,7 @@ impl Reducer {
         for p in parts {
             repro::batched::max_exponents(&mut self.exps, p);
         }
-        if t.world() > 1 {
-            reduce_scatter(t, &mut self.exps, |a, b| *a = (*a).max(b), timeout, &mut self.buf)?;
-            all_gather(t, &mut self.exps, timeout, &mut self.buf)?;
-        }
+        ring(t, &mut self.exps, |a, b| *a = (*a).max(b), timeout, &mut self.buf)?;
         fixed_reduce_scatter(t, parts, repro::batched::DEFAULT_HEADROOM, timeout, self)
     }
 }
@@ -362,7 +343,8 @@ fn fixed_reduce_scatter(
         std::mem::swap(sending, receiving);
         owned_range = rr;
     }
-    *owned = repro::batched::finish(&sending[..owned_range.len()], &exps[owned_range.clone()], headroom);
+    owned.resize(owned_range.len(), 0.0);
+    repro::batched::finish_into(&sending[..owned_range.len()], &exps[owned_range.clone()], headroom, owned);
     Ok(owned_range)
 }
 
@@ -379,7 +361,7 @@ pub fn all_gather_words(t: &dyn Transport, words: &[u64], timeout: Duration) -> 
     for (slot, &w) in slots[t.rank() * k..(t.rank() + 1) * k].iter_mut().zip(words) {
         *slot = w as i64;
     }
-    ring(t, &mut slots, |a, b| *a = a.wrapping_add(b), timeout)?;
+    ring(t, &mut slots, |a, b| *a = a.wrapping_add(b), timeout, &mut Vec::new())?;
     Ok(slots.chunks(k.max(1)).take(t.world()).map(|c| c.iter().map(|&v| v as u64).collect()).collect())
 }
 
@@ -402,5 +384,5 @@ pub fn broadcast(t: &dyn Transport, data: &mut Vec<u8>, root: usize, timeout: Du
 /// Returns once every rank has entered the barrier (or fails within `timeout`).
 pub fn barrier(t: &dyn Transport, timeout: Duration) -> Result<(), CommError> {
     let mut token = vec![0u8];
-    ring(t, &mut token, |a, b| *a = (*a).max(b), timeout)
+    ring(t, &mut token, |a, b| *a = (*a).max(b), timeout, &mut Vec::new())
 }

@@ -167,6 +167,11 @@ pub struct TcpConfig {
     pub connect_timeout: Duration,
     /// Bound on a single write.
     pub write_timeout: Duration,
+    /// When a peer is lost, how long to wait for an [`abort`](TcpMesh::abort) that
+    /// explains it before failing. With a coordinator that reports lost members, this
+    /// makes every survivor name the member that failed first, rather than a neighbour
+    /// that merely aborted sooner. Zero fails at once.
+    pub abort_grace: Duration,
 }
 
 /// A TCP connection to every other rank, authenticated by the job secret.
@@ -180,7 +185,7 @@ pub struct TcpMesh {
     wake: Vec<TcpStream>,
     aborted: Mutex<Option<String>>,
     abort_signal: Condvar,
-    abort_grace: Mutex<Duration>,
+    abort_grace: Duration,
 }
 
 impl TcpMesh {
@@ -247,16 +252,8 @@ impl TcpMesh {
             wake,
             aborted: Mutex::new(None),
             abort_signal: Condvar::new(),
-            abort_grace: Mutex::new(Duration::ZERO),
+            abort_grace: config.abort_grace,
         })
-    }
-
-    /// When a peer is lost, wait up to `grace` for an [`abort`](TcpMesh::abort) that
-    /// explains it before failing. With a coordinator that reports lost members, this
-    /// makes every survivor name the member that failed first, rather than a neighbour
-    /// that merely aborted sooner. Zero (the default) fails at once.
-    pub fn set_abort_grace(&self, grace: Duration) {
-        *self.abort_grace.lock().unwrap_or_else(|e| e.into_inner()) = grace;
     }
 
     /// Aborts the job on this rank: every pending and future send or receive fails at
@@ -281,10 +278,12 @@ impl TcpMesh {
 
     /// An abort explains any failure that follows it; a lost peer waits the grace for one.
     fn explain(&self, e: CommError) -> CommError {
-        let grace = *self.abort_grace.lock().unwrap_or_else(|e| e.into_inner());
         let aborted = self.aborted.lock().unwrap_or_else(|e| e.into_inner());
-        let aborted = if aborted.is_none() && matches!(e, CommError::PeerLost { .. }) && !grace.is_zero() {
-            self.abort_signal.wait_timeout_while(aborted, grace, |a| a.is_none()).unwrap_or_else(|e| e.into_inner()).0
+        let aborted = if aborted.is_none() && matches!(e, CommError::PeerLost { .. }) && !self.abort_grace.is_zero() {
+            self.abort_signal
+                .wait_timeout_while(aborted, self.abort_grace, |a| a.is_none())
+                .unwrap_or_else(|e| e.into_inner())
+                .0
         } else {
             aborted
         };
@@ -366,7 +365,7 @@ impl TcpMesh {
         let mut s = self
             .writers
             .get(&to)
-            .ok_or(CommError::Setup(format!("no connection to rank {to}")))?
+            .ok_or_else(|| CommError::Setup(format!("no connection to rank {to}")))?
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         write_frame(&mut *s, kind, payload).map_err(|e| frame_error(to, Duration::ZERO, e))?;
@@ -379,7 +378,7 @@ impl TcpMesh {
         let mut s = self
             .readers
             .get(&from)
-            .ok_or(CommError::Setup(format!("no connection to rank {from}")))?
+            .ok_or_else(|| CommError::Setup(format!("no connection to rank {from}")))?
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let waited = deadline.saturating_duration_since(Instant::now());

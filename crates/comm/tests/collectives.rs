@@ -122,6 +122,7 @@ fn tcp_config() -> TcpConfig {
         max_frame: 1 << 24,
         connect_timeout: Duration::from_secs(10),
         write_timeout: Duration::from_secs(5),
+        abort_grace: Duration::ZERO,
     }
 }
 

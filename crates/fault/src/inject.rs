@@ -163,18 +163,18 @@ fn write_at(f: &mut File, path: &Path, offset: u64, bytes: &[u8]) -> Result<(), 
 
 /// Flips bits in `input` as `spec` says; returns the log (the caller saves it).
 pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<InjectionLog, InjectError> {
-    // Plan on the input, so that a fault that cannot be planned leaves no copy behind.
-    let flips = {
-        let located = locate(input)?;
-        let candidates: Vec<Candidate<'_>> = located
-            .tensors
-            .iter()
-            .map(|t| Candidate { name: &t.name, role: t.role, dtype: t.dtype, elements: t.elements() })
-            .collect();
-        plan(&candidates, spec)?
-    };
-    let target = prepare(input, options.out.as_deref())?;
-    let located = locate(&target)?;
+    // Plan on the input, so that a fault that cannot be planned leaves no copy behind; a
+    // copy has the same layout, so only the paths change.
+    let source = if input.is_dir() { ckpt::reader::resolve(input)? } else { input.to_owned() };
+    let mut located = locate(&source)?;
+    let candidates: Vec<Candidate<'_>> = located
+        .tensors
+        .iter()
+        .map(|t| Candidate { name: &t.name, role: t.role, dtype: t.dtype, elements: t.elements() })
+        .collect();
+    let flips = plan(&candidates, spec)?;
+    let target = prepare(&source, options.out.as_deref())?;
+    located.rebase(&source, &target);
     let mut records = Vec::with_capacity(flips.len());
     let mut touched = BTreeSet::new();
     let mut files: Vec<(PathBuf, File)> = Vec::new();
@@ -252,13 +252,15 @@ fn fix_integrity(
     keep_checksums: bool,
 ) -> Result<String, InjectError> {
     let mut members = BTreeSet::new();
-    let mut manifest = false;
+    let mut in_manifest = BTreeSet::new();
     for &i in touched {
         match located.tensors[i].integrity {
             Integrity::ZipCrc(m) => {
                 members.insert(m);
             }
-            Integrity::Manifest => manifest = true,
+            Integrity::Manifest => {
+                in_manifest.insert(located.tensors[i].name.as_str());
+            }
             Integrity::None => {}
         }
     }
@@ -271,8 +273,8 @@ fn fix_integrity(
     Ok(match located.format {
         Format::Steadfast if keep_checksums => "kept".into(),
         Format::Steadfast => {
-            if manifest || !touched.is_empty() {
-                rewrite_manifest(target)?;
+            if !in_manifest.is_empty() {
+                rewrite_manifest(target, &in_manifest)?;
             }
             "rewritten".into()
         }
@@ -281,14 +283,14 @@ fn fix_integrity(
     })
 }
 
-/// Recomputes every tensor checksum of the checkpoint in `dir` from the bytes on disk
-/// and replaces its manifest atomically.
-fn rewrite_manifest(dir: &Path) -> Result<(), InjectError> {
+/// Recomputes the checksums of the `altered` tensors of the checkpoint in `dir` from the
+/// bytes on disk and replaces its manifest atomically.
+fn rewrite_manifest(dir: &Path, altered: &BTreeSet<&str>) -> Result<(), InjectError> {
     let c = ckpt::reader::open(dir)?;
     let m = &c.manifest;
     let mut tensors = m.tensors.clone();
     let mut files: Vec<(PathBuf, File)> = Vec::new();
-    for t in &mut tensors {
+    for t in tensors.iter_mut().filter(|t| altered.contains(t.name.as_str())) {
         let path = dir.join(&t.file);
         let f = open_cached(&mut files, &path)?;
         let bytes = read_at(f, &path, t.offset, t.length as usize)?;
@@ -345,13 +347,13 @@ fn apply(log: &InjectionLog, target: &Path, direction: Direction, keep_checksums
     let mut plan = Vec::new();
     let mut files: Vec<(PathBuf, File)> = Vec::new();
     let mut touched = BTreeSet::new();
+    let by_name: std::collections::HashMap<&str, usize> =
+        located.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
     for r in &log.flips {
-        let (i, t) = located
-            .tensors
-            .iter()
-            .enumerate()
-            .find(|(_, t)| t.name == r.tensor)
+        let i = *by_name
+            .get(r.tensor.as_str())
             .ok_or_else(|| InjectError::Mismatch(format!("{} has no tensor {}", target.display(), r.tensor)))?;
+        let t = &located.tensors[i];
         let dtype = DType::from_name(&r.dtype).filter(|d| *d == t.dtype).ok_or_else(|| {
             InjectError::Mismatch(format!("tensor {} is {}, the log says {}", r.tensor, t.dtype.name(), r.dtype))
         })?;

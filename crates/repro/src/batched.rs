@@ -127,29 +127,36 @@ fn add_fixed_general(acc: &mut [i64], values: &[f32], exps: &[u8], s: i32) {
 
 /// Converts the summed fixed-point values back to floats.
 pub fn finish(acc: &[i64], exps: &[u8], headroom: u32) -> Vec<f32> {
-    assert_eq!(acc.len(), exps.len(), "lengths differ");
+    let mut out = vec![0.0; acc.len()];
+    finish_into(acc, exps, headroom, &mut out);
+    out
+}
+
+/// [`finish`] into `out` (of the same length), for callers that reuse their buffers.
+pub fn finish_into(acc: &[i64], exps: &[u8], headroom: u32, out: &mut [f32]) {
+    assert!(acc.len() == exps.len() && out.len() == acc.len(), "lengths differ");
     let s = scale_shift(headroom);
-    acc.iter()
-        .zip(exps)
-        .map(|(&a, &e)| {
-            if e == SPECIAL {
-                let (nan, pos, neg) = (a & COUNT_MASK, (a >> 21) & COUNT_MASK, (a >> 42) & COUNT_MASK);
-                return if nan > 0 || (pos > 0 && neg > 0) {
-                    f32::NAN
-                } else if pos > 0 {
-                    f32::INFINITY
-                } else {
-                    f32::NEG_INFINITY
-                };
-            }
-            // One rounding to f32, then an exact power-of-two scaling in f64 (a second
-            // rounding only if the result is subnormal in f32).
-            // 2^(e - 150 - s), built from its bits (exact; the exponent is always in f64's
-            // normal range).
-            let unit = f64::from_bits(((i64::from(e) - 150 - i64::from(s) + 1023) as u64) << 52);
-            ((a as f32) as f64 * unit) as f32
-        })
-        .collect()
+    for ((o, &a), &e) in out.iter_mut().zip(acc).zip(exps) {
+        *o = finish_one(a, e, s);
+    }
+}
+
+fn finish_one(a: i64, e: u8, s: i32) -> f32 {
+    if e == SPECIAL {
+        let (nan, pos, neg) = (a & COUNT_MASK, (a >> 21) & COUNT_MASK, (a >> 42) & COUNT_MASK);
+        return if nan > 0 || (pos > 0 && neg > 0) {
+            f32::NAN
+        } else if pos > 0 {
+            f32::INFINITY
+        } else {
+            f32::NEG_INFINITY
+        };
+    }
+    // One rounding to f32, then an exact power-of-two scaling in f64 (a second rounding
+    // only if the result is subnormal in f32). 2^(e - 150 - s), built from its bits (exact;
+    // the exponent is always in f64's normal range).
+    let unit = f64::from_bits(((i64::from(e) - 150 - i64::from(s) + 1023) as u64) << 52);
+    ((a as f32) as f64 * unit) as f32
 }
 
 /// An element-wise reproducible sum held in memory: collects the parts' exponents, then

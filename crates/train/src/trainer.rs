@@ -528,11 +528,11 @@ fn connect(d: &DistConfig) -> Result<Job, TrainError> {
         max_frame: comm::frame::DEFAULT_MAX_FRAME,
         connect_timeout: setup_time,
         write_timeout: d.timeout,
+        // A peer's death reaches the coordinator at once: wait briefly for its verdict so
+        // the error names the rank that failed, not a neighbour that aborted first.
+        abort_grace: joined.heartbeat_timeout.min(Duration::from_secs(1)),
     };
     let mesh = Arc::new(comm::transport::TcpMesh::connect(d.rank, listener, &addrs, &config)?);
-    // A peer's death reaches the coordinator at once: wait briefly for its verdict so the
-    // error names the rank that failed, not a neighbour that aborted first.
-    mesh.set_abort_grace(joined.heartbeat_timeout.min(Duration::from_secs(1)));
     let aborter = Arc::clone(&mesh);
     let heartbeat = comm::supervisor::Heartbeat::start(joined.coordinator, joined.heartbeat_timeout, move |notice| {
         tracing::error!("{notice}");

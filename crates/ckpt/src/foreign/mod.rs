@@ -104,6 +104,24 @@ pub struct Located {
     pub skipped: Vec<(String, String)>,
 }
 
+impl Located {
+    /// Points every path at `to` instead of `from`: for a copy of the file (or of the
+    /// checkpoint directory) at `from`, whose layout is the same.
+    pub fn rebase(&mut self, from: &Path, to: &Path) {
+        let moved = |p: &Path| match p.strip_prefix(from) {
+            Ok(rest) if rest.as_os_str().is_empty() => to.to_owned(),
+            Ok(rest) => to.join(rest),
+            Err(_) => p.to_owned(),
+        };
+        for t in &mut self.tensors {
+            t.file = moved(&t.file);
+        }
+        if let Some(a) = &mut self.archive {
+            *a = moved(a);
+        }
+    }
+}
+
 /// A file that cannot be read as any supported format, or that lies about its layout.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {reason}")]
@@ -133,8 +151,13 @@ pub fn role_from_name(name: &str) -> Role {
 /// Recognises the format of `path` from its content (a directory is a Steadfast
 /// checkpoint or a root of them).
 pub fn detect(path: &Path) -> Result<Format, ForeignError> {
+    sniff(path).map(|(format, _)| format)
+}
+
+/// [`detect`], also returning the members of a ZIP archive (read once, used twice).
+fn sniff(path: &Path) -> Result<(Format, Vec<zip::Member>), ForeignError> {
     if path.is_dir() {
-        return Ok(Format::Steadfast);
+        return Ok((Format::Steadfast, Vec::new()));
     }
     let mut head = [0u8; 8];
     let n = {
@@ -145,20 +168,20 @@ pub fn detect(path: &Path) -> Result<Format, ForeignError> {
     if n >= 4 && &head[..4] == b"PK\x03\x04" {
         let members = zip::members(path).map_err(|e| err(path, e))?;
         if members.iter().any(|m| m.name.ends_with("data.pkl")) {
-            return Ok(Format::PyTorch);
+            return Ok((Format::PyTorch, members));
         }
         if members.iter().any(|m| m.name.ends_with(".npy")) {
-            return Ok(Format::Npz);
+            return Ok((Format::Npz, members));
         }
         return Err(err(path, "a ZIP archive that is neither a PyTorch checkpoint nor an .npz"));
     }
     if n == 8 && head == *b"\x89HDF\r\n\x1a\n" {
-        return Ok(Format::Hdf5);
+        return Ok((Format::Hdf5, Vec::new()));
     }
     if n == 8 {
         let len = std::fs::metadata(path).map_err(|e| err(path, e))?.len();
         if crate::safetensors::header_len(&head, len).is_ok() {
-            return Ok(Format::Safetensors);
+            return Ok((Format::Safetensors, Vec::new()));
         }
     }
     Err(err(path, "unknown format (expected a Steadfast checkpoint, safetensors, .pt, .npz or .h5)"))
@@ -166,13 +189,12 @@ pub fn detect(path: &Path) -> Result<Format, ForeignError> {
 
 /// Finds every tensor of the file (or Steadfast checkpoint directory) at `path`.
 pub fn locate(path: &Path) -> Result<Located, ForeignError> {
-    let format = detect(path)?;
+    let (format, members) = sniff(path)?;
     let mut located = Located { format, tensors: Vec::new(), members: Vec::new(), archive: None, skipped: Vec::new() };
     match format {
         Format::Steadfast => located.tensors = steadfast(path)?,
         Format::Safetensors => located.tensors = safetensors_file(path)?,
         Format::Npz | Format::PyTorch => {
-            let members = zip::members(path).map_err(|e| err(path, e))?;
             located.tensors = if format == Format::Npz { npz(path, &members)? } else { pytorch(path, &members)? };
             located.members = members;
             located.archive = Some(path.to_owned());
