@@ -2,11 +2,13 @@
 #![forbid(unsafe_code)]
 
 mod bench_cmd;
+mod campaign_cmd;
 mod ckpt_cmd;
 mod coordinator_cmd;
 mod fpna_cmd;
 mod inject_cmd;
 mod launch_cmd;
+mod report_cmd;
 mod train_cmd;
 
 use std::process::ExitCode;
@@ -41,8 +43,12 @@ enum Command {
     Ckpt(ckpt_cmd::CkptArgs),
     /// Flip bits inside the tensors of a checkpoint file (any supported format).
     Inject(inject_cmd::InjectArgs),
+    /// Run a fault-injection campaign: a golden run, then many injected trials, classified.
+    Campaign(campaign_cmd::CampaignArgs),
     /// The floating-point non-associativity lab: variability of parallel reductions.
     Fpna(fpna_cmd::FpnaArgs),
+    /// Render a campaign's tables as one HTML page with plots.
+    Report(report_cmd::ReportArgs),
     /// Measurements driven by the scripts under bench/ (prints JSON lines).
     Bench(bench_cmd::BenchArgs),
 }
@@ -59,7 +65,9 @@ fn main() -> ExitCode {
         Command::Coordinator(args) => coordinator_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Ckpt(args) => ckpt_cmd::run(args),
         Command::Inject(args) => inject_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Campaign(args) => campaign_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Fpna(args) => fpna_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Report(args) => report_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench_cmd::run(args).map(|()| ExitCode::SUCCESS),
     };
     // 0: success; 1: a negative answer (corrupt checkpoint, checkpoints differ); 2: error.

@@ -98,3 +98,36 @@ fn corrupted_parameters_on_one_rank_are_named_by_the_replica_check() {
     assert!(!run.status.success());
     assert!(stderr.contains("replicas diverged at step 6: rank(s) [2]"), "{stderr}");
 }
+
+#[test]
+fn an_activation_flip_hits_a_layer_output_and_changes_the_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().to_str().unwrap();
+    let clean = fingerprint(&steadfast(&[&TRAIN[..], &["--out", out]].concat()));
+    // The top mantissa bit of a logit (the output of fc3, which no ReLU can zero): the
+    // value moves by up to half of itself.
+    let fault = "step=2,state=activation,target=act.fc3,bits=22,count=1,seed=5";
+    let a = fingerprint(&steadfast(&[&TRAIN[..], &["--out", out, "--inject", fault]].concat()));
+    let metrics = std::fs::read_to_string(tmp.path().join("metrics.jsonl")).unwrap();
+    let b = fingerprint(&steadfast(&[&TRAIN[..], &["--out", out, "--inject", fault]].concat()));
+    assert_eq!(a, b, "the same fault gives the same bits");
+    assert_ne!(a, clean, "the corrupted activation reaches the weights");
+    let flips: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "inject")
+        .collect();
+    assert_eq!(flips.len(), 1, "{metrics}");
+    assert_eq!(flips[0]["state"], "activation");
+    assert_eq!(flips[0]["tensor"], "act.fc3");
+    assert_eq!(flips[0]["bits"], serde_json::json!([22]));
+    // The fc3 output of a micro-batch of 16 has 16 x 10 elements.
+    assert!(flips[0]["element"].as_u64().unwrap() < 16 * 10);
+    let old: f32 = flips[0]["old"].as_str().unwrap().parse().unwrap();
+    let new: f32 = flips[0]["new"].as_str().unwrap().parse().unwrap();
+    assert_eq!(old.to_bits() ^ new.to_bits(), 1 << 22);
+
+    let bad = steadfast(&[&TRAIN[..], &["--inject", "step=2,state=activation,target=model.*"]].concat());
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no tensor matches"), "{bad:?}");
+}

@@ -8,7 +8,8 @@
 //!   (Steadfast, safetensors, PyTorch, NumPy, HDF5), with a JSON log that redoes and
 //!   undoes the change exactly;
 //! - [`live`]: the same flips in live training state (parameters, gradients, optimizer
-//!   slots) at a chosen step and rank.
+//!   slots, layer outputs) at a chosen step and rank;
+//! - [`campaign`]: campaign specs, the fault of each trial, and the classes of outcome.
 //!
 //! ```
 //! use fault::{BitClass, flip_f32};
@@ -23,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod bits;
+pub mod campaign;
 pub mod inject;
 pub mod live;
 pub mod plan;

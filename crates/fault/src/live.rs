@@ -9,7 +9,7 @@
 //!
 //! The text form, as given on the command line (keys in any order, all but `step`
 //! optional):
-//! `step=S,rank=R,state=param|grad|optim,target=GLOB,bits=exponent,count=K,burst=B,seed=N`
+//! `step=S,rank=R,state=param|grad|optim|activation,target=GLOB,bits=exponent,count=K,burst=B,seed=N`
 //! (or `rate=P` instead of `count`).
 
 use std::str::FromStr;
@@ -28,6 +28,11 @@ pub enum StateKind {
     Grad,
     /// Optimizer slots, before the update.
     Optim,
+    /// The output of a layer (`act.<layer>`, e.g. `act.fc1`) during the forward pass of the
+    /// first micro-batch that the rank computes in the step: a fault in the arithmetic,
+    /// not in stored state. The corrupted value feeds the rest of the forward pass and the
+    /// backward pass; no gradient flows through the corrupted element itself.
+    Activation,
 }
 
 impl StateKind {
@@ -37,7 +42,21 @@ impl StateKind {
             StateKind::Param => "param",
             StateKind::Grad => "grad",
             StateKind::Optim => "optim",
+            StateKind::Activation => "activation",
         }
+    }
+
+    /// Every kind, in the order of their names in documentation.
+    pub const ALL: [StateKind; 4] = [StateKind::Param, StateKind::Grad, StateKind::Optim, StateKind::Activation];
+}
+
+impl FromStr for StateKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        StateKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("state {s:?} is not param, grad, optim or activation"))
     }
 }
 
@@ -121,14 +140,7 @@ impl FromStr for LiveFault {
             match key {
                 "step" => step = Some(number(value)?),
                 "rank" => rank = number(value)? as usize,
-                "state" => {
-                    state = match value {
-                        "param" => StateKind::Param,
-                        "grad" => StateKind::Grad,
-                        "optim" => StateKind::Optim,
-                        other => return Err(bad(format!("state {other:?} is not param, grad or optim"))),
-                    }
-                }
+                "state" => state = value.parse().map_err(bad)?,
                 "target" => spec.target.glob = Some(value.to_owned()),
                 "bits" => spec.bits = value.parse().map_err(|e: crate::bits::BadBitSpec| bad(e.to_string()))?,
                 "count" => spec.amount = Amount::Count(number(value)?),
@@ -141,8 +153,16 @@ impl FromStr for LiveFault {
             }
         }
         let step = step.ok_or_else(|| bad("step= is required".into()))?;
-        spec.target.role = Some(if state == StateKind::Optim { Role::Optim } else { Role::Model });
+        spec.target.role = Some(state.role());
         Ok(LiveFault { step, rank, state, flips: spec })
+    }
+}
+
+impl StateKind {
+    /// The role of the tensors this kind of state is made of (activations and gradients
+    /// count as the model's).
+    pub fn role(self) -> Role {
+        if self == StateKind::Optim { Role::Optim } else { Role::Model }
     }
 }
 

@@ -12,7 +12,8 @@
 //! - [`state`]: the state registry (named tensors `model.*` and `optim.*`) and its
 //!   fingerprint;
 //! - [`trainer`]: the step loop with gradient accumulation over micro-batches;
-//! - [`checkpointing`]: what a checkpoint of a run holds, and exact resumption.
+//! - [`checkpointing`]: what a checkpoint of a run holds, and exact resumption;
+//! - [`campaign`]: fault-injection campaigns against a golden run, in memory.
 //!
 //! ```no_run
 //! use train::{TrainConfig, model::ModelKind, data::DataKind};
@@ -26,6 +27,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod campaign;
 pub mod checkpointing;
 pub mod data;
 pub mod error;

@@ -37,7 +37,7 @@ use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataKind, DataSpec, Dataset, Modality, Split};
 use crate::error::{ConfigError, TrainError};
-use crate::model::{EvalSums, GptConfig, Model, ModelKind};
+use crate::model::{self, EvalSums, GptConfig, Model, ModelKind};
 use crate::optim::{OptimConfig, OptimKind, Optimizer};
 use crate::state::{self, NamedTensor, Role};
 use fault::live::StateKind;
@@ -298,7 +298,19 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         let mut micro_grads: Vec<Vec<f32>> = Vec::new();
         for i in (rank..sampler.micro_batches()).step_by(world) {
             let batch = data.batch(Split::Train, &sampler.micro_batch(step, i));
-            let (l, g) = model.loss_and_grads(&batch, denominator, &device);
+            // Activation faults hit the first micro-batch this rank computes in the step.
+            let mut taps = model::Taps::none();
+            let tapped = config
+                .inject
+                .iter()
+                .filter(|f| i == rank && f.step == step && f.rank == rank && f.state == StateKind::Activation);
+            for f in tapped.clone() {
+                taps.add(&model, config.micro_batch, &f.flips)?;
+            }
+            let (l, g) = model.loss_and_grads_tapped(&batch, denominator, &device, &mut taps);
+            if let Some(f) = tapped.clone().next() {
+                report_injection(&mut metrics, f, std::mem::take(&mut taps.log))?;
+            }
             let mut flat = g.concat();
             flat.push(l);
             micro_grads.push(flat);
@@ -554,10 +566,16 @@ fn check_replicas(m: &dyn comm::transport::Transport, d: &DistConfig, step: u64,
 /// Scores the held-out split (all test images; the first [`TEXT_EVAL_SEQUENCES`] text
 /// sequences), in fixed chunks.
 pub fn evaluate(model: &Model, data: &Dataset, step: u64, device: &Device) -> EvalReport {
+    evaluate_first(model, data, step, device, usize::MAX)
+}
+
+/// [`evaluate`] on at most the first `limit` held-out examples.
+pub fn evaluate_first(model: &Model, data: &Dataset, step: u64, device: &Device, limit: usize) -> EvalReport {
     let n = match data {
         Dataset::Images(_) => data.len(Split::Test),
         Dataset::Text(_) => data.len(Split::Test).min(TEXT_EVAL_SEQUENCES),
-    };
+    }
+    .min(limit);
     let mut sums = EvalSums::default();
     let indices: Vec<u32> = (0..n as u32).collect();
     for chunk in indices.chunks(EVAL_CHUNK) {

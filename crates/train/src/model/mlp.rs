@@ -4,7 +4,11 @@ use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::relu;
 
+use super::Taps;
 use super::init::Init;
+
+/// Layer outputs that activation faults can hit, with their elements per example.
+pub(super) const ACTIVATIONS: [(&str, usize); 3] = [("fc1", 256), ("fc2", 128), ("fc3", 10)];
 
 /// The MLP.
 #[derive(Module, Debug)]
@@ -30,8 +34,13 @@ impl Mlp {
 
     /// Logits `[n, 10]` for images `[n, 784]`.
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let h = relu(self.fc1.forward(x));
-        let h = relu(self.fc2.forward(h));
-        self.fc3.forward(h)
+        self.forward_tapped(x, &mut Taps::none())
+    }
+
+    /// [`forward`](Mlp::forward) with activation faults in the layer outputs.
+    pub fn forward_tapped(&self, x: Tensor<2>, taps: &mut Taps) -> Tensor<2> {
+        let h = relu(taps.tap("fc1", self.fc1.forward(x)));
+        let h = relu(taps.tap("fc2", self.fc2.forward(h)));
+        taps.tap("fc3", self.fc3.forward(h))
     }
 }

@@ -95,7 +95,19 @@ impl Model {
     /// so that summing the micro-batches' gradients gives the global batch's mean-loss
     /// gradient. Returns the loss value and one flat gradient per parameter.
     pub fn loss_and_grads(&self, batch: &Batch, denominator: usize, device: &Device) -> (f32, Vec<Vec<f32>>) {
-        let (logits, labels) = self.logits(batch, device);
+        self.loss_and_grads_tapped(batch, denominator, device, &mut Taps::none())
+    }
+
+    /// [`loss_and_grads`](Model::loss_and_grads) with activation faults: `taps` flips
+    /// bits in layer outputs during the forward pass (and records what it flipped).
+    pub fn loss_and_grads_tapped(
+        &self,
+        batch: &Batch,
+        denominator: usize,
+        device: &Device,
+        taps: &mut Taps,
+    ) -> (f32, Vec<Vec<f32>>) {
+        let (logits, labels) = self.logits(batch, device, taps);
         let [n, _] = logits.dims();
         let nll = -log_softmax(logits, 1).gather(1, labels.reshape([n, 1]));
         let loss = nll.sum().div_scalar(denominator as f32);
@@ -122,12 +134,30 @@ impl Model {
         EvalSums { loss_sum: -nll, count: n, correct: correct as usize }
     }
 
-    fn logits(&self, batch: &Batch, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
+    fn logits(&self, batch: &Batch, device: &Device, taps: &mut Taps) -> (Tensor<2>, Tensor<1, Int>) {
         match self {
-            Model::Mlp(m) => m.logits_of(batch, device),
-            Model::Cnn(m) => m.logits_of(batch, device),
+            Model::Mlp(m) => {
+                let (x, y) = image_inputs(batch, device);
+                (m.forward_tapped(x, taps), y)
+            }
+            Model::Cnn(m) => {
+                let (x, y) = image_inputs(batch, device);
+                (m.forward_tapped(x, taps), y)
+            }
             Model::Gpt(m) => m.logits_of(batch, device),
         }
+    }
+
+    /// The layer outputs that activation faults can hit (`act.<layer>`) and their element
+    /// counts for a micro-batch of `n` examples, in forward order. Empty for the GPT, whose
+    /// layers are not tapped.
+    pub fn activations(&self, n: usize) -> Vec<(String, u64)> {
+        let layers: &[(&str, usize)] = match self {
+            Model::Mlp(_) => &mlp::ACTIVATIONS,
+            Model::Cnn(_) => &cnn::ACTIVATIONS,
+            Model::Gpt(_) => &[],
+        };
+        layers.iter().map(|(name, per_example)| (format!("act.{name}"), (n * per_example) as u64)).collect()
     }
 
     fn visit<V: ModuleVisitor>(&self, v: &mut V) {
@@ -136,6 +166,78 @@ impl Model {
             Model::Cnn(m) => m.visit(v),
             Model::Gpt(m) => m.visit(v),
         }
+    }
+}
+
+/// Bit flips planned in layer outputs, applied as the forward pass produces them.
+///
+/// The corrupted output replaces the layer's through `mask_where`, so every downstream
+/// operation, forward and backward, sees the corrupted value exactly; the gradient of the
+/// corrupted element itself is zero, as for any value that no longer depends on its inputs.
+#[derive(Debug, Default)]
+pub struct Taps {
+    layers: Vec<(String, u64)>,
+    flips: Vec<fault::plan::ElementFlip>,
+    /// What was flipped, in forward order.
+    pub log: Vec<fault::live::LiveFlip>,
+}
+
+impl Taps {
+    /// No faults.
+    pub fn none() -> Self {
+        Taps::default()
+    }
+
+    /// Adds the flips of `spec`, planned over the layer outputs of `model` for a
+    /// micro-batch of `n` examples.
+    pub fn add(&mut self, model: &Model, n: usize, spec: &fault::plan::FlipSpec) -> Result<(), fault::plan::PlanError> {
+        let layers = model.activations(n);
+        if layers.is_empty() {
+            return Err(fault::plan::PlanError::Invalid(
+                "activation faults are available for the mlp and the cnn, not the gpt".into(),
+            ));
+        }
+        let candidates: Vec<fault::plan::Candidate<'_>> = layers
+            .iter()
+            .map(|(name, n)| fault::plan::Candidate { name, role: Role::Model, dtype: ckpt::DType::F32, elements: *n })
+            .collect();
+        self.flips.extend(fault::plan::plan(&candidates, spec)?);
+        self.layers = layers;
+        Ok(())
+    }
+
+    /// The output of layer `name` (without the `act.` prefix), with its planned flips.
+    fn tap<const D: usize>(&mut self, name: &str, x: Tensor<D>) -> Tensor<D> {
+        let Some(index) = self.layers.iter().position(|(l, _)| l.strip_prefix("act.") == Some(name)) else {
+            return x;
+        };
+        let mine: Vec<&fault::plan::ElementFlip> = self.flips.iter().filter(|f| f.tensor == index).collect();
+        if mine.is_empty() {
+            return x;
+        }
+        let shape = x.shape();
+        let values = x.clone().into_data().try_into_vec::<f32>().expect("activations are f32");
+        assert_eq!(values.len() as u64, self.layers[index].1, "layer {name}: planned size differs from the output");
+        let mut mask = vec![false; values.len()];
+        let mut replaced = vec![0.0f32; values.len()];
+        for f in mine {
+            let e = f.element as usize;
+            let old = values[e];
+            let new = f32::from_bits(old.to_bits() ^ f.bits.iter().fold(0u32, |m, &b| m | (1 << b)));
+            mask[e] = true;
+            replaced[e] = new;
+            self.log.push(fault::live::LiveFlip {
+                tensor: self.layers[index].0.clone(),
+                element: f.element,
+                bits: f.bits.clone(),
+                old,
+                new,
+            });
+        }
+        let device = x.device();
+        let mask = Tensor::<D, Bool>::from_data(TensorData::new(mask, shape.clone()), &device);
+        let replaced = Tensor::<D>::from_data(TensorData::new(replaced, shape), &device);
+        x.mask_where(mask, replaced)
     }
 }
 

@@ -1,0 +1,237 @@
+//! `steadfast campaign` and `steadfast report` on small campaigns over synthetic data:
+//! the tables, exact replay of single trials, independence from the thread count, what
+//! each detector must catch, repair from a healthy replica, refusal of bad specs, and the
+//! report as a browser renders it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::{ok, steadfast};
+
+fn spec(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// A campaign small enough for a test: the MLP on synthetic data, two replicas.
+const SMALL: &str = r#"
+[run]
+model = "mlp"
+data = "synthetic"
+batch = 48
+micro_batch = 12
+replicas = 2
+reduce = ["deterministic", "reproducible"]
+eval_examples = 500
+[trials]
+count = 24
+seed = 7
+inject_at = [12, 16]
+steps_after = 6
+state = ["param", "optim", "grad", "activation"]
+bits = "any"
+"#;
+
+/// Rows of a campaign CSV as maps from column to value.
+fn rows(path: &Path) -> Vec<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    lines.map(|l| header.iter().map(|h| h.to_string()).zip(l.split(',').map(str::to_owned)).collect()).collect()
+}
+
+fn without_timing(path: &Path) -> Vec<BTreeMap<String, String>> {
+    let mut r = rows(path);
+    for row in &mut r {
+        row.remove("seconds");
+    }
+    r
+}
+
+#[test]
+fn a_campaign_writes_its_tables_replays_trials_and_ignores_the_thread_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = spec(tmp.path(), "small.toml", SMALL);
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let summary = ok(steadfast(&["campaign", &s, "--out", a.to_str().unwrap(), "--threads", "2"]));
+    assert!(summary.contains("## Detectors"), "{summary}");
+    ok(steadfast(&["campaign", &s, "--out", b.to_str().unwrap(), "--threads", "1"]));
+    for table in ["steps.csv", "golden.csv", "propagation.csv", "sensitivity_bit.csv", "detectors.csv"] {
+        assert_eq!(
+            std::fs::read(a.join(table)).unwrap(),
+            std::fs::read(b.join(table)).unwrap(),
+            "{table} depends on the thread count"
+        );
+    }
+    assert_eq!(without_timing(&a.join("trials.csv")), without_timing(&b.join("trials.csv")));
+
+    let trials = rows(&a.join("trials.csv"));
+    assert_eq!(trials.len(), 48, "24 trials under 2 strategies");
+    let known = ["masked", "degraded", "diverged", "crashed", "detected", "corrected"];
+    for t in &trials {
+        assert!(known.contains(&t["outcome"].as_str()), "{t:?}");
+        assert_ne!(t["outcome"], "crashed", "{t:?}");
+        assert_eq!(t["bits"].split(';').count(), 1, "one bit per trial: {t:?}");
+        let step = &t["step"];
+        match t["state"].as_str() {
+            // Stored state changed under its checksum: caught before it is used.
+            "param" | "optim" => assert_eq!(&t["alarm_checksum"], step, "{t:?}"),
+            // One replica's copy of the sum differs: the commit vote sees it at once.
+            "grad" => assert_eq!(&t["alarm_vote"], step, "{t:?}"),
+            // A fault in the arithmetic enters the shared sum: every replica agrees.
+            "activation" => {
+                assert_eq!(t["alarm_vote"], "", "{t:?}");
+                assert_eq!(t["alarm_checksum"], "", "{t:?}");
+                assert_eq!(t["alarm_fingerprint"], "", "{t:?}");
+            }
+            other => panic!("state {other}"),
+        }
+        if t["bitwise_golden"] == "true" {
+            assert_eq!(t["outcome"], "masked", "{t:?}");
+        }
+    }
+    // A fault in one replica's stored parameters reaches the other replica through the
+    // gradient sum (unless the flipped weight fed only dead units).
+    let steps = rows(&a.join("steps.csv"));
+    let last_of = |t: &BTreeMap<String, String>| {
+        steps.iter().filter(|r| r["trial"] == t["trial"] && r["reduce"] == t["reduce"]).last().cloned().unwrap()
+    };
+    let param = trials
+        .iter()
+        .filter(|t| t["state"] == "param" && t["diverged"] == "false")
+        .find(|t| {
+            let other = if t["rank"] == "0" { "differing_replica1" } else { "differing_replica0" };
+            last_of(t)[other] != "0"
+        })
+        .expect("a parameter fault that spread to the other replica");
+    let last = last_of(param);
+    assert_eq!(last["step"].parse::<u64>().unwrap(), param["step"].parse::<u64>().unwrap() + 6);
+    assert_ne!(last[&format!("differing_replica{}", param["rank"])], "0", "{last:?}");
+    let golden = rows(&a.join("golden.csv"));
+    assert!(golden.iter().all(|g| g["alarms"].is_empty()), "the golden run raised an alarm");
+
+    // Replaying trials alone gives the rows of the campaign.
+    let picks = [&trials[0]["trial"], &param["trial"]];
+    let replay = ok(steadfast(&["campaign", &s, "--replay", &format!("{},{}", picks[0], picks[1])]));
+    for pick in picks {
+        for t in trials.iter().filter(|t| &t["trial"] == pick) {
+            let line = format!(
+                "trial {pick} [{}]: {} of rank {} at step {} (flip seed {}) -> {}",
+                t["reduce"], t["state"], t["rank"], t["step"], t["flip_seed"], t["outcome"]
+            );
+            assert!(replay.contains(&line), "{line}\n{replay}");
+        }
+    }
+}
+
+#[test]
+fn repair_from_a_healthy_replica_restores_golden_bits_and_stop_reports_detected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = SMALL
+        .replace("replicas = 2", "replicas = 3")
+        .replace("micro_batch = 12", "micro_batch = 16")
+        .replace("count = 24", "count = 12")
+        .replace(r#"["param", "optim", "grad", "activation"]"#, r#"["param", "optim", "grad"]"#);
+    let repair = spec(tmp.path(), "repair.toml", &format!("{base}\n[detect]\nresponse = \"repair\"\n"));
+    let out = tmp.path().join("repair");
+    ok(steadfast(&["campaign", &repair, "--out", out.to_str().unwrap()]));
+    for t in rows(&out.join("trials.csv")) {
+        // Three replicas: the checksums or the vote name the faulty one, and a copy from a
+        // healthy one undoes the fault before it spreads.
+        assert_eq!(t["outcome"], "corrected", "{t:?}");
+        assert_eq!(t["bitwise_golden"], "true", "{t:?}");
+        assert_eq!(t["repairs"], "1", "{t:?}");
+        assert_eq!(t["rollbacks"], "0", "{t:?}");
+    }
+    let stop = spec(tmp.path(), "stop.toml", &format!("{base}\n[detect]\nresponse = \"stop\"\n"));
+    let out = tmp.path().join("stop");
+    ok(steadfast(&["campaign", &stop, "--out", out.to_str().unwrap()]));
+    for t in rows(&out.join("trials.csv")) {
+        assert_eq!(t["outcome"], "detected", "{t:?}");
+    }
+    // One replica cannot be repaired from another: a rollback redoes the step without
+    // the (transient) fault.
+    let single =
+        base.replace("replicas = 3", "replicas = 1").replace(r#"["param", "optim", "grad"]"#, r#"["param", "optim"]"#);
+    let solo = spec(tmp.path(), "solo.toml", &format!("{single}\n[detect]\nresponse = \"repair\"\n"));
+    let out = tmp.path().join("solo");
+    ok(steadfast(&["campaign", &solo, "--out", out.to_str().unwrap()]));
+    for t in rows(&out.join("trials.csv")) {
+        assert_eq!(t["outcome"], "corrected", "{t:?}");
+        assert_eq!(t["rollbacks"], "1", "{t:?}");
+    }
+}
+
+#[test]
+fn bad_specs_are_refused_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, text, needle) in [
+        ("unknown.toml", SMALL.replace("steps_after = 6", "steps_after = 6\ncolour = 1"), "colour"),
+        ("fast.toml", SMALL.replace(r#""deterministic", "reproducible""#, r#""fast""#), "fast"),
+        ("target.toml", SMALL.replace("bits = \"any\"", "bits = \"any\"\ntarget = \"model.conv*\""), "matches no"),
+        ("state.toml", SMALL.replace(r#""activation"]"#, r#""weights"]"#), "weights"),
+        ("garbage.toml", "[run\nmodel = ".to_owned(), "bad campaign spec"),
+        ("gpt.toml", SMALL.replace("\"mlp\"", "\"gpt\"").replace("synthetic", "synthetic"), "activation"),
+    ] {
+        let path = spec(tmp.path(), name, &text);
+        let out = steadfast(&["campaign", &path, "--out", tmp.path().join("x").to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(needle), "{name}: {err}");
+    }
+    let out = steadfast(&["campaign", tmp.path().join("missing.toml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    assert!(!tmp.path().join("x").exists(), "nothing is written for a refused spec");
+}
+
+#[test]
+fn the_report_renders_its_plots_in_a_browser() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = spec(tmp.path(), "small.toml", SMALL);
+    let out = tmp.path().join("campaign");
+    ok(steadfast(&["campaign", &s, "--out", out.to_str().unwrap()]));
+    let page_path = ok(steadfast(&["report", out.to_str().unwrap()]));
+    let page_path = Path::new(page_path.trim());
+    assert_eq!(page_path, out.join("report.html"));
+    let page = std::fs::read_to_string(page_path).unwrap();
+    assert_eq!(page.matches("<svg").count(), 4, "four plots");
+    for heading in ["Outcome by bit position", "Model against optimizer state", "Training loss", "Propagation"] {
+        assert!(page.contains(heading), "{heading}");
+    }
+
+    let missing = steadfast(&["report", tmp.path().to_str().unwrap()]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("output of `steadfast campaign`"));
+
+    let browser = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| std::process::Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()));
+    let Some(browser) = browser else {
+        assert!(
+            std::env::var_os("STEADFAST_REQUIRE_BROWSER").is_none(),
+            "no headless browser (apt-get install chromium)"
+        );
+        eprintln!("skipped: no chromium to render the report");
+        return;
+    };
+    let profile = tmp.path().join("profile");
+    let dom = std::process::Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,3000"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", page_path.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    // The page's script counts the plots the browser laid out with a visible area and
+    // drawn content.
+    assert!(
+        dom.contains("data-plots-rendered=\"4\""),
+        "the browser did not render 4 plots: {}",
+        &dom[..dom.len().min(400)]
+    );
+}

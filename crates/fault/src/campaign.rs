@@ -1,0 +1,487 @@
+//! Campaign specs, the fault of each trial, and the classes of outcome.
+//!
+//! A campaign is a golden (fault-free) training run and many trials. Each trial resumes
+//! from the golden state at one of the injection steps, suffers one fault, trains on for a
+//! fixed number of steps and is judged against the golden run. This module owns what can
+//! be said without a model: the TOML spec ([`Spec`]), how trial `i`'s fault is drawn from
+//! the campaign seed ([`Spec::trial`], so that any trial can be replayed alone), and the
+//! pure rule that turns what was observed into an [`Outcome`] ([`classify`]).
+//!
+//! ```
+//! let spec: fault::campaign::Spec = toml::from_str(r#"
+//!     [run]
+//!     model = "mlp"
+//!     data = "synthetic"
+//!     replicas = 2
+//!     [trials]
+//!     count = 10
+//!     inject_at = [20]
+//!     steps_after = 5
+//!     state = ["param", "grad"]
+//! "#).unwrap();
+//! spec.validate().unwrap();
+//! // Trial 3's fault is a pure function of the spec: drawing it twice gives the same.
+//! assert_eq!(spec.trial(3), spec.trial(3));
+//! ```
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bits::BitSpec;
+use crate::live::StateKind;
+use crate::plan::{Amount, FlipSpec, Target};
+
+/// A campaign, as written in its TOML file.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// The training run that trials perturb.
+    pub run: RunSpec,
+    /// How many trials, where and what they inject.
+    pub trials: TrialSpec,
+    /// Detectors and what happens when one fires.
+    #[serde(default)]
+    pub detect: DetectSpec,
+    /// Thresholds that separate the classes of outcome.
+    #[serde(default)]
+    pub classify: Thresholds,
+}
+
+/// The golden run's configuration.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSpec {
+    /// `mlp`, `cnn` or `gpt`.
+    pub model: String,
+    /// `fashion-mnist`, `fortunes` or `synthetic`.
+    pub data: String,
+    /// Overrides the data set's directory.
+    pub data_dir: Option<PathBuf>,
+    /// Global batch (examples per step).
+    pub batch: usize,
+    /// Examples per micro-batch [default: the batch divided by the replicas].
+    pub micro_batch: Option<usize>,
+    /// `adamw` or `sgd`.
+    pub optimizer: String,
+    /// Learning rate [default: the model's].
+    pub lr: Option<f32>,
+    /// Seed of initialisation and data order.
+    pub seed: u64,
+    /// Data-parallel replicas simulated in one process; micro-batch `i` is computed by
+    /// replica `i mod replicas` from its own copy of the state.
+    pub replicas: usize,
+    /// Gradient reductions to compare: every trial runs under each (`deterministic`,
+    /// `reproducible`).
+    pub reduce: Vec<String>,
+    /// Held-out examples scored at the end of each trial (0: the whole test split).
+    pub eval_examples: usize,
+}
+
+impl Default for RunSpec {
+    fn default() -> Self {
+        RunSpec {
+            model: "mlp".into(),
+            data: "fashion-mnist".into(),
+            data_dir: None,
+            batch: 128,
+            micro_batch: None,
+            optimizer: "adamw".into(),
+            lr: None,
+            seed: 0,
+            replicas: 1,
+            reduce: vec!["deterministic".into()],
+            eval_examples: 2000,
+        }
+    }
+}
+
+/// The trials.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrialSpec {
+    /// Number of trials (each runs once per reduction strategy).
+    pub count: u64,
+    /// Seed from which every trial's fault is drawn.
+    pub seed: u64,
+    /// Steps at which the golden state is snapshotted and a trial may inject (0-based: a
+    /// fault at step `s` hits the step that turns state `s` into `s + 1`).
+    pub inject_at: Vec<u64>,
+    /// Steps trained after the injection step (the injection step included).
+    pub steps_after: u64,
+    /// Kinds of state a trial may hit: `param`, `grad`, `optim`, `activation`.
+    pub state: Vec<String>,
+    /// Tensor-name glob (`model.fc1.*`, `act.*`); all tensors of the kind if absent.
+    pub target: Option<String>,
+    /// Bits: `sign`, `exponent`, `mantissa`, `any`, `N` or `N-M`.
+    pub bits: String,
+    /// Bursts flipped per trial.
+    pub flips: u64,
+    /// Adjacent bits per burst.
+    pub burst: u32,
+    /// Replicas a fault may hit [default: all].
+    pub ranks: Option<Vec<usize>>,
+}
+
+impl Default for TrialSpec {
+    fn default() -> Self {
+        TrialSpec {
+            count: 100,
+            seed: 1,
+            inject_at: vec![100],
+            steps_after: 50,
+            state: vec!["param".into(), "optim".into()],
+            target: None,
+            bits: "any".into(),
+            flips: 1,
+            burst: 1,
+            ranks: None,
+        }
+    }
+}
+
+/// What a campaign does when a detector fires.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Response {
+    /// Record the alarm and train on: outcomes show what the fault does unchecked.
+    #[default]
+    Observe,
+    /// Stop the trial at the first alarm, as a job that halts on corruption.
+    Stop,
+    /// Repair: copy the state of a healthy replica over the faulty one when the detector
+    /// names it (checksums, commit vote, fingerprints with a majority); otherwise roll back
+    /// to the last step that raised no alarm and redo it.
+    Repair,
+}
+
+/// The detectors' knobs.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DetectSpec {
+    /// Compare replica fingerprints every this many steps (data-parallel only).
+    pub fingerprint_every: u64,
+    /// The gradient-norm detector fires when the norm exceeds this multiple of its running
+    /// average.
+    pub grad_norm_factor: f64,
+    /// The loss-spike detector fires when the loss exceeds this multiple of its running
+    /// average.
+    pub loss_factor: f64,
+    /// Weight of the past in the running averages (exponential moving average).
+    pub smoothing: f64,
+    /// What an alarm does.
+    pub response: Response,
+    /// Rollbacks a trial may take before it is stopped as detected.
+    pub max_rollbacks: u32,
+}
+
+impl Default for DetectSpec {
+    fn default() -> Self {
+        DetectSpec {
+            fingerprint_every: 1,
+            grad_norm_factor: 10.0,
+            loss_factor: 3.0,
+            smoothing: 0.9,
+            response: Response::Observe,
+            max_rollbacks: 3,
+        }
+    }
+}
+
+/// Where the classes of outcome part.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Thresholds {
+    /// Degraded: the final test accuracy is this much (absolute) below golden's...
+    pub degraded_accuracy: f64,
+    /// ...or the final test loss is this fraction above golden's.
+    pub degraded_loss: f64,
+    /// Diverged: a training loss above this multiple of golden's at the same step (or any
+    /// NaN/Inf loss).
+    pub diverged_loss: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds { degraded_accuracy: 0.005, degraded_loss: 0.02, diverged_loss: 10.0 }
+    }
+}
+
+/// A spec that cannot be run.
+#[derive(Debug, thiserror::Error)]
+#[error("bad campaign spec: {0}")]
+pub struct BadSpec(pub String);
+
+/// The fault of one trial.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trial {
+    /// Index in the campaign.
+    pub index: u64,
+    /// The step the fault hits.
+    pub step: u64,
+    /// Which replica.
+    pub rank: usize,
+    /// Which state.
+    pub state: StateKind,
+    /// Which tensors and bits; the flips are drawn on the live tensors from its seed.
+    pub flips: FlipSpec,
+}
+
+impl Spec {
+    /// Parses a spec from TOML text and validates it.
+    pub fn parse(text: &str) -> Result<Spec, BadSpec> {
+        let spec: Spec = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks what TOML's types cannot.
+    pub fn validate(&self) -> Result<(), BadSpec> {
+        let bad = |m: String| Err(BadSpec(m));
+        let (r, t) = (&self.run, &self.trials);
+        if r.replicas == 0 {
+            return bad("run.replicas must be at least 1".into());
+        }
+        if r.batch == 0 || !r.batch.is_multiple_of(r.replicas) {
+            return bad(format!(
+                "run.batch ({}) must be a positive multiple of run.replicas ({})",
+                r.batch, r.replicas
+            ));
+        }
+        if let Some(m) = r.micro_batch
+            && (m == 0 || !r.batch.is_multiple_of(m) || !(r.batch / m).is_multiple_of(r.replicas))
+        {
+            return bad(format!(
+                "run.micro_batch ({m}) must divide the batch ({}) into a multiple of {} micro-batches",
+                r.batch, r.replicas
+            ));
+        }
+        if r.reduce.is_empty() || r.reduce.len() > 2 {
+            return bad("run.reduce names one or two strategies".into());
+        }
+        if t.inject_at.is_empty() {
+            return bad("trials.inject_at needs at least one step".into());
+        }
+        if t.steps_after == 0 {
+            return bad("trials.steps_after must be at least 1".into());
+        }
+        if t.state.is_empty() {
+            return bad("trials.state needs at least one kind".into());
+        }
+        for s in &t.state {
+            s.parse::<StateKind>().map_err(BadSpec)?;
+        }
+        t.bits.parse::<BitSpec>().map_err(|e| BadSpec(e.to_string()))?;
+        if t.flips == 0 || t.burst == 0 {
+            return bad("trials.flips and trials.burst must be at least 1".into());
+        }
+        if let Some(ranks) = &t.ranks
+            && (ranks.is_empty() || ranks.iter().any(|&x| x >= r.replicas))
+        {
+            return bad(format!("trials.ranks must name replicas below {}", r.replicas));
+        }
+        let d = &self.detect;
+        if d.grad_norm_factor <= 1.0 || d.loss_factor <= 1.0 || !(0.0..1.0).contains(&d.smoothing) {
+            return bad("detect: the factors must exceed 1 and smoothing lie in [0, 1)".into());
+        }
+        let c = &self.classify;
+        if c.degraded_accuracy < 0.0 || c.degraded_loss < 0.0 || c.diverged_loss <= 1.0 {
+            return bad("classify: thresholds must be non-negative and diverged_loss above 1".into());
+        }
+        Ok(())
+    }
+
+    /// The last step any trial trains.
+    pub fn last_step(&self) -> u64 {
+        self.trials.inject_at.iter().max().copied().unwrap_or(0) + self.trials.steps_after
+    }
+
+    /// Trial `index`'s fault, drawn from the campaign seed alone.
+    pub fn trial(&self, index: u64) -> Trial {
+        let t = &self.trials;
+        let mut rng = repro::rng::Stream::for_purpose(t.seed, "campaign.trial", &[index]);
+        let mut pick = |n: usize| rng.below(n as u64) as usize;
+        let step = t.inject_at[pick(t.inject_at.len())];
+        let state: StateKind = t.state[pick(t.state.len())].parse().expect("validated");
+        let rank = match &t.ranks {
+            Some(ranks) => ranks[pick(ranks.len())],
+            None => pick(self.run.replicas),
+        };
+        let flips = FlipSpec {
+            target: Target { glob: t.target.clone(), role: Some(state.role()) },
+            bits: t.bits.parse().expect("validated"),
+            amount: Amount::Count(t.flips),
+            burst: t.burst,
+            seed: rng.next_u64(),
+        };
+        Trial { index, step, rank, state, flips }
+    }
+}
+
+/// The class of a trial's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Outcome {
+    /// No visible effect: final quality within the thresholds of golden's.
+    Masked,
+    /// Trained on, but to a measurably worse model.
+    Degraded,
+    /// NaN/Inf, or a training loss far above golden's.
+    Diverged,
+    /// The trial failed with an error.
+    Crashed,
+    /// A detector caught it (and the trial stopped, or repair did not restore golden bits).
+    Detected,
+    /// A detector caught it and repair restored the golden bits.
+    Corrected,
+}
+
+impl Outcome {
+    /// Every class, in report order.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Masked,
+        Outcome::Degraded,
+        Outcome::Diverged,
+        Outcome::Crashed,
+        Outcome::Detected,
+        Outcome::Corrected,
+    ];
+
+    /// The class's name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Masked => "masked",
+            Outcome::Degraded => "degraded",
+            Outcome::Diverged => "diverged",
+            Outcome::Crashed => "crashed",
+            Outcome::Detected => "detected",
+            Outcome::Corrected => "corrected",
+        }
+    }
+}
+
+/// What was observed of a trial, for [`classify`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Evidence {
+    /// The trial failed with an error.
+    pub crashed: bool,
+    /// A NaN/Inf loss, or a loss past the divergence threshold.
+    pub diverged: bool,
+    /// A detector fired (and the response acted on it).
+    pub acted_on_alarm: bool,
+    /// The final state equals golden's bit for bit.
+    pub bitwise_golden: bool,
+    /// Golden's final test accuracy minus the trial's.
+    pub accuracy_drop: f64,
+    /// (Trial's final test loss - golden's) / golden's.
+    pub loss_rise: f64,
+}
+
+/// The outcome of a trial. With `Observe`, alarms do not change the class (they are
+/// reported beside it); with `Stop`, an alarm is the outcome; with `Repair`, an alarm
+/// ends as corrected when the final bits are golden's, detected otherwise (unless the
+/// trial diverged anyway).
+pub fn classify(e: &Evidence, response: Response, t: &Thresholds) -> Outcome {
+    if e.crashed {
+        return Outcome::Crashed;
+    }
+    match response {
+        Response::Stop if e.acted_on_alarm => return Outcome::Detected,
+        Response::Repair if e.acted_on_alarm && e.bitwise_golden => return Outcome::Corrected,
+        _ => {}
+    }
+    if e.diverged {
+        return Outcome::Diverged;
+    }
+    if response == Response::Repair && e.acted_on_alarm {
+        return Outcome::Detected;
+    }
+    // A NaN in the quality (a non-finite model that kept a finite loss) is degradation.
+    if e.bitwise_golden {
+        Outcome::Masked
+    } else if !(e.accuracy_drop <= t.degraded_accuracy && e.loss_rise <= t.degraded_loss) {
+        Outcome::Degraded
+    } else {
+        Outcome::Masked
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(text: &str) -> Result<Spec, BadSpec> {
+        Spec::parse(&format!("[run]\ndata = \"synthetic\"\nreplicas = 2\n[trials]\ninject_at = [5, 9]\n{text}"))
+    }
+
+    #[test]
+    fn defaults_fill_what_a_spec_leaves_out() {
+        let s = spec("").unwrap();
+        assert_eq!(s.run.model, "mlp");
+        assert_eq!(s.trials.steps_after, 50);
+        assert_eq!(s.detect.response, Response::Observe);
+        assert_eq!(s.last_step(), 59);
+    }
+
+    #[test]
+    fn malformed_specs_are_refused_with_the_reason() {
+        for (text, needle) in [
+            ("colour = 1", "colour"),
+            ("state = [\"weights\"]", "weights"),
+            ("bits = \"fraction\"", "fraction"),
+            ("count = \"many\"", "count"),
+            ("flips = 0", "flips"),
+            ("ranks = [2]", "ranks"),
+            ("inject_at = []", "inject_at"),
+        ] {
+            let err = spec(text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        assert!(
+            Spec::parse("[run]\nreplicas = 3\nbatch = 128\n[trials]").unwrap_err().to_string().contains("multiple")
+        );
+        assert!(Spec::parse("not toml at all").is_err());
+        assert!(Spec::parse("[trials]\n").unwrap_err().to_string().contains("run"));
+    }
+
+    #[test]
+    fn trials_are_pure_functions_of_the_seed_and_cover_the_choices() {
+        let s = spec("state = [\"param\", \"grad\", \"optim\", \"activation\"]\ncount = 400").unwrap();
+        let all: Vec<Trial> = (0..400).map(|i| s.trial(i)).collect();
+        assert_eq!(all, (0..400).map(|i| s.trial(i)).collect::<Vec<_>>());
+        for kind in StateKind::ALL {
+            assert!(all.iter().any(|t| t.state == kind), "{kind:?} never drawn");
+        }
+        assert!(all.iter().any(|t| t.rank == 1) && all.iter().any(|t| t.rank == 0));
+        assert!(all.iter().any(|t| t.step == 5) && all.iter().any(|t| t.step == 9));
+        let seeds: std::collections::BTreeSet<u64> = all.iter().map(|t| t.flips.seed).collect();
+        assert_eq!(seeds.len(), 400, "every trial has its own flip seed");
+        let optim = all.iter().find(|t| t.state == StateKind::Optim).unwrap();
+        assert_eq!(optim.flips.target.role, Some(ckpt::Role::Optim));
+        let mut other = s.clone();
+        other.trials.seed = 2;
+        assert_ne!(other.trial(0).flips.seed, s.trial(0).flips.seed);
+    }
+
+    #[test]
+    fn classification_follows_the_response() {
+        let t = Thresholds::default();
+        let clean = Evidence { bitwise_golden: true, ..Evidence::default() };
+        assert_eq!(classify(&clean, Response::Observe, &t), Outcome::Masked);
+        let small = Evidence { accuracy_drop: 0.001, loss_rise: 0.001, ..Evidence::default() };
+        assert_eq!(classify(&small, Response::Observe, &t), Outcome::Masked);
+        let worse = Evidence { accuracy_drop: 0.02, ..Evidence::default() };
+        assert_eq!(classify(&worse, Response::Observe, &t), Outcome::Degraded);
+        let nan = Evidence { accuracy_drop: f64::NAN, ..Evidence::default() };
+        assert_eq!(classify(&nan, Response::Observe, &t), Outcome::Degraded);
+        let blown = Evidence { diverged: true, acted_on_alarm: true, ..Evidence::default() };
+        assert_eq!(classify(&blown, Response::Observe, &t), Outcome::Diverged);
+        assert_eq!(classify(&blown, Response::Stop, &t), Outcome::Detected);
+        assert_eq!(classify(&blown, Response::Repair, &t), Outcome::Diverged);
+        let fixed = Evidence { acted_on_alarm: true, bitwise_golden: true, ..Evidence::default() };
+        assert_eq!(classify(&fixed, Response::Repair, &t), Outcome::Corrected);
+        let caught = Evidence { acted_on_alarm: true, ..Evidence::default() };
+        assert_eq!(classify(&caught, Response::Repair, &t), Outcome::Detected);
+        let crash = Evidence { crashed: true, acted_on_alarm: true, ..Evidence::default() };
+        assert_eq!(classify(&crash, Response::Stop, &t), Outcome::Crashed);
+    }
+}

@@ -1,0 +1,353 @@
+//! A data-parallel group simulated in one process: W replicas, each with its own copy of
+//! the parameters and optimizer state, and one training step with faults, detectors and
+//! the response to their alarms.
+//!
+//! The step follows the trainer's (see [`crate::trainer`]) phase by phase, with every
+//! replica's buffers in reach so that a fault can hit one replica alone:
+//!
+//! 1. parameter faults (memory corruption between steps), then the parameter checksums;
+//! 2. micro-batch `i` forward and backward on replica `i mod W`'s parameters (activation
+//!    faults in the first micro-batch of the faulty replica);
+//! 3. the sum of all micro-batch gradients in the chosen reduction, which every replica
+//!    receives;
+//! 4. gradient faults in one replica's copy of the sum, then the commit vote, the
+//!    non-finite check and the spike detectors;
+//! 5. optimizer faults, the slot checksums, the update on every replica, fresh checksums,
+//!    and the fingerprint comparison every k steps.
+
+use burn::prelude::Device;
+use comm::ReduceMode;
+use fault::campaign::{DetectSpec, Response};
+use fault::live::{LiveFlip, StateKind};
+
+use super::detect::{Alarm, Detector, Monitors, minority};
+use crate::data::sampler::Sampler;
+use crate::data::{Dataset, Split};
+use crate::error::TrainError;
+use crate::model::{Model, Taps};
+use crate::optim::Optimizer;
+use crate::state::{self, NamedTensor, Role};
+
+/// One replica's training state, with the checksums taken after its last update.
+#[derive(Clone, Debug)]
+pub(crate) struct Replica {
+    pub params: Vec<NamedTensor>,
+    pub optim: Optimizer,
+    sums: Vec<u64>,
+}
+
+impl Replica {
+    pub fn new(params: Vec<NamedTensor>, optim: Optimizer) -> Self {
+        let mut r = Replica { params, optim, sums: Vec::new() };
+        r.sums = r.checksums();
+        r
+    }
+
+    /// Parameters then slots, in registry order.
+    pub fn tensors(&self) -> impl Iterator<Item = &NamedTensor> {
+        self.params.iter().chain(self.optim.slots())
+    }
+
+    fn checksums(&self) -> Vec<u64> {
+        self.tensors().map(|t| ckpt::checksum(bytemuck::cast_slice(&t.data))).collect()
+    }
+
+    /// Whether the tensors of `role` still match their checksums.
+    fn intact(&self, role: Role) -> bool {
+        let skip = if role == Role::Model { 0 } else { self.params.len() };
+        let tensors: Vec<&NamedTensor> =
+            if role == Role::Model { self.params.iter().collect() } else { self.optim.slots().iter().collect() };
+        tensors.iter().zip(&self.sums[skip..]).all(|(t, &s)| ckpt::checksum(bytemuck::cast_slice(&t.data)) == s)
+    }
+
+    fn fingerprint(&self, step: u64) -> u64 {
+        state::fingerprint(step, self.tensors())
+    }
+}
+
+/// The replicas and the detectors' running averages.
+#[derive(Clone, Debug)]
+pub(crate) struct Group {
+    pub replicas: Vec<Replica>,
+    pub monitors: Monitors,
+}
+
+/// A fault waiting for its step; consumed when applied, so that a rolled-back step is
+/// redone without it (the faults modelled are transient).
+#[derive(Clone, Debug)]
+pub(crate) struct Pending {
+    pub fault: fault::campaign::Trial,
+    pub done: bool,
+}
+
+/// What does not change during a campaign.
+pub(crate) struct Env<'a> {
+    pub data: &'a Dataset,
+    pub device: &'a Device,
+    pub reduce: ReduceMode,
+    pub detect: &'a DetectSpec,
+    /// The response to alarms (golden runs observe).
+    pub response: Response,
+    pub micro_batch: usize,
+    pub denominator: usize,
+}
+
+/// What a step produced.
+#[derive(Debug, Default)]
+pub(crate) struct StepReport {
+    pub loss: f32,
+    pub grad_norm: f64,
+    pub alarms: Vec<Alarm>,
+    /// Replicas repaired by copying from a healthy one.
+    pub repaired: usize,
+    pub flips: Vec<(StateKind, usize, LiveFlip)>,
+    pub verdict: Verdict,
+}
+
+/// How the step ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Applied.
+    #[default]
+    Applied,
+    /// An alarm that no replica could repair: restore the state from before the step and
+    /// redo it.
+    RollBack,
+    /// An alarm, and the response is to stop.
+    Stop,
+}
+
+impl Group {
+    pub fn world(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// Handles an alarm by the response: `None` to go on (observed, or repaired).
+    fn respond(&mut self, env: &Env<'_>, report: &mut StepReport, alarm: Alarm, copy: Copy) -> Option<Verdict> {
+        let healthy = (0..self.world()).find(|r| !alarm.faulty.contains(r));
+        let verdict = match env.response {
+            Response::Observe => None,
+            Response::Stop => Some(Verdict::Stop),
+            Response::Repair => match healthy {
+                Some(h) if !alarm.faulty.is_empty() => {
+                    for &f in &alarm.faulty {
+                        let source = self.replicas[h].clone();
+                        let target = &mut self.replicas[f];
+                        match copy {
+                            Copy::Params => target.params = source.params,
+                            Copy::Slots => target.optim = source.optim,
+                            Copy::State => *target = source,
+                            // The gradient is not state: the caller takes the healthy copy.
+                            Copy::Gradient => {}
+                        }
+                        report.repaired += 1;
+                    }
+                    None
+                }
+                _ => Some(Verdict::RollBack),
+            },
+        };
+        report.alarms.push(alarm);
+        verdict
+    }
+
+    /// Runs step `step` (0-based) with the pending faults of that step.
+    pub fn step(
+        &mut self,
+        env: &Env<'_>,
+        model: &mut Option<Model>,
+        sampler: &mut Sampler,
+        step: u64,
+        pending: &mut [Pending],
+    ) -> Result<StepReport, TrainError> {
+        let world = self.world();
+        let mut report = StepReport::default();
+        let mut due = |kind: StateKind| -> Vec<fault::campaign::Trial> {
+            let mut out = Vec::new();
+            for p in pending.iter_mut().filter(|p| !p.done && p.fault.step == step && p.fault.state == kind) {
+                p.done = true;
+                out.push(p.fault.clone());
+            }
+            out
+        };
+        let (param_faults, act_faults, grad_faults, optim_faults) =
+            (due(StateKind::Param), due(StateKind::Activation), due(StateKind::Grad), due(StateKind::Optim));
+
+        // 1. Memory faults in parameters, caught (or not) by the checksums.
+        for f in &param_faults {
+            let r = &mut self.replicas[f.rank];
+            let mut views: Vec<(&str, Role, &mut [f32])> =
+                r.params.iter_mut().map(|p| (p.name.as_str(), p.role, p.data.as_mut_slice())).collect();
+            let flips = live(f).apply(&mut views)?;
+            report.flips.extend(flips.into_iter().map(|x| (StateKind::Param, f.rank, x)));
+        }
+        let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Model)).collect();
+        if !bad.is_empty()
+            && let Some(v) =
+                self.respond(env, &mut report, Alarm { detector: Detector::Checksum, faulty: bad }, Copy::Params)
+        {
+            report.verdict = v;
+            return Ok(report);
+        }
+
+        // 2. Forward and backward: micro-batch i on replica i mod W.
+        let micro_batches = sampler.micro_batches();
+        let mut parts: Vec<Vec<f32>> = vec![Vec::new(); micro_batches];
+        for (r, replica) in self.replicas.iter().enumerate() {
+            let m = model.take().expect("a model").load(&replica.params);
+            for i in (r..micro_batches).step_by(world) {
+                let batch = env.data.batch(Split::Train, &sampler.micro_batch(step, i));
+                let mut taps = Taps::none();
+                if i == r {
+                    for f in act_faults.iter().filter(|f| f.rank == r) {
+                        taps.add(&m, env.micro_batch, &f.flips)?;
+                    }
+                }
+                let (l, g) = m.loss_and_grads_tapped(&batch, env.denominator, env.device, &mut taps);
+                report.flips.extend(taps.log.into_iter().map(|x| (StateKind::Activation, r, x)));
+                let mut flat = g.concat();
+                flat.push(l);
+                parts[i] = flat;
+            }
+            *model = Some(m);
+        }
+
+        // 3. The reduction every replica receives.
+        let refs: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+        let shared = comm::sum_parts(env.reduce, &refs);
+        let n = shared.len() - 1;
+
+        // 4. Gradient faults in one replica's copy, then the vote and the numeric checks.
+        let mut own: Vec<Option<Vec<f32>>> = vec![None; world];
+        for f in &grad_faults {
+            let copy = own[f.rank].get_or_insert_with(|| shared.clone());
+            let mut rest = &mut copy[..n];
+            let mut views: Vec<(&str, Role, &mut [f32])> = Vec::with_capacity(self.replicas[f.rank].params.len());
+            for p in &self.replicas[f.rank].params {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.data.len());
+                views.push((p.name.as_str(), p.role, head));
+                rest = tail;
+            }
+            let flips = live(f).apply(&mut views)?;
+            report.flips.extend(flips.into_iter().map(|x| (StateKind::Grad, f.rank, x)));
+        }
+        let view =
+            |own: &[Option<Vec<f32>>], r: usize| -> Vec<f32> { own[r].clone().unwrap_or_else(|| shared.clone()) };
+        if world > 1 {
+            let digests: Vec<u64> = (0..world)
+                .map(|r| ckpt::checksum(bytemuck::cast_slice(own[r].as_deref().unwrap_or(&shared))))
+                .collect();
+            if digests.iter().any(|&d| d != digests[0]) {
+                // Two replicas that disagree cannot tell which one is wrong.
+                let faulty = minority(&digests).unwrap_or_else(|| (0..world).collect());
+                let alarm = Alarm { detector: Detector::Vote, faulty: faulty.clone() };
+                if let Some(v) = self.respond(env, &mut report, alarm, Copy::Gradient) {
+                    report.verdict = v;
+                    return Ok(report);
+                }
+                if env.response == Response::Repair {
+                    for f in faulty {
+                        own[f] = None;
+                    }
+                }
+            }
+        }
+        let nonfinite: Vec<usize> =
+            (0..world).filter(|&r| own[r].as_deref().unwrap_or(&shared).iter().any(|x| !x.is_finite())).collect();
+        if !nonfinite.is_empty() {
+            let alarm = Alarm { detector: Detector::NonFinite, faulty: nonfinite.clone() };
+            if let Some(v) = self.respond(env, &mut report, alarm, Copy::Gradient) {
+                report.verdict = v;
+                return Ok(report);
+            }
+            if env.response == Response::Repair {
+                for f in nonfinite {
+                    own[f] = None;
+                }
+            }
+        }
+        // The spike detectors see the worst replica.
+        let (mut loss, mut norm) = (f32::MIN, 0.0f64);
+        for r in 0..world {
+            let g = own[r].as_deref().unwrap_or(&shared);
+            let l = g[n];
+            loss = if l.is_nan() || loss.is_nan() { f32::NAN } else { loss.max(l) };
+            let s = g[..n].iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+            norm = if s.is_nan() || norm.is_nan() { f64::NAN } else { norm.max(s) };
+        }
+        report.loss = loss;
+        report.grad_norm = norm;
+        let (norm_fires, loss_fires) = self.monitors.check(f64::from(loss), norm, env.detect);
+        for (fires, detector) in [(norm_fires, Detector::GradNorm), (loss_fires, Detector::LossSpike)] {
+            if fires
+                && let Some(v) = self.respond(env, &mut report, Alarm { detector, faulty: Vec::new() }, Copy::Gradient)
+            {
+                report.verdict = v;
+                return Ok(report);
+            }
+        }
+
+        // 5. Optimizer faults, slot checksums, the update, fresh checksums, fingerprints.
+        for f in &optim_faults {
+            let r = &mut self.replicas[f.rank];
+            let mut views: Vec<(&str, Role, &mut [f32])> =
+                r.optim.slots_mut().iter_mut().map(|p| (p.name.as_str(), p.role, p.data.as_mut_slice())).collect();
+            let flips = live(f).apply(&mut views)?;
+            report.flips.extend(flips.into_iter().map(|x| (StateKind::Optim, f.rank, x)));
+        }
+        let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Optim)).collect();
+        if !bad.is_empty()
+            && let Some(v) =
+                self.respond(env, &mut report, Alarm { detector: Detector::Checksum, faulty: bad }, Copy::Slots)
+        {
+            report.verdict = v;
+            return Ok(report);
+        }
+        for r in 0..world {
+            let flat = view(&own, r);
+            let grads = split_like(&flat[..n], &self.replicas[r].params);
+            let replica = &mut self.replicas[r];
+            replica.optim.step(&mut replica.params, &grads);
+            replica.sums = replica.checksums();
+        }
+        let done = step + 1;
+        if world > 1 && env.detect.fingerprint_every > 0 && done.is_multiple_of(env.detect.fingerprint_every) {
+            let prints: Vec<u64> = self.replicas.iter().map(|r| r.fingerprint(done)).collect();
+            if prints.iter().any(|&p| p != prints[0]) {
+                let faulty = minority(&prints).unwrap_or_else(|| (0..world).collect());
+                let alarm = Alarm { detector: Detector::Fingerprint, faulty };
+                if let Some(v) = self.respond(env, &mut report, alarm, Copy::State) {
+                    report.verdict = v;
+                    return Ok(report);
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// What a repair copies from a healthy replica.
+#[derive(Clone, Copy, Debug)]
+enum Copy {
+    Params,
+    Slots,
+    State,
+    Gradient,
+}
+
+fn live(t: &fault::campaign::Trial) -> fault::live::LiveFault {
+    fault::live::LiveFault { step: t.step, rank: t.rank, state: t.state, flips: t.flips.clone() }
+}
+
+/// Cuts a flat gradient into one vector per parameter.
+fn split_like(flat: &[f32], params: &[NamedTensor]) -> Vec<Vec<f32>> {
+    let mut rest = flat;
+    params
+        .iter()
+        .map(|p| {
+            let (head, tail) = rest.split_at(p.data.len());
+            rest = tail;
+            head.to_vec()
+        })
+        .collect()
+}

@@ -1,0 +1,493 @@
+//! Fault-injection campaigns: a golden run, then many trials, each resumed from the
+//! golden state in memory, injected, trained on and judged.
+//!
+//! A campaign ([`fault::campaign::Spec`]) names a training run, the injection steps, the
+//! kinds of state and bits a fault may hit, the detectors' thresholds and what an alarm
+//! does. [`Campaign::run`]:
+//!
+//! 1. trains the golden run once per reduction strategy, keeping every state from the
+//!    first injection step to the last step in memory, the training losses, and the
+//!    detectors' alarms (a golden alarm is a false positive);
+//! 2. runs every trial under every strategy, in parallel over the cores. Trial `i` draws
+//!    its fault from the campaign seed alone ([`Spec::trial`]), so `--trial i` replays it
+//!    bit for bit, whatever the thread count;
+//! 3. after each step, counts per tensor and per replica the elements whose bits differ
+//!    from golden's (the propagation of the fault). A trial whose state, detectors
+//!    included, is golden's again after its fault has fired has rejoined the golden run;
+//!    by determinism the rest of it is golden's, so it stops there and copies golden's
+//!    tail;
+//! 4. classifies it ([`fault::campaign::classify`]) from its final held-out quality
+//!    against golden's, its losses and its alarms.
+//!
+//! The replicas of a data-parallel job are simulated in this process ([`group`]): each has
+//! its own state; micro-batch `i` is computed by replica `i mod W`; all replicas receive
+//! the same sum, so corruption that enters a gradient reaches every replica, while
+//! corruption of one replica's stored state stays its own until it is used.
+
+mod detect;
+mod group;
+pub mod output;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use burn::prelude::Device;
+use comm::ReduceMode;
+use fault::campaign::{Evidence, Outcome, Response, Spec, Trial};
+use fault::live::{LiveFlip, StateKind};
+use rayon::prelude::*;
+
+use detect::Monitors;
+pub use detect::{Alarm, Detector};
+use group::{Env, Group, Pending, Replica, Verdict};
+
+use crate::data::sampler::Sampler;
+use crate::data::{DataKind, DataSpec, Dataset, Modality, Split};
+use crate::error::{ConfigError, TrainError};
+use crate::model::{GptConfig, Model, ModelKind};
+use crate::optim::{OptimKind, Optimizer};
+use crate::state::NamedTensor;
+use crate::trainer::{TrainConfig, evaluate_first};
+
+/// A campaign ready to run: the spec, the data, the training configuration.
+pub struct Campaign {
+    /// The spec.
+    pub spec: Spec,
+    /// The reduction strategies compared, in the spec's order.
+    pub reduces: Vec<ReduceMode>,
+    config: TrainConfig,
+    data: Dataset,
+    gpt: GptConfig,
+    micro_batch: usize,
+    denominator: usize,
+}
+
+/// The fault-free reference of one reduction strategy.
+pub struct Golden {
+    /// The strategy.
+    pub reduce: ReduceMode,
+    /// Training loss of every step from 0.
+    pub losses: Vec<f32>,
+    /// Gradient norm of every step from 0.
+    pub grad_norms: Vec<f64>,
+    /// The detectors that fired at each step (false positives).
+    pub alarms: Vec<Vec<Detector>>,
+    /// Held-out (loss, accuracy) at each step where a trial ends.
+    pub evals: BTreeMap<u64, (f64, f64)>,
+    /// Names of the state tensors, parameters then slots, with their element counts.
+    pub tensors: Vec<(String, usize)>,
+    first: u64,
+    states: Vec<(Replica, Monitors)>,
+    /// Wall-clock time of the golden run.
+    pub time: Duration,
+}
+
+impl Golden {
+    fn state(&self, step: u64) -> &(Replica, Monitors) {
+        &self.states[(step - self.first) as usize]
+    }
+}
+
+/// What happened in one trial under one strategy.
+#[derive(Clone, Debug)]
+pub struct TrialResult {
+    /// The fault.
+    pub trial: Trial,
+    /// The strategy.
+    pub reduce: ReduceMode,
+    /// The class.
+    pub outcome: Outcome,
+    /// What the classification saw.
+    pub evidence: Evidence,
+    /// The bits that were flipped, with the replica.
+    pub flips: Vec<(usize, LiveFlip)>,
+    /// The first step at which each detector fired ([`Detector::ALL`] order).
+    pub first_alarm: [Option<u64>; 6],
+    /// Training loss of each step from the injection step on.
+    pub losses: Vec<f32>,
+    /// Per step, per replica: elements that differ from golden after the step.
+    pub replica_differing: Vec<Vec<u64>>,
+    /// Per step, per tensor: elements that differ from golden in the worst replica.
+    pub tensor_differing: Vec<Vec<u64>>,
+    /// Final held-out (loss, accuracy), the worst over the replicas.
+    pub quality: Option<(f64, f64)>,
+    /// The step after which the trial's state was golden's again.
+    pub rejoined: Option<u64>,
+    /// Rollbacks taken, and replicas repaired by copying.
+    pub rollbacks: u32,
+    /// Replicas repaired by copying from a healthy one.
+    pub repairs: u32,
+    /// Why the trial crashed.
+    pub error: Option<String>,
+    /// Wall-clock time.
+    pub time: Duration,
+}
+
+impl Campaign {
+    /// Checks the spec against the code (model, data, strategies, targets) and loads the
+    /// data.
+    pub fn prepare(spec: Spec) -> Result<Campaign, TrainError> {
+        spec.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let bad = |m: String| TrainError::Config(ConfigError::Invalid(m));
+        let r = &spec.run;
+        let model = match r.model.as_str() {
+            "mlp" => ModelKind::Mlp,
+            "cnn" => ModelKind::Cnn,
+            "gpt" => ModelKind::Gpt,
+            m => return Err(bad(format!("run.model {m:?} is not mlp, cnn or gpt"))),
+        };
+        let mut config = TrainConfig::defaults(model);
+        config.data = match r.data.as_str() {
+            "fashion-mnist" => DataKind::FashionMnist,
+            "fortunes" => DataKind::Fortunes,
+            "synthetic" => DataKind::Synthetic,
+            d => return Err(bad(format!("run.data {d:?} is not fashion-mnist, fortunes or synthetic"))),
+        };
+        config.optimizer = match r.optimizer.as_str() {
+            "adamw" => OptimKind::AdamW,
+            "sgd" => OptimKind::Sgd,
+            o => return Err(bad(format!("run.optimizer {o:?} is not adamw or sgd"))),
+        };
+        if let Some(lr) = r.lr {
+            config.optim.lr = lr;
+        }
+        config.data_dir = r.data_dir.clone();
+        config.seed = r.seed;
+        config.batch = r.batch;
+        config.micro_batch = r.micro_batch.unwrap_or(r.batch / r.replicas);
+        let mut reduces = Vec::new();
+        for name in &r.reduce {
+            let mode: ReduceMode = name.parse().map_err(|e| bad(format!("run.reduce: {e}")))?;
+            if mode == ReduceMode::Fast {
+                return Err(bad("run.reduce: `fast` changes bits from run to run, so no trial could be judged \
+                     against a golden run; use deterministic or reproducible"
+                    .into()));
+            }
+            reduces.push(mode);
+        }
+        let modality = if model == ModelKind::Gpt { Modality::Text } else { Modality::Images };
+        let probe = GptConfig::small(0);
+        let data = Dataset::load(&DataSpec {
+            kind: config.data,
+            dir: config.data_dir.clone(),
+            modality,
+            context: probe.context,
+            seed: config.seed,
+        })?;
+        let (gpt, tokens) = match &data {
+            Dataset::Text(t) => (GptConfig::small(t.vocab.len()), t.context),
+            Dataset::Images(_) => (probe, 1),
+        };
+        Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;
+        let campaign = Campaign {
+            micro_batch: config.micro_batch,
+            denominator: config.batch * tokens,
+            spec,
+            reduces,
+            config,
+            data,
+            gpt,
+        };
+        campaign.check_targets()?;
+        Ok(campaign)
+    }
+
+    /// Every kind of state in the spec must have a tensor that its target matches.
+    fn check_targets(&self) -> Result<(), TrainError> {
+        let model = self.model();
+        let params = model.params();
+        let optim = Optimizer::new(self.config.optimizer, self.config.optim, &params);
+        for kind in &self.spec.trials.state {
+            let kind: StateKind = kind.parse().map_err(ConfigError::Invalid)?;
+            let names: Vec<String> = match kind {
+                StateKind::Param | StateKind::Grad => params.iter().map(|p| p.name.clone()).collect(),
+                StateKind::Optim => optim.slots().iter().map(|p| p.name.clone()).collect(),
+                StateKind::Activation => model.activations(self.micro_batch).into_iter().map(|(n, _)| n).collect(),
+            };
+            let target = fault::plan::Target { glob: self.spec.trials.target.clone(), role: None };
+            if !names.iter().any(|n| target.matches(n, kind.role())) {
+                return Err(ConfigError::Invalid(format!(
+                    "trials.target {:?} matches no {} tensor (they are: {})",
+                    self.spec.trials.target.as_deref().unwrap_or("*"),
+                    kind.name(),
+                    if names.is_empty() { "none for this model".to_owned() } else { names.join(", ") }
+                ))
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    fn model(&self) -> Model {
+        Model::new(self.config.model, self.config.seed, self.gpt, &Device::flex().autodiff())
+    }
+
+    fn env<'a>(&'a self, device: &'a Device, reduce: ReduceMode, response: Response) -> Env<'a> {
+        Env {
+            data: &self.data,
+            device,
+            reduce,
+            detect: &self.spec.detect,
+            response,
+            micro_batch: self.micro_batch,
+            denominator: self.denominator,
+        }
+    }
+
+    fn sampler(&self) -> Sampler {
+        Sampler::new(self.config.seed, self.data.len(Split::Train), self.config.batch, self.micro_batch)
+            .expect("checked in prepare")
+    }
+
+    fn quality(&self, model: Model, params: &[NamedTensor], step: u64, device: &Device) -> (Model, (f64, f64)) {
+        let model = model.load(params);
+        let report = evaluate_first(&model, &self.data, step, device, self.eval_limit());
+        (model, (report.loss, report.accuracy))
+    }
+
+    fn eval_limit(&self) -> usize {
+        match self.spec.run.eval_examples {
+            0 => usize::MAX,
+            n => n,
+        }
+    }
+
+    /// Trains the golden run of `reduce` up to the last step any trial reaches.
+    pub fn golden(&self, reduce: ReduceMode) -> Result<Golden, TrainError> {
+        let started = Instant::now();
+        let device = Device::flex().autodiff();
+        let env = self.env(&device, reduce, Response::Observe);
+        let mut model = Some(self.model());
+        let params = model.as_ref().expect("built").params();
+        let optim = Optimizer::new(self.config.optimizer, self.config.optim, &params);
+        let replica = Replica::new(params, optim);
+        let tensors = replica.tensors().map(|t| (t.name.clone(), t.data.len())).collect();
+        let mut group = Group { replicas: vec![replica; self.spec.run.replicas], monitors: Monitors::default() };
+        let mut sampler = self.sampler();
+        let first = self.spec.trials.inject_at.iter().min().copied().unwrap_or(0);
+        let last = self.spec.last_step();
+        let ends: Vec<u64> = self.spec.trials.inject_at.iter().map(|s| s + self.spec.trials.steps_after).collect();
+        let mut golden = Golden {
+            reduce,
+            losses: Vec::new(),
+            grad_norms: Vec::new(),
+            alarms: Vec::new(),
+            evals: BTreeMap::new(),
+            tensors,
+            first,
+            states: Vec::new(),
+            time: Duration::ZERO,
+        };
+        for step in 0..last {
+            if step >= first {
+                golden.states.push((group.replicas[0].clone(), group.monitors.clone()));
+            }
+            let report = group.step(&env, &mut model, &mut sampler, step, &mut [])?;
+            if !report.loss.is_finite() {
+                return Err(TrainError::Diverged { step, loss: report.loss });
+            }
+            golden.losses.push(report.loss);
+            golden.grad_norms.push(report.grad_norm);
+            golden.alarms.push(report.alarms.iter().map(|a| a.detector).collect());
+            if ends.contains(&(step + 1)) {
+                let (m, q) = self.quality(model.take().expect("a model"), &group.replicas[0].params, step + 1, &device);
+                model = Some(m);
+                golden.evals.insert(step + 1, q);
+            }
+        }
+        golden.states.push((group.replicas[0].clone(), group.monitors.clone()));
+        golden.time = started.elapsed();
+        Ok(golden)
+    }
+
+    /// Runs trial `trial` under `golden`'s strategy. Never fails: an error or a panic
+    /// inside the trial is its outcome (crashed).
+    pub fn trial(&self, golden: &Golden, trial: &Trial) -> TrialResult {
+        let started = Instant::now();
+        let mut result = TrialResult {
+            trial: trial.clone(),
+            reduce: golden.reduce,
+            outcome: Outcome::Crashed,
+            evidence: Evidence::default(),
+            flips: Vec::new(),
+            first_alarm: [None; 6],
+            losses: Vec::new(),
+            replica_differing: Vec::new(),
+            tensor_differing: Vec::new(),
+            quality: None,
+            rejoined: None,
+            rollbacks: 0,
+            repairs: 0,
+            error: None,
+            time: Duration::ZERO,
+        };
+        let run =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.trial_inner(golden, trial, &mut result)));
+        let crashed = match run {
+            Ok(Ok(())) => false,
+            Ok(Err(e)) => {
+                result.error = Some(e.to_string());
+                true
+            }
+            Err(panic) => {
+                let text = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "panic".into());
+                result.error = Some(format!("panicked: {text}"));
+                true
+            }
+        };
+        result.evidence.crashed = crashed;
+        result.outcome = fault::campaign::classify(&result.evidence, self.spec.detect.response, &self.spec.classify);
+        result.time = started.elapsed();
+        result
+    }
+
+    fn trial_inner(&self, golden: &Golden, trial: &Trial, out: &mut TrialResult) -> Result<(), TrainError> {
+        let device = Device::flex().autodiff();
+        let response = self.spec.detect.response;
+        let env = self.env(&device, golden.reduce, response);
+        let (start, monitors) = golden.state(trial.step);
+        let mut group = Group { replicas: vec![start.clone(); self.spec.run.replicas], monitors: monitors.clone() };
+        let mut model = Some(self.model());
+        let mut sampler = self.sampler();
+        let mut pending = vec![Pending { fault: trial.clone(), done: false }];
+        let end = trial.step + self.spec.trials.steps_after;
+        let thresholds = &self.spec.classify;
+        let mut alarmed = false;
+        let mut step = trial.step;
+        while step < end {
+            let before = (response == Response::Repair).then(|| group.clone());
+            let report = group.step(&env, &mut model, &mut sampler, step, &mut pending)?;
+            out.flips.extend(report.flips.iter().map(|(_, r, f)| (*r, f.clone())));
+            out.repairs += report.repaired as u32;
+            for a in &report.alarms {
+                out.first_alarm[a.detector.index()].get_or_insert(step);
+                alarmed = true;
+            }
+            match report.verdict {
+                Verdict::Applied => {}
+                Verdict::Stop => break,
+                Verdict::RollBack => {
+                    out.rollbacks += 1;
+                    if out.rollbacks > self.spec.detect.max_rollbacks {
+                        break;
+                    }
+                    group = before.expect("kept when repairing");
+                    continue;
+                }
+            }
+            let golden_loss = golden.losses[step as usize];
+            out.losses.push(report.loss);
+            let (replicas, tensors) = differing(&group, &golden.state(step + 1).0);
+            let rejoined = pending.iter().all(|p| p.done)
+                && replicas.iter().all(|&d| d == 0)
+                && group.monitors == golden.state(step + 1).1;
+            out.replica_differing.push(replicas);
+            out.tensor_differing.push(tensors);
+            step += 1;
+            if !report.loss.is_finite() || f64::from(report.loss) > thresholds.diverged_loss * f64::from(golden_loss) {
+                out.evidence.diverged = true;
+                break;
+            }
+            if rejoined && step < end {
+                out.rejoined = Some(step);
+                for s in step..end {
+                    out.losses.push(golden.losses[s as usize]);
+                    out.replica_differing.push(vec![0; self.spec.run.replicas]);
+                    out.tensor_differing.push(vec![0; golden.tensors.len()]);
+                }
+                step = end;
+            }
+        }
+        out.evidence.acted_on_alarm = alarmed && response != Response::Observe;
+        let finished = step == end && !out.evidence.diverged;
+        out.evidence.bitwise_golden =
+            finished && out.replica_differing.last().is_some_and(|r| r.iter().all(|&d| d == 0));
+        if finished {
+            let (g_loss, g_acc) = golden.evals[&end];
+            let quality = if out.evidence.bitwise_golden {
+                (g_loss, g_acc)
+            } else {
+                // The worst of the distinct replicas.
+                let mut worst = (f64::NEG_INFINITY, f64::INFINITY);
+                let mut seen: Vec<u64> = Vec::new();
+                for r in &group.replicas {
+                    let print = crate::state::fingerprint(end, r.tensors());
+                    if seen.contains(&print) {
+                        continue;
+                    }
+                    seen.push(print);
+                    let (m, (l, a)) = self.quality(model.take().expect("a model"), &r.params, end, &device);
+                    model = Some(m);
+                    worst = (nan_max(worst.0, l), nan_min(worst.1, a));
+                }
+                worst
+            };
+            out.quality = Some(quality);
+            out.evidence.accuracy_drop = g_acc - quality.1;
+            out.evidence.loss_rise = (quality.0 - g_loss) / g_loss;
+        }
+        Ok(())
+    }
+
+    /// Runs the golden runs and every trial (`only`: just these trial indices), calling
+    /// `progress` as trials finish. The result lists trials by index, then strategy.
+    pub fn run(
+        &self,
+        only: Option<&[u64]>,
+        progress: &(dyn Fn(&TrialResult) + Sync),
+    ) -> Result<(Vec<Golden>, Vec<TrialResult>), TrainError> {
+        let goldens: Vec<Golden> =
+            self.reduces.par_iter().map(|&r| self.golden(r)).collect::<Result<Vec<_>, TrainError>>()?;
+        let indices: Vec<u64> = match only {
+            Some(list) => list.to_vec(),
+            None => (0..self.spec.trials.count).collect(),
+        };
+        let jobs: Vec<(u64, usize)> = indices.iter().flat_map(|&i| (0..goldens.len()).map(move |g| (i, g))).collect();
+        let results = jobs
+            .par_iter()
+            .map(|&(i, g)| {
+                let r = self.trial(&goldens[g], &self.spec.trial(i));
+                progress(&r);
+                r
+            })
+            .collect();
+        Ok((goldens, results))
+    }
+
+    /// The number of trial runs ([`Campaign::run`] calls `progress` this many times).
+    pub fn jobs(&self) -> u64 {
+        self.spec.trials.count * self.reduces.len() as u64
+    }
+}
+
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+}
+
+fn nan_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }
+}
+
+/// Elements whose bits differ from `golden`'s: the total per replica, and per tensor the
+/// largest count over the replicas.
+fn differing(group: &Group, golden: &Replica) -> (Vec<u64>, Vec<u64>) {
+    let mut per_tensor = vec![0u64; golden.tensors().count()];
+    let per_replica = group
+        .replicas
+        .iter()
+        .map(|r| {
+            let mut total = 0;
+            for (i, (a, b)) in r.tensors().zip(golden.tensors()).enumerate() {
+                let d = a.data.iter().zip(&b.data).filter(|(x, y)| x.to_bits() != y.to_bits()).count() as u64;
+                per_tensor[i] = per_tensor[i].max(d);
+                total += d;
+            }
+            total
+        })
+        .collect();
+    (per_replica, per_tensor)
+}
