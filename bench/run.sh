@@ -9,6 +9,7 @@
 #   bench/run.sh sum        # reproducible sum against naive, pairwise, xsum, accurate
 #   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
 #   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
+#   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv. No benchmark here needs a GPU.
@@ -35,6 +36,7 @@ case "$which" in
   sum) "$venv/bin/python" bench/sum_vs_peers.py ;;
   allreduce) "$venv/bin/python" bench/allreduce.py ;;
   ddp) "$venv/bin/python" bench/ddp_vs_pytorch.py ;;
+  campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
     "$venv/bin/python" bench/ckpt_vs_peers.py
@@ -42,6 +44,7 @@ case "$which" in
     "$venv/bin/python" bench/sum_vs_peers.py
     "$venv/bin/python" bench/allreduce.py
     "$venv/bin/python" bench/ddp_vs_pytorch.py
+    "$venv/bin/python" bench/campaign_speed.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, campaign)" >&2; exit 2 ;;
 esac

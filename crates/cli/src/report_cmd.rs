@@ -102,16 +102,17 @@ fn render(dir: &Path) -> anyhow::Result<String> {
     let title = summary.lines().next().unwrap_or("# Campaign").trim_start_matches("# ").to_owned();
     let about = summary.lines().nth(2).unwrap_or("").to_owned();
 
-    let mut plots: Vec<(String, String)> = Vec::new();
-    plots.push(("Outcome by bit position".into(), outcome_bars(&bits, "bit", "bit flipped (highest, if several)")?));
-    plots.push(("Model against optimizer state".into(), outcome_bars(&states, "state", "kind of state hit")?));
-    plots.push(("Training loss of trials against golden".into(), loss_curves(&steps, &golden, &trials)?));
-    plots.push((
-        "Propagation: mean fraction of each tensor's elements whose bits differ from golden \
-         (log scale: white none, 1e-7 pale, dark red all)"
-            .into(),
-        heat_map(&propagation)?,
-    ));
+    let plots: Vec<(String, String)> = vec![
+        ("Outcome by bit position".into(), outcome_bars(&bits, "bit", "bit flipped (highest, if several)")?),
+        ("Model against optimizer state".into(), outcome_bars(&states, "state", "kind of state hit")?),
+        ("Training loss of trials against golden".into(), loss_curves(&steps, &golden, &trials)?),
+        (
+            "Propagation: mean fraction of each tensor's elements whose bits differ from golden \
+             (white: none; pale: a few elements; red: all; colour by square root)"
+                .into(),
+            heat_map(&propagation)?,
+        ),
+    ];
 
     let mut html = String::new();
     let _ = write!(
@@ -202,7 +203,7 @@ fn outcome_bars(t: &Table, key: &str, x_desc: &str) -> anyhow::Result<String> {
         let labels = keys.clone();
         let formatter = move |x: &f64| {
             let slot = x.floor() as usize;
-            if slot / groups < labels.len() && slot % groups == 0 {
+            if slot / groups < labels.len() && slot.is_multiple_of(groups) {
                 labels[slot / groups].clone()
             } else {
                 String::new()
@@ -292,7 +293,13 @@ fn loss_curves(steps: &Table, golden: &Table, trials: &Table) -> anyhow::Result<
             .y_label_area_size(60)
             .build_cartesian_2d(first..last, (lo..hi).log_scale())
             .map_err(plot_err)?;
-        chart.configure_mesh().x_desc("step").y_desc("training loss").draw().map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("training loss")
+            .y_label_formatter(&|y| format!("{y:.0e}"))
+            .draw()
+            .map_err(plot_err)?;
         for (trial, points) in &curves {
             let outcome = chosen.iter().find(|(t, _)| t == trial).map_or("masked", |(_, o)| o.as_str());
             let colour = OUTCOMES.iter().find(|(o, _)| *o == outcome).map_or(BLUE, |(_, c)| *c);
@@ -347,8 +354,9 @@ fn heat_map(t: &Table) -> anyhow::Result<String> {
                 else {
                     continue;
                 };
-                // log10 of the fraction, from 1e-7 (white) to 1 (dark red).
-                let level = if f > 0.0 { ((f.log10() + 7.0) / 7.0).clamp(0.05, 1.0) } else { 0.0 };
+                // The square root of the fraction, so that small fractions stay visible;
+                // any difference at all is at least a pale tint.
+                let level = if f > 0.0 { f.sqrt().clamp(0.08, 1.0) } else { 0.0 };
                 let colour = RGBColor(255, (255.0 * (1.0 - level)) as u8, (255.0 * (1.0 - level) * 0.8) as u8);
                 let (x0, y0) = ((step - 1) as f64, ti as f64);
                 chart

@@ -55,7 +55,7 @@ fn a_live_flip_is_logged_repeats_from_its_seed_and_changes_the_result() {
     }
     let bad = steadfast(&[&TRAIN[..], &["--out", out, "--inject", "step=2,state=activations"]].concat());
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("not param, grad or optim"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not param, grad, optim or activation"));
 }
 
 #[test]
@@ -127,7 +127,7 @@ fn an_activation_flip_hits_a_layer_output_and_changes_the_result() {
     let new: f32 = flips[0]["new"].as_str().unwrap().parse().unwrap();
     assert_eq!(old.to_bits() ^ new.to_bits(), 1 << 22);
 
-    let bad = steadfast(&[&TRAIN[..], &["--inject", "step=2,state=activation,target=model.*"]].concat());
+    let bad = steadfast(&[&TRAIN[..], &["--out", out, "--inject", "step=2,state=activation,target=model.*"]].concat());
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no tensor matches"), "{bad:?}");
 }

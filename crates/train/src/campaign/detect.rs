@@ -91,7 +91,8 @@ impl Monitors {
     /// which spike detectors fire. The averages take in only values that raised no alarm,
     /// so that one spike does not hide the next.
     pub fn check(&mut self, loss: f64, grad_norm: f64, spec: &DetectSpec) -> (bool, bool) {
-        let fires = |avg: Option<f64>, x: f64, factor: f64| avg.is_some_and(|a| !(x <= factor * a));
+        // NaN compares as nothing: a NaN value fires.
+        let fires = |avg: Option<f64>, x: f64, factor: f64| avg.is_some_and(|a| x.is_nan() || x > factor * a);
         let norm_fires = fires(self.grad_norm, grad_norm, spec.grad_norm_factor);
         let loss_fires = fires(self.loss, loss, spec.loss_factor);
         let blend = |avg: &mut Option<f64>, x: f64| {

@@ -268,8 +268,8 @@ impl Group {
         }
         // The spike detectors see the worst replica.
         let (mut loss, mut norm) = (f32::MIN, 0.0f64);
-        for r in 0..world {
-            let g = own[r].as_deref().unwrap_or(&shared);
+        for copy in &own {
+            let g = copy.as_deref().unwrap_or(&shared);
             let l = g[n];
             loss = if l.is_nan() || loss.is_nan() { f32::NAN } else { loss.max(l) };
             let s = g[..n].iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();

@@ -392,6 +392,12 @@ fn summary_md(
     s.push_str("## Outcomes by bit class\n\n");
     table(&mut s, "bits", &|r| top_bit(r).map_or("none".into(), |b| fault::BitClass::of_f32_bit(b).name().to_owned()));
     s.push_str("## Detectors\n\n");
+    if spec.detect.response != fault::campaign::Response::Observe {
+        s.push_str(
+            "Detection rates are meaningful with `response = \"observe\"`: here an alarm acts at once, so a \
+             caught fault leaves no difference from golden to count as affected.\n\n",
+        );
+    }
     s.push_str(
         "| strategy | detector | caught / affected | caught / harmful | mean latency (steps) | false alarms / golden steps |\n\
          |---|---|---:|---:|---:|---:|\n",
