@@ -32,7 +32,10 @@ Examples:
 
   # Flip one exponent bit of a first-layer weight before step 300, and one of Adam's state at step 500
   steadfast train --model mlp --inject 'step=300,state=param,target=model.fc1.*,bits=exponent,count=1,seed=7' \
-                              --inject 'step=500,state=optim,bits=30,count=1'";
+                              --inject 'step=500,state=optim,bits=30,count=1'
+
+  # Flip a bit in the output of the first layer (a fault in the arithmetic, not in stored state)
+  steadfast train --model mlp --inject 'step=300,state=activation,target=act.fc1,bits=exponent,seed=3'";
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum ModelArg {
@@ -172,7 +175,7 @@ pub struct TrainArgs {
     /// Compare the replicas' fingerprints every K steps (and always at the end).
     #[arg(long, value_name = "K", default_value_t = 0)]
     fingerprint_every: u64,
-    /// Flip bits in live state: `step=S[,rank=R][,state=param|grad|optim][,target=GLOB]
+    /// Flip bits in live state: `step=S[,rank=R][,state=param|grad|optim|activation][,target=GLOB]
     /// [,bits=sign|exponent|mantissa|any|N|N-M][,count=K|rate=P][,burst=B][,seed=N]`.
     /// Repeatable.
     #[arg(long, value_name = "FAULT")]

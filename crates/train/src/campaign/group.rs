@@ -123,7 +123,7 @@ impl Group {
     }
 
     /// Handles an alarm by the response: `None` to go on (observed, or repaired).
-    fn respond(&mut self, env: &Env<'_>, report: &mut StepReport, alarm: Alarm, copy: Copy) -> Option<Verdict> {
+    fn respond(&mut self, env: &Env<'_>, report: &mut StepReport, alarm: Alarm, copy: Restore) -> Option<Verdict> {
         let healthy = (0..self.world()).find(|r| !alarm.faulty.contains(r));
         let verdict = match env.response {
             Response::Observe => None,
@@ -134,11 +134,11 @@ impl Group {
                         let source = self.replicas[h].clone();
                         let target = &mut self.replicas[f];
                         match copy {
-                            Copy::Params => target.params = source.params,
-                            Copy::Slots => target.optim = source.optim,
-                            Copy::State => *target = source,
+                            Restore::Params => target.params = source.params,
+                            Restore::Slots => target.optim = source.optim,
+                            Restore::State => *target = source,
                             // The gradient is not state: the caller takes the healthy copy.
-                            Copy::Gradient => {}
+                            Restore::Gradient => {}
                         }
                         report.repaired += 1;
                     }
@@ -184,7 +184,7 @@ impl Group {
         let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Model)).collect();
         if !bad.is_empty()
             && let Some(v) =
-                self.respond(env, &mut report, Alarm { detector: Detector::Checksum, faulty: bad }, Copy::Params)
+                self.respond(env, &mut report, Alarm { detector: Detector::Checksum, faulty: bad }, Restore::Params)
         {
             report.verdict = v;
             return Ok(report);
@@ -241,7 +241,7 @@ impl Group {
                 // Two replicas that disagree cannot tell which one is wrong.
                 let faulty = minority(&digests).unwrap_or_else(|| (0..world).collect());
                 let alarm = Alarm { detector: Detector::Vote, faulty: faulty.clone() };
-                if let Some(v) = self.respond(env, &mut report, alarm, Copy::Gradient) {
+                if let Some(v) = self.respond(env, &mut report, alarm, Restore::Gradient) {
                     report.verdict = v;
                     return Ok(report);
                 }
@@ -256,7 +256,7 @@ impl Group {
             (0..world).filter(|&r| own[r].as_deref().unwrap_or(&shared).iter().any(|x| !x.is_finite())).collect();
         if !nonfinite.is_empty() {
             let alarm = Alarm { detector: Detector::NonFinite, faulty: nonfinite.clone() };
-            if let Some(v) = self.respond(env, &mut report, alarm, Copy::Gradient) {
+            if let Some(v) = self.respond(env, &mut report, alarm, Restore::Gradient) {
                 report.verdict = v;
                 return Ok(report);
             }
@@ -280,7 +280,8 @@ impl Group {
         let (norm_fires, loss_fires) = self.monitors.check(f64::from(loss), norm, env.detect);
         for (fires, detector) in [(norm_fires, Detector::GradNorm), (loss_fires, Detector::LossSpike)] {
             if fires
-                && let Some(v) = self.respond(env, &mut report, Alarm { detector, faulty: Vec::new() }, Copy::Gradient)
+                && let Some(v) =
+                    self.respond(env, &mut report, Alarm { detector, faulty: Vec::new() }, Restore::Gradient)
             {
                 report.verdict = v;
                 return Ok(report);
@@ -298,7 +299,7 @@ impl Group {
         let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Optim)).collect();
         if !bad.is_empty()
             && let Some(v) =
-                self.respond(env, &mut report, Alarm { detector: Detector::Checksum, faulty: bad }, Copy::Slots)
+                self.respond(env, &mut report, Alarm { detector: Detector::Checksum, faulty: bad }, Restore::Slots)
         {
             report.verdict = v;
             return Ok(report);
@@ -316,7 +317,7 @@ impl Group {
             if prints.iter().any(|&p| p != prints[0]) {
                 let faulty = minority(&prints).unwrap_or_else(|| (0..world).collect());
                 let alarm = Alarm { detector: Detector::Fingerprint, faulty };
-                if let Some(v) = self.respond(env, &mut report, alarm, Copy::State) {
+                if let Some(v) = self.respond(env, &mut report, alarm, Restore::State) {
                     report.verdict = v;
                     return Ok(report);
                 }
@@ -328,7 +329,7 @@ impl Group {
 
 /// What a repair copies from a healthy replica.
 #[derive(Clone, Copy, Debug)]
-enum Copy {
+enum Restore {
     Params,
     Slots,
     State,

@@ -113,7 +113,7 @@ pub struct TrialResult {
     pub quality: Option<(f64, f64)>,
     /// The step after which the trial's state was golden's again.
     pub rejoined: Option<u64>,
-    /// Rollbacks taken, and replicas repaired by copying.
+    /// Steps rolled back and redone.
     pub rollbacks: u32,
     /// Replicas repaired by copying from a healthy one.
     pub repairs: u32,

@@ -35,7 +35,7 @@ pub fn write(
     };
     std::fs::create_dir_all(dir).map_err(err(dir))?;
     let files: [(&str, String); 9] = [
-        ("trials.csv", trials_csv(campaign, results)),
+        ("trials.csv", trials_csv(results)),
         ("steps.csv", steps_csv(goldens, results)),
         ("golden.csv", golden_csv(goldens)),
         ("propagation.csv", propagation_csv(goldens, results)),
@@ -60,7 +60,7 @@ fn top_bit(r: &TrialResult) -> Option<u32> {
     r.flips.iter().flat_map(|(_, f)| f.bits.iter().copied()).max()
 }
 
-fn trials_csv(campaign: &Campaign, results: &[TrialResult]) -> String {
+fn trials_csv(results: &[TrialResult]) -> String {
     let mut s = String::from(
         "trial,reduce,state,rank,step,tensor,element,bits,old,new,outcome,bitwise_golden,diverged,\
          test_loss,test_accuracy,accuracy_drop,loss_rise,max_differing,rejoined,rollbacks,repairs",
@@ -106,7 +106,6 @@ fn trials_csv(campaign: &Campaign, results: &[TrialResult]) -> String {
         let error = r.error.as_deref().unwrap_or("").replace([',', '\n', '"'], " ");
         let _ = writeln!(s, ",{},{:.3},{error}", t.flips.seed, r.time.as_secs_f64());
     }
-    let _ = campaign;
     s
 }
 
