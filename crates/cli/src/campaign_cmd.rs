@@ -120,10 +120,10 @@ fn print_trial(r: &TrialResult) {
         "trial {} [{}]: {} of rank {} at step {} (flip seed {}) -> {}",
         t.index,
         r.reduce,
-        t.state.name(),
-        t.rank,
-        t.step,
-        t.flips.seed,
+        t.fault.state.name(),
+        t.fault.rank,
+        t.fault.step,
+        t.fault.flips.seed,
         r.outcome.name()
     );
     for (rank, f) in &r.flips {
@@ -131,7 +131,7 @@ fn print_trial(r: &TrialResult) {
     }
     for d in Detector::ALL {
         if let Some(step) = r.first_alarm[d.index()] {
-            println!("  {} fired at step {step} ({} after the fault)", d.name(), step - t.step);
+            println!("  {} fired at step {step} ({} after the fault)", d.name(), step - t.fault.step);
         }
     }
     if let Some((loss, acc)) = r.quality {

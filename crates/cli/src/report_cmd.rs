@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use fault::campaign::Outcome;
 use plotters::prelude::*;
 
 const EXAMPLES: &str = "\
@@ -30,15 +31,17 @@ pub struct ReportArgs {
     out: Option<PathBuf>,
 }
 
-/// Outcome classes in table order, with their colours.
-const OUTCOMES: [(&str, RGBColor); 6] = [
-    ("masked", RGBColor(120, 190, 120)),
-    ("degraded", RGBColor(240, 170, 60)),
-    ("diverged", RGBColor(215, 50, 40)),
-    ("crashed", RGBColor(40, 40, 40)),
-    ("detected", RGBColor(60, 110, 200)),
-    ("corrected", RGBColor(150, 90, 190)),
-];
+/// The colour of an outcome class in every plot.
+fn colour(o: Outcome) -> RGBColor {
+    match o {
+        Outcome::Masked => RGBColor(120, 190, 120),
+        Outcome::Degraded => RGBColor(240, 170, 60),
+        Outcome::Diverged => RGBColor(215, 50, 40),
+        Outcome::Crashed => RGBColor(40, 40, 40),
+        Outcome::Detected => RGBColor(60, 110, 200),
+        Outcome::Corrected => RGBColor(150, 90, 190),
+    }
+}
 
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     let page = render(&args.dir)?;
@@ -126,11 +129,15 @@ fn render(dir: &Path) -> anyhow::Result<String> {
     );
     let _ = writeln!(html, "<h1>{}</h1>\n<p>{}</p>", escape(&title), escape(&about));
     html.push_str("<p class=\"legend\">");
-    for (name, c) in OUTCOMES {
+    for o in Outcome::ALL {
+        let c = colour(o);
         let _ = write!(
             html,
-            "<span><i class=\"swatch\" style=\"background:rgb({},{},{})\"></i>{name}</span>",
-            c.0, c.1, c.2
+            "<span><i class=\"swatch\" style=\"background:rgb({},{},{})\"></i>{}</span>",
+            c.0,
+            c.1,
+            c.2,
+            o.name()
         );
     }
     html.push_str("</p>\n");
@@ -182,7 +189,7 @@ fn html_table(t: &Table) -> String {
 /// Stacked bars of outcome fractions per key, one group of bars per strategy.
 fn outcome_bars(t: &Table, key: &str, x_desc: &str) -> anyhow::Result<String> {
     let (k, red, n) = (t.col(key)?, t.col("reduce")?, t.col("trials")?);
-    let outcome_cols: Vec<usize> = OUTCOMES.iter().map(|(o, _)| t.col(o)).collect::<anyhow::Result<_>>()?;
+    let outcome_cols: Vec<usize> = Outcome::ALL.iter().map(|o| t.col(o.name())).collect::<anyhow::Result<_>>()?;
     let strategies = t.distinct(red);
     let mut keys = t.distinct(k);
     if keys.iter().all(|x| x.parse::<u32>().is_ok()) {
@@ -230,7 +237,7 @@ fn outcome_bars(t: &Table, key: &str, x_desc: &str) -> anyhow::Result<String> {
                 for (oi, &c) in outcome_cols.iter().enumerate() {
                     let h = row[c].parse::<f64>().unwrap_or(0.0) / total;
                     if h > 0.0 {
-                        let colour = OUTCOMES[oi].1;
+                        let colour = colour(Outcome::ALL[oi]);
                         let fill = if si == 0 { colour.filled() } else { colour.mix(0.65).filled() };
                         chart
                             .draw_series(std::iter::once(Rectangle::new([(x0, y), (x0 + 0.8, y + h)], fill)))
@@ -302,7 +309,7 @@ fn loss_curves(steps: &Table, golden: &Table, trials: &Table) -> anyhow::Result<
             .map_err(plot_err)?;
         for (trial, points) in &curves {
             let outcome = chosen.iter().find(|(t, _)| t == trial).map_or("masked", |(_, o)| o.as_str());
-            let colour = OUTCOMES.iter().find(|(o, _)| *o == outcome).map_or(BLUE, |(_, c)| *c);
+            let colour = Outcome::ALL.iter().find(|o| o.name() == outcome).map_or(BLUE, |&o| colour(o));
             chart.draw_series(LineSeries::new(points.clone(), colour.mix(0.7).stroke_width(1))).map_err(plot_err)?;
             if let Some(&end) = points.last() {
                 chart.draw_series(std::iter::once(Circle::new(end, 3, colour.filled()))).map_err(plot_err)?;

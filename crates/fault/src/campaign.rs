@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::bits::BitSpec;
-use crate::live::StateKind;
+use crate::live::{LiveFault, StateKind};
 use crate::plan::{Amount, FlipSpec, Target};
 
 /// A campaign, as written in its TOML file.
@@ -217,14 +217,9 @@ pub struct BadSpec(pub String);
 pub struct Trial {
     /// Index in the campaign.
     pub index: u64,
-    /// The step the fault hits.
-    pub step: u64,
-    /// Which replica.
-    pub rank: usize,
-    /// Which state.
-    pub state: StateKind,
-    /// Which tensors and bits; the flips are drawn on the live tensors from its seed.
-    pub flips: FlipSpec,
+    /// The step, replica, kind of state, tensors and bits it hits; the flips are drawn on
+    /// the live tensors from its seed, as for `train --inject`.
+    pub fault: LiveFault,
 }
 
 impl Spec {
@@ -314,7 +309,7 @@ impl Spec {
             burst: t.burst,
             seed: rng.next_u64(),
         };
-        Trial { index, step, rank, state, flips }
+        Trial { index, fault: LiveFault { step, rank, state, flips } }
     }
 }
 
@@ -446,8 +441,9 @@ mod tests {
     #[test]
     fn trials_are_pure_functions_of_the_seed_and_cover_the_choices() {
         let s = spec("state = [\"param\", \"grad\", \"optim\", \"activation\"]\ncount = 400").unwrap();
-        let all: Vec<Trial> = (0..400).map(|i| s.trial(i)).collect();
-        assert_eq!(all, (0..400).map(|i| s.trial(i)).collect::<Vec<_>>());
+        let drawn: Vec<Trial> = (0..400).map(|i| s.trial(i)).collect();
+        assert_eq!(drawn, (0..400).map(|i| s.trial(i)).collect::<Vec<_>>());
+        let all: Vec<&LiveFault> = drawn.iter().map(|t| &t.fault).collect();
         for kind in StateKind::ALL {
             assert!(all.iter().any(|t| t.state == kind), "{kind:?} never drawn");
         }
@@ -459,7 +455,7 @@ mod tests {
         assert_eq!(optim.flips.target.role, Some(ckpt::Role::Optim));
         let mut other = s.clone();
         other.trials.seed = 2;
-        assert_ne!(other.trial(0).flips.seed, s.trial(0).flips.seed);
+        assert_ne!(other.trial(0).fault.flips.seed, s.trial(0).fault.flips.seed);
     }
 
     #[test]

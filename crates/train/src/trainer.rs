@@ -39,7 +39,7 @@ use crate::data::{DataKind, DataSpec, Dataset, Modality, Split};
 use crate::error::{ConfigError, TrainError};
 use crate::model::{self, EvalSums, GptConfig, Model, ModelKind};
 use crate::optim::{OptimConfig, OptimKind, Optimizer};
-use crate::state::{self, NamedTensor, Role};
+use crate::state::{self, NamedTensor};
 use fault::live::StateKind;
 
 /// Text sequences scored per evaluation (the first ones of the held-out split).
@@ -289,9 +289,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
             stop_this_process(rank, step);
         }
         for f in config.inject.iter().filter(|f| f.step == step && f.rank == rank && f.state == StateKind::Param) {
-            let mut views: Vec<(&str, Role, &mut [f32])> =
-                params.iter_mut().map(|p| (p.name.as_str(), p.role, p.data.as_mut_slice())).collect();
-            report_injection(&mut metrics, f, f.apply(&mut views)?)?;
+            report_injection(&mut metrics, f, f.apply(&mut state::views(&mut params))?)?;
         }
         // Each micro-batch contributes its flat gradient followed by its loss, so one
         // reduction sums both (the loss is per-element data like any other).
@@ -325,13 +323,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         }
         for f in config.inject.iter().filter(|f| f.step == step && f.rank == rank && f.state == StateKind::Grad) {
             // The gradient of each parameter is its slice of the flat sum.
-            let mut rest = &mut reduced[..parameters];
-            let mut views: Vec<(&str, Role, &mut [f32])> = Vec::with_capacity(params.len());
-            for p in &params {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.data.len());
-                views.push((p.name.as_str(), p.role, head));
-                rest = tail;
-            }
+            let mut views = state::flat_views(&mut reduced[..parameters], &params);
             report_injection(&mut metrics, f, f.apply(&mut views)?)?;
         }
         let flat = &reduced[..];
@@ -356,14 +348,12 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
                 w.commit_through(comm::commit::durable_everywhere(&ballots))?;
             }
         }
-        let grads = split_like(&flat[..parameters], &params);
+        let grads = state::split_like(&flat[..parameters], &params);
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
         }
         for f in config.inject.iter().filter(|f| f.step == step && f.rank == rank && f.state == StateKind::Optim) {
-            let mut views: Vec<(&str, Role, &mut [f32])> =
-                optimizer.slots_mut().iter_mut().map(|p| (p.name.as_str(), p.role, p.data.as_mut_slice())).collect();
-            report_injection(&mut metrics, f, f.apply(&mut views)?)?;
+            report_injection(&mut metrics, f, f.apply(&mut state::views(optimizer.slots_mut()))?)?;
         }
         let update = Instant::now();
         optimizer.step(&mut params, &grads);
@@ -497,19 +487,6 @@ fn report_injection(
         }))?;
     }
     Ok(())
-}
-
-/// Cuts a flat gradient back into one vector per parameter.
-fn split_like(flat: &[f32], params: &[NamedTensor]) -> Vec<Vec<f32>> {
-    let mut rest = flat;
-    params
-        .iter()
-        .map(|p| {
-            let (head, tail) = rest.split_at(p.data.len());
-            rest = tail;
-            head.to_vec()
-        })
-        .collect()
 }
 
 /// This rank's connections to a job.

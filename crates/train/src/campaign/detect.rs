@@ -4,7 +4,7 @@
 //! |---------------|--------------------------------------------|--------------------|
 //! | `checksum`    | each tensor's xxh3, taken after the update and checked before the state is next used | yes |
 //! | `vote`        | the digest of each replica's summed gradient (the commit vote) | with a majority |
-//! | `fingerprint` | each replica's state fingerprint after the update, every k steps | with a majority |
+//! | `fingerprint` | each replica's state fingerprint after the update (its list of per-tensor checksums), every k steps | with a majority |
 //! | `nonfinite`   | NaN/Inf in a replica's summed gradient or loss | yes |
 //! | `grad_norm`   | the gradient norm against its running average | no |
 //! | `loss_spike`  | the loss against its running average       | no |

@@ -18,7 +18,7 @@
 use burn::prelude::Device;
 use comm::ReduceMode;
 use fault::campaign::{DetectSpec, Response};
-use fault::live::{LiveFlip, StateKind};
+use fault::live::{LiveFault, LiveFlip, StateKind};
 
 use super::detect::{Alarm, Detector, Monitors, minority};
 use crate::data::sampler::Sampler;
@@ -54,14 +54,39 @@ impl Replica {
 
     /// Whether the tensors of `role` still match their checksums.
     fn intact(&self, role: Role) -> bool {
-        let skip = if role == Role::Model { 0 } else { self.params.len() };
-        let tensors: Vec<&NamedTensor> =
-            if role == Role::Model { self.params.iter().collect() } else { self.optim.slots().iter().collect() };
-        tensors.iter().zip(&self.sums[skip..]).all(|(t, &s)| ckpt::checksum(bytemuck::cast_slice(&t.data)) == s)
+        let (tensors, sums) = match role {
+            Role::Model => (&self.params[..], &self.sums[..self.params.len()]),
+            Role::Optim => (self.optim.slots(), &self.sums[self.params.len()..]),
+        };
+        tensors.iter().zip(sums).all(|(t, &s)| ckpt::checksum(bytemuck::cast_slice(&t.data)) == s)
     }
 
-    fn fingerprint(&self, step: u64) -> u64 {
-        state::fingerprint(step, self.tensors())
+    /// The checksums taken after the last update, one per tensor: the replica's state
+    /// fingerprint (as discriminating as one hash over all of it, and already computed).
+    pub fn fingerprint(&self) -> &[u64] {
+        &self.sums
+    }
+}
+
+/// What the commit vote and the numeric checks read of one summed gradient.
+#[derive(Clone, Copy)]
+struct SumStats {
+    digest: u64,
+    finite: bool,
+    loss: f32,
+    norm: f64,
+}
+
+impl SumStats {
+    /// `flat` is the gradient followed by the loss.
+    fn of(flat: &[f32]) -> Self {
+        let (grad, loss) = flat.split_at(flat.len() - 1);
+        SumStats {
+            digest: ckpt::checksum(bytemuck::cast_slice(flat)),
+            finite: flat.iter().all(|x| x.is_finite()),
+            loss: loss[0],
+            norm: grad.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt(),
+        }
     }
 }
 
@@ -76,7 +101,7 @@ pub(crate) struct Group {
 /// redone without it (the faults modelled are transient).
 #[derive(Clone, Debug)]
 pub(crate) struct Pending {
-    pub fault: fault::campaign::Trial,
+    pub fault: LiveFault,
     pub done: bool,
 }
 
@@ -162,7 +187,7 @@ impl Group {
     ) -> Result<StepReport, TrainError> {
         let world = self.world();
         let mut report = StepReport::default();
-        let mut due = |kind: StateKind| -> Vec<fault::campaign::Trial> {
+        let mut due = |kind: StateKind| -> Vec<LiveFault> {
             let mut out = Vec::new();
             for p in pending.iter_mut().filter(|p| !p.done && p.fault.step == step && p.fault.state == kind) {
                 p.done = true;
@@ -175,10 +200,7 @@ impl Group {
 
         // 1. Memory faults in parameters, caught (or not) by the checksums.
         for f in &param_faults {
-            let r = &mut self.replicas[f.rank];
-            let mut views: Vec<(&str, Role, &mut [f32])> =
-                r.params.iter_mut().map(|p| (p.name.as_str(), p.role, p.data.as_mut_slice())).collect();
-            let flips = live(f).apply(&mut views)?;
+            let flips = f.apply(&mut state::views(&mut self.replicas[f.rank].params))?;
             report.flips.extend(flips.into_iter().map(|x| (StateKind::Param, f.rank, x)));
         }
         let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Model)).collect();
@@ -221,22 +243,14 @@ impl Group {
         let mut own: Vec<Option<Vec<f32>>> = vec![None; world];
         for f in &grad_faults {
             let copy = own[f.rank].get_or_insert_with(|| shared.clone());
-            let mut rest = &mut copy[..n];
-            let mut views: Vec<(&str, Role, &mut [f32])> = Vec::with_capacity(self.replicas[f.rank].params.len());
-            for p in &self.replicas[f.rank].params {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.data.len());
-                views.push((p.name.as_str(), p.role, head));
-                rest = tail;
-            }
-            let flips = live(f).apply(&mut views)?;
+            let flips = f.apply(&mut state::flat_views(&mut copy[..n], &self.replicas[f.rank].params))?;
             report.flips.extend(flips.into_iter().map(|x| (StateKind::Grad, f.rank, x)));
         }
-        let view =
-            |own: &[Option<Vec<f32>>], r: usize| -> Vec<f32> { own[r].clone().unwrap_or_else(|| shared.clone()) };
+        // Each distinct sum is read once: the shared one, and each replica's own copy.
+        let shared_stats = SumStats::of(&shared);
+        let mut stats: Vec<SumStats> = own.iter().map(|c| c.as_deref().map_or(shared_stats, SumStats::of)).collect();
         if world > 1 {
-            let digests: Vec<u64> = (0..world)
-                .map(|r| ckpt::checksum(bytemuck::cast_slice(own[r].as_deref().unwrap_or(&shared))))
-                .collect();
+            let digests: Vec<u64> = stats.iter().map(|s| s.digest).collect();
             if digests.iter().any(|&d| d != digests[0]) {
                 // Two replicas that disagree cannot tell which one is wrong.
                 let faulty = minority(&digests).unwrap_or_else(|| (0..world).collect());
@@ -247,13 +261,12 @@ impl Group {
                 }
                 if env.response == Response::Repair {
                     for f in faulty {
-                        own[f] = None;
+                        (own[f], stats[f]) = (None, shared_stats);
                     }
                 }
             }
         }
-        let nonfinite: Vec<usize> =
-            (0..world).filter(|&r| own[r].as_deref().unwrap_or(&shared).iter().any(|x| !x.is_finite())).collect();
+        let nonfinite: Vec<usize> = (0..world).filter(|&r| !stats[r].finite).collect();
         if !nonfinite.is_empty() {
             let alarm = Alarm { detector: Detector::NonFinite, faulty: nonfinite.clone() };
             if let Some(v) = self.respond(env, &mut report, alarm, Restore::Gradient) {
@@ -262,18 +275,15 @@ impl Group {
             }
             if env.response == Response::Repair {
                 for f in nonfinite {
-                    own[f] = None;
+                    (own[f], stats[f]) = (None, shared_stats);
                 }
             }
         }
-        // The spike detectors see the worst replica.
+        // The spike detectors see the worst replica (NaN if any is NaN).
         let (mut loss, mut norm) = (f32::MIN, 0.0f64);
-        for copy in &own {
-            let g = copy.as_deref().unwrap_or(&shared);
-            let l = g[n];
-            loss = if l.is_nan() || loss.is_nan() { f32::NAN } else { loss.max(l) };
-            let s = g[..n].iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
-            norm = if s.is_nan() || norm.is_nan() { f64::NAN } else { norm.max(s) };
+        for s in &stats {
+            loss = if s.loss.is_nan() || loss.is_nan() { f32::NAN } else { loss.max(s.loss) };
+            norm = if s.norm.is_nan() || norm.is_nan() { f64::NAN } else { norm.max(s.norm) };
         }
         report.loss = loss;
         report.grad_norm = norm;
@@ -290,10 +300,7 @@ impl Group {
 
         // 5. Optimizer faults, slot checksums, the update, fresh checksums, fingerprints.
         for f in &optim_faults {
-            let r = &mut self.replicas[f.rank];
-            let mut views: Vec<(&str, Role, &mut [f32])> =
-                r.optim.slots_mut().iter_mut().map(|p| (p.name.as_str(), p.role, p.data.as_mut_slice())).collect();
-            let flips = live(f).apply(&mut views)?;
+            let flips = f.apply(&mut state::views(self.replicas[f.rank].optim.slots_mut()))?;
             report.flips.extend(flips.into_iter().map(|x| (StateKind::Optim, f.rank, x)));
         }
         let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Optim)).collect();
@@ -304,17 +311,15 @@ impl Group {
             report.verdict = v;
             return Ok(report);
         }
-        for r in 0..world {
-            let flat = view(&own, r);
-            let grads = split_like(&flat[..n], &self.replicas[r].params);
-            let replica = &mut self.replicas[r];
+        for (replica, copy) in self.replicas.iter_mut().zip(&own) {
+            let grads = state::split_like(&copy.as_deref().unwrap_or(&shared)[..n], &replica.params);
             replica.optim.step(&mut replica.params, &grads);
             replica.sums = replica.checksums();
         }
         let done = step + 1;
         if world > 1 && env.detect.fingerprint_every > 0 && done.is_multiple_of(env.detect.fingerprint_every) {
-            let prints: Vec<u64> = self.replicas.iter().map(|r| r.fingerprint(done)).collect();
-            if prints.iter().any(|&p| p != prints[0]) {
+            let prints: Vec<Vec<u64>> = self.replicas.iter().map(|r| r.fingerprint().to_vec()).collect();
+            if prints.iter().any(|p| *p != prints[0]) {
                 let faulty = minority(&prints).unwrap_or_else(|| (0..world).collect());
                 let alarm = Alarm { detector: Detector::Fingerprint, faulty };
                 if let Some(v) = self.respond(env, &mut report, alarm, Restore::State) {
@@ -334,21 +339,4 @@ enum Restore {
     Slots,
     State,
     Gradient,
-}
-
-fn live(t: &fault::campaign::Trial) -> fault::live::LiveFault {
-    fault::live::LiveFault { step: t.step, rank: t.rank, state: t.state, flips: t.flips.clone() }
-}
-
-/// Cuts a flat gradient into one vector per parameter.
-fn split_like(flat: &[f32], params: &[NamedTensor]) -> Vec<Vec<f32>> {
-    let mut rest = flat;
-    params
-        .iter()
-        .map(|p| {
-            let (head, tail) = rest.split_at(p.data.len());
-            rest = tail;
-            head.to_vec()
-        })
-        .collect()
 }

@@ -349,15 +349,15 @@ impl Campaign {
         let device = Device::flex().autodiff();
         let response = self.spec.detect.response;
         let env = self.env(&device, golden.reduce, response);
-        let (start, monitors) = golden.state(trial.step);
+        let (start, monitors) = golden.state(trial.fault.step);
         let mut group = Group { replicas: vec![start.clone(); self.spec.run.replicas], monitors: monitors.clone() };
         let mut model = Some(self.model());
         let mut sampler = self.sampler();
-        let mut pending = vec![Pending { fault: trial.clone(), done: false }];
-        let end = trial.step + self.spec.trials.steps_after;
+        let mut pending = vec![Pending { fault: trial.fault.clone(), done: false }];
+        let end = trial.fault.step + self.spec.trials.steps_after;
         let thresholds = &self.spec.classify;
         let mut alarmed = false;
-        let mut step = trial.step;
+        let mut step = trial.fault.step;
         while step < end {
             let before = (response == Response::Repair).then(|| group.clone());
             let report = group.step(&env, &mut model, &mut sampler, step, &mut pending)?;
@@ -413,9 +413,9 @@ impl Campaign {
             } else {
                 // The worst of the distinct replicas.
                 let mut worst = (f64::NEG_INFINITY, f64::INFINITY);
-                let mut seen: Vec<u64> = Vec::new();
+                let mut seen: Vec<&[u64]> = Vec::new();
                 for r in &group.replicas {
-                    let print = crate::state::fingerprint(end, r.tensors());
+                    let print = r.fingerprint();
                     if seen.contains(&print) {
                         continue;
                     }

@@ -40,7 +40,7 @@ pub fn write(
         ("golden.csv", golden_csv(goldens)),
         ("propagation.csv", propagation_csv(goldens, results)),
         ("sensitivity_bit.csv", sensitivity_csv("bit", results, |r| top_bit(r).map(|b| b.to_string()))),
-        ("sensitivity_state.csv", sensitivity_csv("state", results, |r| Some(r.trial.state.name().to_owned()))),
+        ("sensitivity_state.csv", sensitivity_csv("state", results, |r| Some(r.trial.fault.state.name().to_owned()))),
         ("sensitivity_tensor.csv", sensitivity_csv("tensor", results, |r| r.flips.first().map(|f| f.1.tensor.clone()))),
         ("detectors.csv", detectors_csv(campaign, goldens, results)),
         ("summary.md", summary_md(campaign, goldens, results, elapsed)),
@@ -80,9 +80,9 @@ fn trials_csv(results: &[TrialResult]) -> String {
             "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             t.index,
             r.reduce,
-            t.state.name(),
-            t.rank,
-            t.step,
+            t.fault.state.name(),
+            t.fault.rank,
+            t.fault.step,
             first.map_or("", |f| f.tensor.as_str()),
             first.map_or(String::new(), |f| f.element.to_string()),
             bits.join(";"),
@@ -104,7 +104,7 @@ fn trials_csv(results: &[TrialResult]) -> String {
             let _ = write!(s, ",{}", a.map_or(String::new(), |x| x.to_string()));
         }
         let error = r.error.as_deref().unwrap_or("").replace([',', '\n', '"'], " ");
-        let _ = writeln!(s, ",{},{:.3},{error}", t.flips.seed, r.time.as_secs_f64());
+        let _ = writeln!(s, ",{},{:.3},{error}", t.fault.flips.seed, r.time.as_secs_f64());
     }
     s
 }
@@ -119,7 +119,7 @@ fn steps_csv(goldens: &[Golden], results: &[TrialResult]) -> String {
     for r in results {
         let golden = goldens.iter().find(|g| g.reduce == r.reduce).expect("a golden run per strategy");
         for (i, (loss, diff)) in r.losses.iter().zip(&r.replica_differing).enumerate() {
-            let step = r.trial.step + i as u64;
+            let step = r.trial.fault.step + i as u64;
             let _ = write!(s, "{},{},{},{loss},{}", r.trial.index, r.reduce, step + 1, golden.losses[step as usize]);
             for d in diff {
                 let _ = write!(s, ",{d}");
@@ -149,7 +149,7 @@ fn propagation_csv(goldens: &[Golden], results: &[TrialResult]) -> String {
         let golden = goldens.iter().find(|g| g.reduce == r.reduce).expect("a golden run per strategy");
         for (since, per_tensor) in r.tensor_differing.iter().enumerate() {
             for (t, &d) in per_tensor.iter().enumerate() {
-                let e = sums.entry((r.reduce.to_string(), r.trial.state.name(), t, since + 1)).or_default();
+                let e = sums.entry((r.reduce.to_string(), r.trial.fault.state.name(), t, since + 1)).or_default();
                 e.0 += d as f64 / golden.tensors[t].1 as f64;
                 e.1 += 1;
             }
@@ -171,13 +171,23 @@ fn outcome_counts<'a>(rows: impl Iterator<Item = &'a TrialResult>) -> [u64; 6] {
     c
 }
 
-fn sensitivity_csv(key: &str, results: &[TrialResult], key_of: impl Fn(&TrialResult) -> Option<String>) -> String {
+/// Trials grouped by strategy and by a key (trials without one are left out), in key
+/// order.
+fn grouped(
+    results: &[TrialResult],
+    key_of: impl Fn(&TrialResult) -> Option<String>,
+) -> BTreeMap<(String, SortKey), Vec<&TrialResult>> {
     let mut groups: BTreeMap<(String, SortKey), Vec<&TrialResult>> = BTreeMap::new();
     for r in results {
         if let Some(k) = key_of(r) {
             groups.entry((r.reduce.to_string(), SortKey(k))).or_default().push(r);
         }
     }
+    groups
+}
+
+fn sensitivity_csv(key: &str, results: &[TrialResult], key_of: impl Fn(&TrialResult) -> Option<String>) -> String {
+    let groups = grouped(results, key_of);
     let mut s = format!("reduce,{key},trials");
     for o in Outcome::ALL {
         let _ = write!(s, ",{}", o.name());
@@ -230,6 +240,12 @@ struct DetectorFigures {
     on_harmless: u64,
 }
 
+impl DetectorFigures {
+    fn mean_latency(&self) -> Option<f64> {
+        (!self.latencies.is_empty()).then(|| self.latencies.iter().sum::<u64>() as f64 / self.latencies.len() as f64)
+    }
+}
+
 fn detector_figures(
     d: Detector,
     golden: &Golden,
@@ -259,7 +275,7 @@ fn detector_figures(
             f.affected += 1;
             if let Some(a) = alarm {
                 f.caught += 1;
-                f.latencies.push(a - r.trial.step);
+                f.latencies.push(a - r.trial.fault.step);
             }
         } else if alarm.is_some() {
             f.on_harmless += 1;
@@ -291,11 +307,7 @@ fn detectors_csv(campaign: &Campaign, goldens: &[Golden], results: &[TrialResult
         let rows: Vec<&TrialResult> = results.iter().filter(|r| r.reduce == g.reduce).collect();
         for d in Detector::ALL {
             let f = detector_figures(d, g, &rows, window, &campaign.spec.classify);
-            let mean = if f.latencies.is_empty() {
-                String::new()
-            } else {
-                format!("{:.2}", f.latencies.iter().sum::<u64>() as f64 / f.latencies.len() as f64)
-            };
+            let mean = f.mean_latency().map_or(String::new(), |m| format!("{m:.2}"));
             let max = f.latencies.iter().max().map_or(String::new(), |m| m.to_string());
             let _ = writeln!(
                 s,
@@ -366,13 +378,9 @@ fn summary_md(
         }
         s.push('\n');
     };
-    let table = |s: &mut String, key: &str, key_of: &dyn Fn(&TrialResult) -> String| {
+    let table = |s: &mut String, key: &str, key_of: &dyn Fn(&TrialResult) -> Option<String>| {
         header(s, key);
-        let mut groups: BTreeMap<(String, SortKey), Vec<&TrialResult>> = BTreeMap::new();
-        for r in results {
-            groups.entry((r.reduce.to_string(), SortKey(key_of(r)))).or_default().push(r);
-        }
-        for ((reduce, k), rows) in groups {
+        for ((reduce, k), rows) in grouped(results, key_of) {
             let _ = write!(s, "| {reduce} | {} | {} |", k.0, rows.len());
             let n = rows.len() as f64;
             for c in outcome_counts(rows.into_iter()) {
@@ -387,9 +395,11 @@ fn summary_md(
         s.push('\n');
     };
     s.push_str("## Outcomes by kind of state\n\n");
-    table(&mut s, "state", &|r| r.trial.state.name().to_owned());
+    table(&mut s, "state", &|r| Some(r.trial.fault.state.name().to_owned()));
     s.push_str("## Outcomes by bit class\n\n");
-    table(&mut s, "bits", &|r| top_bit(r).map_or("none".into(), |b| fault::BitClass::of_f32_bit(b).name().to_owned()));
+    table(&mut s, "bits", &|r| {
+        Some(top_bit(r).map_or("none".into(), |b| fault::BitClass::of_f32_bit(b).name().to_owned()))
+    });
     s.push_str("## Detectors\n\n");
     if spec.detect.response != fault::campaign::Response::Observe {
         s.push_str(
@@ -406,11 +416,7 @@ fn summary_md(
         let rows: Vec<&TrialResult> = results.iter().filter(|r| r.reduce == g.reduce).collect();
         for d in Detector::ALL {
             let f = detector_figures(d, g, &rows, window, &campaign.spec.classify);
-            let mean = if f.latencies.is_empty() {
-                "-".into()
-            } else {
-                format!("{:.2}", f.latencies.iter().sum::<u64>() as f64 / f.latencies.len() as f64)
-            };
+            let mean = f.mean_latency().map_or("-".to_owned(), |m| format!("{m:.2}"));
             let _ = writeln!(
                 s,
                 "| {} | {} | {}/{} | {}/{} | {mean} | {}/{} |",
