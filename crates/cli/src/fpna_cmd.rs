@@ -20,6 +20,8 @@ use serde_json::json;
 use train::TrainConfig;
 use train::data::DataKind;
 use train::model::ModelKind;
+use train::step::NoHooks;
+use train::trainer::Prepared;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -75,8 +77,8 @@ pub struct FpnaArgs {
     #[arg(long)]
     train_steps: Option<u64>,
     /// Data set of the training experiment [default: fashion-mnist, synthetic with --quick].
-    #[arg(long, value_enum)]
-    data: Option<crate::train_cmd::DataArg>,
+    #[arg(long, value_parser = crate::choice::of::<DataKind>())]
+    data: Option<DataKind>,
     /// Seed of the inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -112,7 +114,7 @@ impl FpnaArgs {
             train_runs: self.train_runs.unwrap_or(if quick { 3 } else { 10 }),
             train_steps: self.train_steps.unwrap_or(if quick { 20 } else { 300 }),
             data: match self.data {
-                Some(d) => d.into(),
+                Some(d) => d,
                 None if quick => DataKind::Synthetic,
                 None => DataKind::FashionMnist,
             },
@@ -276,9 +278,30 @@ pub fn run(args: FpnaArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How the training experiment sums micro-batch gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Accumulation {
+    /// Racing threads adding with atomics: the order, and the bits, change from run to
+    /// run, as GPU atomics do.
+    Atomic,
+    /// The reproducible sum of the training runtime.
+    Reproducible,
+}
+
+impl Accumulation {
+    const ALL: [Accumulation; 2] = [Accumulation::Atomic, Accumulation::Reproducible];
+
+    fn name(self) -> &'static str {
+        match self {
+            Accumulation::Atomic => "atomic",
+            Accumulation::Reproducible => "reproducible",
+        }
+    }
+}
+
 /// Outcome of one training run.
 struct TrainRun {
-    mode: comm::ReduceMode,
+    mode: Accumulation,
     run: usize,
     loss: f32,
     accuracy: f64,
@@ -288,29 +311,48 @@ struct TrainRun {
 
 fn training_experiment(plan: &Plan, bar: &ProgressBar) -> anyhow::Result<Vec<TrainRun>> {
     let mut runs = Vec::new();
-    for mode in [comm::ReduceMode::Fast, comm::ReduceMode::Reproducible] {
+    for mode in Accumulation::ALL {
         for run in 0..plan.train_runs {
-            bar.set_message(format!("training run {} ({mode})", run + 1));
+            bar.set_message(format!("training run {} ({})", run + 1, mode.name()));
             let mut c = TrainConfig::defaults(ModelKind::Mlp);
             c.data = plan.data;
             c.steps = plan.train_steps;
             c.batch = 128;
             c.micro_batch = 16;
-            c.eval_every = 0;
-            c.reduce = mode;
-            let (summary, state) = train::train(&c, &mut |_| {}).context("training run failed")?;
-            runs.push(TrainRun {
-                mode,
-                run,
-                loss: summary.final_loss,
-                accuracy: summary.eval.accuracy,
-                fingerprint: summary.fingerprint,
-                params: state.params.iter().flat_map(|p| p.data.iter().copied()).collect(),
-            });
+            c.reduce = comm::ReduceMode::Reproducible;
+            runs.push(train_once(&c, mode, run).context("training run failed")?);
             bar.inc(1);
         }
     }
     Ok(runs)
+}
+
+/// Trains `c` with the training runtime's step, summing the micro-batch gradients as
+/// `mode` says, and scores the result.
+fn train_once(c: &TrainConfig, mode: Accumulation, run: usize) -> Result<TrainRun, train::TrainError> {
+    let prepared = Prepared::load(c)?;
+    let (mut state, mut engine) = prepared.start(c);
+    let (mut micro, mut sum) = (Vec::new(), engine.buffer());
+    while state.step < c.steps {
+        engine.compute(&state, 0, 1, &mut NoHooks, &mut micro)?;
+        match mode {
+            Accumulation::Atomic => {
+                let parts: Vec<&[f32]> = micro.iter().map(|b| b.as_slice()).collect();
+                sum.as_mut_slice().copy_from_slice(&fpna::racy_sum_parts(&parts));
+            }
+            Accumulation::Reproducible => engine.reduce_local(&micro, &mut sum),
+        }
+        state.apply(&sum);
+    }
+    let eval = engine.with_model(&state.params, |m, d| train::trainer::evaluate(m, &prepared.data, state.step, d));
+    Ok(TrainRun {
+        mode,
+        run,
+        loss: sum.loss(),
+        accuracy: eval.accuracy,
+        fingerprint: state.fingerprint(),
+        params: state.params.iter().flat_map(|p| p.data.iter().copied()).collect(),
+    })
 }
 
 /// Mean, standard deviation, min and max. Identical values have a standard deviation of
@@ -327,7 +369,7 @@ fn stats(v: &[f64]) -> (f64, f64, f64, f64) {
     (mean, sd, min, max)
 }
 
-fn mode_summary(runs: &[TrainRun], mode: comm::ReduceMode) -> serde_json::Value {
+fn mode_summary(runs: &[TrainRun], mode: Accumulation) -> serde_json::Value {
     let mine: Vec<&TrainRun> = runs.iter().filter(|r| r.mode == mode).collect();
     let acc: Vec<f64> = mine.iter().map(|r| r.accuracy).collect();
     let loss: Vec<f64> = mine.iter().map(|r| f64::from(r.loss)).collect();
@@ -340,7 +382,7 @@ fn mode_summary(runs: &[TrainRun], mode: comm::ReduceMode) -> serde_json::Value 
     let differing: Vec<f64> =
         mine.iter().skip(1).map(|r| array_variability(&r.params, first).fraction_differing).collect();
     json!({
-        "mode": mode.to_string(), "runs": mine.len(), "distinct_fingerprints": distinct,
+        "mode": mode.name(), "runs": mine.len(), "distinct_fingerprints": distinct,
         "accuracy_mean": am, "accuracy_sd": asd, "accuracy_min": amin, "accuracy_max": amax,
         "loss_mean": lm, "loss_sd": lsd,
         "weights_mean_relative_difference_vs_run_1": if weight_rel.is_empty() { 0.0 } else { stats(&weight_rel).0 },
@@ -406,11 +448,11 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<Train
             "\nTraining the MLP {} times per mode ({} steps, batch 128 as 8 micro-batches of 16, {:?}):",
             plan.train_runs, plan.train_steps, plan.data
         );
-        for mode in [comm::ReduceMode::Fast, comm::ReduceMode::Reproducible] {
+        for mode in Accumulation::ALL {
             let s = mode_summary(runs, mode);
             println!(
                 "{:<13} accuracy {:.4} +/- {:.1e} (min {:.4}, max {:.4}), loss sd {:.2e}, distinct fingerprints {}/{}, weights differ from run 1 in {:.1}% of elements",
-                mode.to_string(),
+                mode.name(),
                 s["accuracy_mean"].as_f64().unwrap_or(0.0),
                 s["accuracy_sd"].as_f64().unwrap_or(0.0),
                 s["accuracy_min"].as_f64().unwrap_or(0.0),
@@ -462,7 +504,7 @@ fn write_outputs(
     write("index_add.csv", csv)?;
     let mut csv = String::from("mode,run,final_loss,test_accuracy,fingerprint\n");
     for r in training.into_iter().flatten() {
-        csv += &format!("{},{},{},{},{:016x}\n", r.mode, r.run, r.loss, r.accuracy, r.fingerprint);
+        csv += &format!("{},{},{},{},{:016x}\n", r.mode.name(), r.run, r.loss, r.accuracy, r.fingerprint);
     }
     write("training.csv", csv)?;
     let summary = json!({
@@ -480,7 +522,7 @@ fn write_outputs(
             "distinct_atomic": r.distinct_atomic, "distinct_sorted": r.distinct_sorted,
             "deterministic_cost": r.sorted_ms / r.atomic_ms,
         })).collect::<Vec<_>>(),
-        "training": training.map(|t| vec![mode_summary(t, comm::ReduceMode::Fast), mode_summary(t, comm::ReduceMode::Reproducible)]),
+        "training": training.map(|t| Accumulation::ALL.map(|m| mode_summary(t, m)).to_vec()),
     });
     write("summary.json", serde_json::to_string_pretty(&summary)?)?;
     plot_vs_histograms(out, sums)?;
@@ -621,14 +663,14 @@ fn plot_training(out: &Path, runs: &[TrainRun]) -> anyhow::Result<()> {
     chart
         .configure_mesh()
         .x_labels(2)
-        .x_label_formatter(&|x| if *x < 0.5 { "fast (atomic)".into() } else { "reproducible".into() })
+        .x_label_formatter(&|x| if *x < 0.5 { "atomic".into() } else { "reproducible".into() })
         .y_desc("accuracy")
         .y_label_formatter(&|y| format!("{y:.4}"))
         .draw()
         .map_err(plot_err)?;
     for r in runs {
-        let x = if r.mode == comm::ReduceMode::Fast { 0.0 } else { 1.0 } + (r.run as f64 * 0.37).fract() * 0.3 - 0.15;
-        let color = if r.mode == comm::ReduceMode::Fast { &RED } else { &BLUE };
+        let x = if r.mode == Accumulation::Atomic { 0.0 } else { 1.0 } + (r.run as f64 * 0.37).fract() * 0.3 - 0.15;
+        let color = if r.mode == Accumulation::Atomic { &RED } else { &BLUE };
         chart.draw_series(std::iter::once(Circle::new((x, r.accuracy), 4, color.filled()))).map_err(plot_err)?;
     }
     root.present().map_err(plot_err)

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use fault::inject::{InjectOptions, InjectionLog};
+use fault::inject::{InjectError, InjectOptions, InjectionLog};
 use fault::plan::{Amount, FlipSpec, Target};
 
 const EXAMPLES: &str = "\
@@ -18,6 +18,9 @@ Examples:
 
   # Flip each bit of the optimizer state with probability 1e-7, leaving the checksums stale
   steadfast inject runs/ckpt --role optim --rate 1e-7 --keep-checksums
+
+  # Alter a checkpoint that already fails verification, keeping its stale checksums stale
+  steadfast inject runs/ckpt --out /tmp/altered --count 5 --allow-corrupt-input
 
   # Redo a logged injection on a fresh copy; undo it in place
   steadfast inject pristine.npz --replay flips.json --out again.npz
@@ -61,6 +64,11 @@ pub struct InjectArgs {
     /// change (the default rewrites them, as corruption before checksumming would).
     #[arg(long)]
     keep_checksums: bool,
+    /// Alter a Steadfast checkpoint even if a tensor to alter already fails its checksum
+    /// (by default that is refused). Such tensors keep their old checksums, so the earlier
+    /// corruption still fails verification, and the log names them.
+    #[arg(long)]
+    allow_corrupt_input: bool,
     /// Where to write the injection log (default: next to the altered file,
     /// `<name>.inject.json`).
     #[arg(long)]
@@ -81,6 +89,13 @@ fn read_log(path: &PathBuf) -> anyhow::Result<InjectionLog> {
     serde_json::from_str(&text).with_context(|| format!("{} is not an injection log", path.display()))
 }
 
+/// Adds the way around a refusal to alter a corrupt input.
+fn hint(e: InjectError) -> anyhow::Error {
+    let corrupt = matches!(e, InjectError::CorruptInput { .. });
+    let e = anyhow::Error::new(e);
+    if corrupt { e.context("refused (pass --allow-corrupt-input to alter it anyway)") } else { e }
+}
+
 fn default_log_path(altered: &std::path::Path) -> PathBuf {
     let name = altered.file_name().map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned());
     altered.with_file_name(format!("{name}.inject.json"))
@@ -92,22 +107,27 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
         let located = ckpt::foreign::locate(&args.file)?;
         println!("{} ({})", args.file.display(), located.format.name());
         for t in &located.tensors {
-            println!("  {:<48} {:<5} {:<4} {:?}", t.name, t.role.as_str(), t.dtype.name(), t.shape);
+            let order = if t.order == ckpt::foreign::Order::ColumnMajor { " column-major" } else { "" };
+            println!("  {:<48} {:<5} {:<4} {:?}{order}", t.name, t.role.as_str(), t.dtype.name(), t.shape);
         }
         for (name, why) in &located.skipped {
             println!("  {name:<48} skipped: {why}");
         }
         return Ok(());
     }
-    let options = InjectOptions { out: args.out.clone(), keep_checksums: args.keep_checksums };
+    let options = InjectOptions {
+        out: args.out.clone(),
+        keep_checksums: args.keep_checksums,
+        allow_corrupt_input: args.allow_corrupt_input,
+    };
     if let Some(path) = &args.undo {
         let log = read_log(path)?;
-        fault::inject::undo(&log, Some(&args.file))?;
+        fault::inject::undo(&log, Some(&args.file), &options).map_err(hint)?;
         println!("restored {} element(s) of {}", log.flips.len(), args.file.display());
         return Ok(());
     }
     let log = if let Some(path) = &args.replay {
-        fault::inject::replay(&read_log(path)?, Some(&args.file), &options)?
+        fault::inject::replay(&read_log(path)?, Some(&args.file), &options).map_err(hint)?
     } else {
         let role = match args.role.as_str() {
             "any" => None,
@@ -126,8 +146,16 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
             burst: args.burst,
             seed: args.seed,
         };
-        fault::inject::inject(&args.file, &spec, &options)?
+        fault::inject::inject(&args.file, &spec, &options).map_err(hint)?
     };
+    if !log.corrupt_input.is_empty() {
+        eprintln!(
+            "warning: the input was already corrupt: {} did not match the checksum in the manifest before any \
+             flip; their checksums are left as they were, so verification still fails on them (the log lists \
+             them under corrupt_input)",
+            log.corrupt_input.join(", ")
+        );
+    }
     let log_path = args.log.clone().unwrap_or_else(|| default_log_path(std::path::Path::new(&log.target)));
     std::fs::write(&log_path, serde_json::to_string_pretty(&log)?)
         .with_context(|| format!("cannot write the log {}", log_path.display()))?;

@@ -3,6 +3,7 @@
 
 mod bench_cmd;
 mod campaign_cmd;
+mod choice;
 mod ckpt_cmd;
 mod coordinator_cmd;
 mod fpna_cmd;
@@ -54,9 +55,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Colour codes only for a terminal: a worker's stderr is a pipe to the launcher, and
+    // a log redirected to a file should read as plain text.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+
+use crate::choice;
+use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use train::checkpointing::CheckpointConfig;
+use train::CheckpointConfig;
 use train::data::DataKind;
 use train::model::ModelKind;
 use train::optim::OptimKind;
@@ -37,71 +39,16 @@ Examples:
   # Flip a bit in the output of the first layer (a fault in the arithmetic, not in stored state)
   steadfast train --model mlp --inject 'step=300,state=activation,target=act.fc1,bits=exponent,seed=3'";
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum ModelArg {
-    Mlp,
-    Cnn,
-    Gpt,
-}
-
-/// Data sets on the command line.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum DataArg {
-    /// Fashion-MNIST images.
-    FashionMnist,
-    /// Character-level text from fortunes.
-    Fortunes,
-    /// Generated in memory.
-    Synthetic,
-}
-
-impl From<DataArg> for DataKind {
-    fn from(d: DataArg) -> Self {
-        match d {
-            DataArg::FashionMnist => DataKind::FashionMnist,
-            DataArg::Fortunes => DataKind::Fortunes,
-            DataArg::Synthetic => DataKind::Synthetic,
-        }
-    }
-}
-
-/// How micro-batch gradients are summed.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum ReduceArg {
-    /// Racing threads with atomic adds: order (and bits) vary run to run.
-    Fast,
-    /// In micro-batch order: same bits every run.
-    Deterministic,
-    /// Order-independent fixed-point sum: same bits for any order and worker count.
-    Reproducible,
-}
-
-impl From<ReduceArg> for comm::ReduceMode {
-    fn from(r: ReduceArg) -> Self {
-        match r {
-            ReduceArg::Fast => comm::ReduceMode::Fast,
-            ReduceArg::Deterministic => comm::ReduceMode::Deterministic,
-            ReduceArg::Reproducible => comm::ReduceMode::Reproducible,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum OptimArg {
-    Sgd,
-    Adamw,
-}
-
 /// Arguments of `steadfast train`. Unset values take the model's defaults.
 #[derive(Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct TrainArgs {
     /// Architecture.
-    #[arg(long, value_enum, default_value = "mlp")]
-    model: ModelArg,
+    #[arg(long, value_parser = choice::of::<ModelKind>(), default_value = "mlp")]
+    model: ModelKind,
     /// Data set [default: fashion-mnist for mlp and cnn, fortunes for gpt].
-    #[arg(long, value_enum)]
-    data: Option<DataArg>,
+    #[arg(long, value_parser = choice::of::<DataKind>())]
+    data: Option<DataKind>,
     /// Directory of the data set's files (overrides the Debian package's location).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -118,8 +65,8 @@ pub struct TrainArgs {
     #[arg(long)]
     lr: Option<f32>,
     /// Optimizer.
-    #[arg(long, value_enum, default_value = "adamw")]
-    optimizer: OptimArg,
+    #[arg(long, value_parser = choice::of::<OptimKind>(), default_value = "adamw")]
+    optimizer: OptimKind,
     /// SGD momentum.
     #[arg(long)]
     momentum: Option<f32>,
@@ -130,8 +77,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// How micro-batch gradients are summed.
-    #[arg(long, value_enum, default_value = "deterministic")]
-    reduce: ReduceArg,
+    #[arg(long, value_parser = choice::reduce_mode(), default_value = "deterministic")]
+    reduce: comm::ReduceMode,
     /// Evaluate on the held-out split every this many steps (0: only at the end).
     #[arg(long)]
     eval_every: Option<u64>,
@@ -236,28 +183,20 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
 impl TrainArgs {
     fn into_config(self) -> anyhow::Result<TrainConfig> {
         let dist = dist_config(&self)?;
-        let model = match self.model {
-            ModelArg::Mlp => ModelKind::Mlp,
-            ModelArg::Cnn => ModelKind::Cnn,
-            ModelArg::Gpt => ModelKind::Gpt,
-        };
-        let mut c = TrainConfig::defaults(model);
+        let mut c = TrainConfig::defaults(self.model);
         if let Some(d) = self.data {
-            c.data = d.into();
+            c.data = d;
         }
         c.data_dir = self.data_dir;
         c.steps = self.steps.unwrap_or(c.steps);
         c.batch = self.batch.unwrap_or(c.batch);
         c.micro_batch = self.micro_batch.unwrap_or(c.batch);
-        c.optimizer = match self.optimizer {
-            OptimArg::Sgd => OptimKind::Sgd,
-            OptimArg::Adamw => OptimKind::AdamW,
-        };
+        c.optimizer = self.optimizer;
         c.optim.lr = self.lr.unwrap_or(c.optim.lr);
         c.optim.momentum = self.momentum.unwrap_or(c.optim.momentum);
         c.optim.weight_decay = self.weight_decay.unwrap_or(c.optim.weight_decay);
         c.seed = self.seed;
-        c.reduce = self.reduce.into();
+        c.reduce = self.reduce;
         c.eval_every = self.eval_every.unwrap_or(c.eval_every);
         c.out_dir = Some(self.out);
         if let Some(dir) = &self.checkpoint_dir {

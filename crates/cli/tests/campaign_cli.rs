@@ -215,7 +215,7 @@ fn the_report_renders_its_plots_in_a_browser() {
             std::env::var_os("STEADFAST_REQUIRE_BROWSER").is_none(),
             "no headless browser (apt-get install chromium)"
         );
-        eprintln!("skipped: no chromium to render the report");
+        common::skip("no chromium to render the report");
         return;
     };
     let profile = tmp.path().join("profile");

@@ -116,10 +116,7 @@ fn ckpt_tools_list_inspect_verify_diff_and_export() {
 /// unchanged (skipped when it is not installed, unless CI demands it).
 #[test]
 fn shards_open_in_python_safetensors() {
-    let probe = Command::new("python3").args(["-c", "import safetensors.numpy, numpy"]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        assert!(std::env::var_os("STEADFAST_REQUIRE_PYTHON").is_none(), "python3 safetensors is missing");
-        eprintln!("skipping: python3 with safetensors and numpy is not installed");
+    if !common::python_with("safetensors.numpy, numpy") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -16,13 +16,7 @@ fn s(p: &Path) -> &str {
 
 /// Python with the given modules, or `None` (a failure in CI, where they are required).
 fn python_with(modules: &str) -> Option<()> {
-    let probe = Command::new("python3").args(["-c", &format!("import {modules}")]).output();
-    if probe.is_ok_and(|o| o.status.success()) {
-        return Some(());
-    }
-    assert!(std::env::var_os("STEADFAST_REQUIRE_PYTHON").is_none(), "python3 with {modules} is missing");
-    eprintln!("skipping: python3 with {modules} is not installed");
-    None
+    common::python_with(modules).then_some(())
 }
 
 fn python(script: &str, args: &[&str]) -> String {
@@ -36,8 +30,9 @@ fn read_log(path: &Path) -> serde_json::Value {
 }
 
 /// Loads `original` and `altered` with `loader` (Python code defining `load(path) ->
-/// dict of name to numpy array`) and checks, element by element in storage order, that
-/// the differing elements are exactly the logged ones with exactly the logged bytes.
+/// dict of name to numpy array`) and checks, element by element in row-major order (as
+/// `a.flat` numbers them), that the differing elements are exactly the logged ones with
+/// exactly the logged bytes.
 const COMPARE: &str = r#"
 import json, sys
 import numpy as np
@@ -348,4 +343,100 @@ fn bad_input_is_refused_with_a_clear_error_and_changes_nothing() {
     let out = steadfast(&["inject", s(&alt), "--replay", s(&log), "--log", s(&tmp.path().join("x.json"))]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(std::fs::read(&alt).unwrap(), before);
+}
+
+#[test]
+fn fortran_ordered_npz_members_are_altered_at_their_row_major_elements() {
+    if python_with("numpy").is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("f.npz");
+    python(
+        r#"
+import sys, numpy as np
+r = np.random.default_rng(5)
+kernel = np.asfortranarray(r.standard_normal((12, 7)).astype(np.float32))
+assert kernel.flags.f_contiguous and not kernel.flags.c_contiguous
+np.savez(sys.argv[1], kernel=kernel, cube=np.asfortranarray(np.arange(60, dtype=np.int16).reshape(3, 4, 5)),
+         bias=r.standard_normal(7).astype(np.float32))
+"#,
+        &[s(&file)],
+    );
+    let listing = ok(steadfast(&["inject", s(&file), "--list"]));
+    let line = |name: &str| listing.lines().find(|l| l.trim_start().starts_with(name)).unwrap().to_owned();
+    assert!(line("kernel").ends_with("column-major") && line("cube").ends_with("column-major"), "{listing}");
+    assert!(!line("bias").contains("column-major"), "{listing}");
+    // COMPARE numbers elements row-major, as NumPy's `a.flat` does, whatever the storage.
+    let loader = "def load(p):\n    with np.load(p) as z:\n        return {k: z[k] for k in z.files}";
+    inject_and_compare(&file, loader, &["--count", "40"]);
+    inject_and_compare(&file, loader, &["--target", "cube", "--count", "20", "--bits", "0-3"]);
+}
+
+/// A committed checkpoint of two tensors under `root`, one byte of `model.w` inverted
+/// after its checksum was taken; returns the checkpoint directory.
+fn corrupt_checkpoint(root: &Path) -> PathBuf {
+    let w: Vec<f32> = (0..64).map(|i| i as f32 * 0.5).collect();
+    let m: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let tensors = [
+        ckpt::TensorRef { name: "model.w", role: ckpt::Role::Model, shape: &[8, 8], data: &w },
+        ckpt::TensorRef { name: "optim.model.w.exp_avg", role: ckpt::Role::Optim, shape: &[16], data: &m },
+    ];
+    let meta = ckpt::Meta { step: 3, world_size: 1, config_hash: format!("{:016x}", 9), ..ckpt::Meta::default() };
+    let dir = ckpt::store::save(root, &meta, &tensors, &ckpt::SaveOptions::default()).unwrap().dir;
+    let c = ckpt::reader::open(&dir).unwrap();
+    let t = c.manifest.tensors.iter().find(|t| t.name == "model.w").unwrap();
+    let shard = dir.join(&t.file);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[t.offset as usize + 5] ^= 0x40;
+    std::fs::write(&shard, bytes).unwrap();
+    dir
+}
+
+fn snapshot(dir: &Path) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (e.file_name(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_checkpoint_that_already_fails_verification_is_refused_unless_allowed_and_never_laundered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ckpt");
+    let dir = corrupt_checkpoint(&root);
+    assert_eq!(steadfast(&["ckpt", "verify", s(&root)]).status.code(), Some(1));
+    let before = snapshot(&dir);
+    let (out, log) = (tmp.path().join("out"), tmp.path().join("log.json"));
+    let args = ["inject", s(&root), "--out", s(&out), "--log", s(&log), "--target", "model.*", "--count", "3"];
+
+    // Refused, with the tensor named and the way around it; nothing written anywhere.
+    for extra in [&[][..], &["--keep-checksums"]] {
+        let refused = steadfast(&[&args[..], extra].concat());
+        assert_eq!(refused.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("model.w") && stderr.contains("already corrupt"), "{stderr}");
+        assert!(stderr.contains("--allow-corrupt-input"), "{stderr}");
+        assert!(!out.exists() && !log.exists(), "a refused injection writes nothing");
+    }
+    let in_place = steadfast(&["inject", s(&root), "--log", s(&log), "--count", "3", "--target", "model.*"]);
+    assert_eq!(in_place.status.code(), Some(2));
+    assert_eq!(snapshot(&dir), before, "the input is unchanged");
+
+    // Allowed: it goes ahead, says so loudly, and the corruption still fails verification.
+    let allowed = steadfast(&[&args[..], &["--allow-corrupt-input"]].concat());
+    ok(allowed.clone());
+    let stderr = String::from_utf8_lossy(&allowed.stderr);
+    assert!(stderr.contains("warning: the input was already corrupt") && stderr.contains("model.w"), "{stderr}");
+    assert_eq!(read_log(&log)["corrupt_input"], serde_json::json!(["model.w"]));
+    let verify = steadfast(&["ckpt", "verify", s(&out)]);
+    assert_eq!(verify.status.code(), Some(1), "pre-existing corruption must not come out verifying");
+    assert!(String::from_utf8_lossy(&verify.stdout).contains("model.w"));
+
+    // Undo gives back the corrupt input exactly, its stale checksum included.
+    ok(steadfast(&["inject", s(&out), "--undo", s(&log)]));
+    assert_eq!(snapshot(&out), before);
 }

@@ -195,6 +195,9 @@ fn every_rank_writes_its_part_and_a_parted_checkpoint_resumes_on_another_world_s
     assert!(leftovers.is_empty(), "temporaries left behind: {leftovers:?}");
     let verify = steadfast(&["ckpt", "verify", step4.to_str().unwrap()], &[]);
     assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(step4.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["meta"]["world_size"], 3, "the checkpoint records the job's world size");
 
     // Two workers resume it and finish: the same bits as one process that never stopped.
     let resumed = fingerprints(&steadfast(

@@ -1,8 +1,12 @@
 //! `steadfast train` end to end: determinism across thread counts, quality with default
 //! arguments, and clear errors for bad input.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
+
+use common::have_data;
 use std::time::{Duration, Instant};
 
 fn steadfast(args: &[&str], threads: Option<&str>) -> Output {
@@ -29,19 +33,6 @@ fn summary(dir: &Path) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_str(last).unwrap();
     assert_eq!(v["kind"], "summary");
     v
-}
-
-/// See `train/tests/common`: a missing data set skips, unless CI demands it.
-fn have_data(dir: &str) -> bool {
-    let present = Path::new(dir).is_dir();
-    if !present {
-        assert!(
-            std::env::var_os("STEADFAST_REQUIRE_DATA").is_none(),
-            "{dir} is missing but STEADFAST_REQUIRE_DATA is set"
-        );
-        eprintln!("skipping: {dir} is not installed");
-    }
-    present
 }
 
 #[test]

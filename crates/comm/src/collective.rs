@@ -201,9 +201,9 @@ pub fn all_reduce_sum(
 /// fixed point at the global exponents, so the result is bitwise the same however the
 /// parts are spread over ranks, for any world size. In the other modes each rank first
 /// adds its parts in order, then the ring adds the ranks' sums.
-pub fn all_reduce_parts(
+pub fn all_reduce_parts<P: AsRef<[f32]>>(
     t: &dyn Transport,
-    parts: &[&[f32]],
+    parts: &[P],
     len: usize,
     mode: ReduceMode,
     timeout: Duration,
@@ -222,6 +222,7 @@ pub struct Reducer {
     sending: Vec<i64>,
     receiving: Vec<i64>,
     owned: Vec<f32>,
+    local: repro::batched::Scratch,
 }
 
 impl Reducer {
@@ -249,24 +250,20 @@ impl Reducer {
 
     /// [`all_reduce_parts`] into `out` (whose length is that of every part), reusing this
     /// reducer's buffers.
-    pub fn sum_parts(
+    pub fn sum_parts<P: AsRef<[f32]>>(
         &mut self,
         t: &dyn Transport,
-        parts: &[&[f32]],
+        parts: &[P],
         out: &mut [f32],
         mode: ReduceMode,
         timeout: Duration,
     ) -> Result<(), CommError> {
-        if parts.iter().any(|p| p.len() != out.len()) {
+        if parts.iter().any(|p| p.as_ref().len() != out.len()) {
             return Err(CommError::Setup("parts of different lengths".into()));
         }
         match mode {
             ReduceMode::Fast | ReduceMode::Deterministic => {
-                match parts {
-                    [] => out.fill(0.0),
-                    [one] => out.copy_from_slice(one),
-                    _ => out.copy_from_slice(&crate::sum_parts(mode, parts)),
-                }
+                crate::sum_parts_into(mode, parts, out, &mut self.local);
                 self.sum(t, out, mode, timeout)
             }
             ReduceMode::Reproducible => {
@@ -283,17 +280,17 @@ impl Reducer {
     /// The reproducible mode up to the all-gather: the exponent ring, then the streamed
     /// fixed-point reduce-scatter. Leaves the f32 sum of the chunk this rank owns in
     /// `self.owned` and returns the chunk's range.
-    fn reproducible(
+    fn reproducible<P: AsRef<[f32]>>(
         &mut self,
         t: &dyn Transport,
-        parts: &[&[f32]],
+        parts: &[P],
         n: usize,
         timeout: Duration,
     ) -> Result<std::ops::Range<usize>, CommError> {
         self.exps.clear();
         self.exps.resize(n, 0);
         for p in parts {
-            repro::batched::max_exponents(&mut self.exps, p);
+            repro::batched::max_exponents(&mut self.exps, p.as_ref());
         }
         ring(t, &mut self.exps, |a, b| *a = (*a).max(b), timeout, &mut self.buf)?;
         fixed_reduce_scatter(t, parts, repro::batched::DEFAULT_HEADROOM, timeout, self)
@@ -306,19 +303,19 @@ impl Reducer {
 /// this rank's own contribution, converted on the fly, while the next segment arrives.
 /// Leaves the f32 sum of the chunk this rank ends up owning in `r.owned` and returns the
 /// chunk's range.
-fn fixed_reduce_scatter(
+fn fixed_reduce_scatter<P: AsRef<[f32]>>(
     t: &dyn Transport,
-    parts: &[&[f32]],
+    parts: &[P],
     headroom: u32,
     timeout: Duration,
     r: &mut Reducer,
 ) -> Result<std::ops::Range<usize>, CommError> {
-    let Reducer { buf, exps, sending, receiving, owned } = r;
+    let Reducer { buf, exps, sending, receiving, owned, .. } = r;
     let (world, rank, n) = (t.world(), t.rank(), exps.len());
     let exps = &exps[..];
     let own = |range: std::ops::Range<usize>, acc: &mut [i64]| {
         for p in parts {
-            repro::batched::add_fixed(acc, &p[range.clone()], &exps[range.clone()], headroom);
+            repro::batched::add_fixed(acc, &p.as_ref()[range.clone()], &exps[range.clone()], headroom);
         }
     };
     let longest = (0..world).map(|c| chunk_range(n, world, c).len()).max().unwrap_or(0);

@@ -38,7 +38,8 @@ pub enum Decision {
     Abort {
         /// Ranks whose own checks failed.
         vetoed: Vec<usize>,
-        /// Ranks whose digest differs from the majority's.
+        /// Ranks outvoted on their digest by the [`majority`](crate::majority) rule (every
+        /// rank when no digest is held by more than half).
         disagreeing: Vec<usize>,
     },
 }
@@ -46,13 +47,8 @@ pub enum Decision {
 /// The decision for a full set of ballots, indexed by rank.
 pub fn decide(ballots: &[Ballot]) -> Decision {
     let vetoed: Vec<usize> = (0..ballots.len()).filter(|&r| !ballots[r].ok).collect();
-    let count = |d: u64| ballots.iter().filter(|b| b.digest == d).count();
-    // The most common digest; ties go to the lowest rank's, so every rank picks the same.
-    let majority = ballots.iter().map(|b| b.digest).fold(None, |best: Option<u64>, d| match best {
-        Some(b) if count(b) >= count(d) => Some(b),
-        _ => Some(d),
-    });
-    let disagreeing: Vec<usize> = (0..ballots.len()).filter(|&r| Some(ballots[r].digest) != majority).collect();
+    let digests: Vec<u64> = ballots.iter().map(|b| b.digest).collect();
+    let disagreeing = crate::majority::suspects(&digests);
     if vetoed.is_empty() && disagreeing.is_empty() { Decision::Commit } else { Decision::Abort { vetoed, disagreeing } }
 }
 
@@ -94,8 +90,8 @@ mod tests {
     fn a_different_digest_names_the_minority() {
         assert_eq!(decide(&[ok(7), ok(7), ok(9)]), Decision::Abort { vetoed: vec![], disagreeing: vec![2] });
         assert_eq!(decide(&[ok(9), ok(7), ok(7), ok(7)]), Decision::Abort { vetoed: vec![], disagreeing: vec![0] });
-        // A tie picks the lowest rank's digest, the same on every rank.
-        assert_eq!(decide(&[ok(1), ok(2)]), Decision::Abort { vetoed: vec![], disagreeing: vec![1] });
+        // Without a strict majority nobody can be named: every rank is suspect.
+        assert_eq!(decide(&[ok(1), ok(2)]), Decision::Abort { vetoed: vec![], disagreeing: vec![0, 1] });
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! per-worker gradients in a fixed order ([`reduce_in_order`]), which a single process
 //! uses today and the distributed all-reduce must match in `deterministic` mode.
 //!
-//! [`sum_parts`] combines vectors locally in any of the three modes. Across processes,
+//! [`sum_parts`] (and [`sum_parts_into`], which reuses its buffers) combines vectors
+//! locally in any of the three modes. Across processes,
 //! from the bottom up:
 //! - [`frame`]: length-prefixed frames with a size limit, and a clear error for a peer
 //!   that disconnects mid-frame;
@@ -18,7 +19,8 @@
 //! - [`rendezvous`]: how workers find each other through the coordinator;
 //! - [`membership`] (the protocol, no I/O) and [`supervisor`] (its socket shell):
 //!   heartbeats, and the coordinator's reports of lost members;
-//! - [`commit`]: the per-step vote that decides whether anyone applies an update.
+//! - [`commit`]: the per-step vote that decides whether anyone applies an update, by the
+//!   one [`majority`] rule that every comparison of replicas uses.
 //!
 //! ```
 //! use comm::{ReduceMode, reduce_in_order};
@@ -35,6 +37,7 @@ pub mod collective;
 pub mod commit;
 pub mod frame;
 pub mod handshake;
+pub mod majority;
 pub mod membership;
 pub mod rendezvous;
 pub mod supervisor;
@@ -55,13 +58,45 @@ pub enum ReduceMode {
     Reproducible,
 }
 
-impl fmt::Display for ReduceMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl ReduceMode {
+    /// Every mode, in order of increasing promise.
+    pub const ALL: [ReduceMode; 3] = [ReduceMode::Fast, ReduceMode::Deterministic, ReduceMode::Reproducible];
+
+    /// The mode's word on the command line and in spec files.
+    pub fn word(self) -> &'static str {
+        match self {
             ReduceMode::Fast => "fast",
             ReduceMode::Deterministic => "deterministic",
             ReduceMode::Reproducible => "reproducible",
-        })
+        }
+    }
+
+    /// One line of help.
+    pub fn help(self) -> &'static str {
+        match self {
+            ReduceMode::Fast => "plain in-place float sums, no promise about bits",
+            ReduceMode::Deterministic => "in micro-batch order: same bits every run of a world size",
+            ReduceMode::Reproducible => "order-independent fixed-point sum: same bits for any worker count",
+        }
+    }
+}
+
+impl serde::Serialize for ReduceMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ReduceMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for ReduceMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.word())
     }
 }
 
@@ -73,40 +108,50 @@ pub struct UnknownReduceMode(pub String);
 impl FromStr for ReduceMode {
     type Err = UnknownReduceMode;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "fast" => Ok(ReduceMode::Fast),
-            "deterministic" => Ok(ReduceMode::Deterministic),
-            "reproducible" => Ok(ReduceMode::Reproducible),
-            other => Err(UnknownReduceMode(other.to_owned())),
-        }
+        ReduceMode::ALL.into_iter().find(|m| m.word() == s).ok_or_else(|| UnknownReduceMode(s.to_owned()))
     }
 }
 
-/// Sums equal-length vectors element-wise as `mode` prescribes: `Fast` races threads that
-/// add with atomics (run-dependent order), `Deterministic` adds in the order given,
-/// `Reproducible` uses the order-independent fixed-point sum of [`repro::batched`].
-/// This is the local form of the all-reduce: what one process does with its micro-batch
-/// gradients.
+/// Sums equal-length vectors element-wise as `mode` prescribes: `Fast` and
+/// `Deterministic` add them in the order given (`Fast` promises nothing about the order,
+/// so a faster one may replace it), `Reproducible` uses the order-independent fixed-point
+/// sum of [`repro::batched`]. This is the local form of the all-reduce: what one process
+/// does with its micro-batch gradients. Allocates the result; a loop that sums every step
+/// uses [`sum_parts_into`].
 pub fn sum_parts(mode: ReduceMode, parts: &[&[f32]]) -> Vec<f32> {
-    match mode {
-        // One part is its own sum (in these two modes, bit for bit).
-        ReduceMode::Fast | ReduceMode::Deterministic if parts.len() == 1 => parts[0].to_vec(),
-        ReduceMode::Fast => repro::fpna::racy_sum_parts(parts),
-        ReduceMode::Deterministic => {
-            let mut acc = parts.first().map(|p| p.to_vec()).unwrap_or_default();
-            reduce_in_order(&mut acc, &parts[1.min(parts.len())..]);
-            acc
+    let mut out = vec![0.0; parts.first().map_or(0, |p| p.len())];
+    sum_parts_into(mode, parts, &mut out, &mut repro::batched::Scratch::default());
+    out
+}
+
+/// [`sum_parts`] into `out` (the length of every part), reusing `scratch`: no allocation
+/// once the scratch has grown to the parts' length. Panics if a part's length differs
+/// from `out`'s.
+pub fn sum_parts_into<P: AsRef<[f32]>>(
+    mode: ReduceMode,
+    parts: &[P],
+    out: &mut [f32],
+    scratch: &mut repro::batched::Scratch,
+) {
+    match (mode, parts) {
+        (_, []) => out.fill(0.0),
+        (ReduceMode::Fast | ReduceMode::Deterministic, [first, rest @ ..]) => {
+            out.copy_from_slice(first.as_ref());
+            reduce_in_order(out, rest);
         }
-        ReduceMode::Reproducible => repro::batched::sum_parts(parts, repro::batched::DEFAULT_HEADROOM),
+        (ReduceMode::Reproducible, _) => {
+            repro::batched::sum_parts_into(parts, repro::batched::DEFAULT_HEADROOM, out, scratch)
+        }
     }
 }
 
 /// Adds each of `parts` into `acc`, element-wise, in the order given: the reference
 /// reduction of the `deterministic` mode. Panics if a part's length differs from `acc`'s.
-pub fn reduce_in_order(acc: &mut [f32], parts: &[&[f32]]) {
+pub fn reduce_in_order<P: AsRef<[f32]>>(acc: &mut [f32], parts: &[P]) {
     for part in parts {
+        let part = part.as_ref();
         assert_eq!(part.len(), acc.len(), "reduce of unequal lengths");
-        for (a, &x) in acc.iter_mut().zip(*part) {
+        for (a, &x) in acc.iter_mut().zip(part) {
             *a += x;
         }
     }

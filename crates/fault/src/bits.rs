@@ -156,10 +156,22 @@ impl FromStr for BitSpec {
     }
 }
 
-/// `x` with bit `bit` (0 = least significant) inverted. Panics if `bit >= 32`.
-pub fn flip_f32(x: f32, bit: u32) -> f32 {
-    assert!(bit < 32, "an f32 has bits 0..32, not {bit}");
-    f32::from_bits(x.to_bits() ^ (1 << bit))
+/// Inverts `bits` (0 = the least significant bit) of one element stored little-endian in
+/// `element`: the one bit flip of the project, whether the element lies in a file, a live
+/// buffer or a layer's output. Panics if a bit lies beyond the element.
+pub fn flip_le(element: &mut [u8], bits: &[u32]) {
+    for &b in bits {
+        let byte = (b / 8) as usize;
+        assert!(byte < element.len(), "an element of {} bytes has no bit {b}", element.len());
+        element[byte] ^= 1 << (b % 8);
+    }
+}
+
+/// `x` with `bits` inverted ([`flip_le`] on its bytes). Panics if a bit is 32 or more.
+pub fn flip_f32(x: f32, bits: &[u32]) -> f32 {
+    let mut b = x.to_le_bytes();
+    flip_le(&mut b, bits);
+    f32::from_le_bytes(b)
 }
 
 #[cfg(test)]
@@ -170,8 +182,9 @@ mod tests {
     fn flipping_twice_restores_every_bit() {
         for bit in 0..32 {
             let x = -3.25e-7f32;
-            assert_eq!(flip_f32(flip_f32(x, bit), bit).to_bits(), x.to_bits());
-            assert_ne!(flip_f32(x, bit).to_bits(), x.to_bits());
+            assert_eq!(flip_f32(flip_f32(x, &[bit]), &[bit]).to_bits(), x.to_bits());
+            assert_ne!(flip_f32(x, &[bit]).to_bits(), x.to_bits());
+            assert_eq!(flip_f32(x, &[bit]).to_bits(), x.to_bits() ^ (1 << bit), "little-endian bit numbering");
         }
     }
 

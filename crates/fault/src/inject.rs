@@ -6,19 +6,33 @@
 //!    whole), and work on the copy;
 //! 2. locate every tensor ([`ckpt::foreign::locate`]) and draw the flips
 //!    ([`plan`](crate::plan::plan));
-//! 3. for each element: read its bytes, invert the bits, write them back, and record the
-//!    element's bytes and value before and after;
-//! 4. bring integrity data up to date: a ZIP member's CRC-32 always (so that NumPy and
+//! 3. read every element to alter, and compute its new bytes; a tensor of a Steadfast
+//!    checkpoint is read whole and checked against its checksum in the manifest first;
+//! 4. refuse, before anything is copied or written, if a tensor to alter already fails
+//!    its checksum, unless `allow_corrupt_input`;
+//! 5. copy the input to `--out` if asked, write the new bytes, and record each element's
+//!    bytes and value before and after;
+//! 6. bring integrity data up to date: a ZIP member's CRC-32 always (so that NumPy and
 //!    PyTorch load the file), a Steadfast manifest's checksums unless `keep_checksums`
 //!    (rewriting them models corruption that struck before the checksum was taken, as
 //!    checkpoint alteration does; keeping them lets `steadfast ckpt verify` catch it);
-//! 5. fsync every file touched.
+//! 7. fsync every file touched.
 //!
 //! [`replay`] applies a log's flips to a file again, and [`undo`] restores the original
 //! bytes; both first check that every element holds the bytes the log says it should, so
 //! a log is never applied to the wrong file.
+//!
+//! Invariant: a checksum is only ever recomputed for a tensor whose bytes matched their
+//! checksum before the change, so corruption already in the input is never laundered
+//! into a checkpoint that verifies. A tensor altered although it was already corrupt
+//! (with `allow_corrupt_input`) keeps its old checksum and is named in the log's
+//! `corrupt_input`; undoing the log leaves that checksum alone too.
+//!
+//! Elements are numbered in row-major order (as NumPy's `a.flat` numbers them), also in
+//! arrays stored column-major ([`ckpt::foreign::Order`]); `byte_offset` is where the
+//! element is stored.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -28,7 +42,7 @@ use ckpt::foreign::{Format, Integrity, Located, TensorLoc, locate};
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Candidate, FlipSpec, plan};
-use crate::value::{hex_bytes, parse_hex, value_text};
+use crate::value::{BadHex, hex_bytes, parse_hex, value_text};
 
 /// Version of the log format.
 pub const LOG_VERSION: u32 = 1;
@@ -43,7 +57,8 @@ pub struct FlipRecord {
     pub role: String,
     /// Element type.
     pub dtype: String,
-    /// Element index in storage order.
+    /// Element index in row-major order (the index into the flattened tensor), whatever
+    /// the order in which the file stores the elements.
     pub element: u64,
     /// Bits inverted (0 = least significant).
     pub bits: Vec<u32>,
@@ -78,6 +93,11 @@ pub struct InjectionLog {
     pub seed: u64,
     /// `rewritten`, `kept` (stale on purpose) or `none` (the format has none).
     pub checksums: String,
+    /// Tensors of a Steadfast checkpoint that already failed their checksums before the
+    /// flips (altered only with `allow_corrupt_input`). Their checksums were left as they
+    /// were, so verification still fails on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrupt_input: Vec<String>,
     /// The altered elements, sorted by tensor and element.
     pub flips: Vec<FlipRecord>,
 }
@@ -89,6 +109,10 @@ pub struct InjectOptions {
     pub out: Option<PathBuf>,
     /// Leave a Steadfast manifest's checksums as they were (so verification fails).
     pub keep_checksums: bool,
+    /// Alter a Steadfast checkpoint even where a tensor to alter already fails its
+    /// checksum. Such a tensor keeps its old checksum and is named in the log's
+    /// [`corrupt_input`](InjectionLog::corrupt_input).
+    pub allow_corrupt_input: bool,
 }
 
 /// What can go wrong.
@@ -111,6 +135,29 @@ pub enum InjectError {
     /// The file does not hold what the log says it should.
     #[error("{0}")]
     Mismatch(String),
+    /// The log holds bytes that are not hex.
+    #[error("the log's element {element} of {tensor}: {source}")]
+    BadLog {
+        /// Tensor name.
+        tensor: String,
+        /// Element index.
+        element: u64,
+        /// What is wrong.
+        source: BadHex,
+    },
+    /// Tensors to alter already fail their checksums: the input is corrupt.
+    #[error(
+        "{}: the input is already corrupt: the bytes of {} do not match the checksum in the manifest; \
+         refusing to alter it, which would hide that (nothing was written)",
+        path.display(),
+        tensors.join(", ")
+    )]
+    CorruptInput {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The tensors that fail their checksums.
+        tensors: Vec<String>,
+    },
     /// Rewriting the manifest failed.
     #[error(transparent)]
     Checkpoint(#[from] ckpt::CkptError),
@@ -120,22 +167,26 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InjectError + '_ {
     move |source| InjectError::Io { path: path.to_owned(), source }
 }
 
-/// The working target: `out` (a copy of `input`) or `input` itself. For a Steadfast
-/// checkpoint the target is its `step-*` directory.
-fn prepare(input: &Path, out: Option<&Path>) -> Result<PathBuf, InjectError> {
-    let input = if input.is_dir() { ckpt::reader::resolve(input)? } else { input.to_owned() };
-    let Some(out) = out else { return Ok(input) };
+/// The checkpoint directory of a Steadfast input, or the file itself.
+fn source_of(input: &Path) -> Result<PathBuf, InjectError> {
+    Ok(if input.is_dir() { ckpt::reader::resolve(input)? } else { input.to_owned() })
+}
+
+/// Copies `source` (a file or checkpoint directory) to `out` if given, and returns the
+/// path to alter: `out` or `source` itself.
+fn prepare(source: &Path, out: Option<&Path>) -> Result<PathBuf, InjectError> {
+    let Some(out) = out else { return Ok(source.to_owned()) };
     if out.exists() {
         return Err(InjectError::Mismatch(format!("{} already exists; refusing to overwrite it", out.display())));
     }
-    if input.is_dir() {
+    if source.is_dir() {
         std::fs::create_dir_all(out).map_err(io(out))?;
-        for entry in std::fs::read_dir(&input).map_err(io(&input))? {
-            let entry = entry.map_err(io(&input))?;
+        for entry in std::fs::read_dir(source).map_err(io(source))? {
+            let entry = entry.map_err(io(source))?;
             std::fs::copy(entry.path(), out.join(entry.file_name())).map_err(io(&entry.path()))?;
         }
     } else {
-        std::fs::copy(&input, out).map_err(io(&input))?;
+        std::fs::copy(source, out).map_err(io(source))?;
     }
     Ok(out.to_owned())
 }
@@ -161,11 +212,161 @@ fn write_at(f: &mut File, path: &Path, offset: u64, bytes: &[u8]) -> Result<(), 
     f.write_all(bytes).map_err(io(path))
 }
 
+fn open_cached<'a>(files: &'a mut Vec<(PathBuf, File)>, path: &Path, write: bool) -> Result<&'a mut File, InjectError> {
+    if let Some(i) = files.iter().position(|(p, _)| p == path) {
+        return Ok(&mut files[i].1);
+    }
+    let f = OpenOptions::new().read(true).write(write).open(path).map_err(io(path))?;
+    files.push((path.to_owned(), f));
+    Ok(&mut files.last_mut().expect("just pushed").1)
+}
+
+/// One element to change: (tensor index, row-major element index).
+type Edit = (usize, u64);
+
+/// The changes to make, worked out from the bytes before anything is written.
+#[derive(Default)]
+struct Staged {
+    /// (tensor index, absolute offset, new bytes) of each element.
+    writes: Vec<(usize, u64, Vec<u8>)>,
+    /// The old bytes of each element, in the order of the edits.
+    old: Vec<Vec<u8>>,
+    /// The tensors changed.
+    touched: BTreeSet<usize>,
+    /// Checksums of the changed tensors of a Steadfast checkpoint after the change.
+    sums: BTreeMap<String, u64>,
+    /// Changed tensors whose bytes did not match their checksum before the change.
+    corrupt: Vec<String>,
+}
+
+/// The manifest's checksum of each tensor (hex), for a Steadfast checkpoint `dir`.
+fn manifest_sums(located: &Located, dir: &Path) -> Result<Option<HashMap<String, String>>, InjectError> {
+    if located.format != Format::Steadfast {
+        return Ok(None);
+    }
+    let c = ckpt::reader::open(dir)?;
+    Ok(Some(c.manifest.tensors.into_iter().map(|t| (t.name, t.xxh3)).collect()))
+}
+
+/// Reads the elements of `edits` (grouped by tensor, no element twice) and asks `change`
+/// for each one's new bytes, given its position in `edits` and its old bytes. A tensor
+/// with a manifest checksum in `sums` is read whole, checked against it as it is read,
+/// changed in memory and checksummed again. Writes nothing.
+fn stage(
+    located: &Located,
+    sums: Option<&HashMap<String, String>>,
+    edits: &[Edit],
+    mut change: impl FnMut(usize, &[u8]) -> Result<Vec<u8>, InjectError>,
+) -> Result<Staged, InjectError> {
+    let mut files: Vec<(PathBuf, File)> = Vec::new();
+    let mut staged = Staged::default();
+    let mut k = 0;
+    while k < edits.len() {
+        let i = edits[k].0;
+        let end = k + edits[k..].iter().take_while(|e| e.0 == i).count();
+        let t = &located.tensors[i];
+        if !staged.touched.insert(i) {
+            return Err(InjectError::Mismatch(format!("the flips of tensor {} are not grouped", t.name)));
+        }
+        let size = t.dtype.size();
+        let f = open_cached(&mut files, &t.file, false)?;
+        let expected = match (&t.integrity, sums) {
+            (Integrity::Manifest, Some(sums)) => Some(
+                sums.get(&t.name)
+                    .ok_or_else(|| InjectError::Mismatch(format!("tensor {} is missing from the manifest", t.name)))?,
+            ),
+            _ => None,
+        };
+        let mut whole = match expected {
+            Some(expected) => {
+                let file_len = f.metadata().map_err(io(&t.file))?.len();
+                let len = usize::try_from(t.len).ok().filter(|_| t.offset.saturating_add(t.len) <= file_len);
+                let len = len.ok_or_else(|| {
+                    InjectError::Mismatch(format!(
+                        "tensor {}: {} bytes at {} lie outside {} ({file_len} bytes)",
+                        t.name,
+                        t.len,
+                        t.offset,
+                        t.file.display()
+                    ))
+                })?;
+                let bytes = read_at(f, &t.file, t.offset, len)?;
+                if ckpt::manifest::hex64(ckpt::checksum(&bytes)) != *expected {
+                    staged.corrupt.push(t.name.clone());
+                }
+                Some(bytes)
+            }
+            None => None,
+        };
+        let mut seen = BTreeSet::new();
+        for (j, &(_, element)) in edits.iter().enumerate().take(end).skip(k) {
+            let stored = t
+                .storage_index(element)
+                .ok_or_else(|| InjectError::Mismatch(format!("tensor {} has no element {element}", t.name)))?;
+            if !seen.insert(element) {
+                return Err(InjectError::Mismatch(format!("element {element} of {} is listed twice", t.name)));
+            }
+            let at = stored * size as u64;
+            let offset = t.offset + at;
+            // Where the element lies in `whole`, when the tensor was read whole (then its
+            // length fits in memory, and so does `at`).
+            let at = at as usize;
+            let old = match &whole {
+                Some(b) => b[at..at + size].to_vec(),
+                None => read_at(f, &t.file, offset, size)?,
+            };
+            let new = change(j, &old)?;
+            if new.len() != size {
+                return Err(InjectError::Mismatch(format!(
+                    "element {element} of {} is {size} bytes, not {}",
+                    t.name,
+                    new.len()
+                )));
+            }
+            if let Some(b) = &mut whole {
+                b[at..at + size].copy_from_slice(&new);
+            }
+            staged.old.push(old);
+            staged.writes.push((i, offset, new));
+        }
+        if let Some(b) = whole {
+            staged.sums.insert(t.name.clone(), ckpt::checksum(&b));
+        }
+        k = end;
+    }
+    Ok(staged)
+}
+
+/// Writes `staged` into the files of `located` and fsyncs them.
+fn write_staged(located: &Located, staged: &Staged) -> Result<(), InjectError> {
+    let mut files: Vec<(PathBuf, File)> = Vec::new();
+    for (i, offset, bytes) in &staged.writes {
+        let path = &located.tensors[*i].file;
+        let f = open_cached(&mut files, path, true)?;
+        write_at(f, path, *offset, bytes)?;
+    }
+    for (path, f) in &files {
+        f.sync_all().map_err(io(path))?;
+    }
+    Ok(())
+}
+
+/// Refuses `staged` if it alters tensors that already failed their checksums (other than
+/// `expected`), unless `allow`.
+fn refuse_corrupt(dir: &Path, staged: &Staged, expected: &[String], allow: bool) -> Result<(), InjectError> {
+    let new: Vec<String> = staged.corrupt.iter().filter(|t| !expected.contains(t)).cloned().collect();
+    if new.is_empty() || allow {
+        return Ok(());
+    }
+    Err(InjectError::CorruptInput { path: dir.to_owned(), tensors: new })
+}
+
 /// Flips bits in `input` as `spec` says; returns the log (the caller saves it).
 pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<InjectionLog, InjectError> {
-    // Plan on the input, so that a fault that cannot be planned leaves no copy behind; a
-    // copy has the same layout, so only the paths change.
-    let source = if input.is_dir() { ckpt::reader::resolve(input)? } else { input.to_owned() };
+    // Plan and read on the input, so that a fault that cannot be planned, or an input
+    // that is already corrupt, leaves no copy behind; a copy has the same layout, so only
+    // the paths change.
+    let source = source_of(input)?;
     let mut located = locate(&source)?;
     let candidates: Vec<Candidate<'_>> = located
         .tensors
@@ -173,42 +374,40 @@ pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<
         .map(|t| Candidate { name: &t.name, role: t.role, dtype: t.dtype, elements: t.elements() })
         .collect();
     let flips = plan(&candidates, spec)?;
+    let edits: Vec<Edit> = flips.iter().map(|f| (f.tensor, f.element)).collect();
+    let sums = manifest_sums(&located, &source)?;
+    let staged = stage(&located, sums.as_ref(), &edits, |j, old| {
+        let mut new = old.to_vec();
+        crate::bits::flip_le(&mut new, &flips[j].bits);
+        Ok(new)
+    })?;
+    refuse_corrupt(&source, &staged, &[], options.allow_corrupt_input)?;
+
     let target = prepare(&source, options.out.as_deref())?;
     located.rebase(&source, &target);
-    let mut records = Vec::with_capacity(flips.len());
-    let mut touched = BTreeSet::new();
-    let mut files: Vec<(PathBuf, File)> = Vec::new();
-    for f in &flips {
-        let t = &located.tensors[f.tensor];
-        let size = t.dtype.size();
-        let offset = t.offset + f.element * size as u64;
-        let file = open_cached(&mut files, &t.file)?;
-        let old = read_at(file, &t.file, offset, size)?;
-        let mut new = old.clone();
-        for &b in &f.bits {
-            new[(b / 8) as usize] ^= 1 << (b % 8);
-        }
-        write_at(file, &t.file, offset, &new)?;
-        touched.insert(f.tensor);
-        records.push(FlipRecord {
-            tensor: t.name.clone(),
-            role: t.role.as_str().to_owned(),
-            dtype: t.dtype.name().to_owned(),
-            element: f.element,
-            bits: f.bits.clone(),
-            file: record_file(&target, t),
-            byte_offset: offset,
-            old_value: value_text(t.dtype, &old),
-            new_value: value_text(t.dtype, &new),
-            old_bytes: hex_bytes(&old),
-            new_bytes: hex_bytes(&new),
-        });
-    }
-    for (path, f) in &files {
-        f.sync_all().map_err(io(path))?;
-    }
-    drop(files);
-    let checksums = fix_integrity(&target, &located, &touched, options.keep_checksums)?;
+    write_staged(&located, &staged)?;
+    let records = flips
+        .iter()
+        .zip(&staged.writes)
+        .zip(&staged.old)
+        .map(|((f, (_, offset, new)), old)| {
+            let t = &located.tensors[f.tensor];
+            FlipRecord {
+                tensor: t.name.clone(),
+                role: t.role.as_str().to_owned(),
+                dtype: t.dtype.name().to_owned(),
+                element: f.element,
+                bits: f.bits.clone(),
+                file: record_file(&target, t),
+                byte_offset: *offset,
+                old_value: value_text(t.dtype, old),
+                new_value: value_text(t.dtype, new),
+                old_bytes: hex_bytes(old),
+                new_bytes: hex_bytes(new),
+            }
+        })
+        .collect();
+    let checksums = fix_integrity(&target, &located, &staged, options.keep_checksums)?;
     Ok(InjectionLog {
         version: LOG_VERSION,
         target: target.display().to_string(),
@@ -216,6 +415,7 @@ pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<
         spec: describe(spec),
         seed: spec.seed,
         checksums,
+        corrupt_input: staged.corrupt,
         flips: records,
     })
 }
@@ -234,34 +434,19 @@ fn describe(spec: &FlipSpec) -> String {
     )
 }
 
-fn open_cached<'a>(files: &'a mut Vec<(PathBuf, File)>, path: &Path) -> Result<&'a mut File, InjectError> {
-    if let Some(i) = files.iter().position(|(p, _)| p == path) {
-        return Ok(&mut files[i].1);
-    }
-    let f = OpenOptions::new().read(true).write(true).open(path).map_err(io(path))?;
-    files.push((path.to_owned(), f));
-    Ok(&mut files.last_mut().expect("just pushed").1)
-}
-
-/// Updates what the format records about the `touched` tensors' bytes; returns what
-/// happened to checksums (`rewritten`, `kept` or `none`).
+/// Updates what the format records about the staged tensors' bytes; returns what
+/// happened to checksums (`rewritten`, `kept` or `none`). A tensor that failed its
+/// checksum before the change keeps it.
 fn fix_integrity(
     target: &Path,
     located: &Located,
-    touched: &BTreeSet<usize>,
+    staged: &Staged,
     keep_checksums: bool,
 ) -> Result<String, InjectError> {
     let mut members = BTreeSet::new();
-    let mut in_manifest = BTreeSet::new();
-    for &i in touched {
-        match located.tensors[i].integrity {
-            Integrity::ZipCrc(m) => {
-                members.insert(m);
-            }
-            Integrity::Manifest => {
-                in_manifest.insert(located.tensors[i].name.as_str());
-            }
-            Integrity::None => {}
+    for &i in &staged.touched {
+        if let Integrity::ZipCrc(m) = located.tensors[i].integrity {
+            members.insert(m);
         }
     }
     if let Some(archive) = &located.archive {
@@ -273,8 +458,14 @@ fn fix_integrity(
     Ok(match located.format {
         Format::Steadfast if keep_checksums => "kept".into(),
         Format::Steadfast => {
-            if !in_manifest.is_empty() {
-                rewrite_manifest(target, &in_manifest)?;
+            let fresh: BTreeMap<&str, u64> = staged
+                .sums
+                .iter()
+                .filter(|(name, _)| !staged.corrupt.contains(name))
+                .map(|(name, sum)| (name.as_str(), *sum))
+                .collect();
+            if !fresh.is_empty() {
+                rewrite_manifest(target, &fresh)?;
             }
             "rewritten".into()
         }
@@ -283,18 +474,16 @@ fn fix_integrity(
     })
 }
 
-/// Recomputes the checksums of the `altered` tensors of the checkpoint in `dir` from the
-/// bytes on disk and replaces its manifest atomically.
-fn rewrite_manifest(dir: &Path, altered: &BTreeSet<&str>) -> Result<(), InjectError> {
+/// Sets the checksums of the tensors in `fresh` in the manifest of the checkpoint in
+/// `dir`, and replaces the manifest atomically.
+fn rewrite_manifest(dir: &Path, fresh: &BTreeMap<&str, u64>) -> Result<(), InjectError> {
     let c = ckpt::reader::open(dir)?;
     let m = &c.manifest;
     let mut tensors = m.tensors.clone();
-    let mut files: Vec<(PathBuf, File)> = Vec::new();
-    for t in tensors.iter_mut().filter(|t| altered.contains(t.name.as_str())) {
-        let path = dir.join(&t.file);
-        let f = open_cached(&mut files, &path)?;
-        let bytes = read_at(f, &path, t.offset, t.length as usize)?;
-        t.xxh3 = ckpt::manifest::hex64(ckpt::checksum(&bytes));
+    for t in &mut tensors {
+        if let Some(sum) = fresh.get(t.name.as_str()) {
+            t.xxh3 = ckpt::manifest::hex64(*sum);
+        }
     }
     let fresh = ckpt::Manifest::new(m.meta.clone(), m.files.clone(), tensors);
     let tmp = dir.join("manifest.json.tmp");
@@ -313,83 +502,105 @@ enum Direction {
     Undo,
 }
 
-/// Applies the flips of `log` to `target` (the log's own target if `None`) again. Every
-/// element must hold the log's `old_bytes` first.
+/// Applies the flips of `log` to `target` (the log's own target if `None`) again, or to
+/// a copy of it at `options.out`. Every element must hold the log's `old_bytes` first.
 pub fn replay(log: &InjectionLog, target: Option<&Path>, options: &InjectOptions) -> Result<InjectionLog, InjectError> {
     let target = target.map_or_else(|| PathBuf::from(&log.target), Path::to_owned);
-    let target = prepare(&target, options.out.as_deref())?;
-    apply(log, &target, Direction::Redo, options.keep_checksums || log.checksums == "kept")?;
-    Ok(InjectionLog { target: target.display().to_string(), ..log.clone() })
+    let keep = options.keep_checksums || log.checksums == "kept";
+    let (target, corrupt) = apply(log, &target, Direction::Redo, keep, options)?;
+    Ok(InjectionLog { target: target.display().to_string(), corrupt_input: corrupt, ..log.clone() })
 }
 
-/// Restores the bytes `log` altered in `target` (the log's own target if `None`). Every
-/// element must hold the log's `new_bytes` first.
-pub fn undo(log: &InjectionLog, target: Option<&Path>) -> Result<(), InjectError> {
+/// Restores the bytes `log` altered in `target` (the log's own target if `None`), or in
+/// a copy of it at `options.out`. Every element must hold the log's `new_bytes` first.
+pub fn undo(log: &InjectionLog, target: Option<&Path>, options: &InjectOptions) -> Result<(), InjectError> {
     let target = target.map_or_else(|| PathBuf::from(&log.target), Path::to_owned);
-    let target = prepare(&target, None)?;
-    apply(log, &target, Direction::Undo, log.checksums == "kept")
+    apply(log, &target, Direction::Undo, log.checksums == "kept", options)?;
+    Ok(())
 }
 
-fn apply(log: &InjectionLog, target: &Path, direction: Direction, keep_checksums: bool) -> Result<(), InjectError> {
+/// Applies `log` to `target` in `direction`; returns the path altered and the tensors
+/// that failed their checksums before the change.
+fn apply(
+    log: &InjectionLog,
+    target: &Path,
+    direction: Direction,
+    keep_checksums: bool,
+    options: &InjectOptions,
+) -> Result<(PathBuf, Vec<String>), InjectError> {
     if log.version != LOG_VERSION {
         return Err(InjectError::Mismatch(format!("log version {} is not {LOG_VERSION}", log.version)));
     }
-    let located = locate(target)?;
+    let source = source_of(target)?;
+    let mut located = locate(&source)?;
     if located.format.name() != log.format {
         return Err(InjectError::Mismatch(format!(
             "{} is {}, the log is for {}",
-            target.display(),
+            source.display(),
             located.format.name(),
             log.format
         )));
     }
-    // Check everything before changing anything.
-    let mut plan = Vec::new();
-    let mut files: Vec<(PathBuf, File)> = Vec::new();
-    let mut touched = BTreeSet::new();
-    let by_name: std::collections::HashMap<&str, usize> =
-        located.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
+    let by_name: HashMap<&str, usize> = located.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
+    let mut edits = Vec::with_capacity(log.flips.len());
     for r in &log.flips {
         let i = *by_name
             .get(r.tensor.as_str())
-            .ok_or_else(|| InjectError::Mismatch(format!("{} has no tensor {}", target.display(), r.tensor)))?;
+            .ok_or_else(|| InjectError::Mismatch(format!("{} has no tensor {}", source.display(), r.tensor)))?;
         let t = &located.tensors[i];
-        let dtype = DType::from_name(&r.dtype).filter(|d| *d == t.dtype).ok_or_else(|| {
-            InjectError::Mismatch(format!("tensor {} is {}, the log says {}", r.tensor, t.dtype.name(), r.dtype))
-        })?;
-        if r.element >= t.elements() {
-            return Err(InjectError::Mismatch(format!("tensor {} has no element {}", r.tensor, r.element)));
+        if DType::from_name(&r.dtype) != Some(t.dtype) {
+            return Err(InjectError::Mismatch(format!(
+                "tensor {} is {}, the log says {}",
+                r.tensor,
+                t.dtype.name(),
+                r.dtype
+            )));
         }
-        let offset = t.offset + r.element * dtype.size() as u64;
-        let (expect, write) = match direction {
-            Direction::Redo => (&r.old_bytes, &r.new_bytes),
-            Direction::Undo => (&r.new_bytes, &r.old_bytes),
+        edits.push((i, r.element));
+    }
+    // The log lists flips by tensor; group them so that each tensor is read once.
+    let mut order: Vec<usize> = (0..edits.len()).collect();
+    order.sort_by_key(|&k| edits[k]);
+    let edits: Vec<Edit> = order.iter().map(|&k| edits[k]).collect();
+    // A log whose checksums were kept leaves the altered tensors failing on purpose:
+    // there is nothing to check before undoing it.
+    let sums = match direction {
+        Direction::Undo if keep_checksums => None,
+        _ => manifest_sums(&located, &source)?,
+    };
+    let staged = stage(&located, sums.as_ref(), &edits, |j, now| {
+        let r = &log.flips[order[j]];
+        let hex = |text: &str| {
+            parse_hex(text).map_err(|source| InjectError::BadLog {
+                tensor: r.tensor.clone(),
+                element: r.element,
+                source,
+            })
         };
-        let (expect, write) = (parse_hex(expect)?, parse_hex(write)?);
-        let f = open_cached(&mut files, &t.file)?;
-        let now = read_at(f, &t.file, offset, dtype.size())?;
+        let (expect, write) = match direction {
+            Direction::Redo => (hex(&r.old_bytes)?, hex(&r.new_bytes)?),
+            Direction::Undo => (hex(&r.new_bytes)?, hex(&r.old_bytes)?),
+        };
         if now != expect {
             return Err(InjectError::Mismatch(format!(
                 "element {} of {} holds {}, the log expects {}: this is not the file the log was made on \
                  (or it was already {})",
                 r.element,
                 r.tensor,
-                hex_bytes(&now),
+                hex_bytes(now),
                 hex_bytes(&expect),
                 if direction == Direction::Redo { "altered" } else { "restored" }
             )));
         }
-        plan.push((t.file.clone(), offset, write));
-        touched.insert(i);
-    }
-    for (path, offset, bytes) in &plan {
-        let f = open_cached(&mut files, path)?;
-        write_at(f, path, *offset, bytes)?;
-    }
-    for (path, f) in &files {
-        f.sync_all().map_err(io(path))?;
-    }
-    drop(files);
-    fix_integrity(target, &located, &touched, keep_checksums)?;
-    Ok(())
+        Ok(write)
+    })?;
+    // Undoing: the tensors the log says were corrupt before it still are, as expected.
+    let expected = if direction == Direction::Undo { log.corrupt_input.as_slice() } else { &[] };
+    refuse_corrupt(&source, &staged, expected, options.allow_corrupt_input)?;
+
+    let target = prepare(&source, options.out.as_deref())?;
+    located.rebase(&source, &target);
+    write_staged(&located, &staged)?;
+    fix_integrity(&target, &located, &staged, keep_checksums)?;
+    Ok((target, staged.corrupt))
 }

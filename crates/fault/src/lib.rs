@@ -15,9 +15,9 @@
 //! use fault::{BitClass, flip_f32};
 //!
 //! // Flipping the sign bit negates.
-//! assert_eq!(flip_f32(1.5, 31), -1.5);
+//! assert_eq!(flip_f32(1.5, &[31]), -1.5);
 //! // The most significant exponent bit of 1.0 turns it into infinity.
-//! assert_eq!(flip_f32(1.0, 30), f32::INFINITY);
+//! assert_eq!(flip_f32(1.0, &[30]), f32::INFINITY);
 //! assert_eq!(BitClass::Exponent.bits_f32(), 23..31);
 //! ```
 #![forbid(unsafe_code)]
@@ -30,4 +30,4 @@ pub mod live;
 pub mod plan;
 pub mod value;
 
-pub use bits::{BitClass, BitSpec, flip_f32};
+pub use bits::{BitClass, BitSpec, flip_f32, flip_le};

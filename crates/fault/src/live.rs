@@ -104,8 +104,7 @@ impl LiveFault {
                 let (name, _, data) = &mut tensors[f.tensor];
                 let x = &mut data[f.element as usize];
                 let old = *x;
-                let mask = f.bits.iter().fold(0u32, |m, &b| m | (1 << b));
-                *x = f32::from_bits(old.to_bits() ^ mask);
+                *x = crate::bits::flip_f32(old, &f.bits);
                 LiveFlip { tensor: (*name).to_owned(), element: f.element, bits: f.bits, old, new: *x }
             })
             .collect())

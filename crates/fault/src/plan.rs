@@ -67,7 +67,7 @@ pub struct Candidate<'a> {
 pub struct ElementFlip {
     /// Index of the tensor among the candidates.
     pub tensor: usize,
-    /// Element index in storage order.
+    /// Element index in row-major order (the index into the flattened tensor).
     pub element: u64,
     /// Bit positions (0 = least significant), ascending.
     pub bits: Vec<u32>,

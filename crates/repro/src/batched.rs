@@ -163,17 +163,35 @@ fn finish_one(a: i64, e: u8, s: i32) -> f32 {
 /// their fixed-point values. For a distributed sum, run the two phases through an
 /// all-reduce instead (see [`encode`] and [`decode`]).
 pub fn sum_parts(parts: &[&[f32]], headroom: u32) -> Vec<f32> {
+    let mut out = vec![0.0; parts.first().map_or(0, |p| p.len())];
+    sum_parts_into(parts, headroom, &mut out, &mut Scratch::default());
+    out
+}
+
+/// The working buffers of [`sum_parts_into`], kept between calls so that a training loop
+/// that sums gradients of one size every step allocates only on the first.
+#[derive(Clone, Debug, Default)]
+pub struct Scratch {
+    exps: Vec<u8>,
+    acc: Vec<i64>,
+}
+
+/// [`sum_parts`] into `out` (the length of every part), reusing `scratch`.
+pub fn sum_parts_into<P: AsRef<[f32]>>(parts: &[P], headroom: u32, out: &mut [f32], scratch: &mut Scratch) {
     assert!(parts.len() as u64 <= 1u64 << headroom, "{} parts exceed the headroom of 2^{headroom}", parts.len());
-    let n = parts.first().map_or(0, |p| p.len());
-    let mut exps = vec![0u8; n];
+    let n = out.len();
+    let Scratch { exps, acc } = scratch;
+    exps.clear();
+    exps.resize(n, 0);
     for p in parts {
-        max_exponents(&mut exps, p);
+        max_exponents(exps, p.as_ref());
     }
-    let mut acc = vec![0i64; n];
+    acc.clear();
+    acc.resize(n, 0);
     for p in parts {
-        add_fixed(&mut acc, p, &exps, headroom);
+        add_fixed(acc, p.as_ref(), exps, headroom);
     }
-    finish(&acc, &exps, headroom)
+    finish_into(acc, exps, headroom, out);
 }
 
 /// Wire format of a phase-2 accumulator: magic `RBS1`, headroom (u8), element count (u64

@@ -11,29 +11,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ckpt::{DataCursor, Meta, Retention, RngState, TensorData, TensorRef};
+use ckpt::{DataCursor, Meta, RngState, TensorData, TensorRef};
 
-use crate::TrainConfig;
+use crate::config::TrainConfig;
 use crate::data::sampler::Sampler;
 use crate::error::TrainError;
-use crate::optim::Optimizer;
-use crate::state::NamedTensor;
+use crate::step::TrainState;
 
 /// Name of the optimizer-update scalar in the manifest.
 const UPDATES: &str = "optimizer.updates";
-
-/// Where and how often to checkpoint.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CheckpointConfig {
-    /// Root directory of the checkpoints.
-    pub dir: PathBuf,
-    /// Checkpoint after every this many steps (the last step is always checkpointed).
-    pub every: u64,
-    /// Which checkpoints to keep.
-    pub retention: Retention,
-    /// Shard files written in parallel.
-    pub shards: usize,
-}
 
 /// The hash of everything that determines a run's trajectory (not its length, not where
 /// it writes): a checkpoint only resumes a run with the same hash.
@@ -59,13 +45,13 @@ pub fn config_hash(c: &TrainConfig) -> u64 {
     ckpt::checksum(text.as_bytes())
 }
 
-/// The manifest metadata of the state after `step` steps.
-pub fn meta(config: &TrainConfig, sampler: &Sampler, step: u64, optimizer: &Optimizer) -> Meta {
-    let next = sampler.position(step);
+/// The manifest metadata of `state`, written by a job of `world` workers.
+pub fn meta(config: &TrainConfig, sampler: &Sampler, state: &TrainState, world: usize) -> Meta {
+    let next = sampler.position(state.step);
     Meta {
-        step,
+        step: state.step,
         epoch: next.epoch,
-        world_size: 1,
+        world_size: world as u32,
         config_hash: format!("{:016x}", config_hash(config)),
         rng: RngState { algorithm: "philox4x32-10".into(), seed: config.seed },
         data_cursor: DataCursor {
@@ -73,30 +59,67 @@ pub fn meta(config: &TrainConfig, sampler: &Sampler, step: u64, optimizer: &Opti
             step_in_epoch: next.step_in_epoch,
             global_batch: sampler.global_batch() as u64,
         },
-        scalars: BTreeMap::from([(UPDATES.to_owned(), optimizer.updates())]),
+        scalars: BTreeMap::from([(UPDATES.to_owned(), state.optimizer.updates())]),
     }
 }
 
 /// Borrowed views of the state, in registry order, for the writer.
-pub fn tensor_refs<'a>(params: &'a [NamedTensor], slots: &'a [NamedTensor]) -> Vec<TensorRef<'a>> {
-    params
-        .iter()
-        .chain(slots)
-        .map(|t| TensorRef { name: &t.name, role: t.role, shape: &t.shape, data: &t.data })
-        .collect()
+pub fn tensor_refs(state: &TrainState) -> Vec<TensorRef<'_>> {
+    state.tensors().map(|t| TensorRef { name: &t.name, role: t.role, shape: &t.shape, data: &t.data }).collect()
 }
 
-/// Restores parameters and optimizer state from the checkpoint that `path` resolves to.
-/// Returns the checkpoint's step and directory.
-pub fn restore(
-    path: &Path,
-    config: &TrainConfig,
-    params: &mut [NamedTensor],
-    optimizer: &mut Optimizer,
-) -> Result<(u64, PathBuf), TrainError> {
-    let dir = ckpt::reader::resolve(path)?;
-    let c = ckpt::reader::open(&dir)?;
-    let resume_err = |reason: String| TrainError::Resume { path: dir.clone(), reason };
+/// Where a run resumed from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Restored {
+    /// The checkpoint's step.
+    pub step: u64,
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// Newer checkpoints that were passed over because their data does not verify, newest
+    /// first, each with the reason.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Restores `state` from the checkpoint that `path` names. A checkpoint directory is
+/// loaded as is; a checkpoint root resolves to its newest committed checkpoint, and if
+/// that one's data does not verify (a corrupt or truncated shard), to the newest older
+/// one that does: each one passed over is logged as an error and listed in the result.
+/// A checkpoint of another configuration is never passed over: it stops the run.
+pub fn restore(path: &Path, config: &TrainConfig, state: &mut TrainState) -> Result<Restored, TrainError> {
+    if path.join(ckpt::manifest::MANIFEST_FILE).exists() {
+        let step = restore_from(path, config, state)?;
+        return Ok(Restored { step, dir: path.to_owned(), skipped: Vec::new() });
+    }
+    let newest = ckpt::reader::resolve(path)?;
+    let newest_step = ckpt::store::parse_step_dir(&newest.file_name().unwrap_or_default().to_string_lossy());
+    let older = ckpt::store::list(path)?
+        .into_iter()
+        .rev()
+        .filter(|(step, _)| newest_step.is_some_and(|n| *step < n))
+        .map(|(_, dir)| dir);
+    let mut skipped = Vec::new();
+    for dir in std::iter::once(newest).chain(older) {
+        match restore_from(&dir, config, state) {
+            Ok(step) => return Ok(Restored { step, dir, skipped }),
+            Err(TrainError::Checkpoint(e)) => {
+                tracing::error!(dir = %dir.display(), "checkpoint does not verify, trying the one before it: {e}");
+                skipped.push((dir, e.to_string()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let reasons: Vec<String> = skipped.iter().map(|(d, r)| format!("{}: {r}", d.display())).collect();
+    Err(TrainError::Resume {
+        path: path.to_owned(),
+        reason: format!("no checkpoint under it verifies ({})", reasons.join("; ")),
+    })
+}
+
+/// Restores `state` from checkpoint directory `dir`; returns its step. `state` is left
+/// untouched unless every tensor verified and fits.
+fn restore_from(dir: &Path, config: &TrainConfig, state: &mut TrainState) -> Result<u64, TrainError> {
+    let c = ckpt::reader::open(dir)?;
+    let resume_err = |reason: String| TrainError::Resume { path: dir.to_owned(), reason };
     let want = format!("{:016x}", config_hash(config));
     if c.manifest.meta.config_hash != want {
         return Err(resume_err(format!(
@@ -107,23 +130,28 @@ pub fn restore(
     }
     let updates = *c.manifest.meta.scalars.get(UPDATES).ok_or_else(|| resume_err(format!("no {UPDATES} scalar")))?;
     let loaded = c.load()?;
-    let expected = params.len() + optimizer.slots().len();
+    let expected = state.tensors().count();
     if loaded.len() != expected {
         return Err(resume_err(format!("it holds {} tensors, this run has {expected}", loaded.len())));
     }
-    let targets = params.iter_mut().chain(optimizer.slots_mut().iter_mut());
-    for (t, l) in targets.zip(&loaded) {
+    for (t, l) in state.tensors().zip(&loaded) {
         if t.name != l.name || t.shape != l.shape || t.role != l.role {
             return Err(resume_err(format!(
                 "tensor {} {:?} ({}) where this run has {} {:?} ({})",
                 l.name, l.shape, l.role, t.name, t.shape, t.role
             )));
         }
-        let TensorData::F32(data) = &l.data else {
+        if !matches!(l.data, TensorData::F32(_)) {
             return Err(resume_err(format!("tensor {} is {}, not F32", l.name, l.dtype)));
-        };
-        t.data.copy_from_slice(data);
+        }
+    }
+    let TrainState { params, optimizer, step } = state;
+    for (t, l) in params.iter_mut().chain(optimizer.slots_mut().iter_mut()).zip(&loaded) {
+        if let TensorData::F32(data) = &l.data {
+            t.data.copy_from_slice(data);
+        }
     }
     optimizer.set_updates(updates);
-    Ok((c.manifest.meta.step, dir))
+    *step = c.manifest.meta.step;
+    Ok(c.manifest.meta.step)
 }

@@ -103,6 +103,15 @@ pub enum TrainError {
     /// A `--inject` fault cannot be applied.
     #[error("cannot inject: {0}")]
     Inject(#[from] fault::plan::PlanError),
+    /// The summed gradient has NaN or Inf elements under a finite loss: applying it would
+    /// poison the parameters.
+    #[error("training diverged at step {step}: the summed gradient has NaN or Inf elements (loss {loss})")]
+    GradientNotFinite {
+        /// The step.
+        step: u64,
+        /// The loss value.
+        loss: f32,
+    },
     /// The model produced a non-finite loss.
     #[error("training diverged at step {step}: loss is {loss}")]
     Diverged {

@@ -11,8 +11,15 @@
 //! - [`optim`]: SGD and AdamW over flat f32 buffers;
 //! - [`state`]: the state registry (named tensors `model.*` and `optim.*`) and its
 //!   fingerprint;
-//! - [`trainer`]: the step loop with gradient accumulation over micro-batches;
+//! - [`step`]: the one training step that every runner takes: the [`TrainState`], the
+//!   phases (compute gradients into a flat [`GradBuffer`](step::GradBuffer), reduce,
+//!   vote, update) and the [`Hooks`](step::Hooks) where faults and detectors attach;
+//! - [`config`]: what defines a run ([`TrainConfig`]) and where it runs ([`DistConfig`]);
+//! - [`trainer`]: the step loop of one process or one rank of a job, with evaluation,
+//!   checkpoints and `metrics.jsonl` ([`metrics`]); [`job`] is a rank's side of the
+//!   collectives;
 //! - [`checkpointing`]: what a checkpoint of a run holds, and exact resumption;
+//! - [`vocabulary`]: the one text form of each configuration kind ([`Word`]);
 //! - [`campaign`]: fault-injection campaigns against a golden run, in memory.
 //!
 //! ```no_run
@@ -29,12 +36,20 @@
 
 pub mod campaign;
 pub mod checkpointing;
+pub mod config;
 pub mod data;
 pub mod error;
+pub mod job;
+pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod state;
+pub mod step;
 pub mod trainer;
+pub mod vocabulary;
 
+pub use config::{CheckpointConfig, DistConfig, TrainConfig};
 pub use error::{ConfigError, DataError, TrainError};
-pub use trainer::{DistConfig, EvalReport, Event, FinalState, Summary, TrainConfig, train};
+pub use step::TrainState;
+pub use trainer::{EvalReport, Event, Summary, train};
+pub use vocabulary::{UnknownWord, Word};

@@ -44,31 +44,6 @@ pub fn views(tensors: &mut [NamedTensor]) -> Vec<(&str, Role, &mut [f32])> {
     tensors.iter_mut().map(|t| (t.name.as_str(), t.role, t.data.as_mut_slice())).collect()
 }
 
-/// A flat buffer laid out like `like` (a gradient of the parameters), cut into views
-/// named after them.
-pub fn flat_views<'a>(flat: &'a mut [f32], like: &'a [NamedTensor]) -> Vec<(&'a str, Role, &'a mut [f32])> {
-    let mut rest = flat;
-    like.iter()
-        .map(|t| {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(t.data.len());
-            rest = tail;
-            (t.name.as_str(), t.role, head)
-        })
-        .collect()
-}
-
-/// Cuts a flat buffer laid out like `like` into one vector per tensor.
-pub fn split_like(flat: &[f32], like: &[NamedTensor]) -> Vec<Vec<f32>> {
-    let mut rest = flat;
-    like.iter()
-        .map(|t| {
-            let (head, tail) = rest.split_at(t.data.len());
-            rest = tail;
-            head.to_vec()
-        })
-        .collect()
-}
-
 /// Fingerprint of tensors in registry order together with the step counter; see
 /// [`repro::fingerprint`].
 pub fn fingerprint<'a>(step: u64, tensors: impl IntoIterator<Item = &'a NamedTensor>) -> u64 {

@@ -4,7 +4,7 @@
 mod common;
 
 use common::tiny;
-use train::checkpointing::CheckpointConfig;
+use train::CheckpointConfig;
 use train::model::ModelKind;
 use train::optim::OptimKind;
 use train::{TrainConfig, TrainError};
@@ -81,4 +81,71 @@ fn a_corrupt_checkpoint_is_never_loaded() {
     resumed.resume = Some(dir);
     let err = train::train(&resumed, &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("optim.model.fc2.weight.exp_avg") && err.contains("corrupt"), "{err}");
+}
+
+/// Flips one bit of `tensor`'s bytes in checkpoint `dir`.
+fn corrupt(dir: &std::path::Path, tensor: &str) {
+    let m = ckpt::reader::open(dir).unwrap().manifest;
+    let t = m.tensors.iter().find(|t| t.name == tensor).unwrap();
+    let shard = dir.join(&t.file);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[t.offset as usize + 5] ^= 0x10;
+    std::fs::write(&shard, bytes).unwrap();
+}
+
+#[test]
+fn resuming_from_a_root_falls_back_past_a_corrupt_newest_checkpoint_and_says_so() {
+    let mut c = tiny(ModelKind::Mlp);
+    c.steps = 6;
+    let uninterrupted = fingerprint(&c);
+    let root = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut first = with_checkpoints(c.clone(), root.path(), 2);
+    first.steps = 5; // checkpoints at 2, 4 and 5
+    fingerprint(&first);
+    corrupt(&root.path().join("step-00000005"), "model.fc1.weight");
+    let latest_before = std::fs::read(root.path().join("LATEST")).unwrap();
+
+    let mut resumed = with_checkpoints(c.clone(), root.path(), 100);
+    resumed.resume = Some(root.path().to_owned());
+    resumed.out_dir = Some(out.path().to_owned());
+    let (summary, _) = train::train(&resumed, &mut |_| {}).unwrap();
+    assert_eq!(summary.resumed_from, 4, "the newest checkpoint that verifies");
+    assert_eq!(summary.fingerprint, uninterrupted);
+    let metrics = std::fs::read_to_string(out.path().join("metrics.jsonl")).unwrap();
+    let fallback: serde_json::Value = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["kind"] == "resume_fallback")
+        .expect("a resume_fallback line in metrics.jsonl");
+    assert!(fallback["skipped"].as_str().unwrap().ends_with("step-00000005"), "{fallback}");
+    assert!(fallback["reason"].as_str().unwrap().contains("model.fc1.weight"), "{fallback}");
+    assert_eq!(fallback["step"], 4);
+    // The corrupt checkpoint is left as it was, for whoever investigates.
+    assert!(root.path().join("step-00000005").is_dir());
+    assert_ne!(std::fs::read(root.path().join("LATEST")).unwrap(), latest_before, "the resumed run committed step 6");
+
+    // Naming the corrupt checkpoint itself does not fall back.
+    let mut named = c.clone();
+    named.resume = Some(root.path().join("step-00000005"));
+    let err = train::train(&named, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("model.fc1.weight"), "{err}");
+
+    // When nothing verifies, the error lists every checkpoint tried.
+    for step in ["step-00000002", "step-00000004", "step-00000006"] {
+        corrupt(&root.path().join(step), "model.fc1.bias");
+    }
+    let err = train::train(&resumed, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("no checkpoint under it verifies") && err.contains("step-00000002"), "{err}");
+}
+
+#[test]
+fn a_single_process_refuses_a_non_finite_gradient_under_a_finite_loss() {
+    let mut c = tiny(ModelKind::Mlp);
+    // Every exponent bit inverted in 40% of the first-layer weight gradients: those of
+    // weights that see only black pixels are exactly 0 and become infinite, while the
+    // loss (not a gradient element) stays finite.
+    c.inject = vec!["step=2,state=grad,target=model.fc1.weight,bits=23,burst=8,rate=0.4,seed=1".parse().unwrap()];
+    let err = train::train(&c, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, TrainError::GradientNotFinite { step: 2, .. }), "{err}");
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
-use super::{Integrity, TensorLoc, role_from_name};
+use super::{Integrity, Order, TensorLoc, role_from_name};
 use crate::DType;
 
 fn dtype_of(d: &TypeDescriptor) -> Option<DType> {
@@ -65,6 +65,7 @@ pub fn locate(path: &Path) -> Result<super::Hdf5Tensors, String> {
                 file: path.to_owned(),
                 offset,
                 len,
+                order: Order::RowMajor,
                 integrity: Integrity::None,
             });
         }

@@ -4,7 +4,10 @@
 //!
 //! Every supported layout keeps a tensor as one contiguous run of little-endian elements
 //! in one file, so [`locate`] answers with byte ranges ([`TensorLoc`]) and the caller can
-//! read or patch the bytes in place with no framework in the loop. What a format keeps
+//! read or patch the bytes in place with no framework in the loop. The run is row-major
+//! except for NumPy arrays saved with `fortran_order` ([`Order`]); elements are always
+//! numbered row-major, as the frameworks number them, and
+//! [`TensorLoc::element_offset`] finds where each is stored. What a format keeps
 //! *about* those bytes (a ZIP member's CRC-32, a Steadfast manifest's xxh3) is named in
 //! [`Integrity`] so that a tool which changes bytes can bring it up to date, or leave it
 //! stale on purpose.
@@ -12,6 +15,7 @@
 //! Nothing here executes code from a file: PyTorch's pickle is decoded symbolically
 //! ([`pickle`]).
 
+pub mod npy;
 pub mod pickle;
 pub mod zip;
 
@@ -61,6 +65,17 @@ pub enum Integrity {
     Manifest,
 }
 
+/// The order in which a tensor's elements are stored in its byte range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Order {
+    /// Row-major (C order): the last index varies fastest.
+    #[default]
+    RowMajor,
+    /// Column-major (Fortran order): the first index varies fastest. NumPy writes it for
+    /// Fortran-contiguous arrays (`fortran_order: True` in the `.npy` header).
+    ColumnMajor,
+}
+
 /// One tensor's place in a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorLoc {
@@ -78,6 +93,8 @@ pub struct TensorLoc {
     pub offset: u64,
     /// Length in bytes (elements times element size).
     pub len: u64,
+    /// The order of its elements in those bytes.
+    pub order: Order,
     /// What must be updated when its bytes change.
     pub integrity: Integrity,
 }
@@ -86,6 +103,36 @@ impl TensorLoc {
     /// Number of elements.
     pub fn elements(&self) -> u64 {
         self.len / self.dtype.size() as u64
+    }
+
+    /// Where the element with row-major index `element` (its index in the flattened
+    /// tensor, as NumPy's `a.flat` and PyTorch's `t.flatten()` number elements) is
+    /// stored, counted in elements from the first; `None` past the last element.
+    pub fn storage_index(&self, element: u64) -> Option<u64> {
+        if element >= self.elements() {
+            return None;
+        }
+        match self.order {
+            Order::RowMajor => Some(element),
+            Order::ColumnMajor => {
+                // Row-major: the last coordinate is the remainder by the last dimension.
+                let mut coords = vec![0u64; self.shape.len()];
+                let mut rest = element;
+                for (c, &d) in coords.iter_mut().zip(&self.shape).rev() {
+                    *c = rest % d;
+                    rest /= d;
+                }
+                // Column-major: the first coordinate varies fastest. Every partial value
+                // is below the element count, so nothing overflows.
+                Some(coords.iter().zip(&self.shape).rev().fold(0, |s, (&c, &d)| s * d + c))
+            }
+        }
+    }
+
+    /// Absolute file offset of the element with row-major index `element`; `None` past
+    /// the last element.
+    pub fn element_offset(&self, element: u64) -> Option<u64> {
+        self.storage_index(element).map(|i| self.offset + i * self.dtype.size() as u64)
     }
 }
 
@@ -231,6 +278,7 @@ fn steadfast(path: &Path) -> Result<Vec<TensorLoc>, ForeignError> {
                 file: dir.join(&t.file),
                 offset: t.offset,
                 len: t.length,
+                order: Order::RowMajor,
                 integrity: Integrity::Manifest,
             })
         })
@@ -258,62 +306,10 @@ fn safetensors_file(path: &Path) -> Result<Vec<TensorLoc>, ForeignError> {
             file: path.to_owned(),
             offset: header.data_start + e.begin,
             len: e.len(),
+            order: Order::RowMajor,
             integrity: Integrity::None,
         })
         .collect())
-}
-
-/// The dtype of a NumPy `descr` such as `<f4`; big-endian arrays are refused.
-fn npy_dtype(descr: &str) -> Result<DType, String> {
-    let (order, code) = descr.split_at(1.min(descr.len()));
-    if order == ">" && !code.ends_with('1') {
-        return Err(format!("big-endian arrays ({descr}) are not supported"));
-    }
-    Ok(match code {
-        "f8" => DType::F64,
-        "f4" => DType::F32,
-        "f2" => DType::F16,
-        "i8" => DType::I64,
-        "i4" => DType::I32,
-        "i2" => DType::I16,
-        "i1" => DType::I8,
-        "u8" => DType::U64,
-        "u4" => DType::U32,
-        "u2" => DType::U16,
-        "u1" => DType::U8,
-        "b1" => DType::Bool,
-        _ => return Err(format!("unsupported NumPy dtype {descr:?}")),
-    })
-}
-
-/// Parses an `.npy` header: returns (dtype, shape, header length).
-pub fn npy_header(bytes: &[u8]) -> Result<(DType, Vec<u64>, u64), String> {
-    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err("not an .npy array (bad magic)".into());
-    }
-    let (len, start) = match bytes[6] {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes(bytes[8..12].try_into().expect("4")) as usize, 12),
-        v => return Err(format!("unsupported .npy version {v}")),
-    };
-    let text = bytes.get(start..start + len).ok_or("truncated .npy header")?;
-    let text = std::str::from_utf8(text).map_err(|_| "the .npy header is not text")?;
-    let field = |key: &str| -> Result<&str, String> {
-        let at = text.find(&format!("'{key}'")).ok_or(format!("the .npy header has no {key}"))?;
-        Ok(text[at + key.len() + 2..].trim_start().trim_start_matches(':').trim_start())
-    };
-    let descr = field("descr")?;
-    let descr = descr.strip_prefix('\'').and_then(|d| d.split('\'').next()).ok_or("malformed descr")?;
-    let dtype = npy_dtype(descr)?;
-    let shape = field("shape")?;
-    let shape = shape.strip_prefix('(').and_then(|s| s.split(')').next()).ok_or("malformed shape")?;
-    let shape = shape
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|d| d.parse::<u64>().map_err(|_| format!("bad dimension {d:?}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((dtype, shape, (start + len) as u64))
 }
 
 fn npz(path: &Path, members: &[zip::Member]) -> Result<Vec<TensorLoc>, ForeignError> {
@@ -333,23 +329,28 @@ fn npz(path: &Path, members: &[zip::Member]) -> Result<Vec<TensorLoc>, ForeignEr
         let mut head = vec![0u8; m.size.min(65_536 + 12) as usize];
         f.seek(SeekFrom::Start(m.data_offset)).map_err(|e| err(path, e))?;
         f.read_exact(&mut head).map_err(|e| err(path, e))?;
-        let (dtype, shape, header) = npy_header(&head).map_err(|e| err(path, format!("member {}: {e}", m.name)))?;
-        let len = shape.iter().product::<u64>() * dtype.size() as u64;
-        if header + len != m.size {
+        let h = npy::parse_header(&head).map_err(|e| err(path, format!("member {}: {e}", m.name)))?;
+        if h.data_start.checked_add(h.data_len) != Some(m.size) {
             return Err(err(
                 path,
-                format!("member {}: {} bytes of data, its header implies {len}", m.name, m.size - header.min(m.size)),
+                format!(
+                    "member {}: {} bytes of data, its header implies {}",
+                    m.name,
+                    m.size.saturating_sub(h.data_start),
+                    h.data_len
+                ),
             ));
         }
         let name = m.name.trim_end_matches(".npy").to_owned();
         out.push(TensorLoc {
             role: role_from_name(&name),
             name,
-            dtype,
-            shape,
+            dtype: h.dtype,
+            shape: h.shape,
             file: path.to_owned(),
-            offset: m.data_offset + header,
-            len,
+            offset: m.data_offset + h.data_start,
+            len: h.data_len,
+            order: h.order,
             integrity: Integrity::ZipCrc(i),
         });
     }
@@ -457,13 +458,16 @@ fn pytorch_tensor(
     let dtype = storage_dtype(class).ok_or_else(|| bad(&format!("unsupported storage type {class}")))?;
     let shape = ints(size).ok_or_else(|| bad("malformed size"))?;
     let stride = ints(stride).ok_or_else(|| bad("malformed stride"))?;
+    if shape.len() != stride.len() {
+        return Err(bad(&format!("{} dimensions but {} strides", shape.len(), stride.len())));
+    }
     // Row-major contiguity (dimensions of length 1 may have any stride).
     let mut expect = 1u64;
     for (d, s) in shape.iter().zip(&stride).rev() {
         if *d != 1 && *s != expect {
             return Err(bad("not contiguous (a strided view); only contiguous tensors can be located"));
         }
-        expect *= d;
+        expect = expect.checked_mul(*d).ok_or_else(|| bad("its size overflows"))?;
     }
     let storage = format!("{prefix}data/{key}");
     let (i, m) = members
@@ -475,9 +479,10 @@ fn pytorch_tensor(
         return Err(bad("its storage is compressed"));
     }
     let size = dtype.size() as u64;
-    let begin = u64::try_from(*offset).map_err(|_| bad("negative storage offset"))? * size;
-    let len = shape.iter().product::<u64>() * size;
-    if begin + len > m.size {
+    let begin = u64::try_from(*offset).map_err(|_| bad("negative storage offset"))?;
+    let begin = begin.checked_mul(size).ok_or_else(|| bad("its storage offset overflows"))?;
+    let len = expect.checked_mul(size).ok_or_else(|| bad("its size overflows"))?;
+    if begin.checked_add(len).is_none_or(|end| end > m.size) {
         return Err(bad(&format!("{len} bytes at {begin} lie outside its storage of {} bytes", m.size)));
     }
     Ok(TensorLoc {
@@ -488,6 +493,45 @@ fn pytorch_tensor(
         file: path.to_owned(),
         offset: m.data_offset + begin,
         len,
+        order: Order::RowMajor,
         integrity: Integrity::ZipCrc(i),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc(shape: &[u64], order: Order) -> TensorLoc {
+        TensorLoc {
+            name: "a".into(),
+            role: Role::Model,
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+            file: PathBuf::from("a.npz"),
+            offset: 100,
+            len: shape.iter().product::<u64>() * 4,
+            order,
+            integrity: Integrity::None,
+        }
+    }
+
+    #[test]
+    fn column_major_elements_are_found_by_their_row_major_index() {
+        // a = [[a00 a01 a02] [a10 a11 a12]] is stored a00 a10 a01 a11 a02 a12.
+        let a = loc(&[2, 3], Order::ColumnMajor);
+        let stored: Vec<_> = (0..6).map(|i| a.storage_index(i).unwrap()).collect();
+        assert_eq!(stored, [0, 2, 4, 1, 3, 5]);
+        assert_eq!(a.element_offset(1), Some(108));
+        assert_eq!(a.storage_index(6), None);
+        // Shape (2, 3, 4): element [i][j][k] is row-major i*12 + j*4 + k, stored at i + 2j + 6k.
+        let b = loc(&[2, 3, 4], Order::ColumnMajor);
+        for (i, j, k) in (0..2).flat_map(|i| (0..3).flat_map(move |j| (0..4).map(move |k| (i, j, k)))) {
+            assert_eq!(b.storage_index(i * 12 + j * 4 + k), Some(i + 2 * j + 6 * k));
+        }
+        let c = loc(&[2, 3], Order::RowMajor);
+        assert_eq!((0..6).map(|i| c.storage_index(i).unwrap()).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(loc(&[], Order::ColumnMajor).storage_index(0), Some(0), "a scalar");
+        assert_eq!(loc(&[0, 3], Order::ColumnMajor).storage_index(0), None, "no elements");
+    }
 }

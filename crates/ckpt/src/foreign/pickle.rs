@@ -40,6 +40,62 @@ pub enum Value {
 
 const MAX_STACK: usize = 1 << 20;
 const MAX_MEMO: usize = 1 << 22;
+/// Deepest nesting of containers, calls and persistent ids (Python's own recursion limit
+/// is 1,000; PyTorch state dicts nest a dozen levels).
+pub const MAX_DEPTH: u32 = 512;
+/// Most weight (one per value, plus the bytes of strings) that copies into and out of the
+/// memo may add up to, per byte of input ([`MIN_COPIED`] at least). Every other opcode
+/// adds a bounded weight per input byte, so this bounds memory and time by the input's
+/// size: without it, a few hundred bytes that memoize a list, fetch it twice and append
+/// both copies to it, over and over, double its size each round. A `torch.save` pickle
+/// copies a few dozen per tensor, for some hundred bytes of input.
+pub const COPIED_PER_BYTE: u64 = 64;
+/// The least budget of copies, whatever the input's size.
+pub const MIN_COPIED: u64 = 1 << 22;
+
+/// A value on the stack or in the memo, with what it costs to copy and how deep it nests.
+#[derive(Clone)]
+struct Node {
+    v: Value,
+    /// One per value it holds, plus the bytes of its strings and byte strings.
+    weight: u64,
+    /// 1 for a scalar, one more than its deepest part for a container.
+    depth: u32,
+}
+
+impl Node {
+    fn leaf(v: Value) -> Node {
+        let weight = 1 + match &v {
+            Value::Str(s) => s.len() as u64,
+            Value::Bytes(b) => b.len() as u64,
+            Value::Global(m, n) => (m.len() + n.len()) as u64,
+            _ => 0,
+        };
+        Node { v, weight, depth: 1 }
+    }
+
+    /// A container of `parts`, built by `make`.
+    fn of(parts: Vec<Node>, make: impl FnOnce(Vec<Value>) -> Value) -> Result<Node, String> {
+        let weight = 1 + parts.iter().map(|p| p.weight).sum::<u64>();
+        let depth = 1 + parts.iter().map(|p| p.depth).max().unwrap_or(0);
+        check_depth(depth)?;
+        Ok(Node { v: make(parts.into_iter().map(|p| p.v).collect()), weight, depth })
+    }
+
+    /// Adds `items` to this container's weight and depth (the caller moves them in).
+    fn grow(&mut self, items: &[Node]) -> Result<(), String> {
+        self.weight += items.iter().map(|p| p.weight).sum::<u64>();
+        self.depth = self.depth.max(1 + items.iter().map(|p| p.depth).max().unwrap_or(0));
+        check_depth(self.depth)
+    }
+}
+
+fn check_depth(depth: u32) -> Result<(), String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("pickle nests deeper than {MAX_DEPTH} levels"));
+    }
+    Ok(())
+}
 
 struct Reader<'a> {
     b: &'a [u8],
@@ -59,10 +115,16 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn array8(&mut self) -> Result<[u8; 8], String> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(a)
     }
     fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+        Ok(u64::from_le_bytes(self.array8()?))
     }
     fn line(&mut self) -> Result<String, String> {
         let rest = &self.b[self.at..];
@@ -85,15 +147,80 @@ fn long(bytes: &[u8]) -> Result<Value, String> {
     Ok(Value::Int(i64::from_le_bytes(buf)))
 }
 
+/// The stack, its marks, the memo, and the weight that copies may still add.
+struct Machine {
+    stack: Vec<Node>,
+    marks: Vec<usize>,
+    memo: std::collections::HashMap<u64, Node>,
+    budget: u64,
+}
+
+impl Machine {
+    fn push(&mut self, v: Value) {
+        self.stack.push(Node::leaf(v));
+    }
+    fn pop(&mut self) -> Result<Node, String> {
+        self.stack.pop().ok_or_else(|| "pickle stack underflow".to_string())
+    }
+    /// Everything above the last mark.
+    fn pop_mark(&mut self, op: &str) -> Result<Vec<Node>, String> {
+        let m = self.marks.pop().ok_or_else(|| format!("{op} without a mark"))?;
+        if m > self.stack.len() {
+            return Err("mark beyond the stack".into());
+        }
+        Ok(self.stack.split_off(m))
+    }
+    /// Charges a copy of `weight` to the budget.
+    fn charge(&mut self, weight: u64) -> Result<(), String> {
+        self.budget = self.budget.checked_sub(weight).ok_or("pickle copies too much through its memo")?;
+        Ok(())
+    }
+    fn memoize(&mut self, k: u64) -> Result<(), String> {
+        let weight = self.stack.last().ok_or("memo of an empty stack")?.weight;
+        self.charge(weight)?;
+        let copy = self.stack.last().ok_or("memo of an empty stack")?.clone();
+        self.memo.insert(k, copy);
+        Ok(())
+    }
+    fn recall(&mut self, k: u64) -> Result<(), String> {
+        let weight = self.memo.get(&k).ok_or_else(|| format!("memo key {k} is undefined"))?.weight;
+        self.charge(weight)?;
+        let copy = self.memo.get(&k).ok_or_else(|| format!("memo key {k} is undefined"))?.clone();
+        self.stack.push(copy);
+        Ok(())
+    }
+    /// Puts `items` into the container on top of the stack (below the popped items).
+    fn extend_top(&mut self, items: Vec<Node>, what: &str) -> Result<(), String> {
+        let target = self.stack.last_mut().ok_or_else(|| format!("{what} on an empty stack"))?;
+        target.grow(&items)?;
+        let items = items.into_iter().map(|n| n.v);
+        match (what, &mut target.v) {
+            ("SETITEMS", v) => {
+                // An OrderedDict (a call) that receives items becomes a plain dict.
+                if !matches!(v, Value::Dict(_)) {
+                    *v = Value::Dict(Vec::new());
+                }
+                if let Value::Dict(d) = v {
+                    let mut it = items;
+                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                        d.push((k, v));
+                    }
+                }
+            }
+            (_, Value::List(l)) => l.extend(items),
+            _ => return Err(format!("{what} to something that is not a list")),
+        }
+        Ok(())
+    }
+}
+
 /// Decodes one pickle.
 pub fn parse(bytes: &[u8]) -> Result<Value, String> {
     let mut r = Reader { b: bytes, at: 0 };
-    let mut stack: Vec<Value> = Vec::new();
-    let mut marks: Vec<usize> = Vec::new();
-    let mut memo: std::collections::HashMap<u64, Value> = std::collections::HashMap::new();
-    let pop = |stack: &mut Vec<Value>| stack.pop().ok_or_else(|| "pickle stack underflow".to_string());
+    let budget = COPIED_PER_BYTE.saturating_mul(bytes.len() as u64).max(MIN_COPIED);
+    let mut m = Machine { stack: Vec::new(), marks: Vec::new(), memo: Default::default(), budget };
     loop {
-        if stack.len() > MAX_STACK || memo.len() > MAX_MEMO {
+        if m.stack.len() > MAX_STACK || m.memo.len() > MAX_MEMO {
             return Err("pickle too large".into());
         }
         let op = r.u8()?;
@@ -104,163 +231,135 @@ pub fn parse(bytes: &[u8]) -> Result<Value, String> {
             0x95 => {
                 r.u64()?;
             } // FRAME
-            b'.' => return pop(&mut stack),
-            b'(' => marks.push(stack.len()),
-            b'}' => stack.push(Value::Dict(Vec::new())),
-            b']' => stack.push(Value::List(Vec::new())),
-            b')' => stack.push(Value::Tuple(Vec::new())),
-            b'N' => stack.push(Value::None),
-            0x88 => stack.push(Value::Bool(true)),
-            0x89 => stack.push(Value::Bool(false)),
-            b'J' => stack.push(Value::Int(i64::from(r.u32()? as i32))),
-            b'K' => stack.push(Value::Int(i64::from(r.u8()?))),
+            b'.' => return m.pop().map(|n| n.v),
+            b'(' => m.marks.push(m.stack.len()),
+            b'}' => m.push(Value::Dict(Vec::new())),
+            b']' => m.push(Value::List(Vec::new())),
+            b')' => m.push(Value::Tuple(Vec::new())),
+            b'N' => m.push(Value::None),
+            0x88 => m.push(Value::Bool(true)),
+            0x89 => m.push(Value::Bool(false)),
+            b'J' => m.push(Value::Int(i64::from(r.u32()? as i32))),
+            b'K' => m.push(Value::Int(i64::from(r.u8()?))),
             b'M' => {
                 let b = r.take(2)?;
-                stack.push(Value::Int(i64::from(u16::from_le_bytes([b[0], b[1]]))))
+                m.push(Value::Int(i64::from(u16::from_le_bytes([b[0], b[1]]))))
             }
             0x8a => {
                 let n = r.u8()? as usize;
-                stack.push(long(r.take(n)?)?)
+                m.push(long(r.take(n)?)?)
             }
             0x8b => {
                 let n = r.u32()? as usize;
-                stack.push(long(r.take(n)?)?)
+                m.push(long(r.take(n)?)?)
             }
-            b'G' => stack.push(Value::Float(f64::from_be_bytes(r.take(8)?.try_into().expect("8")))),
+            b'G' => m.push(Value::Float(f64::from_be_bytes(r.array8()?))),
             b'X' => {
                 let n = r.u32()? as usize;
-                stack.push(r.string(n)?)
+                m.push(r.string(n)?)
             }
             0x8c => {
                 let n = r.u8()? as usize;
-                stack.push(r.string(n)?)
+                m.push(r.string(n)?)
             }
             0x8d => {
                 let n = usize::try_from(r.u64()?).map_err(|e| e.to_string())?;
-                stack.push(r.string(n)?)
+                m.push(r.string(n)?)
             }
             b'C' => {
                 let n = r.u8()? as usize;
-                stack.push(Value::Bytes(r.take(n)?.to_vec()))
+                m.push(Value::Bytes(r.take(n)?.to_vec()))
             }
             b'B' => {
                 let n = r.u32()? as usize;
-                stack.push(Value::Bytes(r.take(n)?.to_vec()))
+                m.push(Value::Bytes(r.take(n)?.to_vec()))
             }
             b'q' => {
                 let k = u64::from(r.u8()?);
-                memo.insert(k, stack.last().ok_or("memo of an empty stack")?.clone());
+                m.memoize(k)?;
             }
             b'r' => {
                 let k = u64::from(r.u32()?);
-                memo.insert(k, stack.last().ok_or("memo of an empty stack")?.clone());
+                m.memoize(k)?;
             }
             0x94 => {
-                let k = memo.len() as u64;
-                memo.insert(k, stack.last().ok_or("memo of an empty stack")?.clone());
+                let k = m.memo.len() as u64;
+                m.memoize(k)?;
             }
             b'h' | b'j' => {
                 let k = if op == b'h' { u64::from(r.u8()?) } else { u64::from(r.u32()?) };
-                stack.push(memo.get(&k).cloned().ok_or_else(|| format!("memo key {k} is undefined"))?);
+                m.recall(k)?;
             }
             b'c' => {
                 let module = r.line()?;
                 let name = r.line()?;
-                stack.push(Value::Global(module, name));
+                m.push(Value::Global(module, name));
             }
             0x93 => {
-                let name = pop(&mut stack)?;
-                let module = pop(&mut stack)?;
+                let name = m.pop()?.v;
+                let module = m.pop()?.v;
                 match (module, name) {
-                    (Value::Str(m), Value::Str(n)) => stack.push(Value::Global(m, n)),
+                    (Value::Str(module), Value::Str(name)) => m.push(Value::Global(module, name)),
                     _ => return Err("STACK_GLOBAL needs two strings".into()),
                 }
             }
             b't' => {
-                let m = marks.pop().ok_or("TUPLE without a mark")?;
-                if m > stack.len() {
-                    return Err("mark beyond the stack".into());
-                }
-                let items = stack.split_off(m);
-                stack.push(Value::Tuple(items));
+                let items = m.pop_mark("TUPLE")?;
+                m.stack.push(Node::of(items, Value::Tuple)?);
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
-                if stack.len() < n {
+                if m.stack.len() < n {
                     return Err("pickle stack underflow".into());
                 }
-                let items = stack.split_off(stack.len() - n);
-                stack.push(Value::Tuple(items));
+                let items = m.stack.split_off(m.stack.len() - n);
+                m.stack.push(Node::of(items, Value::Tuple)?);
             }
             b'Q' => {
-                let id = pop(&mut stack)?;
-                stack.push(Value::PersId(Box::new(id)));
+                let id = m.pop()?;
+                m.stack.push(Node::of(vec![id], |mut v| Value::PersId(Box::new(v.remove(0))))?);
             }
             b'R' | 0x81 => {
-                let args = pop(&mut stack)?;
-                let func = pop(&mut stack)?;
-                stack.push(Value::Call(Box::new(func), Box::new(args)));
+                let args = m.pop()?;
+                let func = m.pop()?;
+                m.stack.push(Node::of(vec![func, args], |mut v| {
+                    let args = v.pop().unwrap_or(Value::None);
+                    let func = v.pop().unwrap_or(Value::None);
+                    Value::Call(Box::new(func), Box::new(args))
+                })?);
             }
             b'b' => {
                 // BUILD sets state on an object; the object keeps its place.
-                pop(&mut stack)?;
-                if stack.is_empty() {
+                m.pop()?;
+                if m.stack.is_empty() {
                     return Err("BUILD on an empty stack".into());
                 }
             }
             b's' | b'u' => {
                 let items = if op == b's' {
-                    let v = pop(&mut stack)?;
-                    let k = pop(&mut stack)?;
+                    let v = m.pop()?;
+                    let k = m.pop()?;
                     vec![k, v]
                 } else {
-                    let m = marks.pop().ok_or("SETITEMS without a mark")?;
-                    if m > stack.len() || m == 0 {
-                        return Err("mark beyond the stack".into());
-                    }
-                    stack.split_off(m)
+                    m.pop_mark("SETITEMS")?
                 };
                 if !items.len().is_multiple_of(2) {
                     return Err("SETITEMS with an odd number of values".into());
                 }
-                let target = stack.last_mut().ok_or("SETITEMS on an empty stack")?;
-                // An OrderedDict (a call) that receives items becomes a plain dict.
-                if !matches!(target, Value::Dict(_)) {
-                    *target = Value::Dict(Vec::new());
-                }
-                if let Value::Dict(d) = target {
-                    let mut it = items.into_iter();
-                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                        d.push((k, v));
-                    }
-                }
+                m.extend_top(items, "SETITEMS")?;
             }
-            b'a' | b'e' => {
-                let items = if op == b'a' {
-                    vec![pop(&mut stack)?]
-                } else {
-                    let m = marks.pop().ok_or("APPENDS without a mark")?;
-                    if m > stack.len() || m == 0 {
-                        return Err("mark beyond the stack".into());
-                    }
-                    stack.split_off(m)
-                };
-                match stack.last_mut() {
-                    Some(Value::List(l)) => l.extend(items),
-                    _ => return Err("APPEND to something that is not a list".into()),
-                }
+            b'a' => {
+                let item = m.pop()?;
+                m.extend_top(vec![item], "APPEND")?;
             }
-            0x8f => stack.push(Value::List(Vec::new())), // EMPTY_SET, as a list
+            b'e' => {
+                let items = m.pop_mark("APPENDS")?;
+                m.extend_top(items, "APPENDS")?;
+            }
+            0x8f => m.push(Value::List(Vec::new())), // EMPTY_SET, as a list
             0x90 => {
-                let m = marks.pop().ok_or("ADDITEMS without a mark")?;
-                if m > stack.len() || m == 0 {
-                    return Err("mark beyond the stack".into());
-                }
-                let items = stack.split_off(m);
-                match stack.last_mut() {
-                    Some(Value::List(l)) => l.extend(items),
-                    _ => return Err("ADDITEMS to something that is not a set".into()),
-                }
+                let items = m.pop_mark("ADDITEMS")?;
+                m.extend_top(items, "ADDITEMS")?;
             }
             other => return Err(format!("unsupported pickle opcode 0x{other:02x} at offset {}", r.at - 1)),
         }
@@ -295,5 +394,44 @@ mod tests {
         assert!(parse(b"i__builtin__\neval\n.").unwrap_err().contains("unsupported pickle opcode 0x69"));
         assert!(parse(b"h\x05.").is_err());
         assert!(parse(b"u.").is_err());
+    }
+
+    #[test]
+    fn a_memo_copied_into_itself_is_refused_before_it_doubles_past_memory() {
+        // An empty list, memoized; then 40 times: fetch it twice, append both copies to it,
+        // memoize it again. Its size doubles each round: 2^40 values from 244 bytes.
+        let mut p = b"]q\x00".to_vec();
+        for _ in 0..40 {
+            p.extend_from_slice(b"(h\x00h\x00eq\x00");
+        }
+        p.push(b'.');
+        let start = std::time::Instant::now();
+        assert!(parse(&p).unwrap_err().contains("copies too much"));
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        // Twelve rounds (some 8,000 values) are fine.
+        let mut p = b"]q\x00".to_vec();
+        for _ in 0..12 {
+            p.extend_from_slice(b"(h\x00h\x00eq\x00");
+        }
+        p.push(b'.');
+        assert!(matches!(parse(&p).unwrap(), Value::List(l) if l.len() == 24), "two more items a round");
+    }
+
+    #[test]
+    fn nesting_deeper_than_the_limit_is_an_error_not_a_stack_overflow() {
+        // An empty tuple wrapped in a 1-tuple 100,000 times: dropping it would recurse
+        // 100,000 frames deep.
+        let mut p = vec![b')'];
+        p.extend(std::iter::repeat_n(0x85, 100_000));
+        p.push(b'.');
+        assert!(parse(&p).unwrap_err().contains("nests deeper than 512"));
+        for op in [b'Q', 0x85] {
+            let mut p = vec![b')'];
+            p.extend(std::iter::repeat_n(op, MAX_DEPTH as usize - 1));
+            p.push(b'.');
+            assert!(parse(&p).is_ok(), "{MAX_DEPTH} levels are fine");
+            p.insert(1, op);
+            assert!(parse(&p).is_err(), "one more is not");
+        }
     }
 }

@@ -39,7 +39,7 @@ fn le64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-fn read_at(f: &mut File, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+fn read_at(f: &mut (impl Read + Seek), offset: u64, len: usize) -> Result<Vec<u8>, String> {
     let mut buf = vec![0u8; len];
     f.seek(SeekFrom::Start(offset)).map_err(|e| e.to_string())?;
     f.read_exact(&mut buf).map_err(|_| format!("truncated: {len} bytes at offset {offset} are past the end"))?;
@@ -50,9 +50,14 @@ fn read_at(f: &mut File, offset: u64, len: usize) -> Result<Vec<u8>, String> {
 pub fn members(path: &Path) -> Result<Vec<Member>, String> {
     let mut f = File::open(path).map_err(|e| e.to_string())?;
     let file_len = f.metadata().map_err(|e| e.to_string())?.len();
+    members_of(&mut f, file_len)
+}
+
+/// Lists the members of the ZIP archive read from `f`, whose length is `file_len`.
+pub fn members_of(f: &mut (impl Read + Seek), file_len: u64) -> Result<Vec<Member>, String> {
     // The end record is 22 bytes plus a comment of at most 65,535.
     let tail_len = file_len.min(22 + 65_535) as usize;
-    let tail = read_at(&mut f, file_len - tail_len as u64, tail_len)?;
+    let tail = read_at(f, file_len - tail_len as u64, tail_len)?;
     let eocd = (0..tail_len.saturating_sub(21))
         .rev()
         .find(|&i| le32(&tail, i) == 0x0605_4b50)
@@ -63,11 +68,11 @@ pub fn members(path: &Path) -> Result<Vec<Member>, String> {
     let mut cd_offset = u64::from(le32(&tail, eocd + 16));
     if count == 0xFFFF || cd_size == 0xFFFF_FFFF || cd_offset == 0xFFFF_FFFF {
         // ZIP64: a locator just before the end record points at the ZIP64 end record.
-        let loc = read_at(&mut f, eocd_abs.checked_sub(20).ok_or("truncated ZIP64 locator")?, 20)?;
+        let loc = read_at(f, eocd_abs.checked_sub(20).ok_or("truncated ZIP64 locator")?, 20)?;
         if le32(&loc, 0) != 0x0706_4b50 {
             return Err("ZIP64 fields without a ZIP64 locator".into());
         }
-        let rec = read_at(&mut f, le64(&loc, 8), 56)?;
+        let rec = read_at(f, le64(&loc, 8), 56)?;
         if le32(&rec, 0) != 0x0606_4b50 {
             return Err("bad ZIP64 end-of-central-directory record".into());
         }
@@ -78,7 +83,7 @@ pub fn members(path: &Path) -> Result<Vec<Member>, String> {
     if cd_offset.checked_add(cd_size).is_none_or(|end| end > file_len) || cd_size > 1 << 30 {
         return Err(format!("central directory ({cd_size} bytes at {cd_offset}) lies outside the file"));
     }
-    let cd = read_at(&mut f, cd_offset, cd_size as usize)?;
+    let cd = read_at(f, cd_offset, cd_size as usize)?;
     let mut out = Vec::new();
     let mut at = 0usize;
     for _ in 0..count {
@@ -116,20 +121,28 @@ pub fn members(path: &Path) -> Result<Vec<Member>, String> {
         let cd_crc = cd_offset + at as u64 + 16;
         at += 46 + nlen + elen + clen;
 
-        let lh = read_at(&mut f, local, 30)?;
+        let lh = read_at(f, local, 30)?;
         if le32(&lh, 0) != 0x0403_4b50 {
             return Err(format!("member {name}: no local header at offset {local}"));
         }
         let data_offset = local + 30 + u64::from(le16(&lh, 26)) + u64::from(le16(&lh, 28));
-        if data_offset.checked_add(size).is_none_or(|end| end > file_len) {
-            return Err(format!("member {name}: its {size} bytes at {data_offset} run past the end of the file"));
+        // A member's header, data and data descriptor come before the central directory,
+        // so that rewriting a CRC never touches the directory.
+        if data_offset.checked_add(size).is_none_or(|end| end > cd_offset) {
+            return Err(format!(
+                "member {name}: its {size} bytes at {data_offset} run past the start of the central directory \
+                 ({cd_offset})"
+            ));
         }
         let mut crc_positions = vec![local + 14, cd_crc];
         if flags & 8 != 0 {
             // Data descriptor: an optional signature, then the CRC.
-            let dd = read_at(&mut f, data_offset + size, 4)?;
-            let sig = le32(&dd, 0) == 0x0807_4b50;
-            crc_positions.push(data_offset + size + if sig { 4 } else { 0 });
+            let dd = read_at(f, data_offset + size, 4)?;
+            let at = data_offset + size + if le32(&dd, 0) == 0x0807_4b50 { 4 } else { 0 };
+            if at + 4 > cd_offset {
+                return Err(format!("member {name}: its data descriptor runs into the central directory"));
+            }
+            crc_positions.push(at);
         }
         let _ = uncompressed;
         out.push(Member { name, method, data_offset, size, crc, crc_positions });

@@ -1,6 +1,8 @@
 //! Helpers shared by the tests that run the `steadfast` binary.
 #![allow(dead_code)]
 
+use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// Runs the binary with `args`.
@@ -20,4 +22,36 @@ pub fn fingerprint(out: &Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     stdout.lines().find_map(|l| l.split("fingerprint: ").nth(1)).expect("a fingerprint line").trim().to_owned()
+}
+
+/// Says that a test is skipped and why, on the terminal: written past the test harness's
+/// capture, so that `cargo test` shows it even when the test passes.
+pub fn skip(reason: &str) {
+    let _ = writeln!(std::io::stderr(), "skipped: {reason}");
+}
+
+/// True when the Debian data set is installed. When `STEADFAST_REQUIRE_DATA` is set (CI
+/// sets it), a missing data set fails the test instead of skipping it.
+pub fn have_data(dir: &str) -> bool {
+    let present = Path::new(dir).is_dir();
+    if !present {
+        assert!(
+            std::env::var_os("STEADFAST_REQUIRE_DATA").is_none(),
+            "{dir} is missing but STEADFAST_REQUIRE_DATA is set"
+        );
+        skip(&format!("{dir} is not installed"));
+    }
+    present
+}
+
+/// True when python3 imports `modules` (e.g. `"safetensors.numpy, numpy"`). When
+/// `STEADFAST_REQUIRE_PYTHON` is set (CI sets it), their absence fails the test.
+pub fn python_with(modules: &str) -> bool {
+    let probe = Command::new("python3").args(["-c", &format!("import {modules}")]).output();
+    if probe.is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    assert!(std::env::var_os("STEADFAST_REQUIRE_PYTHON").is_none(), "python3 with {modules} is missing");
+    skip(&format!("python3 with {modules} is not installed"));
+    false
 }

@@ -70,14 +70,6 @@ pub struct Alarm {
     pub faulty: Vec<usize>,
 }
 
-/// The replicas outside a strict majority of equal `values`, or `None` when no value is
-/// held by more than half (two replicas that disagree cannot say which one is wrong).
-pub fn minority<T: PartialEq>(values: &[T]) -> Option<Vec<usize>> {
-    let n = values.len();
-    let majority = (0..n).find(|&i| 2 * values.iter().filter(|v| **v == values[i]).count() > n)?;
-    Some((0..n).filter(|&i| values[i] != values[majority]).collect())
-}
-
 /// Running averages of the gradient norm and the loss, for the spike detectors. Part of
 /// the training state as far as a campaign is concerned: trials start from golden's.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -111,15 +103,6 @@ impl Monitors {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_minority_needs_a_strict_majority() {
-        assert_eq!(minority(&[1, 1, 2]), Some(vec![2]));
-        assert_eq!(minority(&[1, 1, 1]), Some(vec![]));
-        assert_eq!(minority(&[1, 2]), None);
-        assert_eq!(minority(&[7]), Some(vec![]));
-        assert_eq!(minority(&[1, 2, 3]), None);
-    }
 
     #[test]
     fn spikes_fire_against_the_running_average_and_are_kept_out_of_it() {

@@ -2,61 +2,54 @@
 //! the parameters and optimizer state, and one training step with faults, detectors and
 //! the response to their alarms.
 //!
-//! The step follows the trainer's (see [`crate::trainer`]) phase by phase, with every
-//! replica's buffers in reach so that a fault can hit one replica alone:
+//! Every replica takes the one step of [`crate::step`], phase by phase, in lockstep with
+//! the others, so that a fault can hit one replica alone and the detectors can compare
+//! them between phases:
 //!
 //! 1. parameter faults (memory corruption between steps), then the parameter checksums;
-//! 2. micro-batch `i` forward and backward on replica `i mod W`'s parameters (activation
-//!    faults in the first micro-batch of the faulty replica);
-//! 3. the sum of all micro-batch gradients in the chosen reduction, which every replica
-//!    receives;
+//! 2. the compute phase: micro-batch `i` forward and backward on replica `i mod W`'s
+//!    parameters (activation faults in the first micro-batch of the faulty replica);
+//! 3. the sum of all micro-batch gradients, in index order, in the chosen reduction
+//!    (what one process computes, so a fault-free group ends with `steadfast train`'s
+//!    fingerprint), which every replica receives;
 //! 4. gradient faults in one replica's copy of the sum, then the commit vote, the
 //!    non-finite check and the spike detectors;
 //! 5. optimizer faults, the slot checksums, the update on every replica, fresh checksums,
 //!    and the fingerprint comparison every k steps.
 
-use burn::prelude::Device;
-use comm::ReduceMode;
+use comm::majority::suspects;
 use fault::campaign::{DetectSpec, Response};
-use fault::live::{LiveFault, LiveFlip, StateKind};
+use fault::live::StateKind;
 
-use super::detect::{Alarm, Detector, Monitors, minority};
-use crate::data::sampler::Sampler;
-use crate::data::{Dataset, Split};
+use super::detect::{Alarm, Detector, Monitors};
 use crate::error::TrainError;
-use crate::model::{Model, Taps};
-use crate::optim::Optimizer;
-use crate::state::{self, NamedTensor, Role};
+use crate::state::Role;
+use crate::step::{At, Engine, GradBuffer, Hooks, Injected, LiveFaults, SumCheck, TrainState};
 
 /// One replica's training state, with the checksums taken after its last update.
 #[derive(Clone, Debug)]
 pub(crate) struct Replica {
-    pub params: Vec<NamedTensor>,
-    pub optim: Optimizer,
+    pub state: TrainState,
     sums: Vec<u64>,
 }
 
 impl Replica {
-    pub fn new(params: Vec<NamedTensor>, optim: Optimizer) -> Self {
-        let mut r = Replica { params, optim, sums: Vec::new() };
+    pub fn new(state: TrainState) -> Self {
+        let mut r = Replica { state, sums: Vec::new() };
         r.sums = r.checksums();
         r
     }
 
-    /// Parameters then slots, in registry order.
-    pub fn tensors(&self) -> impl Iterator<Item = &NamedTensor> {
-        self.params.iter().chain(self.optim.slots())
-    }
-
     fn checksums(&self) -> Vec<u64> {
-        self.tensors().map(|t| ckpt::checksum(bytemuck::cast_slice(&t.data))).collect()
+        self.state.tensors().map(|t| ckpt::checksum(bytemuck::cast_slice(&t.data))).collect()
     }
 
     /// Whether the tensors of `role` still match their checksums.
     fn intact(&self, role: Role) -> bool {
+        let params = &self.state.params;
         let (tensors, sums) = match role {
-            Role::Model => (&self.params[..], &self.sums[..self.params.len()]),
-            Role::Optim => (self.optim.slots(), &self.sums[self.params.len()..]),
+            Role::Model => (&params[..], &self.sums[..params.len()]),
+            Role::Optim => (self.state.optimizer.slots(), &self.sums[params.len()..]),
         };
         tensors.iter().zip(sums).all(|(t, &s)| ckpt::checksum(bytemuck::cast_slice(&t.data)) == s)
     }
@@ -68,28 +61,6 @@ impl Replica {
     }
 }
 
-/// What the commit vote and the numeric checks read of one summed gradient.
-#[derive(Clone, Copy)]
-struct SumStats {
-    digest: u64,
-    finite: bool,
-    loss: f32,
-    norm: f64,
-}
-
-impl SumStats {
-    /// `flat` is the gradient followed by the loss.
-    fn of(flat: &[f32]) -> Self {
-        let (grad, loss) = flat.split_at(flat.len() - 1);
-        SumStats {
-            digest: ckpt::checksum(bytemuck::cast_slice(flat)),
-            finite: flat.iter().all(|x| x.is_finite()),
-            loss: loss[0],
-            norm: grad.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt(),
-        }
-    }
-}
-
 /// The replicas and the detectors' running averages.
 #[derive(Clone, Debug)]
 pub(crate) struct Group {
@@ -97,24 +68,26 @@ pub(crate) struct Group {
     pub monitors: Monitors,
 }
 
-/// A fault waiting for its step; consumed when applied, so that a rolled-back step is
-/// redone without it (the faults modelled are transient).
-#[derive(Clone, Debug)]
-pub(crate) struct Pending {
-    pub fault: LiveFault,
-    pub done: bool,
+/// The buffers of a group's step, reused from step to step: each replica's micro-batch
+/// gradients, the shared sum, and each replica's own copy of it when a fault hits that
+/// copy alone.
+pub(crate) struct Buffers {
+    micro: Vec<Vec<GradBuffer>>,
+    shared: GradBuffer,
+    own: Vec<GradBuffer>,
 }
 
-/// What does not change during a campaign.
+impl Buffers {
+    pub fn new(engine: &Engine<'_>, world: usize) -> Self {
+        Buffers { micro: vec![Vec::new(); world], shared: engine.buffer(), own: vec![engine.buffer(); world] }
+    }
+}
+
+/// What does not change during a campaign's step besides the engine.
 pub(crate) struct Env<'a> {
-    pub data: &'a Dataset,
-    pub device: &'a Device,
-    pub reduce: ReduceMode,
     pub detect: &'a DetectSpec,
     /// The response to alarms (golden runs observe).
     pub response: Response,
-    pub micro_batch: usize,
-    pub denominator: usize,
 }
 
 /// What a step produced.
@@ -125,7 +98,7 @@ pub(crate) struct StepReport {
     pub alarms: Vec<Alarm>,
     /// Replicas repaired by copying from a healthy one.
     pub repaired: usize,
-    pub flips: Vec<(StateKind, usize, LiveFlip)>,
+    pub flips: Vec<Injected>,
     pub verdict: Verdict,
 }
 
@@ -147,6 +120,11 @@ impl Group {
         self.replicas.len()
     }
 
+    /// The step every replica is at.
+    pub fn step_index(&self) -> u64 {
+        self.replicas[0].state.step
+    }
+
     /// Handles an alarm by the response: `None` to go on (observed, or repaired).
     fn respond(&mut self, env: &Env<'_>, report: &mut StepReport, alarm: Alarm, copy: Restore) -> Option<Verdict> {
         let healthy = (0..self.world()).find(|r| !alarm.faulty.contains(r));
@@ -159,8 +137,8 @@ impl Group {
                         let source = self.replicas[h].clone();
                         let target = &mut self.replicas[f];
                         match copy {
-                            Restore::Params => target.params = source.params,
-                            Restore::Slots => target.optim = source.optim,
+                            Restore::Params => target.state.params = source.state.params,
+                            Restore::Slots => target.state.optimizer = source.state.optimizer,
                             Restore::State => *target = source,
                             // The gradient is not state: the caller takes the healthy copy.
                             Restore::Gradient => {}
@@ -176,33 +154,24 @@ impl Group {
         verdict
     }
 
-    /// Runs step `step` (0-based) with the pending faults of that step.
+    /// Runs the replicas' next step with the faults that are due in it.
     pub fn step(
         &mut self,
         env: &Env<'_>,
-        model: &mut Option<Model>,
-        sampler: &mut Sampler,
-        step: u64,
-        pending: &mut [Pending],
+        engine: &mut Engine<'_>,
+        bufs: &mut Buffers,
+        faults: &mut LiveFaults,
     ) -> Result<StepReport, TrainError> {
         let world = self.world();
+        let step = self.step_index();
+        let at = |rank| At { step, rank };
         let mut report = StepReport::default();
-        let mut due = |kind: StateKind| -> Vec<LiveFault> {
-            let mut out = Vec::new();
-            for p in pending.iter_mut().filter(|p| !p.done && p.fault.step == step && p.fault.state == kind) {
-                p.done = true;
-                out.push(p.fault.clone());
-            }
-            out
-        };
-        let (param_faults, act_faults, grad_faults, optim_faults) =
-            (due(StateKind::Param), due(StateKind::Activation), due(StateKind::Grad), due(StateKind::Optim));
 
         // 1. Memory faults in parameters, caught (or not) by the checksums.
-        for f in &param_faults {
-            let flips = f.apply(&mut state::views(&mut self.replicas[f.rank].params))?;
-            report.flips.extend(flips.into_iter().map(|x| (StateKind::Param, f.rank, x)));
+        for (r, replica) in self.replicas.iter_mut().enumerate() {
+            faults.after_load(at(r), &mut replica.state)?;
         }
+        report.flips.extend(faults.take_flips());
         let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Model)).collect();
         if !bad.is_empty()
             && let Some(v) =
@@ -213,47 +182,34 @@ impl Group {
         }
 
         // 2. Forward and backward: micro-batch i on replica i mod W.
-        let micro_batches = sampler.micro_batches();
-        let mut parts: Vec<Vec<f32>> = vec![Vec::new(); micro_batches];
         for (r, replica) in self.replicas.iter().enumerate() {
-            let m = model.take().expect("a model").load(&replica.params);
-            for i in (r..micro_batches).step_by(world) {
-                let batch = env.data.batch(Split::Train, &sampler.micro_batch(step, i));
-                let mut taps = Taps::none();
-                if i == r {
-                    for f in act_faults.iter().filter(|f| f.rank == r) {
-                        taps.add(&m, env.micro_batch, &f.flips)?;
-                    }
-                }
-                let (l, g) = m.loss_and_grads_tapped(&batch, env.denominator, env.device, &mut taps);
-                report.flips.extend(taps.log.into_iter().map(|x| (StateKind::Activation, r, x)));
-                let mut flat = g.concat();
-                flat.push(l);
-                parts[i] = flat;
-            }
-            *model = Some(m);
+            engine.compute(&replica.state, r, world, faults, &mut bufs.micro[r])?;
         }
+        report.flips.extend(faults.take_flips());
 
-        // 3. The reduction every replica receives.
-        let refs: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
-        let shared = comm::sum_parts(env.reduce, &refs);
-        let n = shared.len() - 1;
+        // 3. The reduction every replica receives, over the micro-batches in index order.
+        let micro_batches = engine.sampler().micro_batches();
+        let parts: Vec<&GradBuffer> = (0..micro_batches).map(|i| &bufs.micro[i % world][i / world]).collect();
+        engine.reduce_local(&parts, &mut bufs.shared);
 
         // 4. Gradient faults in one replica's copy, then the vote and the numeric checks.
-        let mut own: Vec<Option<Vec<f32>>> = vec![None; world];
-        for f in &grad_faults {
-            let copy = own[f.rank].get_or_insert_with(|| shared.clone());
-            let flips = f.apply(&mut state::flat_views(&mut copy[..n], &self.replicas[f.rank].params))?;
-            report.flips.extend(flips.into_iter().map(|x| (StateKind::Grad, f.rank, x)));
+        let mut own = vec![false; world];
+        for (r, copy) in bufs.own.iter_mut().enumerate() {
+            if faults.due(at(r), StateKind::Grad) {
+                copy.copy_from(&bufs.shared);
+                faults.after_reduce(at(r), copy)?;
+                own[r] = true;
+            }
         }
+        report.flips.extend(faults.take_flips());
         // Each distinct sum is read once: the shared one, and each replica's own copy.
-        let shared_stats = SumStats::of(&shared);
-        let mut stats: Vec<SumStats> = own.iter().map(|c| c.as_deref().map_or(shared_stats, SumStats::of)).collect();
+        let shared = SumCheck::of(&bufs.shared);
+        let mut checks: Vec<SumCheck> =
+            (0..world).map(|r| if own[r] { SumCheck::of(&bufs.own[r]) } else { shared }).collect();
         if world > 1 {
-            let digests: Vec<u64> = stats.iter().map(|s| s.digest).collect();
+            let digests: Vec<u64> = checks.iter().map(|s| s.digest).collect();
             if digests.iter().any(|&d| d != digests[0]) {
-                // Two replicas that disagree cannot tell which one is wrong.
-                let faulty = minority(&digests).unwrap_or_else(|| (0..world).collect());
+                let faulty = suspects(&digests);
                 let alarm = Alarm { detector: Detector::Vote, faulty: faulty.clone() };
                 if let Some(v) = self.respond(env, &mut report, alarm, Restore::Gradient) {
                     report.verdict = v;
@@ -261,12 +217,12 @@ impl Group {
                 }
                 if env.response == Response::Repair {
                     for f in faulty {
-                        (own[f], stats[f]) = (None, shared_stats);
+                        (own[f], checks[f]) = (false, shared);
                     }
                 }
             }
         }
-        let nonfinite: Vec<usize> = (0..world).filter(|&r| !stats[r].finite).collect();
+        let nonfinite: Vec<usize> = (0..world).filter(|&r| !checks[r].finite).collect();
         if !nonfinite.is_empty() {
             let alarm = Alarm { detector: Detector::NonFinite, faulty: nonfinite.clone() };
             if let Some(v) = self.respond(env, &mut report, alarm, Restore::Gradient) {
@@ -275,13 +231,13 @@ impl Group {
             }
             if env.response == Response::Repair {
                 for f in nonfinite {
-                    (own[f], stats[f]) = (None, shared_stats);
+                    (own[f], checks[f]) = (false, shared);
                 }
             }
         }
         // The spike detectors see the worst replica (NaN if any is NaN).
         let (mut loss, mut norm) = (f32::MIN, 0.0f64);
-        for s in &stats {
+        for s in &checks {
             loss = if s.loss.is_nan() || loss.is_nan() { f32::NAN } else { loss.max(s.loss) };
             norm = if s.norm.is_nan() || norm.is_nan() { f64::NAN } else { norm.max(s.norm) };
         }
@@ -299,10 +255,10 @@ impl Group {
         }
 
         // 5. Optimizer faults, slot checksums, the update, fresh checksums, fingerprints.
-        for f in &optim_faults {
-            let flips = f.apply(&mut state::views(self.replicas[f.rank].optim.slots_mut()))?;
-            report.flips.extend(flips.into_iter().map(|x| (StateKind::Optim, f.rank, x)));
+        for (r, replica) in self.replicas.iter_mut().enumerate() {
+            faults.before_update(at(r), &mut replica.state)?;
         }
+        report.flips.extend(faults.take_flips());
         let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Optim)).collect();
         if !bad.is_empty()
             && let Some(v) =
@@ -311,17 +267,15 @@ impl Group {
             report.verdict = v;
             return Ok(report);
         }
-        for (replica, copy) in self.replicas.iter_mut().zip(&own) {
-            let grads = state::split_like(&copy.as_deref().unwrap_or(&shared)[..n], &replica.params);
-            replica.optim.step(&mut replica.params, &grads);
+        for (r, replica) in self.replicas.iter_mut().enumerate() {
+            replica.state.apply(if own[r] { &bufs.own[r] } else { &bufs.shared });
             replica.sums = replica.checksums();
         }
         let done = step + 1;
         if world > 1 && env.detect.fingerprint_every > 0 && done.is_multiple_of(env.detect.fingerprint_every) {
-            let prints: Vec<Vec<u64>> = self.replicas.iter().map(|r| r.fingerprint().to_vec()).collect();
+            let prints: Vec<&[u64]> = self.replicas.iter().map(Replica::fingerprint).collect();
             if prints.iter().any(|p| *p != prints[0]) {
-                let faulty = minority(&prints).unwrap_or_else(|| (0..world).collect());
-                let alarm = Alarm { detector: Detector::Fingerprint, faulty };
+                let alarm = Alarm { detector: Detector::Fingerprint, faulty: suspects(&prints) };
                 if let Some(v) = self.respond(env, &mut report, alarm, Restore::State) {
                     report.verdict = v;
                     return Ok(report);

@@ -31,7 +31,6 @@ pub mod output;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use burn::prelude::Device;
 use comm::ReduceMode;
 use fault::campaign::{Evidence, Outcome, Response, Spec, Trial};
 use fault::live::{LiveFlip, StateKind};
@@ -39,15 +38,13 @@ use rayon::prelude::*;
 
 use detect::Monitors;
 pub use detect::{Alarm, Detector};
-use group::{Env, Group, Pending, Replica, Verdict};
+use group::{Buffers, Env, Group, Replica, Verdict};
 
-use crate::data::sampler::Sampler;
-use crate::data::{DataKind, DataSpec, Dataset, Modality, Split};
+use crate::config::TrainConfig;
 use crate::error::{ConfigError, TrainError};
-use crate::model::{GptConfig, Model, ModelKind};
-use crate::optim::{OptimKind, Optimizer};
-use crate::state::NamedTensor;
-use crate::trainer::{TrainConfig, evaluate_first};
+use crate::model::ModelKind;
+use crate::step::{Engine, LiveFaults, TrainState};
+use crate::trainer::{Prepared, evaluate_first};
 
 /// A campaign ready to run: the spec, the data, the training configuration.
 pub struct Campaign {
@@ -56,10 +53,7 @@ pub struct Campaign {
     /// The reduction strategies compared, in the spec's order.
     pub reduces: Vec<ReduceMode>,
     config: TrainConfig,
-    data: Dataset,
-    gpt: GptConfig,
-    micro_batch: usize,
-    denominator: usize,
+    prepared: Prepared,
 }
 
 /// The fault-free reference of one reduction strategy.
@@ -85,6 +79,12 @@ pub struct Golden {
 impl Golden {
     fn state(&self, step: u64) -> &(Replica, Monitors) {
         &self.states[(step - self.first) as usize]
+    }
+
+    /// The fingerprint of the state after the last step: that of `steadfast train` with
+    /// the same configuration and steps (every replica holds it).
+    pub fn fingerprint(&self) -> u64 {
+        self.states.last().expect("the golden run keeps its final state").0.state.fingerprint()
     }
 }
 
@@ -130,24 +130,10 @@ impl Campaign {
         spec.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         let bad = |m: String| TrainError::Config(ConfigError::Invalid(m));
         let r = &spec.run;
-        let model = match r.model.as_str() {
-            "mlp" => ModelKind::Mlp,
-            "cnn" => ModelKind::Cnn,
-            "gpt" => ModelKind::Gpt,
-            m => return Err(bad(format!("run.model {m:?} is not mlp, cnn or gpt"))),
-        };
+        let model: ModelKind = r.model.parse().map_err(|e: crate::UnknownWord| bad(format!("run.model: {e}")))?;
         let mut config = TrainConfig::defaults(model);
-        config.data = match r.data.as_str() {
-            "fashion-mnist" => DataKind::FashionMnist,
-            "fortunes" => DataKind::Fortunes,
-            "synthetic" => DataKind::Synthetic,
-            d => return Err(bad(format!("run.data {d:?} is not fashion-mnist, fortunes or synthetic"))),
-        };
-        config.optimizer = match r.optimizer.as_str() {
-            "adamw" => OptimKind::AdamW,
-            "sgd" => OptimKind::Sgd,
-            o => return Err(bad(format!("run.optimizer {o:?} is not adamw or sgd"))),
-        };
+        config.data = r.data.parse().map_err(|e: crate::UnknownWord| bad(format!("run.data: {e}")))?;
+        config.optimizer = r.optimizer.parse().map_err(|e: crate::UnknownWord| bad(format!("run.optimizer: {e}")))?;
         if let Some(lr) = r.lr {
             config.optim.lr = lr;
         }
@@ -165,44 +151,22 @@ impl Campaign {
             }
             reduces.push(mode);
         }
-        let modality = if model == ModelKind::Gpt { Modality::Text } else { Modality::Images };
-        let probe = GptConfig::small(0);
-        let data = Dataset::load(&DataSpec {
-            kind: config.data,
-            dir: config.data_dir.clone(),
-            modality,
-            context: probe.context,
-            seed: config.seed,
-        })?;
-        let (gpt, tokens) = match &data {
-            Dataset::Text(t) => (GptConfig::small(t.vocab.len()), t.context),
-            Dataset::Images(_) => (probe, 1),
-        };
-        Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;
-        let campaign = Campaign {
-            micro_batch: config.micro_batch,
-            denominator: config.batch * tokens,
-            spec,
-            reduces,
-            config,
-            data,
-            gpt,
-        };
+        let prepared = Prepared::load(&config)?;
+        let campaign = Campaign { spec, reduces, config, prepared };
         campaign.check_targets()?;
         Ok(campaign)
     }
 
     /// Every kind of state in the spec must have a tensor that its target matches.
     fn check_targets(&self) -> Result<(), TrainError> {
-        let model = self.model();
-        let params = model.params();
-        let optim = Optimizer::new(self.config.optimizer, self.config.optim, &params);
+        let (state, engine) = self.prepared.start(&self.config);
+        let micro_batch = self.config.micro_batch;
         for kind in &self.spec.trials.state {
             let kind: StateKind = kind.parse().map_err(ConfigError::Invalid)?;
             let names: Vec<String> = match kind {
-                StateKind::Param | StateKind::Grad => params.iter().map(|p| p.name.clone()).collect(),
-                StateKind::Optim => optim.slots().iter().map(|p| p.name.clone()).collect(),
-                StateKind::Activation => model.activations(self.micro_batch).into_iter().map(|(n, _)| n).collect(),
+                StateKind::Param | StateKind::Grad => state.params.iter().map(|p| p.name.clone()).collect(),
+                StateKind::Optim => state.optimizer.slots().iter().map(|p| p.name.clone()).collect(),
+                StateKind::Activation => engine.activations(micro_batch).into_iter().map(|(n, _)| n).collect(),
             };
             let target = fault::plan::Target { glob: self.spec.trials.target.clone(), role: None };
             if !names.iter().any(|n| target.matches(n, kind.role())) {
@@ -218,31 +182,22 @@ impl Campaign {
         Ok(())
     }
 
-    fn model(&self) -> Model {
-        Model::new(self.config.model, self.config.seed, self.gpt, &Device::flex().autodiff())
+    /// A fresh state and an engine in the reduce mode of `reduce`.
+    fn start(&self, reduce: ReduceMode) -> (TrainState, Engine<'_>) {
+        let config = TrainConfig { reduce, ..self.config.clone() };
+        self.prepared.start(&config)
     }
 
-    fn env<'a>(&'a self, device: &'a Device, reduce: ReduceMode, response: Response) -> Env<'a> {
-        Env {
-            data: &self.data,
-            device,
-            reduce,
-            detect: &self.spec.detect,
-            response,
-            micro_batch: self.micro_batch,
-            denominator: self.denominator,
-        }
+    fn env(&self, response: Response) -> Env<'_> {
+        Env { detect: &self.spec.detect, response }
     }
 
-    fn sampler(&self) -> Sampler {
-        Sampler::new(self.config.seed, self.data.len(Split::Train), self.config.batch, self.micro_batch)
-            .expect("checked in prepare")
-    }
-
-    fn quality(&self, model: Model, params: &[NamedTensor], step: u64, device: &Device) -> (Model, (f64, f64)) {
-        let model = model.load(params);
-        let report = evaluate_first(&model, &self.data, step, device, self.eval_limit());
-        (model, (report.loss, report.accuracy))
+    /// Held-out (loss, accuracy) of `state`.
+    fn quality(&self, engine: &mut Engine<'_>, state: &TrainState) -> (f64, f64) {
+        let limit = self.eval_limit();
+        let report =
+            engine.with_model(&state.params, |m, d| evaluate_first(m, &self.prepared.data, state.step, d, limit));
+        (report.loss, report.accuracy)
     }
 
     fn eval_limit(&self) -> usize {
@@ -255,15 +210,13 @@ impl Campaign {
     /// Trains the golden run of `reduce` up to the last step any trial reaches.
     pub fn golden(&self, reduce: ReduceMode) -> Result<Golden, TrainError> {
         let started = Instant::now();
-        let device = Device::flex().autodiff();
-        let env = self.env(&device, reduce, Response::Observe);
-        let mut model = Some(self.model());
-        let params = model.as_ref().expect("built").params();
-        let optim = Optimizer::new(self.config.optimizer, self.config.optim, &params);
-        let replica = Replica::new(params, optim);
-        let tensors = replica.tensors().map(|t| (t.name.clone(), t.data.len())).collect();
+        let env = self.env(Response::Observe);
+        let (state, mut engine) = self.start(reduce);
+        let replica = Replica::new(state);
+        let tensors = replica.state.tensors().map(|t| (t.name.clone(), t.data.len())).collect();
         let mut group = Group { replicas: vec![replica; self.spec.run.replicas], monitors: Monitors::default() };
-        let mut sampler = self.sampler();
+        let mut bufs = Buffers::new(&engine, group.world());
+        let mut no_faults = LiveFaults::default();
         let first = self.spec.trials.inject_at.iter().min().copied().unwrap_or(0);
         let last = self.spec.last_step();
         let ends: Vec<u64> = self.spec.trials.inject_at.iter().map(|s| s + self.spec.trials.steps_after).collect();
@@ -282,7 +235,7 @@ impl Campaign {
             if step >= first {
                 golden.states.push((group.replicas[0].clone(), group.monitors.clone()));
             }
-            let report = group.step(&env, &mut model, &mut sampler, step, &mut [])?;
+            let report = group.step(&env, &mut engine, &mut bufs, &mut no_faults)?;
             if !report.loss.is_finite() {
                 return Err(TrainError::Diverged { step, loss: report.loss });
             }
@@ -290,9 +243,7 @@ impl Campaign {
             golden.grad_norms.push(report.grad_norm);
             golden.alarms.push(report.alarms.iter().map(|a| a.detector).collect());
             if ends.contains(&(step + 1)) {
-                let (m, q) = self.quality(model.take().expect("a model"), &group.replicas[0].params, step + 1, &device);
-                model = Some(m);
-                golden.evals.insert(step + 1, q);
+                golden.evals.insert(step + 1, self.quality(&mut engine, &group.replicas[0].state));
             }
         }
         golden.states.push((group.replicas[0].clone(), group.monitors.clone()));
@@ -346,22 +297,21 @@ impl Campaign {
     }
 
     fn trial_inner(&self, golden: &Golden, trial: &Trial, out: &mut TrialResult) -> Result<(), TrainError> {
-        let device = Device::flex().autodiff();
         let response = self.spec.detect.response;
-        let env = self.env(&device, golden.reduce, response);
+        let env = self.env(response);
+        let (_, mut engine) = self.start(golden.reduce);
         let (start, monitors) = golden.state(trial.fault.step);
         let mut group = Group { replicas: vec![start.clone(); self.spec.run.replicas], monitors: monitors.clone() };
-        let mut model = Some(self.model());
-        let mut sampler = self.sampler();
-        let mut pending = vec![Pending { fault: trial.fault.clone(), done: false }];
+        let mut bufs = Buffers::new(&engine, group.world());
+        let mut faults = LiveFaults::new([trial.fault.clone()]);
         let end = trial.fault.step + self.spec.trials.steps_after;
         let thresholds = &self.spec.classify;
         let mut alarmed = false;
         let mut step = trial.fault.step;
         while step < end {
             let before = (response == Response::Repair).then(|| group.clone());
-            let report = group.step(&env, &mut model, &mut sampler, step, &mut pending)?;
-            out.flips.extend(report.flips.iter().map(|(_, r, f)| (*r, f.clone())));
+            let report = group.step(&env, &mut engine, &mut bufs, &mut faults)?;
+            out.flips.extend(report.flips.into_iter().map(|i| (i.at.rank, i.flip)));
             out.repairs += report.repaired as u32;
             for a in &report.alarms {
                 out.first_alarm[a.detector.index()].get_or_insert(step);
@@ -382,9 +332,8 @@ impl Campaign {
             let golden_loss = golden.losses[step as usize];
             out.losses.push(report.loss);
             let (replicas, tensors) = differing(&group, &golden.state(step + 1).0);
-            let rejoined = pending.iter().all(|p| p.done)
-                && replicas.iter().all(|&d| d == 0)
-                && group.monitors == golden.state(step + 1).1;
+            let rejoined =
+                faults.all_fired() && replicas.iter().all(|&d| d == 0) && group.monitors == golden.state(step + 1).1;
             out.replica_differing.push(replicas);
             out.tensor_differing.push(tensors);
             step += 1;
@@ -420,8 +369,7 @@ impl Campaign {
                         continue;
                     }
                     seen.push(print);
-                    let (m, (l, a)) = self.quality(model.take().expect("a model"), &r.params, end, &device);
-                    model = Some(m);
+                    let (l, a) = self.quality(&mut engine, &r.state);
                     worst = (nan_max(worst.0, l), nan_min(worst.1, a));
                 }
                 worst
@@ -475,13 +423,13 @@ fn nan_min(a: f64, b: f64) -> f64 {
 /// Elements whose bits differ from `golden`'s: the total per replica, and per tensor the
 /// largest count over the replicas.
 fn differing(group: &Group, golden: &Replica) -> (Vec<u64>, Vec<u64>) {
-    let mut per_tensor = vec![0u64; golden.tensors().count()];
+    let mut per_tensor = vec![0u64; golden.state.tensors().count()];
     let per_replica = group
         .replicas
         .iter()
         .map(|r| {
             let mut total = 0;
-            for (i, (a, b)) in r.tensors().zip(golden.tensors()).enumerate() {
+            for (i, (a, b)) in r.state.tensors().zip(golden.state.tensors()).enumerate() {
                 let d = a.data.iter().zip(&b.data).filter(|(x, y)| x.to_bits() != y.to_bits()).count() as u64;
                 per_tensor[i] = per_tensor[i].max(d);
                 total += d;

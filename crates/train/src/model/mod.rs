@@ -2,9 +2,9 @@
 //! between burn's parameters and the state registry's flat buffers.
 //!
 //! The registry is the source of truth for parameter values. Each step, [`Model::load`]
-//! copies the flat parameters into the burn module, [`Model::loss_and_grads`] runs a
-//! micro-batch forward and backward and returns each parameter's gradient as a flat
-//! buffer, and the optimizer (ours, not burn's) updates the flat buffers. Parameters are
+//! copies the flat parameters into the burn module, [`Model::loss_and_grads_into`] runs a
+//! micro-batch forward and backward and writes each parameter's gradient into its range
+//! of one flat buffer, and the optimizer (ours, not burn's) updates the flat buffers. Parameters are
 //! enumerated by burn's module visitor, which walks fields in declaration order, so
 //! names (`model.fc1.weight`) and order are fixed by the model's source code.
 
@@ -25,6 +25,7 @@ pub use mlp::Mlp;
 
 use crate::data::Batch;
 use crate::state::{NamedTensor, Role};
+use crate::step::{GradBuffer, GradLayout};
 
 /// Which architecture to train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +73,7 @@ impl Model {
 
     /// The parameters as registry tensors (`model.<path>`), in declaration order.
     pub fn params(&self) -> Vec<NamedTensor> {
-        let mut v = Collect { path: Vec::new(), out: Vec::new(), grads: None };
+        let mut v = Collect { path: Vec::new(), out: Vec::new() };
         self.visit(&mut v);
         v.out
     }
@@ -93,29 +94,37 @@ impl Model {
     /// Forward and backward on one micro-batch. The loss is the sum of per-example
     /// cross-entropy divided by `denominator` (the global batch's example or token count),
     /// so that summing the micro-batches' gradients gives the global batch's mean-loss
-    /// gradient. Returns the loss value and one flat gradient per parameter.
+    /// gradient. Returns the loss value and one flat gradient per parameter (a convenience
+    /// for tests and tools; the training step uses [`loss_and_grads_into`](Model::loss_and_grads_into)).
     pub fn loss_and_grads(&self, batch: &Batch, denominator: usize, device: &Device) -> (f32, Vec<Vec<f32>>) {
-        self.loss_and_grads_tapped(batch, denominator, device, &mut Taps::none())
+        let mut out = GradBuffer::zeros(std::sync::Arc::new(GradLayout::of(&self.params())));
+        self.loss_and_grads_into(batch, denominator, device, &mut Taps::none(), &mut out);
+        let grads = out.layout().tensors().iter().map(|(_, r)| out.grads()[r.clone()].to_vec()).collect();
+        (out.loss(), grads)
     }
 
-    /// [`loss_and_grads`](Model::loss_and_grads) with activation faults: `taps` flips
-    /// bits in layer outputs during the forward pass (and records what it flipped).
-    pub fn loss_and_grads_tapped(
+    /// Forward and backward on one micro-batch (see [`loss_and_grads`](Model::loss_and_grads)),
+    /// with activation faults: `taps` flips bits in layer outputs during the forward pass
+    /// (and records what it flipped). Each parameter's gradient is written straight into
+    /// its range of `out`, and the loss into its loss field.
+    pub fn loss_and_grads_into(
         &self,
         batch: &Batch,
         denominator: usize,
         device: &Device,
         taps: &mut Taps,
-    ) -> (f32, Vec<Vec<f32>>) {
+        out: &mut GradBuffer,
+    ) {
         let (logits, labels) = self.logits(batch, device, taps);
         let [n, _] = logits.dims();
         let nll = -log_softmax(logits, 1).gather(1, labels.reshape([n, 1]));
         let loss = nll.sum().div_scalar(denominator as f32);
         let value = loss.clone().into_scalar::<f32>();
         let grads = loss.backward();
-        let mut v = Collect { path: Vec::new(), out: Vec::new(), grads: Some(&grads) };
-        self.visit(&mut v);
-        (value, v.out.into_iter().map(|t| t.data).collect())
+        let mut w = WriteGrads { grads: &grads, out, next: 0 };
+        self.visit(&mut w);
+        assert_eq!(w.next, w.out.layout().tensors().len(), "the buffer's layout has more tensors than the model");
+        out.set_loss(value);
     }
 
     /// Loss sum and correct predictions on a batch, without building a gradient graph.
@@ -223,7 +232,7 @@ impl Taps {
         for f in mine {
             let e = f.element as usize;
             let old = values[e];
-            let new = f32::from_bits(old.to_bits() ^ f.bits.iter().fold(0u32, |m, &b| m | (1 << b)));
+            let new = fault::flip_f32(old, &f.bits);
             mask[e] = true;
             replaced[e] = new;
             self.log.push(fault::live::LiveFlip {
@@ -278,14 +287,13 @@ impl Logits for Gpt {
     }
 }
 
-/// Collects parameter values (or, with `grads`, their gradients) in visiting order.
-struct Collect<'a> {
+/// Collects parameter values in visiting order.
+struct Collect {
     path: Vec<String>,
     out: Vec<NamedTensor>,
-    grads: Option<&'a Gradients>,
 }
 
-impl ModuleVisitor for Collect<'_> {
+impl ModuleVisitor for Collect {
     fn enter_module(&mut self, name: &str, _container: &str) {
         self.path.push(name.to_owned());
     }
@@ -297,16 +305,30 @@ impl ModuleVisitor for Collect<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let value = param.val();
         let shape = value.dims().to_vec();
-        let tensor = match self.grads {
-            None => value,
-            Some(grads) => match value.grad(grads) {
-                Some(g) => g,
-                // A parameter that did not take part in the loss has a zero gradient.
-                None => Tensor::zeros(shape.clone(), &value.device().inner()),
-            },
-        };
-        let data = tensor.into_data().try_into_vec::<f32>().expect("parameters are f32");
+        let data = value.into_data().try_into_vec::<f32>().expect("parameters are f32");
         self.out.push(NamedTensor::new(format!("model.{}", self.path.join(".")), Role::Model, shape, data));
+    }
+}
+
+/// Writes each parameter's gradient into its range of a flat buffer, in visiting order.
+struct WriteGrads<'a> {
+    grads: &'a Gradients,
+    out: &'a mut GradBuffer,
+    next: usize,
+}
+
+impl ModuleVisitor for WriteGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let dst = self.out.grad_mut(self.next);
+        self.next += 1;
+        match param.val().grad(self.grads) {
+            Some(g) => {
+                let data = g.into_data();
+                dst.copy_from_slice(data.as_slice::<f32>().expect("gradients are f32"));
+            }
+            // A parameter that did not take part in the loss has a zero gradient.
+            None => dst.fill(0.0),
+        }
     }
 }
 

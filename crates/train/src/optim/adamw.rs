@@ -14,11 +14,11 @@
 
 use rayon::prelude::*;
 
-use super::{MIN_CHUNK, OptimConfig, slot_for};
+use super::{MIN_CHUNK, OptimConfig, slot_for, with_grads};
 use crate::state::NamedTensor;
 
 /// Adam with decoupled weight decay.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AdamW {
     config: OptimConfig,
     /// `exp_avg` and `exp_avg_sq` per parameter, interleaved in parameter order.
@@ -45,7 +45,7 @@ impl AdamW {
         AdamW { config, slots, updates: 0 }
     }
 
-    pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[Vec<f32>]) {
+    pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
         let OptimConfig { lr, weight_decay: wd, beta1: b1, beta2: b2, eps, .. } = self.config;
         let t = self.updates + 1;
         let bc1 = 1.0 - pow_by_squaring(f64::from(b1), t);
@@ -53,8 +53,7 @@ impl AdamW {
         let step_size = (f64::from(lr) / bc1) as f32;
         let inv_bc2_sqrt = (1.0 / bc2.sqrt()) as f32;
         let decay = 1.0 - lr * wd;
-        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            assert_eq!(p.data.len(), g.len(), "gradient of {} has the wrong length", p.name);
+        for (i, (p, g)) in with_grads(params, grads) {
             let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
             let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
             // Element-wise, so splitting over threads cannot change any bit.
@@ -90,7 +89,7 @@ mod tests {
         let cfg = OptimConfig { lr: 0.01, momentum: 0.0, weight_decay: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
         let mut p = vec![NamedTensor::new("model.w".into(), Role::Model, vec![3], vec![1.0, 1.0, 1.0])];
         let mut opt = AdamW::new(cfg, &p);
-        opt.step(&mut p, &[vec![0.5, -2.0, 0.0]]);
+        opt.step(&mut p, &[0.5, -2.0, 0.0]);
         assert!((p[0].data[0] - 0.99).abs() < 1e-6);
         assert!((p[0].data[1] - 1.01).abs() < 1e-6);
         assert_eq!(p[0].data[2], 1.0);

@@ -45,7 +45,7 @@ pub enum OptimKind {
 }
 
 /// An optimizer and its state.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Optimizer {
     /// See [`Sgd`].
     Sgd(Sgd),
@@ -62,9 +62,10 @@ impl Optimizer {
         }
     }
 
-    /// Applies one update to `params` given their gradients (same order and lengths).
-    pub fn step(&mut self, params: &mut [NamedTensor], grads: &[Vec<f32>]) {
-        assert_eq!(params.len(), grads.len(), "one gradient per parameter");
+    /// Applies one update to `params` given their gradients, laid out flat in parameter
+    /// order (see [`GradLayout`](crate::step::GradLayout)). Panics if the lengths differ.
+    pub fn step(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
+        assert_eq!(params.iter().map(|p| p.data.len()).sum::<usize>(), grads.len(), "one gradient per parameter");
         match self {
             Optimizer::Sgd(o) => o.step(params, grads),
             Optimizer::AdamW(o) => o.step(params, grads),
@@ -102,6 +103,23 @@ impl Optimizer {
             Optimizer::AdamW(o) => o.updates = updates,
         }
     }
+}
+
+/// Each parameter with its gradient: `flat` cut into consecutive slices of the parameters'
+/// lengths.
+fn with_grads<'a>(
+    params: &'a mut [NamedTensor],
+    flat: &'a [f32],
+) -> impl Iterator<Item = (usize, (&'a mut NamedTensor, &'a [f32]))> {
+    let mut rest = flat;
+    params
+        .iter_mut()
+        .map(move |p| {
+            let (head, tail) = rest.split_at(p.data.len());
+            rest = tail;
+            (p, head)
+        })
+        .enumerate()
 }
 
 /// The slot tensor `optim.<param>.<slot>`, zero-filled, shaped like its parameter.

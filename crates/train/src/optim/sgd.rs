@@ -3,11 +3,11 @@
 
 use rayon::prelude::*;
 
-use super::{MIN_CHUNK, OptimConfig, slot_for};
+use super::{MIN_CHUNK, OptimConfig, slot_for, with_grads};
 use crate::state::NamedTensor;
 
 /// Stochastic gradient descent.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Sgd {
     config: OptimConfig,
     /// `optim.<param>.momentum_buffer` per parameter (empty without momentum).
@@ -26,10 +26,9 @@ impl Sgd {
         Sgd { config, slots, updates: 0 }
     }
 
-    pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[Vec<f32>]) {
+    pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
         let OptimConfig { lr, momentum, weight_decay: wd, .. } = self.config;
-        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            assert_eq!(p.data.len(), g.len(), "gradient of {} has the wrong length", p.name);
+        for (i, (p, g)) in with_grads(params, grads) {
             if momentum == 0.0 {
                 p.data.par_iter_mut().zip(g).with_min_len(MIN_CHUNK).for_each(|(w, &g)| {
                     let g = g + wd * *w;

@@ -16,7 +16,8 @@ pub fn have_data(dir: &str) -> bool {
             std::env::var_os("STEADFAST_REQUIRE_DATA").is_none(),
             "{dir} is missing but STEADFAST_REQUIRE_DATA is set"
         );
-        eprintln!("skipping: {dir} is not installed");
+        // Written past the test harness's capture, so `cargo test` shows it.
+        let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("skipped: {dir} is not installed\n"));
     }
     present
 }

@@ -1,0 +1,58 @@
+//! The one majority rule of the project: who is outvoted when replicas disagree.
+//!
+//! The commit vote (gradient digests), the replica check (state fingerprints) and a
+//! campaign's detectors all ask the same question of a list of values, one per replica:
+//! which replicas hold something other than what most hold? The answer is defined here
+//! once, with one tie rule:
+//!
+//! - a value held by **more than half** of the replicas is the majority, and the replicas
+//!   that hold anything else are its dissenters;
+//! - without such a value (a tie, as between two replicas, or a scatter) nobody can be
+//!   named: every replica is suspect, and [`dissenters`] returns `None`.
+//!
+//! A strict majority is what repair needs: copying the majority's state onto a dissenter
+//! is only safe when the majority cannot be the corrupted side, which a plurality (say two
+//! of four) does not guarantee.
+
+/// The indices of the values that differ from a strict majority, in order (empty when
+/// all agree), or `None` when no value is held by more than half.
+///
+/// ```
+/// use comm::majority::dissenters;
+///
+/// assert_eq!(dissenters(&[7, 7, 9]), Some(vec![2]));
+/// assert_eq!(dissenters(&[7, 7, 7]), Some(vec![]));
+/// assert_eq!(dissenters(&[1, 2]), None, "two replicas that disagree cannot say which is wrong");
+/// ```
+pub fn dissenters<T: PartialEq>(values: &[T]) -> Option<Vec<usize>> {
+    let n = values.len();
+    let majority = (0..n).find(|&i| 2 * values.iter().filter(|v| **v == values[i]).count() > n)?;
+    Some((0..n).filter(|&i| values[i] != values[majority]).collect())
+}
+
+/// [`dissenters`], with every index when there is no majority: the replicas to distrust.
+pub fn suspects<T: PartialEq>(values: &[T]) -> Vec<usize> {
+    dissenters(values).unwrap_or_else(|| (0..values.len()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_strict_majority_names_everyone_else() {
+        assert_eq!(dissenters(&[9, 7, 7, 7]), Some(vec![0]));
+        assert_eq!(dissenters(&[1, 1, 1, 2, 3]), Some(vec![3, 4]));
+        assert_eq!(dissenters(&[5]), Some(vec![]));
+        assert_eq!(dissenters::<u64>(&[]), None);
+    }
+
+    #[test]
+    fn half_is_not_a_majority() {
+        assert_eq!(dissenters(&[1, 1, 2, 2]), None);
+        assert_eq!(dissenters(&[1, 1, 2, 3]), None, "a plurality of two in four names nobody");
+        assert_eq!(dissenters(&[1, 2, 3]), None);
+        assert_eq!(suspects(&[1, 2]), vec![0, 1]);
+        assert_eq!(suspects(&[4, 4, 5]), vec![2]);
+    }
+}

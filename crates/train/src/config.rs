@@ -1,0 +1,113 @@
+//! The configuration of a training run: what defines its trajectory, and where it runs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ckpt::Retention;
+use comm::ReduceMode;
+
+use crate::data::DataKind;
+use crate::model::ModelKind;
+use crate::optim::{OptimConfig, OptimKind};
+
+/// Everything that defines a training run.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Architecture.
+    pub model: ModelKind,
+    /// Data set.
+    pub data: DataKind,
+    /// Overrides the data set's directory.
+    pub data_dir: Option<PathBuf>,
+    /// Number of optimizer steps.
+    pub steps: u64,
+    /// Global batch size (examples per step).
+    pub batch: usize,
+    /// Examples per forward/backward pass; divides `batch`.
+    pub micro_batch: usize,
+    /// Optimizer.
+    pub optimizer: OptimKind,
+    /// Optimizer hyper-parameters.
+    pub optim: OptimConfig,
+    /// Seed of initialisation, data order and synthetic data.
+    pub seed: u64,
+    /// How micro-batch gradients are summed, in this process and across a job (see
+    /// `docs/determinism.md`).
+    pub reduce: ReduceMode,
+    /// Evaluate every this many steps (and always at the end); 0 evaluates only at the end.
+    pub eval_every: u64,
+    /// Where to write `metrics.jsonl`; nothing is written without it.
+    pub out_dir: Option<PathBuf>,
+    /// Periodic checkpoints; none without it.
+    pub checkpoint: Option<CheckpointConfig>,
+    /// Resume from this checkpoint (a checkpoint directory, or a root whose newest
+    /// committed checkpoint is used).
+    pub resume: Option<PathBuf>,
+    /// Data-parallel training across processes; `None` trains in this process alone.
+    pub dist: Option<DistConfig>,
+    /// Bit flips to inject into live state (`--inject`).
+    pub inject: Vec<fault::live::LiveFault>,
+}
+
+/// This process's place in a data-parallel job.
+#[derive(Clone, Debug)]
+pub struct DistConfig {
+    /// This worker's rank.
+    pub rank: usize,
+    /// Number of workers.
+    pub world: usize,
+    /// Where the coordinator listens.
+    pub coordinator: std::net::SocketAddr,
+    /// The job's shared secret.
+    pub secret: Vec<u8>,
+    /// Address this worker listens on for its peers (port chosen by the system).
+    pub bind: std::net::IpAddr,
+    /// Bound on every collective step; a dead or hung peer surfaces within it.
+    pub timeout: Duration,
+    /// Compare the replicas' fingerprints every this many steps (0: only at the end).
+    pub fingerprint_every: u64,
+}
+
+impl TrainConfig {
+    /// The defaults for a model: sizes and schedules that reach the documented quality
+    /// within a few minutes on two cores.
+    pub fn defaults(model: ModelKind) -> Self {
+        let adamw = OptimConfig { lr: 1e-3, momentum: 0.9, weight_decay: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let (data, steps, batch, micro_batch, lr) = match model {
+            ModelKind::Mlp => (DataKind::FashionMnist, 2000, 128, 128, 1e-3),
+            ModelKind::Cnn => (DataKind::FashionMnist, 3000, 128, 128, 2e-3),
+            ModelKind::Gpt => (DataKind::Fortunes, 1000, 32, 32, 2e-3),
+        };
+        TrainConfig {
+            model,
+            data,
+            data_dir: None,
+            steps,
+            batch,
+            micro_batch,
+            optimizer: OptimKind::AdamW,
+            optim: OptimConfig { lr, ..adamw },
+            seed: 0,
+            reduce: ReduceMode::Deterministic,
+            eval_every: 500,
+            out_dir: None,
+            checkpoint: None,
+            resume: None,
+            dist: None,
+            inject: Vec::new(),
+        }
+    }
+}
+
+/// Where and how often to checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointConfig {
+    /// Root directory of the checkpoints.
+    pub dir: PathBuf,
+    /// Checkpoint after every this many steps (the last step is always checkpointed).
+    pub every: u64,
+    /// Which checkpoints to keep.
+    pub retention: Retention,
+    /// Shard files written in parallel.
+    pub shards: usize,
+}

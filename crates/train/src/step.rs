@@ -1,0 +1,548 @@
+//! The training step: one state, one sequence of phases, and the hook points where faults
+//! and detectors attach. Every runner takes its steps through this module: `steadfast
+//! train` in one process, each worker of a data-parallel job, and each simulated replica
+//! of a campaign.
+//!
+//! Step `s` turns the state after `s` updates into the state after `s + 1`. Its phases, in
+//! order, with the hook points between them ([`Hooks`]):
+//!
+//! 1. **load**: the runner holds a [`TrainState`]; [`Hooks::after_load`] sees it before
+//!    anything reads it (memory faults strike here, and stored-state checksums are
+//!    checked here);
+//! 2. **compute gradients** ([`Engine::compute`]): the state's parameters are copied into
+//!    the model, and each micro-batch `i` that this rank owns (`i mod world == rank`) runs
+//!    forward and backward; its gradient goes straight into a reused flat [`GradBuffer`]
+//!    laid out by the [`GradLayout`]. [`Hooks::layer_taps`] may corrupt a layer's output;
+//! 3. **reduce**: the micro-batch buffers are summed, in place, in the run's reduce mode:
+//!    locally ([`Engine::reduce_local`]) or across a job (the runner's all-reduce);
+//!    [`Hooks::after_reduce`] sees the sum;
+//! 4. **vote**: [`SumCheck`] reads the sum once (finite? digest? norm?); a job votes on it
+//!    ([`comm::commit`]), a single process refuses a non-finite sum by itself;
+//! 5. **update**: [`Hooks::before_update`] sees the state again, then
+//!    [`TrainState::apply`] runs the optimizer on flat views of the sum and counts the step;
+//! 6. **check and checkpoint**: the runner compares replicas and writes checkpoints.
+//!
+//! Invariants: nothing here reads a clock, a thread id or an unordered container to decide
+//! what to compute, so the state after a step is a function of the state before it, the
+//! configuration and the faults; and after the first step no phase of ours allocates
+//! (the model's forward and backward allocate inside burn).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use burn::prelude::Device;
+use comm::ReduceMode;
+use fault::live::{LiveFault, LiveFlip, StateKind};
+
+use crate::data::sampler::Sampler;
+use crate::data::{Dataset, Split};
+use crate::error::TrainError;
+use crate::model::{Model, Taps};
+use crate::optim::Optimizer;
+use crate::state::{self, NamedTensor, Role};
+
+/// Everything a step changes: the parameters, the optimizer's slots and update count, and
+/// the number of steps taken (from which the sampler's position follows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainState {
+    /// Parameters, in registry order.
+    pub params: Vec<NamedTensor>,
+    /// The optimizer, with its slots (`optim.*`) and update count.
+    pub optimizer: Optimizer,
+    /// Steps applied.
+    pub step: u64,
+}
+
+impl TrainState {
+    /// The state before the first step.
+    pub fn new(params: Vec<NamedTensor>, optimizer: Optimizer) -> Self {
+        TrainState { params, optimizer, step: 0 }
+    }
+
+    /// Parameters then optimizer slots, in registry order.
+    pub fn tensors(&self) -> impl Iterator<Item = &NamedTensor> {
+        self.params.iter().chain(self.optimizer.slots())
+    }
+
+    /// The fingerprint of the state (see [`state::fingerprint`]).
+    pub fn fingerprint(&self) -> u64 {
+        state::fingerprint(self.step, self.tensors())
+    }
+
+    /// Number of model parameters.
+    pub fn parameters(&self) -> usize {
+        self.params.iter().map(|p| p.data.len()).sum()
+    }
+
+    /// The update phase: the optimizer applies `sum`'s gradient to the parameters, and the
+    /// step counts.
+    pub fn apply(&mut self, sum: &GradBuffer) {
+        self.optimizer.step(&mut self.params, sum.grads());
+        self.step += 1;
+    }
+}
+
+/// Where a step's gradient lives in a flat buffer: each parameter's gradient at its range,
+/// in registry order, then the loss as one more named field, so that one reduction sums
+/// both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GradLayout {
+    tensors: Vec<(String, Range<usize>)>,
+    loss: usize,
+}
+
+impl GradLayout {
+    /// The name of the loss field.
+    pub const LOSS: &'static str = "loss";
+
+    /// The layout of the gradient of `params`.
+    pub fn of(params: &[NamedTensor]) -> Self {
+        let mut offset = 0;
+        let tensors = params
+            .iter()
+            .map(|p| {
+                let range = offset..offset + p.data.len();
+                offset = range.end;
+                (p.name.clone(), range)
+            })
+            .collect();
+        GradLayout { tensors, loss: offset }
+    }
+
+    /// Each parameter's name and range, in registry order.
+    pub fn tensors(&self) -> &[(String, Range<usize>)] {
+        &self.tensors
+    }
+
+    /// The offset of the loss: also the number of gradient elements.
+    pub fn loss_offset(&self) -> usize {
+        self.loss
+    }
+
+    /// Elements of a buffer: the gradient and the loss.
+    pub fn len(&self) -> usize {
+        self.loss + 1
+    }
+
+    /// Whether the layout has no gradient elements (a model without parameters).
+    pub fn is_empty(&self) -> bool {
+        self.loss == 0
+    }
+
+    /// Every field and its range, the loss last: what a tool prints to explain a buffer.
+    pub fn fields(&self) -> impl Iterator<Item = (&str, Range<usize>)> {
+        self.tensors
+            .iter()
+            .map(|(n, r)| (n.as_str(), r.clone()))
+            .chain(std::iter::once((Self::LOSS, self.loss..self.len())))
+    }
+}
+
+/// A flat buffer laid out by a [`GradLayout`]: one micro-batch's gradient, or their sum.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GradBuffer {
+    data: Vec<f32>,
+    layout: Arc<GradLayout>,
+}
+
+impl GradBuffer {
+    /// A zero-filled buffer.
+    pub fn zeros(layout: Arc<GradLayout>) -> Self {
+        GradBuffer { data: vec![0.0; layout.len()], layout }
+    }
+
+    /// Its layout.
+    pub fn layout(&self) -> &GradLayout {
+        &self.layout
+    }
+
+    /// Every element, the loss last: what a reduction sums.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// Every element, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+
+    /// The gradient, in parameter order.
+    pub fn grads(&self) -> &[f32] {
+        &self.data[..self.layout.loss]
+    }
+
+    /// The loss field.
+    pub fn loss(&self) -> f32 {
+        self.data[self.layout.loss]
+    }
+
+    /// Sets the loss field.
+    pub fn set_loss(&mut self, loss: f32) {
+        self.data[self.layout.loss] = loss;
+    }
+
+    /// The gradient of parameter `index` (registry order), mutably.
+    pub fn grad_mut(&mut self, index: usize) -> &mut [f32] {
+        let range = self.layout.tensors[index].1.clone();
+        &mut self.data[range]
+    }
+
+    /// Each parameter's gradient as a named view: what a bit flip targets.
+    pub fn views_mut(&mut self) -> Vec<(&str, Role, &mut [f32])> {
+        let mut rest = &mut self.data[..self.layout.loss];
+        self.layout
+            .tensors
+            .iter()
+            .map(|(name, range)| {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(range.len());
+                rest = tail;
+                (name.as_str(), Role::Model, head)
+            })
+            .collect()
+    }
+
+    /// Copies another buffer of the same layout.
+    pub fn copy_from(&mut self, other: &GradBuffer) {
+        self.data.copy_from_slice(&other.data);
+    }
+}
+
+/// What the vote and the numeric checks read of a summed gradient, in one pass each.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SumCheck {
+    /// xxh3-64 of the whole buffer, loss included.
+    pub digest: u64,
+    /// Every element, loss included, is finite.
+    pub finite: bool,
+    /// The loss field.
+    pub loss: f32,
+    /// The gradient's Euclidean norm (in f64, in order).
+    pub norm: f64,
+}
+
+impl SumCheck {
+    /// Reads `sum`.
+    pub fn of(sum: &GradBuffer) -> Self {
+        let (mut finite, mut squares) = (true, 0.0f64);
+        for &x in sum.grads() {
+            finite &= x.is_finite();
+            squares += f64::from(x) * f64::from(x);
+        }
+        SumCheck {
+            digest: ckpt::checksum(bytemuck::cast_slice(sum.as_slice())),
+            finite: finite && sum.loss().is_finite(),
+            loss: sum.loss(),
+            norm: squares.sqrt(),
+        }
+    }
+}
+
+/// Which step and which rank (or simulated replica) a hook is called for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct At {
+    /// The step (0-based: the one that turns state `step` into `step + 1`).
+    pub step: u64,
+    /// The rank.
+    pub rank: usize,
+}
+
+/// The hook points of a step, where faults and detectors attach. Every method does
+/// nothing by default.
+pub trait Hooks {
+    /// Before the step reads the state.
+    fn after_load(&mut self, _at: At, _state: &mut TrainState) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// The taps on the layer outputs of micro-batch `index` (`examples` examples) of
+    /// `model`. What they flip is handed back through [`Hooks::tapped`].
+    fn layer_taps(&mut self, _at: At, _index: usize, _model: &Model, _examples: usize) -> Result<Taps, TrainError> {
+        Ok(Taps::none())
+    }
+
+    /// What the taps of [`Hooks::layer_taps`] flipped during the forward pass.
+    fn tapped(&mut self, _at: At, _flips: Vec<LiveFlip>) {}
+
+    /// After the reduction, before the vote: the sum this rank is about to apply.
+    fn after_reduce(&mut self, _at: At, _sum: &mut GradBuffer) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// After the vote, before the update.
+    fn before_update(&mut self, _at: At, _state: &mut TrainState) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// No hooks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoHooks;
+
+impl Hooks for NoHooks {}
+
+/// A bit flip that a [`LiveFaults`] made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Injected {
+    /// Where in the step.
+    pub at: At,
+    /// Which kind of state.
+    pub state: StateKind,
+    /// The flip.
+    pub flip: LiveFlip,
+}
+
+/// Bit flips in live state ([`LiveFault`]s) as hooks: each fault fires once, at its step,
+/// on its rank, at the hook point of its kind of state (parameters after load, a layer's
+/// output in the first micro-batch the rank computes, the summed gradient after the
+/// reduction, optimizer slots before the update). A fault that fired is spent, so a step
+/// that is rolled back and redone runs without it (the faults modelled are transient).
+#[derive(Clone, Debug, Default)]
+pub struct LiveFaults {
+    faults: Vec<(LiveFault, bool)>,
+    flips: Vec<Injected>,
+}
+
+impl LiveFaults {
+    /// The faults, none fired yet.
+    pub fn new(faults: impl IntoIterator<Item = LiveFault>) -> Self {
+        LiveFaults { faults: faults.into_iter().map(|f| (f, false)).collect(), flips: Vec::new() }
+    }
+
+    /// Whether a fault of `kind` is still to fire at `at`.
+    pub fn due(&self, at: At, kind: StateKind) -> bool {
+        self.faults.iter().any(|(f, fired)| !fired && f.step == at.step && f.rank == at.rank && f.state == kind)
+    }
+
+    /// Whether every fault has fired.
+    pub fn all_fired(&self) -> bool {
+        self.faults.iter().all(|(_, fired)| *fired)
+    }
+
+    /// The flips made since the last call.
+    pub fn take_flips(&mut self) -> Vec<Injected> {
+        std::mem::take(&mut self.flips)
+    }
+
+    /// Fires the due faults of `kind` on `views`.
+    fn fire(&mut self, at: At, kind: StateKind, views: &mut [(&str, Role, &mut [f32])]) -> Result<(), TrainError> {
+        for (f, fired) in self.faults.iter_mut() {
+            if !*fired && f.step == at.step && f.rank == at.rank && f.state == kind {
+                *fired = true;
+                let flips = f.apply(views)?;
+                self.flips.extend(flips.into_iter().map(|flip| Injected { at, state: kind, flip }));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Hooks for LiveFaults {
+    fn after_load(&mut self, at: At, state: &mut TrainState) -> Result<(), TrainError> {
+        if self.due(at, StateKind::Param) {
+            self.fire(at, StateKind::Param, &mut state::views(&mut state.params))?;
+        }
+        Ok(())
+    }
+
+    fn layer_taps(&mut self, at: At, index: usize, model: &Model, examples: usize) -> Result<Taps, TrainError> {
+        let mut taps = Taps::none();
+        // Activation faults hit the first micro-batch the rank computes, whose index is
+        // the rank's.
+        if index == at.rank {
+            for (f, fired) in self.faults.iter_mut() {
+                if !*fired && f.step == at.step && f.rank == at.rank && f.state == StateKind::Activation {
+                    *fired = true;
+                    taps.add(model, examples, &f.flips)?;
+                }
+            }
+        }
+        Ok(taps)
+    }
+
+    fn tapped(&mut self, at: At, flips: Vec<LiveFlip>) {
+        self.flips.extend(flips.into_iter().map(|flip| Injected { at, state: StateKind::Activation, flip }));
+    }
+
+    fn after_reduce(&mut self, at: At, sum: &mut GradBuffer) -> Result<(), TrainError> {
+        if self.due(at, StateKind::Grad) {
+            self.fire(at, StateKind::Grad, &mut sum.views_mut())?;
+        }
+        Ok(())
+    }
+
+    fn before_update(&mut self, at: At, state: &mut TrainState) -> Result<(), TrainError> {
+        if self.due(at, StateKind::Optim) {
+            self.fire(at, StateKind::Optim, &mut state::views(state.optimizer.slots_mut()))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a runner keeps between steps besides the state: the data, the model (whose
+/// parameters are overwritten from the state every step), the sampler, the layout of the
+/// gradient, and the buffers of the local reduction.
+pub struct Engine<'a> {
+    data: &'a Dataset,
+    device: Device,
+    model: Option<Model>,
+    sampler: Sampler,
+    reduce: ReduceMode,
+    micro_batch: usize,
+    denominator: usize,
+    layout: Arc<GradLayout>,
+    scratch: repro::batched::Scratch,
+}
+
+impl<'a> Engine<'a> {
+    /// An engine for `model` (its parameters are ignored: every step loads the state's).
+    /// `denominator` is the global batch's example (or token) count, by which each
+    /// micro-batch's summed loss is divided.
+    pub fn new(
+        data: &'a Dataset,
+        model: Model,
+        device: Device,
+        sampler: Sampler,
+        reduce: ReduceMode,
+        denominator: usize,
+    ) -> Self {
+        let layout = Arc::new(GradLayout::of(&model.params()));
+        Engine {
+            data,
+            device,
+            micro_batch: sampler.global_batch() / sampler.micro_batches(),
+            model: Some(model),
+            sampler,
+            reduce,
+            denominator,
+            layout,
+            scratch: repro::batched::Scratch::default(),
+        }
+    }
+
+    /// The layout of every gradient buffer.
+    pub fn layout(&self) -> &Arc<GradLayout> {
+        &self.layout
+    }
+
+    /// A zero-filled buffer of this engine's layout.
+    pub fn buffer(&self) -> GradBuffer {
+        GradBuffer::zeros(Arc::clone(&self.layout))
+    }
+
+    /// The layer outputs that activation faults can hit, for a micro-batch of `n`
+    /// examples (see [`Model::activations`]).
+    pub fn activations(&self, n: usize) -> Vec<(String, u64)> {
+        self.model.as_ref().map(|m| m.activations(n)).unwrap_or_default()
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// The reduce mode.
+    pub fn reduce(&self) -> ReduceMode {
+        self.reduce
+    }
+
+    /// The micro-batches that `rank` of `world` computes, in order.
+    pub fn owned(&self, rank: usize, world: usize) -> impl Iterator<Item = usize> + use<> {
+        (rank..self.sampler.micro_batches()).step_by(world.max(1))
+    }
+
+    /// The compute phase: loads `state`'s parameters into the model, then runs forward and
+    /// backward on each micro-batch that `rank` of `world` owns, writing the k-th one's
+    /// gradient and loss into `out[k]` (grown on the first step, reused after).
+    pub fn compute(
+        &mut self,
+        state: &TrainState,
+        rank: usize,
+        world: usize,
+        hooks: &mut dyn Hooks,
+        out: &mut Vec<GradBuffer>,
+    ) -> Result<(), TrainError> {
+        let at = At { step: state.step, rank };
+        let model = self.model.take().expect("the model is put back after every use").load(&state.params);
+        while out.len() < self.owned(rank, world).count() {
+            out.push(self.buffer());
+        }
+        let mut result = Ok(());
+        for (k, i) in self.owned(rank, world).enumerate() {
+            let indices = self.sampler.micro_batch(state.step, i);
+            let batch = self.data.batch(Split::Train, &indices);
+            let mut taps = match hooks.layer_taps(at, i, &model, self.micro_batch) {
+                Ok(t) => t,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
+            model.loss_and_grads_into(&batch, self.denominator, &self.device, &mut taps, &mut out[k]);
+            if !taps.log.is_empty() {
+                hooks.tapped(at, std::mem::take(&mut taps.log));
+            }
+        }
+        self.model = Some(model);
+        result
+    }
+
+    /// The local reduction: sums `parts` (equal layouts) into `out`, in this engine's
+    /// reduce mode, reusing its buffers.
+    pub fn reduce_local<P: AsRef<[f32]>>(&mut self, parts: &[P], out: &mut GradBuffer) {
+        comm::sum_parts_into(self.reduce, parts, out.as_mut_slice(), &mut self.scratch);
+    }
+
+    /// The model with `params` loaded, lent to `f` (to evaluate).
+    pub fn with_model<T>(&mut self, params: &[NamedTensor], f: impl FnOnce(&Model, &Device) -> T) -> T {
+        let model = self.model.take().expect("the model is put back after every use").load(params);
+        let out = f(&model, &self.device);
+        self.model = Some(model);
+        out
+    }
+}
+
+impl AsRef<[f32]> for GradBuffer {
+    fn as_ref(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(name: &str, n: usize) -> NamedTensor {
+        NamedTensor::new(name.into(), Role::Model, vec![n], vec![0.0; n])
+    }
+
+    #[test]
+    fn the_layout_names_every_field_and_puts_the_loss_last() {
+        let layout = GradLayout::of(&[tensor("model.a", 3), tensor("model.b", 2)]);
+        let fields: Vec<(&str, Range<usize>)> = layout.fields().collect();
+        assert_eq!(fields, vec![("model.a", 0..3), ("model.b", 3..5), ("loss", 5..6)]);
+        assert_eq!(layout.len(), 6);
+        let mut buf = GradBuffer::zeros(Arc::new(layout));
+        buf.set_loss(2.5);
+        buf.grad_mut(1).copy_from_slice(&[7.0, 8.0]);
+        assert_eq!(buf.as_slice(), &[0.0, 0.0, 0.0, 7.0, 8.0, 2.5]);
+        assert_eq!(buf.grads(), &[0.0, 0.0, 0.0, 7.0, 8.0]);
+        let views = buf.views_mut();
+        assert_eq!(
+            views.iter().map(|(n, _, v)| (*n, v.len())).collect::<Vec<_>>(),
+            vec![("model.a", 3), ("model.b", 2)]
+        );
+    }
+
+    #[test]
+    fn the_sum_check_sees_a_non_finite_gradient_under_a_finite_loss() {
+        let mut buf = GradBuffer::zeros(Arc::new(GradLayout::of(&[tensor("model.a", 2)])));
+        buf.as_mut_slice().copy_from_slice(&[3.0, 4.0, 0.5]);
+        let ok = SumCheck::of(&buf);
+        assert!(ok.finite);
+        assert_eq!((ok.loss, ok.norm), (0.5, 5.0));
+        buf.grad_mut(0)[1] = f32::NAN;
+        let bad = SumCheck::of(&buf);
+        assert!(!bad.finite && bad.loss.is_finite());
+        assert_ne!(bad.digest, ok.digest);
+    }
+}

@@ -1,0 +1,105 @@
+//! One step for every runner: a campaign's simulated replicas, `train` in one process and
+//! a hand-driven loop over the step's phases end with the same bits.
+
+mod common;
+
+use comm::ReduceMode;
+use train::campaign::Campaign;
+use train::step::{Engine, LiveFaults, NoHooks, TrainState};
+use train::trainer::Prepared;
+
+/// A campaign over the run of `common::tiny`, with `replicas` simulated replicas, whose
+/// golden run is the whole run (no trial injects before its end).
+fn campaign(replicas: usize, reduce: &str) -> Campaign {
+    let text = format!(
+        r#"
+[run]
+model = "mlp"
+data = "synthetic"
+batch = 32
+micro_batch = 8
+replicas = {replicas}
+reduce = ["{reduce}"]
+eval_examples = 100
+[trials]
+count = 1
+inject_at = [6]
+steps_after = 2
+state = ["param"]
+"#
+    );
+    let spec = fault::campaign::Spec::parse(&text).unwrap();
+    Campaign::prepare(spec).unwrap()
+}
+
+#[test]
+fn a_campaigns_golden_run_ends_with_the_fingerprint_of_train() {
+    for (replicas, reduce, mode) in [
+        (1, "deterministic", ReduceMode::Deterministic),
+        (2, "deterministic", ReduceMode::Deterministic),
+        (4, "reproducible", ReduceMode::Reproducible),
+    ] {
+        let mut config = common::tiny(train::model::ModelKind::Mlp);
+        config.steps = 8;
+        config.reduce = mode;
+        let (summary, _) = train::train(&config, &mut |_| {}).unwrap();
+        let golden = campaign(replicas, reduce).golden(mode).unwrap();
+        assert_eq!(
+            golden.fingerprint(),
+            summary.fingerprint,
+            "{replicas} simulated replicas ({reduce}) against one process"
+        );
+    }
+}
+
+/// The step's phases driven by hand, as a new runner would: the same bits as `train`.
+#[test]
+fn the_phases_driven_by_hand_give_the_bits_of_train() {
+    let mut config = common::tiny(train::model::ModelKind::Cnn);
+    config.reduce = ReduceMode::Reproducible;
+    let (summary, trained) = train::train(&config, &mut |_| {}).unwrap();
+
+    let prepared = Prepared::load(&config).unwrap();
+    let (mut state, mut engine): (TrainState, Engine) = prepared.start(&config);
+    let (mut micro, mut sum) = (Vec::new(), engine.buffer());
+    while state.step < config.steps {
+        // Two "ranks" of one process: the micro-batches they own, summed together.
+        let mut all = Vec::new();
+        for rank in 0..2 {
+            engine.compute(&state, rank, 2, &mut NoHooks, &mut micro).unwrap();
+            all.extend(micro.iter().cloned());
+        }
+        engine.reduce_local(&all, &mut sum);
+        state.apply(&sum);
+    }
+    assert_eq!(state.fingerprint(), summary.fingerprint);
+    assert_eq!(state, trained);
+}
+
+/// A live fault fires once, at its hook point, and is spent.
+#[test]
+fn a_live_fault_fires_once_at_its_step_and_rank() {
+    let config = common::tiny(train::model::ModelKind::Mlp);
+    let prepared = Prepared::load(&config).unwrap();
+    let (mut state, _engine) = prepared.start(&config);
+    let fault: fault::live::LiveFault = "step=0,rank=1,state=param,bits=31,count=3,seed=5".parse().unwrap();
+    let mut faults = LiveFaults::new([fault]);
+    use train::step::{At, Hooks};
+    let before = state.clone();
+    faults.after_load(At { step: 0, rank: 0 }, &mut state).unwrap();
+    assert_eq!(state, before, "rank 0 is not the fault's");
+    faults.after_load(At { step: 0, rank: 1 }, &mut state).unwrap();
+    let flips = faults.take_flips();
+    assert_eq!(flips.len(), 3);
+    assert!(faults.all_fired());
+    let changed: usize = state
+        .params
+        .iter()
+        .zip(&before.params)
+        .map(|(a, b)| a.data.iter().zip(&b.data).filter(|(x, y)| x != y).count())
+        .sum();
+    assert_eq!(changed, 3, "three sign flips");
+    let after = state.clone();
+    faults.after_load(At { step: 0, rank: 1 }, &mut state).unwrap();
+    assert_eq!(state, after, "a fired fault is spent");
+}
