@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use train::campaign::{Campaign, Detector, TrialResult};
+use lab::campaign::{Campaign, Detector, TrialResult};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -107,7 +107,7 @@ pub fn run(args: CampaignArgs) -> anyhow::Result<()> {
     };
     let (goldens, results) = pool.install(|| campaign.run(None, &progress))?;
     bar.finish_and_clear();
-    let summary = train::campaign::output::write(&out, &campaign, &goldens, &results, started.elapsed())?;
+    let summary = lab::campaign::output::write(&out, &campaign, &goldens, &results, started.elapsed())?;
     println!("{summary}");
     println!("Tables in {} (trials.csv, steps.csv, propagation.csv, detectors.csv, ...).", out.display());
     println!("Render them with: steadfast report {}", out.display());

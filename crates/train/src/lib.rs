@@ -20,7 +20,6 @@
 //!   collectives;
 //! - [`checkpointing`]: what a checkpoint of a run holds, and exact resumption;
 //! - [`vocabulary`]: the one text form of each configuration kind ([`Word`]);
-//! - [`campaign`]: fault-injection campaigns against a golden run, in memory.
 //!
 //! ```no_run
 //! use train::{TrainConfig, model::ModelKind, data::DataKind};
@@ -34,7 +33,6 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod campaign;
 pub mod checkpointing;
 pub mod config;
 pub mod data;

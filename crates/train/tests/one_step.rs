@@ -1,56 +1,12 @@
-//! One step for every runner: a campaign's simulated replicas, `train` in one process and
-//! a hand-driven loop over the step's phases end with the same bits.
+//! One step for every runner: `train` in one process and a hand-driven loop over the
+//! step's phases end with the same bits, and live faults fire at their hook points. (The
+//! campaign's simulated replicas are held to the same bits in `lab`'s tests.)
 
 mod common;
 
 use comm::ReduceMode;
-use train::campaign::Campaign;
 use train::step::{Engine, LiveFaults, NoHooks, TrainState};
 use train::trainer::Prepared;
-
-/// A campaign over the run of `common::tiny`, with `replicas` simulated replicas, whose
-/// golden run is the whole run (no trial injects before its end).
-fn campaign(replicas: usize, reduce: &str) -> Campaign {
-    let text = format!(
-        r#"
-[run]
-model = "mlp"
-data = "synthetic"
-batch = 32
-micro_batch = 8
-replicas = {replicas}
-reduce = ["{reduce}"]
-eval_examples = 100
-[trials]
-count = 1
-inject_at = [6]
-steps_after = 2
-state = ["param"]
-"#
-    );
-    let spec = fault::campaign::Spec::parse(&text).unwrap();
-    Campaign::prepare(spec).unwrap()
-}
-
-#[test]
-fn a_campaigns_golden_run_ends_with_the_fingerprint_of_train() {
-    for (replicas, reduce, mode) in [
-        (1, "deterministic", ReduceMode::Deterministic),
-        (2, "deterministic", ReduceMode::Deterministic),
-        (4, "reproducible", ReduceMode::Reproducible),
-    ] {
-        let mut config = common::tiny(train::model::ModelKind::Mlp);
-        config.steps = 8;
-        config.reduce = mode;
-        let (summary, _) = train::train(&config, &mut |_| {}).unwrap();
-        let golden = campaign(replicas, reduce).golden(mode).unwrap();
-        assert_eq!(
-            golden.fingerprint(),
-            summary.fingerprint,
-            "{replicas} simulated replicas ({reduce}) against one process"
-        );
-    }
-}
 
 /// The step's phases driven by hand, as a new runner would: the same bits as `train`.
 #[test]

@@ -19,7 +19,7 @@ use std::path::Path;
 use fault::campaign::Outcome;
 
 use super::{Campaign, Detector, Golden, TrialResult};
-use crate::error::TrainError;
+use crate::LabError;
 
 /// Writes every table of a finished campaign into `dir`; returns the Markdown summary.
 pub fn write(
@@ -28,10 +28,10 @@ pub fn write(
     goldens: &[Golden],
     results: &[TrialResult],
     elapsed: std::time::Duration,
-) -> Result<String, TrainError> {
+) -> Result<String, LabError> {
     let err = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| TrainError::Output { path: path.clone(), source }
+        move |source| LabError::Output { path: path.clone(), source }
     };
     std::fs::create_dir_all(dir).map_err(err(dir))?;
     let files: [(&str, String); 9] = [

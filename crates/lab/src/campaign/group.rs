@@ -22,9 +22,9 @@ use fault::campaign::{DetectSpec, Response};
 use fault::live::StateKind;
 
 use super::detect::{Alarm, Detector, Monitors};
-use crate::error::TrainError;
-use crate::state::Role;
-use crate::step::{At, Engine, GradBuffer, Hooks, Injected, LiveFaults, SumCheck, TrainState};
+use train::TrainError;
+use train::state::Role;
+use train::step::{At, Engine, GradBuffer, Hooks, Injected, LiveFaults, SumCheck, TrainState};
 
 /// One replica's training state, with the checksums taken after its last update.
 #[derive(Clone, Debug)]

@@ -40,11 +40,11 @@ use detect::Monitors;
 pub use detect::{Alarm, Detector};
 use group::{Buffers, Env, Group, Replica, Verdict};
 
-use crate::config::TrainConfig;
-use crate::error::{ConfigError, TrainError};
-use crate::model::ModelKind;
-use crate::step::{Engine, LiveFaults, TrainState};
-use crate::trainer::{Prepared, evaluate_first};
+use crate::LabError;
+use train::config::TrainConfig;
+use train::model::ModelKind;
+use train::step::{Engine, LiveFaults, TrainState};
+use train::trainer::{Prepared, evaluate_first};
 
 /// A campaign ready to run: the spec, the data, the training configuration.
 pub struct Campaign {
@@ -126,14 +126,14 @@ pub struct TrialResult {
 impl Campaign {
     /// Checks the spec against the code (model, data, strategies, targets) and loads the
     /// data.
-    pub fn prepare(spec: Spec) -> Result<Campaign, TrainError> {
-        spec.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        let bad = |m: String| TrainError::Config(ConfigError::Invalid(m));
+    pub fn prepare(spec: Spec) -> Result<Campaign, LabError> {
+        spec.validate().map_err(|e| LabError::Spec(e.to_string()))?;
+        let bad = LabError::Spec;
         let r = &spec.run;
-        let model: ModelKind = r.model.parse().map_err(|e: crate::UnknownWord| bad(format!("run.model: {e}")))?;
+        let model: ModelKind = r.model.parse().map_err(|e: train::UnknownWord| bad(format!("run.model: {e}")))?;
         let mut config = TrainConfig::defaults(model);
-        config.data = r.data.parse().map_err(|e: crate::UnknownWord| bad(format!("run.data: {e}")))?;
-        config.optimizer = r.optimizer.parse().map_err(|e: crate::UnknownWord| bad(format!("run.optimizer: {e}")))?;
+        config.data = r.data.parse().map_err(|e: train::UnknownWord| bad(format!("run.data: {e}")))?;
+        config.optimizer = r.optimizer.parse().map_err(|e: train::UnknownWord| bad(format!("run.optimizer: {e}")))?;
         if let Some(lr) = r.lr {
             config.optim.lr = lr;
         }
@@ -158,11 +158,11 @@ impl Campaign {
     }
 
     /// Every kind of state in the spec must have a tensor that its target matches.
-    fn check_targets(&self) -> Result<(), TrainError> {
+    fn check_targets(&self) -> Result<(), LabError> {
         let (state, engine) = self.prepared.start(&self.config);
         let micro_batch = self.config.micro_batch;
         for kind in &self.spec.trials.state {
-            let kind: StateKind = kind.parse().map_err(ConfigError::Invalid)?;
+            let kind: StateKind = kind.parse().map_err(LabError::Spec)?;
             let names: Vec<String> = match kind {
                 StateKind::Param | StateKind::Grad => state.params.iter().map(|p| p.name.clone()).collect(),
                 StateKind::Optim => state.optimizer.slots().iter().map(|p| p.name.clone()).collect(),
@@ -170,13 +170,12 @@ impl Campaign {
             };
             let target = fault::plan::Target { glob: self.spec.trials.target.clone(), role: None };
             if !names.iter().any(|n| target.matches(n, kind.role())) {
-                return Err(ConfigError::Invalid(format!(
+                return Err(LabError::Spec(format!(
                     "trials.target {:?} matches no {} tensor (they are: {})",
                     self.spec.trials.target.as_deref().unwrap_or("*"),
                     kind.name(),
                     if names.is_empty() { "none for this model".to_owned() } else { names.join(", ") }
-                ))
-                .into());
+                )));
             }
         }
         Ok(())
@@ -208,7 +207,7 @@ impl Campaign {
     }
 
     /// Trains the golden run of `reduce` up to the last step any trial reaches.
-    pub fn golden(&self, reduce: ReduceMode) -> Result<Golden, TrainError> {
+    pub fn golden(&self, reduce: ReduceMode) -> Result<Golden, LabError> {
         let started = Instant::now();
         let env = self.env(Response::Observe);
         let (state, mut engine) = self.start(reduce);
@@ -237,7 +236,7 @@ impl Campaign {
             }
             let report = group.step(&env, &mut engine, &mut bufs, &mut no_faults)?;
             if !report.loss.is_finite() {
-                return Err(TrainError::Diverged { step, loss: report.loss });
+                return Err(train::TrainError::Diverged { step, loss: report.loss }.into());
             }
             golden.losses.push(report.loss);
             golden.grad_norms.push(report.grad_norm);
@@ -296,7 +295,7 @@ impl Campaign {
         result
     }
 
-    fn trial_inner(&self, golden: &Golden, trial: &Trial, out: &mut TrialResult) -> Result<(), TrainError> {
+    fn trial_inner(&self, golden: &Golden, trial: &Trial, out: &mut TrialResult) -> Result<(), LabError> {
         let response = self.spec.detect.response;
         let env = self.env(response);
         let (_, mut engine) = self.start(golden.reduce);
@@ -387,9 +386,9 @@ impl Campaign {
         &self,
         only: Option<&[u64]>,
         progress: &(dyn Fn(&TrialResult) + Sync),
-    ) -> Result<(Vec<Golden>, Vec<TrialResult>), TrainError> {
+    ) -> Result<(Vec<Golden>, Vec<TrialResult>), LabError> {
         let goldens: Vec<Golden> =
-            self.reduces.par_iter().map(|&r| self.golden(r)).collect::<Result<Vec<_>, TrainError>>()?;
+            self.reduces.par_iter().map(|&r| self.golden(r)).collect::<Result<Vec<_>, LabError>>()?;
         let indices: Vec<u64> = match only {
             Some(list) => list.to_vec(),
             None => (0..self.spec.trials.count).collect(),

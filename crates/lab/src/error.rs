@@ -1,0 +1,41 @@
+//! The lab's errors: a failed training run, a spec that cannot be run, an output that
+//! cannot be written or read.
+
+use std::path::PathBuf;
+
+/// An experiment failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A training run (a golden run, a trial's setup) failed.
+    #[error(transparent)]
+    Train(#[from] train::TrainError),
+    /// The experiment's spec cannot be run as written.
+    #[error("invalid spec: {0}")]
+    Spec(String),
+    /// Writing an output failed.
+    #[error("cannot write {path}: {source}")]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A plot cannot be drawn.
+    #[error("cannot draw a plot: {0}")]
+    Plot(String),
+    /// An input (a table of an earlier run) cannot be read.
+    #[error("cannot read {path}: {reason}")]
+    Input {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl LabError {
+    /// A closure that wraps an I/O error on `path` as [`LabError::Output`].
+    pub fn output(path: &std::path::Path) -> impl Fn(std::io::Error) -> LabError + '_ {
+        move |source| LabError::Output { path: path.to_owned(), source }
+    }
+}

@@ -1,0 +1,32 @@
+//! # lab: experiments built on the training runtime
+//!
+//! The training crate trains; this crate asks questions of training and writes down the
+//! answers. It owns:
+//!
+//! - [`campaign`]: fault-injection campaigns: a golden run, then many trials, each resumed
+//!   from the golden state in memory, injected, trained on over simulated data-parallel
+//!   replicas that take the one step of [`train::step`], and judged; the detectors and
+//!   their responses; the tables ([`campaign::output`]);
+//! - [`report`]: a campaign's tables as one HTML page with plots;
+//! - [`fpna`]: the floating-point non-associativity lab: sweeps of atomic, fixed-order and
+//!   reproducible reductions, and training runs under atomic and reproducible gradient
+//!   accumulation.
+//!
+//! The binary (`steadfast campaign`, `fpna`, `report`, `bench`) parses arguments, shows
+//! progress and prints; every experiment's logic and outputs live here.
+//!
+//! ```no_run
+//! let spec = fault::campaign::Spec::parse(&std::fs::read_to_string("examples/campaign-mlp.toml").unwrap()).unwrap();
+//! let campaign = lab::campaign::Campaign::prepare(spec).unwrap();
+//! let (goldens, results) = campaign.run(None, &|_| {}).unwrap();
+//! lab::campaign::output::write("runs/sdc".as_ref(), &campaign, &goldens, &results, std::time::Duration::ZERO).unwrap();
+//! ```
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod campaign;
+pub mod error;
+pub mod fpna;
+pub mod report;
+
+pub use error::LabError;
