@@ -2,10 +2,8 @@
 //! peers. Each prints JSON lines, one per configuration.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use serde_json::json;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -23,13 +21,13 @@ pub struct BenchArgs {
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// Checkpoint persist bandwidth, training stall and load time.
-    Ckpt(CkptBench),
+    Ckpt(CkptArgs),
     /// All-reduce bus bandwidth over loopback TCP against the loopback's own bandwidth.
-    Allreduce(AllreduceBench),
+    Allreduce(AllreduceArgs),
 }
 
 #[derive(Args, Debug)]
-struct AllreduceBench {
+struct AllreduceArgs {
     /// Ranks (threads of this process, each with its own TCP mesh).
     #[arg(long, default_value_t = 2)]
     world: usize,
@@ -42,7 +40,7 @@ struct AllreduceBench {
 }
 
 #[derive(Args, Debug)]
-struct CkptBench {
+struct CkptArgs {
     /// Scratch directory (on the disk to measure); the last checkpoint of each size is
     /// left in `<dir>/<mb>mb` for peers to read.
     #[arg(long)]
@@ -64,293 +62,26 @@ struct CkptBench {
     drop_caches: bool,
 }
 
-/// Flushes dirty pages and empties the page cache.
-fn drop_caches() -> anyhow::Result<()> {
-    std::process::Command::new("sync").status()?;
-    std::fs::write("/proc/sys/vm/drop_caches", "3")
-        .map_err(|e| anyhow::anyhow!("cannot drop the page cache (root needed): {e}"))
-}
-
 /// Runs `steadfast bench`.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
-        BenchCommand::Ckpt(b) => ckpt_bench(&b),
-        BenchCommand::Allreduce(b) => allreduce_bench(&b),
-    }
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-/// A state of `bytes` bytes in `n` f32 tensors of varied sizes, with non-repeating content.
-fn make_state(bytes: u64, n: usize) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let weights: Vec<u64> = (0..n as u64).map(|i| i % 4 + 1).collect();
-    let total_w: u64 = weights.iter().sum();
-    let elements = bytes / 4;
-    let mut out = Vec::with_capacity(n);
-    let mut assigned = 0u64;
-    for (i, w) in weights.iter().enumerate() {
-        let len = if i + 1 == n { elements - assigned } else { elements * w / total_w };
-        assigned += len;
-        let data: Vec<f32> =
-            (0..len).map(|j| ((j as u32 ^ i as u32).wrapping_mul(2_654_435_761) >> 8) as f32 * 1e-7).collect();
-        let role = if i % 3 == 0 { "model" } else { "optim" };
-        out.push((format!("{role}.t{i:02}"), vec![len as usize], data));
-    }
-    out
-}
-
-fn ckpt_bench(b: &CkptBench) -> anyhow::Result<()> {
-    let repeats = b.repeats.max(1);
-    for &mb in &b.mb {
-        let bytes = mb * 1_000_000;
-        let state = make_state(bytes, b.tensors.max(1));
-        let refs: Vec<ckpt::TensorRef<'_>> = state
-            .iter()
-            .map(|(name, shape, data)| ckpt::TensorRef {
-                name,
-                role: ckpt::Role::of_name(name).unwrap_or(ckpt::Role::Model),
-                shape,
-                data,
-            })
-            .collect();
-
-        // The floor for a snapshot: copying the same bytes into buffers that exist already.
-        let mut dst: Vec<Vec<f32>> = state.iter().map(|(_, _, d)| vec![0.0; d.len()]).collect();
-        let memcpy = median(
-            (0..repeats)
-                .map(|_| {
-                    let t = Instant::now();
-                    for (d, (_, _, s)) in dst.iter_mut().zip(&state) {
-                        d.copy_from_slice(s);
-                    }
-                    t.elapsed()
-                })
-                .collect(),
-        );
-        drop(dst);
-
-        for &shards in &b.shards {
-            let root = b.dir.join(format!("{mb}mb"));
-            if root.exists() {
-                std::fs::remove_dir_all(&root)?;
+        BenchCommand::Ckpt(b) => {
+            let bench = lab::bench::CkptBench {
+                dir: b.dir,
+                mb: b.mb,
+                shards: b.shards,
+                tensors: b.tensors,
+                repeats: b.repeats,
+                drop_caches: b.drop_caches,
+            };
+            Ok(lab::bench::ckpt(&bench, &mut |row| println!("{row}"))?)
+        }
+        BenchCommand::Allreduce(b) => {
+            let bench = lab::bench::AllreduceBench { world: b.world, mb: b.mb, repeats: b.repeats };
+            for row in lab::bench::allreduce(&bench)? {
+                println!("{row}");
             }
-            let options =
-                ckpt::SaveOptions { shards, retention: ckpt::Retention { keep_last: Some(1), keep_every: None } };
-            let mut saves = Vec::new();
-            for step in 1..=repeats as u64 {
-                let meta = ckpt::Meta { step, ..ckpt::Meta::default() };
-                let t = Instant::now();
-                ckpt::store::save(&root, &meta, &refs, &options)?;
-                saves.push(t.elapsed());
-            }
-            let save = median(saves);
-
-            // Two-phase: time only the snapshot (no persist in flight: each is waited for).
-            let mut writer = ckpt::AsyncWriter::new(&root, options)?;
-            let mut stalls = Vec::new();
-            for step in 0..=repeats as u64 {
-                let meta = ckpt::Meta { step: 1000 + step, ..ckpt::Meta::default() };
-                let stall = writer.snapshot(meta, &refs)?;
-                writer.finish()?;
-                if step > 0 {
-                    stalls.push(stall); // the first snapshot also allocates its buffers
-                }
-            }
-            let stall = median(stalls);
-            drop(writer);
-
-            let dir = ckpt::reader::resolve(&root)?;
-            let mut loads = Vec::new();
-            for _ in 0..repeats {
-                if b.drop_caches {
-                    drop_caches()?;
-                }
-                let t = Instant::now();
-                let c = ckpt::reader::open(&dir)?;
-                let tensors = c.load()?;
-                loads.push(t.elapsed());
-                drop(tensors);
-            }
-            let load = median(loads);
-            let mbps = |d: Duration| bytes as f64 / 1e6 / d.as_secs_f64();
-            println!(
-                "{}",
-                json!({
-                    "mb": mb, "shards": shards, "tensors": state.len(), "repeats": repeats,
-                    "save_seconds": save.as_secs_f64(), "save_mb_per_s": mbps(save),
-                    "snapshot_stall_seconds": stall.as_secs_f64(), "memcpy_seconds": memcpy.as_secs_f64(),
-                    "stall_over_memcpy": stall.as_secs_f64() / memcpy.as_secs_f64(),
-                    "load_seconds": load.as_secs_f64(), "load_mb_per_s": mbps(load), "cold_load": b.drop_caches,
-                    "checkpoint": dir,
-                })
-            );
+            Ok(())
         }
     }
-    Ok(())
-}
-
-/// One-way loopback TCP bandwidth: one thread streams `bytes` in 4 MiB frames to another.
-fn loopback_mb_per_s(bytes: usize) -> anyhow::Result<f64> {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let reader = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut s, _) = listener.accept()?;
-        let mut buf = vec![0u8; 1 << 22];
-        let mut left = bytes;
-        while left > 0 {
-            let n = s.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            left -= n.min(left);
-        }
-        s.write_all(b"k")
-    });
-    let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_nodelay(true)?;
-    let chunk = vec![7u8; 1 << 22];
-    let t = Instant::now();
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(chunk.len());
-        s.write_all(&chunk[..n])?;
-        left -= n;
-    }
-    let mut ack = [0u8; 1];
-    s.read_exact(&mut ack)?;
-    let secs = t.elapsed().as_secs_f64();
-    reader.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
-    Ok(bytes as f64 / 1e6 / secs)
-}
-
-/// Per-stream bandwidth of a ring of `world` raw loopback TCP streams all busy at once:
-/// each rank sends `bytes` to its right neighbour while receiving as much from its left,
-/// as every rank does in a ring all-reduce step. On a machine with fewer cores than
-/// streams this, not the single-stream figure, bounds the bus bandwidth.
-fn ring_loopback_mb_per_s(world: usize, bytes: usize) -> anyhow::Result<f64> {
-    use std::io::{Read, Write};
-    let listeners: Vec<std::net::TcpListener> =
-        (0..world).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
-    // Rank r connects to its right neighbour and accepts from its left one.
-    let outs: Vec<std::net::TcpStream> =
-        (0..world).map(|r| std::net::TcpStream::connect(addrs[(r + 1) % world])).collect::<Result<_, _>>()?;
-    let ins: Vec<std::net::TcpStream> =
-        listeners.iter().map(|l| l.accept().map(|(s, _)| s)).collect::<Result<_, _>>()?;
-    let barrier = std::sync::Barrier::new(2 * world);
-    let t = std::sync::Mutex::new(None::<Instant>);
-    let times: Vec<std::io::Result<Duration>> = std::thread::scope(|s| {
-        let mut hs = Vec::new();
-        for (mut out, mut inp) in outs.into_iter().zip(ins) {
-            let (barrier, t) = (&barrier, &t);
-            hs.push(s.spawn(move || -> std::io::Result<Duration> {
-                out.set_nodelay(true)?;
-                let chunk = vec![7u8; 1 << 20];
-                barrier.wait();
-                let started = *t.lock().expect("clock").get_or_insert_with(Instant::now);
-                let mut left = bytes;
-                while left > 0 {
-                    let n = left.min(chunk.len());
-                    out.write_all(&chunk[..n])?;
-                    left -= n;
-                }
-                Ok(started.elapsed())
-            }));
-            hs.push(s.spawn(move || -> std::io::Result<Duration> {
-                let mut buf = vec![0u8; 1 << 20];
-                barrier.wait();
-                let started = *t.lock().expect("clock").get_or_insert_with(Instant::now);
-                let mut left = bytes;
-                while left > 0 {
-                    let n = inp.read(&mut buf)?;
-                    if n == 0 {
-                        break;
-                    }
-                    left -= n.min(left);
-                }
-                Ok(started.elapsed())
-            }));
-        }
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked")))).collect()
-    });
-    let mut slowest = Duration::ZERO;
-    for d in times {
-        slowest = slowest.max(d?);
-    }
-    Ok(bytes as f64 / 1e6 / slowest.as_secs_f64())
-}
-
-fn allreduce_bench(b: &AllreduceBench) -> anyhow::Result<()> {
-    let world = b.world.max(2);
-    let per_second = |f: &dyn Fn() -> anyhow::Result<f64>| -> anyhow::Result<f64> {
-        let times =
-            (0..3).map(|_| f().map(|mbps| Duration::from_secs_f64(1.0 / mbps))).collect::<anyhow::Result<_>>()?;
-        Ok(1.0 / median(times).as_secs_f64())
-    };
-    let loopback_mbps = per_second(&|| loopback_mb_per_s(256 << 20))?;
-    let ring_mbps = per_second(&|| ring_loopback_mb_per_s(world, 128 << 20))?;
-    let listeners: Vec<std::net::TcpListener> =
-        (0..world).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
-    let config = comm::transport::TcpConfig {
-        secret: b"bench".to_vec(),
-        max_frame: comm::frame::DEFAULT_MAX_FRAME,
-        connect_timeout: Duration::from_secs(30),
-        write_timeout: Duration::from_secs(60),
-        abort_grace: Duration::ZERO,
-    };
-    let timeout = Duration::from_secs(120);
-    let results: Vec<anyhow::Result<Vec<serde_json::Value>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = listeners
-            .into_iter()
-            .enumerate()
-            .map(|(rank, l)| {
-                let (addrs, config) = (&addrs, &config);
-                s.spawn(move || -> anyhow::Result<Vec<serde_json::Value>> {
-                    let mesh = comm::transport::TcpMesh::connect(rank, l, addrs, config)?;
-                    let mut reducer = comm::collective::Reducer::default();
-                    let mut rows = Vec::new();
-                    for &mb in &b.mb {
-                        let n = (mb * 1_000_000 / 4) as usize;
-                        let data: Vec<f32> = (0..n).map(|i| ((i * (rank + 1)) % 1000) as f32 * 1e-3).collect();
-                        let mut row = json!({
-                            "world": world, "mb": mb, "loopback_mb_per_s": loopback_mbps,
-                            "ring_loopback_mb_per_s": ring_mbps,
-                        });
-                        for mode in [comm::ReduceMode::Fast, comm::ReduceMode::Reproducible] {
-                            let mut times = Vec::new();
-                            for _ in 0..b.repeats.max(1) {
-                                comm::collective::barrier(&mesh, timeout)?;
-                                let mut d = data.clone();
-                                let t = Instant::now();
-                                reducer.sum(&mesh, &mut d, mode, timeout)?;
-                                times.push(t.elapsed());
-                            }
-                            let secs = median(times).as_secs_f64();
-                            // Bus bandwidth as NCCL defines it: 2(W-1)/W of the message per second.
-                            let bus = 2.0 * (world as f64 - 1.0) / world as f64 * (mb as f64) / secs;
-                            row[format!("{mode}_seconds")] = json!(secs);
-                            row[format!("{mode}_bus_mb_per_s")] = json!(bus);
-                        }
-                        rows.push(row);
-                    }
-                    Ok(rows)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("rank panicked")))).collect()
-    });
-    let mut results = results.into_iter();
-    let rows = results.next().expect("at least two ranks")?;
-    for r in results {
-        r?;
-    }
-    for row in rows {
-        println!("{row}");
-    }
-    Ok(())
 }

@@ -9,6 +9,9 @@ pub enum LabError {
     /// A training run (a golden run, a trial's setup) failed.
     #[error(transparent)]
     Train(#[from] train::TrainError),
+    /// Saving or loading a checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] ckpt::CkptError),
     /// The experiment's spec cannot be run as written.
     #[error("invalid spec: {0}")]
     Spec(String),
@@ -20,6 +23,9 @@ pub enum LabError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A measurement could not be taken.
+    #[error("benchmark failed: {0}")]
+    Bench(String),
     /// A plot cannot be drawn.
     #[error("cannot draw a plot: {0}")]
     Plot(String),

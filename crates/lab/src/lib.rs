@@ -10,7 +10,9 @@
 //! - [`report`]: a campaign's tables as one HTML page with plots;
 //! - [`fpna`]: the floating-point non-associativity lab: sweeps of atomic, fixed-order and
 //!   reproducible reductions, and training runs under atomic and reproducible gradient
-//!   accumulation.
+//!   accumulation;
+//! - [`bench`]: the measurements behind `docs/benchmarks.md` (checkpoint cost, all-reduce
+//!   bandwidth).
 //!
 //! The binary (`steadfast campaign`, `fpna`, `report`, `bench`) parses arguments, shows
 //! progress and prints; every experiment's logic and outputs live here.
@@ -24,6 +26,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod campaign;
 pub mod error;
 pub mod fpna;
