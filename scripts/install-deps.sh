@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what Steadfast needs on a fresh Debian machine, skipping what is present (with sudo
+# when not root). Without arguments: what building and the main job need (the data sets,
+# libhdf5 for `.h5` files, pkg-config). With `tests`: also the peers the tests compare with
+# (Python's safetensors, NumPy and h5py), a headless Chromium for the report, and iproute2
+# for the multi-host test.
+set -euo pipefail
+
+need=()
+[ -d /usr/share/datasets/fashion-mnist ] || need+=(dataset-fashion-mnist)
+[ -d /usr/share/games/fortunes ] || need+=(fortunes)
+dpkg -s libhdf5-dev >/dev/null 2>&1 || need+=(libhdf5-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+if [ "${1:-}" = tests ]; then
+  command -v chromium >/dev/null || need+=(chromium)
+  command -v ip >/dev/null || need+=(iproute2)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq "${need[@]}"
+fi
+if [ "${1:-}" = tests ]; then
+  python3 -c 'import safetensors.numpy, numpy, h5py' 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore safetensors numpy h5py
+fi
