@@ -74,7 +74,7 @@ pub struct CampaignArgs {
 
 pub fn run(args: CampaignArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.spec).with_context(|| format!("cannot read {}", args.spec.display()))?;
-    let mut spec = fault::campaign::Spec::parse(&text).with_context(|| format!("in {}", args.spec.display()))?;
+    let mut spec = lab::campaign::Spec::parse(&text).with_context(|| format!("in {}", args.spec.display()))?;
     if let Some(n) = args.trials {
         spec.trials.count = n;
     }

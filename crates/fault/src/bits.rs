@@ -125,6 +125,8 @@ impl std::fmt::Display for BitSpec {
     }
 }
 
+serde_as_text!(BitSpec);
+
 /// A `--bits` value that is neither a class nor positions.
 #[derive(Debug, thiserror::Error)]
 #[error("bad --bits {0:?}: expected sign, exponent, mantissa, any, a position N or a range N-M")]

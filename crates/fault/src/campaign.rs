@@ -1,100 +1,32 @@
-//! Campaign specs, the fault of each trial, and the classes of outcome.
+//! The fault side of campaigns: which faults trials draw, what detectors do, and the
+//! classes of outcome.
 //!
 //! A campaign is a golden (fault-free) training run and many trials. Each trial resumes
 //! from the golden state at one of the injection steps, suffers one fault, trains on for a
 //! fixed number of steps and is judged against the golden run. This module owns what can
-//! be said without a model: the TOML spec ([`Spec`]), how trial `i`'s fault is drawn from
-//! the campaign seed ([`Spec::trial`], so that any trial can be replayed alone), and the
+//! be said without a model: the `[trials]`, `[detect]` and `[classify]` sections of a
+//! spec file ([`TrialSpec`], [`DetectSpec`], [`Thresholds`]; the `[run]` section and the
+//! whole spec belong to the lab that trains), how trial `i`'s fault is drawn from the
+//! campaign seed ([`TrialSpec::trial`], so that any trial can be replayed alone), and the
 //! pure rule that turns what was observed into an [`Outcome`] ([`classify`]).
 //!
 //! ```
-//! let spec: fault::campaign::Spec = toml::from_str(r#"
-//!     [run]
-//!     model = "mlp"
-//!     data = "synthetic"
-//!     replicas = 2
-//!     [trials]
+//! let trials: fault::campaign::TrialSpec = toml::from_str(r#"
 //!     count = 10
 //!     inject_at = [20]
 //!     steps_after = 5
 //!     state = ["param", "grad"]
 //! "#).unwrap();
-//! spec.validate().unwrap();
+//! trials.validate(2).unwrap();
 //! // Trial 3's fault is a pure function of the spec: drawing it twice gives the same.
-//! assert_eq!(spec.trial(3), spec.trial(3));
+//! assert_eq!(trials.trial(3, 2), trials.trial(3, 2));
 //! ```
-
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::bits::BitSpec;
 use crate::live::{LiveFault, StateKind};
 use crate::plan::{Amount, FlipSpec, Target};
-
-/// A campaign, as written in its TOML file.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Spec {
-    /// The training run that trials perturb.
-    pub run: RunSpec,
-    /// How many trials, where and what they inject.
-    pub trials: TrialSpec,
-    /// Detectors and what happens when one fires.
-    #[serde(default)]
-    pub detect: DetectSpec,
-    /// Thresholds that separate the classes of outcome.
-    #[serde(default)]
-    pub classify: Thresholds,
-}
-
-/// The golden run's configuration.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct RunSpec {
-    /// `mlp`, `cnn` or `gpt`.
-    pub model: String,
-    /// `fashion-mnist`, `fortunes` or `synthetic`.
-    pub data: String,
-    /// Overrides the data set's directory.
-    pub data_dir: Option<PathBuf>,
-    /// Global batch (examples per step).
-    pub batch: usize,
-    /// Examples per micro-batch [default: the batch divided by the replicas].
-    pub micro_batch: Option<usize>,
-    /// `adamw` or `sgd`.
-    pub optimizer: String,
-    /// Learning rate [default: the model's].
-    pub lr: Option<f32>,
-    /// Seed of initialisation and data order.
-    pub seed: u64,
-    /// Data-parallel replicas simulated in one process; micro-batch `i` is computed by
-    /// replica `i mod replicas` from its own copy of the state.
-    pub replicas: usize,
-    /// Gradient reductions to compare: every trial runs under each (`deterministic`,
-    /// `reproducible`).
-    pub reduce: Vec<String>,
-    /// Held-out examples scored at the end of each trial (0: the whole test split).
-    pub eval_examples: usize,
-}
-
-impl Default for RunSpec {
-    fn default() -> Self {
-        RunSpec {
-            model: "mlp".into(),
-            data: "fashion-mnist".into(),
-            data_dir: None,
-            batch: 128,
-            micro_batch: None,
-            optimizer: "adamw".into(),
-            lr: None,
-            seed: 0,
-            replicas: 1,
-            reduce: vec!["deterministic".into()],
-            eval_examples: 2000,
-        }
-    }
-}
 
 /// The trials.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -110,11 +42,11 @@ pub struct TrialSpec {
     /// Steps trained after the injection step (the injection step included).
     pub steps_after: u64,
     /// Kinds of state a trial may hit: `param`, `grad`, `optim`, `activation`.
-    pub state: Vec<String>,
+    pub state: Vec<StateKind>,
     /// Tensor-name glob (`model.fc1.*`, `act.*`); all tensors of the kind if absent.
     pub target: Option<String>,
     /// Bits: `sign`, `exponent`, `mantissa`, `any`, `N` or `N-M`.
-    pub bits: String,
+    pub bits: BitSpec,
     /// Bursts flipped per trial.
     pub flips: u64,
     /// Adjacent bits per burst.
@@ -130,9 +62,9 @@ impl Default for TrialSpec {
             seed: 1,
             inject_at: vec![100],
             steps_after: 50,
-            state: vec!["param".into(), "optim".into()],
+            state: vec![StateKind::Param, StateKind::Optim],
             target: None,
-            bits: "any".into(),
+            bits: BitSpec::Class(crate::bits::BitClass::Any),
             flips: 1,
             burst: 1,
             ranks: None,
@@ -222,94 +154,74 @@ pub struct Trial {
     pub fault: LiveFault,
 }
 
-impl Spec {
-    /// Parses a spec from TOML text and validates it.
-    pub fn parse(text: &str) -> Result<Spec, BadSpec> {
-        let spec: Spec = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
-        spec.validate()?;
-        Ok(spec)
-    }
-
-    /// Checks what TOML's types cannot.
-    pub fn validate(&self) -> Result<(), BadSpec> {
+impl TrialSpec {
+    /// Checks what TOML's types cannot, for a group of `replicas` replicas.
+    pub fn validate(&self, replicas: usize) -> Result<(), BadSpec> {
         let bad = |m: String| Err(BadSpec(m));
-        let (r, t) = (&self.run, &self.trials);
-        if r.replicas == 0 {
-            return bad("run.replicas must be at least 1".into());
-        }
-        if r.batch == 0 || !r.batch.is_multiple_of(r.replicas) {
-            return bad(format!(
-                "run.batch ({}) must be a positive multiple of run.replicas ({})",
-                r.batch, r.replicas
-            ));
-        }
-        if let Some(m) = r.micro_batch
-            && (m == 0 || !r.batch.is_multiple_of(m) || !(r.batch / m).is_multiple_of(r.replicas))
-        {
-            return bad(format!(
-                "run.micro_batch ({m}) must divide the batch ({}) into a multiple of {} micro-batches",
-                r.batch, r.replicas
-            ));
-        }
-        if r.reduce.is_empty() || r.reduce.len() > 2 {
-            return bad("run.reduce names one or two strategies".into());
-        }
-        if t.inject_at.is_empty() {
+        if self.inject_at.is_empty() {
             return bad("trials.inject_at needs at least one step".into());
         }
-        if t.steps_after == 0 {
+        if self.steps_after == 0 {
             return bad("trials.steps_after must be at least 1".into());
         }
-        if t.state.is_empty() {
+        if self.state.is_empty() {
             return bad("trials.state needs at least one kind".into());
         }
-        for s in &t.state {
-            s.parse::<StateKind>().map_err(BadSpec)?;
-        }
-        t.bits.parse::<BitSpec>().map_err(|e| BadSpec(e.to_string()))?;
-        if t.flips == 0 || t.burst == 0 {
+        if self.flips == 0 || self.burst == 0 {
             return bad("trials.flips and trials.burst must be at least 1".into());
         }
-        if let Some(ranks) = &t.ranks
-            && (ranks.is_empty() || ranks.iter().any(|&x| x >= r.replicas))
+        if let Some(ranks) = &self.ranks
+            && (ranks.is_empty() || ranks.iter().any(|&x| x >= replicas))
         {
-            return bad(format!("trials.ranks must name replicas below {}", r.replicas));
-        }
-        let d = &self.detect;
-        if d.grad_norm_factor <= 1.0 || d.loss_factor <= 1.0 || !(0.0..1.0).contains(&d.smoothing) {
-            return bad("detect: the factors must exceed 1 and smoothing lie in [0, 1)".into());
-        }
-        let c = &self.classify;
-        if c.degraded_accuracy < 0.0 || c.degraded_loss < 0.0 || c.diverged_loss <= 1.0 {
-            return bad("classify: thresholds must be non-negative and diverged_loss above 1".into());
+            return bad(format!("trials.ranks must name replicas below {replicas}"));
         }
         Ok(())
     }
 
     /// The last step any trial trains.
     pub fn last_step(&self) -> u64 {
-        self.trials.inject_at.iter().max().copied().unwrap_or(0) + self.trials.steps_after
+        self.inject_at.iter().max().copied().unwrap_or(0) + self.steps_after
     }
 
-    /// Trial `index`'s fault, drawn from the campaign seed alone.
-    pub fn trial(&self, index: u64) -> Trial {
-        let t = &self.trials;
-        let mut rng = repro::rng::Stream::for_purpose(t.seed, "campaign.trial", &[index]);
+    /// Trial `index`'s fault in a group of `replicas` replicas, drawn from the campaign
+    /// seed alone.
+    pub fn trial(&self, index: u64, replicas: usize) -> Trial {
+        let mut rng = repro::rng::Stream::for_purpose(self.seed, "campaign.trial", &[index]);
         let mut pick = |n: usize| rng.below(n as u64) as usize;
-        let step = t.inject_at[pick(t.inject_at.len())];
-        let state: StateKind = t.state[pick(t.state.len())].parse().expect("validated");
-        let rank = match &t.ranks {
+        let step = self.inject_at[pick(self.inject_at.len())];
+        let state = self.state[pick(self.state.len())];
+        let rank = match &self.ranks {
             Some(ranks) => ranks[pick(ranks.len())],
-            None => pick(self.run.replicas),
+            None => pick(replicas),
         };
         let flips = FlipSpec {
-            target: Target { glob: t.target.clone(), role: Some(state.role()) },
-            bits: t.bits.parse().expect("validated"),
-            amount: Amount::Count(t.flips),
-            burst: t.burst,
+            target: Target { glob: self.target.clone(), role: Some(state.role()) },
+            bits: self.bits,
+            amount: Amount::Count(self.flips),
+            burst: self.burst,
             seed: rng.next_u64(),
         };
         Trial { index, fault: LiveFault { step, rank, state, flips } }
+    }
+}
+
+impl DetectSpec {
+    /// Checks the knobs' ranges.
+    pub fn validate(&self) -> Result<(), BadSpec> {
+        if self.grad_norm_factor <= 1.0 || self.loss_factor <= 1.0 || !(0.0..1.0).contains(&self.smoothing) {
+            return Err(BadSpec("detect: the factors must exceed 1 and smoothing lie in [0, 1)".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Thresholds {
+    /// Checks the thresholds' ranges.
+    pub fn validate(&self) -> Result<(), BadSpec> {
+        if self.degraded_accuracy < 0.0 || self.degraded_loss < 0.0 || self.diverged_loss <= 1.0 {
+            return Err(BadSpec("classify: thresholds must be non-negative and diverged_loss above 1".into()));
+        }
+        Ok(())
     }
 }
 
@@ -404,21 +316,15 @@ pub fn classify(e: &Evidence, response: Response, t: &Thresholds) -> Outcome {
 mod tests {
     use super::*;
 
-    fn spec(text: &str) -> Result<Spec, BadSpec> {
-        Spec::parse(&format!("[run]\ndata = \"synthetic\"\nreplicas = 2\n[trials]\ninject_at = [5, 9]\n{text}"))
+    fn trials(text: &str) -> Result<TrialSpec, BadSpec> {
+        let t: TrialSpec =
+            toml::from_str(&format!("inject_at = [5, 9]\n{text}")).map_err(|e| BadSpec(e.to_string()))?;
+        t.validate(2)?;
+        Ok(t)
     }
 
     #[test]
-    fn defaults_fill_what_a_spec_leaves_out() {
-        let s = spec("").unwrap();
-        assert_eq!(s.run.model, "mlp");
-        assert_eq!(s.trials.steps_after, 50);
-        assert_eq!(s.detect.response, Response::Observe);
-        assert_eq!(s.last_step(), 59);
-    }
-
-    #[test]
-    fn malformed_specs_are_refused_with_the_reason() {
+    fn malformed_trials_are_refused_with_the_reason() {
         for (text, needle) in [
             ("colour = 1", "colour"),
             ("state = [\"weights\"]", "weights"),
@@ -428,21 +334,16 @@ mod tests {
             ("ranks = [2]", "ranks"),
             ("inject_at = []", "inject_at"),
         ] {
-            let err = spec(text).unwrap_err().to_string();
+            let err = trials(text).map(|_| ()).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
         }
-        assert!(
-            Spec::parse("[run]\nreplicas = 3\nbatch = 128\n[trials]").unwrap_err().to_string().contains("multiple")
-        );
-        assert!(Spec::parse("not toml at all").is_err());
-        assert!(Spec::parse("[trials]\n").unwrap_err().to_string().contains("run"));
     }
 
     #[test]
     fn trials_are_pure_functions_of_the_seed_and_cover_the_choices() {
-        let s = spec("state = [\"param\", \"grad\", \"optim\", \"activation\"]\ncount = 400").unwrap();
-        let drawn: Vec<Trial> = (0..400).map(|i| s.trial(i)).collect();
-        assert_eq!(drawn, (0..400).map(|i| s.trial(i)).collect::<Vec<_>>());
+        let s = trials("state = [\"param\", \"grad\", \"optim\", \"activation\"]\ncount = 400").unwrap();
+        let drawn: Vec<Trial> = (0..400).map(|i| s.trial(i, 2)).collect();
+        assert_eq!(drawn, (0..400).map(|i| s.trial(i, 2)).collect::<Vec<_>>());
         let all: Vec<&LiveFault> = drawn.iter().map(|t| &t.fault).collect();
         for kind in StateKind::ALL {
             assert!(all.iter().any(|t| t.state == kind), "{kind:?} never drawn");
@@ -454,8 +355,8 @@ mod tests {
         let optim = all.iter().find(|t| t.state == StateKind::Optim).unwrap();
         assert_eq!(optim.flips.target.role, Some(ckpt::Role::Optim));
         let mut other = s.clone();
-        other.trials.seed = 2;
-        assert_ne!(other.trial(0).fault.flips.seed, s.trial(0).fault.flips.seed);
+        other.seed = 2;
+        assert_ne!(other.trial(0, 2).fault.flips.seed, s.trial(0, 2).fault.flips.seed);
     }
 
     #[test]

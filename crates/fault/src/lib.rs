@@ -23,6 +23,24 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+/// Serde for a type through its text form (`Display` and `FromStr`), as spec files write it.
+macro_rules! serde_as_text {
+    ($t:ty) => {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
 pub mod bits;
 pub mod campaign;
 pub mod inject;

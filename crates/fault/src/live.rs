@@ -50,6 +50,14 @@ impl StateKind {
     pub const ALL: [StateKind; 4] = [StateKind::Param, StateKind::Grad, StateKind::Optim, StateKind::Activation];
 }
 
+impl std::fmt::Display for StateKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+serde_as_text!(StateKind);
+
 impl FromStr for StateKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

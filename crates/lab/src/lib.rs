@@ -18,7 +18,7 @@
 //! progress and prints; every experiment's logic and outputs live here.
 //!
 //! ```no_run
-//! let spec = fault::campaign::Spec::parse(&std::fs::read_to_string("examples/campaign-mlp.toml").unwrap()).unwrap();
+//! let spec = lab::campaign::Spec::parse(&std::fs::read_to_string("examples/campaign-mlp.toml").unwrap()).unwrap();
 //! let campaign = lab::campaign::Campaign::prepare(spec).unwrap();
 //! let (goldens, results) = campaign.run(None, &|_| {}).unwrap();
 //! lab::campaign::output::write("runs/sdc".as_ref(), &campaign, &goldens, &results, std::time::Duration::ZERO).unwrap();

@@ -29,7 +29,7 @@ steps_after = 2
 state = ["param"]
 "#
     );
-    let spec = fault::campaign::Spec::parse(&text).unwrap();
+    let spec = lab::campaign::Spec::parse(&text).unwrap();
     Campaign::prepare(spec).unwrap()
 }
 

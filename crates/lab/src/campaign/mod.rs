@@ -1,7 +1,7 @@
 //! Fault-injection campaigns: a golden run, then many trials, each resumed from the
 //! golden state in memory, injected, trained on and judged.
 //!
-//! A campaign ([`fault::campaign::Spec`]) names a training run, the injection steps, the
+//! A campaign ([`Spec`]) names a training run, the injection steps, the
 //! kinds of state and bits a fault may hit, the detectors' thresholds and what an alarm
 //! does. [`Campaign::run`]:
 //!
@@ -27,12 +27,15 @@
 mod detect;
 mod group;
 pub mod output;
+mod spec;
+
+pub use spec::{RunSpec, Spec};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use comm::ReduceMode;
-use fault::campaign::{Evidence, Outcome, Response, Spec, Trial};
+use fault::campaign::{Evidence, Outcome, Response, Trial};
 use fault::live::{LiveFlip, StateKind};
 use rayon::prelude::*;
 
@@ -42,7 +45,6 @@ use group::{Buffers, Env, Group, Replica, Verdict};
 
 use crate::LabError;
 use train::config::TrainConfig;
-use train::model::ModelKind;
 use train::step::{Engine, LiveFaults, TrainState};
 use train::trainer::{Prepared, evaluate_first};
 
@@ -128,12 +130,10 @@ impl Campaign {
     /// data.
     pub fn prepare(spec: Spec) -> Result<Campaign, LabError> {
         spec.validate().map_err(|e| LabError::Spec(e.to_string()))?;
-        let bad = LabError::Spec;
         let r = &spec.run;
-        let model: ModelKind = r.model.parse().map_err(|e: train::UnknownWord| bad(format!("run.model: {e}")))?;
-        let mut config = TrainConfig::defaults(model);
-        config.data = r.data.parse().map_err(|e: train::UnknownWord| bad(format!("run.data: {e}")))?;
-        config.optimizer = r.optimizer.parse().map_err(|e: train::UnknownWord| bad(format!("run.optimizer: {e}")))?;
+        let mut config = TrainConfig::defaults(r.model);
+        config.data = r.data;
+        config.optimizer = r.optimizer;
         if let Some(lr) = r.lr {
             config.optim.lr = lr;
         }
@@ -141,16 +141,7 @@ impl Campaign {
         config.seed = r.seed;
         config.batch = r.batch;
         config.micro_batch = r.micro_batch.unwrap_or(r.batch / r.replicas);
-        let mut reduces = Vec::new();
-        for name in &r.reduce {
-            let mode: ReduceMode = name.parse().map_err(|e| bad(format!("run.reduce: {e}")))?;
-            if mode == ReduceMode::Fast {
-                return Err(bad("run.reduce: `fast` changes bits from run to run, so no trial could be judged \
-                     against a golden run; use deterministic or reproducible"
-                    .into()));
-            }
-            reduces.push(mode);
-        }
+        let reduces = r.reduce.clone();
         let prepared = Prepared::load(&config)?;
         let campaign = Campaign { spec, reduces, config, prepared };
         campaign.check_targets()?;
@@ -161,8 +152,7 @@ impl Campaign {
     fn check_targets(&self) -> Result<(), LabError> {
         let (state, engine) = self.prepared.start(&self.config);
         let micro_batch = self.config.micro_batch;
-        for kind in &self.spec.trials.state {
-            let kind: StateKind = kind.parse().map_err(LabError::Spec)?;
+        for &kind in &self.spec.trials.state {
             let names: Vec<String> = match kind {
                 StateKind::Param | StateKind::Grad => state.params.iter().map(|p| p.name.clone()).collect(),
                 StateKind::Optim => state.optimizer.slots().iter().map(|p| p.name.clone()).collect(),

@@ -360,7 +360,7 @@ fn summary_md(
         spec.trials.flips,
         spec.trials.bits,
         spec.trials.burst,
-        spec.trials.state,
+        spec.trials.state.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.trials.inject_at,
         spec.trials.steps_after,
         spec.detect.response,
