@@ -21,7 +21,8 @@ Examples:
 #[derive(Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct CoordinatorArgs {
-    /// Address to listen on (loopback unless told otherwise).
+    /// Address to listen on (loopback unless told otherwise). With port 0 the system
+    /// picks a free port; the first line of output names the address bound.
     #[arg(long, default_value = "127.0.0.1:29500")]
     bind: String,
     /// Number of workers in the job.
@@ -42,6 +43,8 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     }
     let secret = std::env::var("STEADFAST_SECRET").context("STEADFAST_SECRET must hold the job secret")?;
     let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
+    // The first line of output, always: who started the coordinator on port 0 reads the
+    // port here.
     println!("coordinator listening on {}", listener.local_addr()?);
     let heartbeat = Duration::from_secs_f64(args.heartbeat_timeout.max(0.05));
     let job = comm::rendezvous::serve(

@@ -1,8 +1,10 @@
 //! Checkpoints end to end through the binary: kill -9 in the middle of training and
 //! resume to the same fingerprint; the `ckpt` tools and their exit codes.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -24,6 +26,9 @@ const RUN: [&str; 12] = [
     "--eval-every=0",
 ];
 
+/// The step at which the interrupted run is killed: one that takes a checkpoint.
+const STOP: u64 = 105;
+
 fn latest_step(root: &Path) -> Option<u64> {
     let name = std::fs::read_to_string(root.join("LATEST")).ok()?;
     ckpt::store::parse_step_dir(name.trim())
@@ -37,23 +42,47 @@ fn kill_dash_nine_mid_training_then_resume_gives_the_uninterrupted_fingerprint()
 
     let root = out("ckpt");
     let ck = ["--checkpoint-every", "7", "--checkpoint-dir", &root, "--keep-last", "2"];
+    // The run stops itself as step STOP starts, just after handing that step's checkpoint
+    // to its background writer, and says so on stderr. The kill follows that line, so it
+    // lands there however fast this machine trains: perhaps in the middle of that save.
     let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
         .args([&RUN[..], &ck[..], &["--out", &out("b")]].concat())
+        .env("STEADFAST_STOP_AT", format!("0:{STOP}"))
+        .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait (bounded) until training is well under way, then kill it.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while latest_step(Path::new(&root)).is_none_or(|s| s < 100) {
-        assert!(Instant::now() < deadline, "no checkpoint appeared");
-        assert!(child.try_wait().unwrap().is_none(), "training ended before it could be killed");
-        std::thread::sleep(Duration::from_millis(5));
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, said) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        match said.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("stop point reached") => break,
+            Ok(_) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                panic!("training ended before it could be killed: {:?}", child.wait())
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("training did not reach step {STOP} in time")
+            }
+        }
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
+    reader.join().unwrap();
     let killed_at = latest_step(Path::new(&root)).unwrap();
     assert!(killed_at < 600, "the run finished before the kill");
+    // The checkpoint before STOP was durable before STOP's was begun.
+    assert!((STOP - 7..=STOP).contains(&killed_at), "LATEST is step {killed_at}");
 
     let resumed = steadfast(&[&RUN[..], &ck[..], &["--resume", "latest", "--out", &out("b")]].concat());
     let stdout = String::from_utf8_lossy(&resumed.stdout).into_owned();

@@ -3,6 +3,7 @@
 //! worker's death or stop surfacing on the survivors within the bound, and checkpoints
 //! written in parts by every rank.
 
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -98,17 +99,20 @@ fn workers_started_by_hand_meet_at_a_standalone_coordinator() {
     let out = dir.path().to_str().unwrap();
     let args = train_args("mlp", "reproducible", out);
     let single = fingerprints(&steadfast(&args, &[]));
-    // A free port for the coordinator: bind port 0, read it, release it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = format!("127.0.0.1:{port}");
     let exe = env!("CARGO_BIN_EXE_steadfast");
     let secret = [("STEADFAST_SECRET", "hand-started-job")];
-    let coordinator = Command::new(exe)
-        .args(["coordinator", "--bind", &addr, "--world-size", "2", "--timeout", "60"])
+    // The coordinator listens on a port of the system's choosing and names it first.
+    let mut coordinator = Command::new(exe)
+        .args(["coordinator", "--bind", "127.0.0.1:0", "--world-size", "2", "--timeout", "60"])
         .envs(secret)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let mut announced = BufReader::new(coordinator.stdout.take().unwrap());
+    let mut first = String::new();
+    announced.read_line(&mut first).unwrap();
+    let addr = first.trim().strip_prefix("coordinator listening on ").unwrap_or_else(|| panic!("{first:?}")).to_owned();
+    assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
     let workers: Vec<_> = (0..2)
         .map(|r| {
             let rank = r.to_string();
@@ -126,9 +130,10 @@ fn workers_started_by_hand_meet_at_a_standalone_coordinator() {
         let out = w.wait_with_output().unwrap();
         assert_eq!(fingerprints(&out), single);
     }
-    let c = coordinator.wait_with_output().unwrap();
-    assert!(c.status.success());
-    assert!(String::from_utf8_lossy(&c.stdout).contains("rank 1 at 127.0.0.1:"));
+    let mut rest = String::new();
+    announced.read_to_string(&mut rest).unwrap();
+    assert!(coordinator.wait().unwrap().success());
+    assert!(rest.contains("rank 1 at 127.0.0.1:"), "{rest}");
 }
 
 #[test]

@@ -126,8 +126,9 @@ fn tcp_config() -> TcpConfig {
     }
 }
 
-/// Runs `f` on every rank of a TCP mesh on loopback (ephemeral ports).
-fn on_tcp<R: Send>(world: usize, f: impl Fn(usize, &dyn Transport) -> R + Sync) -> Vec<R> {
+/// A TCP mesh of `world` ranks on loopback, each on a port the system chose and that
+/// its listener holds from the bind to the mesh.
+fn tcp_meshes(world: usize) -> Vec<TcpMesh> {
     let listeners: Vec<TcpListener> = (0..world).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     std::thread::scope(|s| {
@@ -135,11 +136,24 @@ fn on_tcp<R: Send>(world: usize, f: impl Fn(usize, &dyn Transport) -> R + Sync) 
             .into_iter()
             .enumerate()
             .map(|(r, l)| {
-                let (f, addrs) = (&f, &addrs);
-                s.spawn(move || {
-                    let mesh = TcpMesh::connect(r, l, addrs, &tcp_config()).unwrap();
-                    f(r, &mesh)
-                })
+                let addrs = &addrs;
+                s.spawn(move || TcpMesh::connect(r, l, addrs, &tcp_config()).unwrap())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Runs `f` on every rank of a fresh TCP mesh; the meshes close once every rank returned.
+fn on_tcp<R: Send>(world: usize, f: impl Fn(usize, &dyn Transport) -> R + Sync) -> Vec<R> {
+    let meshes = tcp_meshes(world);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = meshes
+            .iter()
+            .enumerate()
+            .map(|(r, mesh)| {
+                let f = &f;
+                s.spawn(move || f(r, mesh))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -165,27 +179,32 @@ fn tcp_mesh_all_reduce_broadcast_and_barrier_match_the_in_process_network() {
 
 #[test]
 fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
+    // The deadline is far beyond what either failure takes: expiring it would be a
+    // `Timeout`, so the errors below can only come from the fault itself.
+    let deadline = Duration::from_secs(30);
+    // A chunk of the wrong size, then silence: rank 1 stays connected, saying nothing,
+    // until rank 0 has its answer (so that the hang-up below is not what rank 0 reports).
+    let answered = std::sync::Barrier::new(2);
     let out = on_tcp(2, |r, t| {
         if r == 1 {
-            // A chunk of the wrong size, then silence.
             t.send(0, 1, &[1, 2, 3]).unwrap();
-            std::thread::sleep(Duration::from_millis(200));
+            answered.wait();
             return None;
         }
-        Some(all_reduce_parts(t, &[&[1.0f32; 8]], 8, ReduceMode::Deterministic, Duration::from_millis(500)))
+        let result = all_reduce_parts(t, &[&[1.0f32; 8]], 8, ReduceMode::Deterministic, deadline);
+        answered.wait();
+        Some(result)
     });
     let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
     assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{err}");
 
-    let out = on_tcp(2, |r, t| {
-        if r == 1 {
-            return None; // hangs up: the mesh is dropped when this closure returns
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        Some(all_reduce_parts(t, &[&[1.0f32; 8]], 8, ReduceMode::Deterministic, Duration::from_secs(2)))
-    });
-    let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
+    // Rank 1 hangs up before rank 0 starts its all-reduce.
+    let mut meshes = tcp_meshes(2);
+    drop(meshes.pop());
+    let started = Instant::now();
+    let err = all_reduce_parts(&meshes[0], &[&[1.0f32; 8]], 8, ReduceMode::Deterministic, deadline).unwrap_err();
     assert!(matches!(err, CommError::PeerLost { peer: 1, .. }), "{err}");
+    assert!(started.elapsed() < deadline, "a closed connection needs no deadline");
 }
 
 #[test]
@@ -228,25 +247,42 @@ fn the_commit_vote_refuses_a_step_on_every_rank_if_one_rank_disagrees_or_vetoes(
     }
 }
 
+/// The id of the calling thread, as /proc/self/task names it (None without a Linux /proc).
+fn thread_id() -> Option<String> {
+    Some(std::fs::read_link("/proc/thread-self").ok()?.file_name()?.to_string_lossy().into_owned())
+}
+
+/// Waits until thread `tid` of this process sleeps in the kernel (state `S`), that is,
+/// until it is blocked in a system call. A thread that said it is about to receive, and
+/// takes no lock that anyone else holds on the way, is then blocked in its socket read.
+fn wait_until_asleep(tid: &str, deadline: Instant) {
+    let path = format!("/proc/self/task/{tid}/stat");
+    loop {
+        let stat = std::fs::read_to_string(&path).unwrap();
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        if stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('S')) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "thread {tid} never blocked: {stat}");
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn an_aborted_mesh_fails_a_blocked_receive_at_once_with_the_reason() {
-    let net_addrs: Vec<_> = (0..2).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    let addrs: Vec<_> = net_addrs.iter().map(|l| l.local_addr().unwrap()).collect();
-    let meshes: Vec<TcpMesh> = std::thread::scope(|s| {
-        let hs: Vec<_> = net_addrs
-            .into_iter()
-            .enumerate()
-            .map(|(r, l)| {
-                let addrs = &addrs;
-                s.spawn(move || TcpMesh::connect(r, l, addrs, &tcp_config()).unwrap())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let meshes = tcp_meshes(2);
     let started = Instant::now();
+    let (about_to_receive, receiving) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
-        let blocked = s.spawn(|| meshes[0].recv(1, Instant::now() + Duration::from_secs(60)));
-        std::thread::sleep(Duration::from_millis(100));
+        let blocked = s.spawn(|| {
+            about_to_receive.send(thread_id()).unwrap();
+            meshes[0].recv(1, Instant::now() + Duration::from_secs(60))
+        });
+        // Abort once the receive is blocked in the kernel. (Without a Linux /proc to tell,
+        // it may not be yet: an abort before the receive starts fails it the same way.)
+        if let Some(tid) = receiving.recv_timeout(Duration::from_secs(30)).unwrap() {
+            wait_until_asleep(&tid, Instant::now() + Duration::from_secs(30));
+        }
         meshes[0].abort("rank 1 was lost: test".into());
         let err = blocked.join().unwrap().unwrap_err();
         assert!(matches!(&err, CommError::Aborted(r) if r == "rank 1 was lost: test"), "{err}");
