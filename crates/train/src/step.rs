@@ -16,8 +16,9 @@
 //! 3. **reduce**: the micro-batch buffers are summed, in place, in the run's reduce mode:
 //!    locally ([`Engine::reduce_local`]) or across a job (the runner's all-reduce);
 //!    [`Hooks::after_reduce`] sees the sum;
-//! 4. **vote**: [`SumCheck`] reads the sum once (finite? digest? norm?); a job votes on it
-//!    ([`comm::commit`]), a single process refuses a non-finite sum by itself;
+//! 4. **vote**: a job votes on the sum's [`SumCheck`] (digest, finite?) with
+//!    [`comm::commit`]; a single process refuses a non-finite sum by itself
+//!    ([`GradBuffer::all_finite`]);
 //! 5. **update**: [`Hooks::before_update`] sees the state again, then
 //!    [`TrainState::apply`] runs the optimizer on flat views of the sum and counts the step;
 //! 6. **check and checkpoint**: the runner compares replicas and writes checkpoints.
@@ -201,13 +202,23 @@ impl GradBuffer {
             .collect()
     }
 
+    /// Whether every element, the loss included, is finite.
+    pub fn all_finite(&self) -> bool {
+        self.data.iter().all(|x| x.is_finite())
+    }
+
+    /// The gradient's Euclidean norm (squares summed in f64, in order).
+    pub fn grad_norm(&self) -> f64 {
+        self.grads().iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()
+    }
+
     /// Copies another buffer of the same layout.
     pub fn copy_from(&mut self, other: &GradBuffer) {
         self.data.copy_from_slice(&other.data);
     }
 }
 
-/// What the vote and the numeric checks read of a summed gradient, in one pass each.
+/// What the vote reads of a summed gradient: its digest and whether it is finite.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SumCheck {
     /// xxh3-64 of the whole buffer, loss included.
@@ -216,23 +227,15 @@ pub struct SumCheck {
     pub finite: bool,
     /// The loss field.
     pub loss: f32,
-    /// The gradient's Euclidean norm (in f64, in order).
-    pub norm: f64,
 }
 
 impl SumCheck {
     /// Reads `sum`.
     pub fn of(sum: &GradBuffer) -> Self {
-        let (mut finite, mut squares) = (true, 0.0f64);
-        for &x in sum.grads() {
-            finite &= x.is_finite();
-            squares += f64::from(x) * f64::from(x);
-        }
         SumCheck {
             digest: ckpt::checksum(bytemuck::cast_slice(sum.as_slice())),
-            finite: finite && sum.loss().is_finite(),
+            finite: sum.all_finite(),
             loss: sum.loss(),
-            norm: squares.sqrt(),
         }
     }
 }
@@ -539,7 +542,7 @@ mod tests {
         buf.as_mut_slice().copy_from_slice(&[3.0, 4.0, 0.5]);
         let ok = SumCheck::of(&buf);
         assert!(ok.finite);
-        assert_eq!((ok.loss, ok.norm), (0.5, 5.0));
+        assert_eq!((ok.loss, buf.grad_norm()), (0.5, 5.0));
         buf.grad_mut(0)[1] = f32::NAN;
         let bad = SumCheck::of(&buf);
         assert!(!bad.finite && bad.loss.is_finite());

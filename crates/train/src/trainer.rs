@@ -228,19 +228,19 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         }
         hooks.after_reduce(at, &mut sum)?;
         report_injections(&mut metrics, hooks.take_flips())?;
-        let check = SumCheck::of(&sum);
+        let loss = sum.loss();
         match &job {
             Some(j) => {
                 if let Some(w) = writer.as_mut() {
                     w.poll()?;
                 }
-                let ballots = j.vote(step, &check, writer.as_ref().map_or(0, |w| w.durable()))?;
+                let ballots = j.vote(step, &SumCheck::of(&sum), writer.as_ref().map_or(0, |w| w.durable()))?;
                 if let Some(w) = writer.as_mut() {
                     w.commit_through(comm::commit::durable_everywhere(&ballots))?;
                 }
             }
-            None if !check.loss.is_finite() => return Err(TrainError::Diverged { step, loss: check.loss }),
-            None if !check.finite => return Err(TrainError::GradientNotFinite { step, loss: check.loss }),
+            None if !loss.is_finite() => return Err(TrainError::Diverged { step, loss }),
+            None if !sum.all_finite() => return Err(TrainError::GradientNotFinite { step, loss }),
             None => {}
         }
         hooks.before_update(at, &mut state)?;
@@ -249,9 +249,9 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         state.apply(&sum);
         optimizer_time += update.elapsed();
         train_time += started.elapsed();
-        let (done, loss) = (state.step, check.loss);
+        let done = state.step;
         last_loss = loss;
-        metrics.write(json!({"kind": "train", "step": done, "loss": loss, "grad_norm": check.norm}))?;
+        metrics.write(json!({"kind": "train", "step": done, "loss": loss}))?;
         on_event(Event::Step { step: done, loss });
 
         if let Some(j) = &job

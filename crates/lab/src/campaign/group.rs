@@ -203,11 +203,12 @@ impl Group {
         }
         report.flips.extend(faults.take_flips());
         // Each distinct sum is read once: the shared one, and each replica's own copy.
-        let shared = SumCheck::of(&bufs.shared);
-        let mut checks: Vec<SumCheck> =
-            (0..world).map(|r| if own[r] { SumCheck::of(&bufs.own[r]) } else { shared }).collect();
+        let shared = (SumCheck::of(&bufs.shared), bufs.shared.grad_norm());
+        let mut checks: Vec<(SumCheck, f64)> = (0..world)
+            .map(|r| if own[r] { (SumCheck::of(&bufs.own[r]), bufs.own[r].grad_norm()) } else { shared })
+            .collect();
         if world > 1 {
-            let digests: Vec<u64> = checks.iter().map(|s| s.digest).collect();
+            let digests: Vec<u64> = checks.iter().map(|(s, _)| s.digest).collect();
             if digests.iter().any(|&d| d != digests[0]) {
                 let faulty = suspects(&digests);
                 let alarm = Alarm { detector: Detector::Vote, faulty: faulty.clone() };
@@ -222,7 +223,7 @@ impl Group {
                 }
             }
         }
-        let nonfinite: Vec<usize> = (0..world).filter(|&r| !checks[r].finite).collect();
+        let nonfinite: Vec<usize> = (0..world).filter(|&r| !checks[r].0.finite).collect();
         if !nonfinite.is_empty() {
             let alarm = Alarm { detector: Detector::NonFinite, faulty: nonfinite.clone() };
             if let Some(v) = self.respond(env, &mut report, alarm, Restore::Gradient) {
@@ -237,9 +238,9 @@ impl Group {
         }
         // The spike detectors see the worst replica (NaN if any is NaN).
         let (mut loss, mut norm) = (f32::MIN, 0.0f64);
-        for s in &checks {
+        for (s, n) in &checks {
             loss = if s.loss.is_nan() || loss.is_nan() { f32::NAN } else { loss.max(s.loss) };
-            norm = if s.norm.is_nan() || norm.is_nan() { f64::NAN } else { norm.max(s.norm) };
+            norm = if n.is_nan() || norm.is_nan() { f64::NAN } else { norm.max(*n) };
         }
         report.loss = loss;
         report.grad_norm = norm;
