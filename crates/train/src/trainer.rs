@@ -139,7 +139,8 @@ impl Prepared {
         let device = Device::flex().autodiff();
         let model = Model::new(config.model, config.seed, self.gpt, &device);
         let params = model.params();
-        let state = TrainState::new(params.clone(), Optimizer::new(config.optimizer, config.optim, &params));
+        let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
+        let state = TrainState::new(params, optimizer);
         let sampler = Sampler::new(config.seed, self.data.len(Split::Train), config.batch, config.micro_batch)
             .expect("checked in load");
         let denominator = config.batch * self.tokens_per_example;
