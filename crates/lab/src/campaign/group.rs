@@ -154,6 +154,21 @@ impl Group {
         verdict
     }
 
+    /// The checksum detector on the stored tensors of `role`: replicas whose tensors no
+    /// longer match the checksums taken after their last update raise an alarm, answered
+    /// (by the response) with a copy of those tensors from a healthy replica.
+    fn check_stored(&mut self, env: &Env<'_>, report: &mut StepReport, role: Role) -> Option<Verdict> {
+        let bad: Vec<usize> = (0..self.world()).filter(|&r| !self.replicas[r].intact(role)).collect();
+        if bad.is_empty() {
+            return None;
+        }
+        let restore = match role {
+            Role::Model => Restore::Params,
+            Role::Optim => Restore::Slots,
+        };
+        self.respond(env, report, Alarm { detector: Detector::Checksum, faulty: bad }, restore)
+    }
+
     /// Runs the replicas' next step with the faults that are due in it.
     pub fn step(
         &mut self,
@@ -172,11 +187,7 @@ impl Group {
             faults.after_load(at(r), &mut replica.state)?;
         }
         report.flips.extend(faults.take_flips());
-        let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Model)).collect();
-        if !bad.is_empty()
-            && let Some(v) =
-                self.respond(env, &mut report, Alarm { detector: Detector::Checksum, faulty: bad }, Restore::Params)
-        {
+        if let Some(v) = self.check_stored(env, &mut report, Role::Model) {
             report.verdict = v;
             return Ok(report);
         }
@@ -260,11 +271,7 @@ impl Group {
             faults.before_update(at(r), &mut replica.state)?;
         }
         report.flips.extend(faults.take_flips());
-        let bad: Vec<usize> = (0..world).filter(|&r| !self.replicas[r].intact(Role::Optim)).collect();
-        if !bad.is_empty()
-            && let Some(v) =
-                self.respond(env, &mut report, Alarm { detector: Detector::Checksum, faulty: bad }, Restore::Slots)
-        {
+        if let Some(v) = self.check_stored(env, &mut report, Role::Optim) {
             report.verdict = v;
             return Ok(report);
         }
