@@ -14,7 +14,7 @@ CKPT_CRASH_TRIALS=${TRIALS:-2000} cargo test --release --locked -p steadfast-ckp
 echo "== fuzzing"
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 # cargo-fuzz passes -Z flags; the stable toolchain accepts them with RUSTC_BOOTSTRAP.
-for target in manifest safetensors_header pickle zip npy_header frame handshake; do
+for target in manifest safetensors_header pickle zip npy_header idx frame handshake; do
   mkdir -p "fuzz/corpus/$target"
   seeds=()
   [ -d "fuzz/seeds/$target" ] && seeds=("fuzz/seeds/$target")

@@ -120,14 +120,13 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<Train
         "repro ms"
     );
     for r in sums {
-        let abs: Vec<f64> = r.vs.iter().map(|v| v.abs()).collect();
         println!(
             "{:<8} {:>9} {:>7} {:>10.2e} {:>10.2e} {:>9} {:>9} {:>9} {:>9.3} {:>9.3} {:>9.3}",
             r.dist.name(),
             r.n,
             r.threads,
-            abs.iter().sum::<f64>() / abs.len() as f64,
-            abs.iter().copied().fold(0.0, f64::max),
+            r.mean_abs_vs(),
+            r.max_abs_vs(),
             r.distinct_atomic,
             r.distinct_tree,
             r.distinct_repro,
@@ -147,8 +146,8 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<Train
             r.dist.name(),
             r.n,
             r.threads,
-            r.mean_rel,
-            r.frac_differ,
+            r.mean_relative_difference,
+            r.fraction_differing,
             r.distinct_atomic,
             r.distinct_sorted,
             r.atomic_ms,
@@ -166,14 +165,14 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<Train
             println!(
                 "{:<13} accuracy {:.4} +/- {:.1e} (min {:.4}, max {:.4}), loss sd {:.2e}, distinct fingerprints {}/{}, weights differ from run 1 in {:.1}% of elements",
                 mode.name(),
-                s["accuracy_mean"].as_f64().unwrap_or(0.0),
-                s["accuracy_sd"].as_f64().unwrap_or(0.0),
-                s["accuracy_min"].as_f64().unwrap_or(0.0),
-                s["accuracy_max"].as_f64().unwrap_or(0.0),
-                s["loss_sd"].as_f64().unwrap_or(0.0),
-                s["distinct_fingerprints"],
-                s["runs"],
-                100.0 * s["weights_fraction_differing_vs_run_1"].as_f64().unwrap_or(0.0)
+                s.accuracy_mean,
+                s.accuracy_sd,
+                s.accuracy_min,
+                s.accuracy_max,
+                s.loss_sd,
+                s.distinct_fingerprints,
+                s.runs,
+                100.0 * s.weights_fraction_differing_vs_run_1
             );
         }
     }

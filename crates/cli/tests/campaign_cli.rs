@@ -5,10 +5,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::{ok, steadfast};
+use fault::campaign::Outcome;
+use fault::live::StateKind;
+use lab::campaign::Detector;
+use lab::campaign::rows::{GoldenRow, StepRow, TrialRow};
+use lab::table;
 
 fn spec(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
@@ -35,18 +39,12 @@ state = ["param", "optim", "grad", "activation"]
 bits = "any"
 "#;
 
-/// Rows of a campaign CSV as maps from column to value.
-fn rows(path: &Path) -> Vec<BTreeMap<String, String>> {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    lines.map(|l| header.iter().map(|h| h.to_string()).zip(l.split(',').map(str::to_owned)).collect()).collect()
-}
-
-fn without_timing(path: &Path) -> Vec<BTreeMap<String, String>> {
-    let mut r = rows(path);
+/// The trials of a campaign, with the timing cleared (the only column that may differ
+/// between two runs).
+fn without_timing(dir: &Path) -> Vec<TrialRow> {
+    let mut r: Vec<TrialRow> = table::read(&dir.join("trials.csv")).unwrap();
     for row in &mut r {
-        row.remove("seconds");
+        row.seconds = 0.0;
     }
     r
 }
@@ -66,63 +64,64 @@ fn a_campaign_writes_its_tables_replays_trials_and_ignores_the_thread_count() {
             "{table} depends on the thread count"
         );
     }
-    assert_eq!(without_timing(&a.join("trials.csv")), without_timing(&b.join("trials.csv")));
+    assert_eq!(without_timing(&a), without_timing(&b));
 
-    let trials = rows(&a.join("trials.csv"));
+    let trials: Vec<TrialRow> = table::read(&a.join("trials.csv")).unwrap();
     assert_eq!(trials.len(), 48, "24 trials under 2 strategies");
-    let known = ["masked", "degraded", "diverged", "crashed", "detected", "corrected"];
     for t in &trials {
-        assert!(known.contains(&t["outcome"].as_str()), "{t:?}");
-        assert_ne!(t["outcome"], "crashed", "{t:?}");
-        assert_eq!(t["bits"].split(';').count(), 1, "one bit per trial: {t:?}");
-        let step = &t["step"];
-        match t["state"].as_str() {
+        assert_ne!(t.outcome, Outcome::Crashed, "{t:?}");
+        assert_eq!(t.bits.0.len(), 1, "one bit per trial: {t:?}");
+        let step = Some(t.step);
+        match t.state {
             // Stored state changed under its checksum: caught before it is used.
-            "param" | "optim" => assert_eq!(&t["alarm_checksum"], step, "{t:?}"),
+            StateKind::Param | StateKind::Optim => assert_eq!(t.alarm(Detector::Checksum), step, "{t:?}"),
             // One replica's copy of the sum differs: the commit vote sees it at once.
-            "grad" => assert_eq!(&t["alarm_vote"], step, "{t:?}"),
+            StateKind::Grad => assert_eq!(t.alarm(Detector::Vote), step, "{t:?}"),
             // A fault in the arithmetic enters the shared sum: every replica agrees.
-            "activation" => {
-                assert_eq!(t["alarm_vote"], "", "{t:?}");
-                assert_eq!(t["alarm_checksum"], "", "{t:?}");
-                assert_eq!(t["alarm_fingerprint"], "", "{t:?}");
+            StateKind::Activation => {
+                assert_eq!(t.alarm(Detector::Vote), None, "{t:?}");
+                assert_eq!(t.alarm(Detector::Checksum), None, "{t:?}");
+                assert_eq!(t.alarm(Detector::Fingerprint), None, "{t:?}");
             }
-            other => panic!("state {other}"),
         }
-        if t["bitwise_golden"] == "true" {
-            assert_eq!(t["outcome"], "masked", "{t:?}");
+        if t.bitwise_golden {
+            assert_eq!(t.outcome, Outcome::Masked, "{t:?}");
         }
     }
     // A fault in one replica's stored parameters reaches the other replica through the
     // gradient sum (unless the flipped weight fed only dead units).
-    let steps = rows(&a.join("steps.csv"));
-    let last_of = |t: &BTreeMap<String, String>| {
-        steps.iter().rfind(|r| r["trial"] == t["trial"] && r["reduce"] == t["reduce"]).cloned().unwrap()
-    };
+    let steps: Vec<StepRow> = table::read(&a.join("steps.csv")).unwrap();
+    let last_of = |t: &TrialRow| steps.iter().rfind(|r| r.trial == t.trial && r.reduce == t.reduce).cloned().unwrap();
     let param = trials
         .iter()
-        .filter(|t| t["state"] == "param" && t["diverged"] == "false")
-        .find(|t| {
-            let other = if t["rank"] == "0" { "differing_replica1" } else { "differing_replica0" };
-            last_of(t)[other] != "0"
-        })
+        .filter(|t| t.state == StateKind::Param && !t.diverged)
+        .find(|t| last_of(t).differing.0[1 - t.rank] != 0)
         .expect("a parameter fault that spread to the other replica");
     let last = last_of(param);
-    assert_eq!(last["step"].parse::<u64>().unwrap(), param["step"].parse::<u64>().unwrap() + 6);
-    assert_ne!(last[&format!("differing_replica{}", param["rank"])], "0", "{last:?}");
-    let golden = rows(&a.join("golden.csv"));
-    assert!(golden.iter().all(|g| g["alarms"].is_empty()), "the golden run raised an alarm");
+    assert_eq!(last.step, param.step + 6);
+    assert_ne!(last.differing.0[param.rank], 0, "{last:?}");
+    let golden: Vec<GoldenRow> = table::read(&a.join("golden.csv")).unwrap();
+    assert!(golden.iter().all(|g| g.alarms.0.is_empty()), "the golden run raised an alarm");
 
     // Replaying trials alone gives the rows of the campaign.
-    let picks = [&trials[0]["trial"], &param["trial"]];
+    let picks = [trials[0].trial, param.trial];
     let replay = ok(steadfast(&["campaign", &s, "--replay", &format!("{},{}", picks[0], picks[1])]));
     for pick in picks {
-        for t in trials.iter().filter(|t| &t["trial"] == pick) {
+        for t in trials.iter().filter(|t| t.trial == pick) {
             let line = format!(
                 "trial {pick} [{}]: {} of rank {} at step {} (flip seed {}) -> {}",
-                t["reduce"], t["state"], t["rank"], t["step"], t["flip_seed"], t["outcome"]
+                t.reduce,
+                t.state,
+                t.rank,
+                t.step,
+                t.flip_seed,
+                t.outcome.name()
             );
             assert!(replay.contains(&line), "{line}\n{replay}");
+            if let Some(element) = t.element {
+                let flip = format!("flipped {}[{}] bits {:?}", t.tensor, element, t.bits.0);
+                assert!(replay.contains(&flip), "{flip}\n{replay}");
+            }
         }
     }
 }
@@ -138,19 +137,19 @@ fn repair_from_a_healthy_replica_restores_golden_bits_and_stop_reports_detected(
     let repair = spec(tmp.path(), "repair.toml", &format!("{base}\n[detect]\nresponse = \"repair\"\n"));
     let out = tmp.path().join("repair");
     ok(steadfast(&["campaign", &repair, "--out", out.to_str().unwrap()]));
-    for t in rows(&out.join("trials.csv")) {
+    for t in without_timing(&out) {
         // Three replicas: the checksums or the vote name the faulty one, and a copy from a
         // healthy one undoes the fault before it spreads.
-        assert_eq!(t["outcome"], "corrected", "{t:?}");
-        assert_eq!(t["bitwise_golden"], "true", "{t:?}");
-        assert_eq!(t["repairs"], "1", "{t:?}");
-        assert_eq!(t["rollbacks"], "0", "{t:?}");
+        assert_eq!(t.outcome, Outcome::Corrected, "{t:?}");
+        assert!(t.bitwise_golden, "{t:?}");
+        assert_eq!(t.repairs, 1, "{t:?}");
+        assert_eq!(t.rollbacks, 0, "{t:?}");
     }
     let stop = spec(tmp.path(), "stop.toml", &format!("{base}\n[detect]\nresponse = \"stop\"\n"));
     let out = tmp.path().join("stop");
     ok(steadfast(&["campaign", &stop, "--out", out.to_str().unwrap()]));
-    for t in rows(&out.join("trials.csv")) {
-        assert_eq!(t["outcome"], "detected", "{t:?}");
+    for t in without_timing(&out) {
+        assert_eq!(t.outcome, Outcome::Detected, "{t:?}");
     }
     // One replica cannot be repaired from another: a rollback redoes the step without
     // the (transient) fault.
@@ -159,9 +158,9 @@ fn repair_from_a_healthy_replica_restores_golden_bits_and_stop_reports_detected(
     let solo = spec(tmp.path(), "solo.toml", &format!("{single}\n[detect]\nresponse = \"repair\"\n"));
     let out = tmp.path().join("solo");
     ok(steadfast(&["campaign", &solo, "--out", out.to_str().unwrap()]));
-    for t in rows(&out.join("trials.csv")) {
-        assert_eq!(t["outcome"], "corrected", "{t:?}");
-        assert_eq!(t["rollbacks"], "1", "{t:?}");
+    for t in without_timing(&out) {
+        assert_eq!(t.outcome, Outcome::Corrected, "{t:?}");
+        assert_eq!(t.rollbacks, 1, "{t:?}");
     }
 }
 
@@ -218,17 +217,23 @@ fn the_report_renders_its_plots_in_a_browser() {
         common::skip("no chromium to render the report");
         return;
     };
+    // A copy of the page with a script that marks how many plots the browser laid out
+    // with a visible area and drawn content; the dumped DOM carries the mark.
+    let probe = tmp.path().join("probe.html");
+    let script = "<script>window.addEventListener('load',function(){var n=0;\
+        document.querySelectorAll('section.plot svg').forEach(function(s){var b=s.getBoundingClientRect();\
+        if(b.width>50&&b.height>50&&s.querySelectorAll('rect,path,polyline,line,circle,text').length>10)n++;});\
+        document.body.setAttribute('data-plots-rendered',String(n));});</script>";
+    std::fs::write(&probe, page.replace("</body>", &format!("{script}</body>"))).unwrap();
     let profile = tmp.path().join("profile");
     let dom = std::process::Command::new(browser)
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,3000"])
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg("--dump-dom")
-        .arg(format!("file://{}", page_path.display()))
+        .arg(format!("file://{}", probe.display()))
         .output()
         .unwrap();
     let dom = String::from_utf8_lossy(&dom.stdout);
-    // The page's script counts the plots the browser laid out with a visible area and
-    // drawn content.
     assert!(
         dom.contains("data-plots-rendered=\"4\""),
         "the browser did not render 4 plots: {}",

@@ -4,6 +4,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use lab::fpna::{Accumulation, IndexRow, SumSample, Summary, TrainRun};
+use lab::table;
+
 #[test]
 fn quick_lab_writes_results_and_its_deterministic_kernels_never_vary() {
     let out = tempfile::tempdir().unwrap();
@@ -21,27 +24,31 @@ fn quick_lab_writes_results_and_its_deterministic_kernels_never_vary() {
         "{stdout}"
     );
 
-    for csv in ["sums.csv", "index_add.csv", "training.csv"] {
-        let text = std::fs::read_to_string(out.path().join(csv)).unwrap();
-        assert!(text.lines().count() > 2, "{csv}: {text}");
-    }
+    let samples: Vec<SumSample> = table::read(&out.path().join("sums.csv")).unwrap();
+    let index: Vec<IndexRow> = table::read(&out.path().join("index_add.csv")).unwrap();
+    let runs: Vec<TrainRun> = table::read(&out.path().join("training.csv")).unwrap();
+    assert_eq!(samples.len(), 3 * 3 * 2 * 10, "3 distributions x 3 sizes x 2 thread counts x 10 repetitions");
+    assert_eq!(index.len(), 3 * 2 * 2, "3 distributions x 2 sizes x 2 thread counts");
+    assert_eq!(runs.len(), 2 * 3, "3 runs per accumulation");
+    let repro: Vec<&TrainRun> = runs.iter().filter(|r| r.mode == Accumulation::Reproducible).collect();
+    assert!(repro.iter().all(|r| r.fingerprint == repro[0].fingerprint), "{repro:?}");
     for svg in ["vs_histogram.svg", "distinct_outputs.svg", "training_accuracy.svg"] {
         let text = std::fs::read_to_string(out.path().join(svg)).unwrap();
         assert!(text.contains("<svg") && text.contains("<text"), "{svg} has no labelled plot");
     }
-    let summary: serde_json::Value =
+    let summary: Summary =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap()).unwrap();
-    let sums = summary["sums"].as_array().unwrap();
-    assert!(!sums.is_empty());
-    for row in sums {
-        assert_eq!(row["distinct_tree"], 1, "{row}");
-        assert_eq!(row["distinct_repro"], 1, "{row}");
+    assert_eq!(summary.sums.len() * summary.reps, samples.len());
+    for row in &summary.sums {
+        assert_eq!(row.distinct_tree, 1, "{row:?}");
+        assert_eq!(row.distinct_repro, 1, "{row:?}");
     }
-    for row in summary["index_add"].as_array().unwrap() {
-        assert_eq!(row["distinct_sorted"], 1, "{row}");
+    assert_eq!(summary.index_add, index);
+    for row in &summary.index_add {
+        assert_eq!(row.distinct_sorted, 1, "{row:?}");
     }
-    let training = summary["training"].as_array().unwrap();
-    let repro = training.iter().find(|t| t["mode"] == "reproducible").unwrap();
-    assert_eq!(repro["distinct_fingerprints"], 1, "{repro}");
-    assert_eq!(repro["accuracy_sd"], 0.0);
+    let training = summary.training.unwrap();
+    let repro = training.iter().find(|t| t.mode == Accumulation::Reproducible).unwrap();
+    assert_eq!(repro.distinct_fingerprints, 1, "{repro:?}");
+    assert_eq!(repro.accuracy_sd, 0.0);
 }

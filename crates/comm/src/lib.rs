@@ -47,7 +47,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// How gradients from several workers are combined (see `docs/determinism.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum ReduceMode {
     /// Plain float sums in whatever order is fastest; no promise about bits.
     Fast,

@@ -225,8 +225,9 @@ impl Thresholds {
     }
 }
 
-/// The class of a trial's outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// The class of a trial's outcome. Its serde form is [`Outcome::name`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Outcome {
     /// No visible effect: final quality within the thresholds of golden's.
     Masked,
@@ -321,6 +322,15 @@ mod tests {
             toml::from_str(&format!("inject_at = [5, 9]\n{text}")).map_err(|e| BadSpec(e.to_string()))?;
         t.validate(2)?;
         Ok(t)
+    }
+
+    #[test]
+    fn an_outcome_is_written_and_read_as_its_name() {
+        for o in Outcome::ALL {
+            let text = toml::Value::try_from(o).unwrap();
+            assert_eq!(text.as_str(), Some(o.name()));
+            assert_eq!(text.try_into::<Outcome>().unwrap(), o);
+        }
     }
 
     #[test]

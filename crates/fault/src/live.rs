@@ -20,7 +20,7 @@ use crate::bits::BitSpec;
 use crate::plan::{Amount, Candidate, FlipSpec, PlanError, Target, plan};
 
 /// Which part of the training state a live fault hits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum StateKind {
     /// Parameters, at the start of the step (before the forward pass).
     Param,

@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use repro::fpna;
 use repro::metrics::{array_variability, distinct_outputs, scalar_variability};
 use repro::rng::Stream;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use train::TrainConfig;
 use train::data::DataKind;
 use train::model::ModelKind;
@@ -23,9 +23,11 @@ use train::step::NoHooks;
 use train::trainer::Prepared;
 
 use crate::LabError;
+use crate::table;
 
-/// The distribution the summed values are drawn from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The distribution the summed values are drawn from. Its serde form is [`Dist::name`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Dist {
     /// Uniform in [0, 1).
     Uniform,
@@ -132,8 +134,9 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
     (r, t.elapsed().as_secs_f64())
 }
 
-/// One row of the sum sweep: a distribution, size and thread count, over the repetitions.
-#[derive(Clone, Debug)]
+/// One configuration of the sum sweep: a distribution, size and thread count, over the
+/// repetitions (an entry of `summary.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SumRow {
     /// See the tables' columns of the same name.
     pub dist: Dist,
@@ -141,7 +144,7 @@ pub struct SumRow {
     pub n: usize,
     /// See the tables' columns of the same name.
     pub threads: usize,
-    /// See the tables' columns of the same name.
+    /// `V_s = 1 - |S_atomic / S_tree|` of each repetition.
     pub vs: Vec<f64>,
     /// See the tables' columns of the same name.
     pub distinct_atomic: usize,
@@ -155,12 +158,39 @@ pub struct SumRow {
     pub tree_ms: f64,
     /// See the tables' columns of the same name.
     pub repro_ms: f64,
-    /// See the tables' columns of the same name.
-    pub atomic_error: f64,
+    /// The largest relative error of an atomic sum against the exact sum.
+    pub max_relative_error_atomic: f64,
 }
 
-/// One row of the index-add sweep.
-#[derive(Clone, Debug)]
+impl SumRow {
+    /// The mean of `|V_s|` over the repetitions.
+    pub fn mean_abs_vs(&self) -> f64 {
+        self.vs.iter().map(|v| v.abs()).sum::<f64>() / self.vs.len() as f64
+    }
+
+    /// The largest `|V_s|`.
+    pub fn max_abs_vs(&self) -> f64 {
+        self.vs.iter().map(|v| v.abs()).fold(0.0, f64::max)
+    }
+}
+
+/// `sums.csv`: one repetition of one configuration of the sum sweep.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SumSample {
+    /// The distribution.
+    pub dist: Dist,
+    /// Elements summed.
+    pub n: usize,
+    /// Threads racing.
+    pub threads: usize,
+    /// The repetition.
+    pub rep: usize,
+    /// `1 - |S_atomic / S_tree|`.
+    pub v_s: f64,
+}
+
+/// `index_add.csv`: one configuration of the index-add sweep.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IndexRow {
     /// See the tables' columns of the same name.
     pub dist: Dist,
@@ -169,9 +199,9 @@ pub struct IndexRow {
     /// See the tables' columns of the same name.
     pub threads: usize,
     /// See the tables' columns of the same name.
-    pub mean_rel: f64,
+    pub mean_relative_difference: f64,
     /// See the tables' columns of the same name.
-    pub frac_differ: f64,
+    pub fraction_differing: f64,
     /// See the tables' columns of the same name.
     pub distinct_atomic: usize,
     /// See the tables' columns of the same name.
@@ -219,7 +249,10 @@ pub fn sum_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<SumRow> {
                     atomic_ms: median_ms(ta),
                     tree_ms: median_ms(tt),
                     repro_ms: median_ms(tr),
-                    atomic_error: atomic.iter().map(|&a| (f64::from(a) - exact).abs() / scale).fold(0.0, f64::max),
+                    max_relative_error_atomic: atomic
+                        .iter()
+                        .map(|&a| (f64::from(a) - exact).abs() / scale)
+                        .fold(0.0, f64::max),
                 });
             }
         }
@@ -258,8 +291,8 @@ pub fn index_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<IndexRow>
                     dist,
                     n,
                     threads,
-                    mean_rel: mean(&|v| v.mean_relative_difference),
-                    frac_differ: mean(&|v| v.fraction_differing),
+                    mean_relative_difference: mean(&|v| v.mean_relative_difference),
+                    fraction_differing: mean(&|v| v.fraction_differing),
                     distinct_atomic: distinct_outputs(outs.iter().map(|o| o.as_slice())),
                     distinct_sorted: distinct_outputs(sorted_outs.iter().map(|o| o.as_slice())),
                     atomic_ms: median_ms(ta),
@@ -272,8 +305,10 @@ pub fn index_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<IndexRow>
     index_rows
 }
 
-/// How the training experiment sums micro-batch gradients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the training experiment sums micro-batch gradients. Its serde form is
+/// [`Accumulation::name`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Accumulation {
     /// Racing threads adding with atomics: the order, and the bits, change from run to
     /// run, as GPU atomics do.
@@ -295,21 +330,39 @@ impl Accumulation {
     }
 }
 
-/// Outcome of one training run.
-#[derive(Clone, Debug)]
+/// Outcome of one training run: a row of `training.csv` (all but the parameters).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainRun {
-    /// See the tables' columns of the same name.
+    /// The accumulation.
     pub mode: Accumulation,
-    /// See the tables' columns of the same name.
+    /// The run's number.
     pub run: usize,
-    /// See the tables' columns of the same name.
+    /// Training loss of the last step.
+    #[serde(rename = "final_loss")]
     pub loss: f32,
-    /// See the tables' columns of the same name.
+    /// Held-out accuracy at the end.
+    #[serde(rename = "test_accuracy")]
     pub accuracy: f64,
-    /// See the tables' columns of the same name.
+    /// The final state's fingerprint, as `steadfast train` prints it.
+    #[serde(with = "hex16")]
     pub fingerprint: u64,
-    /// See the tables' columns of the same name.
+    /// The final parameters, flat.
+    #[serde(skip)]
     pub params: Vec<f32>,
+}
+
+/// A fingerprint as 16 hexadecimal digits.
+mod hex16 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{v:016x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        u64::from_str_radix(&s, 16).map_err(serde::de::Error::custom)
+    }
 }
 
 /// Trains the MLP `plan.train_runs` times per accumulation, calling `progress` before each
@@ -373,26 +426,71 @@ pub fn stats(v: &[f64]) -> (f64, f64, f64, f64) {
     (mean, sd, min, max)
 }
 
-/// The spread of the runs of one accumulation, as `summary.json` records it.
-pub fn mode_summary(runs: &[TrainRun], mode: Accumulation) -> serde_json::Value {
+/// The spread of the runs of one accumulation (an entry of `summary.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModeSummary {
+    /// The accumulation.
+    pub mode: Accumulation,
+    /// Runs.
+    pub runs: usize,
+    /// Distinct final fingerprints among them.
+    pub distinct_fingerprints: usize,
+    /// Mean held-out accuracy.
+    pub accuracy_mean: f64,
+    /// Its standard deviation (exactly 0 when every run agrees).
+    pub accuracy_sd: f64,
+    /// The lowest accuracy.
+    pub accuracy_min: f64,
+    /// The highest.
+    pub accuracy_max: f64,
+    /// Mean final training loss.
+    pub loss_mean: f64,
+    /// Its standard deviation.
+    pub loss_sd: f64,
+    /// Mean relative difference of the final weights from run 1's.
+    pub weights_mean_relative_difference_vs_run_1: f64,
+    /// Mean fraction of the final weights that differ from run 1's.
+    pub weights_fraction_differing_vs_run_1: f64,
+}
+
+/// The spread of the runs of one accumulation.
+pub fn mode_summary(runs: &[TrainRun], mode: Accumulation) -> ModeSummary {
     let mine: Vec<&TrainRun> = runs.iter().filter(|r| r.mode == mode).collect();
     let acc: Vec<f64> = mine.iter().map(|r| r.accuracy).collect();
     let loss: Vec<f64> = mine.iter().map(|r| f64::from(r.loss)).collect();
-    let (am, asd, amin, amax) = stats(&acc);
-    let (lm, lsd, _, _) = stats(&loss);
-    let distinct = mine.iter().map(|r| r.fingerprint).collect::<std::collections::BTreeSet<_>>().len();
+    let (accuracy_mean, accuracy_sd, accuracy_min, accuracy_max) = stats(&acc);
+    let (loss_mean, loss_sd, _, _) = stats(&loss);
     let first = &mine[0].params;
-    let weight_rel: Vec<f64> =
-        mine.iter().skip(1).map(|r| array_variability(&r.params, first).mean_relative_difference).collect();
-    let differing: Vec<f64> =
-        mine.iter().skip(1).map(|r| array_variability(&r.params, first).fraction_differing).collect();
-    json!({
-        "mode": mode.name(), "runs": mine.len(), "distinct_fingerprints": distinct,
-        "accuracy_mean": am, "accuracy_sd": asd, "accuracy_min": amin, "accuracy_max": amax,
-        "loss_mean": lm, "loss_sd": lsd,
-        "weights_mean_relative_difference_vs_run_1": if weight_rel.is_empty() { 0.0 } else { stats(&weight_rel).0 },
-        "weights_fraction_differing_vs_run_1": if differing.is_empty() { 0.0 } else { stats(&differing).0 },
-    })
+    let against_first: Vec<_> = mine.iter().skip(1).map(|r| array_variability(&r.params, first)).collect();
+    let mean_of = |v: Vec<f64>| if v.is_empty() { 0.0 } else { stats(&v).0 };
+    ModeSummary {
+        mode,
+        runs: mine.len(),
+        distinct_fingerprints: mine.iter().map(|r| r.fingerprint).collect::<std::collections::BTreeSet<_>>().len(),
+        accuracy_mean,
+        accuracy_sd,
+        accuracy_min,
+        accuracy_max,
+        loss_mean,
+        loss_sd,
+        weights_mean_relative_difference_vs_run_1: mean_of(
+            against_first.iter().map(|v| v.mean_relative_difference).collect(),
+        ),
+        weights_fraction_differing_vs_run_1: mean_of(against_first.iter().map(|v| v.fraction_differing).collect()),
+    }
+}
+
+/// `summary.json`: the sweeps and the training experiment's spread.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Repetitions per configuration.
+    pub reps: usize,
+    /// The sum sweep.
+    pub sums: Vec<SumRow>,
+    /// The index-add sweep.
+    pub index_add: Vec<IndexRow>,
+    /// The training experiment, one entry per accumulation (absent when skipped).
+    pub training: Option<Vec<ModeSummary>>,
 }
 
 /// Writes the tables (`sums.csv`, `index_add.csv`, `training.csv`), `summary.json` and
@@ -405,58 +503,24 @@ pub fn write_outputs(
     plan: &Plan,
 ) -> Result<(), LabError> {
     std::fs::create_dir_all(out).map_err(LabError::output(out))?;
-    let write = |name: &str, text: String| -> Result<(), LabError> {
-        let p = out.join(name);
-        std::fs::write(&p, text).map_err(LabError::output(&p))
+    let samples: Vec<SumSample> = sums
+        .iter()
+        .flat_map(|r| {
+            r.vs.iter().enumerate().map(|(rep, &v_s)| SumSample { dist: r.dist, n: r.n, threads: r.threads, rep, v_s })
+        })
+        .collect();
+    table::write(&out.join("sums.csv"), &samples)?;
+    table::write(&out.join("index_add.csv"), index)?;
+    table::write(&out.join("training.csv"), training.map_or(&[][..], |t| t.as_slice()))?;
+    let summary = Summary {
+        reps: plan.reps,
+        sums: sums.to_vec(),
+        index_add: index.to_vec(),
+        training: training.map(|t| Accumulation::ALL.map(|m| mode_summary(t, m)).to_vec()),
     };
-    let mut csv = String::from("dist,n,threads,rep,v_s\n");
-    for r in sums {
-        for (i, v) in r.vs.iter().enumerate() {
-            csv += &format!("{},{},{},{},{:e}\n", r.dist.name(), r.n, r.threads, i, v);
-        }
-    }
-    write("sums.csv", csv)?;
-    let mut csv = String::from(
-        "dist,n,threads,mean_relative_difference,fraction_differing,distinct_atomic,distinct_sorted,atomic_ms,sorted_ms\n",
-    );
-    for r in index {
-        csv += &format!(
-            "{},{},{},{:e},{},{},{},{},{}\n",
-            r.dist.name(),
-            r.n,
-            r.threads,
-            r.mean_rel,
-            r.frac_differ,
-            r.distinct_atomic,
-            r.distinct_sorted,
-            r.atomic_ms,
-            r.sorted_ms
-        );
-    }
-    write("index_add.csv", csv)?;
-    let mut csv = String::from("mode,run,final_loss,test_accuracy,fingerprint\n");
-    for r in training.into_iter().flatten() {
-        csv += &format!("{},{},{},{},{:016x}\n", r.mode.name(), r.run, r.loss, r.accuracy, r.fingerprint);
-    }
-    write("training.csv", csv)?;
-    let summary = json!({
-        "reps": plan.reps,
-        "sums": sums.iter().map(|r| json!({
-            "dist": r.dist.name(), "n": r.n, "threads": r.threads,
-            "mean_abs_vs": r.vs.iter().map(|v| v.abs()).sum::<f64>() / r.vs.len() as f64,
-            "distinct_atomic": r.distinct_atomic, "distinct_tree": r.distinct_tree, "distinct_repro": r.distinct_repro,
-            "max_relative_error_atomic": r.atomic_error,
-            "atomic_ms": r.atomic_ms, "tree_ms": r.tree_ms, "repro_ms": r.repro_ms,
-        })).collect::<Vec<_>>(),
-        "index_add": index.iter().map(|r| json!({
-            "dist": r.dist.name(), "n": r.n, "threads": r.threads,
-            "mean_relative_difference": r.mean_rel, "fraction_differing": r.frac_differ,
-            "distinct_atomic": r.distinct_atomic, "distinct_sorted": r.distinct_sorted,
-            "deterministic_cost": r.sorted_ms / r.atomic_ms,
-        })).collect::<Vec<_>>(),
-        "training": training.map(|t| Accumulation::ALL.map(|m| mode_summary(t, m)).to_vec()),
-    });
-    write("summary.json", serde_json::to_string_pretty(&summary).expect("plain JSON values"))?;
+    let path = out.join("summary.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("plain JSON values"))
+        .map_err(LabError::output(&path))?;
     plot_vs_histograms(out, sums)?;
     plot_distinct(out, sums, plan)?;
     if let Some(t) = training {

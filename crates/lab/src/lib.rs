@@ -31,5 +31,6 @@ pub mod campaign;
 pub mod error;
 pub mod fpna;
 pub mod report;
+pub mod table;
 
 pub use error::LabError;

@@ -11,6 +11,9 @@ use fault::campaign::Outcome;
 use plotters::prelude::*;
 
 use crate::LabError;
+use crate::campaign::rows::{PropagationRow, SensitivityRow, Tables};
+use crate::campaign::{Spec, output};
+use crate::table;
 
 /// The colour of an outcome class in every plot.
 fn colour(o: Outcome) -> RGBColor {
@@ -24,78 +27,43 @@ fn colour(o: Outcome) -> RGBColor {
     }
 }
 
-/// A CSV file of a campaign: its header and rows (our tables quote nothing).
-struct Table {
-    path: std::path::PathBuf,
-    columns: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn read(dir: &Path, name: &str) -> Result<Table, LabError> {
-        let path = dir.join(name);
-        let text = std::fs::read_to_string(&path).map_err(|e| LabError::Input {
-            path: path.clone(),
-            reason: format!("{e}: is {} the output of `steadfast campaign`?", dir.display()),
-        })?;
-        let mut lines = text.lines();
-        let columns: Vec<String> = lines.next().unwrap_or("").split(',').map(str::to_owned).collect();
-        let rows: Vec<Vec<String>> =
-            lines.filter(|l| !l.is_empty()).map(|l| l.split(',').map(str::to_owned).collect()).collect();
-        if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != columns.len()) {
-            return Err(LabError::Input {
-                reason: format!("line {}: {} fields where the header has {}", i + 2, r.len(), columns.len()),
-                path,
-            });
+/// The distinct values of `key` over `rows`, in first-seen order.
+fn distinct<T, K: PartialEq + Clone>(rows: &[T], key: impl Fn(&T) -> K) -> Vec<K> {
+    let mut v: Vec<K> = Vec::new();
+    for r in rows {
+        let k = key(r);
+        if !v.contains(&k) {
+            v.push(k);
         }
-        Ok(Table { path, columns, rows })
     }
-
-    fn col(&self, name: &str) -> Result<usize, LabError> {
-        self.columns
-            .iter()
-            .position(|c| c == name)
-            .ok_or_else(|| LabError::Input { path: self.path.clone(), reason: format!("no column {name:?}") })
-    }
-
-    /// The distinct values of a column, in first-seen order.
-    fn distinct(&self, col: usize) -> Vec<String> {
-        let mut v: Vec<String> = Vec::new();
-        for r in &self.rows {
-            if !v.contains(&r[col]) {
-                v.push(r[col].clone());
-            }
-        }
-        v
-    }
+    v
 }
 
 fn plot_err<E: std::fmt::Debug>(e: E) -> LabError {
     LabError::Plot(format!("{e:?}"))
 }
 
-/// The report page of the campaign whose tables are in `dir`.
+/// The report page of the campaign whose tables and spec are in `dir`.
 pub fn render(dir: &Path) -> Result<String, LabError> {
-    let bits = Table::read(dir, "sensitivity_bit.csv")?;
-    let states = Table::read(dir, "sensitivity_state.csv")?;
-    let steps = Table::read(dir, "steps.csv")?;
-    let golden = Table::read(dir, "golden.csv")?;
-    let trials = Table::read(dir, "trials.csv")?;
-    let propagation = Table::read(dir, "propagation.csv")?;
-    let detectors = Table::read(dir, "detectors.csv")?;
-    let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap_or_default();
-    let title = summary.lines().next().unwrap_or("# Campaign").trim_start_matches("# ").to_owned();
-    let about = summary.lines().nth(2).unwrap_or("").to_owned();
+    let tables = Tables::read(dir)?;
+    let spec_path = dir.join("spec.toml");
+    let spec = std::fs::read_to_string(&spec_path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| Spec::parse(&text).map_err(|e| e.to_string()))
+        .map_err(|reason| LabError::Input { path: spec_path, reason })?;
+    let title = output::headline(&spec, &tables);
+    let compute: f64 = tables.trials.iter().map(|t| t.seconds).sum();
+    let about = format!("{} The trials took {compute:.1} s of compute.", output::faults(&spec));
 
     let plots: Vec<(String, String)> = vec![
-        ("Outcome by bit position".into(), outcome_bars(&bits, "bit", "bit flipped (highest, if several)")?),
-        ("Model against optimizer state".into(), outcome_bars(&states, "state", "kind of state hit")?),
-        ("Training loss of trials against golden".into(), loss_curves(&steps, &golden, &trials)?),
+        ("Outcome by bit position".into(), outcome_bars(&tables.by_bit, "bit flipped (highest, if several)")?),
+        ("Model against optimizer state".into(), outcome_bars(&tables.by_state, "kind of state hit")?),
+        ("Training loss of trials against golden".into(), loss_curves(&tables)?),
         (
             "Propagation: mean fraction of each tensor's elements whose bits differ from golden \
              (white: none; pale: a few elements; red: all; colour by square root)"
                 .into(),
-            heat_map(&propagation)?,
+            heat_map(&tables.propagation)?,
         ),
     ];
 
@@ -127,23 +95,16 @@ pub fn render(dir: &Path) -> Result<String, LabError> {
         let _ = writeln!(html, "<section class=\"plot\"><h2>{}</h2>\n{svg}\n</section>", escape(heading));
     }
     html.push_str("<h2>Outcomes by kind of state</h2>\n");
-    html.push_str(&html_table(&states));
+    html.push_str(&html_table(&tables.by_state, &[("key", "state")])?);
     html.push_str("<h2>Detectors</h2>\n");
-    html.push_str(&html_table(&detectors));
+    html.push_str(&html_table(&tables.detectors, &[])?);
     let _ = writeln!(
         html,
         "<p>Tables: <code>{}</code> (trials.csv has one row per trial, replayable with \
          <code>steadfast campaign SPEC --replay N</code>).</p>",
         escape(&dir.display().to_string())
     );
-    // The browser marks how many plots it laid out with a visible, non-empty area; the
-    // tests read the mark from the rendered page.
-    html.push_str(
-        "<script>window.addEventListener('load',function(){var n=0;document.querySelectorAll('section.plot svg')\
-         .forEach(function(s){var b=s.getBoundingClientRect();if(b.width>50&&b.height>50&&\
-         s.querySelectorAll('rect,path,polyline,line,circle,text').length>10)n++;});\
-         document.body.setAttribute('data-plots-rendered',String(n));});</script>\n</body></html>\n",
-    );
+    html.push_str("</body></html>\n");
     Ok(html)
 }
 
@@ -151,13 +112,17 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
-fn html_table(t: &Table) -> String {
+/// A table of typed rows as HTML, its columns as the CSV file names them (some renamed
+/// for the page).
+fn html_table<T: serde::Serialize>(rows: &[T], renamed: &[(&str, &str)]) -> Result<String, LabError> {
+    let (header, cells) = table::cells(rows)?;
     let mut s = String::from("<table><tr>");
-    for c in &t.columns {
-        let _ = write!(s, "<th>{}</th>", escape(c));
+    for c in &header {
+        let shown = renamed.iter().find(|(from, _)| from == c).map_or(c.as_str(), |(_, to)| to);
+        let _ = write!(s, "<th>{}</th>", escape(shown));
     }
     s.push_str("</tr>\n");
-    for r in &t.rows {
+    for r in &cells {
         s.push_str("<tr>");
         for v in r {
             let _ = write!(s, "<td>{}</td>", escape(v));
@@ -165,15 +130,13 @@ fn html_table(t: &Table) -> String {
         s.push_str("</tr>\n");
     }
     s.push_str("</table>\n");
-    s
+    Ok(s)
 }
 
 /// Stacked bars of outcome fractions per key, one group of bars per strategy.
-fn outcome_bars(t: &Table, key: &str, x_desc: &str) -> Result<String, LabError> {
-    let (k, red, n) = (t.col(key)?, t.col("reduce")?, t.col("trials")?);
-    let outcome_cols: Vec<usize> = Outcome::ALL.iter().map(|o| t.col(o.name())).collect::<Result<_, LabError>>()?;
-    let strategies = t.distinct(red);
-    let mut keys = t.distinct(k);
+fn outcome_bars(rows: &[SensitivityRow], x_desc: &str) -> Result<String, LabError> {
+    let strategies: Vec<String> = distinct(rows, |r| r.reduce.to_string());
+    let mut keys = distinct(rows, |r| r.key.clone());
     if keys.iter().all(|x| x.parse::<u32>().is_ok()) {
         keys.sort_by_key(|x| x.parse::<u32>().unwrap_or(0));
     }
@@ -209,17 +172,16 @@ fn outcome_bars(t: &Table, key: &str, x_desc: &str) -> Result<String, LabError> 
             .map_err(plot_err)?;
         for (ki, kv) in keys.iter().enumerate() {
             for (si, sv) in strategies.iter().enumerate() {
-                let Some(row) = t.rows.iter().find(|r| &r[k] == kv && &r[red] == sv) else { continue };
-                let total: f64 = row[n].parse().unwrap_or(0.0);
-                if total == 0.0 {
+                let Some(row) = rows.iter().find(|r| &r.key == kv && &r.reduce.to_string() == sv) else { continue };
+                if row.trials == 0 {
                     continue;
                 }
                 let x0 = (ki * groups + si) as f64 + 0.1;
                 let mut y = 0.0;
-                for (oi, &c) in outcome_cols.iter().enumerate() {
-                    let h = row[c].parse::<f64>().unwrap_or(0.0) / total;
+                for o in Outcome::ALL {
+                    let h = row.count(o) as f64 / row.trials as f64;
                     if h > 0.0 {
-                        let colour = colour(Outcome::ALL[oi]);
+                        let colour = colour(o);
                         let fill = if si == 0 { colour.filled() } else { colour.mix(0.65).filled() };
                         chart
                             .draw_series(std::iter::once(Rectangle::new([(x0, y), (x0 + 0.8, y + h)], fill)))
@@ -237,36 +199,35 @@ fn outcome_bars(t: &Table, key: &str, x_desc: &str) -> Result<String, LabError> 
 /// The golden loss over the trials' window and the loss of up to 30 trials that were not
 /// masked and 10 masked ones that changed state (first strategy); a dot marks where a
 /// trial stopped.
-fn loss_curves(steps: &Table, golden: &Table, trials: &Table) -> Result<String, LabError> {
-    let (st, sr, ss, sl) = (steps.col("trial")?, steps.col("reduce")?, steps.col("step")?, steps.col("loss")?);
-    let (gr, gs, gl) = (golden.col("reduce")?, golden.col("step")?, golden.col("loss")?);
-    let (tt, tr, to, td) =
-        (trials.col("trial")?, trials.col("reduce")?, trials.col("outcome")?, trials.col("max_differing")?);
-    let strategy = trials.rows.first().map(|r| r[tr].clone()).unwrap_or_default();
-    let mine = || trials.rows.iter().filter(|r| r[tr] == strategy);
-    let mut chosen: Vec<(String, String)> =
-        mine().filter(|r| r[to] != "masked").map(|r| (r[tt].clone(), r[to].clone())).take(30).collect();
-    chosen
-        .extend(mine().filter(|r| r[to] == "masked" && r[td] != "0").map(|r| (r[tt].clone(), r[to].clone())).take(10));
-    let mut curves: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for r in steps.rows.iter().filter(|r| r[sr] == strategy) {
-        if chosen.iter().any(|(t, _)| *t == r[st])
-            && let (Ok(x), Ok(y)) = (r[ss].parse::<f64>(), r[sl].parse::<f64>())
-            && y.is_finite()
-            && y > 0.0
-        {
-            curves.entry(r[st].clone()).or_default().push((x, y));
+fn loss_curves(tables: &Tables) -> Result<String, LabError> {
+    let Some(strategy) = tables.trials.first().map(|t| t.reduce) else {
+        return Err(LabError::Input { path: "trials.csv".into(), reason: "the campaign has no trials".into() });
+    };
+    let mine = || tables.trials.iter().filter(|t| t.reduce == strategy);
+    let mut chosen: Vec<(u64, Outcome)> =
+        mine().filter(|t| t.outcome != Outcome::Masked).map(|t| (t.trial, t.outcome)).take(30).collect();
+    chosen.extend(
+        mine().filter(|t| t.outcome == Outcome::Masked && t.max_differing != 0).map(|t| (t.trial, t.outcome)).take(10),
+    );
+    let steps = || tables.steps.iter().filter(|r| r.reduce == strategy);
+    let mut curves: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in steps() {
+        let loss = f64::from(r.loss);
+        if chosen.iter().any(|(t, _)| *t == r.trial) && loss.is_finite() && loss > 0.0 {
+            curves.entry(r.trial).or_default().push((r.step as f64, loss));
         }
     }
-    let all_steps = steps.rows.iter().filter(|r| r[sr] == strategy).filter_map(|r| r[ss].parse::<f64>().ok());
-    let (first, last) = all_steps.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
+    let (first, last) = steps().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| {
+        let x = r.step as f64;
+        (a.min(x), b.max(x))
+    });
     let (first, last) = if first.is_finite() { (first - 1.0, last.max(first)) } else { (0.0, 1.0) };
-    let gold: Vec<(f64, f64)> = golden
-        .rows
+    let gold: Vec<(f64, f64)> = tables
+        .golden
         .iter()
-        .filter(|r| r[gr] == strategy)
-        .filter_map(|r| Some((r[gs].parse().ok()?, r[gl].parse().ok()?)))
-        .filter(|(x, y): &(f64, f64)| *x >= first && *x <= last && *y > 0.0)
+        .filter(|r| r.reduce == strategy)
+        .map(|r| (r.step as f64, f64::from(r.loss)))
+        .filter(|&(x, y)| x >= first && x <= last && y > 0.0)
         .collect();
     let ys = curves.values().flatten().chain(&gold).map(|p| p.1);
     let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
@@ -290,8 +251,8 @@ fn loss_curves(steps: &Table, golden: &Table, trials: &Table) -> Result<String, 
             .draw()
             .map_err(plot_err)?;
         for (trial, points) in &curves {
-            let outcome = chosen.iter().find(|(t, _)| t == trial).map_or("masked", |(_, o)| o.as_str());
-            let colour = Outcome::ALL.iter().find(|o| o.name() == outcome).map_or(BLUE, |&o| colour(o));
+            let outcome = chosen.iter().find(|(t, _)| t == trial).map_or(Outcome::Masked, |&(_, o)| o);
+            let colour = colour(outcome);
             chart.draw_series(LineSeries::new(points.clone(), colour.mix(0.7).stroke_width(1))).map_err(plot_err)?;
             if let Some(&end) = points.last() {
                 chart.draw_series(std::iter::once(Circle::new(end, 3, colour.filled()))).map_err(plot_err)?;
@@ -305,14 +266,12 @@ fn loss_curves(steps: &Table, golden: &Table, trials: &Table) -> Result<String, 
 
 /// One heat map per kind of state hit (first strategy): tensors by steps since the fault,
 /// coloured by the mean fraction of elements that differ, on a log scale.
-fn heat_map(t: &Table) -> Result<String, LabError> {
-    let (r, s, tn, since, frac) =
-        (t.col("reduce")?, t.col("state")?, t.col("tensor")?, t.col("since")?, t.col("mean_fraction")?);
-    let strategy = t.rows.first().map(|x| x[r].clone()).unwrap_or_default();
-    let rows: Vec<&Vec<String>> = t.rows.iter().filter(|x| x[r] == strategy).collect();
-    let kinds = t.distinct(s);
-    let tensors = t.distinct(tn);
-    let steps = rows.iter().filter_map(|x| x[since].parse::<usize>().ok()).max().unwrap_or(1);
+fn heat_map(all: &[PropagationRow]) -> Result<String, LabError> {
+    let strategy = all.first().map(|x| x.reduce).unwrap_or_default();
+    let rows: Vec<&PropagationRow> = all.iter().filter(|x| x.reduce == strategy).collect();
+    let kinds = distinct(all, |x| x.state);
+    let tensors = distinct(all, |x| x.tensor.clone());
+    let steps = rows.iter().map(|x| x.since).max().unwrap_or(1);
     let panels = kinds.len().max(1);
     let mut svg = String::new();
     {
@@ -337,12 +296,9 @@ fn heat_map(t: &Table) -> Result<String, LabError> {
                 .x_desc("steps since the fault")
                 .draw()
                 .map_err(plot_err)?;
-            for x in rows.iter().filter(|x| &x[s] == kind) {
-                let (Some(ti), Ok(step), Ok(f)) =
-                    (tensors.iter().position(|n| *n == x[tn]), x[since].parse::<usize>(), x[frac].parse::<f64>())
-                else {
-                    continue;
-                };
+            for x in rows.iter().filter(|x| x.state == *kind) {
+                let Some(ti) = tensors.iter().position(|n| *n == x.tensor) else { continue };
+                let (step, f) = (x.since, x.mean_fraction);
                 // The square root of the fraction, so that small fractions stay visible;
                 // any difference at all is at least a pale tint.
                 let level = if f > 0.0 { f.sqrt().clamp(0.08, 1.0) } else { 0.0 };

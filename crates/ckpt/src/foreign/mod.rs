@@ -14,7 +14,11 @@
 //!
 //! Nothing here executes code from a file: PyTorch's pickle is decoded symbolically
 //! ([`pickle`]).
+//!
+//! [`idx`] reads the IDX arrays of MNIST-style data sets: not a checkpoint, but the same
+//! kind of untrusted array file, under the same fuzzing.
 
+pub mod idx;
 pub mod npy;
 pub mod pickle;
 pub mod zip;

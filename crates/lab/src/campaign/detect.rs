@@ -15,7 +15,7 @@
 
 use fault::campaign::DetectSpec;
 
-/// One detector.
+/// One detector. Its text form (`Display`, `FromStr`, serde) is [`Detector::name`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Detector {
     /// Per-tensor checksums of stored state.
@@ -30,6 +30,35 @@ pub enum Detector {
     GradNorm,
     /// The loss far above its running average.
     LossSpike,
+}
+
+impl std::fmt::Display for Detector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Detector {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Detector::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Detector::ALL.iter().map(|d| d.name()).collect();
+            format!("unknown detector {s:?}: expected {}", names.join(", "))
+        })
+    }
+}
+
+impl serde::Serialize for Detector {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Detector {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 impl Detector {

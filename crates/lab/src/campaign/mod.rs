@@ -27,6 +27,7 @@
 mod detect;
 mod group;
 pub mod output;
+pub mod rows;
 mod spec;
 
 pub use spec::{RunSpec, Spec};
