@@ -20,7 +20,11 @@
 //! - [`membership`] (the protocol, no I/O) and [`supervisor`] (its socket shell):
 //!   heartbeats, and the coordinator's reports of lost members;
 //! - [`commit`]: the per-step vote that decides whether anyone applies an update, by the
-//!   one [`majority`] rule that every comparison of replicas uses.
+//!   one [`majority`] rule that every comparison of replicas uses;
+//! - [`protocol`]: the step protocol of an elastic job (quorums, the phases of a step,
+//!   join, leave, rolling forward, fetching state) as two state machines without I/O, and
+//!   [`sim`], a seeded simulated network that runs them under kills, hangs, cut links,
+//!   lost messages and coordinator restarts.
 //!
 //! ```
 //! use comm::{ReduceMode, reduce_in_order};
@@ -39,7 +43,9 @@ pub mod frame;
 pub mod handshake;
 pub mod majority;
 pub mod membership;
+pub mod protocol;
 pub mod rendezvous;
+pub mod sim;
 pub mod supervisor;
 pub mod transport;
 

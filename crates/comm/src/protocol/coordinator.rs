@@ -1,0 +1,348 @@
+//! The coordinator's side of the step protocol (steps 2, 3, 4 and 6 of [`super`]).
+//!
+//! Everything it knows comes from the workers' reports, so a coordinator restarted with
+//! no memory rebuilds the membership from the next round of reports: it starts by
+//! gathering, and numbers its first epoch above every epoch reported to it.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::{Action, Msg, Node, Phase, Quorum, Status, Timing, WorkerId, send};
+
+/// What the coordinator is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Waiting for the workers to go idle before forming a quorum.
+    Gathering {
+        /// Since when.
+        since: Instant,
+    },
+    /// A quorum is formed; waiting for its members to synchronise.
+    Syncing {
+        /// Since when.
+        since: Instant,
+    },
+    /// The members are stepping.
+    Running,
+    /// Every member holds the final state.
+    Finished,
+    /// The job cannot go on.
+    Stopped {
+        /// Why.
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    status: Status,
+    last: Instant,
+    lost: bool,
+    /// When a message that has not yet taken effect was last repeated to this worker.
+    nudged: Option<Instant>,
+    /// The newest epoch this coordinator has put the worker in: until the worker reports
+    /// that epoch or a newer one, its reported state may be stale.
+    sent: u64,
+}
+
+/// The coordinator's protocol state.
+#[derive(Clone, Debug)]
+pub struct Coordinator {
+    timing: Timing,
+    expected: usize,
+    min_world: usize,
+    workers: BTreeMap<WorkerId, Seen>,
+    /// The newest epoch issued or reported.
+    epoch: u64,
+    stage: Stage,
+    quorum: Option<Quorum>,
+    formed: bool,
+}
+
+impl Coordinator {
+    /// A coordinator that forms the first quorum when `expected` workers are idle (or
+    /// after `settle`), and stops the job when fewer than `min_world` remain.
+    ///
+    /// `generation` counts the coordinator processes of the job (the launcher's restarts
+    /// of it): epochs carry it in their top 24 bits, so that every epoch of a restarted
+    /// coordinator is newer than any of its predecessor's, including those still in
+    /// flight that no worker has reported.
+    pub fn new(generation: u64, expected: usize, min_world: usize, timing: Timing, now: Instant) -> Coordinator {
+        Coordinator {
+            timing,
+            expected,
+            min_world: min_world.max(1),
+            workers: BTreeMap::new(),
+            epoch: generation << 40,
+            stage: Stage::Gathering { since: now },
+            quorum: None,
+            formed: false,
+        }
+    }
+
+    /// What it is doing.
+    pub fn stage(&self) -> &Stage {
+        &self.stage
+    }
+
+    /// The current quorum.
+    pub fn quorum(&self) -> Option<&Quorum> {
+        self.quorum.as_ref()
+    }
+
+    /// A worker's last report, and whether it is lost.
+    pub fn worker(&self, id: WorkerId) -> Option<(&Status, bool)> {
+        self.workers.get(&id).map(|s| (&s.status, s.lost))
+    }
+
+    /// A message arrived from `from`.
+    pub fn on_message(&mut self, now: Instant, from: Node, msg: Msg) -> Vec<Action> {
+        if let (Node::Worker(id), Msg::Report(status)) = (from, msg) {
+            if self.workers.get(&id).is_some_and(|s| s.status.incarnation > status.incarnation) {
+                // From a process that has since been replaced.
+                return self.drive(now);
+            }
+            self.epoch = self.epoch.max(status.epoch);
+            let seen = self.workers.entry(id).or_insert(Seen {
+                status: status.clone(),
+                last: now,
+                lost: false,
+                nudged: None,
+                sent: 0,
+            });
+            if seen.status != status {
+                seen.nudged = None;
+            }
+            seen.status = status;
+            seen.last = now;
+            seen.lost = false;
+        }
+        self.drive(now)
+    }
+
+    /// The connection to worker `id` closed: it is lost at once.
+    pub fn on_disconnect(&mut self, now: Instant, id: WorkerId) -> Vec<Action> {
+        if let Some(seen) = self.workers.get_mut(&id) {
+            seen.lost = true;
+        }
+        self.drive(now)
+    }
+
+    /// Time passed.
+    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        self.drive(now)
+    }
+
+    fn live(&self) -> impl Iterator<Item = (WorkerId, &Seen)> {
+        self.workers.iter().filter(|(_, s)| !s.lost).map(|(&id, s)| (id, s))
+    }
+
+    /// Repeats `msg` to `id` at most once a heartbeat.
+    fn nudge(&mut self, now: Instant, id: WorkerId, msg: Msg, out: &mut Vec<Action>) {
+        let every = self.timing.heartbeat;
+        let Some(seen) = self.workers.get_mut(&id) else { return };
+        if seen.nudged.is_none_or(|t| now >= t + every) {
+            seen.nudged = Some(now);
+            out.push(send(Node::Worker(id), msg));
+        }
+    }
+
+    fn drive(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        let lost_after = self.timing.lost_after;
+        for seen in self.workers.values_mut() {
+            if now.saturating_duration_since(seen.last) > lost_after {
+                seen.lost = true;
+            }
+        }
+        match self.stage.clone() {
+            Stage::Gathering { since } => self.gathering(now, since, &mut out),
+            Stage::Syncing { since } => self.syncing(now, since, &mut out),
+            Stage::Running => self.running(now, &mut out),
+            Stage::Finished => self.finished(now, &mut out),
+            Stage::Stopped { reason } => self.stop_all(now, &reason, &mut out),
+        }
+        out
+    }
+
+    /// Step 6, after the finish was sent: repeat it until a member acknowledges; send the
+    /// others away after that; go back to gathering if every holder of the final state
+    /// died before acknowledging while another worker lives to train to the end.
+    fn finished(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let members = self.quorum.as_ref().map(|q| q.members.clone()).unwrap_or_default();
+        let acknowledged =
+            members.iter().any(|m| self.workers.get(m).is_some_and(|s| s.status.phase == Phase::Finished));
+        let waiting: Vec<(WorkerId, Phase, u64)> = self
+            .live()
+            .filter(|(_, s)| !matches!(s.status.phase, Phase::Finished | Phase::Stopped))
+            .map(|(id, s)| (id, s.status.phase, s.status.epoch))
+            .collect();
+        if !acknowledged {
+            let holders = members.iter().any(|m| self.workers.get(m).is_some_and(|s| !s.lost));
+            if !holders && !waiting.is_empty() {
+                return self.gather(now, out);
+            }
+        }
+        for (id, phase, epoch) in waiting {
+            let msg = match phase {
+                Phase::Done if members.contains(&id) => Msg::Finish,
+                _ if acknowledged => Msg::Stop { reason: "the job has finished without this worker".into() },
+                Phase::Syncing | Phase::Synced | Phase::Stepping => Msg::Reconfigure { epoch },
+                _ => continue,
+            };
+            self.nudge(now, id, msg, out);
+        }
+    }
+
+    fn stop_all(&mut self, now: Instant, reason: &str, out: &mut Vec<Action>) {
+        let waiting: Vec<WorkerId> =
+            self.live().filter(|(_, s)| s.status.phase != Phase::Stopped).map(|(id, _)| id).collect();
+        for id in waiting {
+            self.nudge(now, id, Msg::Stop { reason: reason.to_owned() }, out);
+        }
+    }
+
+    /// Step 2: ends the running epoch.
+    fn gather(&mut self, now: Instant, out: &mut Vec<Action>) {
+        self.stage = Stage::Gathering { since: now };
+        self.gathering(now, now, out);
+    }
+
+    fn gathering(&mut self, now: Instant, since: Instant, out: &mut Vec<Action>) {
+        // Running an epoch, or not yet heard of the newest one it was put in (its report
+        // may predate a roll-forward or a fetch): not ready.
+        let current = |s: &Seen| s.status.epoch >= s.sent && matches!(s.status.phase, Phase::Idle | Phase::Done);
+        let busy: Vec<(WorkerId, u64)> = self
+            .live()
+            .filter(|(_, s)| !current(s) && s.status.phase != Phase::Finished && s.status.phase != Phase::Stopped)
+            .map(|(id, s)| (id, s.status.epoch.max(s.sent)))
+            .collect();
+        for (id, epoch) in busy.iter().copied() {
+            self.nudge(now, id, Msg::Reconfigure { epoch }, out);
+        }
+        let ready: Vec<WorkerId> = self.live().filter(|(_, s)| current(s)).map(|(id, _)| id).collect();
+        let waited = now.saturating_duration_since(since);
+        let all_here = busy.is_empty() && (self.formed || ready.len() >= self.expected);
+        if !(all_here || waited >= self.timing.settle) {
+            return;
+        }
+        if ready.len() >= self.min_world {
+            self.form(now, &ready, out);
+        } else if waited >= self.timing.quorum_timeout {
+            let reason = format!(
+                "too few workers remain: {} ready, at least {} needed, after {:.1} s",
+                ready.len(),
+                self.min_world,
+                waited.as_secs_f64()
+            );
+            self.stage = Stage::Stopped { reason: reason.clone() };
+            self.stop_all(now, &reason, out);
+        }
+    }
+
+    /// Step 3: the newest state wins; its most common fingerprint names the sources.
+    fn form(&mut self, now: Instant, ready: &[WorkerId], out: &mut Vec<Action>) {
+        let status = |id: WorkerId| &self.workers[&id].status;
+        let step = ready.iter().map(|&id| status(id).step).max().expect("at least one ready worker");
+        let newest: Vec<WorkerId> = ready.iter().copied().filter(|&id| status(id).step == step).collect();
+        let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
+        for &id in &newest {
+            *votes.entry(status(id).fingerprint).or_default() += 1;
+        }
+        let most = votes.values().copied().max().unwrap_or(0);
+        // Ties go to the fingerprint of the lowest id, so that the choice is the same on
+        // every run.
+        let fingerprint =
+            newest.iter().map(|&id| status(id).fingerprint).find(|f| votes[f] == most).expect("a newest worker");
+        let sources: Vec<WorkerId> =
+            newest.iter().copied().filter(|&id| status(id).fingerprint == fingerprint).collect();
+        let commit = status(sources[0]).last_commit;
+        self.epoch += 1;
+        let q = Quorum { epoch: self.epoch, members: ready.to_vec(), step, fingerprint, commit, sources };
+        for &m in &q.members {
+            if let Some(seen) = self.workers.get_mut(&m) {
+                seen.nudged = Some(now);
+                seen.sent = q.epoch;
+            }
+            out.push(send(Node::Worker(m), Msg::Quorum(q.clone())));
+        }
+        self.quorum = Some(q);
+        self.formed = true;
+        self.stage = Stage::Syncing { since: now };
+    }
+
+    /// Step 4: start when every member holds the quorum's state.
+    fn syncing(&mut self, now: Instant, since: Instant, out: &mut Vec<Action>) {
+        let q = self.quorum.clone().expect("syncing has a quorum");
+        let mut synced = 0;
+        for &m in &q.members {
+            let seen = &self.workers[&m];
+            let s = &seen.status;
+            if seen.lost || (s.epoch == q.epoch && matches!(s.phase, Phase::Idle | Phase::Stopped)) {
+                return self.gather(now, out);
+            }
+            if s.epoch < q.epoch {
+                self.nudge(now, m, Msg::Quorum(q.clone()), out);
+            } else if s.epoch == q.epoch
+                && s.phase == Phase::Synced
+                && s.step == q.step
+                && s.fingerprint == q.fingerprint
+            {
+                synced += 1;
+            }
+        }
+        if synced == q.members.len() {
+            for &m in &q.members {
+                if let Some(seen) = self.workers.get_mut(&m) {
+                    seen.nudged = Some(now);
+                }
+                out.push(send(Node::Worker(m), Msg::Start { epoch: q.epoch }));
+            }
+            self.stage = Stage::Running;
+        } else if now.saturating_duration_since(since) >= self.timing.sync_timeout {
+            self.gather(now, out);
+        }
+    }
+
+    /// Steps 5 and 6: watch the members; end the epoch on a loss, an abort or a newcomer;
+    /// finish when every member is done.
+    fn running(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let q = self.quorum.clone().expect("running has a quorum");
+        let mut done = 0;
+        for &m in &q.members {
+            let seen = &self.workers[&m];
+            let s = &seen.status;
+            if seen.lost || (s.epoch == q.epoch && matches!(s.phase, Phase::Idle | Phase::Stopped)) {
+                return self.gather(now, out);
+            }
+            match s.phase {
+                Phase::Synced if s.epoch == q.epoch => self.nudge(now, m, Msg::Start { epoch: q.epoch }, out),
+                Phase::Done if s.epoch == q.epoch => done += 1,
+                _ => {}
+            }
+        }
+        let newcomer = self.live().any(|(id, s)| q.rank_of(id).is_none() && s.status.phase == Phase::Idle);
+        if newcomer {
+            return self.gather(now, out);
+        }
+        let strays: Vec<(WorkerId, u64)> = self
+            .live()
+            .filter(|(id, s)| {
+                q.rank_of(*id).is_none() && matches!(s.status.phase, Phase::Syncing | Phase::Synced | Phase::Stepping)
+            })
+            .map(|(id, s)| (id, s.status.epoch))
+            .collect();
+        for (id, epoch) in strays {
+            self.nudge(now, id, Msg::Reconfigure { epoch }, out);
+        }
+        if done == q.members.len() {
+            for &m in &q.members {
+                if let Some(seen) = self.workers.get_mut(&m) {
+                    seen.nudged = Some(now);
+                }
+                out.push(send(Node::Worker(m), Msg::Finish));
+            }
+            self.stage = Stage::Finished;
+        }
+    }
+}

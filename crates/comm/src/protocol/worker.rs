@@ -1,0 +1,337 @@
+//! A worker's side of the step protocol (steps 1, 4, 5 and 6 of [`super`]).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::{Action, Msg, Node, Phase, Quorum, Status, Timing, WorkerId, send};
+
+/// One worker's protocol state.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    id: WorkerId,
+    total: u64,
+    timing: Timing,
+    status: Status,
+    /// The quorum of the epoch this worker is a member of.
+    quorum: Option<Quorum>,
+    /// Ballots by step (of the current epoch), by rank.
+    ballots: BTreeMap<u64, Vec<Option<(bool, u64)>>>,
+    vote_deadline: Option<Instant>,
+    next_report: Instant,
+    heard_coordinator: Instant,
+}
+
+impl Worker {
+    /// Process `incarnation` of worker `id`, holding the state of `step` (0 for a fresh
+    /// one) with `fingerprint`, in a job of `total` steps. Returns it with its first
+    /// report.
+    pub fn new(
+        (id, incarnation): (WorkerId, u64),
+        total: u64,
+        (step, fingerprint): (u64, u64),
+        timing: Timing,
+        now: Instant,
+    ) -> (Worker, Vec<Action>) {
+        let status =
+            Status { incarnation, phase: Phase::Idle, epoch: 0, step, fingerprint, last_commit: None, unapplied: None };
+        let mut w = Worker {
+            id,
+            total,
+            timing,
+            status,
+            quorum: None,
+            ballots: BTreeMap::new(),
+            vote_deadline: None,
+            next_report: now,
+            heard_coordinator: now,
+        };
+        let mut out = Vec::new();
+        w.report(now, &mut out);
+        (w, out)
+    }
+
+    /// What this worker would report now.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// Its id.
+    pub fn id(&self) -> WorkerId {
+        self.id
+    }
+
+    /// The quorum of its epoch, while it is a member of one.
+    pub fn quorum(&self) -> Option<&Quorum> {
+        self.quorum.as_ref()
+    }
+
+    /// A message arrived.
+    pub fn on_message(&mut self, now: Instant, from: Node, msg: Msg) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.is_over() {
+            // A finished worker acknowledges every finish: the first answer may be lost.
+            if self.status.phase == Phase::Finished && msg == Msg::Finish {
+                self.report(now, &mut out);
+            }
+            return out;
+        }
+        if from == Node::Coordinator {
+            self.heard_coordinator = now;
+        }
+        match msg {
+            Msg::Quorum(q) => self.on_quorum(now, q, &mut out),
+            Msg::Start { epoch } => {
+                if self.status.phase == Phase::Synced && self.status.epoch == epoch {
+                    self.begin_step(now, &mut out);
+                }
+            }
+            Msg::Reconfigure { epoch } => {
+                // An epoch newer than any quorum that reached this worker: the quorum was
+                // lost or is still in flight; it is void now.
+                if epoch > self.status.epoch {
+                    self.status.epoch = epoch;
+                    self.quorum = None;
+                }
+                match self.status.phase {
+                    Phase::Syncing | Phase::Synced | Phase::Stepping if self.status.epoch == epoch => {
+                        self.go_idle(now, &mut out)
+                    }
+                    _ => self.report(now, &mut out),
+                }
+            }
+            Msg::Finish => {
+                if self.status.phase == Phase::Done {
+                    self.status.phase = Phase::Finished;
+                    self.report(now, &mut out);
+                    out.push(Action::Finished);
+                } else {
+                    self.report(now, &mut out);
+                }
+            }
+            Msg::Stop { reason } => self.stop(now, reason, &mut out),
+            Msg::Ballot { epoch, step, ok, digest } => {
+                let Node::Worker(peer) = from else { return out };
+                let Some(q) = &self.quorum else { return out };
+                let Some(rank) = q.rank_of(peer) else { return out };
+                if q.epoch != epoch || step < self.status.step {
+                    return out;
+                }
+                let world = q.members.len();
+                self.ballots.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((ok, digest));
+                if self.status.phase == Phase::Stepping && step == self.status.step {
+                    self.check_vote(now, &mut out);
+                }
+            }
+            // Reports go to the coordinator; one here is misrouted.
+            Msg::Report(_) => {}
+        }
+        out
+    }
+
+    /// The shell finished the gradients and all-reduce of `step`: `Some((finite, digest))`
+    /// of the sum, or `None` when the all-reduce failed (a member was lost).
+    pub fn on_reduced(&mut self, now: Instant, epoch: u64, step: u64, sum: Option<(bool, u64)>) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.status.phase != Phase::Stepping || self.status.epoch != epoch || self.status.step != step {
+            return out;
+        }
+        let Some((ok, digest)) = sum else {
+            self.go_idle(now, &mut out);
+            return out;
+        };
+        let q = self.quorum.as_ref().expect("a stepping worker is a member");
+        let rank = q.rank_of(self.id).expect("a member has a rank");
+        // The sum is held until the vote says whether to apply it.
+        self.status.unapplied = ok.then_some(digest);
+        let world = q.members.len();
+        self.ballots.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((ok, digest));
+        for &m in q.members.iter().filter(|&&m| m != self.id) {
+            out.push(send(Node::Worker(m), Msg::Ballot { epoch, step, ok, digest }));
+        }
+        self.vote_deadline = Some(now + self.timing.vote_timeout);
+        self.check_vote(now, &mut out);
+        out
+    }
+
+    /// The shell applied the held sum of `step`; the state now has `fingerprint`.
+    pub fn on_applied(&mut self, now: Instant, step: u64, fingerprint: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        if step != self.status.step || self.status.unapplied.is_none() {
+            return out;
+        }
+        self.status.step += 1;
+        self.status.fingerprint = fingerprint;
+        self.status.last_commit = self.status.unapplied.take();
+        self.vote_deadline = None;
+        self.ballots.retain(|&s, _| s >= self.status.step);
+        match self.status.phase {
+            Phase::Stepping => self.begin_step(now, &mut out),
+            Phase::Syncing => {
+                let q = self.quorum.as_ref().expect("a syncing worker is a member");
+                if self.status.step == q.step && fingerprint == q.fingerprint {
+                    self.status.phase = Phase::Synced;
+                    self.report(now, &mut out);
+                } else {
+                    // Rolled forward to a state that is not the sources': take theirs.
+                    out.push(fetch_from(q));
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// The shell fetched the state of `epoch`'s quorum: `Some((step, fingerprint))` of
+    /// what it now holds, or `None` when no source could give it.
+    pub fn on_fetched(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.status.phase != Phase::Syncing || self.status.epoch != epoch {
+            return out;
+        }
+        let q = self.quorum.as_ref().expect("a syncing worker is a member");
+        match state {
+            Some((step, fingerprint)) if step == q.step && fingerprint == q.fingerprint => {
+                self.status.step = step;
+                self.status.fingerprint = fingerprint;
+                self.status.last_commit = q.commit;
+                self.status.unapplied = None;
+                self.status.phase = Phase::Synced;
+                self.report(now, &mut out);
+            }
+            _ => self.go_idle(now, &mut out),
+        }
+        out
+    }
+
+    /// The shell saw the connection to another worker drop.
+    pub fn on_peer_lost(&mut self, now: Instant, peer: WorkerId) -> Vec<Action> {
+        let mut out = Vec::new();
+        let member = self.quorum.as_ref().is_some_and(|q| q.rank_of(peer).is_some());
+        if member && matches!(self.status.phase, Phase::Syncing | Phase::Synced | Phase::Stepping) {
+            self.go_idle(now, &mut out);
+        }
+        out
+    }
+
+    /// Time passed.
+    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.is_over() {
+            return out;
+        }
+        if self.status.phase == Phase::Stepping && self.vote_deadline.is_some_and(|d| now >= d) {
+            self.go_idle(now, &mut out);
+        }
+        let waiting = matches!(self.status.phase, Phase::Idle | Phase::Syncing | Phase::Synced | Phase::Done);
+        let silence = now.saturating_duration_since(self.heard_coordinator);
+        // Twice the coordinator's own patience, so that its verdict (and its reason) comes
+        // first when it is alive.
+        if waiting && silence >= 2 * self.timing.quorum_timeout {
+            let reason = format!("no word from the coordinator for {:.1} s", silence.as_secs_f64());
+            self.stop(now, reason, &mut out);
+            return out;
+        }
+        if now >= self.next_report {
+            self.report(now, &mut out);
+        }
+        out
+    }
+
+    fn is_over(&self) -> bool {
+        matches!(self.status.phase, Phase::Finished | Phase::Stopped)
+    }
+
+    fn report(&mut self, now: Instant, out: &mut Vec<Action>) {
+        out.push(send(Node::Coordinator, Msg::Report(self.status.clone())));
+        self.next_report = now + self.timing.heartbeat;
+    }
+
+    fn stop(&mut self, now: Instant, reason: String, out: &mut Vec<Action>) {
+        self.status.phase = Phase::Stopped;
+        self.quorum = None;
+        self.report(now, out);
+        out.push(Action::Stopped { reason });
+    }
+
+    /// Leaves the epoch, keeping the state and any unapplied sum, and reports.
+    fn go_idle(&mut self, now: Instant, out: &mut Vec<Action>) {
+        self.quorum = None;
+        self.ballots.clear();
+        self.vote_deadline = None;
+        self.status.phase = if self.status.step >= self.total { Phase::Done } else { Phase::Idle };
+        self.report(now, out);
+    }
+
+    fn on_quorum(&mut self, now: Instant, q: Quorum, out: &mut Vec<Action>) {
+        if q.epoch <= self.status.epoch {
+            return;
+        }
+        self.status.epoch = q.epoch;
+        self.ballots.clear();
+        self.vote_deadline = None;
+        if q.rank_of(self.id).is_none() {
+            self.quorum = None;
+            self.go_idle(now, out);
+            return;
+        }
+        let s = self.status.clone();
+        if s.step == q.step && s.fingerprint == q.fingerprint {
+            self.status.phase = Phase::Synced;
+        } else if s.step + 1 == q.step && s.unapplied.is_some() && s.unapplied == q.commit {
+            // Step 4: the others applied the sum this worker holds; apply it too.
+            self.status.phase = Phase::Syncing;
+            self.quorum = Some(q);
+            self.report(now, out);
+            out.push(Action::Apply { step: s.step });
+            return;
+        } else {
+            self.status.phase = Phase::Syncing;
+            self.status.unapplied = None;
+            out.push(fetch_from(&q));
+        }
+        self.quorum = Some(q);
+        self.report(now, out);
+    }
+
+    fn begin_step(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let q = self.quorum.as_ref().expect("a synced worker is a member");
+        if self.status.step >= self.total {
+            self.status.phase = Phase::Done;
+            self.report(now, out);
+            return;
+        }
+        let first = self.status.phase != Phase::Stepping;
+        self.status.phase = Phase::Stepping;
+        self.vote_deadline = None;
+        out.push(Action::Compute {
+            epoch: q.epoch,
+            step: self.status.step,
+            rank: q.rank_of(self.id).expect("a member has a rank"),
+            members: q.members.clone(),
+        });
+        if first {
+            self.report(now, out);
+        }
+    }
+
+    /// Step 5: apply the held sum when every member voted for it; leave the epoch when a
+    /// member vetoed or voted for another sum.
+    fn check_vote(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some(ballots) = self.ballots.get(&self.status.step) else { return };
+        if ballots.iter().any(Option::is_none) {
+            return;
+        }
+        let mine = self.status.unapplied;
+        let unanimous = mine.is_some() && ballots.iter().all(|b| *b == Some((true, mine.unwrap_or_default())));
+        if unanimous {
+            out.push(Action::Apply { step: self.status.step });
+        } else {
+            self.status.unapplied = None;
+            self.go_idle(now, out);
+        }
+    }
+}
+
+fn fetch_from(q: &Quorum) -> Action {
+    Action::Fetch { epoch: q.epoch, step: q.step, fingerprint: q.fingerprint, sources: q.sources.clone() }
+}

@@ -1,0 +1,756 @@
+//! A seeded simulation of an elastic data-parallel job, for testing the step protocol
+//! ([`crate::protocol`]) under failures: thousands of schedules a second, each replayable
+//! from its seed.
+//!
+//! The simulation runs one [`Coordinator`] and a [`Worker`] per process on a simulated
+//! clock, and plays the shells' part: it delivers messages with a random latency (so they
+//! arrive out of order), drops some, cuts links, kills, hangs and restarts processes, and
+//! carries out the workers' actions on a model of the training state:
+//!
+//! - the sum of step `s` is [`digest`]`(seed, s)` whoever computes it, as the
+//!   `reproducible` reduction's is for any number of workers;
+//! - applying it turns the fingerprint `f` into `mix(f, digest)`, so the final fingerprint
+//!   equals [`reference`] only if every step was applied exactly once, in order;
+//! - an all-reduce completes, after the compute time, only if every member of the epoch
+//!   joined it and all are alive and connected; otherwise it fails for those that joined,
+//!   at once or after the collective's timeout;
+//! - a fetch copies the state of a live, reachable source after the transfer time.
+//!
+//! [`run`] returns what became of every worker; the tests check that all survivors
+//! finished with the reference fingerprint, or all stopped with a reason.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use repro::rng::Stream;
+
+use crate::protocol::{Action, Coordinator, Msg, Node, Phase, Timing, Worker, WorkerId};
+
+/// A fault at a moment of simulated time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// The process of a worker dies (its sockets close); with `replace_after`, the launcher
+    /// starts a fresh one in its slot that long after.
+    Kill {
+        /// When.
+        at: Duration,
+        /// Which.
+        worker: WorkerId,
+        /// The replacement's delay (`None`: no replacement).
+        replace_after: Option<Duration>,
+    },
+    /// A worker's process stops (as with SIGSTOP) for `span` (`None`: for good); what is
+    /// sent to it waits in its socket buffers.
+    Hang {
+        /// When.
+        at: Duration,
+        /// Which.
+        worker: WorkerId,
+        /// For how long.
+        span: Option<Duration>,
+    },
+    /// The link between two processes loses every message for `span`.
+    Cut {
+        /// When.
+        at: Duration,
+        /// One end.
+        a: Node,
+        /// The other end.
+        b: Node,
+        /// For how long.
+        span: Duration,
+    },
+    /// The coordinator's process dies and is started again, with no memory, `restart_after`
+    /// later.
+    KillCoordinator {
+        /// When.
+        at: Duration,
+        /// The restart's delay.
+        restart_after: Duration,
+    },
+    /// A new worker process joins the running job.
+    Join {
+        /// When.
+        at: Duration,
+        /// Its id.
+        worker: WorkerId,
+    },
+}
+
+impl Fault {
+    fn at(&self) -> Duration {
+        match self {
+            Fault::Kill { at, .. }
+            | Fault::Hang { at, .. }
+            | Fault::Cut { at, .. }
+            | Fault::KillCoordinator { at, .. }
+            | Fault::Join { at, .. } => *at,
+        }
+    }
+}
+
+/// A simulated job and its faults.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Seed of the latencies, drops and choices of source.
+    pub seed: u64,
+    /// Workers at the start (ids `0..workers`).
+    pub workers: u32,
+    /// Steps of the job.
+    pub steps: u64,
+    /// The fewest workers the job may go on with.
+    pub min_world: usize,
+    /// The protocol's clocks.
+    pub timing: Timing,
+    /// One-way latency of a message, drawn uniformly from this range.
+    pub latency: (Duration, Duration),
+    /// Probability that a message is lost.
+    pub drop: f64,
+    /// Time to compute a step's gradients and all-reduce them.
+    pub compute: Duration,
+    /// Time to fetch the state from a source.
+    pub transfer: Duration,
+    /// How long an all-reduce waits for members that do not join it.
+    pub collective_timeout: Duration,
+    /// The faults.
+    pub faults: Vec<Fault>,
+    /// Simulated time after which the run is abandoned as stuck.
+    pub limit: Duration,
+    /// Print every action to standard error (for reading a failing schedule).
+    pub trace: bool,
+}
+
+impl Config {
+    /// A job of `workers` workers and `steps` steps with no fault, on clocks scaled for
+    /// simulation (milliseconds).
+    pub fn new(seed: u64, workers: u32, steps: u64) -> Config {
+        Config {
+            seed,
+            workers,
+            steps,
+            min_world: 1,
+            timing: Timing {
+                heartbeat: Duration::from_millis(20),
+                lost_after: Duration::from_millis(200),
+                vote_timeout: Duration::from_millis(300),
+                settle: Duration::from_millis(400),
+                sync_timeout: Duration::from_millis(2000),
+                quorum_timeout: Duration::from_millis(3000),
+            },
+            latency: (Duration::from_micros(100), Duration::from_millis(3)),
+            drop: 0.0,
+            compute: Duration::from_millis(10),
+            transfer: Duration::from_millis(30),
+            collective_timeout: Duration::from_millis(250),
+            faults: Vec::new(),
+            limit: Duration::from_secs(600),
+            trace: false,
+        }
+    }
+
+    /// The same job under a random schedule of faults drawn from `seed`: up to two kills
+    /// (each replaced or not), perhaps a hang, a cut link, a coordinator restart, a worker
+    /// joining, and perhaps a lossy network.
+    pub fn random(seed: u64, workers: u32, steps: u64) -> Config {
+        let mut c = Config::new(seed, workers, steps);
+        let mut r = Stream::for_purpose(seed, "sim.schedule", &[]);
+        let span = (c.compute.as_micros() as u64 + 2_000) * steps;
+        let at = |r: &mut Stream| Duration::from_micros(r.below(span.max(1)));
+        let ms = |r: &mut Stream, lo: u64, hi: u64| Duration::from_millis(lo + r.below(hi - lo));
+        for _ in 0..r.below(3) {
+            let replace = r.below(10) < 7;
+            let worker = r.below(u64::from(workers)) as u32;
+            let replace_after = replace.then(|| ms(&mut r, 1, 300));
+            c.faults.push(Fault::Kill { at: at(&mut r), worker, replace_after });
+        }
+        if r.below(10) < 2 {
+            let span = (r.below(10) < 7).then(|| ms(&mut r, 1, 600));
+            c.faults.push(Fault::Hang { at: at(&mut r), worker: r.below(u64::from(workers)) as u32, span });
+        }
+        if r.below(10) < 3 {
+            let a = Node::Worker(r.below(u64::from(workers)) as u32);
+            let b = if r.below(3) == 0 { Node::Coordinator } else { Node::Worker(r.below(u64::from(workers)) as u32) };
+            if a != b {
+                c.faults.push(Fault::Cut { at: at(&mut r), a, b, span: ms(&mut r, 1, 500) });
+            }
+        }
+        if r.below(10) < 3 {
+            c.faults.push(Fault::KillCoordinator { at: at(&mut r), restart_after: ms(&mut r, 1, 500) });
+        }
+        if r.below(10) < 2 {
+            c.faults.push(Fault::Join { at: at(&mut r), worker: workers + 1 });
+        }
+        if r.below(10) < 3 {
+            c.drop = 0.01;
+        }
+        c
+    }
+}
+
+/// How a worker ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Told to finish, holding the state of `step` with `fingerprint`.
+    Finished {
+        /// The step of its state.
+        step: u64,
+        /// Its fingerprint.
+        fingerprint: u64,
+    },
+    /// Told to stop, or stopped itself.
+    Stopped(String),
+    /// Killed, or hung for good.
+    Dead,
+    /// Still running when the simulation ended (a stuck run).
+    Running(Phase),
+}
+
+/// What a simulated run did.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Every worker process that ever ran (a slot restarted twice appears three times), in
+    /// the order they started.
+    pub workers: Vec<(WorkerId, End)>,
+    /// Simulated time at the end.
+    pub time: Duration,
+    /// The run ended with every survivor finished or stopped (not at the time limit).
+    pub settled: bool,
+    /// Updates applied by steps, by rolling forward, and states fetched.
+    pub applied: u64,
+    /// Of those, applied when rolling forward.
+    pub rolled_forward: u64,
+    /// States fetched from sources.
+    pub fetched: u64,
+    /// Fetches that took a worker back to an older step than it held (a rollback; the
+    /// protocol promises none).
+    pub rolled_back: u64,
+    /// The newest epoch any worker reached.
+    pub epochs: u64,
+    /// Messages sent, and of those lost.
+    pub messages: (u64, u64),
+}
+
+/// The sum of step `step`, as every worker computes it.
+pub fn digest(seed: u64, step: u64) -> u64 {
+    mix(seed ^ 0x5eed_5eed_5eed_5eed, step)
+}
+
+/// The fingerprint of the initial state.
+pub fn initial(seed: u64) -> u64 {
+    mix(seed, u64::MAX)
+}
+
+/// The fingerprint after `steps` steps, each applied once, in order.
+pub fn reference(seed: u64, steps: u64) -> u64 {
+    (0..steps).fold(initial(seed), |f, s| mix(f, digest(seed, s)))
+}
+
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a.rotate_left(29) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// One worker process.
+struct Proc {
+    id: WorkerId,
+    machine: Worker,
+    step: u64,
+    fingerprint: u64,
+    /// The sum it holds and has not applied: (step, digest).
+    held: Option<(u64, u64)>,
+    dead: bool,
+    hung_until: Option<Option<Duration>>,
+    end: Option<End>,
+}
+
+enum Event {
+    Deliver { to: Node, to_proc: Option<usize>, from: Node, msg: Msg },
+    Tick(Node, Option<usize>),
+    CollectiveDeadline { epoch: u64, step: u64 },
+    Reduced { proc: usize, epoch: u64, step: u64, sum: Option<(bool, u64)> },
+    Fetched { proc: usize, epoch: u64, source: usize, step: u64 },
+    FetchFailed { proc: usize, epoch: u64 },
+    Fault(usize),
+    Resume(usize),
+    Start(WorkerId),
+    RestartCoordinator,
+    Disconnected { proc: usize },
+}
+
+struct Collective {
+    members: Vec<WorkerId>,
+    joined: Vec<usize>,
+    resolved: bool,
+}
+
+struct Sim<'a> {
+    c: &'a Config,
+    base: Instant,
+    now: Duration,
+    seq: u64,
+    queue: BTreeMap<(Duration, u64), Event>,
+    rng: Stream,
+    procs: Vec<Proc>,
+    coordinator: Option<Coordinator>,
+    /// Incarnation of the coordinator, so that ticks of a dead one stop.
+    coordinator_life: u64,
+    cuts: Vec<(Node, Node, Duration)>,
+    /// When the last message on each link (sender, receiver process) arrives: a link is a
+    /// TCP connection, which delivers in order.
+    links: BTreeMap<(Node, Node, Option<usize>), Duration>,
+    collectives: BTreeMap<(u64, u64), Collective>,
+    report: Report,
+}
+
+/// Runs a simulated job to its end (or to the time limit).
+pub fn run(c: &Config) -> Report {
+    let mut sim = Sim {
+        c,
+        base: Instant::now(),
+        now: Duration::ZERO,
+        seq: 0,
+        queue: BTreeMap::new(),
+        rng: Stream::for_purpose(c.seed, "sim.network", &[]),
+        procs: Vec::new(),
+        coordinator: None,
+        coordinator_life: 0,
+        cuts: Vec::new(),
+        links: BTreeMap::new(),
+        collectives: BTreeMap::new(),
+        report: Report {
+            workers: Vec::new(),
+            time: Duration::ZERO,
+            settled: false,
+            applied: 0,
+            rolled_forward: 0,
+            fetched: 0,
+            rolled_back: 0,
+            epochs: 0,
+            messages: (0, 0),
+        },
+    };
+    sim.start_coordinator();
+    for id in 0..c.workers {
+        sim.start_worker(id);
+    }
+    for (i, f) in c.faults.iter().enumerate() {
+        sim.at(f.at(), Event::Fault(i));
+    }
+    while let Some(((t, _), event)) = sim.queue.pop_first() {
+        if t > c.limit {
+            break;
+        }
+        sim.now = t;
+        sim.handle(event);
+        if sim.settled() {
+            sim.report.settled = true;
+            break;
+        }
+    }
+    sim.finish()
+}
+
+impl Sim<'_> {
+    fn instant(&self) -> Instant {
+        self.base + self.now
+    }
+
+    fn at(&mut self, t: Duration, e: Event) {
+        self.seq += 1;
+        self.queue.insert((t, self.seq), e);
+    }
+
+    fn after(&mut self, d: Duration, e: Event) {
+        self.at(self.now + d, e);
+    }
+
+    fn latency(&mut self) -> Duration {
+        let (lo, hi) = self.c.latency;
+        let span = (hi - lo).as_micros() as u64;
+        lo + Duration::from_micros(self.rng.below(span.max(1)))
+    }
+
+    fn tick_every(&self) -> Duration {
+        self.c.timing.heartbeat / 2
+    }
+
+    fn start_coordinator(&mut self) {
+        let now = self.instant();
+        let generation = self.coordinator_life;
+        self.coordinator =
+            Some(Coordinator::new(generation, self.c.workers as usize, self.c.min_world, self.c.timing, now));
+        self.coordinator_life += 1;
+        self.after(self.tick_every(), Event::Tick(Node::Coordinator, None));
+    }
+
+    fn start_worker(&mut self, id: WorkerId) {
+        let now = self.instant();
+        let fingerprint = initial(self.c.seed);
+        let incarnation = self.procs.iter().filter(|p| p.id == id).count() as u64;
+        let (machine, actions) = Worker::new((id, incarnation), self.c.steps, (0, fingerprint), self.c.timing, now);
+        self.procs.push(Proc {
+            id,
+            machine,
+            step: 0,
+            fingerprint,
+            held: None,
+            dead: false,
+            hung_until: None,
+            end: None,
+        });
+        let p = self.procs.len() - 1;
+        self.perform(Node::Worker(id), Some(p), actions);
+        self.after(self.tick_every(), Event::Tick(Node::Worker(id), Some(p)));
+    }
+
+    /// The live (not dead) process of a slot.
+    fn proc_of(&self, id: WorkerId) -> Option<usize> {
+        self.procs.iter().rposition(|p| p.id == id && !p.dead)
+    }
+
+    fn usable(&self, p: usize) -> bool {
+        let p = &self.procs[p];
+        !p.dead && p.hung_until.is_none()
+    }
+
+    fn cut(&self, a: Node, b: Node) -> bool {
+        self.cuts.iter().any(|&(x, y, until)| until > self.now && ((x, y) == (a, b) || (x, y) == (b, a)))
+    }
+
+    fn settled(&self) -> bool {
+        let workers_over = self.procs.iter().all(|p| p.dead || p.hung_until == Some(None) || p.end.is_some());
+        let pending = self
+            .queue
+            .values()
+            .any(|e| matches!(e, Event::Fault(_) | Event::Start(_) | Event::RestartCoordinator | Event::Resume(_)));
+        workers_over && !pending
+    }
+
+    fn perform(&mut self, node: Node, proc: Option<usize>, actions: Vec<Action>) {
+        for a in actions {
+            if self.c.trace {
+                eprintln!("{:>10.3?} {node:?}/{proc:?}: {a:?}", self.now);
+            }
+            match a {
+                Action::Send { to, msg } => self.send(node, to, msg),
+                Action::Compute { epoch, step, members, .. } => {
+                    let p = proc.expect("only workers compute");
+                    self.join_collective(p, epoch, step, members);
+                }
+                Action::Apply { step } => {
+                    let p = proc.expect("only workers apply");
+                    self.apply(p, step);
+                }
+                Action::Fetch { epoch, step, sources, .. } => {
+                    let p = proc.expect("only workers fetch");
+                    self.fetch(p, epoch, step, &sources);
+                }
+                Action::Finished => {
+                    let p = &mut self.procs[proc.expect("only workers finish")];
+                    p.end = Some(End::Finished { step: p.step, fingerprint: p.fingerprint });
+                }
+                Action::Stopped { reason } => {
+                    self.procs[proc.expect("only workers stop")].end = Some(End::Stopped(reason));
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, from: Node, to: Node, msg: Msg) {
+        self.report.messages.0 += 1;
+        let lost = self.cut(from, to) || (self.c.drop > 0.0 && (self.rng.next_f32() as f64) < self.c.drop);
+        if lost {
+            self.report.messages.1 += 1;
+            return;
+        }
+        // The message goes to the process alive now; a later replacement never sees it.
+        let to_proc = match to {
+            Node::Worker(id) => match self.proc_of(id) {
+                Some(p) => Some(p),
+                None => return,
+            },
+            Node::Coordinator => None,
+        };
+        let d = self.latency();
+        let last = self.links.entry((from, to, to_proc)).or_default();
+        let arrive = (self.now + d).max(*last);
+        *last = arrive;
+        self.at(arrive, Event::Deliver { to, to_proc, from, msg });
+    }
+
+    fn join_collective(&mut self, p: usize, epoch: u64, step: u64, members: Vec<WorkerId>) {
+        let timeout = self.c.collective_timeout;
+        let fresh = !self.collectives.contains_key(&(epoch, step));
+        let col = self.collectives.entry((epoch, step)).or_insert(Collective {
+            members,
+            joined: Vec::new(),
+            resolved: false,
+        });
+        if col.resolved {
+            // Joined after the others gave up: it fails too.
+            self.after(Duration::from_micros(1), Event::Reduced { proc: p, epoch, step, sum: None });
+            return;
+        }
+        col.joined.push(p);
+        let ids: Vec<WorkerId> = col.joined.iter().map(|&j| self.procs[j].id).collect();
+        let everyone = col.members.iter().all(|m| ids.contains(m));
+        if fresh {
+            self.after(timeout, Event::CollectiveDeadline { epoch, step });
+        }
+        if everyone {
+            self.resolve(epoch, step, false);
+        }
+    }
+
+    fn resolve(&mut self, epoch: u64, step: u64, deadline: bool) {
+        let Some(col) = self.collectives.get_mut(&(epoch, step)) else { return };
+        if col.resolved {
+            return;
+        }
+        col.resolved = true;
+        let joined = col.joined.clone();
+        let members = col.members.clone();
+        let complete = !deadline
+            && joined.iter().all(|&j| self.usable(j))
+            && members
+                .iter()
+                .enumerate()
+                .all(|(i, &a)| members[i + 1..].iter().all(|&b| !self.cut(Node::Worker(a), Node::Worker(b))));
+        let sum = complete.then_some((true, digest(self.c.seed, step)));
+        let delay = if complete { self.c.compute } else { Duration::from_micros(1) };
+        for j in joined {
+            let d = delay + self.latency();
+            self.after(d, Event::Reduced { proc: j, epoch, step, sum });
+        }
+    }
+
+    fn apply(&mut self, p: usize, step: u64) {
+        let seed = self.c.seed;
+        let proc = &mut self.procs[p];
+        let (held_step, sum) = proc.held.expect("a worker applies only a sum it holds");
+        assert_eq!(
+            (held_step, proc.step),
+            (step, step),
+            "worker {} applies the sum of step {step} out of turn",
+            proc.id
+        );
+        assert_eq!(sum, digest(seed, step), "worker {} applies a wrong sum", proc.id);
+        let rolling = proc.machine.status().phase == Phase::Syncing;
+        proc.step += 1;
+        proc.fingerprint = mix(proc.fingerprint, sum);
+        proc.held = None;
+        self.report.applied += 1;
+        self.report.rolled_forward += u64::from(rolling);
+        let (fp, id) = (proc.fingerprint, proc.id);
+        let now = self.instant();
+        let actions = self.procs[p].machine.on_applied(now, step, fp);
+        self.perform(Node::Worker(id), Some(p), actions);
+    }
+
+    fn fetch(&mut self, p: usize, epoch: u64, step: u64, sources: &[WorkerId]) {
+        let me = Node::Worker(self.procs[p].id);
+        let reachable: Vec<usize> = sources
+            .iter()
+            .filter_map(|&s| self.proc_of(s))
+            .filter(|&s| self.usable(s) && !self.cut(me, Node::Worker(self.procs[s].id)))
+            .collect();
+        if reachable.is_empty() {
+            let t = self.c.collective_timeout;
+            self.after(t, Event::FetchFailed { proc: p, epoch });
+            return;
+        }
+        let source = reachable[self.rng.below(reachable.len() as u64) as usize];
+        let t = self.c.transfer + self.latency();
+        self.after(t, Event::Fetched { proc: p, epoch, source, step });
+    }
+
+    /// The worker process an event is for, if any.
+    fn target(event: &Event) -> Option<usize> {
+        match event {
+            Event::Deliver { to_proc, .. } => *to_proc,
+            Event::Reduced { proc, .. } | Event::Fetched { proc, .. } | Event::FetchFailed { proc, .. } => Some(*proc),
+            _ => None,
+        }
+    }
+
+    fn handle(&mut self, event: Event) {
+        let now = self.instant();
+        if let Some(p) = Self::target(&event) {
+            if self.procs[p].dead {
+                return;
+            }
+            if let Some(until) = self.procs[p].hung_until {
+                // A stopped process takes it in when it resumes (socket buffers, a
+                // computation that was under way).
+                if let Some(t) = until {
+                    self.at(t.max(self.now), event);
+                }
+                return;
+            }
+        }
+        match event {
+            Event::Deliver { to: Node::Coordinator, from, msg, .. } => {
+                if let Some(c) = self.coordinator.as_mut() {
+                    let actions = c.on_message(now, from, msg);
+                    self.perform(Node::Coordinator, None, actions);
+                }
+            }
+            Event::Deliver { to, to_proc: Some(p), from, msg } => {
+                let actions = self.procs[p].machine.on_message(now, from, msg);
+                self.perform(to, Some(p), actions);
+            }
+            Event::Deliver { to_proc: None, .. } => {}
+            Event::Tick(Node::Coordinator, _) => {
+                let life = self.coordinator_life;
+                if let Some(c) = self.coordinator.as_mut() {
+                    let actions = c.tick(now);
+                    self.perform(Node::Coordinator, None, actions);
+                    if life == self.coordinator_life {
+                        self.after(self.tick_every(), Event::Tick(Node::Coordinator, None));
+                    }
+                }
+            }
+            Event::Tick(node, Some(p)) => {
+                if self.procs[p].dead || self.procs[p].end.is_some() {
+                    return;
+                }
+                if self.procs[p].hung_until.is_none() {
+                    let actions = self.procs[p].machine.tick(now);
+                    self.perform(node, Some(p), actions);
+                }
+                self.after(self.tick_every(), Event::Tick(node, Some(p)));
+            }
+            Event::Tick(_, None) => {}
+            Event::CollectiveDeadline { epoch, step } => self.resolve(epoch, step, true),
+            Event::Reduced { proc, epoch, step, sum } => {
+                if !self.usable(proc) {
+                    return;
+                }
+                let actions = self.procs[proc].machine.on_reduced(now, epoch, step, sum);
+                // The shell keeps the sum only if the machine took it (not a stale step's).
+                let p = &mut self.procs[proc];
+                if let Some((_, d)) = sum
+                    && p.machine.status().step == step
+                    && actions.iter().any(|a| {
+                        matches!(a, Action::Send { msg: Msg::Ballot { .. }, .. }) || *a == Action::Apply { step }
+                    })
+                {
+                    p.held = Some((step, d));
+                }
+                let id = p.id;
+                self.perform(Node::Worker(id), Some(proc), actions);
+            }
+            Event::Fetched { proc, epoch, source, step } => {
+                if !self.usable(proc) {
+                    return;
+                }
+                let ok = self.usable(source) && self.procs[source].step == step;
+                let state = ok.then(|| (self.procs[source].step, self.procs[source].fingerprint));
+                let actions = self.procs[proc].machine.on_fetched(now, epoch, state);
+                // The shell installs the state only if the machine took it.
+                let p = &mut self.procs[proc];
+                let st = p.machine.status();
+                if let Some((s, f)) = state
+                    && st.phase == Phase::Synced
+                    && (st.step, st.fingerprint) == (s, f)
+                {
+                    self.report.rolled_back += u64::from(s < p.step);
+                    (p.step, p.fingerprint, p.held) = (s, f, None);
+                    self.report.fetched += 1;
+                }
+                let id = p.id;
+                self.perform(Node::Worker(id), Some(proc), actions);
+            }
+            Event::FetchFailed { proc, epoch } => {
+                if self.usable(proc) {
+                    let actions = self.procs[proc].machine.on_fetched(now, epoch, None);
+                    let id = self.procs[proc].id;
+                    self.perform(Node::Worker(id), Some(proc), actions);
+                }
+            }
+            Event::Fault(i) => self.fault(i),
+            Event::Resume(p) => {
+                self.procs[p].hung_until = None;
+            }
+            Event::Start(id) => self.start_worker(id),
+            Event::RestartCoordinator => self.start_coordinator(),
+            Event::Disconnected { proc } => {
+                let id = self.procs[proc].id;
+                if let Some(c) = self.coordinator.as_mut() {
+                    let actions = c.on_disconnect(now, id);
+                    self.perform(Node::Coordinator, None, actions);
+                }
+                for q in 0..self.procs.len() {
+                    if q != proc && self.usable(q) && self.procs[q].end.is_none() {
+                        let actions = self.procs[q].machine.on_peer_lost(now, id);
+                        let me = self.procs[q].id;
+                        self.perform(Node::Worker(me), Some(q), actions);
+                    }
+                }
+            }
+        }
+    }
+
+    fn fault(&mut self, i: usize) {
+        match self.c.faults[i].clone() {
+            Fault::Kill { worker, replace_after, .. } => {
+                let Some(p) = self.proc_of(worker) else { return };
+                if self.procs[p].end.is_some() {
+                    return;
+                }
+                self.procs[p].dead = true;
+                // A dead process's sockets close: the others notice after a latency.
+                let d = self.latency();
+                self.after(d, Event::Disconnected { proc: p });
+                if let Some(after) = replace_after {
+                    self.after(after, Event::Start(worker));
+                }
+            }
+            Fault::Hang { worker, span, .. } => {
+                let Some(p) = self.proc_of(worker) else { return };
+                if self.procs[p].end.is_some() || self.procs[p].hung_until.is_some() {
+                    return;
+                }
+                let until = span.map(|s| self.now + s);
+                self.procs[p].hung_until = Some(until);
+                if let Some(t) = until {
+                    self.at(t, Event::Resume(p));
+                }
+            }
+            Fault::Cut { a, b, span, .. } => {
+                self.cuts.push((a, b, self.now + span));
+            }
+            Fault::KillCoordinator { restart_after, .. } => {
+                self.coordinator = None;
+                self.coordinator_life += 1;
+                self.after(restart_after, Event::RestartCoordinator);
+            }
+            Fault::Join { worker, .. } => {
+                if self.proc_of(worker).is_none() {
+                    self.start_worker(worker);
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> Report {
+        let mut report = self.report;
+        report.time = self.now;
+        report.epochs = self.procs.iter().map(|p| p.machine.status().epoch).max().unwrap_or(0);
+        report.workers = self
+            .procs
+            .iter()
+            .map(|p| {
+                let end = if p.dead || p.hung_until == Some(None) {
+                    End::Dead
+                } else {
+                    p.end.clone().unwrap_or(End::Running(p.machine.status().phase))
+                };
+                (p.id, end)
+            })
+            .collect();
+        report
+    }
+}

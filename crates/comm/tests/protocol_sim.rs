@@ -1,0 +1,164 @@
+//! The step protocol under simulated failures: every schedule ends with all survivors
+//! holding the state of a run that never failed (every step applied exactly once), or
+//! all stopped with a reason when too few remain.
+
+use std::time::{Duration, Instant};
+
+use comm::protocol::WorkerId;
+use comm::sim::{self, Config, End, Fault, Report};
+
+/// Checks the end of a run; returns whether the job finished.
+fn check(c: &Config, r: &Report) -> bool {
+    let context = || format!("seed {} faults {:?}\n{r:#?}", c.seed, c.faults);
+    assert!(r.settled, "the run did not settle: {}", context());
+    assert_eq!(r.rolled_back, 0, "a survivor went back to an older state: {}", context());
+    let reference = sim::reference(c.seed, c.steps);
+    let finished: Vec<&(WorkerId, End)> = r.workers.iter().filter(|(_, e)| matches!(e, End::Finished { .. })).collect();
+    for (_, e) in &r.workers {
+        match e {
+            End::Finished { step, fingerprint } => {
+                assert_eq!((*step, *fingerprint), (c.steps, reference), "{}", context());
+            }
+            End::Stopped(reason) => {
+                assert!(!reason.is_empty(), "{}", context());
+                // Once the job has finished, a worker that missed it is told so.
+                assert!(
+                    finished.is_empty() || reason.contains("finished without"),
+                    "a stop beside finished workers: {reason}: {}",
+                    context()
+                );
+            }
+            End::Dead => {}
+            End::Running(phase) => panic!("a worker still {phase:?}: {}", context()),
+        }
+    }
+    !finished.is_empty()
+}
+
+#[test]
+fn without_faults_every_world_size_ends_with_the_reference_state() {
+    for workers in 1..=4 {
+        let c = Config::new(u64::from(workers), workers, 20);
+        let r = sim::run(&c);
+        assert!(check(&c, &r));
+        assert_eq!(r.applied, 20 * u64::from(workers));
+        assert_eq!((r.fetched, r.rolled_forward, r.epochs), (0, 0, 1));
+    }
+}
+
+#[test]
+fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
+    let started = Instant::now();
+    let (mut finished, mut recovered, mut rolled) = (0, 0, 0);
+    let mut unfinished = Vec::new();
+    // STEADFAST_SIM_SCHEDULES=1000000 for a soak run.
+    let n: u64 = std::env::var("STEADFAST_SIM_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
+    for seed in 0..n {
+        let c = Config::random(seed, 3, 12);
+        let r = sim::run(&c);
+        if check(&c, &r) {
+            finished += 1;
+        } else if r.workers.iter().any(|(_, e)| *e != End::Dead) {
+            // With one worker allowed, a job ends unfinished only when nobody survives.
+            unfinished.push((seed, c.faults.clone(), r.clone()));
+        }
+        recovered += u64::from(r.fetched + r.rolled_forward > 0);
+        rolled += u64::from(r.rolled_forward > 0);
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "{n} schedules, {finished} finished, {recovered} recovered state, {rolled} rolled a worker forward; \
+         {rate:.0} schedules/s"
+    );
+    assert!(unfinished.is_empty(), "survivors that did not finish: {:#?}", &unfinished[..1]);
+    assert!(finished > n * 9 / 10, "{finished} of {n} finished");
+    assert!(recovered > n / 10, "the schedules exercise recovery: {recovered}");
+    assert!(rolled > 0, "some schedule leaves ranks one step apart");
+}
+
+#[test]
+fn a_replaced_rank_0_fetches_the_state_and_the_job_ends_bitwise_equal() {
+    let mut c = Config::new(7, 3, 30);
+    c.faults.push(Fault::Kill {
+        at: Duration::from_millis(100),
+        worker: 0,
+        replace_after: Some(Duration::from_millis(50)),
+    });
+    let r = sim::run(&c);
+    assert!(check(&c, &r));
+    assert!(r.fetched >= 1, "{r:#?}");
+    assert_eq!(r.workers.iter().filter(|(_, e)| matches!(e, End::Finished { .. })).count(), 3);
+}
+
+#[test]
+fn a_crash_during_the_transfer_and_two_crashes_close_together_are_survived() {
+    let mut c = Config::new(11, 3, 30);
+    // Worker 1 dies; its replacement starts fetching, and the source it may pick dies
+    // during the transfer; a third crash follows at once.
+    c.faults.push(Fault::Kill {
+        at: Duration::from_millis(100),
+        worker: 1,
+        replace_after: Some(Duration::from_millis(10)),
+    });
+    c.faults.push(Fault::Kill {
+        at: Duration::from_millis(125),
+        worker: 0,
+        replace_after: Some(Duration::from_millis(10)),
+    });
+    c.faults.push(Fault::Kill {
+        at: Duration::from_millis(126),
+        worker: 2,
+        replace_after: Some(Duration::from_millis(10)),
+    });
+    let r = sim::run(&c);
+    assert!(check(&c, &r));
+}
+
+#[test]
+fn a_restarted_coordinator_rebuilds_the_membership_from_reports() {
+    let mut c = Config::new(5, 3, 30);
+    c.faults.push(Fault::KillCoordinator { at: Duration::from_millis(80), restart_after: Duration::from_millis(100) });
+    let r = sim::run(&c);
+    assert!(check(&c, &r));
+    assert!(r.epochs >= 2, "{r:#?}");
+    assert_eq!(r.fetched, 0, "nobody lost state: {r:#?}");
+}
+
+#[test]
+fn shrink_and_grow_keep_the_bits() {
+    let mut shrink = Config::new(3, 3, 30);
+    shrink.faults.push(Fault::Kill { at: Duration::from_millis(90), worker: 2, replace_after: None });
+    let r = sim::run(&shrink);
+    assert!(check(&shrink, &r));
+    assert_eq!(r.workers.iter().filter(|(_, e)| matches!(e, End::Finished { .. })).count(), 2);
+
+    let mut grow = Config::new(4, 2, 30);
+    grow.faults.push(Fault::Join { at: Duration::from_millis(90), worker: 2 });
+    let r = sim::run(&grow);
+    assert!(check(&grow, &r));
+    assert_eq!(r.workers.iter().filter(|(_, e)| matches!(e, End::Finished { .. })).count(), 3);
+    assert!(r.fetched >= 1);
+}
+
+#[test]
+fn too_few_workers_stop_every_survivor_with_the_reason() {
+    let mut c = Config::new(9, 3, 30);
+    c.min_world = 3;
+    c.faults.push(Fault::Kill { at: Duration::from_millis(90), worker: 1, replace_after: None });
+    let r = sim::run(&c);
+    assert!(!check(&c, &r));
+    let stopped: Vec<&String> =
+        r.workers.iter().filter_map(|(_, e)| if let End::Stopped(s) = e { Some(s) } else { None }).collect();
+    assert_eq!(stopped.len(), 2, "{r:#?}");
+    assert!(stopped.iter().all(|s| s.contains("too few workers")), "{stopped:?}");
+}
+
+#[test]
+#[ignore = "prints one schedule's trace: STEADFAST_SIM_SEED=N cargo test -- --ignored --nocapture"]
+fn trace_one_schedule() {
+    let seed = std::env::var("STEADFAST_SIM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut c = Config::random(seed, 3, 12);
+    c.trace = true;
+    let r = sim::run(&c);
+    println!("{:?}\n{r:#?}", c.faults);
+}
