@@ -53,7 +53,7 @@
 //! - Every quorum's members start from the same step and fingerprint.
 //! - Survivors never go back to an older state: `M` is the newest step any of them holds.
 
-mod coordinator;
+pub mod coordinator;
 mod worker;
 
 pub use coordinator::Coordinator;

@@ -1,0 +1,326 @@
+//! Each transition of the step protocol's two machines, driven by hand.
+
+use std::time::{Duration, Instant};
+
+use comm::protocol::coordinator::Stage;
+use comm::protocol::{Action, Coordinator, Msg, Node, Phase, Quorum, Status, Timing, Worker};
+
+fn timing() -> Timing {
+    Timing {
+        heartbeat: Duration::from_millis(10),
+        lost_after: Duration::from_millis(100),
+        vote_timeout: Duration::from_millis(50),
+        settle: Duration::from_millis(200),
+        sync_timeout: Duration::from_millis(500),
+        quorum_timeout: Duration::from_millis(1000),
+    }
+}
+
+struct Clock(Instant);
+
+impl Clock {
+    fn at(&self, ms: u64) -> Instant {
+        self.0 + Duration::from_millis(ms)
+    }
+}
+
+fn sent(actions: &[Action]) -> Vec<(Node, Msg)> {
+    actions
+        .iter()
+        .filter_map(|a| if let Action::Send { to, msg } = a { Some((*to, msg.clone())) } else { None })
+        .collect()
+}
+
+fn others(actions: &[Action]) -> Vec<Action> {
+    actions.iter().filter(|a| !matches!(a, Action::Send { .. })).cloned().collect()
+}
+
+fn quorum(epoch: u64, members: &[u32], step: u64, fingerprint: u64, commit: Option<u64>) -> Quorum {
+    Quorum { epoch, members: members.to_vec(), step, fingerprint, commit, sources: vec![members[0]] }
+}
+
+/// Worker 1 of {0, 1}, synced in epoch 1 at step 0 with fingerprint 100, of a 2-step job.
+fn synced_worker(c: &Clock) -> Worker {
+    let (mut w, first) = Worker::new((1, 0), 2, (0, 100), timing(), c.at(0));
+    assert_eq!(sent(&first)[0].0, Node::Coordinator);
+    let a = w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(1, &[0, 1], 0, 100, None)));
+    assert!(others(&a).is_empty(), "{a:?}");
+    assert_eq!(w.status().phase, Phase::Synced);
+    w
+}
+
+/// Runs the worker of [`synced_worker`] into step 0's vote, holding sum 7.
+fn voting_worker(c: &Clock) -> Worker {
+    let mut w = synced_worker(c);
+    let a = w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
+    assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 0, rank: 1, members: vec![0, 1] }]);
+    let a = w.on_reduced(c.at(3), 1, 0, Some((true, 7)));
+    assert_eq!(
+        sent(&a),
+        vec![(Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 })],
+        "the ballot goes to the other member"
+    );
+    assert_eq!(w.status().unapplied, Some(7));
+    w
+}
+
+#[test]
+fn worker_a_quorum_at_its_own_state_syncs_it_at_once_and_a_stale_one_is_ignored() {
+    let c = Clock(Instant::now());
+    let mut w = synced_worker(&c);
+    let a = w.on_message(c.at(5), Node::Coordinator, Msg::Quorum(quorum(1, &[1], 0, 999, None)));
+    assert!(a.is_empty(), "an epoch already seen changes nothing: {a:?}");
+    let a = w.on_message(c.at(6), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 2], 0, 100, None)));
+    assert_eq!((w.status().phase, w.status().epoch), (Phase::Idle, 2), "left out of epoch 2: {a:?}");
+    assert!(w.quorum().is_none());
+}
+
+#[test]
+fn worker_one_step_behind_with_the_committed_sum_rolls_forward() {
+    let c = Clock(Instant::now());
+    let mut w = voting_worker(&c);
+    // The vote times out: the worker leaves the epoch, keeping the sum.
+    let a = w.tick(c.at(60));
+    assert_eq!((w.status().phase, w.status().unapplied), (Phase::Idle, Some(7)), "{a:?}");
+    let a = w.on_message(c.at(61), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 555, Some(7))));
+    assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
+    assert_eq!(w.status().phase, Phase::Syncing);
+    w.on_applied(c.at(62), 0, 555);
+    assert_eq!((w.status().phase, w.status().step, w.status().last_commit), (Phase::Synced, 1, Some(7)));
+}
+
+#[test]
+fn worker_with_another_sum_or_state_fetches_and_a_bad_fetch_leaves_the_epoch() {
+    let c = Clock(Instant::now());
+    let mut w = voting_worker(&c);
+    w.tick(c.at(60));
+    let a = w.on_message(c.at(61), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 555, Some(8))));
+    assert_eq!(others(&a), vec![Action::Fetch { epoch: 2, step: 1, fingerprint: 555, sources: vec![0] }]);
+    assert_eq!(w.status().unapplied, None, "a sum nobody committed is dropped");
+    w.on_fetched(c.at(70), 2, Some((1, 556)));
+    assert_eq!(w.status().phase, Phase::Idle, "a state with the wrong fingerprint is refused");
+    let a = w.on_message(c.at(71), Node::Coordinator, Msg::Quorum(quorum(3, &[0, 1], 1, 555, Some(8))));
+    assert!(matches!(others(&a)[..], [Action::Fetch { .. }]));
+    w.on_fetched(c.at(80), 3, Some((1, 555)));
+    let s = w.status();
+    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (Phase::Synced, 1, 555, Some(8)));
+}
+
+#[test]
+fn worker_applies_only_a_unanimous_vote_and_steps_on_to_done() {
+    let c = Clock(Instant::now());
+    let mut w = voting_worker(&c);
+    let a = w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
+    let a = w.on_applied(c.at(5), 0, 101);
+    assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 1, rank: 1, members: vec![0, 1] }]);
+    // The other member's ballot for step 1 comes before this worker's own sum.
+    w.on_message(c.at(6), Node::Worker(0), Msg::Ballot { epoch: 1, step: 1, ok: true, digest: 9 });
+    let a = w.on_reduced(c.at(7), 1, 1, Some((true, 9)));
+    assert_eq!(others(&a), vec![Action::Apply { step: 1 }], "the early ballot was kept");
+    let a = w.on_applied(c.at(8), 1, 102);
+    assert_eq!(w.status().phase, Phase::Done);
+    assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(Status { phase: Phase::Done, .. }))]));
+    let a = w.on_message(c.at(9), Node::Coordinator, Msg::Finish);
+    assert_eq!(others(&a), vec![Action::Finished]);
+    let a = w.on_message(c.at(10), Node::Coordinator, Msg::Finish);
+    assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(Status { phase: Phase::Finished, .. }))]));
+}
+
+#[test]
+fn worker_leaves_the_epoch_on_a_disagreeing_vote_a_failed_reduce_a_lost_peer_or_a_reconfigure() {
+    let c = Clock(Instant::now());
+    let mut w = voting_worker(&c);
+    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 8 });
+    assert_eq!((w.status().phase, w.status().unapplied, w.status().step), (Phase::Idle, None, 0));
+
+    let mut w = voting_worker(&c);
+    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: false, digest: 7 });
+    assert_eq!(w.status().phase, Phase::Idle, "a veto");
+
+    let mut w = synced_worker(&c);
+    w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
+    w.on_reduced(c.at(3), 1, 0, None);
+    assert_eq!((w.status().phase, w.status().unapplied), (Phase::Idle, None));
+
+    let mut w = voting_worker(&c);
+    w.on_peer_lost(c.at(4), 0);
+    assert_eq!((w.status().phase, w.status().unapplied), (Phase::Idle, Some(7)));
+
+    let mut w = voting_worker(&c);
+    w.on_message(c.at(4), Node::Coordinator, Msg::Reconfigure { epoch: 1 });
+    assert_eq!(w.status().phase, Phase::Idle);
+    // A reconfigure for an epoch it never heard of voids that epoch's quorum in flight.
+    w.on_message(c.at(5), Node::Coordinator, Msg::Reconfigure { epoch: 4 });
+    let a = w.on_message(c.at(6), Node::Coordinator, Msg::Quorum(quorum(4, &[0, 1], 0, 100, None)));
+    assert!(a.is_empty() && w.status().phase == Phase::Idle && w.status().epoch == 4);
+}
+
+#[test]
+fn worker_stops_when_told_or_when_the_coordinator_stays_silent() {
+    let c = Clock(Instant::now());
+    let mut w = synced_worker(&c);
+    let a = w.on_message(c.at(2), Node::Coordinator, Msg::Stop { reason: "too few".into() });
+    assert_eq!(others(&a), vec![Action::Stopped { reason: "too few".into() }]);
+    assert!(w.on_message(c.at(3), Node::Coordinator, Msg::Start { epoch: 1 }).is_empty());
+
+    let (mut w, _) = Worker::new((3, 0), 2, (0, 100), timing(), c.at(0));
+    assert!(others(&w.tick(c.at(1999))).is_empty());
+    let a = w.tick(c.at(2000));
+    assert!(matches!(&others(&a)[..], [Action::Stopped { reason }] if reason.contains("no word")), "{a:?}");
+}
+
+fn report(c: &mut Coordinator, at: Instant, id: u32, status: Status) -> Vec<Action> {
+    c.on_message(at, Node::Worker(id), Msg::Report(status))
+}
+
+fn idle(step: u64, fingerprint: u64, last_commit: Option<u64>) -> Status {
+    Status { incarnation: 0, phase: Phase::Idle, epoch: 0, step, fingerprint, last_commit, unapplied: None }
+}
+
+fn quorum_sent(actions: &[Action]) -> Option<Quorum> {
+    sent(actions).into_iter().find_map(|(_, m)| if let Msg::Quorum(q) = m { Some(q) } else { None })
+}
+
+/// A coordinator of generation 0 running epoch 1 with workers 0, 1, 2 at step 0.
+fn running(c: &Clock) -> Coordinator {
+    let mut co = Coordinator::new(0, 3, 1, timing(), c.at(0));
+    for id in 0..3 {
+        report(&mut co, c.at(1), id, idle(0, 100, None));
+    }
+    assert_eq!(co.quorum().map(|q| q.epoch), Some(1));
+    for id in 0..3 {
+        let s = Status { phase: Phase::Synced, epoch: 1, ..idle(0, 100, None) };
+        report(&mut co, c.at(2), id, s);
+    }
+    assert_eq!(*co.stage(), Stage::Running);
+    co
+}
+
+#[test]
+fn coordinator_forms_the_first_quorum_when_the_expected_workers_are_idle_or_after_settling() {
+    let c = Clock(Instant::now());
+    let mut co = Coordinator::new(0, 3, 1, timing(), c.at(0));
+    report(&mut co, c.at(1), 2, idle(0, 100, None));
+    let a = report(&mut co, c.at(2), 0, idle(0, 100, None));
+    assert!(quorum_sent(&a).is_none(), "two of three");
+    report(&mut co, c.at(150), 2, idle(0, 100, None));
+    report(&mut co, c.at(150), 0, idle(0, 100, None));
+    let a = co.tick(c.at(200));
+    let q = quorum_sent(&a).expect("formed after settling");
+    assert_eq!((q.epoch, q.members.clone(), q.sources.clone()), (1, vec![0, 2], vec![0, 2]));
+    assert_eq!(sent(&a).len(), 2, "the quorum goes to each member");
+}
+
+#[test]
+fn coordinator_picks_the_newest_step_and_its_most_common_fingerprint() {
+    let c = Clock(Instant::now());
+    let mut co = Coordinator::new(0, 4, 1, timing(), c.at(0));
+    report(&mut co, c.at(1), 0, idle(5, 50, Some(1)));
+    report(&mut co, c.at(1), 1, idle(6, 61, Some(2)));
+    report(&mut co, c.at(1), 2, idle(6, 60, Some(3)));
+    let a = report(&mut co, c.at(1), 3, idle(6, 60, Some(3)));
+    let q = quorum_sent(&a).unwrap();
+    assert_eq!((q.step, q.fingerprint, q.commit, q.sources), (6, 60, Some(3), vec![2, 3]));
+    assert_eq!(q.members, vec![0, 1, 2, 3], "the stale and the odd replica sync from the sources");
+}
+
+#[test]
+fn coordinator_starts_the_epoch_when_every_member_is_synced() {
+    let c = Clock(Instant::now());
+    let mut co = Coordinator::new(0, 2, 1, timing(), c.at(0));
+    report(&mut co, c.at(1), 0, idle(0, 100, None));
+    report(&mut co, c.at(1), 1, idle(0, 100, None));
+    let a = report(&mut co, c.at(2), 0, Status { phase: Phase::Synced, epoch: 1, ..idle(0, 100, None) });
+    assert!(sent(&a).is_empty());
+    let a = report(&mut co, c.at(3), 1, Status { phase: Phase::Synced, epoch: 1, ..idle(0, 100, None) });
+    assert_eq!(sent(&a).iter().filter(|(_, m)| *m == Msg::Start { epoch: 1 }).count(), 2);
+}
+
+#[test]
+fn coordinator_ends_the_epoch_on_a_silent_a_disconnected_or_an_aborting_member_and_on_a_newcomer() {
+    let c = Clock(Instant::now());
+    let stepping = |e| Status { phase: Phase::Stepping, epoch: e, ..idle(0, 100, None) };
+    // Silence: workers 0 and 1 report, 2 does not.
+    let mut co = running(&c);
+    report(&mut co, c.at(90), 0, stepping(1));
+    report(&mut co, c.at(90), 1, stepping(1));
+    let a = co.tick(c.at(103));
+    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    let told: Vec<Node> = sent(&a).iter().filter(|(_, m)| *m == Msg::Reconfigure { epoch: 1 }).map(|x| x.0).collect();
+    assert_eq!(told, vec![Node::Worker(0), Node::Worker(1)]);
+    // A closed connection.
+    let mut co = running(&c);
+    co.on_disconnect(c.at(5), 1);
+    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    // A member that left its epoch.
+    let mut co = running(&c);
+    report(&mut co, c.at(5), 2, Status { epoch: 1, ..idle(0, 100, None) });
+    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    // A worker joining the running job.
+    let mut co = running(&c);
+    report(&mut co, c.at(5), 7, idle(0, 100, None));
+    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+}
+
+#[test]
+fn coordinator_waits_for_a_member_to_acknowledge_its_newest_epoch_before_counting_it_ready() {
+    let c = Clock(Instant::now());
+    let mut co = running(&c);
+    co.on_disconnect(c.at(5), 2);
+    // Worker 0 reports an idle state that predates epoch 1: not ready, told to leave it.
+    let a = report(&mut co, c.at(6), 0, idle(0, 100, None));
+    assert!(sent(&a).contains(&(Node::Worker(0), Msg::Reconfigure { epoch: 1 })));
+    let a = report(&mut co, c.at(7), 1, Status { epoch: 1, ..idle(0, 100, None) });
+    assert!(quorum_sent(&a).is_none());
+    let a = report(&mut co, c.at(8), 0, Status { epoch: 1, ..idle(0, 100, None) });
+    let q = quorum_sent(&a).expect("both acknowledged epoch 1");
+    assert_eq!((q.epoch, q.members), (2, vec![0, 1]));
+}
+
+#[test]
+fn coordinator_finishes_when_every_member_is_done_then_sends_the_rest_away() {
+    let c = Clock(Instant::now());
+    let mut co = running(&c);
+    let done = Status { phase: Phase::Done, epoch: 1, ..idle(2, 300, Some(9)) };
+    report(&mut co, c.at(5), 0, done.clone());
+    report(&mut co, c.at(5), 1, done.clone());
+    let a = report(&mut co, c.at(5), 2, done.clone());
+    assert_eq!(sent(&a).iter().filter(|(_, m)| *m == Msg::Finish).count(), 3);
+    assert_eq!(*co.stage(), Stage::Finished);
+    let a = report(&mut co, c.at(6), 8, idle(0, 100, None));
+    assert!(sent(&a).is_empty(), "nobody is sent away before a member has the result");
+    report(&mut co, c.at(7), 0, Status { phase: Phase::Finished, ..done });
+    let a = co.tick(c.at(30));
+    assert!(sent(&a).iter().any(|(to, m)| *to == Node::Worker(8) && matches!(m, Msg::Stop { .. })));
+}
+
+#[test]
+fn coordinator_stops_the_job_when_too_few_workers_remain() {
+    let c = Clock(Instant::now());
+    let mut co = Coordinator::new(0, 3, 2, timing(), c.at(0));
+    report(&mut co, c.at(1), 0, idle(0, 100, None));
+    assert!(quorum_sent(&co.tick(c.at(500))).is_none(), "one worker is not enough");
+    for t in (10..1000).step_by(10) {
+        report(&mut co, c.at(t), 0, idle(0, 100, None));
+    }
+    let a = co.tick(c.at(1000));
+    let Stage::Stopped { reason } = co.stage() else { panic!("{:?}", co.stage()) };
+    assert!(reason.contains("too few workers remain: 1 ready, at least 2"), "{reason}");
+    assert!(matches!(&sent(&a)[..], [(Node::Worker(0), Msg::Stop { .. })]));
+}
+
+#[test]
+fn a_restarted_coordinator_ignores_replaced_processes_and_never_reuses_an_epoch() {
+    let c = Clock(Instant::now());
+    let mut co = Coordinator::new(1, 2, 1, timing(), c.at(0));
+    let mut replaced = idle(0, 100, None);
+    replaced.incarnation = 1;
+    report(&mut co, c.at(1), 0, replaced);
+    let stale = Status { phase: Phase::Stepping, epoch: 5, ..idle(4, 400, None) };
+    report(&mut co, c.at(2), 0, stale);
+    assert_eq!(co.worker(0).map(|(s, _)| s.incarnation), Some(1), "the old process's report is ignored");
+    let a = report(&mut co, c.at(3), 1, Status { epoch: 7, ..idle(3, 300, None) });
+    let q = quorum_sent(&a).unwrap();
+    assert_eq!(q.epoch, (1 << 40) + 1, "above generation 0's epochs, and above epoch 7");
+}
