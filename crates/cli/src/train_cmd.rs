@@ -37,7 +37,10 @@ Examples:
                               --inject 'step=500,state=optim,bits=30,count=1'
 
   # Flip a bit in the output of the first layer (a fault in the arithmetic, not in stored state)
-  steadfast train --model mlp --inject 'step=300,state=activation,target=act.fc1,bits=exponent,seed=3'";
+  steadfast train --model mlp --inject 'step=300,state=activation,target=act.fc1,bits=exponent,seed=3'
+
+  # In a 3-worker job, crash rank 1 during the commit vote of step 40
+  steadfast launch --nproc 3 -- train --model mlp --fault 'crash:rank=1,step=40,phase=vote'";
 
 /// Arguments of `steadfast train`. Unset values take the model's defaults.
 #[derive(Args, Debug)]
@@ -127,6 +130,11 @@ pub struct TrainArgs {
     /// Repeatable.
     #[arg(long, value_name = "FAULT")]
     inject: Vec<fault::live::LiveFault>,
+    /// Crash, hang or cut this process: `KIND:rank=R,step=S[,phase=P]` with KIND one of
+    /// crash|hang|cut and P one of forward|backward|allreduce|vote|update|checkpoint|transfer,
+    /// or `KIND:mtbf=SECONDS[,seed=N]` at random moments. Repeatable.
+    #[arg(long, value_name = "FAULT")]
+    fault: Vec<fault::crash::ProcessFault>,
 }
 
 fn env_first(names: &[&str]) -> Option<String> {
@@ -216,6 +224,7 @@ impl TrainArgs {
         };
         c.dist = dist;
         c.inject = self.inject;
+        c.faults = self.fault;
         if self.checkpoint_every == Some(0) {
             anyhow::bail!("--checkpoint-every must be at least 1");
         }

@@ -46,8 +46,7 @@ fn kill_dash_nine_mid_training_then_resume_gives_the_uninterrupted_fingerprint()
     // to its background writer, and says so on stderr. The kill follows that line, so it
     // lands there however fast this machine trains: perhaps in the middle of that save.
     let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
-        .args([&RUN[..], &ck[..], &["--out", &out("b")]].concat())
-        .env("STEADFAST_STOP_AT", format!("0:{STOP}"))
+        .args([&RUN[..], &ck[..], &["--out", &out("b"), "--fault", &format!("hang:rank=0,step={STOP}")]].concat())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -65,7 +64,7 @@ fn kill_dash_nine_mid_training_then_resume_gives_the_uninterrupted_fingerprint()
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         match said.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.contains("stop point reached") => break,
+            Ok(line) if line.contains("fault injection: hang") => break,
             Ok(_) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 panic!("training ended before it could be killed: {:?}", child.wait())

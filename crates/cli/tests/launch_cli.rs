@@ -73,9 +73,13 @@ fn a_worker_that_dies_mid_training_fails_the_job_within_the_bound() {
         ["train", "--model", "mlp", "--data", "synthetic", "--steps", "100000", "--batch", "64", "--micro-batch", "16"];
     let started = Instant::now();
     let run = steadfast(
-        &[&["launch", "--nproc", "3", "--"][..], &args, &["--comm-timeout", "3", "--eval-every", "0", "--out", out]]
-            .concat(),
-        &[("STEADFAST_CRASH_AT", "1:5")],
+        &[
+            &["launch", "--nproc", "3", "--"][..],
+            &args,
+            &["--comm-timeout", "3", "--eval-every", "0", "--out", out, "--fault", "crash:rank=1,step=5"],
+        ]
+        .concat(),
+        &[],
     );
     let elapsed = started.elapsed();
     let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
@@ -148,10 +152,10 @@ fn a_stopped_worker_is_caught_by_heartbeat_long_before_the_collective_timeout() 
         &[
             &["launch", "--nproc", "3", "--heartbeat-timeout", "2", "--"][..],
             &args,
-            &["--comm-timeout", "600", "--eval-every", "0", "--out", out],
+            &["--comm-timeout", "600", "--eval-every", "0", "--out", out, "--fault", "hang:rank=2,step=5"],
         ]
         .concat(),
-        &[("STEADFAST_STOP_AT", "2:5")],
+        &[],
     );
     let elapsed = started.elapsed();
     let stderr = String::from_utf8_lossy(&run.stderr).into_owned();

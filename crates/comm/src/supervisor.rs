@@ -204,6 +204,12 @@ impl Heartbeat {
         Ok(Heartbeat { stream, stop: Some(stop), pinger: Some(pinger), listener: Some(listener), stopping })
     }
 
+    /// Another handle on the connection to the coordinator (to sever it on purpose:
+    /// shutting it down makes the coordinator report this worker lost).
+    pub fn connection(&self) -> std::io::Result<TcpStream> {
+        self.stream.try_clone()
+    }
+
     /// Says goodbye: this worker finished and must not be reported lost.
     pub fn finish(mut self) {
         self.stop_threads(true);

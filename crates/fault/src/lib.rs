@@ -43,6 +43,7 @@ macro_rules! serde_as_text {
 
 pub mod bits;
 pub mod campaign;
+pub mod crash;
 pub mod inject;
 pub mod live;
 pub mod plan;

@@ -47,6 +47,8 @@ pub struct TrainConfig {
     pub dist: Option<DistConfig>,
     /// Bit flips to inject into live state (`--inject`).
     pub inject: Vec<fault::live::LiveFault>,
+    /// Crashes, hangs and cut links at named phases of a step (`--fault`).
+    pub faults: Vec<fault::crash::ProcessFault>,
 }
 
 /// This process's place in a data-parallel job.
@@ -95,6 +97,7 @@ impl TrainConfig {
             resume: None,
             dist: None,
             inject: Vec::new(),
+            faults: Vec::new(),
         }
     }
 }

@@ -103,6 +103,20 @@ impl Job {
         Ok(durable.into_iter().min().unwrap_or(0))
     }
 
+    /// A function that cuts every link of this rank (the mesh and the connection to the
+    /// coordinator) while the process lives on: the `cut` process fault.
+    pub fn link_cutter(&self) -> Result<Arc<dyn Fn() + Send + Sync>, TrainError> {
+        let mesh = Arc::clone(&self.mesh);
+        let coordinator = self
+            .heartbeat
+            .connection()
+            .map_err(|e| CommError::Setup(format!("cannot hold the coordinator connection: {e}")))?;
+        Ok(Arc::new(move || {
+            let _ = coordinator.shutdown(std::net::Shutdown::Both);
+            mesh.abort("this worker's links were cut (fault injection)".into());
+        }))
+    }
+
     /// Leaves the job: stops the heartbeat with a goodbye.
     pub fn finish(self) {
         self.heartbeat.finish();

@@ -37,6 +37,7 @@ pub mod checkpointing;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod failpoint;
 pub mod job;
 pub mod metrics;
 pub mod model;

@@ -33,11 +33,13 @@ use std::sync::Arc;
 
 use burn::prelude::Device;
 use comm::ReduceMode;
+use fault::crash::Phase;
 use fault::live::{LiveFault, LiveFlip, StateKind};
 
 use crate::data::sampler::Sampler;
 use crate::data::{Dataset, Split};
 use crate::error::TrainError;
+use crate::failpoint::ProcessFaults;
 use crate::model::{Model, Taps};
 use crate::optim::Optimizer;
 use crate::state::{self, NamedTensor, Role};
@@ -275,6 +277,9 @@ pub trait Hooks {
     fn before_update(&mut self, _at: At, _state: &mut TrainState) -> Result<(), TrainError> {
         Ok(())
     }
+
+    /// The step reached a named phase, where a process fault may strike.
+    fn reached(&mut self, _at: At, _phase: Phase) {}
 }
 
 /// No hooks.
@@ -303,12 +308,24 @@ pub struct Injected {
 pub struct LiveFaults {
     faults: Vec<(LiveFault, bool)>,
     flips: Vec<Injected>,
+    process: ProcessFaults,
 }
 
 impl LiveFaults {
     /// The faults, none fired yet.
     pub fn new(faults: impl IntoIterator<Item = LiveFault>) -> Self {
-        LiveFaults { faults: faults.into_iter().map(|f| (f, false)).collect(), flips: Vec::new() }
+        LiveFaults { faults: faults.into_iter().map(|f| (f, false)).collect(), ..LiveFaults::default() }
+    }
+
+    /// With process faults (crash, hang, cut) at the named phases as well.
+    pub fn with_process(mut self, process: ProcessFaults) -> Self {
+        self.process = process;
+        self
+    }
+
+    /// The process faults, to give them a way to cut the links.
+    pub fn process_mut(&mut self) -> &mut ProcessFaults {
+        &mut self.process
     }
 
     /// Whether a fault of `kind` is still to fire at `at`.
@@ -340,6 +357,10 @@ impl LiveFaults {
 }
 
 impl Hooks for LiveFaults {
+    fn reached(&mut self, at: At, phase: Phase) {
+        self.process.reach(at, phase);
+    }
+
     fn after_load(&mut self, at: At, state: &mut TrainState) -> Result<(), TrainError> {
         if self.due(at, StateKind::Param) {
             self.fire(at, StateKind::Param, &mut state::views(&mut state.params))?;
@@ -470,6 +491,7 @@ impl<'a> Engine<'a> {
             out.push(self.buffer());
         }
         let mut result = Ok(());
+        hooks.reached(at, Phase::Forward);
         for (k, i) in self.owned(rank, world).enumerate() {
             let indices = self.sampler.micro_batch(state.step, i);
             let batch = self.data.batch(Split::Train, &indices);
@@ -483,6 +505,9 @@ impl<'a> Engine<'a> {
             model.loss_and_grads_into(&batch, self.denominator, &self.device, &mut taps, &mut out[k]);
             if !taps.log.is_empty() {
                 hooks.tapped(at, std::mem::take(&mut taps.log));
+            }
+            if k == 0 {
+                hooks.reached(at, Phase::Backward);
             }
         }
         self.model = Some(model);

@@ -20,6 +20,7 @@
 use std::time::{Duration, Instant};
 
 use burn::prelude::Device;
+use fault::crash::Phase;
 use serde_json::json;
 
 use crate::checkpointing;
@@ -28,6 +29,7 @@ use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataSpec, Dataset, Modality, Split};
 use crate::error::{ConfigError, TrainError};
+use crate::failpoint::ProcessFaults;
 use crate::job::Job;
 use crate::metrics::MetricsFile;
 use crate::model::{EvalSums, GptConfig, Model, ModelKind};
@@ -202,9 +204,11 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     let (mut train_time, mut optimizer_time) = (Duration::ZERO, Duration::ZERO);
     let mut last_loss = f32::NAN;
     let mut last_eval = None;
-    let crash_point = fault_point("STEADFAST_CRASH_AT");
-    let stop_point = fault_point("STEADFAST_STOP_AT");
-    let mut hooks = LiveFaults::new(config.inject.iter().cloned());
+    let mut hooks = LiveFaults::new(config.inject.iter().cloned())
+        .with_process(ProcessFaults::new(config.faults.clone(), Instant::now()));
+    if let Some(j) = &job {
+        hooks.process_mut().on_cut(j.link_cutter()?);
+    }
     // Every buffer of the step, reused: the micro-batch gradients, their sum, and the
     // all-reduce's working space.
     let mut micro = Vec::new();
@@ -214,15 +218,9 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         let step = state.step;
         let at = At { step, rank };
         let started = Instant::now();
-        if crash_point == Some((rank, step)) {
-            tracing::error!(rank, step, "crash point reached: aborting");
-            std::process::abort();
-        }
-        if stop_point == Some((rank, step)) {
-            stop_this_process(rank, step);
-        }
         hooks.after_load(at, &mut state)?;
         engine.compute(&state, rank, world, &mut hooks, &mut micro)?;
+        hooks.reached(at, Phase::Allreduce);
         match &job {
             Some(j) => reducer.sum_parts(j.transport(), &micro, sum.as_mut_slice(), config.reduce, j.timeout())?,
             None => engine.reduce_local(&micro, &mut sum),
@@ -230,6 +228,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         hooks.after_reduce(at, &mut sum)?;
         report_injections(&mut metrics, hooks.take_flips())?;
         let loss = sum.loss();
+        hooks.reached(at, Phase::Vote);
         match &job {
             Some(j) => {
                 if let Some(w) = writer.as_mut() {
@@ -246,6 +245,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         }
         hooks.before_update(at, &mut state)?;
         report_injections(&mut metrics, hooks.take_flips())?;
+        hooks.reached(at, Phase::Update);
         let update = Instant::now();
         state.apply(&sum);
         optimizer_time += update.elapsed();
@@ -263,6 +263,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         if let (Some(w), Some(c)) = (writer.as_mut(), config.checkpoint.as_ref())
             && (done % c.every.max(1) == 0 || done == config.steps)
         {
+            hooks.reached(at, Phase::Checkpoint);
             let meta = checkpointing::meta(config, engine.sampler(), &state, world);
             let stall = w.snapshot(meta, &checkpointing::tensor_refs(&state))?;
             metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
@@ -354,24 +355,6 @@ fn report_injections(metrics: &mut MetricsFile, flips: Vec<Injected>) -> Result<
         }))?;
     }
     Ok(())
-}
-
-/// The fault-injection hooks `STEADFAST_CRASH_AT=<rank>:<step>` (the process of that
-/// rank aborts, as a kill -9 would end it, when that step starts) and
-/// `STEADFAST_STOP_AT=<rank>:<step>` (it stops itself with SIGSTOP: alive but silent, as a
-/// hung or partitioned worker). Inert when unset.
-fn fault_point(var: &str) -> Option<(usize, u64)> {
-    let spec = std::env::var(var).ok()?;
-    let (rank, step) = spec.split_once(':')?;
-    Some((rank.trim().parse().ok()?, step.trim().parse().ok()?))
-}
-
-fn stop_this_process(rank: usize, step: u64) {
-    tracing::error!(rank, step, "stop point reached: stopping this process");
-    let pid = std::process::id().to_string();
-    if let Err(e) = std::process::Command::new("kill").args(["-STOP", &pid]).status() {
-        tracing::error!("cannot stop this process: {e}");
-    }
 }
 
 /// Scores the held-out split (all test images; the first [`TEXT_EVAL_SEQUENCES`] text
