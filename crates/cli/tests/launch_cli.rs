@@ -98,7 +98,7 @@ fn a_worker_that_dies_mid_training_fails_the_job_within_the_bound() {
 }
 
 #[test]
-fn workers_started_by_hand_meet_at_a_standalone_coordinator() {
+fn workers_started_by_hand_meet_at_a_standalone_coordinator_beside_a_hundred_strangers() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();
     let args = train_args("mlp", "reproducible", out);
@@ -117,6 +117,17 @@ fn workers_started_by_hand_meet_at_a_standalone_coordinator() {
     announced.read_line(&mut first).unwrap();
     let addr = first.trim().strip_prefix("coordinator listening on ").unwrap_or_else(|| panic!("{first:?}")).to_owned();
     assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
+    // Anyone can reach a coordinator's port: a hundred strangers hold connections to it,
+    // half silent, half sending garbage, while the job forms and trains.
+    let _strangers: Vec<std::net::TcpStream> = (0..100)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            if i % 2 == 1 {
+                let _ = std::io::Write::write_all(&mut s, b"\x16\x03\x01garbage\r\n\r\n");
+            }
+            s
+        })
+        .collect();
     let workers: Vec<_> = (0..2)
         .map(|r| {
             let rank = r.to_string();

@@ -12,6 +12,8 @@
 //! - [`frame`]: length-prefixed frames with a size limit, and a clear error for a peer
 //!   that disconnects mid-frame;
 //! - [`handshake`]: mutual HMAC-SHA256 challenge-response over a per-job secret;
+//! - [`gate`]: a listening port that admits connections concurrently, each handshake
+//!   with its own deadline and their number bounded, so strangers delay no member;
 //! - [`transport`]: an authenticated TCP mesh that can be aborted from another thread,
 //!   and an in-process network whose ranks tests can kill;
 //! - [`collective`]: abortable ring all-reduce in the three modes, all-gather, broadcast,
@@ -40,6 +42,7 @@
 pub mod collective;
 pub mod commit;
 pub mod frame;
+pub mod gate;
 pub mod handshake;
 pub mod majority;
 pub mod membership;

@@ -16,6 +16,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::frame::{read_frame, write_frame};
+use crate::gate::{Gate, Limits};
 use crate::handshake::handshake;
 use crate::transport::CommError;
 
@@ -58,41 +59,35 @@ pub fn serve(
     heartbeat_timeout: Duration,
 ) -> Result<Formed, CommError> {
     let deadline = Instant::now() + timeout;
-    listener.set_nonblocking(true).map_err(setup)?;
+    let secret = secret.to_vec();
+    // Handshakes run concurrently behind the gate: a connection that says nothing, or
+    // garbage, delays nobody.
+    let gate = Gate::open(listener.try_clone().map_err(setup)?, Limits::default(), move |stream| {
+        crate::transport::keepalive(stream).map_err(|e| e.to_string())?;
+        let rank = handshake(stream, &secret, COORDINATOR_RANK).map_err(|e| e.to_string())? as usize;
+        let f = read_frame(stream, 1024).map_err(|e| e.to_string())?;
+        let addr: SocketAddr = std::str::from_utf8(&f.payload)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|_| f.kind == KIND_JOIN)
+            .ok_or("malformed join message")?;
+        if rank >= world {
+            return Err(format!("rank {rank} is outside a world of {world}"));
+        }
+        Ok((rank, addr))
+    })
+    .map_err(setup)?;
     let mut joined: Vec<Option<(SocketAddr, TcpStream)>> = (0..world).map(|_| None).collect();
     while joined.iter().any(Option::is_none) {
-        let (mut stream, from) = match listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    let missing: Vec<usize> = (0..world).filter(|&r| joined[r].is_none()).collect();
-                    return Err(setup(format!("ranks {missing:?} did not join within {timeout:?}")));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-            Err(e) => return Err(setup(e)),
+        let Some(a) = gate.next(deadline) else {
+            let missing: Vec<usize> = (0..world).filter(|&r| joined[r].is_none()).collect();
+            return Err(setup(format!("ranks {missing:?} did not join within {timeout:?}")));
         };
-        stream.set_nonblocking(false).map_err(setup)?;
-        crate::transport::keepalive(&stream).map_err(setup)?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(setup)?;
-        let joined_ok = (|| -> Result<(usize, SocketAddr), String> {
-            let rank = handshake(&mut stream, secret, COORDINATOR_RANK).map_err(|e| e.to_string())? as usize;
-            let f = read_frame(&mut stream, 1024).map_err(|e| e.to_string())?;
-            let addr: SocketAddr = std::str::from_utf8(&f.payload)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .filter(|_| f.kind == KIND_JOIN)
-                .ok_or("malformed join message")?;
-            if rank >= world {
-                return Err(format!("rank {rank} is outside a world of {world}"));
-            }
-            Ok((rank, addr))
-        })();
-        match joined_ok {
-            Ok((rank, addr)) if joined[rank].is_none() => joined[rank] = Some((addr, stream)),
-            Ok((rank, _)) => tracing::warn!(%from, rank, "refused a second worker claiming the same rank"),
-            Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
+        let (rank, addr) = a.value;
+        if joined[rank].is_none() {
+            joined[rank] = Some((addr, a.stream));
+        } else {
+            tracing::warn!(from = %a.from, rank, "refused a second worker claiming the same rank");
         }
     }
     let (table, mut streams): (Vec<SocketAddr>, Vec<TcpStream>) = joined.into_iter().flatten().unzip();
@@ -114,9 +109,18 @@ pub fn join(
     timeout: Duration,
 ) -> Result<Joined, CommError> {
     let deadline = Instant::now() + timeout;
-    let mut stream = loop {
-        match TcpStream::connect_timeout(&coordinator, Duration::from_millis(500)) {
-            Ok(s) => break s,
+    // A coordinator not yet listening, or one that sheds connections while strangers
+    // crowd its gate, is tried again until the deadline.
+    let (mut stream, who) = loop {
+        let attempt = (|| -> Result<(TcpStream, u32), CommError> {
+            let mut s = TcpStream::connect_timeout(&coordinator, Duration::from_millis(500)).map_err(setup)?;
+            crate::transport::keepalive(&s).map_err(setup)?;
+            s.set_read_timeout(Some(timeout)).map_err(setup)?;
+            let who = handshake(&mut s, secret, rank as u32).map_err(setup)?;
+            Ok((s, who))
+        })();
+        match attempt {
+            Ok(x) => break x,
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!("coordinator not reachable yet: {e}");
                 std::thread::sleep(Duration::from_millis(20));
@@ -124,9 +128,6 @@ pub fn join(
             Err(e) => return Err(setup(format!("cannot reach the coordinator at {coordinator}: {e}"))),
         }
     };
-    crate::transport::keepalive(&stream).map_err(setup)?;
-    stream.set_read_timeout(Some(timeout)).map_err(setup)?;
-    let who = handshake(&mut stream, secret, rank as u32).map_err(setup)?;
     if who != COORDINATOR_RANK {
         return Err(setup(format!("{coordinator} answered as rank {who}, not as a coordinator")));
     }

@@ -18,6 +18,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::frame::{Frame, FrameError, read_frame_into, write_frame};
+use crate::gate::{Gate, Limits};
 use crate::handshake::{HandshakeError, handshake};
 
 /// A communication failure, naming the peer.
@@ -220,18 +221,28 @@ impl TcpMesh {
             }
             streams.insert(peer, stream);
         }
-        listener.set_nonblocking(false).map_err(|e| setup("listener", &e))?;
+        // Higher ranks connect to this one; the gate admits them concurrently, so that
+        // strangers holding connections to this port delay nobody.
+        let (secret, tcp) = (config.secret.clone(), config.clone());
+        let limits = Limits { deadline: config.connect_timeout, ..Limits::default() };
+        let gate = Gate::open(listener, limits, move |stream| {
+            prepare(stream, &tcp).map_err(|e| format!("socket options: {e}"))?;
+            let peer = handshake(stream, &secret, rank as u32).map_err(|e| e.to_string())? as usize;
+            if peer <= rank || peer >= world {
+                return Err(format!("the peer claims rank {peer}, not one of {}..{world}", rank + 1));
+            }
+            Ok(peer)
+        })
+        .map_err(|e| setup("listener", &e))?;
         while streams.len() < world - 1 {
-            let (mut stream, from) = accept_until(&listener, deadline).map_err(|e| setup("accept", &e))?;
-            prepare(&stream, config).map_err(|e| setup("socket options", &e))?;
-            match handshake(&mut stream, &config.secret, rank as u32) {
-                Ok(peer)
-                    if (peer as usize) > rank && (peer as usize) < world && !streams.contains_key(&(peer as usize)) =>
-                {
-                    streams.insert(peer as usize, stream);
-                }
-                Ok(peer) => tracing::warn!(%from, peer, "refused a connection claiming an unexpected rank"),
-                Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
+            let Some(a) = gate.next(deadline) else {
+                let missing: Vec<usize> = (rank + 1..world).filter(|p| !streams.contains_key(p)).collect();
+                return Err(setup("accept", &format!("ranks {missing:?} did not connect in time")));
+            };
+            if streams.contains_key(&a.value) {
+                tracing::warn!(from = %a.from, peer = a.value, "refused a second connection claiming the same rank");
+            } else {
+                streams.insert(a.value, a.stream);
             }
         }
         let mut writers = HashMap::new();
@@ -309,25 +320,6 @@ pub fn keepalive(s: &TcpStream) -> std::io::Result<()> {
     sockopt::set_tcp_keepintvl(s, Duration::from_secs(1))?;
     sockopt::set_tcp_keepcnt(s, 3)?;
     Ok(())
-}
-
-fn accept_until(listener: &TcpListener, deadline: Instant) -> std::io::Result<(TcpStream, SocketAddr)> {
-    listener.set_nonblocking(true)?;
-    loop {
-        match listener.accept() {
-            Ok((s, a)) => {
-                s.set_nonblocking(false)?;
-                return Ok((s, a));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "peers did not connect in time"));
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 fn handshake_error(peer: usize, e: HandshakeError) -> CommError {
