@@ -239,10 +239,13 @@ impl TcpMesh {
                 let missing: Vec<usize> = (rank + 1..world).filter(|p| !streams.contains_key(p)).collect();
                 return Err(setup("accept", &format!("ranks {missing:?} did not connect in time")));
             };
-            if streams.contains_key(&a.value) {
-                tracing::warn!(from = %a.from, peer = a.value, "refused a second connection claiming the same rank");
-            } else {
-                streams.insert(a.value, a.stream);
+            match streams.entry(a.value) {
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(a.stream);
+                }
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    tracing::warn!(from = %a.from, peer = a.value, "refused a second connection claiming the same rank");
+                }
             }
         }
         let mut writers = HashMap::new();
