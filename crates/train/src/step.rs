@@ -83,6 +83,13 @@ impl TrainState {
         self.optimizer.step(&mut self.params, sum.grads());
         self.step += 1;
     }
+
+    /// SWIFT's undo of [`TrainState::apply`] with the same `sum`: the optimizer's update
+    /// solved backwards. Not bit-exact (see [`Optimizer::undo`]).
+    pub fn undo(&mut self, sum: &GradBuffer) {
+        self.optimizer.undo(&mut self.params, sum.grads());
+        self.step -= 1;
+    }
 }
 
 /// Where a step's gradient lives in a flat buffer: each parameter's gradient at its range,

@@ -68,6 +68,33 @@ impl AdamW {
         }
         self.updates = t;
     }
+
+    /// SWIFT's algebraic undo of the last update, which applied `grads`: the update rule
+    /// solved for the old weights and moments, with the same bias corrections. Exact in
+    /// real arithmetic, not in floating point (each inverse operation rounds again, and a
+    /// square root loses what the square kept).
+    pub(super) fn undo(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
+        let OptimConfig { lr, weight_decay: wd, beta1: b1, beta2: b2, eps, .. } = self.config;
+        let t = self.updates;
+        let bc1 = 1.0 - pow_by_squaring(f64::from(b1), t);
+        let bc2 = 1.0 - pow_by_squaring(f64::from(b2), t);
+        let step_size = (f64::from(lr) / bc1) as f32;
+        let inv_bc2_sqrt = (1.0 / bc2.sqrt()) as f32;
+        let decay = 1.0 - lr * wd;
+        for (i, (p, g)) in with_grads(params, grads) {
+            let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
+            let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
+            p.data.par_iter_mut().zip(g).zip(m.par_iter_mut()).zip(v.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
+                |(((w, &g), m), v)| {
+                    *w += step_size * *m / (v.sqrt() * inv_bc2_sqrt + eps);
+                    *w /= decay;
+                    *m = (*m - (1.0 - b1) * g) / b1;
+                    *v = ((*v - (1.0 - b2) * (g * g)) / b2).max(0.0);
+                },
+            );
+        }
+        self.updates = t - 1;
+    }
 }
 
 #[cfg(test)]

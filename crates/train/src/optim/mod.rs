@@ -72,6 +72,20 @@ impl Optimizer {
         }
     }
 
+    /// SWIFT's algebraic undo of the last update, which applied `grads`: the inverse of
+    /// the update rule, for a replica that applied a step the others did not. Inexact in
+    /// floating point; Steadfast's recovery rolls the late replicas forward instead, and
+    /// keeps this to measure the difference (`docs/recovery.md`). Panics if no update was
+    /// applied or the lengths differ.
+    pub fn undo(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
+        assert_eq!(params.iter().map(|p| p.data.len()).sum::<usize>(), grads.len(), "one gradient per parameter");
+        assert!(self.updates() > 0, "no update to undo");
+        match self {
+            Optimizer::Sgd(o) => o.undo(params, grads),
+            Optimizer::AdamW(o) => o.undo(params, grads),
+        }
+    }
+
     /// The optimizer's state tensors, in registry order.
     pub fn slots(&self) -> &[NamedTensor] {
         match self {

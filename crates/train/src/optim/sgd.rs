@@ -47,4 +47,28 @@ impl Sgd {
         }
         self.updates += 1;
     }
+
+    /// SWIFT's algebraic undo of the last update, which applied `grads`: solves the update
+    /// rule for the old weights and buffer. Exact in real arithmetic, not in floating point
+    /// (each inverse operation rounds again); a momentum of 0 divides by `1 - lr * wd`.
+    pub(super) fn undo(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
+        let OptimConfig { lr, momentum, weight_decay: wd, .. } = self.config;
+        for (i, (p, g)) in with_grads(params, grads) {
+            if momentum == 0.0 {
+                p.data.par_iter_mut().zip(g).with_min_len(MIN_CHUNK).for_each(|(w, &g)| {
+                    *w = (*w + lr * g) / (1.0 - lr * wd);
+                });
+            } else {
+                let buf = &mut self.slots[i].data;
+                p.data.par_iter_mut().zip(g).zip(buf.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
+                    |((w, &g), b)| {
+                        *w += lr * *b;
+                        let g = g + wd * *w;
+                        *b = (*b - g) / momentum;
+                    },
+                );
+            }
+        }
+        self.updates -= 1;
+    }
 }
