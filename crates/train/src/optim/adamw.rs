@@ -45,14 +45,19 @@ impl AdamW {
         AdamW { config, slots, updates: 0 }
     }
 
-    pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
-        let OptimConfig { lr, weight_decay: wd, beta1: b1, beta2: b2, eps, .. } = self.config;
-        let t = self.updates + 1;
+    /// The factors of update `t` (1-based): the step size with the first moment's bias
+    /// correction, the reciprocal square root of the second moment's, and the decay.
+    fn factors(&self, t: u64) -> (f32, f32, f32) {
+        let OptimConfig { lr, weight_decay: wd, beta1: b1, beta2: b2, .. } = self.config;
         let bc1 = 1.0 - pow_by_squaring(f64::from(b1), t);
         let bc2 = 1.0 - pow_by_squaring(f64::from(b2), t);
-        let step_size = (f64::from(lr) / bc1) as f32;
-        let inv_bc2_sqrt = (1.0 / bc2.sqrt()) as f32;
-        let decay = 1.0 - lr * wd;
+        ((f64::from(lr) / bc1) as f32, (1.0 / bc2.sqrt()) as f32, 1.0 - lr * wd)
+    }
+
+    pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
+        let OptimConfig { beta1: b1, beta2: b2, eps, .. } = self.config;
+        let t = self.updates + 1;
+        let (step_size, inv_bc2_sqrt, decay) = self.factors(t);
         for (i, (p, g)) in with_grads(params, grads) {
             let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
             let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
@@ -74,13 +79,9 @@ impl AdamW {
     /// real arithmetic, not in floating point (each inverse operation rounds again, and a
     /// square root loses what the square kept).
     pub(super) fn undo(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
-        let OptimConfig { lr, weight_decay: wd, beta1: b1, beta2: b2, eps, .. } = self.config;
+        let OptimConfig { beta1: b1, beta2: b2, eps, .. } = self.config;
         let t = self.updates;
-        let bc1 = 1.0 - pow_by_squaring(f64::from(b1), t);
-        let bc2 = 1.0 - pow_by_squaring(f64::from(b2), t);
-        let step_size = (f64::from(lr) / bc1) as f32;
-        let inv_bc2_sqrt = (1.0 / bc2.sqrt()) as f32;
-        let decay = 1.0 - lr * wd;
+        let (step_size, inv_bc2_sqrt, decay) = self.factors(t);
         for (i, (p, g)) in with_grads(params, grads) {
             let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
             let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
