@@ -54,23 +54,37 @@ impl AdamW {
         ((f64::from(lr) / bc1) as f32, (1.0 / bc2.sqrt()) as f32, 1.0 - lr * wd)
     }
 
+    /// Runs `f(weight, gradient, first moment, second moment)` on every element, spread
+    /// over threads by element ranges (element-wise, so no bit depends on the split).
+    fn each_element(
+        &mut self,
+        params: &mut [NamedTensor],
+        grads: &[f32],
+        f: impl Fn(&mut f32, f32, &mut f32, &mut f32) + Sync + Send,
+    ) {
+        for (i, (p, g)) in with_grads(params, grads) {
+            let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
+            let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
+            p.data
+                .par_iter_mut()
+                .zip(g)
+                .zip(m.par_iter_mut())
+                .zip(v.par_iter_mut())
+                .with_min_len(MIN_CHUNK)
+                .for_each(|(((w, &g), m), v)| f(w, g, m, v));
+        }
+    }
+
     pub(super) fn step(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
         let OptimConfig { beta1: b1, beta2: b2, eps, .. } = self.config;
         let t = self.updates + 1;
         let (step_size, inv_bc2_sqrt, decay) = self.factors(t);
-        for (i, (p, g)) in with_grads(params, grads) {
-            let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
-            let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
-            // Element-wise, so splitting over threads cannot change any bit.
-            p.data.par_iter_mut().zip(g).zip(m.par_iter_mut()).zip(v.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
-                |(((w, &g), m), v)| {
-                    *w *= decay;
-                    *m = b1 * *m + (1.0 - b1) * g;
-                    *v = b2 * *v + (1.0 - b2) * (g * g);
-                    *w -= step_size * *m / (v.sqrt() * inv_bc2_sqrt + eps);
-                },
-            );
-        }
+        self.each_element(params, grads, |w, g, m, v| {
+            *w *= decay;
+            *m = b1 * *m + (1.0 - b1) * g;
+            *v = b2 * *v + (1.0 - b2) * (g * g);
+            *w -= step_size * *m / (v.sqrt() * inv_bc2_sqrt + eps);
+        });
         self.updates = t;
     }
 
@@ -82,18 +96,12 @@ impl AdamW {
         let OptimConfig { beta1: b1, beta2: b2, eps, .. } = self.config;
         let t = self.updates;
         let (step_size, inv_bc2_sqrt, decay) = self.factors(t);
-        for (i, (p, g)) in with_grads(params, grads) {
-            let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
-            let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
-            p.data.par_iter_mut().zip(g).zip(m.par_iter_mut()).zip(v.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
-                |(((w, &g), m), v)| {
-                    *w += step_size * *m / (v.sqrt() * inv_bc2_sqrt + eps);
-                    *w /= decay;
-                    *m = (*m - (1.0 - b1) * g) / b1;
-                    *v = ((*v - (1.0 - b2) * (g * g)) / b2).max(0.0);
-                },
-            );
-        }
+        self.each_element(params, grads, |w, g, m, v| {
+            *w += step_size * *m / (v.sqrt() * inv_bc2_sqrt + eps);
+            *w /= decay;
+            *m = (*m - (1.0 - b1) * g) / b1;
+            *v = ((*v - (1.0 - b2) * (g * g)) / b2).max(0.0);
+        });
         self.updates = t - 1;
     }
 }
