@@ -5,22 +5,23 @@
 //! garbage. Handled one at a time, twenty idle connections hold a coordinator up for twenty
 //! handshake timeouts while the real workers wait behind them. The gate instead accepts on
 //! one thread and runs each admission (the handshake and whatever the caller checks after
-//! it) on a thread of its own, whose socket reads and writes time out after `deadline`
-//! (unless the admission sets its own); at most `max_pending` admissions run at once, and
-//! a connection beyond that is closed at once (a member retries). What passes is handed
-//! out through [`Gate::next`], with the socket as the admission left it.
+//! it) on a thread of its own. An admission still running `deadline` after its connection
+//! was accepted has its socket shut down, however slowly the stranger dribbles bytes; at
+//! most `max_pending` admissions run at once, and a connection beyond that is closed at
+//! once (members retry: see [`crate::transport::dial`]). What passes is handed out
+//! through [`Gate::next`], with the socket as the admission left it.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The limits of a gate.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// How long one admission may take.
+    /// How long one admission may take, from the accept to its verdict.
     pub deadline: Duration,
     /// How many admissions may run at once.
     pub max_pending: usize,
@@ -71,20 +72,7 @@ impl<T: Send + 'static> Gate<T> {
 
     /// The next admitted connection, or `None` if none passes before `until`.
     pub fn next(&self, until: Instant) -> Option<Admitted<T>> {
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.admitted.recv_timeout(left) {
-                Ok(a) => return Some(a),
-                Err(RecvTimeoutError::Timeout) => return None,
-                Err(RecvTimeoutError::Disconnected) => {
-                    // The acceptor failed; nothing more will come.
-                    std::thread::sleep(left.min(Duration::from_millis(5)));
-                    if Instant::now() >= until {
-                        return None;
-                    }
-                }
-            }
-        }
+        self.admitted.recv_timeout(until.saturating_duration_since(Instant::now())).ok()
     }
 }
 
@@ -104,10 +92,23 @@ fn accept_loop<T: Send + 'static>(
     tx: &SyncSender<Admitted<T>>,
     admit: &Arc<impl Fn(&mut TcpStream) -> Result<T, String> + Send + Sync + 'static>,
 ) {
-    // The admission count only bounds the threads; no result depends on it.
-    let pending = Arc::new(AtomicUsize::new(0));
+    // The admissions under way: when each must end, a handle to shut its socket down, and
+    // whether it has ended. Their count only bounds the threads; no result depends on it.
+    let mut running: Vec<(Instant, TcpStream, Arc<AtomicBool>)> = Vec::new();
     let mut shed = 0u64;
     while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        running.retain(|(until, socket, ended)| {
+            if ended.load(Ordering::Acquire) {
+                return false;
+            }
+            if now >= *until {
+                // Wakes the admission's blocked read or write, which then fails.
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+                return false;
+            }
+            true
+        });
         let (stream, from) = match listener.accept() {
             Ok(x) => x,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -120,15 +121,18 @@ fn accept_loop<T: Send + 'static>(
                 continue;
             }
         };
-        if pending.load(Ordering::Relaxed) >= limits.max_pending {
-            shed += 1;
-            if shed.is_power_of_two() {
-                tracing::warn!(%from, shed, "too many connections waiting to be admitted: closed this one");
+        let handle = match stream.try_clone() {
+            Ok(h) if running.len() < limits.max_pending => h,
+            _ => {
+                shed += 1;
+                if shed.is_power_of_two() {
+                    tracing::warn!(%from, shed, "too many connections waiting to be admitted: closed this one");
+                }
+                continue;
             }
-            continue;
-        }
-        pending.fetch_add(1, Ordering::Relaxed);
-        let (pending, tx, admit) = (Arc::clone(&pending), tx.clone(), Arc::clone(admit));
+        };
+        let ended = Arc::new(AtomicBool::new(false));
+        let (done, tx, admit) = (Arc::clone(&ended), tx.clone(), Arc::clone(admit));
         let spawned = std::thread::Builder::new().name("admit".into()).spawn(move || {
             match admission(stream, limits.deadline, &*admit) {
                 Ok((stream, value)) => {
@@ -136,10 +140,11 @@ fn accept_loop<T: Send + 'static>(
                 }
                 Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
             }
-            pending.fetch_sub(1, Ordering::Relaxed);
+            done.store(true, Ordering::Release);
         });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start an admission thread: {e}");
+        match spawned {
+            Ok(_) => running.push((now + limits.deadline, handle, ended)),
+            Err(e) => tracing::warn!("cannot start an admission thread: {e}"),
         }
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::frame::{read_frame, write_frame};
 use crate::gate::{Gate, Limits};
 use crate::handshake::handshake;
-use crate::transport::CommError;
+use crate::transport::{CommError, DialError, dial};
 
 /// The rank the coordinator uses in handshakes.
 pub const COORDINATOR_RANK: u32 = u32::MAX;
@@ -110,23 +110,17 @@ pub fn join(
 ) -> Result<Joined, CommError> {
     let deadline = Instant::now() + timeout;
     // A coordinator not yet listening, or one that sheds connections while strangers
-    // crowd its gate, is tried again until the deadline.
-    let (mut stream, who) = loop {
-        let attempt = (|| -> Result<(TcpStream, u32), CommError> {
-            let mut s = TcpStream::connect_timeout(&coordinator, Duration::from_millis(500)).map_err(setup)?;
-            crate::transport::keepalive(&s).map_err(setup)?;
-            s.set_read_timeout(Some(timeout)).map_err(setup)?;
-            let who = handshake(&mut s, secret, rank as u32).map_err(setup)?;
-            Ok((s, who))
-        })();
-        match attempt {
-            Ok(x) => break x,
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!("coordinator not reachable yet: {e}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(setup(format!("cannot reach the coordinator at {coordinator}: {e}"))),
+    // crowd its gate, is tried again until the deadline; a wrong secret fails at once.
+    let configure = |s: &TcpStream| {
+        crate::transport::keepalive(s)?;
+        s.set_read_timeout(Some(timeout))
+    };
+    let (mut stream, who) = match dial(coordinator, secret, rank as u32, deadline, &configure) {
+        Ok(x) => x,
+        Err(DialError::Unreachable(e)) => {
+            return Err(setup(format!("cannot reach the coordinator at {coordinator}: {e}")));
         }
+        Err(DialError::Refused(e)) => return Err(setup(format!("the coordinator at {coordinator}: {e}"))),
     };
     if who != COORDINATOR_RANK {
         return Err(setup(format!("{coordinator} answered as rank {who}, not as a coordinator")));

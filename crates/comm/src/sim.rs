@@ -215,7 +215,7 @@ pub struct Report {
     pub time: Duration,
     /// The run ended with every survivor finished or stopped (not at the time limit).
     pub settled: bool,
-    /// Updates applied by steps, by rolling forward, and states fetched.
+    /// Updates applied, by steps and by rolling forward.
     pub applied: u64,
     /// Of those, applied when rolling forward.
     pub rolled_forward: u64,
@@ -224,7 +224,7 @@ pub struct Report {
     /// Fetches that took a worker back to an older step than it held (a rollback; the
     /// protocol promises none).
     pub rolled_back: u64,
-    /// The newest epoch any worker reached.
+    /// Quorums the coordinators formed (distinct epochs sent).
     pub epochs: u64,
     /// Messages sent, and of those lost.
     pub messages: (u64, u64),
@@ -301,6 +301,10 @@ struct Sim<'a> {
     /// TCP connection, which delivers in order.
     links: BTreeMap<(Node, Node, Option<usize>), Duration>,
     collectives: BTreeMap<(u64, u64), Collective>,
+    /// Pending events that [`Sim::scheduled`] counts.
+    scheduled: u64,
+    /// Epochs of the quorums the coordinators sent.
+    quorums: std::collections::BTreeSet<u64>,
     report: Report,
 }
 
@@ -319,6 +323,8 @@ pub fn run(c: &Config) -> Report {
         cuts: Vec::new(),
         links: BTreeMap::new(),
         collectives: BTreeMap::new(),
+        scheduled: 0,
+        quorums: std::collections::BTreeSet::new(),
         report: Report {
             workers: Vec::new(),
             time: Duration::ZERO,
@@ -343,6 +349,7 @@ pub fn run(c: &Config) -> Report {
             break;
         }
         sim.now = t;
+        sim.scheduled -= u64::from(Sim::scheduled(&event));
         sim.handle(event);
         if sim.settled() {
             sim.report.settled = true;
@@ -359,7 +366,14 @@ impl Sim<'_> {
 
     fn at(&mut self, t: Duration, e: Event) {
         self.seq += 1;
+        self.scheduled += u64::from(Self::scheduled(&e));
         self.queue.insert((t, self.seq), e);
+    }
+
+    /// Whether the event is a fault or a start still to come (the run is not over while
+    /// one is pending).
+    fn scheduled(e: &Event) -> bool {
+        matches!(e, Event::Fault(_) | Event::Start(_) | Event::RestartCoordinator | Event::Resume(_))
     }
 
     fn after(&mut self, d: Duration, e: Event) {
@@ -420,12 +434,7 @@ impl Sim<'_> {
     }
 
     fn settled(&self) -> bool {
-        let workers_over = self.procs.iter().all(|p| p.dead || p.hung_until == Some(None) || p.end.is_some());
-        let pending = self
-            .queue
-            .values()
-            .any(|e| matches!(e, Event::Fault(_) | Event::Start(_) | Event::RestartCoordinator | Event::Resume(_)));
-        workers_over && !pending
+        self.scheduled == 0 && self.procs.iter().all(|p| p.dead || p.hung_until == Some(None) || p.end.is_some())
     }
 
     fn perform(&mut self, node: Node, proc: Option<usize>, actions: Vec<Action>) {
@@ -460,6 +469,9 @@ impl Sim<'_> {
 
     fn send(&mut self, from: Node, to: Node, msg: Msg) {
         self.report.messages.0 += 1;
+        if let Msg::Quorum(q) = &msg {
+            self.quorums.insert(q.epoch);
+        }
         let lost = self.cut(from, to) || (self.c.drop > 0.0 && (self.rng.next_f32() as f64) < self.c.drop);
         if lost {
             self.report.messages.1 += 1;
@@ -738,7 +750,7 @@ impl Sim<'_> {
     fn finish(self) -> Report {
         let mut report = self.report;
         report.time = self.now;
-        report.epochs = self.procs.iter().map(|p| p.machine.status().epoch).max().unwrap_or(0);
+        report.epochs = self.quorums.len() as u64;
         report.workers = self
             .procs
             .iter()

@@ -204,18 +204,14 @@ impl TcpMesh {
         let mut streams = HashMap::new();
         let deadline = Instant::now() + config.connect_timeout;
         for (peer, addr) in addrs.iter().enumerate().take(rank) {
-            let mut stream = loop {
-                match TcpStream::connect_timeout(addr, Duration::from_millis(500)) {
-                    Ok(s) => break s,
-                    Err(e) if Instant::now() < deadline => {
-                        tracing::debug!(peer, "connect failed, retrying: {e}");
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => return Err(setup(&format!("cannot reach rank {peer} at {addr}"), &e)),
+            let configure = |s: &TcpStream| prepare(s, config);
+            let (stream, got) = match dial(*addr, &config.secret, rank as u32, deadline, &configure) {
+                Ok(x) => x,
+                Err(DialError::Unreachable(e)) => {
+                    return Err(setup(&format!("cannot reach rank {peer} at {addr}"), &e));
                 }
+                Err(DialError::Refused(e)) => return Err(handshake_error(peer, e)),
             };
-            prepare(&stream, config).map_err(|e| setup("socket options", &e))?;
-            let got = handshake(&mut stream, &config.secret, rank as u32).map_err(|e| handshake_error(peer, e))?;
             if got as usize != peer {
                 return Err(CommError::Protocol { peer, reason: format!("answered as rank {got}") });
             }
@@ -223,11 +219,11 @@ impl TcpMesh {
         }
         // Higher ranks connect to this one; the gate admits them concurrently, so that
         // strangers holding connections to this port delay nobody.
-        let (secret, tcp) = (config.secret.clone(), config.clone());
+        let tcp = config.clone();
         let limits = Limits { deadline: config.connect_timeout, ..Limits::default() };
         let gate = Gate::open(listener, limits, move |stream| {
             prepare(stream, &tcp).map_err(|e| format!("socket options: {e}"))?;
-            let peer = handshake(stream, &secret, rank as u32).map_err(|e| e.to_string())? as usize;
+            let peer = handshake(stream, &tcp.secret, rank as u32).map_err(|e| e.to_string())? as usize;
             if peer <= rank || peer >= world {
                 return Err(format!("the peer claims rank {peer}, not one of {}..{world}", rank + 1));
             }
@@ -323,6 +319,47 @@ pub fn keepalive(s: &TcpStream) -> std::io::Result<()> {
     sockopt::set_tcp_keepintvl(s, Duration::from_secs(1))?;
     sockopt::set_tcp_keepcnt(s, 3)?;
     Ok(())
+}
+
+/// Why [`dial`] failed.
+#[derive(Debug)]
+pub enum DialError {
+    /// The peer could not be reached, or closed the connection, until the deadline (the
+    /// last reason).
+    Unreachable(String),
+    /// The peer answered, and the handshake failed: a wrong secret, another version.
+    Refused(HandshakeError),
+}
+
+/// Connects to `addr`, configures the socket and runs the handshake as `my_rank`; returns
+/// the connection and the peer's rank. A peer not listening yet, or one that closes the
+/// connection (a gate shedding it while strangers crowd the port), is tried again until
+/// `deadline`; a handshake that the peer fails is an error at once.
+pub fn dial(
+    addr: SocketAddr,
+    secret: &[u8],
+    my_rank: u32,
+    deadline: Instant,
+    configure: &dyn Fn(&TcpStream) -> std::io::Result<()>,
+) -> Result<(TcpStream, u32), DialError> {
+    loop {
+        let reason = match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(mut s) => match configure(&s)
+                .map_err(|e| HandshakeError::Frame(e.into()))
+                .and_then(|()| handshake(&mut s, secret, my_rank))
+            {
+                Ok(peer) => return Ok((s, peer)),
+                Err(HandshakeError::Frame(e)) => e.to_string(),
+                Err(e) => return Err(DialError::Refused(e)),
+            },
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(DialError::Unreachable(reason));
+        }
+        tracing::debug!(%addr, "not reachable yet, retrying: {reason}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn handshake_error(peer: usize, e: HandshakeError) -> CommError {

@@ -165,8 +165,8 @@ fn worker_stops_when_told_or_when_the_coordinator_stays_silent() {
     assert!(w.on_message(c.at(3), Node::Coordinator, Msg::Start { epoch: 1 }).is_empty());
 
     let (mut w, _) = Worker::new((3, 0), 2, (0, 100), timing(), c.at(0));
-    assert!(others(&w.tick(c.at(1999))).is_empty());
-    let a = w.tick(c.at(2000));
+    assert!(others(&w.tick(c.at(2499))).is_empty(), "sync timeout + twice the quorum timeout");
+    let a = w.tick(c.at(2500));
     assert!(matches!(&others(&a)[..], [Action::Stopped { reason }] if reason.contains("no word")), "{a:?}");
 }
 

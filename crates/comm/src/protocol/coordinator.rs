@@ -240,22 +240,21 @@ impl Coordinator {
         }
     }
 
-    /// Step 3: the newest state wins; its most common fingerprint names the sources.
+    /// Step 3: the newest state wins; the [`majority`](crate::majority) of its
+    /// fingerprints names the sources.
     fn form(&mut self, now: Instant, ready: &[WorkerId], out: &mut Vec<Action>) {
         let status = |id: WorkerId| &self.workers[&id].status;
         let step = ready.iter().map(|&id| status(id).step).max().expect("at least one ready worker");
         let newest: Vec<WorkerId> = ready.iter().copied().filter(|&id| status(id).step == step).collect();
-        let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
-        for &id in &newest {
-            *votes.entry(status(id).fingerprint).or_default() += 1;
-        }
-        let most = votes.values().copied().max().unwrap_or(0);
-        // Ties go to the fingerprint of the lowest id, so that the choice is the same on
-        // every run.
-        let fingerprint =
-            newest.iter().map(|&id| status(id).fingerprint).find(|f| votes[f] == most).expect("a newest worker");
+        let fingerprints: Vec<u64> = newest.iter().map(|&id| status(id).fingerprint).collect();
+        // Without a strict majority (two replicas that disagree) nobody can tell which
+        // state is right; the lowest id's is kept, so that the choice is the same on every
+        // run. (Telling them apart needs the checksums of the stored state.)
+        let dissenters = crate::majority::dissenters(&fingerprints)
+            .unwrap_or_else(|| (0..newest.len()).filter(|&i| fingerprints[i] != fingerprints[0]).collect());
         let sources: Vec<WorkerId> =
-            newest.iter().copied().filter(|&id| status(id).fingerprint == fingerprint).collect();
+            newest.iter().enumerate().filter(|(i, _)| !dissenters.contains(i)).map(|(_, &id)| id).collect();
+        let fingerprint = status(sources[0]).fingerprint;
         let commit = status(sources[0]).last_commit;
         self.epoch += 1;
         let q = Quorum { epoch: self.epoch, members: ready.to_vec(), step, fingerprint, commit, sources };

@@ -20,7 +20,8 @@
 //!    live worker is idle and has acknowledged the newest epoch it was put in (an older
 //!    report may predate a roll-forward or a fetch), or `settle` has passed.
 //! 3. **Form a quorum.** Among the idle workers, the newest step `M` wins. The workers
-//!    holding step `M` with the most common fingerprint are the *sources*. Every idle
+//!    holding step `M` with the [`majority`](crate::majority)'s fingerprint are the
+//!    *sources* (without a strict majority, those agreeing with the lowest id). Every idle
 //!    worker is a member, ranked by id; the micro-batches of a step are spread over the
 //!    members by rank. The quorum ([`Quorum`]) gets an epoch above every epoch any worker
 //!    has reported; a restarted coordinator's epochs carry its generation in their top
@@ -88,7 +89,8 @@ pub struct Timing {
     /// How long the members of a new quorum may take to synchronise.
     pub sync_timeout: Duration,
     /// How long the job waits for `min_world` workers before it stops. A waiting worker
-    /// that hears nothing from the coordinator for twice this stops by itself.
+    /// that hears nothing from the coordinator for `sync_timeout + 2 * quorum_timeout`
+    /// (longer than the coordinator ever stays silent to a live worker) stops by itself.
     pub quorum_timeout: Duration,
 }
 

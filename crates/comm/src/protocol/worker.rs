@@ -224,9 +224,10 @@ impl Worker {
         }
         let waiting = matches!(self.status.phase, Phase::Idle | Phase::Syncing | Phase::Synced | Phase::Done);
         let silence = now.saturating_duration_since(self.heard_coordinator);
-        // Twice the coordinator's own patience, so that its verdict (and its reason) comes
-        // first when it is alive.
-        if waiting && silence >= 2 * self.timing.quorum_timeout {
+        // A live coordinator speaks to every worker within a sync timeout (it gives up on a
+        // slow quorum and gathers) plus a quorum timeout (it forms one or stops the job):
+        // wait longer than that, so that its verdict, and its reason, come first.
+        if waiting && silence >= self.timing.sync_timeout + 2 * self.timing.quorum_timeout {
             let reason = format!("no word from the coordinator for {:.1} s", silence.as_secs_f64());
             self.stop(now, reason, &mut out);
             return out;
