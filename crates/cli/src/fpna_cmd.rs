@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lab::fpna::{self, Accumulation, Dist, IndexRow, Plan, SumRow, TrainRun};
+use lab::fpna::{self, Dist, IndexRow, Plan, SumRow, Training};
 use train::data::DataKind;
 
 const EXAMPLES: &str = "\
@@ -82,6 +82,8 @@ impl FpnaArgs {
 /// Runs `steadfast fpna`.
 pub fn run(args: FpnaArgs) -> anyhow::Result<()> {
     let plan = args.plan();
+    // Before minutes of sweeps: an output that cannot be written fails now.
+    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let bar = ProgressBar::new(plan.work());
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len}  {msg}").expect("valid template"));
     let mut progress = |msg: &str| {
@@ -103,7 +105,7 @@ pub fn run(args: FpnaArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<TrainRun>>, plan: &Plan) {
+fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Training>, plan: &Plan) {
     println!("Parallel sums, {} repetitions each (V_s = 1 - |S_atomic / S_tree|):", plan.reps);
     println!(
         "{:<8} {:>9} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -155,16 +157,15 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Vec<Train
             r.sorted_ms / r.atomic_ms
         );
     }
-    if let Some(runs) = training {
+    if let Some(training) = training {
         println!(
             "\nTraining the MLP {} times per mode ({} steps, batch 128 as 8 micro-batches of 16, {}):",
             plan.train_runs, plan.train_steps, plan.data
         );
-        for mode in Accumulation::ALL {
-            let s = fpna::mode_summary(runs, mode);
+        for s in &training.modes {
             println!(
                 "{:<13} accuracy {:.4} +/- {:.1e} (min {:.4}, max {:.4}), loss sd {:.2e}, distinct fingerprints {}/{}, weights differ from run 1 in {:.1}% of elements",
-                mode.name(),
+                s.mode.name(),
                 s.accuracy_mean,
                 s.accuracy_sd,
                 s.accuracy_min,

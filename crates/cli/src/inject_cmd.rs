@@ -123,7 +123,8 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.undo {
         let log = read_log(path)?;
         fault::inject::undo(&log, Some(&args.file), &options).map_err(hint)?;
-        println!("restored {} element(s) of {}", log.flips.len(), args.file.display());
+        let target = args.out.as_ref().unwrap_or(&args.file);
+        println!("restored {} element(s) of {} in {}", log.flips.len(), args.file.display(), target.display());
         return Ok(());
     }
     let log = if let Some(path) = &args.replay {

@@ -40,6 +40,11 @@ pub enum LabError {
 }
 
 impl LabError {
+    /// A plotting library's error as [`LabError::Plot`].
+    pub fn plot<E: std::fmt::Debug>(e: E) -> LabError {
+        LabError::Plot(format!("{e:?}"))
+    }
+
     /// A closure that wraps an I/O error on `path` as [`LabError::Output`].
     pub fn output(path: &std::path::Path) -> impl Fn(std::io::Error) -> LabError + '_ {
         move |source| LabError::Output { path: path.to_owned(), source }

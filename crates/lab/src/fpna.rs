@@ -365,29 +365,47 @@ mod hex16 {
     }
 }
 
-/// Trains the MLP `plan.train_runs` times per accumulation, calling `progress` before each
-/// run.
-pub fn training_experiment(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Result<Vec<TrainRun>, LabError> {
+/// The training experiment's runs, and the spread of each accumulation's runs.
+#[derive(Clone, Debug)]
+pub struct Training {
+    /// Every run, atomic first.
+    pub runs: Vec<TrainRun>,
+    /// One per accumulation, in [`Accumulation::ALL`] order.
+    pub modes: Vec<ModeSummary>,
+}
+
+/// Trains the MLP `plan.train_runs` times per accumulation (batch 128 as 8 micro-batches
+/// of 16), calling `progress` before each run. The data are loaded once.
+pub fn training_experiment(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Result<Training, LabError> {
+    if plan.train_steps == 0 {
+        return Err(LabError::Spec("the training experiment needs at least 1 step".into()));
+    }
+    let mut c = TrainConfig::defaults(ModelKind::Mlp);
+    c.data = plan.data;
+    c.steps = plan.train_steps;
+    c.batch = 128;
+    c.micro_batch = 16;
+    c.reduce = comm::ReduceMode::Reproducible;
+    let prepared = Prepared::load(&c)?;
     let mut runs = Vec::new();
     for mode in Accumulation::ALL {
         for run in 0..plan.train_runs {
             progress(&format!("training run {} ({})", run + 1, mode.name()));
-            let mut c = TrainConfig::defaults(ModelKind::Mlp);
-            c.data = plan.data;
-            c.steps = plan.train_steps;
-            c.batch = 128;
-            c.micro_batch = 16;
-            c.reduce = comm::ReduceMode::Reproducible;
-            runs.push(train_once(&c, mode, run)?);
+            runs.push(train_once(&prepared, &c, mode, run)?);
         }
     }
-    Ok(runs)
+    let modes = Accumulation::ALL.map(|m| mode_summary(&runs, m)).to_vec();
+    Ok(Training { runs, modes })
 }
 
 /// Trains `c` with the training runtime's step, summing the micro-batch gradients as
 /// `mode` says, and scores the result.
-fn train_once(c: &TrainConfig, mode: Accumulation, run: usize) -> Result<TrainRun, train::TrainError> {
-    let prepared = Prepared::load(c)?;
+fn train_once(
+    prepared: &Prepared,
+    c: &TrainConfig,
+    mode: Accumulation,
+    run: usize,
+) -> Result<TrainRun, train::TrainError> {
     let (mut state, mut engine) = prepared.start(c);
     let (mut micro, mut sum) = (Vec::new(), engine.buffer());
     while state.step < c.steps {
@@ -499,7 +517,7 @@ pub fn write_outputs(
     out: &Path,
     sums: &[SumRow],
     index: &[IndexRow],
-    training: Option<&Vec<TrainRun>>,
+    training: Option<&Training>,
     plan: &Plan,
 ) -> Result<(), LabError> {
     std::fs::create_dir_all(out).map_err(LabError::output(out))?;
@@ -511,12 +529,12 @@ pub fn write_outputs(
         .collect();
     table::write(&out.join("sums.csv"), &samples)?;
     table::write(&out.join("index_add.csv"), index)?;
-    table::write(&out.join("training.csv"), training.map_or(&[][..], |t| t.as_slice()))?;
+    table::write(&out.join("training.csv"), training.map_or(&[][..], |t| t.runs.as_slice()))?;
     let summary = Summary {
         reps: plan.reps,
         sums: sums.to_vec(),
         index_add: index.to_vec(),
-        training: training.map(|t| Accumulation::ALL.map(|m| mode_summary(t, m)).to_vec()),
+        training: training.map(|t| t.modes.clone()),
     };
     let path = out.join("summary.json");
     std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("plain JSON values"))
@@ -524,13 +542,9 @@ pub fn write_outputs(
     plot_vs_histograms(out, sums)?;
     plot_distinct(out, sums, plan)?;
     if let Some(t) = training {
-        plot_training(out, t)?;
+        plot_training(out, &t.runs)?;
     }
     Ok(())
-}
-
-fn plot_err<E: std::fmt::Debug>(e: E) -> LabError {
-    LabError::Plot(format!("{e:?}"))
 }
 
 /// Histogram of V_s for the largest size, one panel per distribution.
@@ -543,7 +557,7 @@ fn plot_vs_histograms(out: &Path, sums: &[SumRow]) -> Result<(), LabError> {
         v
     });
     let root = SVGBackend::new(&path, (400 * dists.len().max(1) as u32, 360)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
+    root.fill(&WHITE).map_err(LabError::plot)?;
     let panels = root.split_evenly((1, dists.len().max(1)));
     for (panel, dist) in panels.iter().zip(&dists) {
         let n_max = sums.iter().filter(|r| r.dist == *dist).map(|r| r.n).max().unwrap_or(0);
@@ -564,7 +578,7 @@ fn plot_vs_histograms(out: &Path, sums: &[SumRow]) -> Result<(), LabError> {
             .x_label_area_size(35)
             .y_label_area_size(40)
             .build_cartesian_2d(lo..hi, 0u32..top + 1)
-            .map_err(plot_err)?;
+            .map_err(LabError::plot)?;
         chart
             .configure_mesh()
             .x_desc("V_s")
@@ -572,22 +586,22 @@ fn plot_vs_histograms(out: &Path, sums: &[SumRow]) -> Result<(), LabError> {
             .x_labels(4)
             .x_label_formatter(&|x| format!("{x:.1e}"))
             .draw()
-            .map_err(plot_err)?;
+            .map_err(LabError::plot)?;
         chart
             .draw_series(counts.iter().enumerate().map(|(i, &c)| {
                 let x0 = lo + i as f64 * width;
                 Rectangle::new([(x0, 0), (x0 + width, c)], BLUE.mix(0.6).filled())
             }))
-            .map_err(plot_err)?;
+            .map_err(LabError::plot)?;
     }
-    root.present().map_err(plot_err)
+    root.present().map_err(LabError::plot)
 }
 
 /// Distinct outputs (of `reps` runs) against size, per kernel and thread count.
 fn plot_distinct(out: &Path, sums: &[SumRow], plan: &Plan) -> Result<(), LabError> {
     let path = out.join("distinct_outputs.svg");
     let root = SVGBackend::new(&path, (720, 420)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
+    root.fill(&WHITE).map_err(LabError::plot)?;
     let x_max = plan.sizes.iter().copied().max().unwrap_or(10) as f64;
     let x_min = plan.sizes.iter().copied().min().unwrap_or(1) as f64;
     let mut chart = ChartBuilder::on(&root)
@@ -596,14 +610,14 @@ fn plot_distinct(out: &Path, sums: &[SumRow], plan: &Plan) -> Result<(), LabErro
         .x_label_area_size(40)
         .y_label_area_size(45)
         .build_cartesian_2d((x_min..x_max).log_scale(), 0u32..plan.reps as u32 + 1)
-        .map_err(plot_err)?;
+        .map_err(LabError::plot)?;
     chart
         .configure_mesh()
         .x_desc("elements")
         .y_desc("distinct outputs")
         .x_label_formatter(&|x| format!("{x:.0e}"))
         .draw()
-        .map_err(plot_err)?;
+        .map_err(LabError::plot)?;
     let palette = [&RED, &BLUE, &GREEN, &MAGENTA, &CYAN];
     for (k, &threads) in plan.threads.iter().enumerate() {
         let color = palette[k % palette.len()];
@@ -622,10 +636,10 @@ fn plot_distinct(out: &Path, sums: &[SumRow], plan: &Plan) -> Result<(), LabErro
             .collect();
         chart
             .draw_series(LineSeries::new(points.clone(), color))
-            .map_err(plot_err)?
+            .map_err(LabError::plot)?
             .label(format!("atomic, {threads} threads"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(plot_err)?;
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(LabError::plot)?;
     }
     let repro: Vec<(f64, u32)> = plan
         .sizes
@@ -634,18 +648,23 @@ fn plot_distinct(out: &Path, sums: &[SumRow], plan: &Plan) -> Result<(), LabErro
         .collect();
     chart
         .draw_series(LineSeries::new(repro, BLACK.stroke_width(2)))
-        .map_err(plot_err)?
+        .map_err(LabError::plot)?
         .label("tree and reproducible")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw().map_err(plot_err)?;
-    root.present().map_err(plot_err)
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(LabError::plot)?;
+    root.present().map_err(LabError::plot)
 }
 
 /// Final test accuracy of every training run, per accumulation mode.
 fn plot_training(out: &Path, runs: &[TrainRun]) -> Result<(), LabError> {
     let path = out.join("training_accuracy.svg");
     let root = SVGBackend::new(&path, (560, 380)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
+    root.fill(&WHITE).map_err(LabError::plot)?;
     let accs: Vec<f64> = runs.iter().map(|r| r.accuracy).collect();
     let (lo, hi) = accs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
     let pad = ((hi - lo) * 0.2).max(1e-3);
@@ -655,7 +674,7 @@ fn plot_training(out: &Path, runs: &[TrainRun]) -> Result<(), LabError> {
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(-0.5f64..1.5f64, (lo - pad)..(hi + pad))
-        .map_err(plot_err)?;
+        .map_err(LabError::plot)?;
     chart
         .configure_mesh()
         .x_labels(2)
@@ -663,11 +682,11 @@ fn plot_training(out: &Path, runs: &[TrainRun]) -> Result<(), LabError> {
         .y_desc("accuracy")
         .y_label_formatter(&|y| format!("{y:.4}"))
         .draw()
-        .map_err(plot_err)?;
+        .map_err(LabError::plot)?;
     for r in runs {
         let x = if r.mode == Accumulation::Atomic { 0.0 } else { 1.0 } + (r.run as f64 * 0.37).fract() * 0.3 - 0.15;
         let color = if r.mode == Accumulation::Atomic { &RED } else { &BLUE };
-        chart.draw_series(std::iter::once(Circle::new((x, r.accuracy), 4, color.filled()))).map_err(plot_err)?;
+        chart.draw_series(std::iter::once(Circle::new((x, r.accuracy), 4, color.filled()))).map_err(LabError::plot)?;
     }
-    root.present().map_err(plot_err)
+    root.present().map_err(LabError::plot)
 }

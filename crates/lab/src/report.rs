@@ -39,10 +39,6 @@ fn distinct<T, K: PartialEq + Clone>(rows: &[T], key: impl Fn(&T) -> K) -> Vec<K
     v
 }
 
-fn plot_err<E: std::fmt::Debug>(e: E) -> LabError {
-    LabError::Plot(format!("{e:?}"))
-}
-
 /// The report page of the campaign whose tables and spec are in `dir`.
 pub fn render(dir: &Path) -> Result<String, LabError> {
     let tables = Tables::read(dir)?;
@@ -51,7 +47,7 @@ pub fn render(dir: &Path) -> Result<String, LabError> {
         .map_err(|e| e.to_string())
         .and_then(|text| Spec::parse(&text).map_err(|e| e.to_string()))
         .map_err(|reason| LabError::Input { path: spec_path, reason })?;
-    let title = output::headline(&spec, &tables);
+    let title = output::headline(&spec);
     let compute: f64 = tables.trials.iter().map(|t| t.seconds).sum();
     let about = format!("{} The trials took {compute:.1} s of compute.", output::faults(&spec));
 
@@ -145,13 +141,13 @@ fn outcome_bars(rows: &[SensitivityRow], x_desc: &str) -> Result<String, LabErro
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1000, 380)).into_drawing_area();
-        root.fill(&WHITE).map_err(plot_err)?;
+        root.fill(&WHITE).map_err(LabError::plot)?;
         let mut chart = ChartBuilder::on(&root)
             .margin(10)
             .x_label_area_size(45)
             .y_label_area_size(55)
             .build_cartesian_2d(0f64..slots as f64, 0f64..1f64)
-            .map_err(plot_err)?;
+            .map_err(LabError::plot)?;
         let labels = keys.clone();
         let formatter = move |x: &f64| {
             let slot = x.floor() as usize;
@@ -169,7 +165,7 @@ fn outcome_bars(rows: &[SensitivityRow], x_desc: &str) -> Result<String, LabErro
             .x_desc(if groups > 1 { format!("{x_desc}; bars: {}", strategies.join(", ")) } else { x_desc.to_owned() })
             .y_desc("fraction of trials")
             .draw()
-            .map_err(plot_err)?;
+            .map_err(LabError::plot)?;
         for (ki, kv) in keys.iter().enumerate() {
             for (si, sv) in strategies.iter().enumerate() {
                 let Some(row) = rows.iter().find(|r| &r.key == kv && &r.reduce.to_string() == sv) else { continue };
@@ -185,13 +181,13 @@ fn outcome_bars(rows: &[SensitivityRow], x_desc: &str) -> Result<String, LabErro
                         let fill = if si == 0 { colour.filled() } else { colour.mix(0.65).filled() };
                         chart
                             .draw_series(std::iter::once(Rectangle::new([(x0, y), (x0 + 0.8, y + h)], fill)))
-                            .map_err(plot_err)?;
+                            .map_err(LabError::plot)?;
                     }
                     y += h;
                 }
             }
         }
-        root.present().map_err(plot_err)?;
+        root.present().map_err(LabError::plot)?;
     }
     Ok(svg)
 }
@@ -200,8 +196,10 @@ fn outcome_bars(rows: &[SensitivityRow], x_desc: &str) -> Result<String, LabErro
 /// masked and 10 masked ones that changed state (first strategy); a dot marks where a
 /// trial stopped.
 fn loss_curves(tables: &Tables) -> Result<String, LabError> {
-    let Some(strategy) = tables.trials.first().map(|t| t.reduce) else {
-        return Err(LabError::Input { path: "trials.csv".into(), reason: "the campaign has no trials".into() });
+    // The first strategy's (a campaign without trials still has its golden runs).
+    let first = tables.trials.first().map(|t| t.reduce).or(tables.golden.first().map(|g| g.reduce));
+    let Some(strategy) = first else {
+        return Err(LabError::Input { path: "golden.csv".into(), reason: "the campaign has no golden run".into() });
     };
     let mine = || tables.trials.iter().filter(|t| t.reduce == strategy);
     let mut chosen: Vec<(u64, Outcome)> =
@@ -235,37 +233,39 @@ fn loss_curves(tables: &Tables) -> Result<String, LabError> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1000, 420)).into_drawing_area();
-        root.fill(&WHITE).map_err(plot_err)?;
+        root.fill(&WHITE).map_err(LabError::plot)?;
         let mut chart = ChartBuilder::on(&root)
             .margin(10)
             .caption(format!("{strategy}: golden (black) and trials that were not masked"), ("sans-serif", 16))
             .x_label_area_size(40)
             .y_label_area_size(60)
             .build_cartesian_2d(first..last, (lo..hi).log_scale())
-            .map_err(plot_err)?;
+            .map_err(LabError::plot)?;
         chart
             .configure_mesh()
             .x_desc("step")
             .y_desc("training loss")
             .y_label_formatter(&|y| format!("{y:.0e}"))
             .draw()
-            .map_err(plot_err)?;
+            .map_err(LabError::plot)?;
         for (trial, points) in &curves {
             let outcome = chosen.iter().find(|(t, _)| t == trial).map_or(Outcome::Masked, |&(_, o)| o);
             let colour = colour(outcome);
-            chart.draw_series(LineSeries::new(points.clone(), colour.mix(0.7).stroke_width(1))).map_err(plot_err)?;
+            chart
+                .draw_series(LineSeries::new(points.clone(), colour.mix(0.7).stroke_width(1)))
+                .map_err(LabError::plot)?;
             if let Some(&end) = points.last() {
-                chart.draw_series(std::iter::once(Circle::new(end, 3, colour.filled()))).map_err(plot_err)?;
+                chart.draw_series(std::iter::once(Circle::new(end, 3, colour.filled()))).map_err(LabError::plot)?;
             }
         }
-        chart.draw_series(LineSeries::new(gold, BLACK.stroke_width(2))).map_err(plot_err)?;
-        root.present().map_err(plot_err)?;
+        chart.draw_series(LineSeries::new(gold, BLACK.stroke_width(2))).map_err(LabError::plot)?;
+        root.present().map_err(LabError::plot)?;
     }
     Ok(svg)
 }
 
 /// One heat map per kind of state hit (first strategy): tensors by steps since the fault,
-/// coloured by the mean fraction of elements that differ, on a log scale.
+/// coloured by the square root of the mean fraction of elements that differ.
 fn heat_map(all: &[PropagationRow]) -> Result<String, LabError> {
     let strategy = all.first().map(|x| x.reduce).unwrap_or_default();
     let rows: Vec<&PropagationRow> = all.iter().filter(|x| x.reduce == strategy).collect();
@@ -277,7 +277,7 @@ fn heat_map(all: &[PropagationRow]) -> Result<String, LabError> {
     {
         let height = 70 + 16 * tensors.len() as u32;
         let root = SVGBackend::with_string(&mut svg, (1000, height * panels as u32)).into_drawing_area();
-        root.fill(&WHITE).map_err(plot_err)?;
+        root.fill(&WHITE).map_err(LabError::plot)?;
         for (area, kind) in root.split_evenly((panels, 1)).iter().zip(&kinds) {
             let names = tensors.clone();
             let mut chart = ChartBuilder::on(area)
@@ -286,7 +286,7 @@ fn heat_map(all: &[PropagationRow]) -> Result<String, LabError> {
                 .x_label_area_size(25)
                 .y_label_area_size(260)
                 .build_cartesian_2d(0f64..steps as f64, 0f64..names.len() as f64)
-                .map_err(plot_err)?;
+                .map_err(LabError::plot)?;
             let label = move |y: &f64| names.get(y.floor() as usize).cloned().unwrap_or_default();
             chart
                 .configure_mesh()
@@ -295,7 +295,7 @@ fn heat_map(all: &[PropagationRow]) -> Result<String, LabError> {
                 .y_label_formatter(&label)
                 .x_desc("steps since the fault")
                 .draw()
-                .map_err(plot_err)?;
+                .map_err(LabError::plot)?;
             for x in rows.iter().filter(|x| x.state == *kind) {
                 let Some(ti) = tensors.iter().position(|n| *n == x.tensor) else { continue };
                 let (step, f) = (x.since, x.mean_fraction);
@@ -306,10 +306,10 @@ fn heat_map(all: &[PropagationRow]) -> Result<String, LabError> {
                 let (x0, y0) = ((step - 1) as f64, ti as f64);
                 chart
                     .draw_series(std::iter::once(Rectangle::new([(x0, y0), (x0 + 1.0, y0 + 1.0)], colour.filled())))
-                    .map_err(plot_err)?;
+                    .map_err(LabError::plot)?;
             }
         }
-        root.present().map_err(plot_err)?;
+        root.present().map_err(LabError::plot)?;
     }
     Ok(svg)
 }

@@ -2,7 +2,7 @@
 //! the parameters and optimizer state, and one training step with faults, detectors and
 //! the response to their alarms.
 //!
-//! Every replica takes the one step of [`crate::step`], phase by phase, in lockstep with
+//! Every replica takes the one step of [`train::step`], phase by phase, in lockstep with
 //! the others, so that a fault can hit one replica alone and the detectors can compare
 //! them between phases:
 //!

@@ -9,7 +9,7 @@
 //!    first injection step to the last step in memory, the training losses, and the
 //!    detectors' alarms (a golden alarm is a false positive);
 //! 2. runs every trial under every strategy, in parallel over the cores. Trial `i` draws
-//!    its fault from the campaign seed alone ([`Spec::trial`]), so `--trial i` replays it
+//!    its fault from the campaign seed alone ([`Spec::trial`]), so `--replay i` replays it
 //!    bit for bit, whatever the thread count;
 //! 3. after each step, counts per tensor and per replica the elements whose bits differ
 //!    from golden's (the propagation of the fault). A trial whose state, detectors
@@ -53,8 +53,6 @@ use train::trainer::{Prepared, evaluate_first};
 pub struct Campaign {
     /// The spec.
     pub spec: Spec,
-    /// The reduction strategies compared, in the spec's order.
-    pub reduces: Vec<ReduceMode>,
     config: TrainConfig,
     prepared: Prepared,
 }
@@ -142,9 +140,8 @@ impl Campaign {
         config.seed = r.seed;
         config.batch = r.batch;
         config.micro_batch = r.micro_batch.unwrap_or(r.batch / r.replicas);
-        let reduces = r.reduce.clone();
         let prepared = Prepared::load(&config)?;
-        let campaign = Campaign { spec, reduces, config, prepared };
+        let campaign = Campaign { spec, config, prepared };
         campaign.check_targets()?;
         Ok(campaign)
     }
@@ -379,7 +376,7 @@ impl Campaign {
         progress: &(dyn Fn(&TrialResult) + Sync),
     ) -> Result<(Vec<Golden>, Vec<TrialResult>), LabError> {
         let goldens: Vec<Golden> =
-            self.reduces.par_iter().map(|&r| self.golden(r)).collect::<Result<Vec<_>, LabError>>()?;
+            self.spec.run.reduce.par_iter().map(|&r| self.golden(r)).collect::<Result<Vec<_>, LabError>>()?;
         let indices: Vec<u64> = match only {
             Some(list) => list.to_vec(),
             None => (0..self.spec.trials.count).collect(),
@@ -396,9 +393,10 @@ impl Campaign {
         Ok((goldens, results))
     }
 
-    /// The number of trial runs ([`Campaign::run`] calls `progress` this many times).
+    /// The number of trial runs of the whole campaign ([`Campaign::run`] with no `only`
+    /// calls `progress` this many times).
     pub fn jobs(&self) -> u64 {
-        self.spec.trials.count * self.reduces.len() as u64
+        self.spec.trials.count * self.spec.run.reduce.len() as u64
     }
 }
 

@@ -39,15 +39,14 @@ pub fn write(
 }
 
 /// The campaign's title: what was trained, on how many replicas, how many trials.
-pub fn headline(spec: &Spec, tables: &Tables) -> String {
-    let strategies = tables.detectors.iter().map(|d| d.reduce).collect::<std::collections::BTreeSet<_>>().len();
+pub fn headline(spec: &Spec) -> String {
     format!(
         "Campaign: {} on {}, {} replica(s), {} trial(s) x {} strategy(ies)",
         spec.run.model,
         spec.run.data,
         spec.run.replicas,
-        tables.trials.len() / strategies.max(1),
-        strategies
+        spec.trials.count,
+        spec.run.reduce.len()
     )
 }
 
@@ -100,7 +99,7 @@ fn outcome_table(s: &mut String, key: &str, rows: &[SensitivityRow]) {
 
 fn summary_md(spec: &Spec, tables: &Tables, elapsed: f64, golden_time: f64) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# {}\n", headline(spec, tables));
+    let _ = writeln!(s, "# {}\n", headline(spec));
     let _ = writeln!(s, "{} Wall-clock {elapsed:.1} s ({golden_time:.1} s for the golden runs).\n", faults(spec));
     s.push_str("## Outcomes by kind of state\n\n");
     outcome_table(&mut s, "state", &tables.by_state);
