@@ -37,6 +37,9 @@ impl ProcessFaults {
     /// This process reached `phase` of step `at`: a fault that fires there is carried out
     /// (and a crash, hang or cut never returns while it lasts).
     pub fn reach(&self, at: At, phase: Phase) {
+        if self.faults.is_empty() {
+            return;
+        }
         let elapsed = self.started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
         let Some(f) = self.faults.iter().find(|f| f.fires(at.rank, at.step, phase, elapsed)) else { return };
         tracing::error!(rank = at.rank, step = at.step, %phase, "fault injection: {} of this process", f.kind.name());

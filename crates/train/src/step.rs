@@ -7,8 +7,8 @@
 //! order, with the hook points between them ([`Hooks`]):
 //!
 //! 1. **load**: the runner holds a [`TrainState`]; [`Hooks::after_load`] sees it before
-//!    anything reads it (memory faults strike here, and stored-state checksums are
-//!    checked here);
+//!    anything reads it (memory faults strike here; a campaign checks its stored-state
+//!    checksums at this point);
 //! 2. **compute gradients** ([`Engine::compute`]): the state's parameters are copied into
 //!    the model, and each micro-batch `i` that this rank owns (`i mod world == rank`) runs
 //!    forward and backward; its gradient goes straight into a reused flat [`GradBuffer`]
@@ -25,8 +25,9 @@
 //!
 //! Invariants: nothing here reads a clock, a thread id or an unordered container to decide
 //! what to compute, so the state after a step is a function of the state before it, the
-//! configuration and the faults; and after the first step no phase of ours allocates
-//! (the model's forward and backward allocate inside burn).
+//! configuration and the faults; and once warm, the reduce, vote and update phases
+//! allocate nothing (`tests/no_alloc.rs`). The compute phase allocates the micro-batches'
+//! inputs, and burn allocates inside the forward and backward passes.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -122,11 +123,6 @@ impl GradLayout {
     /// Each parameter's name and range, in registry order.
     pub fn tensors(&self) -> &[(String, Range<usize>)] {
         &self.tensors
-    }
-
-    /// The offset of the loss: also the number of gradient elements.
-    pub fn loss_offset(&self) -> usize {
-        self.loss
     }
 
     /// Elements of a buffer: the gradient and the loss.
@@ -337,7 +333,7 @@ impl LiveFaults {
 
     /// Whether a fault of `kind` is still to fire at `at`.
     pub fn due(&self, at: At, kind: StateKind) -> bool {
-        self.faults.iter().any(|(f, fired)| !fired && f.step == at.step && f.rank == at.rank && f.state == kind)
+        self.faults.iter().any(|(f, fired)| strikes(f, *fired, at, kind))
     }
 
     /// Whether every fault has fired.
@@ -353,7 +349,7 @@ impl LiveFaults {
     /// Fires the due faults of `kind` on `views`.
     fn fire(&mut self, at: At, kind: StateKind, views: &mut [(&str, Role, &mut [f32])]) -> Result<(), TrainError> {
         for (f, fired) in self.faults.iter_mut() {
-            if !*fired && f.step == at.step && f.rank == at.rank && f.state == kind {
+            if strikes(f, *fired, at, kind) {
                 *fired = true;
                 let flips = f.apply(views)?;
                 self.flips.extend(flips.into_iter().map(|flip| Injected { at, state: kind, flip }));
@@ -361,6 +357,11 @@ impl LiveFaults {
         }
         Ok(())
     }
+}
+
+/// Whether fault `f`, not yet `fired`, strikes state of `kind` at `at`.
+fn strikes(f: &LiveFault, fired: bool, at: At, kind: StateKind) -> bool {
+    !fired && f.step == at.step && f.rank == at.rank && f.state == kind
 }
 
 impl Hooks for LiveFaults {
@@ -381,7 +382,7 @@ impl Hooks for LiveFaults {
         // the rank's.
         if index == at.rank {
             for (f, fired) in self.faults.iter_mut() {
-                if !*fired && f.step == at.step && f.rank == at.rank && f.state == StateKind::Activation {
+                if strikes(f, *fired, at, StateKind::Activation) {
                     *fired = true;
                     taps.add(model, examples, &f.flips)?;
                 }
@@ -450,11 +451,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// The layout of every gradient buffer.
-    pub fn layout(&self) -> &Arc<GradLayout> {
-        &self.layout
-    }
-
     /// A zero-filled buffer of this engine's layout.
     pub fn buffer(&self) -> GradBuffer {
         GradBuffer::zeros(Arc::clone(&self.layout))
@@ -471,13 +467,8 @@ impl<'a> Engine<'a> {
         &self.sampler
     }
 
-    /// The reduce mode.
-    pub fn reduce(&self) -> ReduceMode {
-        self.reduce
-    }
-
     /// The micro-batches that `rank` of `world` computes, in order.
-    pub fn owned(&self, rank: usize, world: usize) -> impl Iterator<Item = usize> + use<> {
+    fn owned(&self, rank: usize, world: usize) -> impl Iterator<Item = usize> + use<> {
         (rank..self.sampler.micro_batches()).step_by(world.max(1))
     }
 
@@ -494,7 +485,11 @@ impl<'a> Engine<'a> {
     ) -> Result<(), TrainError> {
         let at = At { step: state.step, rank };
         let model = self.model.take().expect("the model is put back after every use").load(&state.params);
-        while out.len() < self.owned(rank, world).count() {
+        // One buffer per owned micro-batch: a caller that reuses `out` for another rank
+        // never sums a stale buffer.
+        let owned = self.owned(rank, world).count();
+        out.truncate(owned);
+        while out.len() < owned {
             out.push(self.buffer());
         }
         let mut result = Ok(());

@@ -110,6 +110,8 @@ pub struct Prepared {
     pub tokens_per_example: usize,
     /// Perplexity of a unigram model on the held-out text (text only).
     pub unigram_perplexity: Option<f64>,
+    /// The batch shape of the configuration loaded, checked against the data.
+    sampler: Sampler,
 }
 
 impl Prepared {
@@ -132,21 +134,20 @@ impl Prepared {
             Dataset::Text(t) => (GptConfig::small(t.vocab.len()), t.context, Some(unigram_cross_entropy(t).exp())),
             Dataset::Images(_) => (probe, 1, None),
         };
-        Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;
-        Ok(Prepared { data, gpt, tokens_per_example, unigram_perplexity })
+        let sampler = Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;
+        Ok(Prepared { data, gpt, tokens_per_example, unigram_perplexity, sampler })
     }
 
-    /// The freshly initialised state and the engine that steps it.
+    /// The freshly initialised state and the engine that steps it, with the batch shape
+    /// (seed, batch, micro-batch) of the configuration that was loaded.
     pub fn start(&self, config: &TrainConfig) -> (TrainState, Engine<'_>) {
         let device = Device::flex().autodiff();
         let model = Model::new(config.model, config.seed, self.gpt, &device);
         let params = model.params();
         let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
         let state = TrainState::new(params, optimizer);
-        let sampler = Sampler::new(config.seed, self.data.len(Split::Train), config.batch, config.micro_batch)
-            .expect("checked in load");
-        let denominator = config.batch * self.tokens_per_example;
-        (state, Engine::new(&self.data, model, device, sampler, config.reduce, denominator))
+        let denominator = self.sampler.batch() * self.tokens_per_example;
+        (state, Engine::new(&self.data, model, device, self.sampler.clone(), config.reduce, denominator))
     }
 }
 

@@ -56,6 +56,11 @@ impl Sampler {
         Ok(Sampler { seed, examples, global_batch, micro_batch, cached: None })
     }
 
+    /// Examples in a global batch.
+    pub fn batch(&self) -> usize {
+        self.global_batch
+    }
+
     /// Steps in one epoch.
     pub fn steps_per_epoch(&self) -> u64 {
         (self.examples / self.global_batch) as u64
