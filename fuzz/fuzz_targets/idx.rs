@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let Some((&ndim, raw)) = data.split_first() else { return };
     let ndim = usize::from(ndim % 5);
-    let Ok(a) = idx::parse(raw, ndim) else { return };
+    let Ok(a) = idx::parse(raw.to_vec(), ndim) else { return };
     assert_eq!(a.dims.len(), ndim);
     assert_eq!(a.dims.iter().product::<usize>(), a.data.len());
     assert_eq!(4 + 4 * ndim + a.data.len(), raw.len());

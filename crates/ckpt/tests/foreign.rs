@@ -6,7 +6,7 @@ use std::process::Command;
 
 use ckpt::foreign::{Format, Order, locate};
 
-/// Python with NumPy, or `None` (a failure in CI, where it is required).
+/// Whether Python with NumPy is here (when `STEADFAST_REQUIRE_PYTHON` is set, as in CI, its absence fails the test).
 fn python_with_numpy() -> bool {
     let probe = Command::new("python3").args(["-c", "import numpy"]).output();
     if probe.is_ok_and(|o| o.status.success()) {

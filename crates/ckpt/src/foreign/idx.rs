@@ -19,8 +19,9 @@ pub struct IdxArray {
     pub data: Vec<u8>,
 }
 
-/// Parses the bytes of an (uncompressed) IDX file.
-pub fn parse(raw: &[u8], ndim: usize) -> Result<IdxArray, BadIdx> {
+/// Parses the bytes of an (uncompressed) IDX file, keeping them as the array's elements
+/// (no copy of a file that may be tens of megabytes).
+pub fn parse(mut raw: Vec<u8>, ndim: usize) -> Result<IdxArray, BadIdx> {
     let bad = |m: String| Err(BadIdx(m));
     if raw.len() < 4 {
         return bad(format!("{} bytes is too short for an IDX header", raw.len()));
@@ -44,11 +45,12 @@ pub fn parse(raw: &[u8], ndim: usize) -> Result<IdxArray, BadIdx> {
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| BadIdx("dimension sizes overflow".into()))?;
-    let body = &raw[header..];
-    if body.len() != expected {
-        return bad(format!("the header promises {expected} elements ({dims:?}) but the file holds {}", body.len()));
+    let body = raw.len() - header;
+    if body != expected {
+        return bad(format!("the header promises {expected} elements ({dims:?}) but the file holds {body}"));
     }
-    Ok(IdxArray { dims, data: body.to_vec() })
+    raw.drain(..header);
+    Ok(IdxArray { dims, data: raw })
 }
 
 #[cfg(test)]
@@ -66,20 +68,20 @@ mod tests {
 
     #[test]
     fn parses_a_well_formed_file() {
-        let a = parse(&idx(&[2, 3], &[1, 2, 3, 4, 5, 6]), 2).unwrap();
+        let a = parse(idx(&[2, 3], &[1, 2, 3, 4, 5, 6]), 2).unwrap();
         assert_eq!(a.dims, vec![2, 3]);
         assert_eq!(a.data, vec![1, 2, 3, 4, 5, 6]);
     }
 
     #[test]
     fn rejects_bad_input_with_a_reason() {
-        assert!(parse(&[0, 0], 1).unwrap_err().0.contains("too short"));
-        assert!(parse(&idx(&[2, 3], &[1, 2, 3]), 2).unwrap_err().0.contains("promises 6"));
-        assert!(parse(&idx(&[2, 3], &[0; 6]), 1).unwrap_err().0.contains("dimensions"));
+        assert!(parse(vec![0, 0], 1).unwrap_err().0.contains("too short"));
+        assert!(parse(idx(&[2, 3], &[1, 2, 3]), 2).unwrap_err().0.contains("promises 6"));
+        assert!(parse(idx(&[2, 3], &[0; 6]), 1).unwrap_err().0.contains("dimensions"));
         let mut wrong_type = idx(&[1], &[0]);
         wrong_type[2] = 0x0D;
-        assert!(parse(&wrong_type, 1).unwrap_err().0.contains("element type"));
-        assert!(parse(&[1, 2, 8, 1, 0, 0, 0, 0], 1).unwrap_err().0.contains("magic"));
-        assert!(parse(&[0, 0, 8, 2, 0, 0, 0], 2).unwrap_err().0.contains("truncated header"));
+        assert!(parse(wrong_type, 1).unwrap_err().0.contains("element type"));
+        assert!(parse(vec![1, 2, 8, 1, 0, 0, 0, 0], 1).unwrap_err().0.contains("magic"));
+        assert!(parse(vec![0, 0, 8, 2, 0, 0, 0], 2).unwrap_err().0.contains("truncated header"));
     }
 }

@@ -15,5 +15,5 @@ pub fn read_idx_gz(path: &Path, ndim: usize) -> Result<IdxArray, DataError> {
     flate2::read::GzDecoder::new(std::io::BufReader::new(file))
         .read_to_end(&mut raw)
         .map_err(|e| DataError::Format { path: path.to_owned(), reason: format!("not a complete gzip stream: {e}") })?;
-    ckpt::foreign::idx::parse(&raw, ndim).map_err(|e| DataError::Format { path: path.to_owned(), reason: e.0 })
+    ckpt::foreign::idx::parse(raw, ndim).map_err(|e| DataError::Format { path: path.to_owned(), reason: e.0 })
 }
