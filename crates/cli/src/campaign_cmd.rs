@@ -131,7 +131,7 @@ fn print_trial(r: &TrialResult) {
     }
     for d in Detector::ALL {
         if let Some(step) = r.first_alarm[d.index()] {
-            println!("  {} fired at step {step} ({} after the fault)", d.name(), step - t.fault.step);
+            println!("  {} fired at step {step} ({} after the fault)", d, step - t.fault.step);
         }
     }
     if let Some((loss, acc)) = r.quality {

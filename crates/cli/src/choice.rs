@@ -15,16 +15,11 @@ where
     PossibleValuesParser::new(possible).try_map(|s: String| s.parse::<T>())
 }
 
-/// [`words`] for a [`Word`] type of the training crate.
+/// [`words`] for a [`Word`] type (every setting of the libraries is one).
 pub fn of<T>() -> impl TypedValueParser<Value = T>
 where
     T: Word + std::str::FromStr + Clone + Send + Sync,
     T::Err: std::error::Error + Send + Sync + 'static,
 {
     words(T::ALL.iter().map(|v| (v.word(), v.help())))
-}
-
-/// [`words`] for the reduce modes.
-pub fn reduce_mode() -> impl TypedValueParser<Value = comm::ReduceMode> {
-    words(comm::ReduceMode::ALL.map(|m| (m.word(), m.help())))
 }

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use lab::fpna::{self, Dist, IndexRow, Plan, SumRow, Training};
+use train::Word;
 use train::data::DataKind;
 
 const EXAMPLES: &str = "\
@@ -29,7 +30,7 @@ pub struct FpnaArgs {
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<usize>>,
     /// Input distributions.
-    #[arg(long, value_delimiter = ',', value_parser = crate::choice::words::<Dist>(Dist::ALL.map(|d| (d.name(), d.help()))))]
+    #[arg(long, value_delimiter = ',', value_parser = crate::choice::of::<Dist>())]
     dists: Option<Vec<Dist>>,
     /// Thread counts for the parallel kernels.
     #[arg(long, value_delimiter = ',')]
@@ -124,7 +125,7 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Training>
     for r in sums {
         println!(
             "{:<8} {:>9} {:>7} {:>10.2e} {:>10.2e} {:>9} {:>9} {:>9} {:>9.3} {:>9.3} {:>9.3}",
-            r.dist.name(),
+            r.dist.word(),
             r.n,
             r.threads,
             r.mean_abs_vs(),
@@ -145,7 +146,7 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Training>
     for r in index {
         println!(
             "{:<8} {:>9} {:>7} {:>12.2e} {:>10.4} {:>9} {:>9} {:>10.3} {:>10.3} {:>7.2}x",
-            r.dist.name(),
+            r.dist.word(),
             r.n,
             r.threads,
             r.mean_relative_difference,
@@ -165,7 +166,7 @@ fn print_tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Training>
         for s in &training.modes {
             println!(
                 "{:<13} accuracy {:.4} +/- {:.1e} (min {:.4}, max {:.4}), loss sd {:.2e}, distinct fingerprints {}/{}, weights differ from run 1 in {:.1}% of elements",
-                s.mode.name(),
+                s.mode.word(),
                 s.accuracy_mean,
                 s.accuracy_sd,
                 s.accuracy_min,

@@ -80,7 +80,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// How micro-batch gradients are summed.
-    #[arg(long, value_parser = choice::reduce_mode(), default_value = "deterministic")]
+    #[arg(long, value_parser = choice::of::<comm::ReduceMode>(), default_value = "deterministic")]
     reduce: comm::ReduceMode,
     /// Evaluate on the held-out split every this many steps (0: only at the end).
     #[arg(long)]

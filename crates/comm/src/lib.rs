@@ -52,8 +52,7 @@ pub mod sim;
 pub mod supervisor;
 pub mod transport;
 
-use std::fmt;
-use std::str::FromStr;
+use repro::words::Word;
 
 /// How gradients from several workers are combined (see `docs/determinism.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -70,18 +69,19 @@ pub enum ReduceMode {
 impl ReduceMode {
     /// Every mode, in order of increasing promise.
     pub const ALL: [ReduceMode; 3] = [ReduceMode::Fast, ReduceMode::Deterministic, ReduceMode::Reproducible];
+}
 
-    /// The mode's word on the command line and in spec files.
-    pub fn word(self) -> &'static str {
+impl Word for ReduceMode {
+    const KIND: &'static str = "reduce mode";
+    const ALL: &'static [Self] = &ReduceMode::ALL;
+    fn word(self) -> &'static str {
         match self {
             ReduceMode::Fast => "fast",
             ReduceMode::Deterministic => "deterministic",
             ReduceMode::Reproducible => "reproducible",
         }
     }
-
-    /// One line of help.
-    pub fn help(self) -> &'static str {
+    fn help(self) -> &'static str {
         match self {
             ReduceMode::Fast => "plain in-place float sums, no promise about bits",
             ReduceMode::Deterministic => "in micro-batch order: same bits every run of a world size",
@@ -89,37 +89,7 @@ impl ReduceMode {
         }
     }
 }
-
-impl serde::Serialize for ReduceMode {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for ReduceMode {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl fmt::Display for ReduceMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.word())
-    }
-}
-
-/// A word that is not a reduce mode.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown reduce mode {0:?}: expected fast, deterministic or reproducible")]
-pub struct UnknownReduceMode(pub String);
-
-impl FromStr for ReduceMode {
-    type Err = UnknownReduceMode;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ReduceMode::ALL.into_iter().find(|m| m.word() == s).ok_or_else(|| UnknownReduceMode(s.to_owned()))
-    }
-}
+repro::text_form!(ReduceMode);
 
 /// Sums equal-length vectors element-wise as `mode` prescribes: `Fast` and
 /// `Deterministic` add them in the order given (`Fast` promises nothing about the order,

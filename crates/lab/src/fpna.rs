@@ -24,10 +24,10 @@ use train::trainer::Prepared;
 
 use crate::LabError;
 use crate::table;
+use repro::words::Word;
 
-/// The distribution the summed values are drawn from. Its serde form is [`Dist::name`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// The distribution the summed values are drawn from (a [`Word`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dist {
     /// Uniform in [0, 1).
     Uniform,
@@ -40,37 +40,27 @@ pub enum Dist {
 impl Dist {
     /// Every distribution.
     pub const ALL: [Dist; 3] = [Dist::Uniform, Dist::Normal, Dist::Mixed];
+}
 
-    /// One line of help.
-    pub fn help(self) -> &'static str {
-        match self {
-            Dist::Uniform => "uniform in [0, 1)",
-            Dist::Normal => "standard normal",
-            Dist::Mixed => "random sign and exponents spanning 2^-20 .. 2^20",
-        }
-    }
-
-    /// Its word on the command line and in the tables.
-    pub fn name(self) -> &'static str {
+impl Word for Dist {
+    const KIND: &'static str = "distribution";
+    const ALL: &'static [Self] = &Dist::ALL;
+    fn word(self) -> &'static str {
         match self {
             Dist::Uniform => "uniform",
             Dist::Normal => "normal",
             Dist::Mixed => "mixed",
         }
     }
-}
-
-impl std::str::FromStr for Dist {
-    type Err = UnknownDist;
-    fn from_str(s: &str) -> Result<Self, UnknownDist> {
-        Dist::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| UnknownDist(s.to_owned()))
+    fn help(self) -> &'static str {
+        match self {
+            Dist::Uniform => "uniform in [0, 1)",
+            Dist::Normal => "standard normal",
+            Dist::Mixed => "random sign and exponents spanning 2^-20 .. 2^20",
+        }
     }
 }
-
-/// A word that names no distribution.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown distribution {0:?}: expected uniform, normal or mixed")]
-pub struct UnknownDist(pub String);
+repro::text_form!(Dist);
 
 /// What to measure: the sizes, distributions, thread counts and repetitions of the sweeps,
 /// and the training experiment's runs.
@@ -221,7 +211,7 @@ pub fn sum_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<SumRow> {
             let xs = inputs(dist, n, plan.seed);
             let exact = f64::from(repro::sum::sum(&xs));
             for &threads in &plan.threads {
-                progress(&format!("sum {} n={n} threads={threads}", dist.name()));
+                progress(&format!("sum {} n={n} threads={threads}", dist));
                 let (d, _) = timed(|| fpna::tree_sum(&xs, threads));
                 let (mut atomic, mut tree, mut rep) = (Vec::new(), Vec::new(), Vec::new());
                 let (mut ta, mut tt, mut tr) = (Vec::new(), Vec::new(), Vec::new());
@@ -272,7 +262,7 @@ pub fn index_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<IndexRow>
             let mut s = Stream::for_purpose(plan.seed, "fpna.index", &[n as u64]);
             let index: Vec<u32> = (0..n).map(|_| s.below(targets as u64) as u32).collect();
             for &threads in &plan.threads {
-                progress(&format!("index_add {} n={n} threads={threads}", dist.name()));
+                progress(&format!("index_add {} n={n} threads={threads}", dist));
                 let (reference, _) = timed(|| fpna::sorted_index_add(targets, &index, &values, threads));
                 let (mut outs, mut sorted_outs, mut ta, mut ts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..plan.reps {
@@ -305,10 +295,8 @@ pub fn index_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<IndexRow>
     index_rows
 }
 
-/// How the training experiment sums micro-batch gradients. Its serde form is
-/// [`Accumulation::name`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// How the training experiment sums micro-batch gradients (a [`Word`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accumulation {
     /// Racing threads adding with atomics: the order, and the bits, change from run to
     /// run, as GPU atomics do.
@@ -320,15 +308,25 @@ pub enum Accumulation {
 impl Accumulation {
     /// Both, atomic first.
     pub const ALL: [Accumulation; 2] = [Accumulation::Atomic, Accumulation::Reproducible];
+}
 
-    /// Its word in the tables.
-    pub fn name(self) -> &'static str {
+impl Word for Accumulation {
+    const KIND: &'static str = "accumulation";
+    const ALL: &'static [Self] = &Accumulation::ALL;
+    fn word(self) -> &'static str {
         match self {
             Accumulation::Atomic => "atomic",
             Accumulation::Reproducible => "reproducible",
         }
     }
+    fn help(self) -> &'static str {
+        match self {
+            Accumulation::Atomic => "racing atomic adds, as GPU kernels do",
+            Accumulation::Reproducible => "the training runtime's reproducible sum",
+        }
+    }
 }
+repro::text_form!(Accumulation);
 
 /// Outcome of one training run: a row of `training.csv` (all but the parameters).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -390,7 +388,7 @@ pub fn training_experiment(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Resul
     let mut runs = Vec::new();
     for mode in Accumulation::ALL {
         for run in 0..plan.train_runs {
-            progress(&format!("training run {} ({})", run + 1, mode.name()));
+            progress(&format!("training run {} ({})", run + 1, mode));
             runs.push(train_once(&prepared, &c, mode, run)?);
         }
     }
@@ -573,7 +571,7 @@ fn plot_vs_histograms(out: &Path, sums: &[SumRow]) -> Result<(), LabError> {
         }
         let top = counts.iter().copied().max().unwrap_or(1);
         let mut chart = ChartBuilder::on(panel)
-            .caption(format!("V_s of the atomic sum, {}, n={n_max}", dist.name()), ("sans-serif", 16))
+            .caption(format!("V_s of the atomic sum, {}, n={n_max}", dist), ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(40)

@@ -16,7 +16,10 @@
 //!   (exponent max, then 64-bit fixed point), the arithmetic of a reproducible all-reduce;
 //! - [`fpna`] and [`metrics`]: the kernels and metrics of the floating-point
 //!   non-associativity study (atomic-order, fixed-order and reproducible sums and
-//!   index-adds; `V_s`, relative differences, distinct outputs).
+//!   index-adds; `V_s`, relative differences, distinct outputs);
+//! - [`words`]: the text form of the configuration's enums (one word per value), which
+//!   every crate's settings share, so that a run's description never depends on how a
+//!   crate spelled its words.
 //!
 //! ```
 //! use repro::{fingerprint::fingerprint, rng::permutation};
@@ -44,3 +47,4 @@ pub mod fpna;
 pub mod metrics;
 pub mod rng;
 pub mod sum;
+pub mod words;

@@ -2,77 +2,14 @@
 //! defined by the module that owns it, with one name per value. This module gives them
 //! their text form once: parsing (`FromStr`, and serde for spec files), printing
 //! (`Display`) and the list of words with a line of help each, which the command line
-//! shows. The reduce mode, owned by `comm`, follows the same pattern there.
+//! shows, through [`repro::words`]. The reduce mode, owned by `comm`, is a word too.
 
-use std::fmt;
+use repro::text_form;
+pub use repro::words::{UnknownWord, Word};
 
 use crate::data::DataKind;
 use crate::model::ModelKind;
 use crate::optim::OptimKind;
-
-/// A word that names none of a kind's values.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {kind} {given:?}: expected {}", expected.join(", "))]
-pub struct UnknownWord {
-    /// What was being named (`model`, `data set`, ...).
-    pub kind: &'static str,
-    /// The word given.
-    pub given: String,
-    /// The words of the kind.
-    pub expected: Vec<&'static str>,
-}
-
-/// A configuration kind with one word per value.
-pub trait Word: Copy + Sized + 'static {
-    /// What the kind is called in messages.
-    const KIND: &'static str;
-    /// Every value, in the order of documentation.
-    const ALL: &'static [Self];
-    /// The value's word.
-    fn word(self) -> &'static str;
-    /// One line of help.
-    fn help(self) -> &'static str;
-
-    /// The value a word names.
-    fn from_word(s: &str) -> Result<Self, UnknownWord> {
-        Self::ALL.iter().copied().find(|v| v.word() == s).ok_or_else(|| UnknownWord {
-            kind: Self::KIND,
-            given: s.to_owned(),
-            expected: Self::ALL.iter().map(|v| v.word()).collect(),
-        })
-    }
-}
-
-/// `FromStr`, `Display` and serde for a [`Word`] type, all through its words.
-macro_rules! text_form {
-    ($t:ty) => {
-        impl std::str::FromStr for $t {
-            type Err = UnknownWord;
-            fn from_str(s: &str) -> Result<Self, UnknownWord> {
-                <$t as Word>::from_word(s)
-            }
-        }
-
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.word())
-            }
-        }
-
-        impl serde::Serialize for $t {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(self.word())
-            }
-        }
-
-        impl<'de> serde::Deserialize<'de> for $t {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
-                <$t as Word>::from_word(&s).map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
 
 impl Word for ModelKind {
     const KIND: &'static str = "model";
@@ -136,7 +73,7 @@ text_form!(OptimKind);
 mod tests {
     use super::*;
 
-    fn round_trips<T: Word + std::str::FromStr + fmt::Display + PartialEq + fmt::Debug>() {
+    fn round_trips<T: Word + std::str::FromStr + std::fmt::Display + PartialEq + std::fmt::Debug>() {
         for &v in T::ALL {
             assert_eq!(v.to_string().parse::<T>().ok(), Some(v));
         }

@@ -14,8 +14,9 @@
 //! the golden run anyway). The numeric ones are heuristics with thresholds in the spec.
 
 use fault::campaign::DetectSpec;
+use repro::words::Word;
 
-/// One detector. Its text form (`Display`, `FromStr`, serde) is [`Detector::name`].
+/// One detector (a [`Word`]: its word names it in tables).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Detector {
     /// Per-tensor checksums of stored state.
@@ -32,34 +33,31 @@ pub enum Detector {
     LossSpike,
 }
 
-impl std::fmt::Display for Detector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+impl Word for Detector {
+    const KIND: &'static str = "detector";
+    const ALL: &'static [Self] = &Detector::ALL;
+    fn word(self) -> &'static str {
+        match self {
+            Detector::Checksum => "checksum",
+            Detector::Vote => "vote",
+            Detector::Fingerprint => "fingerprint",
+            Detector::NonFinite => "nonfinite",
+            Detector::GradNorm => "grad_norm",
+            Detector::LossSpike => "loss_spike",
+        }
+    }
+    fn help(self) -> &'static str {
+        match self {
+            Detector::Checksum => "per-tensor checksums of stored state",
+            Detector::Vote => "digests of the summed gradient compared across replicas",
+            Detector::Fingerprint => "state fingerprints compared across replicas",
+            Detector::NonFinite => "NaN or Inf in the gradient or the loss",
+            Detector::GradNorm => "the gradient norm far above its running average",
+            Detector::LossSpike => "the loss far above its running average",
+        }
     }
 }
-
-impl std::str::FromStr for Detector {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Detector::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| {
-            let names: Vec<&str> = Detector::ALL.iter().map(|d| d.name()).collect();
-            format!("unknown detector {s:?}: expected {}", names.join(", "))
-        })
-    }
-}
-
-impl serde::Serialize for Detector {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Detector {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+repro::text_form!(Detector);
 
 impl Detector {
     /// Every detector, in report order.
@@ -71,18 +69,6 @@ impl Detector {
         Detector::GradNorm,
         Detector::LossSpike,
     ];
-
-    /// The name in tables.
-    pub fn name(self) -> &'static str {
-        match self {
-            Detector::Checksum => "checksum",
-            Detector::Vote => "vote",
-            Detector::Fingerprint => "fingerprint",
-            Detector::NonFinite => "nonfinite",
-            Detector::GradNorm => "grad_norm",
-            Detector::LossSpike => "loss_spike",
-        }
-    }
 
     /// Position in [`Detector::ALL`].
     pub fn index(self) -> usize {
