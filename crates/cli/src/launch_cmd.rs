@@ -20,13 +20,22 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 
+use crate::elastic_launch::OnFailure;
+
 const EXAMPLES: &str = "\
 Examples:
   # Four workers, reproducible gradient sums: the same fingerprint as one process
   steadfast launch --nproc 4 -- train --model mlp --data synthetic --steps 50 --batch 64 --micro-batch 16 --reduce reproducible
 
   # Compare replica fingerprints every 10 steps
-  steadfast launch --nproc 2 -- train --model cnn --fingerprint-every 10";
+  steadfast launch --nproc 2 -- train --model cnn --fingerprint-every 10
+
+  # Survive lost workers: replace each (at most 3 times) from the live replicas' state
+  steadfast launch --nproc 3 --max-restarts 3 -- train --reduce reproducible \
+      --fault 'crash:rank=1,step=40,phase=vote'
+
+  # Go on with the survivors instead (same bits in the reproducible mode)
+  steadfast launch --nproc 3 --on-failure shrink --min-nproc 2 -- train --reduce reproducible";
 
 /// Arguments of `steadfast launch`.
 #[derive(Args, Debug)]
@@ -41,6 +50,21 @@ pub struct LaunchArgs {
     /// Seconds of silence after which the coordinator declares a worker lost.
     #[arg(long, default_value_t = 10.0)]
     heartbeat_timeout: f64,
+    /// Make the job elastic and replace failed workers at most K times in all; their
+    /// replacements fetch the state from the live replicas.
+    #[arg(long, value_name = "K")]
+    max_restarts: Option<u32>,
+    /// What an elastic job does when a worker fails [default: replace with --max-restarts,
+    /// shrink without].
+    #[arg(long, value_enum)]
+    on_failure: Option<OnFailure>,
+    /// The fewest workers an elastic job that shrinks goes on with.
+    #[arg(long, default_value_t = 1)]
+    min_nproc: usize,
+    /// Seconds an elastic job waits for enough workers (a replacement, say) before it
+    /// stops.
+    #[arg(long, default_value_t = 60.0)]
+    quorum_timeout: f64,
     /// The worker command: `train` and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -56,6 +80,32 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     }
     if args.command.first().map(String::as_str) != Some("train") {
         anyhow::bail!("the worker command must be `train ...`, got {:?}", args.command);
+    }
+    if args.max_restarts.is_some() || args.on_failure.is_some() {
+        let seconds = |v: f64, what: &str| {
+            if v.is_finite() && v > 0.0 {
+                Ok(Duration::from_secs_f64(v))
+            } else {
+                Err(anyhow::anyhow!("--{what} must be a positive number of seconds"))
+            }
+        };
+        if args.min_nproc == 0 || args.min_nproc > args.nproc {
+            anyhow::bail!("--min-nproc must be between 1 and --nproc ({})", args.nproc);
+        }
+        return crate::elastic_launch::run(crate::elastic_launch::Plan {
+            nproc: args.nproc,
+            max_restarts: args.max_restarts.unwrap_or(0),
+            on_failure: args.on_failure.unwrap_or(if args.max_restarts.is_some() {
+                OnFailure::Replace
+            } else {
+                OnFailure::Shrink
+            }),
+            min_nproc: args.min_nproc,
+            heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
+            settle: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
+            quorum_timeout: seconds(args.quorum_timeout, "quorum-timeout")?,
+            command: args.command,
+        });
     }
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("cannot draw the job secret: {e}"))?;

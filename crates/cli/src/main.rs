@@ -6,6 +6,7 @@ mod campaign_cmd;
 mod choice;
 mod ckpt_cmd;
 mod coordinator_cmd;
+mod elastic_launch;
 mod fpna_cmd;
 mod inject_cmd;
 mod launch_cmd;

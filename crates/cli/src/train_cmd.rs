@@ -122,6 +122,14 @@ pub struct TrainArgs {
     /// Seconds a collective may wait for a peer before the job fails.
     #[arg(long, default_value_t = 30.0)]
     comm_timeout: f64,
+    /// Join an elastic job, one that survives the loss of workers (`launch --max-restarts`
+    /// starts its workers so) [env: STEADFAST_ELASTIC=1]. The rank is then the worker's
+    /// slot; a rank at or beyond the world size joins a running job.
+    #[arg(long)]
+    elastic: bool,
+    /// Which process of its slot this worker is, in an elastic job [env: STEADFAST_INCARNATION].
+    #[arg(long, value_name = "N")]
+    incarnation: Option<u64>,
     /// Compare the replicas' fingerprints every K steps (and always at the end).
     #[arg(long, value_name = "K", default_value_t = 0)]
     fingerprint_every: u64,
@@ -158,7 +166,15 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
             .transpose()?
             .ok_or_else(|| anyhow::anyhow!("a world size was given but no rank (--rank or RANK)"))?,
     };
-    if rank >= world || world == 0 {
+    let elastic = args.elastic || env_first(&["STEADFAST_ELASTIC"]).is_some_and(|v| v == "1");
+    let incarnation = match args.incarnation {
+        Some(n) => n,
+        None => env_first(&["STEADFAST_INCARNATION"])
+            .map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad incarnation {v:?}: {e}")))
+            .transpose()?
+            .unwrap_or(0),
+    };
+    if world == 0 || (rank >= world && !elastic) {
         anyhow::bail!("rank {rank} is not in a world of {world}");
     }
     let coordinator = args
@@ -185,6 +201,7 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
         bind: args.bind,
         timeout: Duration::from_secs_f64(args.comm_timeout),
         fingerprint_every: args.fingerprint_every,
+        elastic: elastic.then_some(incarnation),
     }))
 }
 

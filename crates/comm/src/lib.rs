@@ -26,7 +26,10 @@
 //! - [`protocol`]: the step protocol of an elastic job (quorums, the phases of a step,
 //!   join, leave, rolling forward, fetching state) as two state machines without I/O, and
 //!   [`sim`], a seeded simulated network that runs them under kills, hangs, cut links,
-//!   lost messages and coordinator restarts.
+//!   lost messages and coordinator restarts;
+//! - the protocol's socket shells: [`control`] (the coordinator, and a worker's link to
+//!   it), [`port`] (a worker's listening port: the mesh of each epoch, and transfers) and
+//!   [`transfer`] (chunked, checksummed state transfer from several replicas at once).
 //!
 //! ```
 //! use comm::{ReduceMode, reduce_in_order};
@@ -41,15 +44,18 @@
 
 pub mod collective;
 pub mod commit;
+pub mod control;
 pub mod frame;
 pub mod gate;
 pub mod handshake;
 pub mod majority;
 pub mod membership;
+pub mod port;
 pub mod protocol;
 pub mod rendezvous;
 pub mod sim;
 pub mod supervisor;
+pub mod transfer;
 pub mod transport;
 
 use repro::words::Word;

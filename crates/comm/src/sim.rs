@@ -661,16 +661,18 @@ impl Sim<'_> {
                 let ok = self.usable(source) && self.procs[source].step == step;
                 let state = ok.then(|| (self.procs[source].step, self.procs[source].fingerprint));
                 let actions = self.procs[proc].machine.on_fetched(now, epoch, state);
-                // The shell installs the state only if the machine took it.
+                // The shell installs the state only if the machine took it (as the
+                // quorum's, or as what it now holds).
                 let p = &mut self.procs[proc];
                 let st = p.machine.status();
                 if let Some((s, f)) = state
-                    && st.phase == Phase::Synced
                     && (st.step, st.fingerprint) == (s, f)
                 {
-                    self.report.rolled_back += u64::from(s < p.step);
+                    if st.phase == Phase::Synced {
+                        self.report.rolled_back += u64::from(s < p.step);
+                        self.report.fetched += 1;
+                    }
                     (p.step, p.fingerprint, p.held) = (s, f, None);
-                    self.report.fetched += 1;
                 }
                 let id = p.id;
                 self.perform(Node::Worker(id), Some(proc), actions);

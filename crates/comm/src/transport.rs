@@ -244,10 +244,30 @@ impl TcpMesh {
                 }
             }
         }
+        TcpMesh::from_streams(rank, world, streams, config)
+    }
+
+    /// A mesh over connections already made and authenticated: `streams` holds one per
+    /// other rank of `world`, keyed by rank.
+    pub fn from_streams(
+        rank: usize,
+        world: usize,
+        streams: HashMap<usize, TcpStream>,
+        config: &TcpConfig,
+    ) -> Result<Self, CommError> {
+        let setup = |what: &str, e: &dyn std::fmt::Display| CommError::Setup(format!("{what}: {e}"));
+        if streams.len() + 1 != world || streams.contains_key(&rank) || streams.keys().any(|&p| p >= world) {
+            return Err(CommError::Setup(format!("connections to ranks {:?} do not make a world of {world}", {
+                let mut k: Vec<_> = streams.keys().collect();
+                k.sort();
+                k
+            })));
+        }
         let mut writers = HashMap::new();
         let mut readers = HashMap::new();
         let mut wake = Vec::new();
         for (peer, s) in streams {
+            prepare(&s, config).map_err(|e| setup("socket options", &e))?;
             let r = s.try_clone().map_err(|e| setup("clone socket", &e))?;
             wake.push(s.try_clone().map_err(|e| setup("clone socket", &e))?);
             writers.insert(peer, Mutex::new(s));

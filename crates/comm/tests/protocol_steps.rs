@@ -99,6 +99,7 @@ fn worker_with_another_sum_or_state_fetches_and_a_bad_fetch_leaves_the_epoch() {
     assert_eq!(w.status().unapplied, None, "a sum nobody committed is dropped");
     w.on_fetched(c.at(70), 2, Some((1, 556)));
     assert_eq!(w.status().phase, Phase::Idle, "a state with the wrong fingerprint is refused");
+    assert_eq!((w.status().step, w.status().fingerprint), (1, 556), "and reported as what it is");
     let a = w.on_message(c.at(71), Node::Coordinator, Msg::Quorum(quorum(3, &[0, 1], 1, 555, Some(8))));
     assert!(matches!(others(&a)[..], [Action::Fetch { .. }]));
     w.on_fetched(c.at(80), 3, Some((1, 555)));

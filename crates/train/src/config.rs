@@ -68,6 +68,9 @@ pub struct DistConfig {
     pub timeout: Duration,
     /// Compare the replicas' fingerprints every this many steps (0: only at the end).
     pub fingerprint_every: u64,
+    /// In an elastic job (one that survives the loss of workers), which process of its
+    /// slot this is; `rank` is then the slot, and `world` the job's initial size.
+    pub elastic: Option<u64>,
 }
 
 impl TrainConfig {

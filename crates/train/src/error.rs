@@ -112,6 +112,9 @@ pub enum TrainError {
         /// The loss value.
         loss: f32,
     },
+    /// The coordinator of an elastic job stopped it (too few workers remain, say).
+    #[error("the job stopped: {0}")]
+    JobStopped(String),
     /// The model produced a non-finite loss.
     #[error("training diverged at step {step}: loss is {loss}")]
     Diverged {

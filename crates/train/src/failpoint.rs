@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use fault::crash::{Kind, Phase, ProcessFault};
+use fault::crash::{Kind, Phase, ProcessFault, When};
 
 use crate::step::At;
 
@@ -26,6 +26,22 @@ impl ProcessFaults {
     /// `faults`, with random ones timed from `started`.
     pub fn new(faults: Vec<ProcessFault>, started: Instant) -> Self {
         ProcessFaults { faults, started: Some(started), cut: None }
+    }
+
+    /// The faults of process `incarnation` of a worker's slot (the launcher's count of
+    /// the processes it started there): faults at a named step and phase strike only the
+    /// first process, so that a replacement that runs the same step again does not die the
+    /// same death; random faults draw another moment for each process.
+    pub fn for_incarnation(mut self, incarnation: u64) -> Self {
+        if incarnation > 0 {
+            self.faults.retain(|f| matches!(f.when, When::Random { .. }));
+            for f in &mut self.faults {
+                if let When::Random { seed, .. } = &mut f.when {
+                    *seed = repro::rng::Stream::for_purpose(*seed, "fault.incarnation", &[incarnation]).next_u64();
+                }
+            }
+        }
+        self
     }
 
     /// How a `cut` fault closes this process's links (a data-parallel rank's mesh and

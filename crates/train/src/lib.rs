@@ -36,6 +36,7 @@
 pub mod checkpointing;
 pub mod config;
 pub mod data;
+pub mod elastic;
 pub mod error;
 pub mod failpoint;
 pub mod job;

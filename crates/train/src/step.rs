@@ -331,6 +331,11 @@ impl LiveFaults {
         &mut self.process
     }
 
+    /// The process faults.
+    pub fn process(&self) -> &ProcessFaults {
+        &self.process
+    }
+
     /// Whether a fault of `kind` is still to fire at `at`.
     pub fn due(&self, at: At, kind: StateKind) -> bool {
         self.faults.iter().any(|(f, fired)| strikes(f, *fired, at, kind))

@@ -157,6 +157,11 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     if config.steps == 0 {
         return Err(ConfigError::Invalid("--steps must be at least 1".into()).into());
     }
+    if let Some(d) = &config.dist
+        && let Some(incarnation) = d.elastic
+    {
+        return crate::elastic::run(config, d, incarnation, on_event);
+    }
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
@@ -320,11 +325,15 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
 }
 
 /// Scores `state` on the held-out split with the engine's model.
-fn evaluate_state(engine: &mut Engine<'_>, data: &Dataset, state: &TrainState) -> EvalReport {
+pub(crate) fn evaluate_state(engine: &mut Engine<'_>, data: &Dataset, state: &TrainState) -> EvalReport {
     engine.with_model(&state.params, |model, device| evaluate(model, data, state.step, device))
 }
 
-fn write_eval(metrics: &mut MetricsFile, report: &EvalReport, unigram: Option<f64>) -> Result<(), TrainError> {
+pub(crate) fn write_eval(
+    metrics: &mut MetricsFile,
+    report: &EvalReport,
+    unigram: Option<f64>,
+) -> Result<(), TrainError> {
     let mut line = json!({
         "kind": "eval", "step": report.step, "test_loss": report.loss, "test_accuracy": report.accuracy,
     });
@@ -336,7 +345,7 @@ fn write_eval(metrics: &mut MetricsFile, report: &EvalReport, unigram: Option<f6
 }
 
 /// Logs the flips of live faults (as warnings, and in `metrics.jsonl`).
-fn report_injections(metrics: &mut MetricsFile, flips: Vec<Injected>) -> Result<(), TrainError> {
+pub(crate) fn report_injections(metrics: &mut MetricsFile, flips: Vec<Injected>) -> Result<(), TrainError> {
     for Injected { at, state, flip: f } in flips {
         tracing::warn!(
             step = at.step,

@@ -55,6 +55,7 @@
 //! - Survivors never go back to an older state: `M` is the newest step any of them holds.
 
 pub mod coordinator;
+pub mod wire;
 mod worker;
 
 pub use coordinator::Coordinator;

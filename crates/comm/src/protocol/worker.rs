@@ -182,7 +182,10 @@ impl Worker {
     }
 
     /// The shell fetched the state of `epoch`'s quorum: `Some((step, fingerprint))` of
-    /// what it now holds, or `None` when no source could give it.
+    /// what it now holds, or `None` when it could not fetch and its state is untouched. A
+    /// fetch that failed after overwriting part of the state answers with what the state
+    /// now is: its fingerprint matches nobody's, so it fetches again in the next epoch and
+    /// is never a source.
     pub fn on_fetched(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action> {
         let mut out = Vec::new();
         if self.status.phase != Phase::Syncing || self.status.epoch != epoch {
@@ -198,7 +201,14 @@ impl Worker {
                 self.status.phase = Phase::Synced;
                 self.report(now, &mut out);
             }
-            _ => self.go_idle(now, &mut out),
+            Some((step, fingerprint)) => {
+                self.status.step = step;
+                self.status.fingerprint = fingerprint;
+                self.status.last_commit = None;
+                self.status.unapplied = None;
+                self.go_idle(now, &mut out);
+            }
+            None => self.go_idle(now, &mut out),
         }
         out
     }

@@ -1,0 +1,212 @@
+//! `steadfast launch --max-restarts K`: an elastic job on this host, which survives the
+//! loss of workers.
+//!
+//! The launcher runs the step protocol's coordinator ([`comm::control::coordinate`]) on
+//! a loopback port and starts `--nproc` workers in slots `0..nproc`. When a worker's
+//! process exits with an error, or the coordinator declares it lost (a hung or cut-off
+//! process, which the launcher then kills), the launcher either starts a new process in
+//! the slot (`--on-failure replace`, at most K times in all), which fetches the state from
+//! the live replicas, or leaves the survivors to go on without it (`shrink`). Survivors
+//! never restart. Every failure and recovery is one line of output.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use comm::control::Event;
+use comm::protocol::coordinator::Stage;
+use comm::protocol::{Coordinator, Timing};
+
+/// What the launcher does when a worker fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnFailure {
+    /// Start a new process in the failed worker's slot; it fetches the state from the
+    /// live replicas.
+    Replace,
+    /// Go on with the survivors.
+    Shrink,
+}
+
+/// How an elastic job is run.
+pub struct Plan {
+    /// Workers at the start.
+    pub nproc: usize,
+    /// Replacement processes allowed, in all.
+    pub max_restarts: u32,
+    /// Replace or shrink.
+    pub on_failure: OnFailure,
+    /// The fewest workers the job goes on with.
+    pub min_nproc: usize,
+    /// Silence after which a worker is lost.
+    pub heartbeat_timeout: Duration,
+    /// How long the first quorum waits for every worker.
+    pub settle: Duration,
+    /// How long the job waits for enough workers before it stops.
+    pub quorum_timeout: Duration,
+    /// The worker command (`train ...`).
+    pub command: Vec<String>,
+}
+
+struct Slot {
+    child: Option<Child>,
+    incarnation: u64,
+    /// Exited with success.
+    finished: bool,
+}
+
+/// Runs the job; fails unless it finished.
+pub fn run(plan: Plan) -> anyhow::Result<()> {
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("cannot draw the job secret: {e}"))?;
+    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot listen for the coordinator")?;
+    let coordinator = listener.local_addr()?;
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let lost_after = plan.heartbeat_timeout;
+    let timing = Timing {
+        heartbeat: (lost_after / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)),
+        lost_after,
+        settle: plan.settle,
+        quorum_timeout: plan.quorum_timeout,
+        ..Timing::default()
+    };
+    let min_world = match plan.on_failure {
+        // A replaced worker is waited for: the job keeps its world size (and, in the
+        // `deterministic` mode, its bits).
+        OnFailure::Replace => plan.nproc,
+        OnFailure::Shrink => plan.min_nproc,
+    };
+    let machine = Coordinator::new(0, plan.nproc, min_world, timing, Instant::now());
+    let shutdown = AtomicBool::new(false);
+    // Once every member holds the final state, a failure is not replaced.
+    let finished = AtomicBool::new(false);
+    let (lost_tx, lost_rx) = mpsc::channel();
+    let mut pumps: Vec<JoinHandle<()>> = Vec::new();
+    let spawn = |slot: usize, incarnation: u64, pumps: &mut Vec<JoinHandle<()>>| -> anyhow::Result<Child> {
+        let mut child = Command::new(&exe)
+            .args(&plan.command)
+            .env("STEADFAST_RANK", slot.to_string())
+            .env("STEADFAST_WORLD_SIZE", plan.nproc.to_string())
+            .env("STEADFAST_COORDINATOR", coordinator.to_string())
+            .env("STEADFAST_SECRET", &secret)
+            .env("STEADFAST_ELASTIC", "1")
+            .env("STEADFAST_INCARNATION", incarnation.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start worker {slot}"))?;
+        let out = child.stdout.take().expect("piped");
+        let err = child.stderr.take().expect("piped");
+        pumps.push(std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                println!("[{slot}] {line}");
+            }
+        }));
+        pumps.push(std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[{slot}] {line}");
+            }
+        }));
+        println!("[launcher] worker {slot} started: process {} (pid {})", incarnation + 1, child.id());
+        Ok(child)
+    };
+    let mut slots = Vec::new();
+    for slot in 0..plan.nproc {
+        slots.push(Slot { child: Some(spawn(slot, 0, &mut pumps)?), incarnation: 0, finished: false });
+    }
+    let mut restarts = 0u32;
+    let started = Instant::now();
+    let stage = std::thread::scope(|s| -> anyhow::Result<Stage> {
+        let (shutdown, finished) = (&shutdown, &finished);
+        let key = secret.as_bytes();
+        let coordinator = s.spawn(move || {
+            comm::control::coordinate(listener, key, machine, timing, shutdown, &mut |event| {
+                println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
+                match event {
+                    Event::Lost { id, .. } => {
+                        let _ = lost_tx.send(id as usize);
+                    }
+                    Event::Finished => finished.store(true, Ordering::Relaxed),
+                    _ => {}
+                }
+            })
+        });
+        let mut over_since: Option<Instant> = None;
+        loop {
+            // A worker the coordinator lost may still run (hung, or cut off): end it.
+            while let Ok(slot) = lost_rx.try_recv() {
+                if let Some(child) = slots.get_mut(slot).and_then(|s| s.child.as_mut())
+                    && child.try_wait().ok().flatten().is_none()
+                {
+                    println!("[launcher] killing worker {slot} (pid {}): the coordinator lost it", child.id());
+                    let _ = child.kill();
+                }
+            }
+            for (i, slot) in slots.iter_mut().enumerate() {
+                let Some(child) = slot.child.as_mut() else { continue };
+                let Some(status) = child.try_wait().with_context(|| format!("waiting for worker {i}"))? else {
+                    continue;
+                };
+                slot.child = None;
+                if status.success() {
+                    slot.finished = true;
+                    continue;
+                }
+                println!("[launcher] worker {i} (process {}) exited with {status}", slot.incarnation + 1);
+                let over = over_since.is_some() || finished.load(Ordering::Relaxed);
+                if !over && plan.on_failure == OnFailure::Replace && restarts < plan.max_restarts {
+                    restarts += 1;
+                    slot.incarnation += 1;
+                    println!("[launcher] replacing worker {i} (restart {restarts} of {})", plan.max_restarts);
+                    slot.child = Some(spawn(i, slot.incarnation, &mut pumps)?);
+                }
+            }
+            let running = slots.iter().any(|s| s.child.is_some());
+            if coordinator.is_finished() && over_since.is_none() {
+                over_since = Some(Instant::now());
+            }
+            if !running {
+                shutdown.store(true, Ordering::Relaxed);
+                break;
+            }
+            // The job is over and a worker still runs: it is hung or was never told.
+            if over_since.is_some_and(|t| t.elapsed() > KILL_GRACE) {
+                for (i, slot) in slots.iter_mut().enumerate() {
+                    if let Some(mut child) = slot.child.take() {
+                        println!("[launcher] killing worker {i}: still running after the job ended");
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        match coordinator.join() {
+            Ok(stage) => Ok(stage?),
+            Err(_) => anyhow::bail!("the coordinator thread panicked"),
+        }
+    })?;
+    for p in pumps {
+        let _ = p.join();
+    }
+    match stage {
+        Stage::Finished => {
+            println!(
+                "[launcher] the job finished in {:.1} s with {restarts} replacement(s)",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Stage::Stopped { reason } => anyhow::bail!("the job stopped: {reason}"),
+        _ => anyhow::bail!("every worker exited before the job finished"),
+    }
+}
+
+/// How long workers may outlive the end of the job before they are killed.
+const KILL_GRACE: Duration = Duration::from_secs(3);

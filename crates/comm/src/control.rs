@@ -1,0 +1,501 @@
+//! The socket shells of the step protocol's control plane: the coordinator's
+//! ([`coordinate`]) and a worker's connection to it ([`Link`]).
+//!
+//! Both are thin. [`coordinate`] admits workers through a [`Gate`] (the job secret, then
+//! a [`Hello`] naming the worker's incarnation and listening address), turns their frames,
+//! closed connections and the passing of time into calls of a
+//! [`Coordinator`](crate::protocol::Coordinator), and carries out the messages it returns,
+//! sending each quorum's members their address book first. A [`Link`] keeps a worker's
+//! connection: it sends reports (and repeats the newest every heartbeat, so that a worker
+//! busy computing is not taken for lost), hands incoming messages to the training loop,
+//! and, when the connection drops (the coordinator was restarted), dials again until it is
+//! closed. What to do about a long silence is the protocol's decision, not the link's.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::frame::{FrameError, read_frame, write_frame};
+use crate::gate::{Gate, Limits};
+use crate::handshake::handshake;
+use crate::protocol::coordinator::Stage;
+use crate::protocol::wire::{self, Hello};
+use crate::protocol::{Action, Coordinator, Msg, Node, Phase, Quorum, Timing, WorkerId};
+use crate::rendezvous::COORDINATOR_RANK;
+use crate::transport::{CommError, DialError, dial};
+
+const MAX_CONTROL_FRAME: u32 = 1 << 20;
+
+/// What the coordinator's shell saw, for the launcher's output and the job's events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A worker process connected.
+    Joined {
+        /// Its slot.
+        id: WorkerId,
+        /// Which process of the slot.
+        incarnation: u64,
+    },
+    /// A worker was declared lost.
+    Lost {
+        /// Its slot.
+        id: WorkerId,
+        /// Why.
+        reason: String,
+    },
+    /// A quorum was formed.
+    Quorum {
+        /// The quorum.
+        quorum: Quorum,
+        /// The members that roll forward (they hold the sum that produced the state).
+        rolling: Vec<WorkerId>,
+        /// The members that fetch the state from the sources.
+        fetching: Vec<WorkerId>,
+    },
+    /// Every member of the epoch holds its state: stepping starts.
+    Started {
+        /// The epoch.
+        epoch: u64,
+    },
+    /// Every member holds the final state.
+    Finished,
+    /// The job cannot go on.
+    Stopped {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Event::Joined { id, incarnation: 0 } => write!(f, "worker {id} joined"),
+            Event::Joined { id, incarnation } => write!(f, "worker {id} joined (process {})", incarnation + 1),
+            Event::Lost { id, reason } => write!(f, "worker {id} lost: {reason}"),
+            Event::Quorum { quorum: q, rolling, fetching } => {
+                write!(
+                    f,
+                    "epoch {}: workers {:?} from step {} ({})",
+                    epoch_text(q.epoch),
+                    q.members,
+                    q.step,
+                    repro::fingerprint::hex(q.fingerprint)
+                )?;
+                if !rolling.is_empty() {
+                    write!(f, "; {rolling:?} roll forward")?;
+                }
+                if !fetching.is_empty() {
+                    write!(f, "; {fetching:?} fetch the state from {:?}", q.sources)?;
+                }
+                Ok(())
+            }
+            Event::Started { epoch } => write!(f, "epoch {} steps", epoch_text(*epoch)),
+            Event::Finished => write!(f, "every member holds the final state"),
+            Event::Stopped { reason } => write!(f, "the job stops: {reason}"),
+        }
+    }
+}
+
+/// An epoch as `generation.counter` when a restarted coordinator issued it.
+fn epoch_text(epoch: u64) -> String {
+    let (generation, counter) = (epoch >> 40, epoch & ((1 << 40) - 1));
+    if generation == 0 { counter.to_string() } else { format!("{generation}.{counter}") }
+}
+
+enum Input {
+    Admitted { id: WorkerId, hello: Hello, stream: TcpStream },
+    Frame { id: WorkerId, serial: u64, msg: Msg },
+    Closed { id: WorkerId, serial: u64, why: String },
+}
+
+struct Conn {
+    serial: u64,
+    writer: TcpStream,
+    addr: SocketAddr,
+}
+
+/// Runs the coordinator on `listener` until the job is over (finished or stopped, and no
+/// live worker waits for a word) or `shutdown` is set. Returns the final stage.
+pub fn coordinate(
+    listener: TcpListener,
+    secret: &[u8],
+    mut machine: Coordinator,
+    timing: Timing,
+    shutdown: &AtomicBool,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<Stage, CommError> {
+    let secret = secret.to_vec();
+    let gate = Gate::open(listener, Limits::default(), move |stream| {
+        crate::transport::keepalive(stream).map_err(|e| e.to_string())?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let id = handshake(stream, &secret, COORDINATOR_RANK).map_err(|e| e.to_string())?;
+        let f = read_frame(stream, MAX_CONTROL_FRAME).map_err(|e| e.to_string())?;
+        if f.kind != wire::KIND_HELLO {
+            return Err(format!("worker {id} sent a frame of kind {:#x} instead of its hello", f.kind));
+        }
+        Ok((id, wire::decode_hello(&f.payload).map_err(|e| e.to_string())?))
+    })
+    .map_err(|e| CommError::Setup(format!("coordinator listener: {e}")))?;
+    let (tx, rx) = mpsc::channel();
+    let stop_admitting = Arc::new(AtomicBool::new(false));
+    let admitter = {
+        let (tx, stop) = (tx.clone(), Arc::clone(&stop_admitting));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(a) = gate.next(Instant::now() + Duration::from_millis(50)) {
+                    let (id, hello) = a.value;
+                    if tx.send(Input::Admitted { id, hello, stream: a.stream }).is_err() {
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    let mut conns: BTreeMap<WorkerId, Conn> = BTreeMap::new();
+    let mut serial = 0u64;
+    let mut lost: BTreeMap<WorkerId, bool> = BTreeMap::new();
+    let mut last_epoch = None;
+    let mut last_stage = machine.stage().clone();
+    let tick = (timing.heartbeat / 2).max(Duration::from_millis(5));
+    let mut next_tick = Instant::now();
+    loop {
+        let now = Instant::now();
+        let actions = match rx.recv_timeout(next_tick.saturating_duration_since(now)) {
+            Ok(Input::Admitted { id, hello, stream }) => {
+                serial += 1;
+                let reader = match stream.try_clone() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(id, "cannot read the connection of worker {id}: {e}");
+                        continue;
+                    }
+                };
+                let _ = stream.set_write_timeout(Some(timing.lost_after));
+                if let Some(old) = conns.insert(id, Conn { serial, writer: stream, addr: hello.addr }) {
+                    let _ = old.writer.shutdown(Shutdown::Both);
+                }
+                spawn_reader(id, serial, reader, timing.lost_after, tx.clone());
+                on_event(Event::Joined { id, incarnation: hello.incarnation });
+                Vec::new()
+            }
+            Ok(Input::Frame { id, serial, msg }) if conns.get(&id).is_some_and(|c| c.serial == serial) => {
+                machine.on_message(Instant::now(), Node::Worker(id), msg)
+            }
+            Ok(Input::Closed { id, serial, why }) if conns.get(&id).is_some_and(|c| c.serial == serial) => {
+                conns.remove(&id);
+                tracing::debug!(id, "connection closed: {why}");
+                machine.on_disconnect(Instant::now(), id)
+            }
+            Ok(_) => Vec::new(),
+            Err(RecvTimeoutError::Timeout) => {
+                next_tick = Instant::now() + tick;
+                machine.tick(Instant::now())
+            }
+            Err(RecvTimeoutError::Disconnected) => unreachable!("the loop holds a sender"),
+        };
+        for action in actions {
+            let Action::Send { to: Node::Worker(id), msg } = action else { continue };
+            if let Msg::Quorum(q) = &msg {
+                let book: Vec<(WorkerId, SocketAddr)> =
+                    q.members.iter().filter_map(|m| conns.get(m).map(|c| (*m, c.addr))).collect();
+                send(&mut conns, id, wire::KIND_BOOK, &wire::encode_book(&book));
+            }
+            send(&mut conns, id, wire::KIND_MSG, &wire::encode(&msg));
+        }
+        // What changed, told once.
+        for (&id, was_lost) in lost.iter_mut() {
+            // A worker that finished or stopped may close its connection.
+            if let Some((status, now_lost)) = machine.worker(id)
+                && now_lost
+                && !*was_lost
+                && !matches!(status.phase, Phase::Finished | Phase::Stopped)
+            {
+                let reason = if conns.contains_key(&id) {
+                    format!("silent for {:.1} s", timing.lost_after.as_secs_f64())
+                } else {
+                    "its connection closed".to_owned()
+                };
+                on_event(Event::Lost { id, reason });
+            }
+        }
+        for id in conns.keys() {
+            lost.entry(*id).or_insert(false);
+        }
+        for (id, was_lost) in lost.iter_mut() {
+            *was_lost = machine.worker(*id).is_none_or(|(_, l)| l);
+        }
+        if let Some(q) = machine.quorum()
+            && last_epoch != Some(q.epoch)
+        {
+            last_epoch = Some(q.epoch);
+            on_event(quorum_event(&machine, q));
+        }
+        let stage = machine.stage().clone();
+        if stage != last_stage {
+            match &stage {
+                Stage::Running => on_event(Event::Started { epoch: last_epoch.unwrap_or_default() }),
+                Stage::Finished => on_event(Event::Finished),
+                Stage::Stopped { reason } => on_event(Event::Stopped { reason: reason.clone() }),
+                Stage::Gathering { .. } | Stage::Syncing { .. } => {}
+            }
+            last_stage = stage.clone();
+        }
+        let over = matches!(stage, Stage::Finished | Stage::Stopped { .. })
+            && lost.keys().all(|&id| {
+                machine.worker(id).is_none_or(|(s, l)| l || matches!(s.phase, Phase::Finished | Phase::Stopped))
+            });
+        if over || shutdown.load(Ordering::Relaxed) {
+            stop_admitting.store(true, Ordering::Relaxed);
+            for c in conns.values_mut() {
+                let _ = c.writer.flush();
+                let _ = c.writer.shutdown(Shutdown::Both);
+            }
+            let _ = admitter.join();
+            return Ok(stage);
+        }
+    }
+}
+
+fn quorum_event(machine: &Coordinator, q: &Quorum) -> Event {
+    let mut rolling = Vec::new();
+    let mut fetching = Vec::new();
+    for &m in &q.members {
+        let Some((s, _)) = machine.worker(m) else { continue };
+        if s.step == q.step && s.fingerprint == q.fingerprint {
+            continue;
+        }
+        if s.step + 1 == q.step && s.unapplied.is_some() && s.unapplied == q.commit {
+            rolling.push(m);
+        } else {
+            fetching.push(m);
+        }
+    }
+    Event::Quorum { quorum: q.clone(), rolling, fetching }
+}
+
+fn send(conns: &mut BTreeMap<WorkerId, Conn>, id: WorkerId, kind: u8, payload: &[u8]) {
+    let Some(c) = conns.get_mut(&id) else { return };
+    if write_frame(&mut c.writer, kind, payload).and_then(|()| c.writer.flush().map_err(Into::into)).is_err() {
+        // The reader sees the connection close and reports it.
+        let _ = c.writer.shutdown(Shutdown::Both);
+    }
+}
+
+fn spawn_reader(id: WorkerId, serial: u64, mut reader: TcpStream, silence: Duration, tx: Sender<Input>) {
+    std::thread::spawn(move || {
+        let _ = reader.set_read_timeout(Some(silence));
+        let why = loop {
+            match read_frame(&mut reader, MAX_CONTROL_FRAME) {
+                Ok(f) if f.kind == wire::KIND_MSG => match wire::decode(&f.payload) {
+                    Ok(msg) => {
+                        if tx.send(Input::Frame { id, serial, msg }).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => break e.to_string(),
+                },
+                Ok(f) => break format!("unexpected frame kind {:#x}", f.kind),
+                // Silence is the protocol's to judge (it declares the worker lost).
+                Err(FrameError::Timeout) => {}
+                Err(e) => break e.to_string(),
+            }
+        };
+        let _ = reader.shutdown(Shutdown::Both);
+        let _ = tx.send(Input::Closed { id, serial, why });
+    });
+}
+
+/// What a worker's [`Link`] hands to the training loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Incoming {
+    /// A protocol message from the coordinator.
+    Msg(Msg),
+    /// Where the members of the next quorum listen.
+    Book(Vec<(WorkerId, SocketAddr)>),
+}
+
+struct LinkShared {
+    writer: Mutex<Option<TcpStream>>,
+    report: Mutex<Option<Vec<u8>>>,
+    closed: AtomicBool,
+}
+
+/// A worker's connection to the coordinator, kept up until [`Link::close`].
+pub struct Link {
+    shared: Arc<LinkShared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Link {
+    /// Connects worker `id` (process `hello.incarnation`) to the coordinator at `addr`,
+    /// trying until `deadline`. Messages arrive on the returned receiver; `interrupt` is
+    /// called with each one first, on the link's thread (to abort a collective that a
+    /// message makes moot while the training loop is blocked in it).
+    pub fn connect(
+        addr: SocketAddr,
+        secret: &[u8],
+        id: WorkerId,
+        hello: Hello,
+        heartbeat: Duration,
+        deadline: Instant,
+        interrupt: Box<dyn Fn(&Msg) + Send>,
+    ) -> Result<(Link, Receiver<Incoming>), CommError> {
+        let first = dial_coordinator(addr, secret, id, &hello, deadline)?;
+        let shared = Arc::new(LinkShared {
+            writer: Mutex::new(Some(first.try_clone().map_err(|e| CommError::Setup(e.to_string()))?)),
+            report: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        });
+        let (tx, rx) = mpsc::channel();
+        let reader = {
+            let shared = Arc::clone(&shared);
+            let secret = secret.to_vec();
+            std::thread::spawn(move || {
+                let mut stream = first;
+                loop {
+                    read_until_closed(&mut stream, &tx, &*interrupt);
+                    // The coordinator is gone: dial again (a restarted one listens on the
+                    // same address) until this link is closed.
+                    *shared.writer.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    stream = loop {
+                        if shared.closed.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let soon = Instant::now() + Duration::from_millis(500);
+                        match dial_coordinator(addr, &secret, id, &hello, soon) {
+                            Ok(s) => break s,
+                            Err(e) => tracing::debug!("the coordinator is not back yet: {e}"),
+                        }
+                    };
+                    tracing::info!("connected to the coordinator again");
+                    let Ok(w) = stream.try_clone() else { continue };
+                    *shared.writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
+                    if let Some(r) = shared.report.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+                        write_to(&shared, &r);
+                    }
+                }
+            })
+        };
+        let pinger = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || {
+                while !shared.closed.load(Ordering::Relaxed) {
+                    std::thread::sleep(heartbeat);
+                    if let Some(r) = shared.report.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+                        write_to(&shared, &r);
+                    }
+                }
+            })
+        };
+        Ok((Link { shared, threads: vec![reader, pinger] }, rx))
+    }
+
+    /// Sends `msg` (a report) now, and repeats it every heartbeat until the next.
+    pub fn report(&self, msg: &Msg) {
+        let payload = wire::encode(msg);
+        write_to(&self.shared, &payload);
+        *self.shared.report.lock().unwrap_or_else(|e| e.into_inner()) = Some(payload);
+    }
+
+    /// A handle on the current connection, to sever it on purpose (the `cut` fault).
+    pub fn connection(&self) -> Option<TcpStream> {
+        self.shared.writer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|s| s.try_clone().ok())
+    }
+
+    /// A function that closes the connection for good, from any thread, without dialling
+    /// again: the `cut` fault.
+    pub fn severer(&self) -> impl Fn() + Send + Sync + 'static {
+        let shared = Arc::clone(&self.shared);
+        move || {
+            shared.closed.store(true, Ordering::Relaxed);
+            *shared.report.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            if let Some(s) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// Closes the connection for good.
+    pub fn close(mut self) {
+        self.shared.closed.store(true, Ordering::Relaxed);
+        if let Some(s) = self.shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn write_to(shared: &LinkShared, payload: &[u8]) {
+    let mut w = shared.writer.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = w.as_mut()
+        && write_frame(s, wire::KIND_MSG, payload).and_then(|()| s.flush().map_err(Into::into)).is_err()
+    {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+}
+
+fn dial_coordinator(
+    addr: SocketAddr,
+    secret: &[u8],
+    id: WorkerId,
+    hello: &Hello,
+    deadline: Instant,
+) -> Result<TcpStream, CommError> {
+    let configure = |s: &TcpStream| {
+        crate::transport::keepalive(s)?;
+        s.set_nodelay(true)?;
+        s.set_write_timeout(Some(Duration::from_secs(5)))
+    };
+    let (mut stream, who) = match dial(addr, secret, id, deadline, &configure) {
+        Ok(x) => x,
+        Err(DialError::Unreachable(e)) => {
+            return Err(CommError::Setup(format!("cannot reach the coordinator at {addr}: {e}")));
+        }
+        Err(DialError::Refused(e)) => return Err(CommError::Setup(format!("the coordinator at {addr}: {e}"))),
+    };
+    if who != COORDINATOR_RANK {
+        return Err(CommError::Setup(format!("{addr} answered as worker {who}, not as a coordinator")));
+    }
+    write_frame(&mut stream, wire::KIND_HELLO, &wire::encode_hello(hello))
+        .map_err(|e| CommError::Setup(format!("cannot greet the coordinator: {e}")))?;
+    stream.set_read_timeout(None).map_err(|e| CommError::Setup(e.to_string()))?;
+    Ok(stream)
+}
+
+fn read_until_closed(stream: &mut TcpStream, tx: &Sender<Incoming>, interrupt: &dyn Fn(&Msg)) {
+    loop {
+        let incoming = match read_frame(stream, MAX_CONTROL_FRAME) {
+            Ok(f) if f.kind == wire::KIND_MSG => wire::decode(&f.payload).map(Incoming::Msg),
+            Ok(f) if f.kind == wire::KIND_BOOK => wire::decode_book(&f.payload).map(Incoming::Book),
+            Ok(f) => {
+                tracing::warn!("the coordinator sent a frame of kind {:#x}", f.kind);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!("the coordinator connection closed: {e}");
+                return;
+            }
+        };
+        match incoming {
+            Ok(i) => {
+                if let Incoming::Msg(m) = &i {
+                    interrupt(m);
+                }
+                if tx.send(i).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!("from the coordinator: {e}");
+                return;
+            }
+        }
+    }
+}

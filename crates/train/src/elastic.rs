@@ -1,0 +1,494 @@
+//! An elastic data-parallel worker: the training loop as the shell of the step protocol's
+//! [`Worker`](comm::protocol::Worker).
+//!
+//! The protocol decides; this module carries out its actions on real state and sockets:
+//!
+//! - **Compute**: the gradients of the micro-batches this member owns in its epoch
+//!   (`i mod world == rank`), all-reduced over the epoch's mesh, which
+//!   [`Port::mesh`] builds when the epoch's first step begins. The sum is computed into a
+//!   working buffer and becomes the *held* sum only when the all-reduce succeeded, so a
+//!   failed step never spoils the sum a late member rolls forward with.
+//! - **Ballots**: one all-gather of `(finite, digest)` over the mesh carries every
+//!   member's ballot to every other; each arrives at the protocol as a message.
+//! - **Apply**: the optimizer update with the held sum; the protocol hears the new
+//!   fingerprint.
+//! - **Fetch**: the state of the quorum's step, from its sources, in checksummed chunks
+//!   from all of them at once ([`comm::transfer`]), written straight into this worker's
+//!   state and checked against the quorum's fingerprint.
+//!
+//! Meanwhile a server thread answers other workers' fetches from the state it holds
+//! (under a read lock: no copy of the model is made to serve it), and the
+//! [`Link`](comm::control::Link) to the coordinator repeats the newest report every
+//! heartbeat, so that a long step does not look like a lost worker.
+//!
+//! The micro-batches of a step, the sampler's position (a function of the step) and, in
+//! the `reproducible` reduce mode, the bits of every sum do not depend on how many members
+//! an epoch has: a job that loses, replaces or gains workers ends with the fingerprint of
+//! one that never did. (In `deterministic` mode the bits depend on the world size, so a
+//! job that shrinks ends with other bits; with replacement it keeps them.)
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{SocketAddr, TcpListener};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use comm::control::{Incoming, Link};
+use comm::port::Port;
+use comm::protocol::wire::Hello;
+use comm::protocol::{Action, Msg, Node, Timing, Worker, WorkerId};
+use comm::transfer::Want;
+use comm::transport::{CommError, TcpConfig, TcpMesh};
+use fault::crash::Phase;
+use serde_json::json;
+
+use crate::config::{DistConfig, TrainConfig};
+use crate::error::{ConfigError, TrainError};
+use crate::failpoint::ProcessFaults;
+use crate::metrics::MetricsFile;
+use crate::step::{At, Hooks, LiveFaults, SumCheck, TrainState};
+use crate::trainer::{Event, Prepared, Summary, evaluate_state, report_injections, write_eval};
+
+/// The state this worker holds, shared with the thread that serves it to fetchers.
+struct Held {
+    state: TrainState,
+    fingerprint: u64,
+}
+
+fn lock_read(h: &RwLock<Held>) -> std::sync::RwLockReadGuard<'_, Held> {
+    h.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock_write(h: &RwLock<Held>) -> std::sync::RwLockWriteGuard<'_, Held> {
+    h.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The mesh of the current epoch, shared with the link's thread, which aborts it when a
+/// message from the coordinator ends the epoch while the loop is blocked in a collective.
+#[derive(Clone, Default)]
+struct Current(Arc<Mutex<Option<EpochMesh>>>);
+
+/// An epoch and its mesh.
+type EpochMesh = (u64, Arc<TcpMesh>);
+
+impl Current {
+    fn get(&self) -> Option<EpochMesh> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    fn set(&self, epoch: u64, mesh: Arc<TcpMesh>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, mesh));
+    }
+}
+
+/// A digest of the names and shapes of the state's tensors.
+fn layout_of(state: &TrainState) -> (u64, u64) {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut elements = 0u64;
+    for t in state.tensors() {
+        h.update(t.name.as_bytes());
+        h.update(&[0]);
+        for d in &t.shape {
+            h.update(&(*d as u64).to_le_bytes());
+        }
+        elements += t.data.len() as u64;
+    }
+    (h.digest(), elements)
+}
+
+/// Copies the elements `range` of the flat state out as little-endian bytes.
+fn copy_out(state: &TrainState, range: Range<usize>, out: &mut Vec<u8>) {
+    let mut offset = 0;
+    for t in state.tensors() {
+        let span = offset..offset + t.data.len();
+        let (lo, hi) = (range.start.max(span.start), range.end.min(span.end));
+        if lo < hi {
+            out.extend_from_slice(bytemuck::cast_slice(&t.data[lo - offset..hi - offset]));
+        }
+        offset = span.end;
+    }
+}
+
+/// Writes little-endian `bytes` into the elements `range` of the flat state.
+fn copy_in(state: &mut TrainState, range: Range<usize>, bytes: &[u8]) {
+    let mut offset = 0;
+    let tensors = state.params.iter_mut().chain(state.optimizer.slots_mut());
+    for t in tensors {
+        let span = offset..offset + t.data.len();
+        let (lo, hi) = (range.start.max(span.start), range.end.min(span.end));
+        if lo < hi {
+            let src = &bytes[4 * (lo - range.start)..4 * (hi - range.start)];
+            for (d, s) in t.data[lo - offset..hi - offset].iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes(s.try_into().expect("4 bytes"));
+            }
+        }
+        offset = span.end;
+    }
+}
+
+/// Serves fetches of the state held, until the process ends.
+fn spawn_server(
+    port: &mut Port,
+    held: Arc<RwLock<Held>>,
+    layout: (u64, u64),
+    faults: ProcessFaults,
+    id: WorkerId,
+) -> Result<(), TrainError> {
+    let transfers = port.transfers().ok_or_else(|| CommError::Setup("the port's transfers are taken".into()))?;
+    std::thread::spawn(move || {
+        while let Ok((peer, stream)) = transfers.recv() {
+            let (held, faults) = (Arc::clone(&held), faults.clone());
+            std::thread::spawn(move || {
+                let mut served = 0u64;
+                comm::transfer::serve(stream, Duration::from_secs(60), &mut |want, range, out| {
+                    let h = lock_read(&held);
+                    if (want.layout, want.elements) != layout {
+                        return Err("the state's layout differs (another model or optimizer)".into());
+                    }
+                    if (h.state.step, h.fingerprint) != (want.step, want.fingerprint) {
+                        return Err(format!(
+                            "holds step {} ({}), not step {} ({})",
+                            h.state.step,
+                            repro::fingerprint::hex(h.fingerprint),
+                            want.step,
+                            repro::fingerprint::hex(want.fingerprint)
+                        ));
+                    }
+                    if served == 1 {
+                        // The `transfer` phase: after the first chunk went out.
+                        faults.reach(At { step: want.step, rank: id as usize }, Phase::Transfer);
+                    }
+                    served += 1;
+                    copy_out(&h.state, range, out);
+                    Ok(h.state.optimizer.updates())
+                });
+                tracing::debug!(peer, chunks = served, "a fetch ended");
+            });
+        }
+    });
+    Ok(())
+}
+
+/// The protocol's clocks for a worker with a collective bound of `timeout`.
+pub fn worker_timing(timeout: Duration) -> Timing {
+    Timing { vote_timeout: timeout, ..Timing::default() }
+}
+
+/// Runs worker `d.rank` (its slot), process `incarnation`, of an elastic job.
+pub(crate) fn run(
+    config: &TrainConfig,
+    d: &DistConfig,
+    incarnation: u64,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(Summary, TrainState), TrainError> {
+    if config.checkpoint.is_some() || config.resume.is_some() {
+        return Err(ConfigError::Invalid(
+            "an elastic job recovers from its live replicas: it neither writes nor resumes checkpoints".into(),
+        )
+        .into());
+    }
+    let id = d.rank as WorkerId;
+    let prepared = Prepared::load(config)?;
+    let (state, mut engine) = prepared.start(config);
+    let parameters = state.parameters();
+    let layout = layout_of(&state);
+    let fingerprint = state.fingerprint();
+    let held = Arc::new(RwLock::new(Held { state, fingerprint }));
+    let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
+    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0)?;
+
+    let listener =
+        TcpListener::bind((d.bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {}: {e}", d.bind)))?;
+    let mut port = Port::open(listener, &d.secret, id)?;
+    spawn_server(&mut port, Arc::clone(&held), layout, faults.clone(), id)?;
+    let timing = worker_timing(d.timeout);
+    let current = Current::default();
+    let interrupt = {
+        let current = current.clone();
+        Box::new(move |m: &Msg| {
+            let Some((epoch, mesh)) = current.get() else { return };
+            match m {
+                Msg::Reconfigure { epoch: e } if *e >= epoch => mesh.abort(format!("the coordinator ended epoch {e}")),
+                Msg::Stop { reason } => mesh.abort(format!("the coordinator stopped the job: {reason}")),
+                _ => {}
+            }
+        })
+    };
+    let hello = Hello { incarnation, addr: port.addr() };
+    let deadline = Instant::now() + d.timeout.max(Duration::from_secs(30));
+    let (link, incoming) = Link::connect(d.coordinator, &d.secret, id, hello, timing.heartbeat, deadline, interrupt)?;
+    let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
+    {
+        let (current, sever) = (current.clone(), link.severer());
+        hooks.process_mut().on_cut(Arc::new(move || {
+            sever();
+            if let Some((_, mesh)) = current.get() {
+                mesh.abort("this worker's links were cut (fault injection)".into());
+            }
+        }));
+    }
+    on_event(Event::Started { steps: config.steps, parameters });
+
+    let tcp = TcpConfig {
+        secret: d.secret.clone(),
+        max_frame: comm::frame::DEFAULT_MAX_FRAME,
+        connect_timeout: d.timeout,
+        write_timeout: d.timeout,
+        abort_grace: Duration::ZERO,
+    };
+    let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
+    let mut queue: VecDeque<Action> = first.into();
+    let mut book: BTreeMap<WorkerId, SocketAddr> = BTreeMap::new();
+    let mut micro = Vec::new();
+    let mut work = engine.buffer();
+    let mut sum = engine.buffer();
+    // The step whose sum `sum` holds.
+    let mut sum_step: Option<u64> = None;
+    let mut voted: Option<(u64, u64)> = None;
+    let mut reducer = comm::collective::Reducer::default();
+    let (mut train_time, mut optimizer_time) = (Duration::ZERO, Duration::ZERO);
+    let mut last_loss = f32::NAN;
+    let mut last_eval = None;
+    let mut step_started = Instant::now();
+    let outcome = loop {
+        let Some(action) = queue.pop_front() else {
+            let now = Instant::now();
+            match incoming.recv_timeout(timing.heartbeat / 2) {
+                Ok(Incoming::Msg(m)) => queue.extend(worker.on_message(now, Node::Coordinator, m)),
+                Ok(Incoming::Book(b)) => book.extend(b),
+                Err(_) => queue.extend(worker.tick(now)),
+            }
+            continue;
+        };
+        match action {
+            Action::Send { to: Node::Coordinator, msg } => link.report(&msg),
+            Action::Send { to: Node::Worker(_), msg: Msg::Ballot { epoch, step, ok, digest } } => {
+                if voted == Some((epoch, step)) {
+                    continue;
+                }
+                voted = Some((epoch, step));
+                let now = Instant::now();
+                let Some((e, mesh)) = current.get().filter(|(e, _)| *e == epoch) else { continue };
+                let members = worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
+                match comm::collective::all_gather_words(&*mesh, &[u64::from(ok), digest], d.timeout) {
+                    Ok(all) => {
+                        for (r, words) in all.iter().enumerate() {
+                            let Some(&peer) = members.get(r).filter(|&&p| p != id) else { continue };
+                            let ballot = Msg::Ballot { epoch: e, step, ok: words[0] == 1, digest: words[1] };
+                            queue.extend(worker.on_message(now, Node::Worker(peer), ballot));
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(epoch, step, "the vote failed: {err}");
+                        let other = members.iter().copied().find(|&m| m != id).unwrap_or(id);
+                        queue.extend(worker.on_peer_lost(now, other));
+                    }
+                }
+            }
+            Action::Send { .. } => {}
+            Action::Compute { epoch, step, rank, members } => {
+                step_started = Instant::now();
+                let at = At { step, rank: id as usize };
+                let reduced = (|| -> Result<Option<SumCheck>, TrainError> {
+                    let mesh = {
+                        match current.get() {
+                            Some((e, m)) if e == epoch => m,
+                            _ => {
+                                let mesh = match port.mesh(epoch, &members, &book, &tcp) {
+                                    Ok(m) => Arc::new(m),
+                                    Err(e) => {
+                                        tracing::warn!(epoch, "cannot build the epoch's mesh: {e}");
+                                        return Ok(None);
+                                    }
+                                };
+                                current.set(epoch, Arc::clone(&mesh));
+                                mesh
+                            }
+                        }
+                    };
+                    {
+                        let mut h = lock_write(&held);
+                        hooks.after_load(at, &mut h.state)?;
+                    }
+                    {
+                        let h = lock_read(&held);
+                        engine.compute(&h.state, rank, members.len(), &mut hooks, &mut micro)?;
+                    }
+                    hooks.reached(at, Phase::Allreduce);
+                    if let Err(e) = reducer.sum_parts(&*mesh, &micro, work.as_mut_slice(), config.reduce, d.timeout) {
+                        tracing::warn!(epoch, step, "the all-reduce failed: {e}");
+                        return Ok(None);
+                    }
+                    hooks.after_reduce(at, &mut work)?;
+                    report_injections(&mut metrics, hooks.take_flips())?;
+                    Ok(Some(SumCheck::of(&work)))
+                })()?;
+                let now = Instant::now();
+                match reduced {
+                    Some(check) => {
+                        std::mem::swap(&mut work, &mut sum);
+                        sum_step = Some(step);
+                        hooks.reached(at, Phase::Vote);
+                        queue.extend(worker.on_reduced(now, epoch, step, Some((check.finite, check.digest))));
+                    }
+                    None => queue.extend(worker.on_reduced(now, epoch, step, None)),
+                }
+            }
+            Action::Apply { step } => {
+                if sum_step != Some(step) {
+                    return Err(CommError::Setup(format!(
+                        "the protocol applies the sum of step {step}, but the sum held is of step {sum_step:?}"
+                    ))
+                    .into());
+                }
+                let at = At { step, rank: id as usize };
+                let fingerprint = {
+                    let mut h = lock_write(&held);
+                    hooks.before_update(at, &mut h.state)?;
+                    report_injections(&mut metrics, hooks.take_flips())?;
+                    hooks.reached(at, Phase::Update);
+                    let update = Instant::now();
+                    h.state.apply(&sum);
+                    optimizer_time += update.elapsed();
+                    h.fingerprint = h.state.fingerprint();
+                    h.fingerprint
+                };
+                sum_step = None;
+                train_time += step_started.elapsed();
+                let done = step + 1;
+                last_loss = sum.loss();
+                metrics.write(json!({"kind": "train", "step": done, "loss": last_loss}))?;
+                on_event(Event::Step { step: done, loss: last_loss });
+                if config.eval_every > 0 && done % config.eval_every == 0 && done < config.steps {
+                    let report = evaluate_state(&mut engine, &prepared.data, &lock_read(&held).state);
+                    write_eval(&mut metrics, &report, prepared.unigram_perplexity)?;
+                    on_event(Event::Eval(&report));
+                    last_eval = Some(report);
+                }
+                step_started = Instant::now();
+                queue.extend(worker.on_applied(Instant::now(), step, fingerprint));
+            }
+            Action::Fetch { epoch, step, fingerprint, sources } => {
+                let got = fetch(
+                    &port,
+                    &held,
+                    &book,
+                    &sources,
+                    Want { step, fingerprint, layout: layout.0, elements: layout.1 },
+                    d.timeout,
+                    &hooks,
+                    id,
+                );
+                sum_step = None;
+                let got = match got {
+                    Ok(stats) => {
+                        tracing::info!(
+                            step,
+                            bytes = stats.bytes,
+                            seconds = stats.elapsed.as_secs_f64(),
+                            chunks = ?stats.chunks,
+                            retried = stats.retried,
+                            "fetched the state"
+                        );
+                        metrics.write(json!({
+                            "kind": "fetch", "step": step, "bytes": stats.bytes,
+                            "seconds": stats.elapsed.as_secs_f64(), "sources": sources, "retried": stats.retried,
+                        }))?;
+                        Some((step, fingerprint))
+                    }
+                    Err((e, holds)) => {
+                        tracing::warn!(step, "cannot fetch the state: {e}");
+                        holds
+                    }
+                };
+                queue.extend(worker.on_fetched(Instant::now(), epoch, got));
+            }
+            Action::Finished => break Ok(()),
+            Action::Stopped { reason } => break Err(TrainError::JobStopped(reason)),
+        }
+    };
+    // The last report (finished or stopped) goes out before the link closes.
+    link.close();
+    outcome?;
+    let state = Arc::try_unwrap(held)
+        .map_or_else(|h| lock_read(&h).state.clone(), |h| h.into_inner().unwrap_or_else(|e| e.into_inner()).state);
+    let last_eval = match last_eval.filter(|e| e.step == state.step) {
+        Some(e) => e,
+        None => {
+            let report = evaluate_state(&mut engine, &prepared.data, &state);
+            write_eval(&mut metrics, &report, prepared.unigram_perplexity)?;
+            on_event(Event::Eval(&report));
+            report
+        }
+    };
+    let summary = Summary {
+        steps: config.steps,
+        final_loss: last_loss,
+        eval: last_eval,
+        unigram_perplexity: prepared.unigram_perplexity,
+        fingerprint: state.fingerprint(),
+        train_time,
+        optimizer_time,
+        parameters,
+        resumed_from: 0,
+        checkpoints: ckpt::WriterStats::default(),
+    };
+    metrics.write(json!({
+        "kind": "summary",
+        "steps": summary.steps,
+        "final_loss": summary.final_loss,
+        "test_accuracy": summary.eval.accuracy,
+        "fingerprint": repro::fingerprint::hex(summary.fingerprint),
+        "train_seconds": train_time.as_secs_f64(),
+        "optimizer_seconds": optimizer_time.as_secs_f64(),
+    }))?;
+    Ok((summary, state))
+}
+
+/// Fetches `want` from `sources` into the state held, checking it against the
+/// fingerprint. A fetch that fails after writing part of the state says what the state
+/// now is, `(step, fingerprint)`, with its error.
+#[allow(clippy::too_many_arguments)]
+fn fetch(
+    port: &Port,
+    held: &RwLock<Held>,
+    book: &BTreeMap<WorkerId, SocketAddr>,
+    sources: &[WorkerId],
+    want: Want,
+    timeout: Duration,
+    hooks: &LiveFaults,
+    id: WorkerId,
+) -> Result<comm::transfer::Fetched, (CommError, Option<(u64, u64)>)> {
+    let sources: Vec<(WorkerId, SocketAddr)> = sources.iter().filter_map(|s| book.get(s).map(|a| (*s, *a))).collect();
+    let deadline = Instant::now() + timeout;
+    let dialer = port.dialer();
+    let connect = |peer: WorkerId, addr: SocketAddr| dialer.transfer(peer, addr, deadline);
+    let mut h = lock_write(held);
+    let mut chunks = 0u64;
+    let fetched = comm::transfer::fetch(&sources, &connect, &want, timeout, &mut |range, bytes| {
+        copy_in(&mut h.state, range, bytes);
+        chunks += 1;
+        if chunks == 1 {
+            hooks.process().reach(At { step: want.step, rank: id as usize }, Phase::Transfer);
+        }
+    });
+    let fetched = match fetched {
+        Ok(f) => f,
+        Err(e) if chunks == 0 => return Err((e, None)),
+        Err(e) => {
+            h.fingerprint = h.state.fingerprint();
+            return Err((e, Some((h.state.step, h.fingerprint))));
+        }
+    };
+    h.state.step = want.step;
+    h.state.optimizer.set_updates(fetched.updates);
+    h.fingerprint = h.state.fingerprint();
+    if h.fingerprint != want.fingerprint {
+        let e = CommError::Setup(format!(
+            "the fetched state has fingerprint {}, not the sources' {}",
+            repro::fingerprint::hex(h.fingerprint),
+            repro::fingerprint::hex(want.fingerprint)
+        ));
+        return Err((e, Some((h.state.step, h.fingerprint))));
+    }
+    Ok(fetched)
+}
