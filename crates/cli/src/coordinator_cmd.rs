@@ -2,6 +2,11 @@
 //! hosts. It waits for `--world-size` workers that know the job secret, hands each the
 //! address table, then keeps membership by heartbeat until every worker has finished or
 //! been lost; it exits with 1 if any was lost.
+//!
+//! With `--elastic` it coordinates a job that survives the loss of workers (the step
+//! protocol of [`comm::protocol`]) until the job finishes or stops. It keeps nothing on
+//! disk: killed and started again on the same address with a higher `--generation`, it
+//! rebuilds the membership from the workers' reports, and the job goes on.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -15,7 +20,13 @@ Examples:
   STEADFAST_SECRET=... steadfast coordinator --bind 10.0.0.1:29500 --world-size 2
   # On hosts A and B:
   STEADFAST_SECRET=... steadfast train --rank 0 --world-size 2 --coordinator 10.0.0.1:29500 --bind 10.0.0.1
-  STEADFAST_SECRET=... steadfast train --rank 1 --world-size 2 --coordinator 10.0.0.1:29500 --bind 10.0.0.2";
+  STEADFAST_SECRET=... steadfast train --rank 1 --world-size 2 --coordinator 10.0.0.1:29500 --bind 10.0.0.2
+
+  # An elastic job: workers may die, be replaced, or join later (any --rank not in use)
+  STEADFAST_SECRET=... steadfast coordinator --elastic --bind 10.0.0.1:29500 --world-size 2
+  STEADFAST_SECRET=... steadfast train --elastic --rank 0 --world-size 2 --coordinator 10.0.0.1:29500 --bind 10.0.0.1
+  # The coordinator itself may be killed and started again, one generation on:
+  STEADFAST_SECRET=... steadfast coordinator --elastic --bind 10.0.0.1:29500 --world-size 2 --generation 1";
 
 /// Arguments of `steadfast coordinator`.
 #[derive(Args, Debug)]
@@ -34,6 +45,19 @@ pub struct CoordinatorArgs {
     /// Seconds of silence after which a worker is declared lost.
     #[arg(long, default_value_t = 10.0)]
     heartbeat_timeout: f64,
+    /// Coordinate an elastic job (one that survives the loss of workers).
+    #[arg(long)]
+    elastic: bool,
+    /// Elastic: the fewest workers the job goes on with.
+    #[arg(long, default_value_t = 1)]
+    min_world: usize,
+    /// Elastic: how many coordinators of this job were started before this one (its
+    /// epochs are numbered above all of theirs).
+    #[arg(long, default_value_t = 0)]
+    generation: u64,
+    /// Elastic: seconds the job waits for enough workers before it stops.
+    #[arg(long, default_value_t = 60.0)]
+    quorum_timeout: f64,
 }
 
 /// Runs `steadfast coordinator`.
@@ -47,6 +71,9 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     // port here.
     println!("coordinator listening on {}", listener.local_addr()?);
     let heartbeat = Duration::from_secs_f64(args.heartbeat_timeout.max(0.05));
+    if args.elastic {
+        return elastic(&args, listener, secret.as_bytes(), heartbeat);
+    }
     let job = comm::rendezvous::serve(
         &listener,
         args.world_size,
@@ -64,5 +91,38 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
         Ok(())
     } else {
         anyhow::bail!("{} of {} workers were lost", lost.len(), args.world_size)
+    }
+}
+
+fn elastic(args: &CoordinatorArgs, listener: TcpListener, secret: &[u8], lost_after: Duration) -> anyhow::Result<()> {
+    if args.generation >= 1 << 24 {
+        anyhow::bail!("--generation must be below 2^24");
+    }
+    if !(args.quorum_timeout.is_finite() && args.quorum_timeout > 0.0) {
+        anyhow::bail!("--quorum-timeout must be a positive number of seconds");
+    }
+    let timing = comm::protocol::Timing {
+        heartbeat: (lost_after / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)),
+        lost_after,
+        settle: Duration::from_secs_f64(args.timeout.max(1.0)),
+        quorum_timeout: Duration::from_secs_f64(args.quorum_timeout),
+        ..comm::protocol::Timing::default()
+    };
+    let machine = comm::protocol::Coordinator::new(
+        args.generation,
+        args.world_size,
+        args.min_world,
+        timing,
+        std::time::Instant::now(),
+    );
+    let started = std::time::Instant::now();
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let stage = comm::control::coordinate(listener, secret, machine, timing, &never, &mut |event| {
+        println!("{:>7.2} s  {event}", started.elapsed().as_secs_f64());
+    })?;
+    match stage {
+        comm::protocol::coordinator::Stage::Finished => Ok(()),
+        comm::protocol::coordinator::Stage::Stopped { reason } => anyhow::bail!("the job stopped: {reason}"),
+        other => anyhow::bail!("the coordinator ended while {other:?}"),
     }
 }

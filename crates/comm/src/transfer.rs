@@ -29,8 +29,14 @@ const KIND_GET: u8 = 0xC5;
 const KIND_PART: u8 = 0xC6;
 const KIND_REFUSE: u8 = 0xC7;
 
-/// Elements per chunk: 4 MiB.
+/// The most elements a chunk may hold: 4 MiB.
 pub const CHUNK_ELEMENTS: usize = 1 << 20;
+
+/// Elements per chunk for a state of `elements`: about 16 chunks, so that a small state
+/// too is spread over every source, and between 4096 elements and [`CHUNK_ELEMENTS`].
+pub fn chunk_for(elements: u64) -> usize {
+    ((elements / 16) as usize).clamp(4096, CHUNK_ELEMENTS)
+}
 
 /// The state a fetcher asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +118,8 @@ pub struct Fetched {
     pub elapsed: Duration,
 }
 
-/// Fetches `want` from `sources`, opening one connection to each with `connect`, and
+/// Fetches `want` from `sources` in chunks of [`chunk_for`] elements, opening one
+/// connection to each source with `connect`, and
 /// hands each verified chunk (its element range and little-endian bytes) to `on_chunk`,
 /// on the calling thread. Fails only when every source has failed; a source that answers
 /// with the wrong update count, or a chunk whose checksum is wrong, is dropped.
@@ -125,8 +132,9 @@ pub fn fetch(
 ) -> Result<Fetched, CommError> {
     let started = Instant::now();
     let n = want.elements as usize;
+    let chunk = chunk_for(want.elements);
     let queue: Mutex<VecDeque<Range<usize>>> =
-        Mutex::new((0..n).step_by(CHUNK_ELEMENTS).map(|s| s..(s + CHUNK_ELEMENTS).min(n)).collect());
+        Mutex::new((0..n).step_by(chunk).map(|s| s..(s + chunk).min(n)).collect());
     let total_chunks = queue.lock().expect("fresh").len();
     let remaining = AtomicUsize::new(total_chunks);
     let mut fetched = Fetched { chunks: sources.iter().map(|&(id, _)| (id, 0)).collect(), ..Fetched::default() };

@@ -1,0 +1,361 @@
+//! Recovery without rollback: an elastic job that loses workers (crashed, hung, cut off,
+//! killed from outside, or its coordinator killed) goes on from its live replicas and ends
+//! with the bits of a job that never failed, which are those of single-process `train`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{fingerprint, steadfast};
+
+const STEPS: u64 = 40;
+
+/// The training command of every job here (and of the reference run).
+fn train_args(steps: u64, out: &Path) -> Vec<String> {
+    [
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        "synthetic",
+        "--batch",
+        "48",
+        "--micro-batch",
+        "16",
+        "--reduce",
+        "reproducible",
+        "--eval-every",
+        "0",
+        "--steps",
+        &steps.to_string(),
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Single-process `train`'s fingerprint after `steps`.
+fn reference(steps: u64) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = train_args(steps, &tmp.path().join("ref"));
+    fingerprint(&steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+}
+
+fn reference_40() -> &'static str {
+    static F: OnceLock<String> = OnceLock::new();
+    F.get_or_init(|| reference(STEPS))
+}
+
+/// The fingerprints the workers printed, by worker.
+fn fingerprints(stdout: &str) -> Vec<String> {
+    stdout.lines().filter_map(|l| l.split_once("fingerprint: ").map(|(_, f)| f.trim().to_owned())).collect()
+}
+
+/// The steps worker 0 recorded in `metrics.jsonl`.
+fn steps_recorded(dir: &Path) -> Vec<u64> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["kind"] == "train")
+        .filter_map(|v| v["step"].as_u64())
+        .collect()
+}
+
+/// A small deterministic generator for the schedules.
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+const PHASES: [&str; 5] = ["forward", "backward", "allreduce", "vote", "update"];
+
+/// Schedule `seed`'s faults. The first three are the named cases: rank 0 crashes; a
+/// source crashes while it sends its state to a replacement; two workers crash close
+/// together. The rest are random: one or two faults, crashes mostly, some hangs and cut
+/// links, at any step and phase.
+fn schedule(seed: u64) -> Vec<String> {
+    let mut d = Draw(seed);
+    let step = 1 + d.below(STEPS - 10);
+    let phase = PHASES[d.below(5) as usize];
+    match seed {
+        0 => vec![format!("crash:rank=0,step={step},phase={phase}")],
+        1 => {
+            let (lost, source) = (d.below(3), d.below(2));
+            let source = if source >= lost { source + 1 } else { source };
+            vec![
+                format!("crash:rank={lost},step={step},phase=forward"),
+                format!("crash:rank={source},step={step},phase=transfer"),
+            ]
+        }
+        2 => {
+            let a = d.below(3);
+            let b = (a + 1 + d.below(2)) % 3;
+            let phase_b = PHASES[d.below(5) as usize];
+            vec![
+                format!("crash:rank={a},step={step},phase={phase}"),
+                format!("crash:rank={b},step={},phase={phase_b}", step + d.below(2)),
+            ]
+        }
+        _ => (0..1 + d.below(2))
+            .map(|_| {
+                let kind = ["crash", "crash", "crash", "hang", "cut"][d.below(5) as usize];
+                let rank = d.below(3);
+                let step = 1 + d.below(STEPS - 2);
+                format!("{kind}:rank={rank},step={step},phase={}", PHASES[d.below(5) as usize])
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn jobs_that_lose_workers_end_with_the_bits_of_one_that_never_did() {
+    let reference = reference_40();
+    let tmp = tempfile::tempdir().unwrap();
+    let schedules: u64 = std::env::var("STEADFAST_RECOVERY_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
+    for seed in 0..schedules {
+        let faults = schedule(seed);
+        let out = tmp.path().join(format!("s{seed}"));
+        let mut args: Vec<String> = ["launch", "--nproc", "3", "--max-restarts", "4", "--heartbeat-timeout", "1", "--"]
+            .map(String::from)
+            .to_vec();
+        args.extend(train_args(STEPS, &out));
+        for f in &faults {
+            args.extend(["--fault".to_owned(), f.clone()]);
+        }
+        let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        let context = format!("schedule {seed} {faults:?}:\n{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+        assert!(run.status.success(), "{context}");
+        assert!(stdout.contains("[launcher] replacing worker"), "the first fault always strikes: {context}");
+        let got = fingerprints(&stdout);
+        assert_eq!(got.len(), 3, "{context}");
+        assert!(got.iter().all(|f| f == reference), "expected {reference}: {context}");
+        // Worker 0's record (kept across its replacements) applies each step once, in order.
+        let steps = steps_recorded(&out);
+        assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}: {context}");
+        assert_eq!(steps.last(), Some(&STEPS), "{context}");
+    }
+}
+
+#[test]
+fn a_job_shrinks_from_three_workers_to_two_with_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> =
+        ["launch", "--nproc", "3", "--on-failure", "shrink", "--min-nproc", "2", "--heartbeat-timeout", "1", "--"]
+            .map(String::from)
+            .to_vec();
+    args.extend(train_args(STEPS, &tmp.path().join("shrink")));
+    args.extend(["--fault".to_owned(), "crash:rank=2,step=12,phase=backward".to_owned()]);
+    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("workers [0, 1] from step 12"), "{stdout}");
+    assert!(!stdout.contains("replacing"), "{stdout}");
+    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 2], "{stdout}");
+}
+
+#[test]
+fn a_job_with_too_few_workers_left_stops_every_survivor_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> = [
+        "launch",
+        "--nproc",
+        "3",
+        "--on-failure",
+        "shrink",
+        "--min-nproc",
+        "3",
+        "--quorum-timeout",
+        "1",
+        "--heartbeat-timeout",
+        "1",
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(train_args(STEPS, &tmp.path().join("few")));
+    args.extend(["--fault".to_owned(), "crash:rank=1,step=5,phase=vote".to_owned()]);
+    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(!run.status.success(), "{stdout}");
+    assert!(stderr.contains("too few workers remain: 2 ready, at least 3 needed"), "{stderr}");
+    // Both survivors say so, and neither printed a result.
+    assert_eq!(stderr.matches("the job stopped: too few workers remain").count(), 3, "{stderr}");
+    assert!(fingerprints(&stdout).is_empty(), "{stdout}");
+}
+
+/// A process whose output lines arrive on a channel.
+struct Streamed {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Streamed {
+    fn start(args: &[String], secret: &str) -> Streamed {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+            .args(args)
+            .env("STEADFAST_SECRET", secret)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start steadfast");
+        let (tx, lines) = mpsc::channel();
+        for pipe in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        Streamed { child, lines, seen: Vec::new() }
+    }
+
+    /// Waits (at most a minute) for a line containing `needle`; returns it.
+    fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        while let Ok(line) = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            self.seen.push(line.clone());
+            if line.contains(needle) {
+                return line;
+            }
+        }
+        panic!("no line with {needle:?} in:\n{}", self.seen.join("\n"));
+    }
+
+    /// Waits for the process and returns whether it succeeded and all it printed.
+    fn finish(mut self) -> (bool, String) {
+        let status = self.child.wait().unwrap();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(line);
+        }
+        (status.success(), self.seen.join("\n"))
+    }
+}
+
+/// Waits until worker 0 has recorded `step` in `dir`.
+fn wait_for_step(dir: &Path, step: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while steps_recorded(dir).last().is_none_or(|&s| s < step) {
+        assert!(Instant::now() < deadline, "step {step} never came");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_worker_killed_from_outside_is_replaced_with_the_same_bits() {
+    let steps = 300;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sigkill");
+    let mut args: Vec<String> =
+        ["launch", "--nproc", "3", "--max-restarts", "1", "--heartbeat-timeout", "1", "--"].map(String::from).to_vec();
+    args.extend(train_args(steps, &out));
+    let mut job = Streamed::start(&args, "");
+    let line = job.wait_for("[launcher] worker 2 started: process 1 (pid ");
+    let pid: u32 = line.rsplit("pid ").next().unwrap().trim_end_matches(')').parse().unwrap();
+    wait_for_step(&out, 20);
+    let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    assert!(killed.success());
+    let (ok, text) = job.finish();
+    assert!(ok, "{text}");
+    assert!(text.contains("worker 2 (process 1) exited with signal: 9"), "{text}");
+    assert!(text.contains("[2] fetch the state from [0, 1]"), "{text}");
+    assert_eq!(fingerprints(&text), vec![reference(steps); 3], "{text}");
+}
+
+/// Starts an elastic coordinator on `bind`; returns it and the address it listens on.
+fn coordinator(bind: &str, world: usize, generation: u64, secret: &str) -> (Streamed, String) {
+    let args: Vec<String> = [
+        "coordinator",
+        "--elastic",
+        "--bind",
+        bind,
+        "--world-size",
+        &world.to_string(),
+        "--heartbeat-timeout",
+        "1",
+        "--generation",
+        &generation.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut c = Streamed::start(&args, secret);
+    let addr = c.wait_for("coordinator listening on ").rsplit(' ').next().unwrap().to_owned();
+    (c, addr)
+}
+
+fn worker(steps: u64, rank: usize, world: usize, addr: &str, out: &Path, secret: &str) -> Streamed {
+    let mut args = train_args(steps, out);
+    args.extend(
+        ["--elastic", "--rank", &rank.to_string(), "--world-size", &world.to_string(), "--coordinator", addr]
+            .map(String::from),
+    );
+    Streamed::start(&args, secret)
+}
+
+#[test]
+fn a_worker_joins_a_running_job_and_the_bits_do_not_change() {
+    let steps = 300;
+    let secret = "grow-test-secret";
+    let tmp = tempfile::tempdir().unwrap();
+    let (coord, addr) = coordinator("127.0.0.1:0", 2, 0, secret);
+    let w0 = worker(steps, 0, 2, &addr, &tmp.path().join("w0"), secret);
+    let w1 = worker(steps, 1, 2, &addr, &tmp.path().join("w1"), secret);
+    wait_for_step(&tmp.path().join("w0"), 30);
+    let w2 = worker(steps, 2, 2, &addr, &tmp.path().join("w2"), secret);
+    let reference = reference(steps);
+    for w in [w0, w1, w2] {
+        let (ok, text) = w.finish();
+        assert!(ok, "{text}");
+        assert_eq!(fingerprints(&text), vec![reference.clone()], "{text}");
+    }
+    let (ok, text) = coord.finish();
+    assert!(ok, "{text}");
+    assert!(text.contains("workers [0, 1, 2] from step"), "{text}");
+    assert!(text.contains("[2] fetch the state from [0, 1]"), "{text}");
+}
+
+#[test]
+fn the_job_survives_its_coordinator_killed_and_started_again() {
+    let steps = 300;
+    let secret = "coordinator-restart-secret";
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut first, addr) = coordinator("127.0.0.1:0", 3, 0, secret);
+    let workers: Vec<Streamed> =
+        (0..3).map(|r| worker(steps, r, 3, &addr, &tmp.path().join(format!("w{r}")), secret)).collect();
+    wait_for_step(&tmp.path().join("w0"), 30);
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let (second, _) = coordinator(&addr, 3, 1, secret);
+    let reference = reference(steps);
+    for w in workers {
+        let (ok, text) = w.finish();
+        assert!(ok, "{text}");
+        assert_eq!(fingerprints(&text), vec![reference.clone()], "{text}");
+    }
+    let (ok, text) = second.finish();
+    assert!(ok, "{text}");
+    // The new coordinator's epochs carry its generation.
+    assert!(text.contains("epoch 1.1: workers [0, 1, 2]"), "{text}");
+}
