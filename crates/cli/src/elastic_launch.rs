@@ -11,6 +11,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -105,12 +106,15 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         let err = child.stderr.take().expect("piped");
         pumps.push(std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                println!("[{slot}] {line}");
+                let text = format!("[{slot}] {line}");
+                println!("{text}");
             }
         }));
         pumps.push(std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[{slot}] {line}");
+                // One write per line: unbuffered, a formatted line goes out in pieces.
+                let text = format!("[{slot}] {line}\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
             }
         }));
         println!("[launcher] worker {slot} started: process {} (pid {})", incarnation + 1, child.id());
@@ -138,6 +142,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             })
         });
         let mut over_since: Option<Instant> = None;
+        let mut stopped_on_error: Option<usize> = None;
         loop {
             // A worker the coordinator lost may still run (hung, or cut off): end it.
             while let Ok(slot) = lost_rx.try_recv() {
@@ -159,6 +164,15 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
                     continue;
                 }
                 println!("[launcher] worker {i} (process {}) exited with {status}", slot.incarnation + 1);
+                // A process that reported an error and exited (the replicas diverged, the
+                // configuration is wrong) would fail the same way again: the job ends. A
+                // process that died (a signal, a panic) is replaced.
+                let died = status.signal().is_some() || status.code() == Some(101);
+                if !died {
+                    println!("[launcher] worker {i} stopped on an error: the job ends");
+                    stopped_on_error.get_or_insert(i);
+                    over_since.get_or_insert_with(Instant::now);
+                }
                 let over = over_since.is_some() || finished.load(Ordering::Relaxed);
                 if !over && plan.on_failure == OnFailure::Replace && restarts < plan.max_restarts {
                     restarts += 1;
@@ -175,6 +189,9 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
                 shutdown.store(true, Ordering::Relaxed);
                 break;
             }
+            if stopped_on_error.is_some() {
+                shutdown.store(true, Ordering::Relaxed);
+            }
             // The job is over and a worker still runs: it is hung or was never told.
             if over_since.is_some_and(|t| t.elapsed() > KILL_GRACE) {
                 for (i, slot) in slots.iter_mut().enumerate() {
@@ -187,10 +204,16 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        match coordinator.join() {
-            Ok(stage) => Ok(stage?),
+        let stage = match coordinator.join() {
+            Ok(stage) => stage?,
             Err(_) => anyhow::bail!("the coordinator thread panicked"),
+        };
+        if let Some(i) = stopped_on_error
+            && stage != Stage::Finished
+        {
+            anyhow::bail!("worker {i} stopped on an error (above)");
         }
+        Ok(stage)
     })?;
     for p in pumps {
         let _ = p.join();

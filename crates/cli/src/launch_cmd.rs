@@ -155,7 +155,9 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             }));
             pumps.push(s.spawn(move || {
                 for line in BufReader::new(err).lines().map_while(Result::ok) {
-                    eprintln!("[{rank}] {line}");
+                    // One write per line: unbuffered, a formatted line goes out in pieces.
+                    let text = format!("[{rank}] {line}\n");
+                    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
                 }
             }));
         }

@@ -130,6 +130,11 @@ pub struct TrainArgs {
     /// Which process of its slot this worker is, in an elastic job [env: STEADFAST_INCARNATION].
     #[arg(long, value_name = "N")]
     incarnation: Option<u64>,
+    /// What an elastic job does when its replicas disagree. `repair` also checks, before
+    /// every step, that each replica's state is the one it committed (one pass over the
+    /// state per step).
+    #[arg(long, value_parser = choice::of::<train::OnDivergence>(), default_value = "stop")]
+    on_divergence: train::OnDivergence,
     /// Compare the replicas' fingerprints every K steps (and always at the end).
     #[arg(long, value_name = "K", default_value_t = 0)]
     fingerprint_every: u64,
@@ -202,6 +207,7 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
         timeout: Duration::from_secs_f64(args.comm_timeout),
         fingerprint_every: args.fingerprint_every,
         elastic: elastic.then_some(incarnation),
+        on_divergence: args.on_divergence,
     }))
 }
 

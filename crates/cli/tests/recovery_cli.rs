@@ -359,3 +359,55 @@ fn the_job_survives_its_coordinator_killed_and_started_again() {
     // The new coordinator's epochs carry its generation.
     assert!(text.contains("epoch 1.1: workers [0, 1, 2]"), "{text}");
 }
+
+#[test]
+fn live_bit_flips_are_repaired_from_the_healthy_replicas_and_the_bits_are_golden() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> =
+        ["launch", "--nproc", "3", "--max-restarts", "1", "--heartbeat-timeout", "1", "--"].map(String::from).to_vec();
+    args.extend(train_args(STEPS, &tmp.path().join("repair")));
+    args.extend(
+        [
+            "--on-divergence",
+            "repair",
+            "--fingerprint-every",
+            "1",
+            // A parameter of worker 1 flips at rest, before step 10 reads it.
+            "--inject",
+            "step=10,rank=1,state=param,bits=exponent,count=1,seed=3",
+            // An optimizer slot of worker 2 flips in step 20's update.
+            "--inject",
+            "step=20,rank=2,state=optim,bits=exponent,count=1,seed=3",
+            // Worker 0's summed gradient flips in step 30: the vote refuses the step.
+            "--inject",
+            "step=30,rank=0,state=grad,bits=exponent,count=1,seed=3",
+        ]
+        .map(String::from),
+    );
+    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("the state of worker 1 changed at rest"), "{stderr}");
+    assert!(stdout.contains("from step 10 (") && stdout.contains("[1] fetch the state from [0, 2]"), "{stdout}");
+    assert!(stderr.contains("workers [2] hold another state: repairing them"), "{stderr}");
+    assert!(stdout.contains("[2] fetch the state from [0, 1]"), "{stdout}");
+    assert!(!stdout.contains("replacing"), "no process was lost: {stdout}");
+    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
+}
+
+#[test]
+fn a_divergence_stops_the_job_when_it_is_not_to_be_repaired() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> =
+        ["launch", "--nproc", "3", "--max-restarts", "2", "--heartbeat-timeout", "1", "--"].map(String::from).to_vec();
+    args.extend(train_args(STEPS, &tmp.path().join("stop")));
+    args.extend(
+        ["--fingerprint-every", "1", "--inject", "step=20,rank=2,state=optim,bits=exponent,count=1,seed=3"]
+            .map(String::from),
+    );
+    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(!run.status.success(), "{stdout}");
+    assert_eq!(stderr.matches("replicas diverged at step 21: rank(s) [2]").count(), 3, "{stderr}");
+    assert!(!stdout.contains("replacing"), "an error is not a crash: {stdout}");
+}

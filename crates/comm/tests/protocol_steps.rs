@@ -108,6 +108,21 @@ fn worker_with_another_sum_or_state_fetches_and_a_bad_fetch_leaves_the_epoch() {
 }
 
 #[test]
+fn worker_whose_state_is_corrupted_leaves_the_epoch_and_reports_it_as_it_is() {
+    let c = Clock(Instant::now());
+    let mut w = voting_worker(&c);
+    let a = w.on_corrupted(c.at(4), 999);
+    assert!(others(&a).is_empty(), "{a:?}");
+    let s = w.status();
+    assert_eq!((s.phase, s.step, s.fingerprint, s.unapplied, s.last_commit), (Phase::Idle, 0, 999, None, None));
+    assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(_))]));
+    // The next quorum, whose majority holds the state at step 0 with fingerprint 100,
+    // makes it fetch rather than start.
+    let a = w.on_message(c.at(5), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 0, 100, None)));
+    assert!(matches!(others(&a)[..], [Action::Fetch { step: 0, fingerprint: 100, .. }]), "{a:?}");
+}
+
+#[test]
 fn worker_applies_only_a_unanimous_vote_and_steps_on_to_done() {
     let c = Clock(Instant::now());
     let mut w = voting_worker(&c);

@@ -71,6 +71,19 @@ pub struct DistConfig {
     /// In an elastic job (one that survives the loss of workers), which process of its
     /// slot this is; `rank` is then the slot, and `world` the job's initial size.
     pub elastic: Option<u64>,
+    /// What an elastic job does when its replicas disagree.
+    pub on_divergence: OnDivergence,
+}
+
+/// What an elastic job does when its replicas' states disagree (silent data corruption).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnDivergence {
+    /// Stop the job, naming the replicas outvoted.
+    #[default]
+    Stop,
+    /// The replicas outvoted by a strict majority, and a replica whose state changed
+    /// between steps, fetch the state from the healthy ones; the job goes on.
+    Repair,
 }
 
 impl TrainConfig {

@@ -38,7 +38,7 @@ use comm::port::Port;
 use comm::protocol::wire::Hello;
 use comm::protocol::{Action, Msg, Node, Timing, Worker, WorkerId};
 use comm::transfer::Want;
-use comm::transport::{CommError, TcpConfig, TcpMesh};
+use comm::transport::{CommError, TcpConfig, TcpMesh, Transport};
 use fault::crash::Phase;
 use serde_json::json;
 
@@ -288,6 +288,18 @@ pub(crate) fn run(
             Action::Compute { epoch, step, rank, members } => {
                 step_started = Instant::now();
                 let at = At { step, rank: id as usize };
+                if let Some(changed) = check_at_rest(&held, &mut hooks, at, d.on_divergence)? {
+                    tracing::error!(
+                        step,
+                        "the state of worker {id} changed at rest ({} -> {}): repairing it from the replicas",
+                        repro::fingerprint::hex(changed.0),
+                        repro::fingerprint::hex(changed.1)
+                    );
+                    report_injections(&mut metrics, hooks.take_flips())?;
+                    metrics.write(json!({"kind": "divergence", "step": step, "worker": id, "found": "at rest"}))?;
+                    queue.extend(worker.on_corrupted(Instant::now(), changed.1));
+                    continue;
+                }
                 let reduced = (|| -> Result<Option<SumCheck>, TrainError> {
                     let mesh = {
                         match current.get() {
@@ -305,10 +317,6 @@ pub(crate) fn run(
                             }
                         }
                     };
-                    {
-                        let mut h = lock_write(&held);
-                        hooks.after_load(at, &mut h.state)?;
-                    }
                     {
                         let h = lock_read(&held);
                         engine.compute(&h.state, rank, members.len(), &mut hooks, &mut micro)?;
@@ -365,7 +373,40 @@ pub(crate) fn run(
                     last_eval = Some(report);
                 }
                 step_started = Instant::now();
-                queue.extend(worker.on_applied(Instant::now(), step, fingerprint));
+                let mut next = worker.on_applied(Instant::now(), step, fingerprint);
+                let last = config.steps;
+                let every = d.fingerprint_every;
+                if (every > 0 && done.is_multiple_of(every)) || done == last {
+                    let members = worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
+                    let verdict = match current.get() {
+                        Some((_, mesh)) => compare_replicas(&mesh, &members, fingerprint, d.timeout),
+                        None => Verdict::Agree,
+                    };
+                    if verdict != Verdict::Agree {
+                        // Leave the epoch: the next quorum's majority decides who fetches.
+                        next.retain(|a| !matches!(a, Action::Compute { .. }));
+                    }
+                    match verdict {
+                        Verdict::Agree => {}
+                        Verdict::Lost(other) => next.extend(worker.on_peer_lost(Instant::now(), other)),
+                        Verdict::Diverged { outvoted, majority } => {
+                            metrics.write(json!({
+                                "kind": "divergence", "step": done, "workers": outvoted, "found": "replica check",
+                            }))?;
+                            if d.on_divergence == crate::config::OnDivergence::Stop || !majority {
+                                let ranks = outvoted.iter().map(|&w| w as usize).collect();
+                                return Err(TrainError::ReplicasDiverged { step: done, ranks });
+                            }
+                            tracing::error!(step = done, "workers {outvoted:?} hold another state: repairing them");
+                            if outvoted.contains(&id) {
+                                next.extend(worker.on_corrupted(Instant::now(), fingerprint));
+                            } else {
+                                next.extend(worker.on_peer_lost(Instant::now(), outvoted[0]));
+                            }
+                        }
+                    }
+                }
+                queue.extend(next);
             }
             Action::Fetch { epoch, step, fingerprint, sources } => {
                 let got = fetch(
@@ -491,4 +532,55 @@ fn fetch(
         return Err((e, Some((h.state.step, h.fingerprint))));
     }
     Ok(fetched)
+}
+
+/// What the replica check after an update found.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Every member holds the same state.
+    Agree,
+    /// A member was lost during the check.
+    Lost(WorkerId),
+    /// The members `outvoted` hold another state than the others; `majority` says whether
+    /// the others are a strict majority (otherwise nobody can tell who is right, and every
+    /// member is in `outvoted`).
+    Diverged { outvoted: Vec<WorkerId>, majority: bool },
+}
+
+/// Compares this member's `fingerprint` with every other member's.
+fn compare_replicas(mesh: &TcpMesh, members: &[WorkerId], fingerprint: u64, timeout: Duration) -> Verdict {
+    match comm::collective::all_gather_u64(mesh, fingerprint, timeout) {
+        Ok(all) => match comm::majority::dissenters(&all) {
+            Some(d) if d.is_empty() => Verdict::Agree,
+            Some(d) => Verdict::Diverged { outvoted: d.iter().map(|&r| members[r]).collect(), majority: true },
+            None => Verdict::Diverged { outvoted: members.to_vec(), majority: false },
+        },
+        Err(e) => {
+            tracing::warn!("the replica check failed: {e}");
+            let me = mesh.rank();
+            Verdict::Lost(members.iter().enumerate().find(|(r, _)| *r != me).map_or(0, |(_, &m)| m))
+        }
+    }
+}
+
+/// Before a step: the hooks that strike the state at rest fire, and, when the job repairs
+/// divergence, the state is checked against the fingerprint it had after the last update.
+/// Returns `(expected, found)` when it changed.
+fn check_at_rest(
+    held: &RwLock<Held>,
+    hooks: &mut LiveFaults,
+    at: At,
+    policy: crate::config::OnDivergence,
+) -> Result<Option<(u64, u64)>, TrainError> {
+    let mut h = lock_write(held);
+    hooks.after_load(at, &mut h.state)?;
+    if policy != crate::config::OnDivergence::Repair {
+        return Ok(None);
+    }
+    let found = h.state.fingerprint();
+    if found == h.fingerprint {
+        return Ok(None);
+    }
+    let expected = std::mem::replace(&mut h.fingerprint, found);
+    Ok(Some((expected, found)))
 }

@@ -7,6 +7,7 @@
 use repro::text_form;
 pub use repro::words::{UnknownWord, Word};
 
+use crate::config::OnDivergence;
 use crate::data::DataKind;
 use crate::model::ModelKind;
 use crate::optim::OptimKind;
@@ -102,3 +103,21 @@ mod tests {
         assert!(e.to_string().contains("unknown data set \"mnist\""), "{e}");
     }
 }
+
+impl Word for OnDivergence {
+    const KIND: &'static str = "divergence policy";
+    const ALL: &'static [Self] = &[OnDivergence::Stop, OnDivergence::Repair];
+    fn word(self) -> &'static str {
+        match self {
+            OnDivergence::Stop => "stop",
+            OnDivergence::Repair => "repair",
+        }
+    }
+    fn help(self) -> &'static str {
+        match self {
+            OnDivergence::Stop => "stop the job, naming the replicas outvoted",
+            OnDivergence::Repair => "outvoted or corrupted replicas fetch the state from the healthy ones",
+        }
+    }
+}
+text_form!(OnDivergence);

@@ -213,6 +213,23 @@ impl Worker {
         out
     }
 
+    /// The shell found that the state it holds is not the state the protocol believes it
+    /// holds (a check after the update disagreed with the other replicas, or the state
+    /// changed at rest): it now has `fingerprint`. The worker leaves its epoch, dropping any
+    /// sum it holds, and reports the state as it is, so that the next quorum names it a
+    /// dissenter and it fetches the state from the healthy replicas.
+    pub fn on_corrupted(&mut self, now: Instant, fingerprint: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.is_over() {
+            return out;
+        }
+        self.status.fingerprint = fingerprint;
+        self.status.last_commit = None;
+        self.status.unapplied = None;
+        self.go_idle(now, &mut out);
+        out
+    }
+
     /// The shell saw the connection to another worker drop.
     pub fn on_peer_lost(&mut self, now: Instant, peer: WorkerId) -> Vec<Action> {
         let mut out = Vec::new();
