@@ -10,6 +10,7 @@
 #   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
 #   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
+#   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv. No benchmark here needs a GPU.
@@ -37,6 +38,7 @@ case "$which" in
   allreduce) "$venv/bin/python" bench/allreduce.py ;;
   ddp) "$venv/bin/python" bench/ddp_vs_pytorch.py ;;
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
+  recovery) "$venv/bin/python" bench/recovery.py ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
     "$venv/bin/python" bench/ckpt_vs_peers.py
@@ -45,6 +47,7 @@ case "$which" in
     "$venv/bin/python" bench/allreduce.py
     "$venv/bin/python" bench/ddp_vs_pytorch.py
     "$venv/bin/python" bench/campaign_speed.py
+    "$venv/bin/python" bench/recovery.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, campaign)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, campaign, recovery)" >&2; exit 2 ;;
 esac

@@ -8,7 +8,10 @@ use clap::{Args, Subcommand};
 const EXAMPLES: &str = "\
 Examples:
   # Save, snapshot-stall and load times of 100 MB and 1 GB of state, 1 and 4 shards
-  steadfast bench ckpt --dir /tmp/bench --mb 100,1000 --shards 1,4";
+  steadfast bench ckpt --dir /tmp/bench --mb 100,1000 --shards 1,4
+
+  # State transfer of 10 MB to 1 GB from one and from two replicas
+  steadfast bench transfer --mb 10,100,1000 --sources 1,2";
 
 /// Arguments of `steadfast bench`.
 #[derive(Args, Debug)]
@@ -24,6 +27,21 @@ enum BenchCommand {
     Ckpt(CkptArgs),
     /// All-reduce bus bandwidth over loopback TCP against the loopback's own bandwidth.
     Allreduce(AllreduceArgs),
+    /// State transfer throughput from 1..N live replicas against the loopback's bandwidth.
+    Transfer(TransferArgs),
+}
+
+#[derive(Args, Debug)]
+struct TransferArgs {
+    /// State sizes in MB (10^6 bytes of f32), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    mb: Vec<u64>,
+    /// Numbers of sources fetched from at once, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    sources: Vec<usize>,
+    /// Repetitions per configuration (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
 }
 
 #[derive(Args, Debug)]
@@ -75,6 +93,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 drop_caches: b.drop_caches,
             };
             Ok(lab::bench::ckpt(&bench, &mut |row| println!("{row}"))?)
+        }
+        BenchCommand::Transfer(b) => {
+            let bench = lab::bench::TransferBench { mb: b.mb, sources: b.sources, repeats: b.repeats };
+            for row in lab::bench::transfer(&bench)? {
+                println!("{row}");
+            }
+            Ok(())
         }
         BenchCommand::Allreduce(b) => {
             let bench = lab::bench::AllreduceBench { world: b.world, mb: b.mb, repeats: b.repeats };

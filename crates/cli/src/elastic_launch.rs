@@ -60,6 +60,13 @@ struct Slot {
     finished: bool,
 }
 
+/// One line of the launcher's, timed from the start of the job like the coordinator's.
+macro_rules! say {
+    ($started:expr, $($arg:tt)*) => {
+        println!("[launcher]    {:>7.2} s  {}", $started.elapsed().as_secs_f64(), format!($($arg)*))
+    };
+}
+
 /// Runs the job; fails unless it finished.
 pub fn run(plan: Plan) -> anyhow::Result<()> {
     let mut secret = [0u8; 32];
@@ -87,6 +94,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
     // Once every member holds the final state, a failure is not replaced.
     let finished = AtomicBool::new(false);
     let (lost_tx, lost_rx) = mpsc::channel();
+    let started = Instant::now();
     let mut pumps: Vec<JoinHandle<()>> = Vec::new();
     let spawn = |slot: usize, incarnation: u64, pumps: &mut Vec<JoinHandle<()>>| -> anyhow::Result<Child> {
         let mut child = Command::new(&exe)
@@ -117,7 +125,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
                 let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
             }
         }));
-        println!("[launcher] worker {slot} started: process {} (pid {})", incarnation + 1, child.id());
+        say!(started, "worker {slot} started: process {} (pid {})", incarnation + 1, child.id());
         Ok(child)
     };
     let mut slots = Vec::new();
@@ -125,7 +133,6 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         slots.push(Slot { child: Some(spawn(slot, 0, &mut pumps)?), incarnation: 0, finished: false });
     }
     let mut restarts = 0u32;
-    let started = Instant::now();
     let stage = std::thread::scope(|s| -> anyhow::Result<Stage> {
         let (shutdown, finished) = (&shutdown, &finished);
         let key = secret.as_bytes();
@@ -133,8 +140,8 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             comm::control::coordinate(listener, key, machine, timing, shutdown, &mut |event| {
                 println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
                 match event {
-                    Event::Lost { id, .. } => {
-                        let _ = lost_tx.send(id as usize);
+                    Event::Lost { id, incarnation, .. } => {
+                        let _ = lost_tx.send((id as usize, incarnation));
                     }
                     Event::Finished => finished.store(true, Ordering::Relaxed),
                     _ => {}
@@ -145,11 +152,13 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         let mut stopped_on_error: Option<usize> = None;
         loop {
             // A worker the coordinator lost may still run (hung, or cut off): end it.
-            while let Ok(slot) = lost_rx.try_recv() {
-                if let Some(child) = slots.get_mut(slot).and_then(|s| s.child.as_mut())
+            // (Only the process lost: its replacement may have started already.)
+            while let Ok((slot, incarnation)) = lost_rx.try_recv() {
+                if let Some(s) = slots.get_mut(slot).filter(|s| s.incarnation == incarnation)
+                    && let Some(child) = s.child.as_mut()
                     && child.try_wait().ok().flatten().is_none()
                 {
-                    println!("[launcher] killing worker {slot} (pid {}): the coordinator lost it", child.id());
+                    say!(started, "killing worker {slot} (pid {}): the coordinator lost it", child.id());
                     let _ = child.kill();
                 }
             }
@@ -163,13 +172,13 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
                     slot.finished = true;
                     continue;
                 }
-                println!("[launcher] worker {i} (process {}) exited with {status}", slot.incarnation + 1);
+                say!(started, "worker {i} (process {}) exited with {status}", slot.incarnation + 1);
                 // A process that reported an error and exited (the replicas diverged, the
                 // configuration is wrong) would fail the same way again: the job ends. A
                 // process that died (a signal, a panic) is replaced.
                 let died = status.signal().is_some() || status.code() == Some(101);
                 if !died {
-                    println!("[launcher] worker {i} stopped on an error: the job ends");
+                    say!(started, "worker {i} stopped on an error: the job ends");
                     stopped_on_error.get_or_insert(i);
                     over_since.get_or_insert_with(Instant::now);
                 }
@@ -177,7 +186,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
                 if !over && plan.on_failure == OnFailure::Replace && restarts < plan.max_restarts {
                     restarts += 1;
                     slot.incarnation += 1;
-                    println!("[launcher] replacing worker {i} (restart {restarts} of {})", plan.max_restarts);
+                    say!(started, "replacing worker {i} (restart {restarts} of {})", plan.max_restarts);
                     slot.child = Some(spawn(i, slot.incarnation, &mut pumps)?);
                 }
             }
@@ -196,7 +205,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             if over_since.is_some_and(|t| t.elapsed() > KILL_GRACE) {
                 for (i, slot) in slots.iter_mut().enumerate() {
                     if let Some(mut child) = slot.child.take() {
-                        println!("[launcher] killing worker {i}: still running after the job ended");
+                        say!(started, "killing worker {i}: still running after the job ended");
                         let _ = child.kill();
                         let _ = child.wait();
                     }
@@ -208,8 +217,9 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             Ok(stage) => stage?,
             Err(_) => anyhow::bail!("the coordinator thread panicked"),
         };
+        // A job the coordinator stopped says why; one a worker's error ended points at it.
         if let Some(i) = stopped_on_error
-            && stage != Stage::Finished
+            && matches!(stage, Stage::Gathering { .. } | Stage::Syncing { .. } | Stage::Running)
         {
             anyhow::bail!("worker {i} stopped on an error (above)");
         }

@@ -140,7 +140,7 @@ fn jobs_that_lose_workers_end_with_the_bits_of_one_that_never_did() {
         let stdout = String::from_utf8_lossy(&run.stdout);
         let context = format!("schedule {seed} {faults:?}:\n{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
         assert!(run.status.success(), "{context}");
-        assert!(stdout.contains("[launcher] replacing worker"), "the first fault always strikes: {context}");
+        assert!(stdout.contains("  replacing worker"), "the first fault always strikes: {context}");
         let got = fingerprints(&stdout);
         assert_eq!(got.len(), 3, "{context}");
         assert!(got.iter().all(|f| f == reference), "expected {reference}: {context}");
@@ -272,7 +272,7 @@ fn a_worker_killed_from_outside_is_replaced_with_the_same_bits() {
         ["launch", "--nproc", "3", "--max-restarts", "1", "--heartbeat-timeout", "1", "--"].map(String::from).to_vec();
     args.extend(train_args(steps, &out));
     let mut job = Streamed::start(&args, "");
-    let line = job.wait_for("[launcher] worker 2 started: process 1 (pid ");
+    let line = job.wait_for("  worker 2 started: process 1 (pid ");
     let pid: u32 = line.rsplit("pid ").next().unwrap().trim_end_matches(')').parse().unwrap();
     wait_for_step(&out, 20);
     let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();

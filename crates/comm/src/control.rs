@@ -45,6 +45,8 @@ pub enum Event {
     Lost {
         /// Its slot.
         id: WorkerId,
+        /// Which process of the slot (a replacement may already be starting).
+        incarnation: u64,
         /// Why.
         reason: String,
     },
@@ -76,7 +78,7 @@ impl std::fmt::Display for Event {
         match self {
             Event::Joined { id, incarnation: 0 } => write!(f, "worker {id} joined"),
             Event::Joined { id, incarnation } => write!(f, "worker {id} joined (process {})", incarnation + 1),
-            Event::Lost { id, reason } => write!(f, "worker {id} lost: {reason}"),
+            Event::Lost { id, reason, .. } => write!(f, "worker {id} lost: {reason}"),
             Event::Quorum { quorum: q, rolling, fetching } => {
                 write!(
                     f,
@@ -220,7 +222,7 @@ pub fn coordinate(
                 } else {
                     "its connection closed".to_owned()
                 };
-                on_event(Event::Lost { id, reason });
+                on_event(Event::Lost { id, incarnation: status.incarnation, reason });
             }
         }
         for id in conns.keys() {

@@ -343,3 +343,102 @@ fn bench_err(e: comm::transport::CommError) -> LabError {
 fn io(what: &'static str) -> impl Fn(std::io::Error) -> LabError {
     move |e| LabError::Bench(format!("{what}: {e}"))
 }
+
+/// What [`transfer`] measures.
+#[derive(Clone, Debug)]
+pub struct TransferBench {
+    /// State sizes in MB (10^6 bytes of f32).
+    pub mb: Vec<u64>,
+    /// Numbers of sources to fetch from at once.
+    pub sources: Vec<usize>,
+    /// Repetitions per configuration (the median is reported).
+    pub repeats: usize,
+}
+
+/// State transfer throughput ([`comm::transfer`], over authenticated loopback TCP through
+/// each worker's [`Port`](comm::port::Port)) from 1..N sources into one fetcher, against
+/// the loopback's one-stream bandwidth measured by the same run: one JSON row per size and
+/// number of sources. Every fetch is checked: the fetched state equals the sources'.
+pub fn transfer(b: &TransferBench) -> Result<Vec<serde_json::Value>, LabError> {
+    use std::sync::Arc;
+
+    let err = |e: comm::transport::CommError| LabError::Bench(format!("transfer: {e}"));
+    let loopback_mbps = {
+        let times = (0..3)
+            .map(|_| loopback_mb_per_s(256 << 20).map(|mbps| Duration::from_secs_f64(1.0 / mbps)))
+            .collect::<Result<_, LabError>>()?;
+        1.0 / median(times).as_secs_f64()
+    };
+    let secret = b"bench".to_vec();
+    let most = b.sources.iter().copied().max().unwrap_or(1).max(1);
+    let mut rows = Vec::new();
+    for &mb in &b.mb {
+        let n = (mb * 1_000_000 / 4) as usize;
+        let state: Arc<Vec<f32>> = Arc::new((0..n).map(|i| (i % 4093) as f32 * 0.25).collect());
+        let want = comm::transfer::Want { step: 7, fingerprint: 0x5eed, layout: 1, elements: n as u64 };
+        // The sources: a port each, serving the one shared state.
+        let mut addrs = Vec::new();
+        let mut ports = Vec::new();
+        for id in 1..=most as u32 {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("cannot listen"))?;
+            let mut port = comm::port::Port::open(listener, &secret, id).map_err(err)?;
+            addrs.push((id, port.addr()));
+            let incoming = port.transfers().expect("fresh port");
+            let state = Arc::clone(&state);
+            std::thread::spawn(move || {
+                while let Ok((_, stream)) = incoming.recv() {
+                    let state = Arc::clone(&state);
+                    std::thread::spawn(move || {
+                        comm::transfer::serve(stream, Duration::from_secs(60), &mut |w, range, out| {
+                            if *w != want {
+                                return Err("another state".into());
+                            }
+                            out.extend_from_slice(bytemuck::cast_slice(&state[range]));
+                            Ok(7)
+                        })
+                    });
+                }
+            });
+            ports.push(port);
+        }
+        let fetcher = comm::port::Port::open(
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(io("cannot listen"))?,
+            &secret,
+            0,
+        )
+        .map_err(err)?;
+        let dialer = fetcher.dialer();
+        let mut into = vec![0f32; n];
+        for &count in &b.sources {
+            let mut times = Vec::new();
+            for _ in 0..b.repeats.max(1) {
+                into.fill(0.0);
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let connect = |peer, addr| dialer.transfer(peer, addr, deadline);
+                let fetched = comm::transfer::fetch(
+                    &addrs[..count.clamp(1, most)],
+                    &connect,
+                    &want,
+                    Duration::from_secs(60),
+                    &mut |range, bytes| {
+                        for (d, s) in into[range].iter_mut().zip(bytes.chunks_exact(4)) {
+                            *d = f32::from_le_bytes(s.try_into().expect("4 bytes"));
+                        }
+                    },
+                )
+                .map_err(err)?;
+                if into != *state {
+                    return Err(LabError::Bench("the fetched state differs from the sources'".into()));
+                }
+                times.push(fetched.elapsed);
+            }
+            let secs = median(times).as_secs_f64();
+            rows.push(json!({
+                "mb": mb, "sources": count, "seconds": secs, "mb_per_s": mb as f64 / secs,
+                "loopback_mb_per_s": loopback_mbps,
+            }));
+        }
+        drop(ports);
+    }
+    Ok(rows)
+}
