@@ -71,28 +71,26 @@ impl Want {
 /// How a source reads a chunk of the state it holds: see [`serve`].
 pub type ReadChunk<'a> = dyn FnMut(&Want, Range<usize>, &mut Vec<u8>) -> Result<u64, String> + 'a;
 
-/// Serves transfer requests on `stream` until the fetcher closes it. `read` copies the
-/// elements of a range of the state `want` names into the buffer as little-endian bytes,
+/// Serves transfer requests on `stream` until the fetcher closes it. `read` appends the
+/// elements of a range of the state `want` names to the buffer as little-endian bytes,
 /// returning the optimizer's update count, or says why it cannot (it holds another state).
 pub fn serve(mut stream: TcpStream, idle: Duration, read: &mut ReadChunk<'_>) {
     let _ = stream.set_read_timeout(Some(idle));
     let mut request = Vec::new();
-    let mut body = Vec::new();
+    // The reply: the update count and checksum, then the chunk, read in place after them.
     let mut reply = Vec::new();
     while let Ok(kind) = read_frame_into(&mut stream, 64, &mut request) {
+        reply.clear();
+        reply.resize(16, 0);
         let answer = match (kind, Want::decode(&request)) {
-            (KIND_GET, Some((want, range))) if range.len() <= CHUNK_ELEMENTS => {
-                body.clear();
-                read(&want, range, &mut body)
-            }
+            (KIND_GET, Some((want, range))) if range.len() <= CHUNK_ELEMENTS => read(&want, range, &mut reply),
             _ => Err("malformed request".to_owned()),
         };
         let sent = match answer {
             Ok(updates) => {
-                reply.clear();
-                reply.extend_from_slice(&updates.to_le_bytes());
-                reply.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&body).to_le_bytes());
-                reply.extend_from_slice(&body);
+                let sum = xxhash_rust::xxh3::xxh3_64(&reply[16..]);
+                reply[..8].copy_from_slice(&updates.to_le_bytes());
+                reply[8..16].copy_from_slice(&sum.to_le_bytes());
                 write_frame(&mut stream, KIND_PART, &reply)
             }
             Err(why) => write_frame(&mut stream, KIND_REFUSE, why.as_bytes()),
@@ -149,8 +147,9 @@ pub fn fetch(
                 let result = (|| -> Result<(), String> {
                     let mut stream = connect(id, addr).map_err(|e| e.to_string())?;
                     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-                    let mut payload = Vec::new();
                     loop {
+                        // Each chunk's buffer goes to the caller whole (no copy of the bytes).
+                        let mut payload = Vec::new();
                         let Some(range) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                             // A chunk another source failed may still come back.
                             if remaining.load(Ordering::Acquire) == 0 {
@@ -163,8 +162,7 @@ pub fn fetch(
                         match got {
                             Ok(updates) => {
                                 remaining.fetch_sub(1, Ordering::AcqRel);
-                                let bytes = payload.split_off(16);
-                                if tx.send(Ok((i, range, updates, bytes))).is_err() {
+                                if tx.send(Ok((i, range, updates, payload))).is_err() {
                                     return Ok(());
                                 }
                             }
@@ -191,7 +189,8 @@ pub fn fetch(
                         failures.push(format!("worker {}: update count {u}, not {updates:?}", sources[i].0));
                         break;
                     }
-                    on_chunk(range, &bytes);
+                    let bytes = &bytes[16..];
+                    on_chunk(range, bytes);
                     received += 1;
                     fetched.bytes += bytes.len() as u64;
                     fetched.chunks[i].1 += 1;
@@ -227,7 +226,8 @@ pub fn fetch(
 fn get(stream: &mut TcpStream, want: &Want, range: &Range<usize>, payload: &mut Vec<u8>) -> Result<u64, String> {
     write_frame(stream, KIND_GET, &want.encode(range)).map_err(|e| e.to_string())?;
     stream.flush().map_err(|e| e.to_string())?;
-    let max = 16 + 4 * CHUNK_ELEMENTS as u32;
+    // The kind byte, the update count and checksum, and the largest chunk.
+    let max = 1 + 16 + 4 * CHUNK_ELEMENTS as u32;
     let kind = read_frame_into(stream, max, payload).map_err(|e| e.to_string())?;
     match kind {
         KIND_PART if payload.len() == 16 + 4 * range.len() => {
