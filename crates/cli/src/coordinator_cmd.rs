@@ -101,13 +101,11 @@ fn elastic(args: &CoordinatorArgs, listener: TcpListener, secret: &[u8], lost_af
     if !(args.quorum_timeout.is_finite() && args.quorum_timeout > 0.0) {
         anyhow::bail!("--quorum-timeout must be a positive number of seconds");
     }
-    let timing = comm::protocol::Timing {
-        heartbeat: (lost_after / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)),
+    let timing = comm::protocol::Timing::for_coordinator(
         lost_after,
-        settle: Duration::from_secs_f64(args.timeout.max(1.0)),
-        quorum_timeout: Duration::from_secs_f64(args.quorum_timeout),
-        ..comm::protocol::Timing::default()
-    };
+        Duration::from_secs_f64(args.timeout.max(1.0)),
+        Duration::from_secs_f64(args.quorum_timeout),
+    );
     let machine = comm::protocol::Coordinator::new(
         args.generation,
         args.world_size,

@@ -9,7 +9,6 @@
 //! the live replicas, or leaves the survivors to go on without it (`shrink`). Survivors
 //! never restart. Every failure and recovery is one line of output.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
@@ -69,20 +68,11 @@ macro_rules! say {
 
 /// Runs the job; fails unless it finished.
 pub fn run(plan: Plan) -> anyhow::Result<()> {
-    let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("cannot draw the job secret: {e}"))?;
-    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = crate::launch_cmd::job_secret()?;
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot listen for the coordinator")?;
     let coordinator = listener.local_addr()?;
     let exe = std::env::current_exe().context("cannot find this executable")?;
-    let lost_after = plan.heartbeat_timeout;
-    let timing = Timing {
-        heartbeat: (lost_after / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)),
-        lost_after,
-        settle: plan.settle,
-        quorum_timeout: plan.quorum_timeout,
-        ..Timing::default()
-    };
+    let timing = Timing::for_coordinator(plan.heartbeat_timeout, plan.settle, plan.quorum_timeout);
     let min_world = match plan.on_failure {
         // A replaced worker is waited for: the job keeps its world size (and, in the
         // `deterministic` mode, its bits).
@@ -110,21 +100,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("cannot start worker {slot}"))?;
-        let out = child.stdout.take().expect("piped");
-        let err = child.stderr.take().expect("piped");
-        pumps.push(std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let text = format!("[{slot}] {line}");
-                println!("{text}");
-            }
-        }));
-        pumps.push(std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                // One write per line: unbuffered, a formatted line goes out in pieces.
-                let text = format!("[{slot}] {line}\n");
-                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
-            }
-        }));
+        pumps.extend(crate::launch_cmd::forward_output(slot, &mut child));
         say!(started, "worker {slot} started: process {} (pid {})", incarnation + 1, child.id());
         Ok(child)
     };

@@ -13,8 +13,9 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -107,9 +108,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             command: args.command,
         });
     }
-    let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("cannot draw the job secret: {e}"))?;
-    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = job_secret()?;
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot listen for the rendezvous")?;
     let coordinator = listener.local_addr()?;
     let exe = std::env::current_exe().context("cannot find this executable")?;
@@ -144,23 +143,8 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             let _ = over_tx.send(());
             result
         });
-        let mut pumps = Vec::new();
-        for (rank, child) in children.iter_mut().enumerate() {
-            let out = child.stdout.take().expect("piped");
-            let err = child.stderr.take().expect("piped");
-            pumps.push(s.spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    println!("[{rank}] {line}");
-                }
-            }));
-            pumps.push(s.spawn(move || {
-                for line in BufReader::new(err).lines().map_while(Result::ok) {
-                    // One write per line: unbuffered, a formatted line goes out in pieces.
-                    let text = format!("[{rank}] {line}\n");
-                    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
-                }
-            }));
-        }
+        let pumps: Vec<_> =
+            children.iter_mut().enumerate().flat_map(|(rank, child)| forward_output(rank, child)).collect();
         let mut failures = Vec::new();
         let mut running: Vec<usize> = (0..children.len()).collect();
         let mut over_since: Option<Instant> = None;
@@ -202,4 +186,33 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
         Ok(failures)
     })?;
     if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }
+}
+
+/// A fresh random secret for a job, as hex.
+pub(crate) fn job_secret() -> anyhow::Result<String> {
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("cannot draw the job secret: {e}"))?;
+    Ok(secret.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Forwards a worker's standard output and error (piped) to ours, each line prefixed with
+/// `[slot]` and written whole.
+pub(crate) fn forward_output(slot: usize, child: &mut Child) -> [JoinHandle<()>; 2] {
+    let out = child.stdout.take().expect("piped");
+    let err = child.stderr.take().expect("piped");
+    [
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let text = format!("[{slot}] {line}");
+                println!("{text}");
+            }
+        }),
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                // One write per line: unbuffered, a formatted line goes out in pieces.
+                let text = format!("[{slot}] {line}\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
+            }
+        }),
+    ]
 }

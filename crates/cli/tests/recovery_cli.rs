@@ -40,6 +40,25 @@ fn train_args(steps: u64, out: &Path) -> Vec<String> {
     .to_vec()
 }
 
+/// `launch --nproc 3 --heartbeat-timeout 1 <policy> -- train ... <extra>` for `steps`,
+/// writing to `out`.
+fn launch_args(policy: &[&str], steps: u64, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["launch", "--nproc", "3", "--heartbeat-timeout", "1"].map(String::from).to_vec();
+    args.extend(policy.iter().map(|a| a.to_string()));
+    args.push("--".into());
+    args.extend(train_args(steps, out));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// Runs [`launch_args`] to the end: whether it succeeded, its standard output and error.
+fn launch(policy: &[&str], out: &Path, extra: &[&str]) -> (bool, String, String) {
+    let args = launch_args(policy, STEPS, out, extra);
+    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (run.status.success(), text(&run.stdout), text(&run.stderr))
+}
+
 /// Single-process `train`'s fingerprint after `steps`.
 fn reference(steps: u64) -> String {
     let tmp = tempfile::tempdir().unwrap();
@@ -129,17 +148,10 @@ fn jobs_that_lose_workers_end_with_the_bits_of_one_that_never_did() {
     for seed in 0..schedules {
         let faults = schedule(seed);
         let out = tmp.path().join(format!("s{seed}"));
-        let mut args: Vec<String> = ["launch", "--nproc", "3", "--max-restarts", "4", "--heartbeat-timeout", "1", "--"]
-            .map(String::from)
-            .to_vec();
-        args.extend(train_args(STEPS, &out));
-        for f in &faults {
-            args.extend(["--fault".to_owned(), f.clone()]);
-        }
-        let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let stdout = String::from_utf8_lossy(&run.stdout);
-        let context = format!("schedule {seed} {faults:?}:\n{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
-        assert!(run.status.success(), "{context}");
+        let extra: Vec<&str> = faults.iter().flat_map(|f| ["--fault", f.as_str()]).collect();
+        let (ok, stdout, stderr) = launch(&["--max-restarts", "4"], &out, &extra);
+        let context = format!("schedule {seed} {faults:?}:\n{stdout}\n{stderr}");
+        assert!(ok, "{context}");
         assert!(stdout.contains("  replacing worker"), "the first fault always strikes: {context}");
         let got = fingerprints(&stdout);
         assert_eq!(got.len(), 3, "{context}");
@@ -154,15 +166,12 @@ fn jobs_that_lose_workers_end_with_the_bits_of_one_that_never_did() {
 #[test]
 fn a_job_shrinks_from_three_workers_to_two_with_the_same_bits() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> =
-        ["launch", "--nproc", "3", "--on-failure", "shrink", "--min-nproc", "2", "--heartbeat-timeout", "1", "--"]
-            .map(String::from)
-            .to_vec();
-    args.extend(train_args(STEPS, &tmp.path().join("shrink")));
-    args.extend(["--fault".to_owned(), "crash:rank=2,step=12,phase=backward".to_owned()]);
-    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    let (ok, stdout, stderr) = launch(
+        &["--on-failure", "shrink", "--min-nproc", "2"],
+        &tmp.path().join("shrink"),
+        &["--fault", "crash:rank=2,step=12,phase=backward"],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("workers [0, 1] from step 12"), "{stdout}");
     assert!(!stdout.contains("replacing"), "{stdout}");
     assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 2], "{stdout}");
@@ -171,27 +180,12 @@ fn a_job_shrinks_from_three_workers_to_two_with_the_same_bits() {
 #[test]
 fn a_job_with_too_few_workers_left_stops_every_survivor_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> = [
-        "launch",
-        "--nproc",
-        "3",
-        "--on-failure",
-        "shrink",
-        "--min-nproc",
-        "3",
-        "--quorum-timeout",
-        "1",
-        "--heartbeat-timeout",
-        "1",
-        "--",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend(train_args(STEPS, &tmp.path().join("few")));
-    args.extend(["--fault".to_owned(), "crash:rank=1,step=5,phase=vote".to_owned()]);
-    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
-    assert!(!run.status.success(), "{stdout}");
+    let (ok, stdout, stderr) = launch(
+        &["--on-failure", "shrink", "--min-nproc", "3", "--quorum-timeout", "1"],
+        &tmp.path().join("few"),
+        &["--fault", "crash:rank=1,step=5,phase=vote"],
+    );
+    assert!(!ok, "{stdout}");
     assert!(stderr.contains("too few workers remain: 2 ready, at least 3 needed"), "{stderr}");
     // Both survivors say so, and neither printed a result.
     assert_eq!(stderr.matches("the job stopped: too few workers remain").count(), 3, "{stderr}");
@@ -268,10 +262,7 @@ fn a_worker_killed_from_outside_is_replaced_with_the_same_bits() {
     let steps = 300;
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("sigkill");
-    let mut args: Vec<String> =
-        ["launch", "--nproc", "3", "--max-restarts", "1", "--heartbeat-timeout", "1", "--"].map(String::from).to_vec();
-    args.extend(train_args(steps, &out));
-    let mut job = Streamed::start(&args, "");
+    let mut job = Streamed::start(&launch_args(&["--max-restarts", "1"], steps, &out, &[]), "");
     let line = job.wait_for("  worker 2 started: process 1 (pid ");
     let pid: u32 = line.rsplit("pid ").next().unwrap().trim_end_matches(')').parse().unwrap();
     wait_for_step(&out, 20);
@@ -363,11 +354,10 @@ fn the_job_survives_its_coordinator_killed_and_started_again() {
 #[test]
 fn live_bit_flips_are_repaired_from_the_healthy_replicas_and_the_bits_are_golden() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> =
-        ["launch", "--nproc", "3", "--max-restarts", "1", "--heartbeat-timeout", "1", "--"].map(String::from).to_vec();
-    args.extend(train_args(STEPS, &tmp.path().join("repair")));
-    args.extend(
-        [
+    let (ok, stdout, stderr) = launch(
+        &["--max-restarts", "1"],
+        &tmp.path().join("repair"),
+        &[
             "--on-divergence",
             "repair",
             "--fingerprint-every",
@@ -381,12 +371,9 @@ fn live_bit_flips_are_repaired_from_the_healthy_replicas_and_the_bits_are_golden
             // Worker 0's summed gradient flips in step 30: the vote refuses the step.
             "--inject",
             "step=30,rank=0,state=grad,bits=exponent,count=1,seed=3",
-        ]
-        .map(String::from),
+        ],
     );
-    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
-    assert!(run.status.success(), "{stdout}\n{stderr}");
+    assert!(ok, "{stdout}\n{stderr}");
     assert!(stderr.contains("the state of worker 1 changed at rest"), "{stderr}");
     assert!(stdout.contains("from step 10 (") && stdout.contains("[1] fetch the state from [0, 2]"), "{stdout}");
     assert!(stderr.contains("workers [2] hold another state: repairing them"), "{stderr}");
@@ -398,16 +385,12 @@ fn live_bit_flips_are_repaired_from_the_healthy_replicas_and_the_bits_are_golden
 #[test]
 fn a_divergence_stops_the_job_when_it_is_not_to_be_repaired() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> =
-        ["launch", "--nproc", "3", "--max-restarts", "2", "--heartbeat-timeout", "1", "--"].map(String::from).to_vec();
-    args.extend(train_args(STEPS, &tmp.path().join("stop")));
-    args.extend(
-        ["--fingerprint-every", "1", "--inject", "step=20,rank=2,state=optim,bits=exponent,count=1,seed=3"]
-            .map(String::from),
+    let (ok, stdout, stderr) = launch(
+        &["--max-restarts", "2"],
+        &tmp.path().join("stop"),
+        &["--fingerprint-every", "1", "--inject", "step=20,rank=2,state=optim,bits=exponent,count=1,seed=3"],
     );
-    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
-    assert!(!run.status.success(), "{stdout}");
+    assert!(!ok, "{stdout}");
     assert_eq!(stderr.matches("replicas diverged at step 21: rank(s) [2]").count(), 3, "{stderr}");
     assert!(!stdout.contains("replacing"), "an error is not a crash: {stdout}");
 }

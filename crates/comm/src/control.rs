@@ -11,7 +11,7 @@
 //! and, when the connection drops (the coordinator was restarted), dials again until it is
 //! closed. What to do about a long silence is the protocol's decision, not the link's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,7 +160,8 @@ pub fn coordinate(
     };
     let mut conns: BTreeMap<WorkerId, Conn> = BTreeMap::new();
     let mut serial = 0u64;
-    let mut lost: BTreeMap<WorkerId, bool> = BTreeMap::new();
+    // The workers whose loss was told (until they report again).
+    let mut told_lost: BTreeSet<WorkerId> = BTreeSet::new();
     let mut last_epoch = None;
     let mut last_stage = machine.stage().clone();
     let tick = (timing.heartbeat / 2).max(Duration::from_millis(5));
@@ -209,14 +210,13 @@ pub fn coordinate(
             }
             send(&mut conns, id, wire::KIND_MSG, &wire::encode(&msg));
         }
-        // What changed, told once.
-        for (&id, was_lost) in lost.iter_mut() {
-            // A worker that finished or stopped may close its connection.
-            if let Some((status, now_lost)) = machine.worker(id)
-                && now_lost
-                && !*was_lost
-                && !matches!(status.phase, Phase::Finished | Phase::Stopped)
-            {
+        // What changed, told once. (A worker that finished or stopped may close its
+        // connection: that is no loss.)
+        for (id, status, is_lost) in machine.workers() {
+            let over = matches!(status.phase, Phase::Finished | Phase::Stopped);
+            if !is_lost || over {
+                told_lost.remove(&id);
+            } else if told_lost.insert(id) {
                 let reason = if conns.contains_key(&id) {
                     format!("silent for {:.1} s", timing.lost_after.as_secs_f64())
                 } else {
@@ -224,12 +224,6 @@ pub fn coordinate(
                 };
                 on_event(Event::Lost { id, incarnation: status.incarnation, reason });
             }
-        }
-        for id in conns.keys() {
-            lost.entry(*id).or_insert(false);
-        }
-        for (id, was_lost) in lost.iter_mut() {
-            *was_lost = machine.worker(*id).is_none_or(|(_, l)| l);
         }
         if let Some(q) = machine.quorum()
             && last_epoch != Some(q.epoch)
@@ -248,9 +242,7 @@ pub fn coordinate(
             last_stage = stage.clone();
         }
         let over = matches!(stage, Stage::Finished | Stage::Stopped { .. })
-            && lost.keys().all(|&id| {
-                machine.worker(id).is_none_or(|(s, l)| l || matches!(s.phase, Phase::Finished | Phase::Stopped))
-            });
+            && machine.workers().all(|(_, s, l)| l || matches!(s.phase, Phase::Finished | Phase::Stopped));
         if over || shutdown.load(Ordering::Relaxed) {
             stop_admitting.store(true, Ordering::Relaxed);
             for c in conns.values_mut() {

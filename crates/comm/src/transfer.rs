@@ -110,7 +110,7 @@ pub struct Fetched {
     pub bytes: u64,
     /// Chunks received from each source, in the order of the sources given.
     pub chunks: Vec<(WorkerId, u64)>,
-    /// Chunks that failed at one source and were fetched again.
+    /// Sources that failed (each puts the chunk it was fetching back for the others).
     pub retried: u64,
     /// Wall-clock time of the fetch.
     pub elapsed: Duration,
@@ -119,8 +119,9 @@ pub struct Fetched {
 /// Fetches `want` from `sources` in chunks of [`chunk_for`] elements, opening one
 /// connection to each source with `connect`, and
 /// hands each verified chunk (its element range and little-endian bytes) to `on_chunk`,
-/// on the calling thread. Fails only when every source has failed; a source that answers
-/// with the wrong update count, or a chunk whose checksum is wrong, is dropped.
+/// on the calling thread. A source that fails (it died, refused, or sent a chunk whose
+/// checksum is wrong) is dropped and its chunk fetched from another; the fetch fails when
+/// no source is left for a chunk, or when two sources report different update counts.
 pub fn fetch(
     sources: &[(WorkerId, SocketAddr)],
     connect: &(dyn Fn(WorkerId, SocketAddr) -> Result<TcpStream, CommError> + Sync),
@@ -137,6 +138,7 @@ pub fn fetch(
     let remaining = AtomicUsize::new(total_chunks);
     let mut fetched = Fetched { chunks: sources.iter().map(|&(id, _)| (id, 0)).collect(), ..Fetched::default() };
     let mut failures = Vec::new();
+    let mut received = 0;
     std::thread::scope(|s| {
         let (tx, rx) = mpsc::sync_channel::<Result<(usize, Range<usize>, u64, Vec<u8>), (usize, String)>>(
             2 * sources.len().max(1),
@@ -179,13 +181,13 @@ pub fn fetch(
             });
         }
         drop(tx);
-        let mut received = 0;
         let mut updates = None;
         while received < total_chunks {
             let Ok(msg) = rx.recv() else { break };
             match msg {
                 Ok((i, range, u, bytes)) => {
                     if *updates.get_or_insert(u) != u {
+                        // The sources do not hold one state: nothing fetched can be trusted.
                         failures.push(format!("worker {}: update count {u}, not {updates:?}", sources[i].0));
                         break;
                     }
@@ -206,19 +208,16 @@ pub fn fetch(
         queue.lock().unwrap_or_else(|e| e.into_inner()).clear();
         remaining.store(0, Ordering::Release);
         drop(rx);
-        if received < total_chunks && failures.is_empty() {
-            failures.push("no source".into());
-        }
-        if received == total_chunks {
-            failures.clear();
-        }
     });
     fetched.elapsed = started.elapsed();
-    if failures.is_empty() {
-        Ok(fetched)
-    } else {
-        Err(CommError::Setup(format!("state transfer failed: {}", failures.join("; "))))
+    // A source that failed put its chunk back for the others: only a missing chunk fails.
+    if received == total_chunks {
+        return Ok(fetched);
     }
+    if failures.is_empty() {
+        failures.push("no source answered".into());
+    }
+    Err(CommError::Setup(format!("state transfer failed: {}", failures.join("; "))))
 }
 
 /// One request and its verified answer: the update count, then the checksum, then the

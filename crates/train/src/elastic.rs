@@ -30,6 +30,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{SocketAddr, TcpListener};
 use std::ops::Range;
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -47,7 +48,7 @@ use crate::error::{ConfigError, TrainError};
 use crate::failpoint::ProcessFaults;
 use crate::metrics::MetricsFile;
 use crate::step::{At, Hooks, LiveFaults, SumCheck, TrainState};
-use crate::trainer::{Event, Prepared, Summary, evaluate_state, report_injections, write_eval};
+use crate::trainer::{Event, Prepared, Summary, evaluate_state, report_injections, write_eval, write_summary};
 
 /// The state this worker holds, shared with the thread that serves it to fetchers.
 struct Held {
@@ -75,8 +76,11 @@ impl Current {
     fn get(&self) -> Option<EpochMesh> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-    fn set(&self, epoch: u64, mesh: Arc<TcpMesh>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, mesh));
+    /// Makes `mesh` the current one, and returns it.
+    fn set(&self, epoch: u64, mesh: TcpMesh) -> Arc<TcpMesh> {
+        let mesh = Arc::new(mesh);
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, Arc::clone(&mesh)));
+        mesh
     }
 }
 
@@ -168,11 +172,6 @@ fn spawn_server(
     Ok(())
 }
 
-/// The protocol's clocks for a worker with a collective bound of `timeout`.
-pub fn worker_timing(timeout: Duration) -> Timing {
-    Timing { vote_timeout: timeout, ..Timing::default() }
-}
-
 /// Runs worker `d.rank` (its slot), process `incarnation`, of an elastic job.
 pub(crate) fn run(
     config: &TrainConfig,
@@ -200,7 +199,8 @@ pub(crate) fn run(
         TcpListener::bind((d.bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {}: {e}", d.bind)))?;
     let mut port = Port::open(listener, &d.secret, id)?;
     spawn_server(&mut port, Arc::clone(&held), layout, faults.clone(), id)?;
-    let timing = worker_timing(d.timeout);
+    // The worker's own clocks: how often it reports, and how long it waits for ballots.
+    let timing = Timing { vote_timeout: d.timeout, ..Timing::default() };
     let current = Current::default();
     let interrupt = {
         let current = current.clone();
@@ -255,7 +255,12 @@ pub(crate) fn run(
             match incoming.recv_timeout(timing.heartbeat / 2) {
                 Ok(Incoming::Msg(m)) => queue.extend(worker.on_message(now, Node::Coordinator, m)),
                 Ok(Incoming::Book(b)) => book.extend(b),
-                Err(_) => queue.extend(worker.tick(now)),
+                Err(RecvTimeoutError::Timeout) => queue.extend(worker.tick(now)),
+                // The link was severed for good (a `cut` fault): only the clock is left.
+                Err(RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(timing.heartbeat / 2);
+                    queue.extend(worker.tick(Instant::now()));
+                }
             }
             continue;
         };
@@ -301,21 +306,16 @@ pub(crate) fn run(
                     continue;
                 }
                 let reduced = (|| -> Result<Option<SumCheck>, TrainError> {
-                    let mesh = {
-                        match current.get() {
-                            Some((e, m)) if e == epoch => m,
-                            _ => {
-                                let mesh = match port.mesh(epoch, &members, &book, &tcp) {
-                                    Ok(m) => Arc::new(m),
-                                    Err(e) => {
-                                        tracing::warn!(epoch, "cannot build the epoch's mesh: {e}");
-                                        return Ok(None);
-                                    }
-                                };
-                                current.set(epoch, Arc::clone(&mesh));
-                                mesh
+                    // The epoch's first step builds its mesh.
+                    let mesh = match current.get() {
+                        Some((e, m)) if e == epoch => m,
+                        _ => match port.mesh(epoch, &members, &book, &tcp) {
+                            Ok(m) => current.set(epoch, m),
+                            Err(e) => {
+                                tracing::warn!(epoch, "cannot build the epoch's mesh: {e}");
+                                return Ok(None);
                             }
-                        }
+                        },
                     };
                     {
                         let h = lock_read(&held);
@@ -394,6 +394,12 @@ pub(crate) fn run(
                                 "kind": "divergence", "step": done, "workers": outvoted, "found": "replica check",
                             }))?;
                             if d.on_divergence == crate::config::OnDivergence::Stop || !majority {
+                                // Every member holds the verdict before any exits: a member
+                                // that closed its connections early could make a peer's
+                                // comparison fail, and that peer take it for a lost worker.
+                                if let Some((_, mesh)) = current.get() {
+                                    let _ = comm::collective::barrier(&*mesh, d.timeout);
+                                }
                                 let ranks = outvoted.iter().map(|&w| w as usize).collect();
                                 return Err(TrainError::ReplicasDiverged { step: done, ranks });
                             }
@@ -473,15 +479,7 @@ pub(crate) fn run(
         resumed_from: 0,
         checkpoints: ckpt::WriterStats::default(),
     };
-    metrics.write(json!({
-        "kind": "summary",
-        "steps": summary.steps,
-        "final_loss": summary.final_loss,
-        "test_accuracy": summary.eval.accuracy,
-        "fingerprint": repro::fingerprint::hex(summary.fingerprint),
-        "train_seconds": train_time.as_secs_f64(),
-        "optimizer_seconds": optimizer_time.as_secs_f64(),
-    }))?;
+    write_summary(&mut metrics, &summary)?;
     Ok((summary, state))
 }
 

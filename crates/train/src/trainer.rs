@@ -307,6 +307,12 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         resumed_from: first_step,
         checkpoints,
     };
+    write_summary(&mut metrics, &summary)?;
+    Ok((summary, state))
+}
+
+/// The `summary` line of `metrics.jsonl`.
+pub(crate) fn write_summary(metrics: &mut MetricsFile, summary: &Summary) -> Result<(), TrainError> {
     metrics.write(json!({
         "kind": "summary",
         "steps": summary.steps,
@@ -315,13 +321,12 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         "test_perplexity": summary.eval.perplexity,
         "unigram_perplexity": summary.unigram_perplexity,
         "fingerprint": repro::fingerprint::hex(summary.fingerprint),
-        "train_seconds": train_time.as_secs_f64(),
-        "optimizer_seconds": optimizer_time.as_secs_f64(),
-        "resumed_from": first_step,
+        "train_seconds": summary.train_time.as_secs_f64(),
+        "optimizer_seconds": summary.optimizer_time.as_secs_f64(),
+        "resumed_from": summary.resumed_from,
         "checkpoints": summary.checkpoints.committed,
         "checkpoint_stall_seconds": summary.checkpoints.stall.as_secs_f64(),
-    }))?;
-    Ok((summary, state))
+    }))
 }
 
 /// Scores `state` on the held-out split with the engine's model.

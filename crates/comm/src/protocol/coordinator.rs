@@ -95,6 +95,11 @@ impl Coordinator {
         self.workers.get(&id).map(|s| (&s.status, s.lost))
     }
 
+    /// Every worker that has reported: its id, last report, and whether it is lost.
+    pub fn workers(&self) -> impl Iterator<Item = (WorkerId, &Status, bool)> {
+        self.workers.iter().map(|(&id, s)| (id, &s.status, s.lost))
+    }
+
     /// A message arrived from `from`.
     pub fn on_message(&mut self, now: Instant, from: Node, msg: Msg) -> Vec<Action> {
         if let (Node::Worker(id), Msg::Report(status)) = (from, msg) {

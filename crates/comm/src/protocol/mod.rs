@@ -108,6 +108,22 @@ impl Default for Timing {
     }
 }
 
+impl Timing {
+    /// A coordinator's clocks: a worker is lost after `lost_after` of silence, the first
+    /// quorum waits at most `settle` for every worker, and the job stops after
+    /// `quorum_timeout` with too few. Messages that have not taken effect are repeated
+    /// every fifth of `lost_after`, between 20 and 200 ms.
+    pub fn for_coordinator(lost_after: Duration, settle: Duration, quorum_timeout: Duration) -> Timing {
+        Timing {
+            heartbeat: (lost_after / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)),
+            lost_after,
+            settle,
+            quorum_timeout,
+            ..Timing::default()
+        }
+    }
+}
+
 /// What a worker is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
