@@ -48,6 +48,9 @@ pub struct Plan {
     pub settle: Duration,
     /// How long the job waits for enough workers before it stops.
     pub quorum_timeout: Duration,
+    /// The rollback baseline: workers copy their state every this many steps and go
+    /// back to the copy when a member is lost.
+    pub copy_every: Option<u64>,
     /// The worker command (`train ...`).
     pub command: Vec<String>,
 }
@@ -57,13 +60,6 @@ struct Slot {
     incarnation: u64,
     /// Exited with success.
     finished: bool,
-}
-
-/// One line of the launcher's, timed from the start of the job like the coordinator's.
-macro_rules! say {
-    ($started:expr, $($arg:tt)*) => {
-        println!("[launcher]    {:>7.2} s  {}", $started.elapsed().as_secs_f64(), format!($($arg)*))
-    };
 }
 
 /// Runs the job; fails unless it finished.
@@ -95,6 +91,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             .env("STEADFAST_SECRET", &secret)
             .env("STEADFAST_ELASTIC", "1")
             .env("STEADFAST_INCARNATION", incarnation.to_string())
+            .envs(plan.copy_every.map(|k| ("STEADFAST_COPY_EVERY", k.to_string())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

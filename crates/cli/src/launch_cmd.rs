@@ -35,6 +35,11 @@ Examples:
   steadfast launch --nproc 3 --max-restarts 3 -- train --reduce reproducible \
       --fault 'crash:rank=1,step=40,phase=vote'
 
+  # The baselines, to compare: go back to an in-memory copy kept every 20 steps, or
+  # restart every worker from the checkpoint written every 20 steps
+  steadfast launch --nproc 3 --max-restarts 3 --recovery memory --save-every 20 -- train --reduce reproducible
+  steadfast launch --nproc 3 --max-restarts 3 --recovery checkpoint --save-every 20 -- train --reduce reproducible
+
   # Go on with the survivors instead (same bits in the reproducible mode)
   steadfast launch --nproc 3 --on-failure shrink --min-nproc 2 -- train --reduce reproducible";
 
@@ -66,9 +71,42 @@ pub struct LaunchArgs {
     /// stops.
     #[arg(long, default_value_t = 60.0)]
     quorum_timeout: f64,
+    /// How a job with --max-restarts recovers a lost worker: `live` rebuilds it from the
+    /// live replicas' current state (no rollback); the baselines `memory` (every worker
+    /// copies its state in memory every --save-every steps and all go back to the copy)
+    /// and `checkpoint` (every worker restarts from the last checkpoint on disk, written
+    /// every --save-every steps) are there to compare with.
+    #[arg(long, value_enum, default_value_t = Recovery::Live)]
+    recovery: Recovery,
+    /// Steps between the copies (`--recovery memory`) or checkpoints (`checkpoint`).
+    #[arg(long, value_name = "K", default_value_t = 50)]
+    save_every: u64,
+    /// Where `--recovery checkpoint` writes its checkpoints [default: a new directory
+    /// under the system's temporary directory, removed when the job succeeds].
+    #[arg(long, value_name = "DIR")]
+    save_dir: Option<std::path::PathBuf>,
     /// The worker command: `train` and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+/// How a job recovers a lost worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Recovery {
+    /// From the live replicas' current state, with no rollback.
+    Live,
+    /// Every survivor goes back to its in-memory copy of the state; a replacement fetches
+    /// the copy's state.
+    Memory,
+    /// Every worker is restarted from the last checkpoint on disk.
+    Checkpoint,
+}
+
+/// One line of the launcher's, timed from the start of the job like the coordinator's.
+macro_rules! say {
+    ($started:expr, $($arg:tt)*) => {
+        println!("[launcher]    {:>7.2} s  {}", $started.elapsed().as_secs_f64(), format!($($arg)*))
+    };
 }
 
 /// How long workers may outlive the coordinator's last member before they are killed.
@@ -93,6 +131,23 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
         if args.min_nproc == 0 || args.min_nproc > args.nproc {
             anyhow::bail!("--min-nproc must be between 1 and --nproc ({})", args.nproc);
         }
+        if args.save_every == 0 {
+            anyhow::bail!("--save-every must be at least 1");
+        }
+        if args.recovery == Recovery::Checkpoint {
+            if args.on_failure == Some(OnFailure::Shrink) {
+                anyhow::bail!("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink");
+            }
+            return crate::restart_launch::run(crate::restart_launch::Plan {
+                nproc: args.nproc,
+                max_restarts: args.max_restarts.unwrap_or(0),
+                save_every: args.save_every,
+                save_dir: args.save_dir,
+                rendezvous_timeout: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
+                heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
+                command: args.command,
+            });
+        }
         return crate::elastic_launch::run(crate::elastic_launch::Plan {
             nproc: args.nproc,
             max_restarts: args.max_restarts.unwrap_or(0),
@@ -105,22 +160,47 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
             settle: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
             quorum_timeout: seconds(args.quorum_timeout, "quorum-timeout")?,
+            copy_every: (args.recovery == Recovery::Memory).then_some(args.save_every),
             command: args.command,
         });
     }
+    let failures = run_static(&StaticJob {
+        nproc: args.nproc,
+        command: &args.command,
+        env: Vec::new(),
+        rendezvous_timeout: Duration::from_secs_f64(args.rendezvous_timeout.max(1.0)),
+        heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout.max(0.05)),
+    })?;
+    if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }
+}
+
+/// A static job: `nproc` workers that all live to the end, or the job fails.
+pub(crate) struct StaticJob<'a> {
+    pub nproc: usize,
+    /// The worker command (`train ...`).
+    pub command: &'a [String],
+    /// More environment for every worker.
+    pub env: Vec<(String, String)>,
+    pub rendezvous_timeout: Duration,
+    pub heartbeat_timeout: Duration,
+}
+
+/// Runs a static job; returns what failed (nothing when every worker succeeded).
+pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
     let secret = job_secret()?;
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot listen for the rendezvous")?;
     let coordinator = listener.local_addr()?;
     let exe = std::env::current_exe().context("cannot find this executable")?;
 
     let mut children = Vec::new();
-    for rank in 0..args.nproc {
+    for rank in 0..job.nproc {
         let child = Command::new(&exe)
-            .args(&args.command)
+            .args(job.command)
             .env("STEADFAST_RANK", rank.to_string())
-            .env("STEADFAST_WORLD_SIZE", args.nproc.to_string())
+            .env("STEADFAST_WORLD_SIZE", job.nproc.to_string())
             .env("STEADFAST_COORDINATOR", coordinator.to_string())
             .env("STEADFAST_SECRET", &secret)
+            .envs(job.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -128,11 +208,10 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot start rank {rank}"))?;
         children.push(child);
     }
-    let timeout = Duration::from_secs_f64(args.rendezvous_timeout.max(1.0));
-    let heartbeat = Duration::from_secs_f64(args.heartbeat_timeout.max(0.05));
+    let (timeout, heartbeat) = (job.rendezvous_timeout, job.heartbeat_timeout);
     let secret_bytes = secret.into_bytes();
-    let world = args.nproc;
-    let failures = std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
+    let world = job.nproc;
+    std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
         let (over_tx, over_rx) = mpsc::channel();
         let coordinator = s.spawn(move || {
             let result = comm::rendezvous::serve(&listener, world, &secret_bytes, timeout, heartbeat).map(|job| {
@@ -184,8 +263,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             Err(_) => failures.push("the coordinator thread panicked".into()),
         }
         Ok(failures)
-    })?;
-    if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }
+    })
 }
 
 /// A fresh random secret for a job, as hex.

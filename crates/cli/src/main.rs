@@ -1,6 +1,9 @@
 //! The `steadfast` binary: parse, validate, run, and map errors to an exit code.
 #![forbid(unsafe_code)]
 
+// First: its `say!` serves the other launchers.
+#[macro_use]
+mod launch_cmd;
 mod bench_cmd;
 mod campaign_cmd;
 mod choice;
@@ -9,8 +12,8 @@ mod coordinator_cmd;
 mod elastic_launch;
 mod fpna_cmd;
 mod inject_cmd;
-mod launch_cmd;
 mod report_cmd;
+mod restart_launch;
 mod train_cmd;
 
 use std::process::ExitCode;

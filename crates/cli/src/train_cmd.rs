@@ -127,9 +127,15 @@ pub struct TrainArgs {
     /// slot; a rank at or beyond the world size joins a running job.
     #[arg(long)]
     elastic: bool,
-    /// Which process of its slot this worker is, in an elastic job [env: STEADFAST_INCARNATION].
+    /// Which process of its slot this worker is (the launcher counts them) [env:
+    /// STEADFAST_INCARNATION].
     #[arg(long, value_name = "N")]
     incarnation: Option<u64>,
+    /// The rollback baseline of an elastic job, for comparison: copy the state in memory
+    /// every K steps, and when a worker is lost, every survivor goes back to its copy
+    /// (as Elastic Horovod's commits do) [env: STEADFAST_COPY_EVERY].
+    #[arg(long, value_name = "K")]
+    copy_every: Option<u64>,
     /// What an elastic job does when its replicas disagree. `repair` also checks, before
     /// every step, that each replica's state is the one it committed (one pass over the
     /// state per step).
@@ -179,6 +185,18 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
             .transpose()?
             .unwrap_or(0),
     };
+    let copy_every = match args.copy_every {
+        Some(k) => Some(k),
+        None => env_first(&["STEADFAST_COPY_EVERY"])
+            .map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad STEADFAST_COPY_EVERY {v:?}: {e}")))
+            .transpose()?,
+    };
+    if copy_every == Some(0) {
+        anyhow::bail!("--copy-every must be at least 1");
+    }
+    if copy_every.is_some() && !elastic {
+        anyhow::bail!("--copy-every goes with --elastic (the rollback baseline of an elastic job)");
+    }
     if world == 0 || (rank >= world && !elastic) {
         anyhow::bail!("rank {rank} is not in a world of {world}");
     }
@@ -207,6 +225,8 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
         timeout: Duration::from_secs_f64(args.comm_timeout),
         fingerprint_every: args.fingerprint_every,
         elastic: elastic.then_some(incarnation),
+        incarnation,
+        copy_every,
         on_divergence: args.on_divergence,
     }))
 }

@@ -394,3 +394,49 @@ fn a_divergence_stops_the_job_when_it_is_not_to_be_repaired() {
     assert_eq!(stderr.matches("replicas diverged at step 21: rank(s) [2]").count(), 3, "{stderr}");
     assert!(!stdout.contains("replacing"), "an error is not a crash: {stdout}");
 }
+
+#[test]
+fn the_baselines_go_back_to_a_copy_or_a_checkpoint_and_end_with_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let crash = ["--fault", "crash:rank=1,step=25,phase=update"];
+    // Every survivor goes back to its in-memory copy of step 20; the replacement fetches it.
+    let (ok, stdout, stderr) = launch(
+        &["--max-restarts", "1", "--recovery", "memory", "--save-every", "10"],
+        &tmp.path().join("memory"),
+        &crash,
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(stderr.matches("went back to the copy of step 20").count(), 2, "{stderr}");
+    assert!(stdout.contains("from step 20") && stdout.contains("[1] fetch the state from [0, 2]"), "{stdout}");
+    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
+
+    // Every worker restarts from the checkpoint of step 20.
+    let (ok, stdout, stderr) = launch(
+        &["--max-restarts", "1", "--recovery", "checkpoint", "--save-every", "10"],
+        &tmp.path().join("checkpoint"),
+        &crash,
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("starting 3 workers from the checkpoint of step 20"), "{stdout}");
+    assert_eq!(stdout.matches("resumed from: step 20").count(), 3, "{stdout}");
+    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
+
+    // Out of restarts, the checkpoint job fails and says where its checkpoints are.
+    let kept = tmp.path().join("kept");
+    let (ok, _, stderr) = launch(
+        &[
+            "--max-restarts",
+            "0",
+            "--recovery",
+            "checkpoint",
+            "--save-every",
+            "10",
+            "--save-dir",
+            kept.to_str().unwrap(),
+        ],
+        &tmp.path().join("none-left"),
+        &crash,
+    );
+    assert!(!ok && stderr.contains("the job failed after 0 restart(s)"), "{stderr}");
+    assert!(kept.join("step-00000020").is_dir(), "{stderr}");
+}

@@ -116,6 +116,9 @@ pub struct Config {
     pub faults: Vec<Fault>,
     /// Simulated time after which the run is abandoned as stuck.
     pub limit: Duration,
+    /// Keep a copy of the state every this many steps, and go back to it on leaving an
+    /// epoch (the rollback baseline of [`crate::protocol`]).
+    pub copy_every: Option<u64>,
     /// Print every action to standard error (for reading a failing schedule).
     pub trace: bool,
 }
@@ -144,6 +147,7 @@ impl Config {
             collective_timeout: Duration::from_millis(250),
             faults: Vec::new(),
             limit: Duration::from_secs(600),
+            copy_every: None,
             trace: false,
         }
     }
@@ -224,6 +228,8 @@ pub struct Report {
     /// Fetches that took a worker back to an older step than it held (a rollback; the
     /// protocol promises none).
     pub rolled_back: u64,
+    /// Copies put back (the rollback baseline).
+    pub restored: u64,
     /// Quorums the coordinators formed (distinct epochs sent).
     pub epochs: u64,
     /// Messages sent, and of those lost.
@@ -260,6 +266,8 @@ struct Proc {
     fingerprint: u64,
     /// The sum it holds and has not applied: (step, digest).
     held: Option<(u64, u64)>,
+    /// The copy of the state it keeps (the rollback baseline): (step, fingerprint).
+    copy: Option<(u64, u64)>,
     dead: bool,
     hung_until: Option<Option<Duration>>,
     end: Option<End>,
@@ -333,6 +341,7 @@ pub fn run(c: &Config) -> Report {
             rolled_forward: 0,
             fetched: 0,
             rolled_back: 0,
+            restored: 0,
             epochs: 0,
             messages: (0, 0),
         },
@@ -403,13 +412,18 @@ impl Sim<'_> {
         let now = self.instant();
         let fingerprint = initial(self.c.seed);
         let incarnation = self.procs.iter().filter(|p| p.id == id).count() as u64;
-        let (machine, actions) = Worker::new((id, incarnation), self.c.steps, (0, fingerprint), self.c.timing, now);
+        let (mut machine, actions) = Worker::new((id, incarnation), self.c.steps, (0, fingerprint), self.c.timing, now);
+        let copy = self.c.copy_every.map(|_| (0, fingerprint));
+        if let Some((step, fp)) = copy {
+            machine.keep_copy(step, fp);
+        }
         self.procs.push(Proc {
             id,
             machine,
             step: 0,
             fingerprint,
             held: None,
+            copy,
             dead: false,
             hung_until: None,
             end: None,
@@ -455,6 +469,12 @@ impl Sim<'_> {
                 Action::Fetch { epoch, step, sources, .. } => {
                     let p = proc.expect("only workers fetch");
                     self.fetch(p, epoch, step, &sources);
+                }
+                Action::Restore { step, fingerprint } => {
+                    let p = &mut self.procs[proc.expect("only workers restore")];
+                    assert_eq!(p.copy, Some((step, fingerprint)), "worker {} restores a copy it does not keep", p.id);
+                    (p.step, p.fingerprint, p.held) = (step, fingerprint, None);
+                    self.report.restored += 1;
                 }
                 Action::Finished => {
                     let p = &mut self.procs[proc.expect("only workers finish")];
@@ -555,10 +575,23 @@ impl Sim<'_> {
         proc.held = None;
         self.report.applied += 1;
         self.report.rolled_forward += u64::from(rolling);
+        self.keep_copy(p);
+        let proc = &self.procs[p];
         let (fp, id) = (proc.fingerprint, proc.id);
         let now = self.instant();
         let actions = self.procs[p].machine.on_applied(now, step, fp);
         self.perform(Node::Worker(id), Some(p), actions);
+    }
+
+    /// The rollback baseline: a worker whose state reached a multiple of the copy
+    /// interval copies it.
+    fn keep_copy(&mut self, p: usize) {
+        let Some(every) = self.c.copy_every else { return };
+        let proc = &mut self.procs[p];
+        if proc.step.is_multiple_of(every) {
+            proc.copy = Some((proc.step, proc.fingerprint));
+            proc.machine.keep_copy(proc.step, proc.fingerprint);
+        }
     }
 
     fn fetch(&mut self, p: usize, epoch: u64, step: u64, sources: &[WorkerId]) {
@@ -673,8 +706,9 @@ impl Sim<'_> {
                         self.report.fetched += 1;
                     }
                     (p.step, p.fingerprint, p.held) = (s, f, None);
+                    self.keep_copy(proc);
                 }
-                let id = p.id;
+                let id = self.procs[proc].id;
                 self.perform(Node::Worker(id), Some(proc), actions);
             }
             Event::FetchFailed { proc, epoch } => {

@@ -77,6 +77,26 @@ fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
 }
 
 #[test]
+fn the_rollback_baseline_goes_back_to_its_copies_and_ends_with_the_same_state() {
+    let (mut finished, mut restored) = (0, 0);
+    for seed in 0..1000 {
+        let mut c = Config::random(seed, 3, 12);
+        c.copy_every = Some(4);
+        let r = sim::run(&c);
+        finished += u64::from(check(&c, &r));
+        restored += r.restored;
+    }
+    assert!(finished > 900, "{finished} of 1000 finished");
+    assert!(restored > 100, "the schedules go back to copies: {restored}");
+    // Without faults, nothing is put back and every step is applied once.
+    let mut c = Config::new(1, 3, 12);
+    c.copy_every = Some(4);
+    let r = sim::run(&c);
+    assert!(check(&c, &r));
+    assert_eq!((r.restored, r.applied), (0, 36));
+}
+
+#[test]
 fn a_replaced_rank_0_fetches_the_state_and_the_job_ends_bitwise_equal() {
     let mut c = Config::new(7, 3, 30);
     c.faults.push(Fault::Kill {

@@ -173,6 +173,29 @@ fn worker_leaves_the_epoch_on_a_disagreeing_vote_a_failed_reduce_a_lost_peer_or_
 }
 
 #[test]
+fn worker_with_a_copy_puts_it_back_when_it_leaves_an_epoch_and_reports_the_copy() {
+    let c = Clock(Instant::now());
+    let mut w = voting_worker(&c);
+    w.keep_copy(0, 100);
+    // A copy of the state it holds: nothing to put back.
+    let a = w.on_peer_lost(c.at(4), 0);
+    assert!(others(&a).is_empty(), "{a:?}");
+    assert_eq!((w.status().phase, w.status().unapplied), (Phase::Idle, Some(7)));
+
+    // After an update, leaving the epoch goes back to the copy, before the report.
+    let mut w = voting_worker(&c);
+    w.keep_copy(0, 100);
+    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.on_applied(c.at(5), 0, 101);
+    assert_eq!((w.status().step, w.status().fingerprint), (1, 101));
+    let a = w.on_message(c.at(6), Node::Coordinator, Msg::Reconfigure { epoch: 1 });
+    assert_eq!(a[0], Action::Restore { step: 0, fingerprint: 100 }, "{a:?}");
+    let Some((_, Msg::Report(status))) = sent(&a).pop() else { panic!("{a:?}") };
+    assert_eq!((status.phase, status.step, status.fingerprint), (Phase::Idle, 0, 100));
+    assert_eq!((status.last_commit, status.unapplied), (None, None));
+}
+
+#[test]
 fn worker_stops_when_told_or_when_the_coordinator_stays_silent() {
     let c = Clock(Instant::now());
     let mut w = synced_worker(&c);

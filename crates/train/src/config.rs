@@ -71,6 +71,13 @@ pub struct DistConfig {
     /// In an elastic job (one that survives the loss of workers), which process of its
     /// slot this is; `rank` is then the slot, and `world` the job's initial size.
     pub elastic: Option<u64>,
+    /// Which process of its slot this is when the launcher restarts a static job from its
+    /// last checkpoint: named faults strike only the first, random ones draw again.
+    pub incarnation: u64,
+    /// The rollback baseline of an elastic job: copy the state in memory every this many
+    /// steps and go back to the copy when a member is lost, instead of recovering from
+    /// the live replicas' current state.
+    pub copy_every: Option<u64>,
     /// What an elastic job does when its replicas disagree.
     pub on_divergence: OnDivergence,
 }

@@ -236,6 +236,9 @@ pub(crate) fn run(
         abort_grace: Duration::ZERO,
     };
     let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
+    // The rollback baseline: a copy of the state every `copy_every` steps.
+    let mut copy = Copy::new(d.copy_every);
+    copy.keep(&mut worker, &lock_read(&held));
     let mut queue: VecDeque<Action> = first.into();
     let mut book: BTreeMap<WorkerId, SocketAddr> = BTreeMap::new();
     let mut micro = Vec::new();
@@ -373,6 +376,7 @@ pub(crate) fn run(
                     last_eval = Some(report);
                 }
                 step_started = Instant::now();
+                copy.keep(&mut worker, &lock_read(&held));
                 let mut next = worker.on_applied(Instant::now(), step, fingerprint);
                 let last = config.steps;
                 let every = d.fingerprint_every;
@@ -440,6 +444,7 @@ pub(crate) fn run(
                             "kind": "fetch", "step": step, "bytes": stats.bytes,
                             "seconds": stats.elapsed.as_secs_f64(), "sources": sources, "retried": stats.retried,
                         }))?;
+                        copy.keep(&mut worker, &lock_read(&held));
                         Some((step, fingerprint))
                     }
                     Err((e, holds)) => {
@@ -449,6 +454,13 @@ pub(crate) fn run(
                 };
                 queue.extend(worker.on_fetched(Instant::now(), epoch, got));
             }
+            Action::Restore { step, fingerprint } => {
+                let mut h = lock_write(&held);
+                copy.restore(&mut h, (step, fingerprint))?;
+                sum_step = None;
+                tracing::warn!(step, "went back to the copy of step {step}");
+                metrics.write(json!({"kind": "restore", "step": step, "worker": id}))?;
+            }
             Action::Finished => break Ok(()),
             Action::Stopped { reason } => break Err(TrainError::JobStopped(reason)),
         }
@@ -456,6 +468,9 @@ pub(crate) fn run(
     // The last report (finished or stopped) goes out before the link closes.
     link.close();
     outcome?;
+    if d.copy_every.is_some() {
+        tracing::info!(seconds = copy.spent.as_secs_f64(), "time spent copying the state in memory");
+    }
     let state = Arc::try_unwrap(held)
         .map_or_else(|h| lock_read(&h).state.clone(), |h| h.into_inner().unwrap_or_else(|e| e.into_inner()).state);
     let last_eval = match last_eval.filter(|e| e.step == state.step) {
@@ -481,6 +496,55 @@ pub(crate) fn run(
     };
     write_summary(&mut metrics, &summary)?;
     Ok((summary, state))
+}
+
+/// The in-memory copy of the rollback baseline (`--copy-every`): what SWIFT's recovery
+/// from live replicas does without, at the price of one more model-sized buffer and a
+/// copy every few steps.
+struct Copy {
+    every: Option<u64>,
+    state: Option<Held>,
+    /// Time spent copying.
+    spent: Duration,
+}
+
+impl Copy {
+    fn new(every: Option<u64>) -> Copy {
+        Copy { every, state: None, spent: Duration::ZERO }
+    }
+
+    /// Copies `held` when its step is a multiple of the interval, and tells `worker`.
+    fn keep(&mut self, worker: &mut Worker, held: &Held) {
+        let Some(every) = self.every else { return };
+        if !held.state.step.is_multiple_of(every) {
+            return;
+        }
+        let started = Instant::now();
+        match &mut self.state {
+            Some(c) => {
+                c.state.clone_from(&held.state);
+                c.fingerprint = held.fingerprint;
+            }
+            None => self.state = Some(Held { state: held.state.clone(), fingerprint: held.fingerprint }),
+        }
+        self.spent += started.elapsed();
+        worker.keep_copy(held.state.step, held.fingerprint);
+    }
+
+    /// Puts the copy of `(step, fingerprint)` back into `held`.
+    fn restore(&self, held: &mut Held, want: (u64, u64)) -> Result<(), TrainError> {
+        match &self.state {
+            Some(c) if (c.state.step, c.fingerprint) == want => {
+                held.state.clone_from(&c.state);
+                held.fingerprint = c.fingerprint;
+                Ok(())
+            }
+            _ => {
+                Err(CommError::Setup(format!("the protocol restores a copy of step {} that is not kept", want.0))
+                    .into())
+            }
+        }
+    }
 }
 
 /// Fetches `want` from `sources` into the state held, checking it against the

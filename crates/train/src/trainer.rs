@@ -182,6 +182,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     // every rank writes its own part of each checkpoint. Writers exist before the job
     // connects, so rank 0 has cleared crashed writers' leftovers before anyone writes.
     let (rank, world) = config.dist.as_ref().map_or((0, 1), |d| (d.rank, d.world));
+    let incarnation = config.dist.as_ref().map_or(0, |d| d.incarnation);
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == 0), first_step > 0)?;
     if let Some(r) = &restored {
         tracing::info!(step = r.step, dir = %r.dir.display(), "resumed");
@@ -211,7 +212,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     let mut last_loss = f32::NAN;
     let mut last_eval = None;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned())
-        .with_process(ProcessFaults::new(config.faults.clone(), Instant::now()));
+        .with_process(ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation));
     if let Some(j) = &job {
         hooks.process_mut().on_cut(j.link_cutter()?);
     }

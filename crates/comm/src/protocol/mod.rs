@@ -53,6 +53,16 @@
 //! - Epochs only grow, and each is issued once: messages of an older epoch are ignored.
 //! - Every quorum's members start from the same step and fingerprint.
 //! - Survivors never go back to an older state: `M` is the newest step any of them holds.
+//!   (Unless they keep copies: the baseline below.)
+//!
+//! # The rollback baseline
+//!
+//! For comparison, a worker may also recover the way in-memory checkpointing does
+//! (Elastic Horovod's commits, CheckFreq's snapshots): its shell copies the state every
+//! few steps and tells the worker ([`Worker::keep_copy`]); whenever the worker leaves an
+//! epoch it puts that copy back ([`Action::Restore`]) before it reports. Every survivor
+//! goes back to the last copy, the steps since are computed again, and a replacement
+//! fetches the copy's state. The bits are the same; the time and the memory are not.
 
 pub mod coordinator;
 pub mod wire;
@@ -266,6 +276,14 @@ pub enum Action {
         fingerprint: u64,
         /// Who holds it.
         sources: Vec<WorkerId>,
+    },
+    /// Worker: put back the copy of the state kept at `step` (see [`Worker::keep_copy`]);
+    /// it has `fingerprint`. No answer is needed.
+    Restore {
+        /// The step of the copy.
+        step: u64,
+        /// Its fingerprint.
+        fingerprint: u64,
     },
     /// Worker: the job is complete; the state held is its result.
     Finished,

@@ -17,6 +17,9 @@ pub struct Worker {
     /// Ballots by step (of the current epoch), by rank.
     ballots: BTreeMap<u64, Vec<Option<(bool, u64)>>>,
     vote_deadline: Option<Instant>,
+    /// The copy of the state the shell keeps, `(step, fingerprint)`, for the rollback
+    /// baseline.
+    copy: Option<(u64, u64)>,
     next_report: Instant,
     heard_coordinator: Instant,
 }
@@ -42,6 +45,7 @@ impl Worker {
             quorum: None,
             ballots: BTreeMap::new(),
             vote_deadline: None,
+            copy: None,
             next_report: now,
             heard_coordinator: now,
         };
@@ -230,6 +234,12 @@ impl Worker {
         out
     }
 
+    /// The shell copied the state it holds, of `step` with `fingerprint` (the rollback
+    /// baseline of [`super`]): from now on, leaving an epoch puts this copy back.
+    pub fn keep_copy(&mut self, step: u64, fingerprint: u64) {
+        self.copy = Some((step, fingerprint));
+    }
+
     /// The shell saw the connection to another worker drop.
     pub fn on_peer_lost(&mut self, now: Instant, peer: WorkerId) -> Vec<Action> {
         let mut out = Vec::new();
@@ -281,11 +291,21 @@ impl Worker {
         out.push(Action::Stopped { reason });
     }
 
-    /// Leaves the epoch, keeping the state and any unapplied sum, and reports.
+    /// Leaves the epoch, keeping the state and any unapplied sum (or, with a copy kept,
+    /// putting the copy back), and reports.
     fn go_idle(&mut self, now: Instant, out: &mut Vec<Action>) {
         self.quorum = None;
         self.ballots.clear();
         self.vote_deadline = None;
+        if let Some((step, fingerprint)) = self.copy
+            && (step, fingerprint) != (self.status.step, self.status.fingerprint)
+        {
+            self.status.step = step;
+            self.status.fingerprint = fingerprint;
+            self.status.last_commit = None;
+            self.status.unapplied = None;
+            out.push(Action::Restore { step, fingerprint });
+        }
         self.status.phase = if self.status.step >= self.total { Phase::Done } else { Phase::Idle };
         self.report(now, out);
     }

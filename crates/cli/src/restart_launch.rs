@@ -1,0 +1,90 @@
+//! `steadfast launch --max-restarts K --recovery checkpoint`: the checkpoint-restart
+//! baseline, to compare with recovery from live replicas.
+//!
+//! The workers of a static job write a checkpoint every `--save-every` steps. When one
+//! fails, the others abort (the coordinator's heartbeat tells them), and the launcher
+//! starts every worker again from the last committed checkpoint, at most K times: the
+//! steps since that checkpoint are computed again, and every worker pays a restart and a
+//! read of the checkpoint. Resume is exact, so the bits are those of a run that never
+//! failed.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::launch_cmd::{StaticJob, run_static};
+
+/// How a checkpoint-restart job is run.
+pub struct Plan {
+    /// Workers.
+    pub nproc: usize,
+    /// Restarts of the whole job allowed.
+    pub max_restarts: u32,
+    /// Steps between checkpoints.
+    pub save_every: u64,
+    /// Where the checkpoints go (a temporary directory when `None`).
+    pub save_dir: Option<PathBuf>,
+    /// How long the workers have to join.
+    pub rendezvous_timeout: Duration,
+    /// Silence after which a worker is lost.
+    pub heartbeat_timeout: Duration,
+    /// The worker command (`train ...`).
+    pub command: Vec<String>,
+}
+
+/// Runs the job; fails unless it finished within its restarts.
+pub fn run(plan: Plan) -> anyhow::Result<()> {
+    let taken = ["--checkpoint-dir", "--checkpoint-every", "--resume"];
+    if let Some(flag) = plan.command.iter().find(|a| taken.iter().any(|t| a.split('=').next() == Some(*t))) {
+        anyhow::bail!("--recovery checkpoint sets the workers' {flag}: give the launcher --save-dir and --save-every");
+    }
+    let (dir, temporary) = match &plan.save_dir {
+        Some(d) => (d.clone(), false),
+        None => {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let name = format!("steadfast-restart-{}-{}", std::process::id(), nanos.as_nanos());
+            (std::env::temp_dir().join(name), true)
+        }
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let started = Instant::now();
+    let mut restarts = 0u32;
+    loop {
+        let incarnation = u64::from(restarts);
+        let last = ckpt::store::list(&dir).with_context(|| format!("cannot list {}", dir.display()))?.pop();
+        let mut command = plan.command.clone();
+        command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
+        command.extend(["--checkpoint-every".into(), plan.save_every.to_string(), "--keep-last".into(), "2".into()]);
+        match &last {
+            Some((step, _)) => {
+                command.extend(["--resume".into(), "latest".into()]);
+                say!(started, "starting {} workers from the checkpoint of step {step}", plan.nproc);
+            }
+            None => say!(started, "starting {} workers from the start", plan.nproc),
+        }
+        let failures = run_static(&StaticJob {
+            nproc: plan.nproc,
+            command: &command,
+            env: vec![("STEADFAST_INCARNATION".into(), incarnation.to_string())],
+            rendezvous_timeout: plan.rendezvous_timeout,
+            heartbeat_timeout: plan.heartbeat_timeout,
+        })?;
+        if failures.is_empty() {
+            println!(
+                "[launcher] the job finished in {:.1} s with {restarts} restart(s) of every worker",
+                started.elapsed().as_secs_f64()
+            );
+            if temporary {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            return Ok(());
+        }
+        say!(started, "the job failed: {}", failures.join("; "));
+        if restarts >= plan.max_restarts {
+            anyhow::bail!("the job failed after {restarts} restart(s); its checkpoints are in {}", dir.display());
+        }
+        restarts += 1;
+        say!(started, "restarting every worker from the last checkpoint (restart {restarts} of {})", plan.max_restarts);
+    }
+}
