@@ -409,6 +409,15 @@ fn the_baselines_go_back_to_a_copy_or_a_checkpoint_and_end_with_the_same_bits() 
     assert_eq!(stderr.matches("went back to the copy of step 20").count(), 2, "{stderr}");
     assert!(stdout.contains("from step 20") && stdout.contains("[1] fetch the state from [0, 2]"), "{stdout}");
     assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
+    // Worker 0's record draws the rollback: the epoch that ended, the copy put back, and
+    // the recovery's time.
+    let page = tmp.path().join("memory.html");
+    let dir = tmp.path().join("memory");
+    let run = steadfast(&["report", dir.to_str().unwrap(), "--out", page.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let page = std::fs::read_to_string(page).unwrap();
+    assert!(page.contains("back to the in-memory copy (restore)") && page.contains("<h2>Recoveries</h2>"), "{page}");
+    assert!(page.contains(&format!("fingerprint <code>{}</code>; 1 recovery(ies)", reference_40())), "{page}");
 
     // Every worker restarts from the checkpoint of step 20.
     let (ok, stdout, stderr) = launch(

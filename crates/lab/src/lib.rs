@@ -8,6 +8,8 @@
 //!   replicas that take the one step of [`train::step`], and judged; the detectors and
 //!   their responses; the tables ([`campaign::output`]);
 //! - [`report`]: a campaign's tables as one HTML page with plots;
+//! - [`run_report`]: a training run's progress against time, with its failures and
+//!   recoveries marked;
 //! - [`fpna`]: the floating-point non-associativity lab: sweeps of atomic, fixed-order and
 //!   reproducible reductions, and training runs under atomic and reproducible gradient
 //!   accumulation;
@@ -31,6 +33,7 @@ pub mod campaign;
 pub mod error;
 pub mod fpna;
 pub mod report;
+pub mod run_report;
 pub mod table;
 
 pub use error::LabError;

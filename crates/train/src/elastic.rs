@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use comm::control::{Incoming, Link};
 use comm::port::Port;
 use comm::protocol::wire::Hello;
-use comm::protocol::{Action, Msg, Node, Timing, Worker, WorkerId};
+use comm::protocol::{Action, Msg, Node, Phase as Stage, Timing, Worker, WorkerId};
 use comm::transfer::Want;
 use comm::transport::{CommError, TcpConfig, TcpMesh, Transport};
 use fault::crash::Phase;
@@ -227,6 +227,7 @@ pub(crate) fn run(
         }));
     }
     on_event(Event::Started { steps: config.steps, parameters });
+    metrics.write(json!({"kind": "process", "worker": id, "incarnation": incarnation}))?;
 
     let tcp = TcpConfig {
         secret: d.secret.clone(),
@@ -252,11 +253,18 @@ pub(crate) fn run(
     let mut last_loss = f32::NAN;
     let mut last_eval = None;
     let mut step_started = Instant::now();
+    let mut timeline = Timeline::new(&worker);
     let outcome = loop {
+        timeline.observe(&worker, &mut metrics)?;
         let Some(action) = queue.pop_front() else {
             let now = Instant::now();
             match incoming.recv_timeout(timing.heartbeat / 2) {
-                Ok(Incoming::Msg(m)) => queue.extend(worker.on_message(now, Node::Coordinator, m)),
+                Ok(Incoming::Msg(m)) => {
+                    if let Msg::Reconfigure { epoch } = m {
+                        timeline.why.get_or_insert_with(|| format!("the coordinator ended epoch {epoch}"));
+                    }
+                    queue.extend(worker.on_message(now, Node::Coordinator, m))
+                }
                 Ok(Incoming::Book(b)) => book.extend(b),
                 Err(RecvTimeoutError::Timeout) => queue.extend(worker.tick(now)),
                 // The link was severed for good (a `cut` fault): only the clock is left.
@@ -287,6 +295,7 @@ pub(crate) fn run(
                     }
                     Err(err) => {
                         tracing::warn!(epoch, step, "the vote failed: {err}");
+                        timeline.why = Some(format!("the vote failed: {err}"));
                         let other = members.iter().copied().find(|&m| m != id).unwrap_or(id);
                         queue.extend(worker.on_peer_lost(now, other));
                     }
@@ -308,16 +317,13 @@ pub(crate) fn run(
                     queue.extend(worker.on_corrupted(Instant::now(), changed.1));
                     continue;
                 }
-                let reduced = (|| -> Result<Option<SumCheck>, TrainError> {
+                let reduced = (|| -> Result<Result<SumCheck, String>, TrainError> {
                     // The epoch's first step builds its mesh.
                     let mesh = match current.get() {
                         Some((e, m)) if e == epoch => m,
                         _ => match port.mesh(epoch, &members, &book, &tcp) {
                             Ok(m) => current.set(epoch, m),
-                            Err(e) => {
-                                tracing::warn!(epoch, "cannot build the epoch's mesh: {e}");
-                                return Ok(None);
-                            }
+                            Err(e) => return Ok(Err(format!("cannot build the epoch's mesh: {e}"))),
                         },
                     };
                     {
@@ -326,22 +332,25 @@ pub(crate) fn run(
                     }
                     hooks.reached(at, Phase::Allreduce);
                     if let Err(e) = reducer.sum_parts(&*mesh, &micro, work.as_mut_slice(), config.reduce, d.timeout) {
-                        tracing::warn!(epoch, step, "the all-reduce failed: {e}");
-                        return Ok(None);
+                        return Ok(Err(format!("the all-reduce failed: {e}")));
                     }
                     hooks.after_reduce(at, &mut work)?;
                     report_injections(&mut metrics, hooks.take_flips())?;
-                    Ok(Some(SumCheck::of(&work)))
+                    Ok(Ok(SumCheck::of(&work)))
                 })()?;
                 let now = Instant::now();
                 match reduced {
-                    Some(check) => {
+                    Ok(check) => {
                         std::mem::swap(&mut work, &mut sum);
                         sum_step = Some(step);
                         hooks.reached(at, Phase::Vote);
                         queue.extend(worker.on_reduced(now, epoch, step, Some((check.finite, check.digest))));
                     }
-                    None => queue.extend(worker.on_reduced(now, epoch, step, None)),
+                    Err(why) => {
+                        tracing::warn!(epoch, step, "{why}");
+                        timeline.why = Some(why);
+                        queue.extend(worker.on_reduced(now, epoch, step, None));
+                    }
                 }
             }
             Action::Apply { step } => {
@@ -392,7 +401,10 @@ pub(crate) fn run(
                     }
                     match verdict {
                         Verdict::Agree => {}
-                        Verdict::Lost(other) => next.extend(worker.on_peer_lost(Instant::now(), other)),
+                        Verdict::Lost(other) => {
+                            timeline.why = Some("the replica check failed".into());
+                            next.extend(worker.on_peer_lost(Instant::now(), other))
+                        }
                         Verdict::Diverged { outvoted, majority } => {
                             metrics.write(json!({
                                 "kind": "divergence", "step": done, "workers": outvoted, "found": "replica check",
@@ -496,6 +508,51 @@ pub(crate) fn run(
     };
     write_summary(&mut metrics, &summary)?;
     Ok((summary, state))
+}
+
+/// Worker 0's record of the job's epochs in `metrics.jsonl`, for `steadfast report`: the
+/// epochs it leaves (a failure seen, and why, when this worker knows), the quorums it
+/// joins (who, from which step, who holds the state), and each epoch's first step (the
+/// end of a recovery).
+struct Timeline {
+    epoch: u64,
+    phase: Stage,
+    total: u64,
+    /// Why the current epoch is ending, as the shell saw it.
+    why: Option<String>,
+}
+
+impl Timeline {
+    fn new(worker: &Worker) -> Timeline {
+        let s = worker.status();
+        Timeline { epoch: s.epoch, phase: s.phase, total: worker.total(), why: None }
+    }
+
+    /// Writes what changed since the last call.
+    fn observe(&mut self, worker: &Worker, metrics: &mut MetricsFile) -> Result<(), TrainError> {
+        let s = worker.status();
+        if (s.epoch, s.phase) == (self.epoch, self.phase) {
+            return Ok(());
+        }
+        let member = |p: Stage| matches!(p, Stage::Syncing | Stage::Synced | Stage::Stepping);
+        let completed = s.phase == Stage::Done && s.step >= self.total;
+        if member(self.phase) && !member(s.phase) && !completed && s.phase != Stage::Finished {
+            let why = self.why.take();
+            metrics.write(json!({"kind": "epoch_ended", "epoch": self.epoch, "step": s.step, "why": why}))?;
+        }
+        if let Some(q) = worker.quorum().filter(|q| q.epoch == s.epoch && s.epoch != self.epoch) {
+            self.why = None;
+            metrics.write(json!({
+                "kind": "quorum", "epoch": q.epoch, "members": q.members, "step": q.step,
+                "sources": q.sources, "synced": s.phase == Stage::Synced,
+            }))?;
+        }
+        if s.phase == Stage::Stepping && self.phase != Stage::Stepping {
+            metrics.write(json!({"kind": "epoch_started", "epoch": s.epoch, "step": s.step}))?;
+        }
+        (self.epoch, self.phase) = (s.epoch, s.phase);
+        Ok(())
+    }
 }
 
 /// The in-memory copy of the rollback baseline (`--copy-every`): what SWIFT's recovery

@@ -31,9 +31,17 @@ impl MetricsFile {
         Ok(MetricsFile { file: Some((path, std::io::BufWriter::new(f))) })
     }
 
-    /// Writes one line.
-    pub fn write(&mut self, value: serde_json::Value) -> Result<(), TrainError> {
+    /// Writes one line, stamped with the time it was written (`"time"`, seconds since the
+    /// Unix epoch), so that the lines of a job's processes, and of its restarts, fall on
+    /// one time line.
+    pub fn write(&mut self, mut value: serde_json::Value) -> Result<(), TrainError> {
         if let Some((path, w)) = &mut self.file {
+            if let Some(object) = value.as_object_mut() {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                // Milliseconds are enough, and keep the lines short.
+                let seconds = (now.as_secs_f64() * 1000.0).round() / 1000.0;
+                object.insert("time".into(), serde_json::json!(seconds));
+            }
             writeln!(w, "{value}")
                 .and_then(|()| w.flush())
                 .map_err(|source| TrainError::Output { path: path.clone(), source })?;

@@ -186,6 +186,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == 0), first_step > 0)?;
     if let Some(r) = &restored {
         tracing::info!(step = r.step, dir = %r.dir.display(), "resumed");
+        metrics.write(json!({"kind": "resumed", "step": r.step, "from": r.dir.display().to_string()}))?;
         for (dir, reason) in &r.skipped {
             metrics.write(json!({
                 "kind": "resume_fallback", "skipped": dir.display().to_string(), "reason": reason,
