@@ -4,10 +4,13 @@
    sources, against the loopback's one-stream bandwidth measured by the same command;
 2. the recovery timeline of a 3-worker elastic MLP job whose worker 0 crashes (detection,
    replacement started, quorum formed, state fetched, stepping again), from the launcher's
-   timestamped lines and the replacement's `fetch` event;
+   timestamped lines and the replacement's `fetch` event, for states of 3 MB to 1 GB
+   (`train --width`);
 3. the failure-free cost of being ready to recover: the same 3-worker job as a static job
    (`launch --nproc 3`) and as an elastic one (`--max-restarts 1`, and with
-   `--on-divergence repair`), alternating, median of 3 wall times.
+   `--on-divergence repair`), alternating, median of 3 wall times;
+4. a fixed job under random crashes (`--fault crash:mtbf=S`) at several rates, recovered
+   from live replicas and by the two baselines (`--recovery memory` and `checkpoint`).
 
 Usage: python3 bench/recovery.py   (bench/run.sh recovery does this)
 """
@@ -17,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from common import cpu_name, write_section  # noqa: E402
 
-BIN = os.path.join(ROOT, "target", "release", "steadfast")
+# STEADFAST_BIN: a copy of the binary, so that a build during the run does not change it.
+BIN = os.environ.get("STEADFAST_BIN") or os.path.join(ROOT, "target", "release", "steadfast")
 TRAIN = ["train", "--model", "mlp", "--data", "fashion-mnist", "--micro-batch", "32", "--reduce", "reproducible",
          "--eval-every", "0"]
 
@@ -28,11 +32,18 @@ def transfer_rows():
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def timeline(tmp):
+# The MLP's widths for states of about 3 MB, 10 MB, 100 MB and 1 GB (AdamW: 12 bytes per parameter).
+WIDTHS = [256, 800, 3300, 12000]
+
+
+def timeline(tmp, width):
     """Times (s) from the crash of worker 0 to each stage of its recovery, from one job."""
-    out_dir = os.path.join(tmp, "timeline")
-    run = subprocess.run([BIN, "launch", "--nproc", "3", "--max-restarts", "1", "--", *TRAIN, "--steps", "400",
-                          "--out", out_dir, "--fault", "crash:rank=0,step=200,phase=update"],
+    out_dir = os.path.join(tmp, f"timeline-{width}")
+    steps = 400 if width == 256 else 8
+    run = subprocess.run([BIN, "launch", "--nproc", "3", "--max-restarts", "1", "--", "train", "--model", "mlp",
+                          "--data", "synthetic", "--width", str(width), "--batch", "48", "--micro-batch", "16",
+                          "--eval-every", "0", "--steps", str(steps), "--out", out_dir,
+                          "--fault", f"crash:rank=0,step={steps // 2},phase=update"],
                          check=True, capture_output=True, text=True)
     stamps = {}
     for line in run.stdout.splitlines():
@@ -77,11 +88,46 @@ def overhead(tmp):
     return {k: (statistics.median(s for s, _ in v), statistics.median(r for _, r in v)) for k, v in runs.items()}
 
 
+SWEEP_STEPS = 2000
+SWEEP_MTBF = [None, 120, 60, 30]
+SWEEP_SEEDS = [1, 2]
+METHODS = {
+    "live replicas": [],
+    "in-memory copy every 100 steps": ["--recovery", "memory", "--save-every", "100"],
+    "checkpoint every 100 steps": ["--recovery", "checkpoint", "--save-every", "100"],
+}
+
+
+def sweep(tmp):
+    """Wall time and failures of a fixed job per method and per mean time between failures."""
+    rows, reference = [], None
+    for mtbf in SWEEP_MTBF:
+        for method, flags in METHODS.items():
+            times, failures = [], []
+            for seed in (SWEEP_SEEDS if mtbf else [0]):
+                fault = ["--fault", f"crash:mtbf={mtbf},seed={seed}"] if mtbf else []
+                args = ["launch", "--nproc", "3", "--max-restarts", "100", "--heartbeat-timeout", "2", *flags, "--",
+                        *TRAIN, "--steps", str(SWEEP_STEPS), "--out", os.path.join(tmp, "sweep"), *fault]
+                t = time.perf_counter()
+                out = subprocess.run([BIN, *args], check=True, capture_output=True, text=True).stdout
+                times.append(time.perf_counter() - t)
+                prints = set(re.findall(r"fingerprint: ([0-9a-f]{16})", out))
+                reference = reference or next(iter(prints), None)
+                if prints != {reference}:
+                    raise SystemExit(f"{method} at mtbf {mtbf}: fingerprints {prints}, not {reference}")
+                failures.append(out.count("replacing worker") + out.count("restarting every worker"))
+            rows.append({"mtbf": mtbf, "method": method, "seconds": statistics.mean(times),
+                         "failures": statistics.mean(failures)})
+            print(rows[-1], file=sys.stderr)
+    return rows
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         rows = transfer_rows()
-        stamps = timeline(tmp)
+        stamps = {w: timeline(tmp, w) for w in WIDTHS}
         costs = overhead(tmp)
+        swept = sweep(tmp)
     lines = [
         "<!-- recovery:start -->",
         "## Recovery from live replicas",
@@ -104,20 +150,25 @@ def main():
         lines.append(f"| {r['mb']} MB | {r['sources']} | {r['seconds']:.3f} | {r['mb_per_s']:.0f} |"
                      f" {r['mb_per_s'] / r['loopback_mb_per_s']:.0%} |")
     lines.append(f"\nLoopback bound: {rows[0]['loopback_mb_per_s']:.0f} MB/s.")
-    lost = stamps.get("lost", float("nan"))
     lines += [
         "",
         "### Recovery timeline",
         "",
-        "A 3-worker elastic MLP job on Fashion-MNIST (micro-batches of 32, `reproducible`, 400 steps); worker 0"
-        f" crashes in the update of step 200; times from the coordinator's loss of it (the state is"
-        f" {stamps['fetch_bytes'] / 1e6:.1f} MB).",
+        "A 3-worker elastic job of the MLP on synthetic data (`--width W`: states of 3 MB to 1 GB, AdamW; micro-batches"
+        " of 16); worker 0 crashes in the update of the middle step (of 400 steps for the smallest, 8 otherwise);"
+        " seconds from the coordinator's loss of it to each stage. The replacement loads its data and builds its model"
+        " before it joins; then it fetches the state from the two survivors. There is no catch-up: nothing is"
+        " computed again.",
         "",
-        "| stage | seconds after the loss |",
-        "|---|---|",
-        f"| replacement process started | {stamps.get('replacement', float('nan')) - lost:.3f} |",
-        f"| quorum formed (the replacement joined, with data loaded and model built) | {stamps.get('quorum', float('nan')) - lost:.3f} |",
-        f"| state fetched (transfer alone: {stamps['fetch_seconds']:.3f} s) and stepping again | {stamps.get('stepping', float('nan')) - lost:.3f} |",
+        "| state | replacement started | quorum formed | stepping again | of which the transfer |",
+        "|---|---|---|---|---|",
+    ]
+    for w, st in stamps.items():
+        lost = st.get("lost", float("nan"))
+        lines.append(f"| {st['fetch_bytes'] / 1e6:.0f} MB | {st.get('replacement', float('nan')) - lost:.3f} |"
+                     f" {st.get('quorum', float('nan')) - lost:.3f} | {st.get('stepping', float('nan')) - lost:.3f} |"
+                     f" {st['fetch_seconds']:.3f} |")
+    lines += [
         "",
         "Detection of a crash is immediate (the connection closes); a hung or cut-off worker is found after"
         " `--heartbeat-timeout` (10 s by default).",
@@ -133,6 +184,26 @@ def main():
     static_s, static_rate = costs["static"]
     for k, (s, rate) in costs.items():
         lines.append(f"| {k} | {s:.2f} | {s / static_s:.3f}x | {rate:.1f} | {static_rate / rate:.3f}x |")
+    base = {r["method"]: r["seconds"] for r in swept if r["mtbf"] is None}
+    live = {r["mtbf"]: r["seconds"] for r in swept if r["method"] == "live replicas"}
+    lines += [
+        "",
+        "### Under a sweep of failure rates",
+        "",
+        f"The job of the cost above for {SWEEP_STEPS} steps, each worker process crashing at a"
+        " random moment drawn from an exponential distribution of the given mean (`--fault crash:mtbf=S,seed=N`; a"
+        " replacement draws its own), recovered three ways: from the live replicas (replace, no rollback); by going"
+        " back to an in-memory copy of the state (`--recovery memory`, Elastic Horovod's way); by restarting every"
+        " worker from the last checkpoint (`--recovery checkpoint`). Mean of "
+        f"{len(SWEEP_SEEDS)} seeds; every run ends with the failure-free bits.",
+        "",
+        "| mean time between failures, per worker | method | failures | seconds | / failure-free | / live replicas |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in swept:
+        mtbf = "none" if r["mtbf"] is None else f"{r['mtbf']} s"
+        lines.append(f"| {mtbf} | {r['method']} | {r['failures']:.1f} | {r['seconds']:.2f} |"
+                     f" {r['seconds'] / base[r['method']]:.3f}x | {r['seconds'] / live[r['mtbf']]:.3f}x |")
     lines.append("<!-- recovery:end -->")
     section = "\n".join(lines)
     write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "recovery", section)

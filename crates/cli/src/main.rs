@@ -39,7 +39,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Train a model in this process.
-    Train(train_cmd::TrainArgs),
+    Train(Box<train_cmd::TrainArgs>),
     /// Train data-parallel: an embedded coordinator and N worker processes.
     Launch(launch_cmd::LaunchArgs),
     /// The rendezvous point of a job whose workers run on several hosts.
@@ -52,7 +52,8 @@ enum Command {
     Campaign(campaign_cmd::CampaignArgs),
     /// The floating-point non-associativity lab: variability of parallel reductions.
     Fpna(fpna_cmd::FpnaArgs),
-    /// Render a campaign's tables as one HTML page with plots.
+    /// Render a campaign's tables, or a training run's progress and recoveries, as one
+    /// HTML page with plots.
     Report(report_cmd::ReportArgs),
     /// Measurements driven by the scripts under bench/ (prints JSON lines).
     Bench(bench_cmd::BenchArgs),
@@ -68,7 +69,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Train(args) => train_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Train(args) => train_cmd::run(*args).map(|()| ExitCode::SUCCESS),
         Command::Launch(args) => launch_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Coordinator(args) => coordinator_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Ckpt(args) => ckpt_cmd::run(args),

@@ -49,6 +49,10 @@ pub struct TrainArgs {
     /// Architecture.
     #[arg(long, value_parser = choice::of::<ModelKind>(), default_value = "mlp")]
     model: ModelKind,
+    /// The MLP's first hidden width (the second is half): 256 makes 0.24 M parameters,
+    /// 12000 about 83 M (a 1 GB state with AdamW's two slots).
+    #[arg(long, value_name = "W")]
+    width: Option<usize>,
     /// Data set [default: fashion-mnist for mlp and cnn, fortunes for gpt].
     #[arg(long, value_parser = choice::of::<DataKind>())]
     data: Option<DataKind>,
@@ -235,6 +239,15 @@ impl TrainArgs {
     fn into_config(self) -> anyhow::Result<TrainConfig> {
         let dist = dist_config(&self)?;
         let mut c = TrainConfig::defaults(self.model);
+        if let Some(w) = self.width {
+            if self.model != ModelKind::Mlp {
+                anyhow::bail!("--width is the MLP's; the {} has its own shape", self.model);
+            }
+            if w < 2 {
+                anyhow::bail!("--width must be at least 2");
+            }
+            c.mlp_width = w;
+        }
         if let Some(d) = self.data {
             c.data = d;
         }

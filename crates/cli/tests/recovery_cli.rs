@@ -383,6 +383,26 @@ fn live_bit_flips_are_repaired_from_the_healthy_replicas_and_the_bits_are_golden
 }
 
 #[test]
+fn of_two_replicas_the_one_whose_state_changed_since_its_commit_is_repaired() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> =
+        ["launch", "--nproc", "2", "--heartbeat-timeout", "1", "--max-restarts", "1", "--"].map(String::from).to_vec();
+    args.extend(train_args(STEPS, &tmp.path().join("pair")));
+    // An optimizer slot of worker 1 flips in step 20's update: no majority can name it,
+    // but its state is no longer the one it committed.
+    args.extend(
+        ["--on-divergence", "repair", "--inject", "step=20,rank=1,state=optim,bits=exponent,count=1,seed=3"]
+            .map(String::from),
+    );
+    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("the state of worker 1 changed before the update"), "{stderr}");
+    assert!(stdout.contains("[1] fetch the state from [0]"), "{stdout}");
+    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 2], "{stdout}");
+}
+
+#[test]
 fn a_divergence_stops_the_job_when_it_is_not_to_be_repaired() {
     let tmp = tempfile::tempdir().unwrap();
     let (ok, stdout, stderr) = launch(

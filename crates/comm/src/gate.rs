@@ -85,6 +85,10 @@ impl<T> Drop for Gate<T> {
     }
 }
 
+/// The gate's first wait for a connection after one arrived, and its longest.
+const IDLE_FIRST: Duration = Duration::from_millis(1);
+const IDLE_MOST: Duration = Duration::from_millis(16);
+
 fn accept_loop<T: Send + 'static>(
     listener: &TcpListener,
     limits: Limits,
@@ -96,6 +100,10 @@ fn accept_loop<T: Send + 'static>(
     // whether it has ended. Their count only bounds the threads; no result depends on it.
     let mut running: Vec<(Instant, TcpStream, Arc<AtomicBool>)> = Vec::new();
     let mut shed = 0u64;
+    // The listener is polled: often just after a connection (a mesh arrives as several),
+    // seldom when idle, so that an idle gate does not wake a busy machine a thousand
+    // times a second.
+    let mut idle = IDLE_FIRST;
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         running.retain(|(until, socket, ended)| {
@@ -112,7 +120,8 @@ fn accept_loop<T: Send + 'static>(
         let (stream, from) = match listener.accept() {
             Ok(x) => x,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2));
+                std::thread::sleep(idle);
+                idle = (idle * 2).min(IDLE_MOST);
                 continue;
             }
             Err(e) => {
@@ -121,6 +130,7 @@ fn accept_loop<T: Send + 'static>(
                 continue;
             }
         };
+        idle = IDLE_FIRST;
         let handle = match stream.try_clone() {
             Ok(h) if running.len() < limits.max_pending => h,
             _ => {

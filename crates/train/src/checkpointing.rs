@@ -42,7 +42,12 @@ pub fn config_hash(c: &TrainConfig) -> u64 {
         o.beta2.to_bits(),
         o.eps.to_bits()
     );
-    ckpt::checksum(text.as_bytes())
+    // The default width leaves the text, and the hashes of older checkpoints, as they were.
+    let width = match c.mlp_width {
+        crate::model::Mlp::DEFAULT_WIDTH => String::new(),
+        w => format!(";mlp_width={w}"),
+    };
+    ckpt::checksum((text + &width).as_bytes())
 }
 
 /// The manifest metadata of `state`, written by a job of `world` workers.

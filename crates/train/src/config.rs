@@ -15,6 +15,8 @@ use crate::optim::{OptimConfig, OptimKind};
 pub struct TrainConfig {
     /// Architecture.
     pub model: ModelKind,
+    /// The MLP's first hidden width (its second is half that).
+    pub mlp_width: usize,
     /// Data set.
     pub data: DataKind,
     /// Overrides the data set's directory.
@@ -105,6 +107,7 @@ impl TrainConfig {
         };
         TrainConfig {
             model,
+            mlp_width: crate::model::Mlp::DEFAULT_WIDTH,
             data,
             data_dir: None,
             steps,

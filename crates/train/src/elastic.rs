@@ -361,10 +361,34 @@ pub(crate) fn run(
                     .into());
                 }
                 let at = At { step, rank: id as usize };
+                let pair = worker.quorum().is_some_and(|q| q.members.len() == 2);
                 let fingerprint = {
                     let mut h = lock_write(&held);
                     hooks.before_update(at, &mut h.state)?;
                     report_injections(&mut metrics, hooks.take_flips())?;
+                    // Two replicas that disagree after an update have no majority to name
+                    // the bad one. So in an epoch of two, each checks, just before the
+                    // update, that its state is still the one it committed: a replica
+                    // whose state changed names itself.
+                    if pair && d.on_divergence == crate::config::OnDivergence::Repair {
+                        let found = h.state.fingerprint();
+                        if found != h.fingerprint {
+                            tracing::error!(
+                                step,
+                                "the state of worker {id} changed before the update ({} -> {}): repairing it \
+                                 from the other replica",
+                                repro::fingerprint::hex(h.fingerprint),
+                                repro::fingerprint::hex(found)
+                            );
+                            h.fingerprint = found;
+                            metrics.write(json!({
+                                "kind": "divergence", "step": step, "worker": id, "found": "before the update",
+                            }))?;
+                            sum_step = None;
+                            queue.extend(worker.on_corrupted(Instant::now(), found));
+                            continue;
+                        }
+                    }
                     hooks.reached(at, Phase::Update);
                     let update = Instant::now();
                     h.state.apply(&sum);

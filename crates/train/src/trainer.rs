@@ -142,7 +142,7 @@ impl Prepared {
     /// (seed, batch, micro-batch) of the configuration that was loaded.
     pub fn start(&self, config: &TrainConfig) -> (TrainState, Engine<'_>) {
         let device = Device::flex().autodiff();
-        let model = Model::new(config.model, config.seed, self.gpt, &device);
+        let model = Model::new(config.model, config.seed, self.gpt, config.mlp_width, &device);
         let params = model.params();
         let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
         let state = TrainState::new(params, optimizer);

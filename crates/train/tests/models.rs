@@ -3,7 +3,7 @@
 
 use burn::prelude::Device;
 use train::data::{Batch, DataKind, DataSpec, Dataset, Modality, Split};
-use train::model::{GptConfig, Model, ModelKind};
+use train::model::{GptConfig, Mlp, Model, ModelKind};
 
 fn batch_for(kind: ModelKind) -> (Batch, usize, GptConfig) {
     let modality = if kind == ModelKind::Gpt { Modality::Text } else { Modality::Images };
@@ -24,7 +24,7 @@ fn every_parameter_of_every_model_receives_a_nonzero_gradient() {
     let device = Device::flex().autodiff();
     for kind in [ModelKind::Mlp, ModelKind::Cnn, ModelKind::Gpt] {
         let (batch, denominator, gpt) = batch_for(kind);
-        let model = Model::new(kind, 7, gpt, &device);
+        let model = Model::new(kind, 7, gpt, Mlp::DEFAULT_WIDTH, &device);
         let params = model.params();
         let (loss, grads) = model.loss_and_grads(&batch, denominator, &device);
         assert!(loss.is_finite() && loss > 0.0, "{kind:?}: loss {loss}");
@@ -40,22 +40,25 @@ fn every_parameter_of_every_model_receives_a_nonzero_gradient() {
 #[test]
 fn parameters_are_named_by_the_registry_convention_and_seeded_by_us() {
     let device = Device::flex().autodiff();
-    let names: Vec<String> =
-        Model::new(ModelKind::Mlp, 0, GptConfig::small(0), &device).params().into_iter().map(|p| p.name).collect();
+    let names: Vec<String> = Model::new(ModelKind::Mlp, 0, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &device)
+        .params()
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
     assert_eq!(
         names,
         ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"].map(|n| format!("model.{n}"))
     );
-    let gpt = Model::new(ModelKind::Gpt, 0, GptConfig::small(50), &device).params();
+    let gpt = Model::new(ModelKind::Gpt, 0, GptConfig::small(50), Mlp::DEFAULT_WIDTH, &device).params();
     assert!(gpt.iter().any(|p| p.name == "model.blocks.3.qkv.weight" && p.shape == vec![128, 384]));
     assert!(gpt.iter().any(|p| p.name == "model.ln_f.gamma"));
 
     // Same seed, same bits, even when the framework's own generator is seeded differently.
     device.seed(1);
-    let a = Model::new(ModelKind::Cnn, 5, GptConfig::small(0), &device).params();
+    let a = Model::new(ModelKind::Cnn, 5, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &device).params();
     device.seed(2);
-    let b = Model::new(ModelKind::Cnn, 5, GptConfig::small(0), &device).params();
-    let c = Model::new(ModelKind::Cnn, 6, GptConfig::small(0), &device).params();
+    let b = Model::new(ModelKind::Cnn, 5, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &device).params();
+    let c = Model::new(ModelKind::Cnn, 6, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &device).params();
     assert_eq!(a, b);
     assert_ne!(a, c);
 }
@@ -63,7 +66,7 @@ fn parameters_are_named_by_the_registry_convention_and_seeded_by_us() {
 #[test]
 fn loading_the_registry_round_trips_every_bit() {
     let device = Device::flex().autodiff();
-    let model = Model::new(ModelKind::Gpt, 1, GptConfig::small(40), &device);
+    let model = Model::new(ModelKind::Gpt, 1, GptConfig::small(40), Mlp::DEFAULT_WIDTH, &device);
     let mut params = model.params();
     for (i, p) in params.iter_mut().enumerate() {
         for (j, x) in p.data.iter_mut().enumerate() {

@@ -1,4 +1,5 @@
-//! A multi-layer perceptron for 28x28 images: 784-256-128-10 with ReLU.
+//! A multi-layer perceptron for 28x28 images: 784-W-W/2-10 with ReLU (W = 256 unless a
+//! run asks for another width, to study how costs grow with the model).
 
 use burn::nn::Linear;
 use burn::prelude::*;
@@ -6,9 +7,6 @@ use burn::tensor::activation::relu;
 
 use super::Taps;
 use super::init::Init;
-
-/// Layer outputs that activation faults can hit, with their elements per example.
-pub(super) const ACTIVATIONS: [(&str, usize); 3] = [("fc1", 256), ("fc2", 128), ("fc3", 10)];
 
 /// The MLP.
 #[derive(Module, Debug)]
@@ -19,17 +17,28 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Widths of the layers, input first.
-    pub const WIDTHS: [usize; 4] = [784, 256, 128, 10];
+    /// The first hidden layer's width unless a run asks for another.
+    pub const DEFAULT_WIDTH: usize = 256;
 
-    /// A freshly initialised MLP.
-    pub fn new(init: &Init) -> Self {
-        let w = Self::WIDTHS;
+    /// Widths of the layers, input first, for a first hidden layer of `width`.
+    pub fn widths(width: usize) -> [usize; 4] {
+        [784, width, (width / 2).max(1), 10]
+    }
+
+    /// A freshly initialised MLP whose first hidden layer is `width` wide.
+    pub fn new(init: &Init, width: usize) -> Self {
+        let w = Self::widths(width);
         Mlp {
             fc1: init.linear("fc1", w[0], w[1]),
             fc2: init.linear("fc2", w[1], w[2]),
             fc3: init.linear("fc3", w[2], w[3]),
         }
+    }
+
+    /// Layer outputs that activation faults can hit, with their elements per example.
+    pub(super) fn activations(&self) -> [(&'static str, usize); 3] {
+        let out = |l: &Linear| l.weight.dims()[1];
+        [("fc1", out(&self.fc1)), ("fc2", out(&self.fc2)), ("fc3", out(&self.fc3))]
     }
 
     /// Logits `[n, 10]` for images `[n, 784]`.

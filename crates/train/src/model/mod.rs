@@ -61,11 +61,12 @@ pub struct EvalSums {
 }
 
 impl Model {
-    /// A freshly initialised model. `gpt` gives the GPT's shape and is ignored otherwise.
-    pub fn new(kind: ModelKind, seed: u64, gpt: GptConfig, device: &Device) -> Self {
+    /// A freshly initialised model. `gpt` gives the GPT's shape and `mlp_width` the MLP's
+    /// first hidden width; each is ignored by the other models.
+    pub fn new(kind: ModelKind, seed: u64, gpt: GptConfig, mlp_width: usize, device: &Device) -> Self {
         let init = Init::new(device, seed);
         match kind {
-            ModelKind::Mlp => Model::Mlp(Mlp::new(&init)),
+            ModelKind::Mlp => Model::Mlp(Mlp::new(&init, mlp_width)),
             ModelKind::Cnn => Model::Cnn(Box::new(LeNet::new(&init))),
             ModelKind::Gpt => Model::Gpt(Gpt::new(&init, gpt)),
         }
@@ -161,8 +162,12 @@ impl Model {
     /// counts for a micro-batch of `n` examples, in forward order. Empty for the GPT, whose
     /// layers are not tapped.
     pub fn activations(&self, n: usize) -> Vec<(String, u64)> {
+        let mlp;
         let layers: &[(&str, usize)] = match self {
-            Model::Mlp(_) => &mlp::ACTIVATIONS,
+            Model::Mlp(m) => {
+                mlp = m.activations();
+                &mlp
+            }
             Model::Cnn(_) => &cnn::ACTIVATIONS,
             Model::Gpt(_) => &[],
         };
