@@ -182,18 +182,16 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
             .ok_or_else(|| anyhow::anyhow!("a world size was given but no rank (--rank or RANK)"))?,
     };
     let elastic = args.elastic || env_first(&["STEADFAST_ELASTIC"]).is_some_and(|v| v == "1");
+    let env_u64 = |name: &str| {
+        env_first(&[name]).map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad {name} {v:?}: {e}"))).transpose()
+    };
     let incarnation = match args.incarnation {
         Some(n) => n,
-        None => env_first(&["STEADFAST_INCARNATION"])
-            .map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad incarnation {v:?}: {e}")))
-            .transpose()?
-            .unwrap_or(0),
+        None => env_u64("STEADFAST_INCARNATION")?.unwrap_or(0),
     };
     let copy_every = match args.copy_every {
         Some(k) => Some(k),
-        None => env_first(&["STEADFAST_COPY_EVERY"])
-            .map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad STEADFAST_COPY_EVERY {v:?}: {e}")))
-            .transpose()?,
+        None => env_u64("STEADFAST_COPY_EVERY")?,
     };
     if copy_every == Some(0) {
         anyhow::bail!("--copy-every must be at least 1");

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::steadfast;
+use common::{steadfast, steps_recorded};
 
 const RUN: [&str; 12] = [
     "train",
@@ -22,16 +22,6 @@ const RUN: [&str; 12] = [
     "0",
     "--steps",
 ];
-
-/// The steps recorded in `metrics.jsonl`.
-fn steps_recorded(dir: &std::path::Path) -> Vec<u64> {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["kind"] == "train")
-        .filter_map(|v| v["step"].as_u64())
-        .collect()
-}
 
 #[test]
 fn a_crash_lands_in_the_named_phase_of_the_named_step() {

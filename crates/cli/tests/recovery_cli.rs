@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{fingerprint, steadfast};
+use common::{fingerprint, steadfast, steps_recorded};
 
 const STEPS: u64 = 40;
 
@@ -74,17 +74,6 @@ fn reference_40() -> &'static str {
 /// The fingerprints the workers printed, by worker.
 fn fingerprints(stdout: &str) -> Vec<String> {
     stdout.lines().filter_map(|l| l.split_once("fingerprint: ").map(|(_, f)| f.trim().to_owned())).collect()
-}
-
-/// The steps worker 0 recorded in `metrics.jsonl`.
-fn steps_recorded(dir: &Path) -> Vec<u64> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["kind"] == "train")
-        .filter_map(|v| v["step"].as_u64())
-        .collect()
 }
 
 /// A small deterministic generator for the schedules.

@@ -104,7 +104,8 @@ pub fn render(dir: &Path) -> Result<String, LabError> {
     Ok(html)
 }
 
-fn escape(s: &str) -> String {
+/// `s` as HTML text.
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 

@@ -15,6 +15,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 
 use crate::LabError;
+use crate::report::escape;
 
 /// The kinds of line that mark an event, with their colour and what the legend calls them.
 const EVENTS: [(&str, RGBColor, &str); 9] = [
@@ -211,10 +212,6 @@ fn timeline(steps: &[(f64, f64)], events: &[(&Line, RGBColor)], t0: f64) -> Resu
         root.present().map_err(LabError::plot)?;
     }
     Ok(svg)
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 #[cfg(test)]

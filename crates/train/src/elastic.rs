@@ -72,6 +72,31 @@ struct Current(Arc<Mutex<Option<EpochMesh>>>);
 /// An epoch and its mesh.
 type EpochMesh = (u64, Arc<TcpMesh>);
 
+impl Held {
+    /// Whether the state still has the fingerprint it was committed with; when not,
+    /// returns `(committed, found)` and takes `found` as the fingerprint it now holds.
+    fn changed_since_commit(&mut self) -> Option<(u64, u64)> {
+        let found = self.state.fingerprint();
+        (found != self.fingerprint).then(|| (std::mem::replace(&mut self.fingerprint, found), found))
+    }
+}
+
+/// Logs and records a state found changed since its commit (`when`: where it was found).
+fn record_changed(
+    metrics: &mut MetricsFile,
+    (id, step): (WorkerId, u64),
+    when: &str,
+    (committed, found): (u64, u64),
+) -> Result<(), TrainError> {
+    tracing::error!(
+        step,
+        "the state of worker {id} changed {when} ({} -> {}): repairing it from the replicas",
+        repro::fingerprint::hex(committed),
+        repro::fingerprint::hex(found)
+    );
+    metrics.write(json!({"kind": "divergence", "step": step, "worker": id, "found": when}))
+}
+
 impl Current {
     fn get(&self) -> Option<EpochMesh> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -306,14 +331,8 @@ pub(crate) fn run(
                 step_started = Instant::now();
                 let at = At { step, rank: id as usize };
                 if let Some(changed) = check_at_rest(&held, &mut hooks, at, d.on_divergence)? {
-                    tracing::error!(
-                        step,
-                        "the state of worker {id} changed at rest ({} -> {}): repairing it from the replicas",
-                        repro::fingerprint::hex(changed.0),
-                        repro::fingerprint::hex(changed.1)
-                    );
                     report_injections(&mut metrics, hooks.take_flips())?;
-                    metrics.write(json!({"kind": "divergence", "step": step, "worker": id, "found": "at rest"}))?;
+                    record_changed(&mut metrics, (id, step), "at rest", changed)?;
                     queue.extend(worker.on_corrupted(Instant::now(), changed.1));
                     continue;
                 }
@@ -370,24 +389,14 @@ pub(crate) fn run(
                     // the bad one. So in an epoch of two, each checks, just before the
                     // update, that its state is still the one it committed: a replica
                     // whose state changed names itself.
-                    if pair && d.on_divergence == crate::config::OnDivergence::Repair {
-                        let found = h.state.fingerprint();
-                        if found != h.fingerprint {
-                            tracing::error!(
-                                step,
-                                "the state of worker {id} changed before the update ({} -> {}): repairing it \
-                                 from the other replica",
-                                repro::fingerprint::hex(h.fingerprint),
-                                repro::fingerprint::hex(found)
-                            );
-                            h.fingerprint = found;
-                            metrics.write(json!({
-                                "kind": "divergence", "step": step, "worker": id, "found": "before the update",
-                            }))?;
-                            sum_step = None;
-                            queue.extend(worker.on_corrupted(Instant::now(), found));
-                            continue;
-                        }
+                    if pair
+                        && d.on_divergence == crate::config::OnDivergence::Repair
+                        && let Some(changed) = h.changed_since_commit()
+                    {
+                        record_changed(&mut metrics, (id, step), "before the update", changed)?;
+                        sum_step = None;
+                        queue.extend(worker.on_corrupted(Instant::now(), changed.1));
+                        continue;
                     }
                     hooks.reached(at, Phase::Update);
                     let update = Instant::now();
@@ -541,7 +550,6 @@ pub(crate) fn run(
 struct Timeline {
     epoch: u64,
     phase: Stage,
-    total: u64,
     /// Why the current epoch is ending, as the shell saw it.
     why: Option<String>,
 }
@@ -549,7 +557,7 @@ struct Timeline {
 impl Timeline {
     fn new(worker: &Worker) -> Timeline {
         let s = worker.status();
-        Timeline { epoch: s.epoch, phase: s.phase, total: worker.total(), why: None }
+        Timeline { epoch: s.epoch, phase: s.phase, why: None }
     }
 
     /// Writes what changed since the last call.
@@ -559,8 +567,8 @@ impl Timeline {
             return Ok(());
         }
         let member = |p: Stage| matches!(p, Stage::Syncing | Stage::Synced | Stage::Stepping);
-        let completed = s.phase == Stage::Done && s.step >= self.total;
-        if member(self.phase) && !member(s.phase) && !completed && s.phase != Stage::Finished {
+        // Leaving the epoch for `Done` (the last step applied) or `Finished` is no failure.
+        if member(self.phase) && !member(s.phase) && matches!(s.phase, Stage::Idle | Stage::Stopped) {
             let why = self.why.take();
             metrics.write(json!({"kind": "epoch_ended", "epoch": self.epoch, "step": s.step, "why": why}))?;
         }
@@ -720,10 +728,5 @@ fn check_at_rest(
     if policy != crate::config::OnDivergence::Repair {
         return Ok(None);
     }
-    let found = h.state.fingerprint();
-    if found == h.fingerprint {
-        return Ok(None);
-    }
-    let expected = std::mem::replace(&mut h.fingerprint, found);
-    Ok(Some((expected, found)))
+    Ok(h.changed_since_commit())
 }

@@ -55,3 +55,15 @@ pub fn python_with(modules: &str) -> bool {
     skip(&format!("python3 with {modules} is not installed"));
     false
 }
+
+/// The steps recorded in `dir/metrics.jsonl` (in a data-parallel job, worker 0's), in the
+/// order written.
+pub fn steps_recorded(dir: &std::path::Path) -> Vec<u64> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["kind"] == "train")
+        .filter_map(|v| v["step"].as_u64())
+        .collect()
+}

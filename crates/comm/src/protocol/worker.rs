@@ -59,11 +59,6 @@ impl Worker {
         &self.status
     }
 
-    /// The steps of the job.
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
     /// Its id.
     pub fn id(&self) -> WorkerId {
         self.id
