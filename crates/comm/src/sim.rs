@@ -230,6 +230,8 @@ pub struct Report {
     pub rolled_back: u64,
     /// Copies put back (the rollback baseline).
     pub restored: u64,
+    /// Fingerprints the workers asked for (of updates that were not hashed).
+    pub hashed: u64,
     /// Quorums the coordinators formed (distinct epochs sent).
     pub epochs: u64,
     /// Messages sent, and of those lost.
@@ -342,6 +344,7 @@ pub fn run(c: &Config) -> Report {
             fetched: 0,
             rolled_back: 0,
             restored: 0,
+            hashed: 0,
             epochs: 0,
             messages: (0, 0),
         },
@@ -470,6 +473,14 @@ impl Sim<'_> {
                     let p = proc.expect("only workers fetch");
                     self.fetch(p, epoch, step, &sources);
                 }
+                Action::Hash => {
+                    let p = proc.expect("only workers hash");
+                    let (id, fingerprint) = (self.procs[p].id, self.procs[p].fingerprint);
+                    self.report.hashed += 1;
+                    let now = self.instant();
+                    let actions = self.procs[p].machine.on_hashed(now, fingerprint);
+                    self.perform(Node::Worker(id), Some(p), actions);
+                }
                 Action::Restore { step, fingerprint } => {
                     let p = &mut self.procs[proc.expect("only workers restore")];
                     assert_eq!(p.copy, Some((step, fingerprint)), "worker {} restores a copy it does not keep", p.id);
@@ -579,7 +590,10 @@ impl Sim<'_> {
         let proc = &self.procs[p];
         let (fp, id) = (proc.fingerprint, proc.id);
         let now = self.instant();
-        let actions = self.procs[p].machine.on_applied(now, step, fp);
+        // Half the updates are not hashed: the worker asks for the fingerprint when it
+        // needs it (`Action::Hash`).
+        let hashed = (step + u64::from(id)).is_multiple_of(2).then_some(fp);
+        let actions = self.procs[p].machine.on_applied(now, step, hashed);
         self.perform(Node::Worker(id), Some(p), actions);
     }
 

@@ -49,7 +49,7 @@ fn without_faults_every_world_size_ends_with_the_reference_state() {
 #[test]
 fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
     let started = Instant::now();
-    let (mut finished, mut recovered, mut rolled) = (0, 0, 0);
+    let (mut finished, mut recovered, mut rolled, mut hashed) = (0, 0, 0, 0);
     let mut unfinished = Vec::new();
     // STEADFAST_SIM_SCHEDULES=1000000 for a soak run.
     let n: u64 = std::env::var("STEADFAST_SIM_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
@@ -64,6 +64,7 @@ fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
         }
         recovered += u64::from(r.fetched + r.rolled_forward > 0);
         rolled += u64::from(r.rolled_forward > 0);
+        hashed += u64::from(r.hashed > 0);
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     println!(
@@ -74,6 +75,7 @@ fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
     assert!(finished > n * 9 / 10, "{finished} of {n} finished");
     assert!(recovered > n / 10, "the schedules exercise recovery: {recovered}");
     assert!(rolled > 0, "some schedule leaves ranks one step apart");
+    assert!(hashed > n / 2, "the workers ask for fingerprints of updates not hashed: {hashed}");
 }
 
 #[test]

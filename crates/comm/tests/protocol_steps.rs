@@ -85,7 +85,7 @@ fn worker_one_step_behind_with_the_committed_sum_rolls_forward() {
     let a = w.on_message(c.at(61), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 555, Some(7))));
     assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
     assert_eq!(w.status().phase, Phase::Syncing);
-    w.on_applied(c.at(62), 0, 555);
+    w.on_applied(c.at(62), 0, Some(555));
     assert_eq!((w.status().phase, w.status().step, w.status().last_commit), (Phase::Synced, 1, Some(7)));
 }
 
@@ -128,13 +128,13 @@ fn worker_applies_only_a_unanimous_vote_and_steps_on_to_done() {
     let mut w = voting_worker(&c);
     let a = w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
     assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
-    let a = w.on_applied(c.at(5), 0, 101);
+    let a = w.on_applied(c.at(5), 0, Some(101));
     assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 1, rank: 1, members: vec![0, 1] }]);
     // The other member's ballot for step 1 comes before this worker's own sum.
     w.on_message(c.at(6), Node::Worker(0), Msg::Ballot { epoch: 1, step: 1, ok: true, digest: 9 });
     let a = w.on_reduced(c.at(7), 1, 1, Some((true, 9)));
     assert_eq!(others(&a), vec![Action::Apply { step: 1 }], "the early ballot was kept");
-    let a = w.on_applied(c.at(8), 1, 102);
+    let a = w.on_applied(c.at(8), 1, Some(102));
     assert_eq!(w.status().phase, Phase::Done);
     assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(Status { phase: Phase::Done, .. }))]));
     let a = w.on_message(c.at(9), Node::Coordinator, Msg::Finish);
@@ -173,6 +173,58 @@ fn worker_leaves_the_epoch_on_a_disagreeing_vote_a_failed_reduce_a_lost_peer_or_
 }
 
 #[test]
+fn worker_asks_for_the_fingerprint_of_an_unhashed_update_only_when_it_needs_it() {
+    let c = Clock(Instant::now());
+    let mut w = voting_worker(&c);
+    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    // Stepping on needs no fingerprint.
+    let a = w.on_applied(c.at(5), 0, None);
+    assert_eq!(a, vec![Action::Compute { epoch: 1, step: 1, rank: 1, members: vec![0, 1] }]);
+    // Leaving the epoch does: the report waits for it.
+    let a = w.on_peer_lost(c.at(6), 0);
+    assert_eq!(a, vec![Action::Hash], "no report pairs step 1 with step 0's fingerprint");
+    assert_eq!(w.status().phase, Phase::Idle);
+    let a = w.on_hashed(c.at(7), 101);
+    let Some((Node::Coordinator, Msg::Report(s))) = sent(&a).pop() else { panic!("{a:?}") };
+    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (Phase::Idle, 1, 101, Some(7)));
+    // Known now: the next quorum is joined at once.
+    let a = w.on_message(c.at(8), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 101, None)));
+    assert!(others(&a).is_empty() && w.status().phase == Phase::Synced, "{a:?}");
+
+    // A quorum that reaches a worker whose fingerprint is unknown waits for it.
+    let mut w = voting_worker(&c);
+    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.on_applied(c.at(5), 0, None);
+    let a = w.on_message(c.at(6), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 101, None)));
+    assert_eq!(a, vec![Action::Hash]);
+    assert_eq!(w.status().epoch, 1, "the quorum is not taken yet");
+    let a = w.on_hashed(c.at(7), 202);
+    assert!(matches!(others(&a)[..], [Action::Fetch { step: 1, fingerprint: 101, .. }]), "another state: {a:?}");
+
+    // A roll-forward whose update was not hashed is checked once hashed.
+    let mut w = voting_worker(&c);
+    w.tick(c.at(60));
+    w.on_message(c.at(61), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 555, Some(7))));
+    assert_eq!(w.on_applied(c.at(62), 0, None), vec![Action::Hash]);
+    assert_eq!(w.status().phase, Phase::Syncing);
+    w.on_hashed(c.at(63), 555);
+    assert_eq!((w.status().phase, w.status().step), (Phase::Synced, 1));
+
+    // The last step's report (done) carries the fingerprint of the final state.
+    let mut w = voting_worker(&c);
+    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.on_applied(c.at(5), 0, None);
+    w.on_message(c.at(6), Node::Worker(0), Msg::Ballot { epoch: 1, step: 1, ok: true, digest: 9 });
+    w.on_reduced(c.at(7), 1, 1, Some((true, 9)));
+    assert_eq!(w.on_applied(c.at(8), 1, None), vec![Action::Hash]);
+    let a = w.on_hashed(c.at(9), 303);
+    assert!(matches!(
+        &sent(&a)[..],
+        [(Node::Coordinator, Msg::Report(Status { phase: Phase::Done, step: 2, fingerprint: 303, .. }))]
+    ));
+}
+
+#[test]
 fn worker_with_a_copy_puts_it_back_when_it_leaves_an_epoch_and_reports_the_copy() {
     let c = Clock(Instant::now());
     let mut w = voting_worker(&c);
@@ -186,13 +238,23 @@ fn worker_with_a_copy_puts_it_back_when_it_leaves_an_epoch_and_reports_the_copy(
     let mut w = voting_worker(&c);
     w.keep_copy(0, 100);
     w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
-    w.on_applied(c.at(5), 0, 101);
+    w.on_applied(c.at(5), 0, Some(101));
     assert_eq!((w.status().step, w.status().fingerprint), (1, 101));
     let a = w.on_message(c.at(6), Node::Coordinator, Msg::Reconfigure { epoch: 1 });
     assert_eq!(a[0], Action::Restore { step: 0, fingerprint: 100 }, "{a:?}");
     let Some((_, Msg::Report(status))) = sent(&a).pop() else { panic!("{a:?}") };
     assert_eq!((status.phase, status.step, status.fingerprint), (Phase::Idle, 0, 100));
     assert_eq!((status.last_commit, status.unapplied), (None, None));
+
+    // An update not hashed, of the copy's step, is the copy: nothing to put back or hash.
+    let mut w = voting_worker(&c);
+    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.keep_copy(1, 101);
+    w.on_applied(c.at(5), 0, None);
+    let a = w.on_peer_lost(c.at(6), 0);
+    let Some((_, Msg::Report(status))) = sent(&a).pop() else { panic!("{a:?}") };
+    assert!(others(&a).is_empty(), "{a:?}");
+    assert_eq!((status.step, status.fingerprint), (1, 101));
 }
 
 #[test]

@@ -53,7 +53,10 @@ use crate::trainer::{Event, Prepared, Summary, evaluate_state, report_injections
 /// The state this worker holds, shared with the thread that serves it to fetchers.
 struct Held {
     state: TrainState,
-    fingerprint: u64,
+    /// The state's fingerprint, once computed: an update leaves it unknown (a pass over
+    /// the state that the protocol asks for only when it needs it), except where the
+    /// job checks its state at rest (`--on-divergence repair`).
+    fingerprint: Option<u64>,
 }
 
 fn lock_read(h: &RwLock<Held>) -> std::sync::RwLockReadGuard<'_, Held> {
@@ -73,11 +76,24 @@ struct Current(Arc<Mutex<Option<EpochMesh>>>);
 type EpochMesh = (u64, Arc<TcpMesh>);
 
 impl Held {
+    fn new(state: TrainState) -> Held {
+        Held { fingerprint: Some(state.fingerprint()), state }
+    }
+
+    /// The state's fingerprint, computed when unknown.
+    fn fingerprint(&mut self) -> u64 {
+        *self.fingerprint.get_or_insert_with(|| self.state.fingerprint())
+    }
+
     /// Whether the state still has the fingerprint it was committed with; when not,
-    /// returns `(committed, found)` and takes `found` as the fingerprint it now holds.
+    /// returns `(committed, found)` and takes `found` as the fingerprint it now holds. A
+    /// state whose fingerprint was never taken cannot be checked: it is taken now.
     fn changed_since_commit(&mut self) -> Option<(u64, u64)> {
         let found = self.state.fingerprint();
-        (found != self.fingerprint).then(|| (std::mem::replace(&mut self.fingerprint, found), found))
+        match self.fingerprint.replace(found) {
+            Some(committed) if committed != found => Some((committed, found)),
+            _ => None,
+        }
     }
 }
 
@@ -173,11 +189,13 @@ fn spawn_server(
                     if (want.layout, want.elements) != layout {
                         return Err("the state's layout differs (another model or optimizer)".into());
                     }
-                    if (h.state.step, h.fingerprint) != (want.step, want.fingerprint) {
+                    // A source reported its fingerprint, so it is known.
+                    let fingerprint = h.fingerprint.unwrap_or_else(|| h.state.fingerprint());
+                    if (h.state.step, fingerprint) != (want.step, want.fingerprint) {
                         return Err(format!(
                             "holds step {} ({}), not step {} ({})",
                             h.state.step,
-                            repro::fingerprint::hex(h.fingerprint),
+                            repro::fingerprint::hex(fingerprint),
                             want.step,
                             repro::fingerprint::hex(want.fingerprint)
                         ));
@@ -215,8 +233,9 @@ pub(crate) fn run(
     let (state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
     let layout = layout_of(&state);
-    let fingerprint = state.fingerprint();
-    let held = Arc::new(RwLock::new(Held { state, fingerprint }));
+    let held = Held::new(state);
+    let fingerprint = held.fingerprint.unwrap_or_default();
+    let held = Arc::new(RwLock::new(held));
     let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0)?;
 
@@ -264,7 +283,7 @@ pub(crate) fn run(
     let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
     // The rollback baseline: a copy of the state every `copy_every` steps.
     let mut copy = Copy::new(d.copy_every);
-    copy.keep(&mut worker, &lock_read(&held));
+    copy.keep(&mut worker, &mut lock_write(&held));
     let mut queue: VecDeque<Action> = first.into();
     let mut book: BTreeMap<WorkerId, SocketAddr> = BTreeMap::new();
     let mut micro = Vec::new();
@@ -381,6 +400,7 @@ pub(crate) fn run(
                 }
                 let at = At { step, rank: id as usize };
                 let pair = worker.quorum().is_some_and(|q| q.members.len() == 2);
+                let repair = d.on_divergence == crate::config::OnDivergence::Repair;
                 let fingerprint = {
                     let mut h = lock_write(&held);
                     hooks.before_update(at, &mut h.state)?;
@@ -390,7 +410,7 @@ pub(crate) fn run(
                     // update, that its state is still the one it committed: a replica
                     // whose state changed names itself.
                     if pair
-                        && d.on_divergence == crate::config::OnDivergence::Repair
+                        && repair
                         && let Some(changed) = h.changed_since_commit()
                     {
                         record_changed(&mut metrics, (id, step), "before the update", changed)?;
@@ -402,7 +422,9 @@ pub(crate) fn run(
                     let update = Instant::now();
                     h.state.apply(&sum);
                     optimizer_time += update.elapsed();
-                    h.fingerprint = h.state.fingerprint();
+                    // Checking the state at rest needs its fingerprint after every update;
+                    // otherwise the protocol asks for it when it needs it.
+                    h.fingerprint = repair.then(|| h.state.fingerprint());
                     h.fingerprint
                 };
                 sum_step = None;
@@ -418,12 +440,13 @@ pub(crate) fn run(
                     last_eval = Some(report);
                 }
                 step_started = Instant::now();
-                copy.keep(&mut worker, &lock_read(&held));
+                copy.keep(&mut worker, &mut lock_write(&held));
                 let mut next = worker.on_applied(Instant::now(), step, fingerprint);
                 let last = config.steps;
                 let every = d.fingerprint_every;
                 if (every > 0 && done.is_multiple_of(every)) || done == last {
                     let members = worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
+                    let fingerprint = lock_write(&held).fingerprint();
                     let verdict = match current.get() {
                         Some((_, mesh)) => compare_replicas(&mesh, &members, fingerprint, d.timeout),
                         None => Verdict::Agree,
@@ -489,7 +512,7 @@ pub(crate) fn run(
                             "kind": "fetch", "step": step, "bytes": stats.bytes,
                             "seconds": stats.elapsed.as_secs_f64(), "sources": sources, "retried": stats.retried,
                         }))?;
-                        copy.keep(&mut worker, &lock_read(&held));
+                        copy.keep(&mut worker, &mut lock_write(&held));
                         Some((step, fingerprint))
                     }
                     Err((e, holds)) => {
@@ -498,6 +521,13 @@ pub(crate) fn run(
                     }
                 };
                 queue.extend(worker.on_fetched(Instant::now(), epoch, got));
+            }
+            Action::Hash => {
+                let fingerprint = lock_write(&held).fingerprint();
+                // Its answer comes before anything queued after the question.
+                for a in worker.on_hashed(Instant::now(), fingerprint).into_iter().rev() {
+                    queue.push_front(a);
+                }
             }
             Action::Restore { step, fingerprint } => {
                 let mut h = lock_write(&held);
@@ -603,12 +633,13 @@ impl Copy {
     }
 
     /// Copies `held` when its step is a multiple of the interval, and tells `worker`.
-    fn keep(&mut self, worker: &mut Worker, held: &Held) {
+    fn keep(&mut self, worker: &mut Worker, held: &mut Held) {
         let Some(every) = self.every else { return };
         if !held.state.step.is_multiple_of(every) {
             return;
         }
         let started = Instant::now();
+        let fingerprint = held.fingerprint();
         match &mut self.state {
             Some(c) => {
                 c.state.clone_from(&held.state);
@@ -617,13 +648,13 @@ impl Copy {
             None => self.state = Some(Held { state: held.state.clone(), fingerprint: held.fingerprint }),
         }
         self.spent += started.elapsed();
-        worker.keep_copy(held.state.step, held.fingerprint);
+        worker.keep_copy(held.state.step, fingerprint);
     }
 
     /// Puts the copy of `(step, fingerprint)` back into `held`.
     fn restore(&self, held: &mut Held, want: (u64, u64)) -> Result<(), TrainError> {
         match &self.state {
-            Some(c) if (c.state.step, c.fingerprint) == want => {
+            Some(c) if (c.state.step, c.fingerprint) == (want.0, Some(want.1)) => {
                 held.state.clone_from(&c.state);
                 held.fingerprint = c.fingerprint;
                 Ok(())
@@ -667,20 +698,21 @@ fn fetch(
         Ok(f) => f,
         Err(e) if chunks == 0 => return Err((e, None)),
         Err(e) => {
-            h.fingerprint = h.state.fingerprint();
-            return Err((e, Some((h.state.step, h.fingerprint))));
+            h.fingerprint = None;
+            return Err((e, Some((h.state.step, h.fingerprint()))));
         }
     };
     h.state.step = want.step;
     h.state.optimizer.set_updates(fetched.updates);
-    h.fingerprint = h.state.fingerprint();
-    if h.fingerprint != want.fingerprint {
+    h.fingerprint = None;
+    let found = h.fingerprint();
+    if found != want.fingerprint {
         let e = CommError::Setup(format!(
             "the fetched state has fingerprint {}, not the sources' {}",
-            repro::fingerprint::hex(h.fingerprint),
+            repro::fingerprint::hex(found),
             repro::fingerprint::hex(want.fingerprint)
         ));
-        return Err((e, Some((h.state.step, h.fingerprint))));
+        return Err((e, Some((h.state.step, found))));
     }
     Ok(fetched)
 }

@@ -12,7 +12,11 @@
 //!    change of phase, and every heartbeat interval otherwise: the step of the state it
 //!    holds, that state's fingerprint, the digest of the sum that produced it, the digest of
 //!    a sum it holds but has not applied, and the epoch it runs in. A report is also the
-//!    heartbeat: a worker silent for `lost_after` is lost.
+//!    heartbeat: a worker silent for `lost_after` is lost. Hashing the state costs a pass
+//!    over it, so a shell may leave the fingerprint of an update unknown; the worker asks
+//!    for it ([`Action::Hash`]) when it must report, check a roll-forward or join a
+//!    quorum, and a job that steps without failures hashes its state once an epoch, not once
+//!    a step.
 //! 2. **Gather.** The coordinator gathers when the job starts, when a member is lost, when a
 //!    member stops running its epoch (it aborted a step), and when a worker that is not a
 //!    member reports (a replacement, or a worker joining a running job). It tells the
@@ -277,6 +281,9 @@ pub enum Action {
         /// Who holds it.
         sources: Vec<WorkerId>,
     },
+    /// Worker: hash the state held now, and answer with [`Worker::on_hashed`] at once,
+    /// carrying out what it returns before any action queued after this one.
+    Hash,
     /// Worker: put back the copy of the state kept at `step` (see [`Worker::keep_copy`]);
     /// it has `fingerprint`. No answer is needed.
     Restore {

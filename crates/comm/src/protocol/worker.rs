@@ -20,6 +20,11 @@ pub struct Worker {
     /// The copy of the state the shell keeps, `(step, fingerprint)`, for the rollback
     /// baseline.
     copy: Option<(u64, u64)>,
+    /// Whether `status.fingerprint` is that of the state held: an update the shell did
+    /// not hash leaves it unknown until something needs it.
+    fresh: bool,
+    /// What waits for the fingerprint the shell was asked for ([`Action::Hash`]).
+    after_hash: AfterHash,
     next_report: Instant,
     heard_coordinator: Instant,
 }
@@ -46,6 +51,8 @@ impl Worker {
             ballots: BTreeMap::new(),
             vote_deadline: None,
             copy: None,
+            fresh: true,
+            after_hash: AfterHash::default(),
             next_report: now,
             heard_coordinator: now,
         };
@@ -54,7 +61,8 @@ impl Worker {
         (w, out)
     }
 
-    /// What this worker would report now.
+    /// What this worker would report now (its fingerprint only once known: see
+    /// [`Worker::on_applied`]).
     pub fn status(&self) -> &Status {
         &self.status
     }
@@ -157,30 +165,48 @@ impl Worker {
         out
     }
 
-    /// The shell applied the held sum of `step`; the state now has `fingerprint`.
-    pub fn on_applied(&mut self, now: Instant, step: u64, fingerprint: u64) -> Vec<Action> {
+    /// The shell applied the held sum of `step`; the state now has `fingerprint`, or, when
+    /// the shell did not hash it (`None`), a fingerprint the worker asks for
+    /// ([`Action::Hash`]) only when it needs it: to report, to check a roll-forward, to
+    /// join a quorum. A job that steps without failures never hashes its state.
+    pub fn on_applied(&mut self, now: Instant, step: u64, fingerprint: Option<u64>) -> Vec<Action> {
         let mut out = Vec::new();
         if step != self.status.step || self.status.unapplied.is_none() {
             return out;
         }
         self.status.step += 1;
-        self.status.fingerprint = fingerprint;
+        self.fresh = fingerprint.is_some();
+        self.status.fingerprint = fingerprint.unwrap_or_default();
         self.status.last_commit = self.status.unapplied.take();
         self.vote_deadline = None;
         self.ballots.retain(|&s, _| s >= self.status.step);
         match self.status.phase {
             Phase::Stepping => self.begin_step(now, &mut out),
+            Phase::Syncing if self.fresh => self.check_rolled(now, &mut out),
             Phase::Syncing => {
-                let q = self.quorum.as_ref().expect("a syncing worker is a member");
-                if self.status.step == q.step && fingerprint == q.fingerprint {
-                    self.status.phase = Phase::Synced;
-                    self.report(now, &mut out);
-                } else {
-                    // Rolled forward to a state that is not the sources': take theirs.
-                    out.push(fetch_from(q));
-                }
+                self.after_hash.check_rolled = true;
+                self.ask_hash(&mut out);
             }
             _ => {}
+        }
+        out
+    }
+
+    /// The shell hashed the state it holds, as asked by [`Action::Hash`]: it has
+    /// `fingerprint`. Carry out the returned actions before any left from earlier calls.
+    pub fn on_hashed(&mut self, now: Instant, fingerprint: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.status.fingerprint = fingerprint;
+        self.fresh = true;
+        let after = std::mem::take(&mut self.after_hash);
+        if after.check_rolled && self.status.phase == Phase::Syncing {
+            self.check_rolled(now, &mut out);
+        }
+        if let Some(q) = after.quorum {
+            self.on_quorum(now, q, &mut out);
+        }
+        if after.report {
+            self.report(now, &mut out);
         }
         out
     }
@@ -200,6 +226,7 @@ impl Worker {
             Some((step, fingerprint)) if step == q.step && fingerprint == q.fingerprint => {
                 self.status.step = step;
                 self.status.fingerprint = fingerprint;
+                self.fresh = true;
                 self.status.last_commit = q.commit;
                 self.status.unapplied = None;
                 self.status.phase = Phase::Synced;
@@ -208,6 +235,7 @@ impl Worker {
             Some((step, fingerprint)) => {
                 self.status.step = step;
                 self.status.fingerprint = fingerprint;
+                self.fresh = true;
                 self.status.last_commit = None;
                 self.status.unapplied = None;
                 self.go_idle(now, &mut out);
@@ -228,6 +256,7 @@ impl Worker {
             return out;
         }
         self.status.fingerprint = fingerprint;
+        self.fresh = true;
         self.status.last_commit = None;
         self.status.unapplied = None;
         self.go_idle(now, &mut out);
@@ -279,9 +308,24 @@ impl Worker {
         matches!(self.status.phase, Phase::Finished | Phase::Stopped)
     }
 
+    /// Reports the status; when the fingerprint is unknown, asks for it first, and
+    /// reports when it comes ([`Worker::on_hashed`]): a report never pairs a step with
+    /// the fingerprint of another.
     fn report(&mut self, now: Instant, out: &mut Vec<Action>) {
-        out.push(send(Node::Coordinator, Msg::Report(self.status.clone())));
         self.next_report = now + self.timing.heartbeat;
+        if !self.fresh {
+            self.after_hash.report = true;
+            self.ask_hash(out);
+            return;
+        }
+        out.push(send(Node::Coordinator, Msg::Report(self.status.clone())));
+    }
+
+    fn ask_hash(&mut self, out: &mut Vec<Action>) {
+        if !self.after_hash.asked {
+            self.after_hash.asked = true;
+            out.push(Action::Hash);
+        }
     }
 
     fn stop(&mut self, now: Instant, reason: String, out: &mut Vec<Action>) {
@@ -297,8 +341,11 @@ impl Worker {
         self.quorum = None;
         self.ballots.clear();
         self.vote_deadline = None;
+        // A state of the copy's step that was not hashed is the copy: the shell copies the
+        // state after the update, and a state changed since is reported with its
+        // fingerprint (`on_corrupted`).
         if let Some((step, fingerprint)) = self.copy
-            && (step, fingerprint) != (self.status.step, self.status.fingerprint)
+            && (step != self.status.step || (self.fresh && fingerprint != self.status.fingerprint))
         {
             self.status.step = step;
             self.status.fingerprint = fingerprint;
@@ -306,12 +353,25 @@ impl Worker {
             self.status.unapplied = None;
             out.push(Action::Restore { step, fingerprint });
         }
+        if let Some((step, fingerprint)) = self.copy
+            && step == self.status.step
+            && !self.fresh
+        {
+            self.status.fingerprint = fingerprint;
+            self.fresh = true;
+        }
         self.status.phase = if self.status.step >= self.total { Phase::Done } else { Phase::Idle };
         self.report(now, out);
     }
 
     fn on_quorum(&mut self, now: Instant, q: Quorum, out: &mut Vec<Action>) {
         if q.epoch <= self.status.epoch {
+            return;
+        }
+        if !self.fresh {
+            // Whether this worker holds the quorum's state depends on its fingerprint.
+            self.after_hash.quorum = Some(q);
+            self.ask_hash(out);
             return;
         }
         self.status.epoch = q.epoch;
@@ -339,6 +399,18 @@ impl Worker {
         }
         self.quorum = Some(q);
         self.report(now, out);
+    }
+
+    /// After a roll-forward: synced when the state is the quorum's, else fetch it.
+    fn check_rolled(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let q = self.quorum.as_ref().expect("a syncing worker is a member");
+        if self.status.step == q.step && self.status.fingerprint == q.fingerprint {
+            self.status.phase = Phase::Synced;
+            self.report(now, out);
+        } else {
+            // Rolled forward to a state that is not the sources': take theirs.
+            out.push(fetch_from(q));
+        }
     }
 
     fn begin_step(&mut self, now: Instant, out: &mut Vec<Action>) {
@@ -378,6 +450,18 @@ impl Worker {
             self.go_idle(now, out);
         }
     }
+}
+
+/// Work waiting for the fingerprint of the state held.
+#[derive(Clone, Debug, Default)]
+struct AfterHash {
+    /// [`Action::Hash`] was emitted and not answered yet.
+    asked: bool,
+    report: bool,
+    /// A roll-forward to check against the quorum's state.
+    check_rolled: bool,
+    /// A quorum to join.
+    quorum: Option<Quorum>,
 }
 
 fn fetch_from(q: &Quorum) -> Action {
