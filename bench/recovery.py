@@ -8,7 +8,7 @@
    (`train --width`);
 3. the failure-free cost of being ready to recover: the same 3-worker job as a static job
    (`launch --nproc 3`) and as an elastic one (`--max-restarts 1`, and with
-   `--on-divergence repair`), alternating, median of 3 wall times;
+   `--on-divergence repair`), in rounds, as ratios to the static job of the same round;
 4. a fixed job under random crashes (`--fault crash:mtbf=S`) at several rates, recovered
    from live replicas and by the two baselines (`--recovery memory` and `checkpoint`).
 
@@ -74,18 +74,34 @@ def wall(args):
     return seconds, rate
 
 
+OVERHEAD_ROUNDS = 9
+
+
 def overhead(tmp):
+    """Per variant: median wall time and steps/s, and the median (min, max) over rounds of the
+    ratio to the static job of the same round, for the wall time and the time per step."""
     job = [*TRAIN, "--steps", "600", "--out", os.path.join(tmp, "overhead")]
     variants = {
         "static": ["launch", "--nproc", "3", "--", *job],
         "elastic": ["launch", "--nproc", "3", "--max-restarts", "1", "--", *job],
         "elastic, repair": ["launch", "--nproc", "3", "--max-restarts", "1", "--", *job, "--on-divergence", "repair"],
     }
-    runs = {k: [] for k in variants}
-    for _ in range(3):
-        for k, args in variants.items():
-            runs[k].append(wall(args))
-    return {k: (statistics.median(s for s, _ in v), statistics.median(r for _, r in v)) for k, v in runs.items()}
+    names = list(variants)
+    runs = {k: [] for k in names}
+    for i in range(OVERHEAD_ROUNDS):
+        # The order turns every round, so that a drift of the machine's speed favours no one.
+        for k in names[i % len(names):] + names[:i % len(names)]:
+            runs[k].append(wall(variants[k]))
+    out = {}
+    for k, v in runs.items():
+        walls = [s / b for (s, _), (b, _) in zip(v, runs["static"])]
+        steps = [br / r for (_, r), (_, br) in zip(v, runs["static"])]
+        out[k] = {
+            "seconds": statistics.median(s for s, _ in v), "rate": statistics.median(r for _, r in v),
+            "wall": (statistics.median(walls), min(walls), max(walls)),
+            "step": (statistics.median(steps), min(steps), max(steps)),
+        }
+    return out
 
 
 SWEEP_STEPS = 2000
@@ -176,14 +192,19 @@ def main():
         "### Failure-free cost of being ready to recover",
         "",
         "The same 600-step 3-worker job: wall time of the whole `launch`, and the steps/s worker 0 reports"
-        " (time inside steps only, without start-up); median of 3 alternating runs.",
+        f" (time inside steps only, without start-up). {OVERHEAD_ROUNDS} rounds, each running the three jobs one after"
+        " the other in a turning order; the ratios are to the static job of the same round: median (min to max) over"
+        " rounds. An elastic job hashes its state only when the protocol needs the fingerprint (to report after a"
+        " failure, at the end); with `--on-divergence repair` it hashes it after every update and checks it before the"
+        " next step, which is the price of finding a replica whose state changed at rest.",
         "",
         "| job | seconds | / static | steps/s | time per step / static |",
         "|---|---|---|---|---|",
     ]
-    static_s, static_rate = costs["static"]
-    for k, (s, rate) in costs.items():
-        lines.append(f"| {k} | {s:.2f} | {s / static_s:.3f}x | {rate:.1f} | {static_rate / rate:.3f}x |")
+    for k, c in costs.items():
+        w, t = c["wall"], c["step"]
+        lines.append(f"| {k} | {c['seconds']:.2f} | {w[0]:.3f}x ({w[1]:.3f} to {w[2]:.3f}) | {c['rate']:.1f} |"
+                     f" {t[0]:.3f}x ({t[1]:.3f} to {t[2]:.3f}) |")
     base = {r["method"]: r["seconds"] for r in swept if r["mtbf"] is None}
     live = {r["mtbf"]: r["seconds"] for r in swept if r["method"] == "live replicas"}
     lines += [
