@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Steadfast needs on a fresh Debian machine, skipping what is present (with sudo
 # when not root). Without arguments: what building and the main job need (the data sets,
-# libhdf5 for `.h5` files, pkg-config). With `tests`: also the peers the tests compare with
-# (Python's safetensors, NumPy and h5py), a headless Chromium for the report, and iproute2
-# for the multi-host test.
+# libhdf5 for `.h5` files, pkg-config, Open MPI and libclang for the MPI engine's bindings).
+# With `tests`: also the peers the tests compare with (Python's safetensors, NumPy and h5py),
+# a headless Chromium for the report, and iproute2 for the multi-host test.
 set -euo pipefail
 
 need=()
@@ -11,6 +11,9 @@ need=()
 [ -d /usr/share/games/fortunes ] || need+=(fortunes)
 dpkg -s libhdf5-dev >/dev/null 2>&1 || need+=(libhdf5-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
+dpkg -s libopenmpi-dev >/dev/null 2>&1 || need+=(libopenmpi-dev)
+command -v mpirun >/dev/null || need+=(openmpi-bin)
+dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 if [ "${1:-}" = tests ]; then
   command -v chromium >/dev/null || need+=(chromium)
   command -v ip >/dev/null || need+=(iproute2)

@@ -40,7 +40,10 @@ Examples:
   steadfast train --model mlp --inject 'step=300,state=activation,target=act.fc1,bits=exponent,seed=3'
 
   # In a 3-worker job, crash rank 1 during the commit vote of step 40
-  steadfast launch --nproc 3 -- train --model mlp --fault 'crash:rank=1,step=40,phase=vote'";
+  steadfast launch --nproc 3 -- train --model mlp --fault 'crash:rank=1,step=40,phase=vote'
+
+  # 4 ranks on the system's MPI library; reproducible sums give single-process train's bits
+  mpirun -n 4 steadfast train --model mlp --engine mpi --reduce reproducible --micro-batch 32";
 
 /// Arguments of `steadfast train`. Unset values take the model's defaults.
 #[derive(Args, Debug)]
@@ -111,6 +114,11 @@ pub struct TrainArgs {
     /// Shard files per checkpoint, written in parallel.
     #[arg(long, default_value_t = 2)]
     checkpoint_shards: usize,
+    /// How the ranks of a data-parallel job reach each other: `steadfast` (Steadfast's
+    /// authenticated TCP mesh, met through the launcher's coordinator) or `mpi` (started
+    /// by `mpirun` or `srun`; rank and size come from MPI, the collectives are MPI's).
+    #[arg(long, value_enum, default_value_t = EngineArg::Steadfast)]
+    engine: EngineArg,
     /// This worker's rank in a data-parallel job [env: STEADFAST_RANK, RANK, SLURM_PROCID].
     #[arg(long)]
     rank: Option<usize>,
@@ -160,12 +168,48 @@ pub struct TrainArgs {
     fault: Vec<fault::crash::ProcessFault>,
 }
 
+/// `--engine`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum EngineArg {
+    Steadfast,
+    Mpi,
+}
+
 fn env_first(names: &[&str]) -> Option<String> {
     names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
 }
 
 /// The data-parallel settings from flags, then the environment (ours, torchrun's, Slurm's).
 fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
+    if !(args.comm_timeout > 0.0 && args.comm_timeout.is_finite()) {
+        anyhow::bail!("--comm-timeout must be a positive number of seconds");
+    }
+    if args.engine == EngineArg::Mpi {
+        if args.elastic || args.copy_every.is_some() || args.rank.is_some() || args.world_size.is_some() {
+            anyhow::bail!(
+                "--engine mpi takes its rank and size from MPI, and an MPI job is not elastic \
+                 (a rank's failure ends it; run it again with --resume latest to go on from its last checkpoint)"
+            );
+        }
+        return Ok(Some(train::DistConfig {
+            // MPI's rank and size replace these when the job starts.
+            rank: 0,
+            world: 1,
+            engine: train::Engine::Mpi,
+            timeout: Duration::from_secs_f64(args.comm_timeout),
+            fingerprint_every: args.fingerprint_every,
+            elastic: None,
+            incarnation: match args.incarnation {
+                Some(n) => n,
+                None => env_first(&["STEADFAST_INCARNATION"])
+                    .map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad STEADFAST_INCARNATION {v:?}: {e}")))
+                    .transpose()?
+                    .unwrap_or(0),
+            },
+            copy_every: None,
+            on_divergence: args.on_divergence,
+        }));
+    }
     let parse = |v: String, what: &str| v.parse::<usize>().map_err(|e| anyhow::anyhow!("bad {what} {v:?}: {e}"));
     let world = match args.world_size {
         Some(w) => Some(w),
@@ -215,15 +259,10 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
     let secret = env_first(&["STEADFAST_SECRET"])
         .ok_or_else(|| anyhow::anyhow!("STEADFAST_SECRET is not set (the launcher sets it for its workers)"))?
         .into_bytes();
-    if !(args.comm_timeout > 0.0 && args.comm_timeout.is_finite()) {
-        anyhow::bail!("--comm-timeout must be a positive number of seconds");
-    }
     Ok(Some(train::DistConfig {
         rank,
         world,
-        coordinator,
-        secret,
-        bind: args.bind,
+        engine: train::Engine::Steadfast { coordinator, secret, bind: args.bind },
         timeout: Duration::from_secs_f64(args.comm_timeout),
         fingerprint_every: args.fingerprint_every,
         elastic: elastic.then_some(incarnation),

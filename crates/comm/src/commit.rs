@@ -60,9 +60,28 @@ pub fn durable_everywhere(ballots: &[Ballot]) -> u64 {
 /// Gathers every rank's ballot and decides. Fails (on every survivor, within `timeout`
 /// per ring step) if a rank cannot take part.
 pub fn vote(t: &dyn Transport, ballot: Ballot, timeout: Duration) -> Result<(Decision, Vec<Ballot>), CommError> {
-    let words = all_gather_words(t, &[ballot.ok as u64, ballot.digest, ballot.durable], timeout)?;
-    let ballots: Vec<Ballot> = words.iter().map(|w| Ballot { ok: w[0] == 1, digest: w[1], durable: w[2] }).collect();
-    Ok((decide(&ballots), ballots))
+    Ok(tally(&all_gather_words(t, &ballot.words(), timeout)?))
+}
+
+impl Ballot {
+    /// The ballot as the words a collective gathers.
+    pub fn words(&self) -> [u64; 3] {
+        [u64::from(self.ok), self.digest, self.durable]
+    }
+}
+
+/// The ballots of every rank, gathered as [`Ballot::words`] by any collective, and the
+/// decision.
+pub fn tally(words: &[Vec<u64>]) -> (Decision, Vec<Ballot>) {
+    let ballots: Vec<Ballot> = words
+        .iter()
+        .map(|w| Ballot {
+            ok: w.first() == Some(&1),
+            digest: w.get(1).copied().unwrap_or(0),
+            durable: w.get(2).copied().unwrap_or(0),
+        })
+        .collect();
+    (decide(&ballots), ballots)
 }
 
 #[cfg(test)]

@@ -50,6 +50,8 @@ pub mod gate;
 pub mod handshake;
 pub mod majority;
 pub mod membership;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod port;
 pub mod protocol;
 pub mod rendezvous;

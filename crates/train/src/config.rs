@@ -60,12 +60,8 @@ pub struct DistConfig {
     pub rank: usize,
     /// Number of workers.
     pub world: usize,
-    /// Where the coordinator listens.
-    pub coordinator: std::net::SocketAddr,
-    /// The job's shared secret.
-    pub secret: Vec<u8>,
-    /// Address this worker listens on for its peers (port chosen by the system).
-    pub bind: std::net::IpAddr,
+    /// How the ranks reach each other.
+    pub engine: Engine,
     /// Bound on every collective step; a dead or hung peer surfaces within it.
     pub timeout: Duration,
     /// Compare the replicas' fingerprints every this many steps (0: only at the end).
@@ -82,6 +78,25 @@ pub struct DistConfig {
     pub copy_every: Option<u64>,
     /// What an elastic job does when its replicas disagree.
     pub on_divergence: OnDivergence,
+}
+
+/// How the ranks of a data-parallel job reach each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// Steadfast's authenticated TCP mesh, whose ranks meet through a coordinator (the
+    /// launcher's): the default, and the only engine of elastic jobs.
+    Steadfast {
+        /// Where the coordinator listens.
+        coordinator: std::net::SocketAddr,
+        /// The job's shared secret.
+        secret: Vec<u8>,
+        /// Address this worker listens on for its peers (port chosen by the system).
+        bind: std::net::IpAddr,
+    },
+    /// The system's MPI library (`mpirun` or `srun` starts the ranks): rank and size come
+    /// from MPI, and the collectives run on MPI's (feature `mpi`; see `comm::mpi`). The
+    /// `rank` and `world` of the [`DistConfig`] are replaced by MPI's.
+    Mpi,
 }
 
 /// What an elastic job does when its replicas' states disagree (silent data corruption).

@@ -228,6 +228,13 @@ pub(crate) fn run(
         )
         .into());
     }
+    let crate::config::Engine::Steadfast { coordinator, secret, bind } = &d.engine else {
+        return Err(ConfigError::Invalid(
+            "an elastic job runs on Steadfast's engine: MPI ends a job when a rank fails".into(),
+        )
+        .into());
+    };
+    let (coordinator, bind) = (*coordinator, *bind);
     let id = d.rank as WorkerId;
     let prepared = Prepared::load(config)?;
     let (state, mut engine) = prepared.start(config);
@@ -240,8 +247,8 @@ pub(crate) fn run(
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0)?;
 
     let listener =
-        TcpListener::bind((d.bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {}: {e}", d.bind)))?;
-    let mut port = Port::open(listener, &d.secret, id)?;
+        TcpListener::bind((bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
+    let mut port = Port::open(listener, secret, id)?;
     spawn_server(&mut port, Arc::clone(&held), layout, faults.clone(), id)?;
     // The worker's own clocks: how often it reports, and how long it waits for ballots.
     let timing = Timing { vote_timeout: d.timeout, ..Timing::default() };
@@ -259,7 +266,7 @@ pub(crate) fn run(
     };
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.timeout.max(Duration::from_secs(30));
-    let (link, incoming) = Link::connect(d.coordinator, &d.secret, id, hello, timing.heartbeat, deadline, interrupt)?;
+    let (link, incoming) = Link::connect(coordinator, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
     {
         let (current, sever) = (current.clone(), link.severer());
@@ -274,7 +281,7 @@ pub(crate) fn run(
     metrics.write(json!({"kind": "process", "worker": id, "incarnation": incarnation}))?;
 
     let tcp = TcpConfig {
-        secret: d.secret.clone(),
+        secret: secret.clone(),
         max_frame: comm::frame::DEFAULT_MAX_FRAME,
         connect_timeout: d.timeout,
         write_timeout: d.timeout,

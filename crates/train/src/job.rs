@@ -1,35 +1,48 @@
-//! A rank's membership in a data-parallel job: connecting through the coordinator, the
-//! heartbeat whose notices abort the mesh, and the collective checks of a step (the
-//! commit vote and the replica comparison). The step's phases are in [`crate::step`];
-//! this module is the socket side of the reduce, vote and check phases.
+//! A rank's membership in a data-parallel job: connecting (through the coordinator to
+//! Steadfast's mesh, or through MPI), the heartbeat whose notices abort the mesh, and the
+//! collectives of a step (the all-reduce, the commit vote and the replica comparison).
+//! The step's phases are in [`crate::step`]; this module is the communicating side of the
+//! reduce, vote and check phases.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use comm::ReduceMode;
+use comm::collective::Reducer;
 use comm::commit::{Ballot, Decision};
-use comm::transport::{CommError, TcpMesh, Transport};
+use comm::transport::{CommError, TcpMesh};
 
-use crate::config::DistConfig;
+use crate::config::{DistConfig, Engine};
 use crate::error::{ConfigError, TrainError};
 use crate::step::SumCheck;
 
 /// This rank's connections to a job.
 pub struct Job {
-    /// The authenticated mesh to every other rank.
-    pub mesh: Arc<TcpMesh>,
-    heartbeat: comm::supervisor::Heartbeat,
+    link: Link,
     config: DistConfig,
+}
+
+enum Link {
+    /// The authenticated mesh to every other rank, and the heartbeat to the coordinator.
+    Tcp { mesh: Arc<TcpMesh>, heartbeat: comm::supervisor::Heartbeat },
+    /// MPI's world (its collectives need `&mut` for their reused buffers).
+    #[cfg(feature = "mpi")]
+    Mpi(std::cell::RefCell<comm::mpi::MpiWorld>),
 }
 
 impl Job {
     /// Joins the job: listen, meet the others through the coordinator, connect to all, and
-    /// start the heartbeat, whose notices abort the mesh.
+    /// start the heartbeat, whose notices abort the mesh. An MPI job is joined by
+    /// [`Job::start_mpi`] instead.
     pub fn connect(d: &DistConfig) -> Result<Job, TrainError> {
-        let listener = std::net::TcpListener::bind((d.bind, 0))
-            .map_err(|e| CommError::Setup(format!("cannot listen on {}: {e}", d.bind)))?;
+        let Engine::Steadfast { coordinator, secret, bind } = &d.engine else {
+            return Err(ConfigError::Invalid("an MPI job is joined through MPI".into()).into());
+        };
+        let listener = std::net::TcpListener::bind((*bind, 0))
+            .map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
         let me = listener.local_addr().map_err(|e| CommError::Setup(e.to_string()))?;
         let setup_time = d.timeout.max(Duration::from_secs(30));
-        let joined = comm::rendezvous::join(d.coordinator, d.rank, me, &d.secret, setup_time)?;
+        let joined = comm::rendezvous::join(*coordinator, d.rank, me, secret, setup_time)?;
         let addrs = joined.table;
         if addrs.len() != d.world {
             return Err(ConfigError::Invalid(format!(
@@ -40,7 +53,7 @@ impl Job {
             .into());
         }
         let config = comm::transport::TcpConfig {
-            secret: d.secret.clone(),
+            secret: secret.clone(),
             max_frame: comm::frame::DEFAULT_MAX_FRAME,
             connect_timeout: setup_time,
             write_timeout: d.timeout,
@@ -56,15 +69,66 @@ impl Job {
                 aborter.abort(notice.to_string());
             })
             .map_err(|e| CommError::Setup(format!("cannot start the heartbeat: {e}")))?;
-        Ok(Job { mesh, heartbeat, config: d.clone() })
+        Ok(Job { link: Link::Tcp { mesh, heartbeat }, config: d.clone() })
     }
 
-    /// The mesh as a transport, for the all-reduce.
-    pub fn transport(&self) -> &dyn Transport {
-        &*self.mesh
+    /// Joins an MPI job: initializes MPI, and returns the job with `d`'s rank and world
+    /// replaced by MPI's. Call [`Job::barrier`] before any rank persists a checkpoint
+    /// part, so that rank 0 has cleared crashed writers' leftovers first.
+    #[cfg(feature = "mpi")]
+    pub fn start_mpi(d: &DistConfig) -> Result<Job, TrainError> {
+        let world = comm::mpi::MpiWorld::init()?;
+        let config = DistConfig { rank: world.rank(), world: world.world(), ..d.clone() };
+        Ok(Job { link: Link::Mpi(std::cell::RefCell::new(world)), config })
     }
 
-    /// The bound on every collective step.
+    /// Without the `mpi` feature an MPI job cannot start.
+    #[cfg(not(feature = "mpi"))]
+    pub fn start_mpi(_: &DistConfig) -> Result<Job, TrainError> {
+        Err(ConfigError::Invalid("this steadfast was built without MPI (cargo feature `mpi`)".into()).into())
+    }
+
+    /// This rank, and the number of ranks.
+    pub fn place(&self) -> (usize, usize) {
+        (self.config.rank, self.config.world)
+    }
+
+    /// The step's all-reduce: the sum over every rank of every rank's `parts`, into `out`.
+    pub fn sum_parts<P: AsRef<[f32]>>(
+        &self,
+        reducer: &mut Reducer,
+        parts: &[P],
+        out: &mut [f32],
+        mode: ReduceMode,
+    ) -> Result<(), TrainError> {
+        match &self.link {
+            Link::Tcp { mesh, .. } => reducer.sum_parts(&**mesh, parts, out, mode, self.config.timeout)?,
+            #[cfg(feature = "mpi")]
+            Link::Mpi(world) => world.borrow_mut().sum_parts(parts, out, mode)?,
+        }
+        Ok(())
+    }
+
+    /// Every rank's `words`, indexed by rank.
+    fn all_gather_words(&self, words: &[u64]) -> Result<Vec<Vec<u64>>, TrainError> {
+        Ok(match &self.link {
+            Link::Tcp { mesh, .. } => comm::collective::all_gather_words(&**mesh, words, self.config.timeout)?,
+            #[cfg(feature = "mpi")]
+            Link::Mpi(world) => world.borrow().all_gather_words(words),
+        })
+    }
+
+    /// Waits until every rank has called it.
+    pub fn barrier(&self) -> Result<(), TrainError> {
+        match &self.link {
+            Link::Tcp { mesh, .. } => comm::collective::barrier(&**mesh, self.config.timeout)?,
+            #[cfg(feature = "mpi")]
+            Link::Mpi(world) => world.borrow().barrier(),
+        }
+        Ok(())
+    }
+
+    /// The bound on every collective step (Steadfast's engine; MPI's have none).
     pub fn timeout(&self) -> Duration {
         self.config.timeout
     }
@@ -73,7 +137,7 @@ impl Job {
     /// durable checkpoint step); the step goes on only if all commit. Returns the ballots.
     pub fn vote(&self, step: u64, check: &SumCheck, durable: u64) -> Result<Vec<Ballot>, TrainError> {
         let ballot = Ballot { ok: check.finite, digest: check.digest, durable };
-        let (decision, ballots) = comm::commit::vote(&*self.mesh, ballot, self.config.timeout)?;
+        let (decision, ballots) = comm::commit::tally(&self.all_gather_words(&ballot.words())?);
         match decision {
             Decision::Commit => Ok(ballots),
             Decision::Abort { .. } if !check.loss.is_finite() => Err(TrainError::Diverged { step, loss: check.loss }),
@@ -91,7 +155,7 @@ impl Job {
     /// Compares every replica's fingerprint; fails naming the ranks outvoted by the
     /// [`majority`](comm::majority) rule.
     pub fn check_replicas(&self, step: u64, fingerprint: u64) -> Result<(), TrainError> {
-        let all = comm::collective::all_gather_u64(&*self.mesh, fingerprint, self.config.timeout)?;
+        let all: Vec<u64> = self.all_gather_words(&[fingerprint])?.into_iter().map(|w| w[0]).collect();
         let ranks = comm::majority::suspects(&all);
         if ranks.is_empty() { Ok(()) } else { Err(TrainError::ReplicasDiverged { step, ranks }) }
     }
@@ -99,26 +163,40 @@ impl Job {
     /// The newest step whose checkpoint every rank has made durable, once this rank's own
     /// writes are done.
     pub fn durable_everywhere(&self, own: u64) -> Result<u64, TrainError> {
-        let durable = comm::collective::all_gather_u64(&*self.mesh, own, self.config.timeout)?;
-        Ok(durable.into_iter().min().unwrap_or(0))
+        let durable = self.all_gather_words(&[own])?;
+        Ok(durable.into_iter().map(|w| w[0]).min().unwrap_or(0))
     }
 
     /// A function that cuts every link of this rank (the mesh and the connection to the
-    /// coordinator) while the process lives on: the `cut` process fault.
+    /// coordinator) while the process lives on: the `cut` process fault. MPI has no link to
+    /// cut by hand: there the fault ends the process, as a lost link ends an MPI job.
     pub fn link_cutter(&self) -> Result<Arc<dyn Fn() + Send + Sync>, TrainError> {
-        let mesh = Arc::clone(&self.mesh);
-        let coordinator = self
-            .heartbeat
-            .connection()
-            .map_err(|e| CommError::Setup(format!("cannot hold the coordinator connection: {e}")))?;
-        Ok(Arc::new(move || {
-            let _ = coordinator.shutdown(std::net::Shutdown::Both);
-            mesh.abort("this worker's links were cut (fault injection)".into());
-        }))
+        match &self.link {
+            Link::Tcp { mesh, heartbeat } => {
+                let mesh = Arc::clone(mesh);
+                let coordinator = heartbeat
+                    .connection()
+                    .map_err(|e| CommError::Setup(format!("cannot hold the coordinator connection: {e}")))?;
+                Ok(Arc::new(move || {
+                    let _ = coordinator.shutdown(std::net::Shutdown::Both);
+                    mesh.abort("this worker's links were cut (fault injection)".into());
+                }))
+            }
+            #[cfg(feature = "mpi")]
+            Link::Mpi(_) => Ok(Arc::new(|| {
+                tracing::error!("this rank's links were cut (fault injection): an MPI rank ends");
+                std::process::abort();
+            })),
+        }
     }
 
-    /// Leaves the job: stops the heartbeat with a goodbye.
+    /// Leaves the job: stops the heartbeat with a goodbye (MPI is finalized when the job
+    /// is dropped).
     pub fn finish(self) {
-        self.heartbeat.finish();
+        match self.link {
+            Link::Tcp { heartbeat, .. } => heartbeat.finish(),
+            #[cfg(feature = "mpi")]
+            Link::Mpi(world) => world.borrow().barrier(),
+        }
     }
 }

@@ -178,10 +178,20 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         ))
         .into());
     }
+    // An MPI job learns its rank and size from MPI, so it joins first.
+    let mpi_job = match &config.dist {
+        Some(d) if d.engine == crate::config::Engine::Mpi => Some(Job::start_mpi(d)?),
+        _ => None,
+    };
     // In a data-parallel job the replicas are equal: rank 0 alone writes metrics, and
     // every rank writes its own part of each checkpoint. Writers exist before the job
-    // connects, so rank 0 has cleared crashed writers' leftovers before anyone writes.
-    let (rank, world) = config.dist.as_ref().map_or((0, 1), |d| (d.rank, d.world));
+    // connects (or, on MPI, before a barrier), so rank 0 has cleared crashed writers'
+    // leftovers before anyone writes.
+    let (rank, world) = match (&mpi_job, &config.dist) {
+        (Some(j), _) => j.place(),
+        (None, Some(d)) => (d.rank, d.world),
+        (None, None) => (0, 1),
+    };
     let incarnation = config.dist.as_ref().map_or(0, |d| d.incarnation);
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == 0), first_step > 0)?;
     if let Some(r) = &restored {
@@ -203,9 +213,13 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         )?),
         None => None,
     };
-    let job = match &config.dist {
-        Some(d) => Some(Job::connect(d)?),
-        None => None,
+    let job = match (mpi_job, &config.dist) {
+        (Some(j), _) => {
+            j.barrier()?;
+            Some(j)
+        }
+        (None, Some(d)) => Some(Job::connect(d)?),
+        (None, None) => None,
     };
     on_event(Event::Started { steps: config.steps, parameters });
 
@@ -230,7 +244,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         engine.compute(&state, rank, world, &mut hooks, &mut micro)?;
         hooks.reached(at, Phase::Allreduce);
         match &job {
-            Some(j) => reducer.sum_parts(j.transport(), &micro, sum.as_mut_slice(), config.reduce, j.timeout())?,
+            Some(j) => j.sum_parts(&mut reducer, &micro, sum.as_mut_slice(), config.reduce)?,
             None => engine.reduce_local(&micro, &mut sum),
         }
         hooks.after_reduce(at, &mut sum)?;

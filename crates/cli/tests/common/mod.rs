@@ -67,3 +67,27 @@ pub fn steps_recorded(dir: &std::path::Path) -> Vec<u64> {
         .filter_map(|v| v["step"].as_u64())
         .collect()
 }
+
+/// True when Open MPI's `mpirun` is installed. When `STEADFAST_REQUIRE_MPI` is set (CI sets
+/// it), its absence fails the test.
+pub fn have_mpirun() -> bool {
+    let probe = Command::new("mpirun").arg("--version").output();
+    if probe.is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    assert!(std::env::var_os("STEADFAST_REQUIRE_MPI").is_none(), "mpirun is missing but STEADFAST_REQUIRE_MPI is set");
+    skip("mpirun (Debian: openmpi-bin) is not installed");
+    false
+}
+
+/// `mpirun -n N` of the binary with `args`, oversubscribed (more ranks than cores), as root
+/// where the tests run as root.
+pub fn mpirun(n: usize, args: &[&str]) -> Output {
+    Command::new("mpirun")
+        .args(["--oversubscribe", "-n", &n.to_string(), env!("CARGO_BIN_EXE_steadfast")])
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("run mpirun")
+}

@@ -1,0 +1,117 @@
+//! The MPI engine against Debian's Open MPI: `mpirun -n N steadfast train --engine mpi`
+//! gives single-process `train`'s bits in `reproducible` mode for every N, and a job that
+//! loses a rank resumes from its last checkpoint with the same bits.
+
+mod common;
+
+use common::{fingerprint, have_mpirun, mpirun, steadfast};
+
+const JOB: &[&str] = &[
+    "train",
+    "--model",
+    "mlp",
+    "--data",
+    "synthetic",
+    "--batch",
+    "48",
+    "--micro-batch",
+    "16",
+    "--eval-every",
+    "0",
+    "--steps",
+    "40",
+];
+
+fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    [JOB, extra].concat()
+}
+
+/// Every rank's fingerprint lines (each rank prints its summary).
+fn fingerprints(out: &std::process::Output) -> Vec<String> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout.lines().filter_map(|l| l.split("fingerprint: ").nth(1)).map(|f| f.trim().to_owned()).collect()
+}
+
+#[test]
+fn mpirun_on_one_to_four_ranks_gives_the_bits_of_single_process_train() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let single = fingerprint(&steadfast(&with(&["--reduce", "reproducible", "--out", out])));
+    let mpi = with(&["--reduce", "reproducible", "--engine", "mpi", "--out", out]);
+    for n in 1..=4 {
+        let prints = fingerprints(&mpirun(n, &mpi));
+        assert_eq!(prints.len(), n, "every rank reports");
+        assert!(prints.iter().all(|p| *p == single), "{n} ranks: {prints:?}, single process: {single}");
+    }
+}
+
+#[test]
+fn deterministic_and_fast_sums_on_mpi_repeat_their_bits_for_a_world_size() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    for mode in ["deterministic", "fast"] {
+        let job = with(&["--reduce", mode, "--engine", "mpi", "--out", out]);
+        let first = fingerprints(&mpirun(3, &job));
+        let second = fingerprints(&mpirun(3, &job));
+        assert_eq!(first.len(), 3);
+        assert!(first.iter().all(|p| *p == first[0]), "{mode}: the replicas agree: {first:?}");
+        assert_eq!(first, second, "{mode}: run to run");
+    }
+}
+
+#[test]
+fn an_mpi_job_that_loses_a_rank_resumes_from_its_last_checkpoint_with_the_same_bits() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, runs) = (dir.path().join("ckpt"), dir.path().join("runs"));
+    let (ckpt, runs) = (ckpt.to_str().unwrap(), runs.to_str().unwrap());
+    let reference = fingerprint(&steadfast(&with(&["--reduce", "reproducible", "--out", runs])));
+    let job = with(&[
+        "--reduce",
+        "reproducible",
+        "--engine",
+        "mpi",
+        "--checkpoint-every",
+        "10",
+        "--checkpoint-dir",
+        ckpt,
+        "--out",
+        runs,
+    ]);
+    let crashed: Vec<&str> = job.iter().copied().chain(["--fault", "crash:rank=1,step=25,phase=update"]).collect();
+    let out = mpirun(2, &crashed);
+    assert!(!out.status.success(), "a rank's crash ends an MPI job");
+    let resumed: Vec<&str> = job.iter().copied().chain(["--resume", "latest"]).collect();
+    let out = mpirun(2, &resumed);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Step 20's checkpoint is committed once both ranks have made their parts durable,
+    // which the votes of the steps after it tell; a slow disk leaves step 10 the newest.
+    assert!(
+        stdout.contains("resumed from: step 20") || stdout.contains("resumed from: step 10"),
+        "resumes from a checkpoint written before the crash:\n{stdout}"
+    );
+    assert!(fingerprints(&out).iter().all(|p| *p == reference), "{stdout}");
+}
+
+#[test]
+fn an_mpi_job_takes_its_place_from_mpi_and_refuses_to_be_elastic() {
+    for bad in [
+        &["--engine", "mpi", "--rank", "1"][..],
+        &["--engine", "mpi", "--elastic"],
+        &["--engine", "mpi", "--world-size", "2"],
+    ] {
+        let out = steadfast(&with(bad));
+        assert!(!std::path::Path::new("runs").exists(), "a refused job writes nothing");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("MPI"), "{bad:?}: {err}");
+    }
+}

@@ -1,0 +1,134 @@
+//! The collectives of a job on the system's MPI library (feature `mpi`): the engine for
+//! static clusters, started by `mpirun` or `srun`.
+//!
+//! A job on MPI takes its rank and size from MPI and runs each collective of a step on
+//! MPI's own collectives, whatever algorithm the library picks for its interconnect:
+//!
+//! - **`fast`**: the local sum of this rank's parts, then `MPI_Allreduce(MPI_FLOAT,
+//!   MPI_SUM)`. The bits depend on the library's algorithm and on the world size.
+//! - **`deterministic`**: every rank's local sum is gathered (`MPI_Allgather`) and added in
+//!   rank order on every rank: the same bits run after run for a fixed world size, whatever
+//!   algorithm the library picks (not the bits of Steadfast's own ring, which adds in
+//!   another order).
+//! - **`reproducible`**: the two phases of [`repro::batched`] on integers. The exponent of
+//!   each element is the maximum over ranks (`MPI_MAX` on bytes), and the fixed-point terms
+//!   are summed as 64-bit integers (`MPI_SUM`). Both operations are associative and
+//!   commutative on integers, so however the library groups them the sum has the bits of
+//!   single-process `train`, for every world size.
+//!
+//! MPI's collectives have no deadline: a rank that dies takes the job down with it (the
+//! library's default error handler aborts every rank). That is the static-cluster mode:
+//! the job is restarted from its last checkpoint (`steadfast launch --engine mpi`), and the
+//! fault-tolerant path of recovery from live replicas stays on Steadfast's transport.
+
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{Communicator, CommunicatorCollectives};
+
+use crate::ReduceMode;
+use crate::transport::CommError;
+
+/// This process's place in an MPI job, and the buffers its collectives reuse.
+pub struct MpiWorld {
+    world: SimpleCommunicator,
+    exps: Vec<u8>,
+    exps_all: Vec<u8>,
+    acc: Vec<i64>,
+    acc_all: Vec<i64>,
+    gathered: Vec<f32>,
+    local: repro::batched::Scratch,
+    // Declared last, so dropped last: finalizes MPI after the communicator is gone.
+    _universe: mpi::environment::Universe,
+}
+
+impl MpiWorld {
+    /// Initializes MPI (once per process). Only the calling thread makes MPI calls
+    /// afterwards; the trainer's compute threads never do.
+    pub fn init() -> Result<MpiWorld, CommError> {
+        let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+            .ok_or_else(|| CommError::Setup("MPI is already initialized in this process".into()))?;
+        Ok(MpiWorld {
+            world: universe.world(),
+            exps: Vec::new(),
+            exps_all: Vec::new(),
+            acc: Vec::new(),
+            acc_all: Vec::new(),
+            gathered: Vec::new(),
+            local: repro::batched::Scratch::default(),
+            _universe: universe,
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+
+    /// The number of ranks.
+    pub fn world(&self) -> usize {
+        self.world.size() as usize
+    }
+
+    /// The element-wise sum over every rank of every rank's `parts`, into `out` (whose
+    /// length is that of every part), in `mode` (see the module's documentation).
+    pub fn sum_parts<P: AsRef<[f32]>>(
+        &mut self,
+        parts: &[P],
+        out: &mut [f32],
+        mode: ReduceMode,
+    ) -> Result<(), CommError> {
+        if parts.iter().any(|p| p.as_ref().len() != out.len()) {
+            return Err(CommError::Setup("parts of different lengths".into()));
+        }
+        let n = out.len();
+        match mode {
+            ReduceMode::Fast => {
+                crate::sum_parts_into(mode, parts, out, &mut self.local);
+                let mine = out.to_vec();
+                self.world.all_reduce_into(&mine[..], out, SystemOperation::sum());
+            }
+            ReduceMode::Deterministic => {
+                crate::sum_parts_into(mode, parts, out, &mut self.local);
+                self.gathered.resize(n * self.world(), 0.0);
+                self.world.all_gather_into(&*out, &mut self.gathered[..]);
+                out.copy_from_slice(&self.gathered[..n]);
+                for rank in self.gathered.chunks_exact(n).skip(1) {
+                    for (o, x) in out.iter_mut().zip(rank) {
+                        *o += x;
+                    }
+                }
+            }
+            ReduceMode::Reproducible => {
+                let headroom = repro::batched::DEFAULT_HEADROOM;
+                self.exps.clear();
+                self.exps.resize(n, 0);
+                for p in parts {
+                    repro::batched::max_exponents(&mut self.exps, p.as_ref());
+                }
+                self.exps_all.resize(n, 0);
+                self.world.all_reduce_into(&self.exps[..], &mut self.exps_all[..], SystemOperation::max());
+                self.acc.clear();
+                self.acc.resize(n, 0);
+                for p in parts {
+                    repro::batched::add_fixed(&mut self.acc, p.as_ref(), &self.exps_all, headroom);
+                }
+                self.acc_all.resize(n, 0);
+                self.world.all_reduce_into(&self.acc[..], &mut self.acc_all[..], SystemOperation::sum());
+                repro::batched::finish_into(&self.acc_all, &self.exps_all, headroom, out);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank's `words` (the same count on every rank), indexed by rank.
+    pub fn all_gather_words(&self, words: &[u64]) -> Vec<Vec<u64>> {
+        let mut all = vec![0u64; words.len() * self.world()];
+        self.world.all_gather_into(words, &mut all[..]);
+        all.chunks_exact(words.len().max(1)).map(<[u64]>::to_vec).collect()
+    }
+
+    /// Waits until every rank has called it.
+    pub fn barrier(&self) {
+        self.world.barrier();
+    }
+}
