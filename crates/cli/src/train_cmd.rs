@@ -175,6 +175,19 @@ enum EngineArg {
     Mpi,
 }
 
+/// The environment variable `name` as a number, when set.
+fn env_u64(name: &str) -> anyhow::Result<Option<u64>> {
+    env_first(&[name]).map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad {name} {v:?}: {e}"))).transpose()
+}
+
+/// Which process of its slot this is (`--incarnation`, or the launcher's environment).
+fn incarnation(args: &TrainArgs) -> anyhow::Result<u64> {
+    Ok(match args.incarnation {
+        Some(n) => n,
+        None => env_u64("STEADFAST_INCARNATION")?.unwrap_or(0),
+    })
+}
+
 fn env_first(names: &[&str]) -> Option<String> {
     names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
 }
@@ -199,13 +212,7 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
             timeout: Duration::from_secs_f64(args.comm_timeout),
             fingerprint_every: args.fingerprint_every,
             elastic: None,
-            incarnation: match args.incarnation {
-                Some(n) => n,
-                None => env_first(&["STEADFAST_INCARNATION"])
-                    .map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad STEADFAST_INCARNATION {v:?}: {e}")))
-                    .transpose()?
-                    .unwrap_or(0),
-            },
+            incarnation: incarnation(args)?,
             copy_every: None,
             on_divergence: args.on_divergence,
         }));
@@ -226,13 +233,7 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
             .ok_or_else(|| anyhow::anyhow!("a world size was given but no rank (--rank or RANK)"))?,
     };
     let elastic = args.elastic || env_first(&["STEADFAST_ELASTIC"]).is_some_and(|v| v == "1");
-    let env_u64 = |name: &str| {
-        env_first(&[name]).map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad {name} {v:?}: {e}"))).transpose()
-    };
-    let incarnation = match args.incarnation {
-        Some(n) => n,
-        None => env_u64("STEADFAST_INCARNATION")?.unwrap_or(0),
-    };
+    let incarnation = incarnation(args)?;
     let copy_every = match args.copy_every {
         Some(k) => Some(k),
         None => env_u64("STEADFAST_COPY_EVERY")?,

@@ -6,22 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{steadfast, steps_recorded};
-
-const RUN: [&str; 12] = [
-    "train",
-    "--model",
-    "mlp",
-    "--data",
-    "synthetic",
-    "--batch",
-    "48",
-    "--micro-batch",
-    "16",
-    "--eval-every",
-    "0",
-    "--steps",
-];
+use common::{SMALL_MLP, steadfast, steps_recorded};
 
 #[test]
 fn a_crash_lands_in_the_named_phase_of_the_named_step() {
@@ -35,8 +20,8 @@ fn a_crash_lands_in_the_named_phase_of_the_named_step() {
         let fault = format!("crash:rank=0,step=3,phase={phase}");
         let run = steadfast(
             &[
-                &RUN[..],
-                &["20", "--out", out.to_str().unwrap(), "--fault", &fault],
+                SMALL_MLP,
+                &["--steps", "20", "--out", out.to_str().unwrap(), "--fault", &fault],
                 &["--checkpoint-every", "1", "--checkpoint-dir", ckpt.to_str().unwrap()],
             ]
             .concat(),
@@ -68,8 +53,8 @@ fn a_fault_at_any_phase_of_a_data_parallel_job_is_caught_within_the_bound() {
         let run = steadfast(
             &[
                 &["launch", "--nproc", "3", "--heartbeat-timeout", "2", "--"][..],
-                &RUN,
-                &["100000", "--out", out.to_str().unwrap(), "--comm-timeout", "5", "--fault", fault],
+                SMALL_MLP,
+                &["--steps", "100000", "--out", out.to_str().unwrap(), "--comm-timeout", "5", "--fault", fault],
                 &["--checkpoint-every", "1", "--checkpoint-dir", ckpt.to_str().unwrap()],
             ]
             .concat(),
@@ -93,7 +78,7 @@ fn a_fault_at_any_phase_of_a_data_parallel_job_is_caught_within_the_bound() {
 
 #[test]
 fn a_malformed_fault_is_refused_before_training() {
-    let run = steadfast(&[&RUN[..], &["5", "--fault", "crash:rank=1,step=2,phase=lunch"]].concat());
+    let run = steadfast(&[SMALL_MLP, &["--steps", "5", "--fault", "crash:rank=1,step=2,phase=lunch"]].concat());
     assert_eq!(run.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("unknown phase \"lunch\""), "{stderr}");

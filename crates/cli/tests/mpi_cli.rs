@@ -4,26 +4,11 @@
 
 mod common;
 
-use common::{fingerprint, have_mpirun, mpirun, steadfast};
+use common::{SMALL_MLP, fingerprint, have_mpirun, mpirun, steadfast};
 
-const JOB: &[&str] = &[
-    "train",
-    "--model",
-    "mlp",
-    "--data",
-    "synthetic",
-    "--batch",
-    "48",
-    "--micro-batch",
-    "16",
-    "--eval-every",
-    "0",
-    "--steps",
-    "40",
-];
-
+/// The 40-step job of every test here, with `extra`.
 fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    [JOB, extra].concat()
+    [SMALL_MLP, &["--steps", "40"], extra].concat()
 }
 
 /// Every rank's fingerprint lines (each rank prints its summary).

@@ -11,33 +11,18 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{fingerprint, steadfast, steps_recorded};
+use common::{SMALL_MLP, fingerprint, steadfast, steps_recorded};
 
 const STEPS: u64 = 40;
 
 /// The training command of every job here (and of the reference run).
 fn train_args(steps: u64, out: &Path) -> Vec<String> {
-    [
-        "train",
-        "--model",
-        "mlp",
-        "--data",
-        "synthetic",
-        "--batch",
-        "48",
-        "--micro-batch",
-        "16",
-        "--reduce",
-        "reproducible",
-        "--eval-every",
-        "0",
-        "--steps",
-        &steps.to_string(),
-        "--out",
-        out.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec()
+    let (steps, out) = (steps.to_string(), out.to_str().unwrap());
+    [SMALL_MLP, &["--reduce", "reproducible", "--steps", &steps, "--out", out]]
+        .concat()
+        .into_iter()
+        .map(String::from)
+        .collect()
 }
 
 /// `launch --nproc 3 --heartbeat-timeout 1 <policy> -- train ... <extra>` for `steps`,

@@ -31,6 +31,7 @@ use crate::transport::CommError;
 /// This process's place in an MPI job, and the buffers its collectives reuse.
 pub struct MpiWorld {
     world: SimpleCommunicator,
+    mine: Vec<f32>,
     exps: Vec<u8>,
     exps_all: Vec<u8>,
     acc: Vec<i64>,
@@ -49,6 +50,7 @@ impl MpiWorld {
             .ok_or_else(|| CommError::Setup("MPI is already initialized in this process".into()))?;
         Ok(MpiWorld {
             world: universe.world(),
+            mine: Vec::new(),
             exps: Vec::new(),
             exps_all: Vec::new(),
             acc: Vec::new(),
@@ -83,9 +85,9 @@ impl MpiWorld {
         let n = out.len();
         match mode {
             ReduceMode::Fast => {
-                crate::sum_parts_into(mode, parts, out, &mut self.local);
-                let mine = out.to_vec();
-                self.world.all_reduce_into(&mine[..], out, SystemOperation::sum());
+                self.mine.resize(n, 0.0);
+                crate::sum_parts_into(mode, parts, &mut self.mine, &mut self.local);
+                self.world.all_reduce_into(&self.mine[..], out, SystemOperation::sum());
             }
             ReduceMode::Deterministic => {
                 crate::sum_parts_into(mode, parts, out, &mut self.local);

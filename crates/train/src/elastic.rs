@@ -76,10 +76,6 @@ struct Current(Arc<Mutex<Option<EpochMesh>>>);
 type EpochMesh = (u64, Arc<TcpMesh>);
 
 impl Held {
-    fn new(state: TrainState) -> Held {
-        Held { fingerprint: Some(state.fingerprint()), state }
-    }
-
     /// The state's fingerprint, computed when unknown.
     fn fingerprint(&mut self) -> u64 {
         *self.fingerprint.get_or_insert_with(|| self.state.fingerprint())
@@ -240,9 +236,8 @@ pub(crate) fn run(
     let (state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
     let layout = layout_of(&state);
-    let held = Held::new(state);
-    let fingerprint = held.fingerprint.unwrap_or_default();
-    let held = Arc::new(RwLock::new(held));
+    let fingerprint = state.fingerprint();
+    let held = Arc::new(RwLock::new(Held { state, fingerprint: Some(fingerprint) }));
     let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0)?;
 
@@ -290,7 +285,7 @@ pub(crate) fn run(
     let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
     // The rollback baseline: a copy of the state every `copy_every` steps.
     let mut copy = Copy::new(d.copy_every);
-    copy.keep(&mut worker, &mut lock_write(&held));
+    copy.keep(&mut worker, 0, &held);
     let mut queue: VecDeque<Action> = first.into();
     let mut book: BTreeMap<WorkerId, SocketAddr> = BTreeMap::new();
     let mut micro = Vec::new();
@@ -447,7 +442,7 @@ pub(crate) fn run(
                     last_eval = Some(report);
                 }
                 step_started = Instant::now();
-                copy.keep(&mut worker, &mut lock_write(&held));
+                copy.keep(&mut worker, done, &held);
                 let mut next = worker.on_applied(Instant::now(), step, fingerprint);
                 let last = config.steps;
                 let every = d.fingerprint_every;
@@ -519,7 +514,7 @@ pub(crate) fn run(
                             "kind": "fetch", "step": step, "bytes": stats.bytes,
                             "seconds": stats.elapsed.as_secs_f64(), "sources": sources, "retried": stats.retried,
                         }))?;
-                        copy.keep(&mut worker, &mut lock_write(&held));
+                        copy.keep(&mut worker, step, &held);
                         Some((step, fingerprint))
                     }
                     Err((e, holds)) => {
@@ -639,12 +634,14 @@ impl Copy {
         Copy { every, state: None, spent: Duration::ZERO }
     }
 
-    /// Copies `held` when its step is a multiple of the interval, and tells `worker`.
-    fn keep(&mut self, worker: &mut Worker, held: &mut Held) {
+    /// Copies `held`, which holds the state of `step`, when `step` is a multiple of the
+    /// interval, and tells `worker`; locks `held` only then.
+    fn keep(&mut self, worker: &mut Worker, step: u64, held: &RwLock<Held>) {
         let Some(every) = self.every else { return };
-        if !held.state.step.is_multiple_of(every) {
+        if !step.is_multiple_of(every) {
             return;
         }
+        let held = &mut *lock_write(held);
         let started = Instant::now();
         let fingerprint = held.fingerprint();
         match &mut self.state {

@@ -128,11 +128,6 @@ impl Job {
         Ok(())
     }
 
-    /// The bound on every collective step (Steadfast's engine; MPI's have none).
-    pub fn timeout(&self) -> Duration {
-        self.config.timeout
-    }
-
     /// The vote phase: every rank casts its ballot on the sum it holds (and its newest
     /// durable checkpoint step); the step goes on only if all commit. Returns the ballots.
     pub fn vote(&self, step: u64, check: &SumCheck, durable: u64) -> Result<Vec<Ballot>, TrainError> {
@@ -190,13 +185,11 @@ impl Job {
         }
     }
 
-    /// Leaves the job: stops the heartbeat with a goodbye (MPI is finalized when the job
-    /// is dropped).
+    /// Leaves the job: stops the heartbeat with a goodbye (MPI is finalized, by every
+    /// rank together, when its link is dropped).
     pub fn finish(self) {
-        match self.link {
-            Link::Tcp { heartbeat, .. } => heartbeat.finish(),
-            #[cfg(feature = "mpi")]
-            Link::Mpi(world) => world.borrow().barrier(),
+        if let Link::Tcp { heartbeat, .. } = self.link {
+            heartbeat.finish();
         }
     }
 }

@@ -5,6 +5,11 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// The small MLP job on generated data that most tests run (add `--steps` and what else
+/// they vary).
+pub const SMALL_MLP: &[&str] =
+    &["train", "--model", "mlp", "--data", "synthetic", "--batch", "48", "--micro-batch", "16", "--eval-every", "0"];
+
 /// Runs the binary with `args`.
 pub fn steadfast(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_steadfast")).args(args).output().expect("run steadfast")

@@ -168,7 +168,7 @@ impl Worker {
     /// The shell applied the held sum of `step`; the state now has `fingerprint`, or, when
     /// the shell did not hash it (`None`), a fingerprint the worker asks for
     /// ([`Action::Hash`]) only when it needs it: to report, to check a roll-forward, to
-    /// join a quorum. A job that steps without failures never hashes its state.
+    /// join a quorum. An epoch without failures hashes the state once, at its end.
     pub fn on_applied(&mut self, now: Instant, step: u64, fingerprint: Option<u64>) -> Vec<Action> {
         let mut out = Vec::new();
         if step != self.status.step || self.status.unapplied.is_none() {
@@ -345,20 +345,20 @@ impl Worker {
         // state after the update, and a state changed since is reported with its
         // fingerprint (`on_corrupted`).
         if let Some((step, fingerprint)) = self.copy
-            && (step != self.status.step || (self.fresh && fingerprint != self.status.fingerprint))
+            && step == self.status.step
+            && !self.fresh
+        {
+            self.status.fingerprint = fingerprint;
+            self.fresh = true;
+        }
+        if let Some((step, fingerprint)) = self.copy
+            && (step, fingerprint) != (self.status.step, self.status.fingerprint)
         {
             self.status.step = step;
             self.status.fingerprint = fingerprint;
             self.status.last_commit = None;
             self.status.unapplied = None;
             out.push(Action::Restore { step, fingerprint });
-        }
-        if let Some((step, fingerprint)) = self.copy
-            && step == self.status.step
-            && !self.fresh
-        {
-            self.status.fingerprint = fingerprint;
-            self.fresh = true;
         }
         self.status.phase = if self.status.step >= self.total { Phase::Done } else { Phase::Idle };
         self.report(now, out);
