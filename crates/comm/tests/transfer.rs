@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use comm::port::Port;
@@ -12,13 +12,21 @@ use comm::transfer::{CHUNK_ELEMENTS, Want, chunk_for, fetch, serve};
 const SECRET: &[u8] = b"transfer-test";
 
 /// A source worker `id` serving `state` as step `step`; it closes every connection after
-/// `serve_at_most` chunks (a source that dies part-way).
-fn source(id: u32, state: Arc<Vec<f32>>, step: u64, serve_at_most: u64) -> Port {
+/// `serve_at_most` chunks (a source that dies part-way), and then raises `died`. With
+/// `after`, it serves nothing until that flag is raised (by another source's death).
+fn source(
+    id: u32,
+    state: Arc<Vec<f32>>,
+    step: u64,
+    serve_at_most: u64,
+    died: Arc<AtomicBool>,
+    after: Option<Arc<AtomicBool>>,
+) -> Port {
     let mut port = Port::open(TcpListener::bind("127.0.0.1:0").unwrap(), SECRET, id).unwrap();
     let incoming = port.transfers().unwrap();
     std::thread::spawn(move || {
         while let Ok((_, stream)) = incoming.recv() {
-            let state = Arc::clone(&state);
+            let (state, died, after) = (Arc::clone(&state), Arc::clone(&died), after.clone());
             std::thread::spawn(move || {
                 let served = AtomicU64::new(0);
                 let wake = stream.try_clone().unwrap();
@@ -26,8 +34,15 @@ fn source(id: u32, state: Arc<Vec<f32>>, step: u64, serve_at_most: u64) -> Port 
                     if want.step != step {
                         return Err(format!("holds step {step}"));
                     }
+                    let waiting = Instant::now();
+                    while after.as_ref().is_some_and(|a| !a.load(Ordering::Acquire))
+                        && waiting.elapsed() < Duration::from_secs(10)
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     if served.fetch_add(1, Ordering::Relaxed) >= serve_at_most {
                         let _ = wake.shutdown(std::net::Shutdown::Both);
+                        died.store(true, Ordering::Release);
                         return Err("dying".into());
                     }
                     out.extend_from_slice(bytemuck::cast_slice(&state[range]));
@@ -45,9 +60,12 @@ fn a_state_of_the_largest_chunks_arrives_whole_though_one_source_refuses_and_one
     let n = 17 * CHUNK_ELEMENTS + 123;
     assert_eq!(chunk_for(n as u64), CHUNK_ELEMENTS);
     let state: Arc<Vec<f32>> = Arc::new((0..n).map(|i| i as f32 * 0.5).collect());
-    let healthy = source(1, Arc::clone(&state), 9, u64::MAX);
-    let stale = source(2, Arc::clone(&state), 8, u64::MAX);
-    let dying = source(3, Arc::clone(&state), 9, 2);
+    // The healthy source waits for the dying one's death, so that the dying one is asked
+    // for a third chunk whatever the scheduling, and that chunk must be fetched again.
+    let death = Arc::new(AtomicBool::new(false));
+    let healthy = source(1, Arc::clone(&state), 9, u64::MAX, Arc::default(), Some(Arc::clone(&death)));
+    let stale = source(2, Arc::clone(&state), 8, u64::MAX, Arc::default(), None);
+    let dying = source(3, Arc::clone(&state), 9, 2, death, None);
     let fetcher = Port::open(TcpListener::bind("127.0.0.1:0").unwrap(), SECRET, 0).unwrap();
     let dialer = fetcher.dialer();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -77,7 +95,7 @@ fn a_state_of_the_largest_chunks_arrives_whole_though_one_source_refuses_and_one
 #[test]
 fn a_fetch_that_no_source_can_serve_fails_naming_each() {
     let state: Arc<Vec<f32>> = Arc::new(vec![1.0; 10_000]);
-    let stale = source(2, Arc::clone(&state), 8, u64::MAX);
+    let stale = source(2, Arc::clone(&state), 8, u64::MAX, Arc::default(), None);
     let fetcher = Port::open(TcpListener::bind("127.0.0.1:0").unwrap(), SECRET, 0).unwrap();
     let dialer = fetcher.dialer();
     let deadline = Instant::now() + Duration::from_secs(10);
