@@ -9,37 +9,17 @@
 # Exit status: 0 pass, 1 fail, 77 cannot run here (no namespaces).
 set -uo pipefail
 bin=${1:?usage: netns-cut-test.sh path/to/steadfast}
-tag=sf$$
-net=10.213.$(( $$ % 200 + 20 ))
-work=$(mktemp -d)
-cleanup() {
-  for i in 0 1 2; do ip netns del "$tag-h$i" 2>/dev/null; ip link del "$tag-v$i" 2>/dev/null; done
-  ip link del "$tag-br" 2>/dev/null
-  jobs -p | xargs -r kill 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-ip netns add "$tag-h0" 2>/dev/null || { echo "network namespaces are not available here"; exit 77; }
-ip link add "$tag-br" type bridge && ip link set "$tag-br" up || exit 77
-for i in 0 1 2; do
-  [ "$i" = 0 ] || ip netns add "$tag-h$i"
-  ip link add "$tag-v$i" type veth peer name "$tag-p$i"
-  ip link set "$tag-p$i" netns "$tag-h$i"
-  ip link set "$tag-v$i" master "$tag-br" up
-  ip netns exec "$tag-h$i" ip addr add "$net.$((10 + i))/24" dev "$tag-p$i"
-  ip netns exec "$tag-h$i" ip link set "$tag-p$i" up
-  ip netns exec "$tag-h$i" ip link set lo up
-done
+. "$(dirname "$0")/netns-hosts.sh"
+make_hosts 3
 
 export STEADFAST_SECRET=netns-test-secret
 coord="$net.10:29500"
-ip netns exec "$tag-h0" "$bin" coordinator --bind "$coord" --world-size 3 --timeout 60 --heartbeat-timeout 1.5 \
+on_host 0 "$bin" coordinator --bind "$coord" --world-size 3 --timeout 60 --heartbeat-timeout 1.5 \
   >"$work/coord.log" 2>&1 &
 args=(train --model mlp --data synthetic --steps 1000000 --batch 96 --micro-batch 32 --reduce reproducible
       --eval-every 0 --comm-timeout 3 --coordinator "$coord" --world-size 3)
 for i in 0 1 2; do
-  ip netns exec "$tag-h$i" "$bin" "${args[@]}" --rank "$i" --bind "$net.$((10 + i))" --out "$work/out$i" \
+  on_host "$i" "$bin" "${args[@]}" --rank "$i" --bind "$net.$((10 + i))" --out "$work/out$i" \
     >"$work/w$i.log" 2>&1 &
   eval "pid$i=$!"
 done
@@ -53,7 +33,7 @@ done
 [ "$(steps_logged)" -ge 50 ] || { echo "FAIL: training did not start"; cat "$work"/*.log; exit 1; }
 
 cut_at=$(date +%s%N)
-ip link set "$tag-v2" down
+cut_host 2
 status=0
 for i in 0 1; do
   pid_var="pid$i"

@@ -1,18 +1,25 @@
-//! `steadfast launch`: an embedded coordinator and N worker processes on this host.
+//! `steadfast launch`: an embedded coordinator and N worker processes per node.
 //!
-//! The launcher draws a random secret for the job, listens for the rendezvous on a
-//! loopback port, starts `--nproc` copies of this binary running the given `train`
-//! command with their rank, the world size, the coordinator's address and the secret in
-//! the environment, streams their output with rank prefixes, and fails if any worker
-//! fails.
+//! On one node (the default) the launcher draws a random secret for the job, listens for
+//! the rendezvous on a loopback port, starts `--nproc-per-node` copies of this binary
+//! running the given `train` command with their rank, the world size, the coordinator's
+//! address and the secret in the environment, streams their output with rank prefixes,
+//! and fails if any worker fails.
 //!
-//! After the rendezvous the embedded coordinator keeps membership by heartbeat: a worker
-//! that dies, hangs or is cut off is reported to the others, which abort at once. When
-//! no member is left alive, workers that have not exited within a grace period (a
-//! stopped process, say) are killed.
+//! On several nodes (`--nnodes M --node-rank I --coordinator HOST:PORT`, as torchrun
+//! takes them, or from the `PET_*` variables that Kubeflow's trainer sets), one launcher
+//! runs on each node: node 0's serves the coordinator on the port of `--coordinator`, and
+//! every node starts its workers with the ranks `I*N .. I*N+N-1` of a world of `M*N`.
+//! The job secret then comes from `STEADFAST_SECRET`, the same on every node. A
+//! multi-node job is static: the loss of any worker fails the job on every node.
+//!
+//! After the rendezvous the coordinator keeps membership by heartbeat: a worker that
+//! dies, hangs or is cut off is reported to the others, which abort at once. When no
+//! member is left alive, workers that have not exited within a grace period (a stopped
+//! process, say) are killed.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+use std::net::{IpAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -32,7 +39,7 @@ Examples:
   steadfast launch --nproc 2 -- train --model cnn --fingerprint-every 10
 
   # Survive lost workers: replace each (at most 3 times) from the live replicas' state
-  steadfast launch --nproc 3 --max-restarts 3 -- train --reduce reproducible \
+  steadfast launch --nproc 3 --max-restarts 3 -- train --reduce reproducible \\
       --fault 'crash:rank=1,step=40,phase=vote'
 
   # The baselines, to compare: go back to an in-memory copy kept every 20 steps, or
@@ -41,15 +48,50 @@ Examples:
   steadfast launch --nproc 3 --max-restarts 3 --recovery checkpoint --save-every 20 -- train --reduce reproducible
 
   # Go on with the survivors instead (same bits in the reproducible mode)
-  steadfast launch --nproc 3 --on-failure shrink --min-nproc 2 -- train --reduce reproducible";
+  steadfast launch --nproc 3 --on-failure shrink --min-nproc 2 -- train --reduce reproducible
+
+  # Two nodes of four workers, as torchrun takes them (run on each node, I = 0 or 1;
+  # node 0 serves the coordinator at 10.0.0.1:29500)
+  export STEADFAST_SECRET=$(openssl rand -hex 32)   # the same on every node
+  steadfast launch --nnodes 2 --node-rank I --nproc-per-node 4 --coordinator 10.0.0.1:29500 \\
+      -- train --reduce reproducible
+
+  # In a Kubernetes pod that Kubeflow's trainer (or a JobSet) started: the PET_* variables
+  # give the nodes, this node's rank, the processes per node and the coordinator
+  steadfast launch -- train --reduce reproducible";
 
 /// Arguments of `steadfast launch`.
 #[derive(Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct LaunchArgs {
-    /// Number of worker processes.
-    #[arg(long)]
+    /// Worker processes on this node [env: PET_NPROC_PER_NODE].
+    /// `auto` or `cpu`: one per CPU this process may use.
+    #[arg(
+        long = "nproc-per-node",
+        visible_alias = "nproc",
+        alias = "nproc_per_node",
+        env = "PET_NPROC_PER_NODE",
+        value_parser = parse_nproc,
+        value_name = "N|auto"
+    )]
     nproc: usize,
+    /// Nodes in the job, each running one launcher; torchrun's `M:M` form is taken too,
+    /// but not a range (a job of several nodes is static) [env: PET_NNODES].
+    #[arg(long, default_value = "1", env = "PET_NNODES", value_parser = parse_nnodes, value_name = "M")]
+    nnodes: usize,
+    /// This node's index, 0 to --nnodes - 1; node 0 serves the coordinator [env:
+    /// PET_NODE_RANK].
+    #[arg(long, alias = "node_rank", default_value_t = 0, env = "PET_NODE_RANK")]
+    node_rank: usize,
+    /// The job's coordinator, HOST:PORT: node 0 listens on its port, every worker dials
+    /// it; needed with --nnodes above 1 [env: PET_RDZV_ENDPOINT, or PET_MASTER_ADDR and
+    /// PET_MASTER_PORT; default on one node: a free loopback port].
+    #[arg(long, visible_alias = "rdzv-endpoint", alias = "rdzv_endpoint", value_name = "HOST:PORT")]
+    coordinator: Option<String>,
+    /// Address this node's workers listen on for their peers [default: the local
+    /// address that reaches the coordinator].
+    #[arg(long, alias = "local_addr", value_name = "IP")]
+    local_addr: Option<IpAddr>,
     /// Seconds to wait for every worker to join.
     #[arg(long, default_value_t = 120.0)]
     rendezvous_timeout: f64,
@@ -115,12 +157,19 @@ const KILL_GRACE: Duration = Duration::from_secs(3);
 /// Runs `steadfast launch`.
 pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     if args.nproc == 0 {
-        anyhow::bail!("--nproc must be at least 1");
+        anyhow::bail!("--nproc-per-node must be at least 1");
     }
     if args.command.first().map(String::as_str) != Some("train") {
         anyhow::bail!("the worker command must be `train ...`, got {:?}", args.command);
     }
+    let nodes = Nodes::from_args(&args)?;
     if args.max_restarts.is_some() || args.on_failure.is_some() {
+        if nodes.nnodes > 1 {
+            anyhow::bail!(
+                "--max-restarts and --on-failure run on one node: a job of several nodes is static \
+                 (the loss of any worker fails it on every node)"
+            );
+        }
         let seconds = |v: f64, what: &str| {
             if v.is_finite() && v > 0.0 {
                 Ok(Duration::from_secs_f64(v))
@@ -166,6 +215,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     }
     let failures = run_static(&StaticJob {
         nproc: args.nproc,
+        nodes,
         command: &args.command,
         env: Vec::new(),
         rendezvous_timeout: Duration::from_secs_f64(args.rendezvous_timeout.max(1.0)),
@@ -174,9 +224,80 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }
 }
 
-/// A static job: `nproc` workers that all live to the end, or the job fails.
+/// `--nproc-per-node`: a number, or `auto`/`cpu` for the CPUs this process may use.
+fn parse_nproc(text: &str) -> Result<usize, String> {
+    match text {
+        "auto" | "cpu" => std::thread::available_parallelism()
+            .map(usize::from)
+            .map_err(|e| format!("cannot count the CPUs for {text:?}: {e}")),
+        _ => text.parse().map_err(|_| format!("{text:?} is neither a number of processes nor auto")),
+    }
+}
+
+/// `--nnodes`: `M`, or `M:M` as torchrun writes a fixed count.
+fn parse_nnodes(text: &str) -> Result<usize, String> {
+    let number = |t: &str| t.parse::<usize>().map_err(|_| format!("{text:?} is not a number of nodes"));
+    match text.split_once(':') {
+        None => number(text),
+        Some((low, high)) if number(low)? == number(high)? => number(low),
+        Some(_) => Err(format!("{text:?} is a range of nodes, but a job of several nodes is static: give one count")),
+    }
+}
+
+/// Where this launcher's workers sit in a job of one or several nodes.
+pub(crate) struct Nodes {
+    /// Nodes in the job.
+    pub nnodes: usize,
+    /// This node's index.
+    pub node_rank: usize,
+    /// The coordinator, HOST:PORT (`None`: a free loopback port, on one node only).
+    pub coordinator: Option<String>,
+    /// Where this node's workers listen (`None`: the address that reaches the
+    /// coordinator).
+    pub local_addr: Option<IpAddr>,
+}
+
+impl Nodes {
+    /// One node, with the coordinator on a free loopback port.
+    pub fn single() -> Self {
+        Nodes { nnodes: 1, node_rank: 0, coordinator: None, local_addr: None }
+    }
+
+    fn from_args(args: &LaunchArgs) -> anyhow::Result<Self> {
+        if args.nnodes == 0 {
+            anyhow::bail!("--nnodes must be at least 1");
+        }
+        if args.node_rank >= args.nnodes {
+            anyhow::bail!(
+                "--node-rank {} is not one of the {} nodes (0 to {})",
+                args.node_rank,
+                args.nnodes,
+                args.nnodes - 1
+            );
+        }
+        let pet = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let coordinator = args
+            .coordinator
+            .clone()
+            .or_else(|| pet("PET_RDZV_ENDPOINT"))
+            .or_else(|| Some(format!("{}:{}", pet("PET_MASTER_ADDR")?, pet("PET_MASTER_PORT")?)));
+        if args.nnodes > 1 && coordinator.is_none() {
+            anyhow::bail!(
+                "a job of {} nodes needs the coordinator's address: --coordinator HOST:PORT \
+                 (or PET_MASTER_ADDR and PET_MASTER_PORT), the same on every node",
+                args.nnodes
+            );
+        }
+        Ok(Nodes { nnodes: args.nnodes, node_rank: args.node_rank, coordinator, local_addr: args.local_addr })
+    }
+}
+
+/// A static job: `nproc` workers on this node (of `nodes`) that all live to the end, or
+/// the job fails.
 pub(crate) struct StaticJob<'a> {
+    /// Workers on this node.
     pub nproc: usize,
+    pub nodes: Nodes,
     /// The worker command (`train ...`).
     pub command: &'a [String],
     /// More environment for every worker.
@@ -185,21 +306,57 @@ pub(crate) struct StaticJob<'a> {
     pub heartbeat_timeout: Duration,
 }
 
-/// Runs a static job; returns what failed (nothing when every worker succeeded).
+/// The port of a `HOST:PORT` address.
+fn port_of(address: &str) -> anyhow::Result<u16> {
+    let (_, port) =
+        address.rsplit_once(':').ok_or_else(|| anyhow::anyhow!("the coordinator {address:?} is not HOST:PORT"))?;
+    port.parse().map_err(|e| anyhow::anyhow!("the coordinator {address:?} has a bad port: {e}"))
+}
+
+/// Runs a static job's workers on this node (and, on node 0, its coordinator); returns
+/// what failed (nothing when every worker succeeded).
 pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
-    let secret = job_secret()?;
-    let listener = TcpListener::bind("127.0.0.1:0").context("cannot listen for the rendezvous")?;
-    let coordinator = listener.local_addr()?;
+    let nodes = &job.nodes;
+    let world = nodes.nnodes * job.nproc;
+    let first_rank = nodes.node_rank * job.nproc;
+    // On one node the secret is the launcher's to draw; the nodes of a larger job must
+    // share it.
+    let secret = match std::env::var("STEADFAST_SECRET").ok().filter(|s| !s.is_empty()) {
+        Some(s) => s,
+        None if nodes.nnodes == 1 => job_secret()?,
+        None => anyhow::bail!("a job of several nodes needs STEADFAST_SECRET, the same on every node"),
+    };
+    // Node 0 serves the coordinator: on the port of --coordinator, on every interface,
+    // or on a free loopback port.
+    let (listener, coordinator) = match (&nodes.coordinator, nodes.node_rank) {
+        (None, _) => {
+            let l = TcpListener::bind("127.0.0.1:0").context("cannot listen for the rendezvous")?;
+            let address = l.local_addr()?.to_string();
+            (Some(l), address)
+        }
+        (Some(address), 0) => {
+            let port = port_of(address)?;
+            let l = TcpListener::bind(("0.0.0.0", port))
+                .with_context(|| format!("cannot serve the coordinator on port {port}"))?;
+            (Some(l), address.clone())
+        }
+        (Some(address), _) => (None, address.clone()),
+    };
     let exe = std::env::current_exe().context("cannot find this executable")?;
 
     let mut children = Vec::new();
-    for rank in 0..job.nproc {
+    for local in 0..job.nproc {
+        let rank = first_rank + local;
         let child = Command::new(&exe)
             .args(job.command)
             .env("STEADFAST_RANK", rank.to_string())
-            .env("STEADFAST_WORLD_SIZE", job.nproc.to_string())
-            .env("STEADFAST_COORDINATOR", coordinator.to_string())
+            .env("STEADFAST_WORLD_SIZE", world.to_string())
+            .env("STEADFAST_COORDINATOR", &coordinator)
             .env("STEADFAST_SECRET", &secret)
+            .env("LOCAL_RANK", local.to_string())
+            .env("LOCAL_WORLD_SIZE", job.nproc.to_string())
+            .env("GROUP_RANK", nodes.node_rank.to_string())
+            .envs(nodes.local_addr.map(|ip| ("STEADFAST_BIND", ip.to_string())))
             .envs(job.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -210,30 +367,35 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
     }
     let (timeout, heartbeat) = (job.rendezvous_timeout, job.heartbeat_timeout);
     let secret_bytes = secret.into_bytes();
-    let world = job.nproc;
     std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
         let (over_tx, over_rx) = mpsc::channel();
-        let coordinator = s.spawn(move || {
-            let result = comm::rendezvous::serve(&listener, world, &secret_bytes, timeout, heartbeat).map(|job| {
-                comm::supervisor::supervise(job.streams, heartbeat, &mut |event| {
-                    eprintln!("[coordinator] {event}");
-                })
-            });
-            let _ = over_tx.send(());
-            result
+        let coordinator = listener.map(|listener| {
+            s.spawn(move || {
+                let result = comm::rendezvous::serve(&listener, world, &secret_bytes, timeout, heartbeat).map(|job| {
+                    comm::supervisor::supervise(job.streams, heartbeat, &mut |event| {
+                        eprintln!("[coordinator] {event}");
+                    })
+                });
+                let _ = over_tx.send(());
+                result
+            })
         });
-        let pumps: Vec<_> =
-            children.iter_mut().enumerate().flat_map(|(rank, child)| forward_output(rank, child)).collect();
+        let pumps: Vec<_> = children
+            .iter_mut()
+            .enumerate()
+            .flat_map(|(local, child)| forward_output(first_rank + local, child))
+            .collect();
         let mut failures = Vec::new();
         let mut running: Vec<usize> = (0..children.len()).collect();
         let mut over_since: Option<Instant> = None;
         while !running.is_empty() {
             let mut still = Vec::new();
-            for rank in running {
-                match children[rank].try_wait().with_context(|| format!("waiting for rank {rank}"))? {
+            for local in running {
+                let rank = first_rank + local;
+                match children[local].try_wait().with_context(|| format!("waiting for rank {rank}"))? {
                     Some(status) if !status.success() => failures.push(format!("rank {rank} exited with {status}")),
                     Some(_) => {}
-                    None => still.push(rank),
+                    None => still.push(local),
                 }
             }
             running = still;
@@ -243,10 +405,10 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
             // No member is alive as far as the coordinator knows: whoever still runs is
             // hung or stopped.
             if over_since.is_some_and(|t| t.elapsed() > KILL_GRACE) {
-                for &rank in &running {
-                    let _ = children[rank].kill();
-                    let _ = children[rank].wait();
-                    failures.push(format!("rank {rank} was killed: still running after the job ended"));
+                for &local in &running {
+                    let _ = children[local].kill();
+                    let _ = children[local].wait();
+                    failures.push(format!("rank {} was killed: still running after the job ended", first_rank + local));
                 }
                 running.clear();
             }
@@ -255,12 +417,13 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
         for p in pumps {
             let _ = p.join();
         }
-        match coordinator.join() {
-            Ok(Err(e)) => failures.push(format!("rendezvous: {e}")),
-            Ok(Ok(membership)) => {
+        match coordinator.map(|c| c.join()) {
+            None => {}
+            Some(Ok(Err(e))) => failures.push(format!("rendezvous: {e}")),
+            Some(Ok(Ok(membership))) => {
                 failures.extend(membership.lost().into_iter().map(|(r, why)| format!("rank {r} was lost: {why}")))
             }
-            Err(_) => failures.push("the coordinator thread panicked".into()),
+            Some(Err(_)) => failures.push("the coordinator thread panicked".into()),
         }
         Ok(failures)
     })

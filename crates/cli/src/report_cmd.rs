@@ -15,7 +15,7 @@ Examples:
   steadfast report runs/sdc-mlp
 
   # A training run: its steps against time, each failure and recovery marked
-  steadfast launch --nproc 3 --max-restarts 1 -- train --model mlp --out runs/elastic \
+  steadfast launch --nproc 3 --max-restarts 1 -- train --model mlp --out runs/elastic \\
       --reduce reproducible --fault 'crash:rank=1,step=200,phase=update'
   steadfast report runs/elastic
 

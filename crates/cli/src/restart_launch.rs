@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::launch_cmd::{StaticJob, run_static};
+use crate::launch_cmd::{Nodes, StaticJob, run_static};
 
 /// How a checkpoint-restart job is run.
 pub struct Plan {
@@ -65,6 +65,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         }
         let failures = run_static(&StaticJob {
             nproc: plan.nproc,
+            nodes: Nodes::single(),
             command: &command,
             env: vec![("STEADFAST_INCARNATION".into(), incarnation.to_string())],
             rendezvous_timeout: plan.rendezvous_timeout,

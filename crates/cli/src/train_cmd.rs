@@ -33,7 +33,7 @@ Examples:
   steadfast train --model mlp --checkpoint-every 100 --checkpoint-dir runs/ckpt --keep-last 3 --resume latest
 
   # Flip one exponent bit of a first-layer weight before step 300, and one of Adam's state at step 500
-  steadfast train --model mlp --inject 'step=300,state=param,target=model.fc1.*,bits=exponent,count=1,seed=7' \
+  steadfast train --model mlp --inject 'step=300,state=param,target=model.fc1.*,bits=exponent,count=1,seed=7' \\
                               --inject 'step=500,state=optim,bits=30,count=1'
 
   # Flip a bit in the output of the first layer (a fault in the arithmetic, not in stored state)
@@ -101,9 +101,11 @@ pub struct TrainArgs {
     /// Root directory of the checkpoints.
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
-    /// Resume from a checkpoint directory, a checkpoint root, or `latest` (the newest
-    /// committed checkpoint under --checkpoint-dir).
-    #[arg(long, value_name = "DIR|latest")]
+    /// Resume from a checkpoint directory, a checkpoint root, `latest` (the newest
+    /// committed checkpoint under --checkpoint-dir) or `auto` (as `latest` when
+    /// --checkpoint-dir holds a checkpoint, else from the start: one command for a job
+    /// that a scheduler restarts or requeues).
+    #[arg(long, value_name = "DIR|latest|auto")]
     resume: Option<PathBuf>,
     /// Keep only the K newest checkpoints.
     #[arg(long, value_name = "K")]
@@ -128,9 +130,10 @@ pub struct TrainArgs {
     /// The job's coordinator, HOST:PORT [env: STEADFAST_COORDINATOR, or MASTER_ADDR and MASTER_PORT].
     #[arg(long)]
     coordinator: Option<String>,
-    /// Address this worker listens on for its peers.
-    #[arg(long, default_value = "127.0.0.1")]
-    bind: std::net::IpAddr,
+    /// Address this worker listens on for its peers [env: STEADFAST_BIND; default: the
+    /// local address that reaches the coordinator, so loopback on one host].
+    #[arg(long)]
+    bind: Option<std::net::IpAddr>,
     /// Seconds a collective may wait for a peer before the job fails.
     #[arg(long, default_value_t = 30.0)]
     comm_timeout: f64,
@@ -257,13 +260,21 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
         .with_context(|| format!("cannot resolve the coordinator {coordinator:?}"))?
         .next()
         .ok_or_else(|| anyhow::anyhow!("the coordinator {coordinator:?} resolves to nothing"))?;
+    let bind = match args.bind {
+        Some(ip) => ip,
+        None => match env_first(&["STEADFAST_BIND"]) {
+            Some(v) => v.parse().map_err(|e| anyhow::anyhow!("bad STEADFAST_BIND {v:?}: {e}"))?,
+            None => comm::rendezvous::local_address_towards(coordinator)
+                .with_context(|| format!("no local address reaches the coordinator {coordinator} (give --bind)"))?,
+        },
+    };
     let secret = env_first(&["STEADFAST_SECRET"])
         .ok_or_else(|| anyhow::anyhow!("STEADFAST_SECRET is not set (the launcher sets it for its workers)"))?
         .into_bytes();
     Ok(Some(train::DistConfig {
         rank,
         world,
-        engine: train::Engine::Steadfast { coordinator, secret, bind: args.bind },
+        engine: train::Engine::Steadfast { coordinator, secret, bind },
         timeout: Duration::from_secs_f64(args.comm_timeout),
         fingerprint_every: args.fingerprint_every,
         elastic: elastic.then_some(incarnation),
@@ -313,6 +324,16 @@ impl TrainArgs {
             Some(p) if p.as_os_str() == "latest" => match &self.checkpoint_dir {
                 Some(dir) => Some(dir.clone()),
                 None => anyhow::bail!("--resume latest needs --checkpoint-dir"),
+            },
+            // A job that a scheduler restarts or requeues runs one command every time.
+            Some(p) if p.as_os_str() == "auto" => match &self.checkpoint_dir {
+                Some(dir) if dir.is_dir() => {
+                    let any =
+                        !ckpt::store::list(dir).with_context(|| format!("cannot list {}", dir.display()))?.is_empty();
+                    any.then(|| dir.clone())
+                }
+                Some(_) => None,
+                None => anyhow::bail!("--resume auto needs --checkpoint-dir"),
             },
             other => other,
         };

@@ -1,32 +1,50 @@
-//! Three hosts as network namespaces, one training job across them, one host's link cut
-//! in the middle: the survivors report the failure within the bound. Runs
-//! `scripts/netns-cut-test.sh`; skipped where namespaces cannot be made (not root, or a
-//! sandbox without them).
+//! Hosts as network namespaces on one machine (`scripts/netns-hosts.sh`): one training job
+//! across three hosts, one host's link cut in the middle, the survivors reporting the
+//! failure within the bound; and a two-node `launch` as torchrun users run it, giving the
+//! single-process bits. Skipped where namespaces cannot be made (not root, or a sandbox
+//! without them).
 
 use std::process::Command;
 
 mod common;
 
-#[test]
-fn cutting_a_hosts_link_fails_the_survivors_within_the_bound() {
+/// Runs `scripts/NAME` on the built binary; its output when it passed, `None` when it
+/// cannot run here (skipped); panics when it failed.
+fn run_script(name: &str) -> Option<String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
     let has_ip = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
     if !is_root || !has_ip {
         common::skip("needs root and iproute2");
-        return;
+        return None;
     }
     let out = Command::new("bash")
-        .arg(root.join("scripts/netns-cut-test.sh"))
+        .arg(root.join("scripts").join(name))
         .arg(env!("CARGO_BIN_EXE_steadfast"))
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     match out.status.code() {
-        Some(77) => common::skip(&text),
-        Some(0) => {
-            assert_eq!(text.matches("ok: rank").count(), 2, "{text}");
+        Some(77) => {
+            common::skip(&text);
+            None
         }
-        _ => panic!("multi-host test failed:\n{text}"),
+        Some(0) => Some(text),
+        _ => panic!("{name} failed:\n{text}"),
+    }
+}
+
+#[test]
+fn cutting_a_hosts_link_fails_the_survivors_within_the_bound() {
+    if let Some(text) = run_script("netns-cut-test.sh") {
+        assert_eq!(text.matches("ok: rank").count(), 2, "{text}");
+    }
+}
+
+#[test]
+fn a_two_node_launch_gives_the_single_process_bits_and_fails_together() {
+    if let Some(text) = run_script("netns-launch-test.sh") {
+        assert_eq!(text.matches("printed the single-process fingerprint").count(), 4, "{text}");
+        assert!(text.contains("ok: rank 3's crash failed both nodes"), "{text}");
     }
 }

@@ -139,3 +139,13 @@ pub fn join(
         .collect::<Result<Vec<SocketAddr>, CommError>>()?;
     Ok(Joined { table, coordinator: stream, heartbeat_timeout: Duration::from_millis(millis) })
 }
+
+/// The address of this host's interface that reaches `coordinator` (the one its route
+/// goes out of): where a worker listens by default, so that its peers on other hosts can
+/// dial it. Loopback for a coordinator on loopback. No packet is sent.
+pub fn local_address_towards(coordinator: SocketAddr) -> std::io::Result<std::net::IpAddr> {
+    let any: SocketAddr = if coordinator.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let probe = std::net::UdpSocket::bind(any)?;
+    probe.connect(coordinator)?;
+    Ok(probe.local_addr()?.ip())
+}
