@@ -83,10 +83,33 @@ fn kill_dash_nine_mid_training_then_resume_gives_the_uninterrupted_fingerprint()
     // The checkpoint before STOP was durable before STOP's was begun.
     assert!((STOP - 7..=STOP).contains(&killed_at), "LATEST is step {killed_at}");
 
-    let resumed = steadfast(&[&RUN[..], &ck[..], &["--resume", "latest", "--out", &out("b")]].concat());
+    // `auto` resumes as `latest` does when there is a checkpoint.
+    let resumed = steadfast(&[&RUN[..], &ck[..], &["--resume", "auto", "--out", &out("b")]].concat());
     let stdout = String::from_utf8_lossy(&resumed.stdout).into_owned();
     assert!(stdout.contains("resumed from: step"), "{stdout}");
     assert_eq!(fingerprint(&resumed), uninterrupted);
+}
+
+#[test]
+fn resume_auto_starts_from_step_zero_without_a_checkpoint_and_latest_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |name: &str| tmp.path().join(name).to_string_lossy().into_owned();
+    let job = [common::SMALL_MLP, &["--steps", "20"]].concat();
+    let plain = fingerprint(&steadfast(&[&job[..], &["--out", &out("a")]].concat()));
+    let root = out("ckpt");
+    let ck = ["--checkpoint-every", "10", "--checkpoint-dir", &root];
+    // A root that does not exist yet, as on a scheduler's first start.
+    let first = steadfast(&[&job[..], &ck[..], &["--resume", "auto", "--out", &out("b")]].concat());
+    assert!(!String::from_utf8_lossy(&first.stdout).contains("resumed from"));
+    assert_eq!(fingerprint(&first), plain);
+    assert_eq!(latest_step(Path::new(&root)), Some(20));
+    // `latest` on an empty root is an error, not a fresh start.
+    let empty = out("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let refused =
+        steadfast(&[&job[..], &["--checkpoint-dir", &empty, "--resume", "latest", "--out", &out("c")]].concat());
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no committed checkpoint"));
 }
 
 #[test]
