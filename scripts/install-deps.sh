@@ -3,7 +3,8 @@
 # when not root). Without arguments: what building and the main job need (the data sets,
 # libhdf5 for `.h5` files, pkg-config, Open MPI and libclang for the MPI engine's bindings).
 # With `tests`: also the peers the tests compare with (Python's safetensors, NumPy and h5py),
-# a headless Chromium for the report, and iproute2 for the multi-host test.
+# a headless Chromium for the report, iproute2 for the multi-host test, and Slurm with munge
+# for the one-host Slurm cluster that a test starts.
 set -euo pipefail
 
 need=()
@@ -17,6 +18,8 @@ dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 if [ "${1:-}" = tests ]; then
   command -v chromium >/dev/null || need+=(chromium)
   command -v ip >/dev/null || need+=(iproute2)
+  command -v slurmctld >/dev/null || need+=(slurm-wlm)
+  command -v munged >/dev/null || need+=(munge)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
