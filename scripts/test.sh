@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every test, on a fresh machine: install what the tests use when missing (scripts/install-deps.sh
-# tests: the data sets, libhdf5, Open MPI, Slurm and munge, Python's safetensors, NumPy and h5py, a
-# headless Chromium), then
-# run the whole suite with those peers required, so that a test that needs one fails rather than
-# skips. Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p steadfast-ckpt`).
+# tests: the data sets, libhdf5, Open MPI, Slurm and munge, Python's safetensors, NumPy and h5py,
+# a headless Chromium), then run the whole suite with those peers required, so that a test that
+# needs one fails rather than skips. Extra arguments go to `cargo test` (e.g.
+# `scripts/test.sh -p steadfast-ckpt`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh tests
