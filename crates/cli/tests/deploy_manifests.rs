@@ -1,0 +1,170 @@
+//! The Kubernetes manifests in `deploy/kubernetes/`: checked as YAML against the fields a
+//! JobSet and a Kubeflow TrainJob need to start a working job (the headless service and
+//! the pod DNS name of the coordinator agree, the PET_* variables agree with the job's
+//! shape), and then the pods' command is run here, one launcher per pod with the
+//! environment the manifest gives it: its workers print the single-process bits. No
+//! Kubernetes cluster is involved.
+
+use std::process::{Command, Output, Stdio};
+
+use yaml_rust2::{Yaml, YamlLoader};
+
+mod common;
+
+fn load(name: &str) -> Vec<Yaml> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    YamlLoader::load_from_str(&text).unwrap_or_else(|e| panic!("{name} is not YAML: {e}"))
+}
+
+fn text(y: &Yaml) -> String {
+    match y {
+        Yaml::String(s) => s.clone(),
+        Yaml::Integer(i) => i.to_string(),
+        other => panic!("expected a string or a number, found {other:?}"),
+    }
+}
+
+/// The `value` (or the `valueFrom`) of variable `name` in a container's `env`.
+fn env_var<'a>(env: &'a Yaml, name: &str) -> &'a Yaml {
+    let list = env.as_vec().expect("env is a list");
+    let var = list.iter().find(|v| v["name"].as_str() == Some(name)).unwrap_or_else(|| panic!("no {name}"));
+    if var["value"].is_badvalue() { &var["valueFrom"] } else { &var["value"] }
+}
+
+/// The container command: `steadfast launch -- train ...`; returns the `train` part.
+fn train_command(command: &Yaml) -> Vec<String> {
+    let words: Vec<String> = command.as_vec().expect("command is a list").iter().map(text).collect();
+    assert_eq!(words[..3], ["steadfast", "launch", "--"], "{words:?}");
+    assert_eq!(words[3], "train");
+    words[3..].to_vec()
+}
+
+/// `command` with the value after `flag` replaced.
+fn with_value(mut command: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    let i = command.iter().position(|w| w == flag).unwrap_or_else(|| panic!("no {flag} in {command:?}"));
+    command[i + 1] = value.to_owned();
+    command
+}
+
+/// Runs one `steadfast launch -- COMMAND` per node with the manifest's variables, as the
+/// pods would; returns each node's output.
+fn run_pods(command: &[String], nnodes: usize, nproc: &str, secret_env: bool) -> Vec<Output> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let pods: Vec<_> = (0..nnodes)
+        .map(|node| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+            c.args(["launch", "--"]).args(command);
+            c.env("PET_NNODES", nnodes.to_string())
+                .env("PET_NPROC_PER_NODE", nproc)
+                .env("PET_NODE_RANK", node.to_string())
+                // The service's DNS name stands for pod 0: here, loopback.
+                .env("PET_MASTER_ADDR", "127.0.0.1")
+                .env("PET_MASTER_PORT", port.to_string());
+            if secret_env {
+                c.env("STEADFAST_SECRET", "from-the-kubernetes-secret");
+            } else {
+                c.env_remove("STEADFAST_SECRET");
+            }
+            c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+        })
+        .collect();
+    pods.into_iter().map(|p| p.wait_with_output().unwrap()).collect()
+}
+
+#[test]
+fn the_jobset_manifest_is_consistent_and_its_pods_command_gives_the_single_process_bits() {
+    let docs = load("jobset.yaml");
+    let service = docs.iter().find(|d| d["kind"].as_str() == Some("Service")).expect("a Service");
+    let jobset = docs.iter().find(|d| d["kind"].as_str() == Some("JobSet")).expect("a JobSet");
+    assert_eq!(jobset["apiVersion"].as_str(), Some("jobset.x-k8s.io/v1alpha2"));
+    let name = jobset["metadata"]["name"].as_str().unwrap();
+    // A headless service that selects the set's pods and names their DNS subdomain.
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    assert_eq!(service["spec"]["selector"]["jobset.sigs.k8s.io/jobset-name"].as_str(), Some(name));
+    let subdomain = jobset["spec"]["network"]["subdomain"].as_str().unwrap();
+    assert_eq!(service["metadata"]["name"].as_str(), Some(subdomain));
+    assert_eq!(jobset["spec"]["network"]["enableDNSHostnames"].as_bool(), Some(true));
+
+    let replicated = &jobset["spec"]["replicatedJobs"][0];
+    let job = &replicated["template"]["spec"];
+    assert_eq!(job["completionMode"].as_str(), Some("Indexed"));
+    let pods = job["parallelism"].as_i64().unwrap();
+    assert_eq!(job["completions"].as_i64(), Some(pods));
+    let container = &job["template"]["spec"]["containers"][0];
+    let env = &container["env"];
+    assert_eq!(text(env_var(env, "PET_NNODES")), pods.to_string());
+    assert_eq!(
+        env_var(env, "PET_NODE_RANK")["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.annotations['batch.kubernetes.io/job-completion-index']")
+    );
+    // Pod 0 of the first replica of the replicated job, under the service's subdomain.
+    let rjob = replicated["name"].as_str().unwrap();
+    assert_eq!(text(env_var(env, "PET_MASTER_ADDR")), format!("{name}-{rjob}-0-0.{subdomain}"));
+    let port = text(env_var(env, "PET_MASTER_PORT"));
+    assert_eq!(text(&service["spec"]["ports"][0]["port"]), port);
+    assert_eq!(text(&container["ports"][0]["containerPort"]), port);
+    assert!(env_var(env, "STEADFAST_SECRET")["secretKeyRef"]["key"].as_str().is_some());
+    let nproc = text(env_var(env, "PET_NPROC_PER_NODE"));
+
+    // The pods' command, shortened to a few steps and pointed at a scratch directory.
+    let command = train_command(&container["command"]);
+    let mount = container["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    assert!(command.iter().any(|w| w.starts_with(mount)), "checkpoints go to the shared volume");
+    let data = &command[command.iter().position(|w| w == "--data").unwrap() + 1];
+    if data == "fashion-mnist" && !common::have_data("/usr/share/datasets/fashion-mnist") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = dir.path().to_str().unwrap();
+    let command: Vec<String> = with_value(command, "--steps", "4")
+        .into_iter()
+        .map(|w| if w.starts_with(mount) { w.replacen(mount, scratch, 1) } else { w })
+        .collect();
+    let outputs = run_pods(&command, pods as usize, &nproc, true);
+    let single_out = format!("{scratch}/single");
+    let single = with_value(
+        command.iter().filter(|w| *w != "auto" && *w != "--resume").cloned().collect(),
+        "--out",
+        &single_out,
+    );
+    let single = common::fingerprint(&common::steadfast(&single.iter().map(String::as_str).collect::<Vec<_>>()));
+    let mut count = 0;
+    for (node, out) in outputs.iter().enumerate() {
+        let stdout = common::ok(out.clone());
+        for fp in stdout.lines().filter_map(|l| l.split("] fingerprint: ").nth(1)) {
+            assert_eq!(fp.trim(), single, "pod {node}");
+            count += 1;
+        }
+    }
+    assert_eq!(count as i64, pods * nproc.parse::<i64>().unwrap(), "one summary per worker");
+}
+
+#[test]
+fn the_trainjob_manifest_uses_the_torch_runtime_and_a_command_launch_runs() {
+    let docs = load("trainjob.yaml");
+    let job = &docs[0];
+    assert_eq!(job["apiVersion"].as_str(), Some("trainer.kubeflow.org/v1alpha1"));
+    assert_eq!(job["kind"].as_str(), Some("TrainJob"));
+    // The runtime that sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+    // PET_MASTER_ADDR and PET_MASTER_PORT from these two fields.
+    assert_eq!(job["spec"]["runtimeRef"]["name"].as_str(), Some("torch-distributed"));
+    let trainer = &job["spec"]["trainer"];
+    let nodes = trainer["numNodes"].as_i64().expect("numNodes");
+    let nproc = text(&trainer["numProcPerNode"]);
+    assert!(env_var(&trainer["env"], "STEADFAST_SECRET")["secretKeyRef"]["key"].as_str().is_some());
+    let command = train_command(&trainer["command"]);
+    // The same command with the variables the runtime would set, and generated data so
+    // that it runs without the data set: every worker finishes.
+    let dir = tempfile::tempdir().unwrap();
+    let command = with_value(command, "--steps", "2");
+    let command = with_value(command, "--data", "synthetic");
+    let command = with_value(command, "--out", dir.path().to_str().unwrap());
+    for (node, out) in run_pods(&command, nodes as usize, &nproc, true).into_iter().enumerate() {
+        let stdout = common::ok(out);
+        assert_eq!(stdout.matches("] fingerprint: ").count().to_string(), nproc, "pod {node}");
+    }
+    // Without the secret the runtime's pods would fail at once, saying why.
+    let refused = run_pods(&command, 2, "1", false);
+    assert!(String::from_utf8_lossy(&refused[1].stderr).contains("needs STEADFAST_SECRET"));
+}
