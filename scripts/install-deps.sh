@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what Steadfast needs on a fresh Debian machine, skipping what is present (with sudo
 # when not root). Without arguments: what building and the main job need (the data sets,
-# libhdf5 for `.h5` files, pkg-config, Open MPI and libclang for the MPI engine's bindings).
+# libhdf5 for `.h5` files, pkg-config, Open MPI and libclang for the MPI engine's bindings,
+# protoc for the etcd client's).
 # With `tests`: also the peers the tests compare with (Python's safetensors, NumPy and h5py),
 # a headless Chromium for the report, iproute2 for the multi-host test, and Slurm with munge
-# for the one-host Slurm cluster that a test starts.
+# for the one-host Slurm cluster that a test starts, and etcd for the jobs that meet in it.
 set -euo pipefail
 
 need=()
@@ -15,11 +16,13 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 dpkg -s libopenmpi-dev >/dev/null 2>&1 || need+=(libopenmpi-dev)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ "${1:-}" = tests ]; then
   command -v chromium >/dev/null || need+=(chromium)
   command -v ip >/dev/null || need+=(iproute2)
   command -v slurmctld >/dev/null || need+=(slurm-wlm)
   command -v munged >/dev/null || need+=(munge)
+  command -v etcd >/dev/null || need+=(etcd-server)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

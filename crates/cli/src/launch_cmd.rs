@@ -88,6 +88,11 @@ pub struct LaunchArgs {
     /// PET_MASTER_PORT; default on one node: a free loopback port].
     #[arg(long, visible_alias = "rdzv-endpoint", alias = "rdzv_endpoint", value_name = "HOST:PORT")]
     coordinator: Option<String>,
+    /// Meet in etcd instead, `etcd://HOST:PORT/JOB[?ttl=SECONDS]`: no coordinator is
+    /// served, and membership is kept in etcd leases (static jobs only) [env:
+    /// STEADFAST_RENDEZVOUS].
+    #[arg(long, value_name = "etcd://HOST:PORT/JOB", env = "STEADFAST_RENDEZVOUS")]
+    rendezvous: Option<String>,
     /// Address this node's workers listen on for their peers [default: the local
     /// address that reaches the coordinator].
     #[arg(long, alias = "local_addr", value_name = "IP")]
@@ -164,6 +169,9 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     }
     let nodes = Nodes::from_args(&args)?;
     if args.max_restarts.is_some() || args.on_failure.is_some() {
+        if nodes.rendezvous.is_some() {
+            anyhow::bail!("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://");
+        }
         if nodes.nnodes > 1 {
             anyhow::bail!(
                 "--max-restarts and --on-failure run on one node: a job of several nodes is static \
@@ -255,12 +263,14 @@ pub(crate) struct Nodes {
     /// Where this node's workers listen (`None`: the address that reaches the
     /// coordinator).
     pub local_addr: Option<IpAddr>,
+    /// The workers meet in etcd here instead of at a coordinator.
+    pub rendezvous: Option<String>,
 }
 
 impl Nodes {
     /// One node, with the coordinator on a free loopback port.
     pub fn single() -> Self {
-        Nodes { nnodes: 1, node_rank: 0, coordinator: None, local_addr: None }
+        Nodes { nnodes: 1, node_rank: 0, coordinator: None, local_addr: None, rendezvous: None }
     }
 
     fn from_args(args: &LaunchArgs) -> anyhow::Result<Self> {
@@ -281,6 +291,20 @@ impl Nodes {
             .clone()
             .or_else(|| pet("PET_RDZV_ENDPOINT"))
             .or_else(|| Some(format!("{}:{}", pet("PET_MASTER_ADDR")?, pet("PET_MASTER_PORT")?)));
+        if let Some(url) = &args.rendezvous {
+            if args.coordinator.is_some() {
+                anyhow::bail!("--rendezvous and --coordinator are two ways to meet: give one");
+            }
+            url.parse::<comm::etcd::Target>().map_err(|e| anyhow::anyhow!("--rendezvous: {e}"))?;
+            let rendezvous = Some(url.clone());
+            return Ok(Nodes {
+                nnodes: args.nnodes,
+                node_rank: args.node_rank,
+                coordinator: None,
+                local_addr: args.local_addr,
+                rendezvous,
+            });
+        }
         if args.nnodes > 1 && coordinator.is_none() {
             anyhow::bail!(
                 "a job of {} nodes needs the coordinator's address: --coordinator HOST:PORT \
@@ -288,7 +312,13 @@ impl Nodes {
                 args.nnodes
             );
         }
-        Ok(Nodes { nnodes: args.nnodes, node_rank: args.node_rank, coordinator, local_addr: args.local_addr })
+        Ok(Nodes {
+            nnodes: args.nnodes,
+            node_rank: args.node_rank,
+            coordinator,
+            local_addr: args.local_addr,
+            rendezvous: None,
+        })
     }
 }
 
@@ -327,20 +357,23 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
         None => anyhow::bail!("a job of several nodes needs STEADFAST_SECRET, the same on every node"),
     };
     // Node 0 serves the coordinator: on the port of --coordinator, on every interface,
-    // or on a free loopback port.
-    let (listener, coordinator) = match (&nodes.coordinator, nodes.node_rank) {
+    // or on a free loopback port. A job that meets in etcd has none.
+    let (listener, meet) = match (&nodes.coordinator, nodes.node_rank) {
+        _ if nodes.rendezvous.is_some() => {
+            (None, ("STEADFAST_RENDEZVOUS", nodes.rendezvous.clone().unwrap_or_default()))
+        }
         (None, _) => {
             let l = TcpListener::bind("127.0.0.1:0").context("cannot listen for the rendezvous")?;
             let address = l.local_addr()?.to_string();
-            (Some(l), address)
+            (Some(l), ("STEADFAST_COORDINATOR", address))
         }
         (Some(address), 0) => {
             let port = port_of(address)?;
             let l = TcpListener::bind(("0.0.0.0", port))
                 .with_context(|| format!("cannot serve the coordinator on port {port}"))?;
-            (Some(l), address.clone())
+            (Some(l), ("STEADFAST_COORDINATOR", address.clone()))
         }
-        (Some(address), _) => (None, address.clone()),
+        (Some(address), _) => (None, ("STEADFAST_COORDINATOR", address.clone())),
     };
     let exe = std::env::current_exe().context("cannot find this executable")?;
 
@@ -351,7 +384,7 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
             .args(job.command)
             .env("STEADFAST_RANK", rank.to_string())
             .env("STEADFAST_WORLD_SIZE", world.to_string())
-            .env("STEADFAST_COORDINATOR", &coordinator)
+            .env(meet.0, &meet.1)
             .env("STEADFAST_SECRET", &secret)
             .env("LOCAL_RANK", local.to_string())
             .env("LOCAL_WORLD_SIZE", job.nproc.to_string())
@@ -366,6 +399,10 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
         children.push(child);
     }
     let (timeout, heartbeat) = (job.rendezvous_timeout, job.heartbeat_timeout);
+    let lost_after = match &nodes.rendezvous {
+        Some(url) => url.parse::<comm::etcd::Target>().map(|t| t.ttl).unwrap_or(heartbeat),
+        None => heartbeat,
+    };
     let secret_bytes = secret.into_bytes();
     std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
         let (over_tx, over_rx) = mpsc::channel();
@@ -388,6 +425,7 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
         let mut failures = Vec::new();
         let mut running: Vec<usize> = (0..children.len()).collect();
         let mut over_since: Option<Instant> = None;
+        let mut failed_at: Option<Instant> = None;
         while !running.is_empty() {
             let mut still = Vec::new();
             for local in running {
@@ -401,6 +439,15 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
             running = still;
             if over_since.is_none() && over_rx.try_recv().is_ok() {
                 over_since = Some(Instant::now());
+            }
+            // A worker failed: the others learn it within the loss bound (from the
+            // coordinator, or from etcd when the job has no coordinator); one still
+            // running well after that is hung or stopped.
+            if over_since.is_none() && !failures.is_empty() {
+                failed_at.get_or_insert_with(Instant::now);
+                if failed_at.is_some_and(|t| t.elapsed() > lost_after) {
+                    over_since = Some(Instant::now());
+                }
             }
             // No member is alive as far as the coordinator knows: whoever still runs is
             // hung or stopped.

@@ -130,8 +130,14 @@ pub struct TrainArgs {
     /// The job's coordinator, HOST:PORT [env: STEADFAST_COORDINATOR, or MASTER_ADDR and MASTER_PORT].
     #[arg(long)]
     coordinator: Option<String>,
+    /// Meet the other workers in etcd instead of at a coordinator, and keep the
+    /// membership there: `etcd://HOST:PORT/JOB[?ttl=SECONDS]` (a worker whose lease
+    /// outlives its keep-alives by the ttl, 10 s by default, is lost). Static jobs only
+    /// [env: STEADFAST_RENDEZVOUS].
+    #[arg(long, value_name = "etcd://HOST:PORT/JOB")]
+    rendezvous: Option<String>,
     /// Address this worker listens on for its peers [env: STEADFAST_BIND; default: the
-    /// local address that reaches the coordinator, so loopback on one host].
+    /// local address that reaches the coordinator or etcd, so loopback on one host].
     #[arg(long)]
     bind: Option<std::net::IpAddr>,
     /// Seconds a collective may wait for a peer before the job fails.
@@ -250,22 +256,43 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
     if world == 0 || (rank >= world && !elastic) {
         anyhow::bail!("rank {rank} is not in a world of {world}");
     }
-    let coordinator = args
-        .coordinator
-        .clone()
-        .or_else(|| env_first(&["STEADFAST_COORDINATOR"]))
-        .or_else(|| Some(format!("{}:{}", env_first(&["MASTER_ADDR"])?, env_first(&["MASTER_PORT"])?)))
-        .ok_or_else(|| anyhow::anyhow!("no coordinator address (--coordinator, or MASTER_ADDR and MASTER_PORT)"))?;
-    let coordinator = std::net::ToSocketAddrs::to_socket_addrs(&coordinator)
-        .with_context(|| format!("cannot resolve the coordinator {coordinator:?}"))?
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("the coordinator {coordinator:?} resolves to nothing"))?;
+    let rendezvous = match args.rendezvous.clone().or_else(|| env_first(&["STEADFAST_RENDEZVOUS"])) {
+        Some(url) => {
+            if args.coordinator.is_some() {
+                anyhow::bail!("--rendezvous and --coordinator are two ways to meet: give one");
+            }
+            if elastic {
+                anyhow::bail!("an elastic job's membership is kept by its coordinator (--coordinator), not in etcd");
+            }
+            train::Rendezvous::Etcd(
+                url.parse::<comm::etcd::Target>().map_err(|e| anyhow::anyhow!("--rendezvous: {e}"))?,
+            )
+        }
+        None => {
+            let coordinator = args
+                .coordinator
+                .clone()
+                .or_else(|| env_first(&["STEADFAST_COORDINATOR"]))
+                .or_else(|| Some(format!("{}:{}", env_first(&["MASTER_ADDR"])?, env_first(&["MASTER_PORT"])?)))
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "no coordinator address (--coordinator, or MASTER_ADDR and MASTER_PORT) and no --rendezvous"
+                    )
+                })?;
+            train::Rendezvous::Coordinator(resolve(&coordinator, "the coordinator")?)
+        }
+    };
+    // Listen where the peers can dial: on the interface that reaches the rendezvous.
+    let towards = match &rendezvous {
+        train::Rendezvous::Coordinator(a) => *a,
+        train::Rendezvous::Etcd(t) => resolve(&t.endpoint, "etcd")?,
+    };
     let bind = match args.bind {
         Some(ip) => ip,
         None => match env_first(&["STEADFAST_BIND"]) {
             Some(v) => v.parse().map_err(|e| anyhow::anyhow!("bad STEADFAST_BIND {v:?}: {e}"))?,
-            None => comm::rendezvous::local_address_towards(coordinator)
-                .with_context(|| format!("no local address reaches the coordinator {coordinator} (give --bind)"))?,
+            None => comm::rendezvous::local_address_towards(towards)
+                .with_context(|| format!("no local address reaches {towards} (give --bind)"))?,
         },
     };
     let secret = env_first(&["STEADFAST_SECRET"])
@@ -274,7 +301,7 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
     Ok(Some(train::DistConfig {
         rank,
         world,
-        engine: train::Engine::Steadfast { coordinator, secret, bind },
+        engine: train::Engine::Steadfast { rendezvous, secret, bind },
         timeout: Duration::from_secs_f64(args.comm_timeout),
         fingerprint_every: args.fingerprint_every,
         elastic: elastic.then_some(incarnation),
@@ -282,6 +309,14 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
         copy_every,
         on_divergence: args.on_divergence,
     }))
+}
+
+/// The first address `host_port` resolves to.
+fn resolve(host_port: &str, what: &str) -> anyhow::Result<std::net::SocketAddr> {
+    std::net::ToSocketAddrs::to_socket_addrs(host_port)
+        .with_context(|| format!("cannot resolve {what} {host_port:?}"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{what} {host_port:?} resolves to nothing"))
 }
 
 impl TrainArgs {

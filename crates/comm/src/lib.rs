@@ -45,6 +45,7 @@
 pub mod collective;
 pub mod commit;
 pub mod control;
+pub mod etcd;
 pub mod frame;
 pub mod gate;
 pub mod handshake;

@@ -140,6 +140,14 @@ pub enum Notice {
     },
     /// The coordinator itself is gone or silent.
     CoordinatorLost(String),
+    /// A member's lease in etcd expired: its keep-alives stopped (a job that meets in
+    /// etcd, [`crate::etcd`]).
+    LeaseExpired {
+        /// Its rank.
+        rank: usize,
+    },
+    /// This worker's own lease in etcd is gone: the others count it lost.
+    OwnLeaseLost(String),
 }
 
 impl std::fmt::Display for Notice {
@@ -149,6 +157,10 @@ impl std::fmt::Display for Notice {
                 write!(f, "rank {rank} was lost: {reason} (reported by the coordinator)")
             }
             Notice::CoordinatorLost(why) => write!(f, "lost the coordinator: {why}"),
+            Notice::LeaseExpired { rank } => {
+                write!(f, "rank {rank} was lost: its lease in etcd expired (its keep-alives stopped)")
+            }
+            Notice::OwnLeaseLost(why) => write!(f, "this worker's lease in etcd is gone: {why}"),
         }
     }
 }

@@ -84,10 +84,10 @@ pub struct DistConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Engine {
     /// Steadfast's authenticated TCP mesh, whose ranks meet through a coordinator (the
-    /// launcher's): the default, and the only engine of elastic jobs.
+    /// launcher's) or in etcd: the default, and the only engine of elastic jobs.
     Steadfast {
-        /// Where the coordinator listens.
-        coordinator: std::net::SocketAddr,
+        /// Where the ranks meet.
+        rendezvous: Rendezvous,
         /// The job's shared secret.
         secret: Vec<u8>,
         /// Address this worker listens on for its peers (port chosen by the system).
@@ -97,6 +97,17 @@ pub enum Engine {
     /// from MPI, and the collectives run on MPI's (feature `mpi`; see `comm::mpi`). The
     /// `rank` and `world` of the [`DistConfig`] are replaced by MPI's.
     Mpi,
+}
+
+/// Where the ranks of a job on Steadfast's mesh meet, and who keeps their membership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// A coordinator process (the launcher's, or `steadfast coordinator`) at this address:
+    /// the address table, then heartbeats.
+    Coordinator(std::net::SocketAddr),
+    /// etcd: the table from the members' keys, then leases and a watch (static jobs
+    /// only; see `comm::etcd`).
+    Etcd(comm::etcd::Target),
 }
 
 /// What an elastic job does when its replicas' states disagree (silent data corruption).

@@ -224,9 +224,15 @@ pub(crate) fn run(
         )
         .into());
     }
-    let crate::config::Engine::Steadfast { coordinator, secret, bind } = &d.engine else {
+    let crate::config::Engine::Steadfast { rendezvous, secret, bind } = &d.engine else {
         return Err(ConfigError::Invalid(
             "an elastic job runs on Steadfast's engine: MPI ends a job when a rank fails".into(),
+        )
+        .into());
+    };
+    let crate::config::Rendezvous::Coordinator(coordinator) = rendezvous else {
+        return Err(ConfigError::Invalid(
+            "an elastic job's membership is kept by its coordinator (--coordinator), not in etcd".into(),
         )
         .into());
     };

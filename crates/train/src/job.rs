@@ -12,7 +12,7 @@ use comm::collective::Reducer;
 use comm::commit::{Ballot, Decision};
 use comm::transport::{CommError, TcpMesh};
 
-use crate::config::{DistConfig, Engine};
+use crate::config::{DistConfig, Engine, Rendezvous};
 use crate::error::{ConfigError, TrainError};
 use crate::step::SumCheck;
 
@@ -23,30 +23,63 @@ pub struct Job {
 }
 
 enum Link {
-    /// The authenticated mesh to every other rank, and the heartbeat to the coordinator.
-    Tcp { mesh: Arc<TcpMesh>, heartbeat: comm::supervisor::Heartbeat },
+    /// The authenticated mesh to every other rank, and what keeps the membership.
+    Tcp { mesh: Arc<TcpMesh>, watch: Watch },
     /// MPI's world (its collectives need `&mut` for their reused buffers).
     #[cfg(feature = "mpi")]
     Mpi(std::cell::RefCell<comm::mpi::MpiWorld>),
 }
 
+/// Who tells this rank that a member was lost.
+enum Watch {
+    /// The coordinator, over the heartbeat connection.
+    Heartbeat(comm::supervisor::Heartbeat),
+    /// etcd, by the expiry of the member's lease.
+    Etcd(comm::etcd::Membership),
+}
+
 impl Job {
-    /// Joins the job: listen, meet the others through the coordinator, connect to all, and
-    /// start the heartbeat, whose notices abort the mesh. An MPI job is joined by
-    /// [`Job::start_mpi`] instead.
+    /// Joins the job: listen, meet the others (through the coordinator or in etcd),
+    /// connect to all, and start the heartbeat (or the etcd lease and watch), whose
+    /// notices abort the mesh. An MPI job is joined by [`Job::start_mpi`] instead.
     pub fn connect(d: &DistConfig) -> Result<Job, TrainError> {
-        let Engine::Steadfast { coordinator, secret, bind } = &d.engine else {
+        let Engine::Steadfast { rendezvous, secret, bind } = &d.engine else {
             return Err(ConfigError::Invalid("an MPI job is joined through MPI".into()).into());
         };
         let listener = std::net::TcpListener::bind((*bind, 0))
             .map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
         let me = listener.local_addr().map_err(|e| CommError::Setup(e.to_string()))?;
         let setup_time = d.timeout.max(Duration::from_secs(30));
-        let joined = comm::rendezvous::join(*coordinator, d.rank, me, secret, setup_time)?;
-        let addrs = joined.table;
+        // The mesh exists only once the table is known; a notice that comes before it
+        // (a member lost while the others connect) waits here for it.
+        let mesh_slot: Arc<std::sync::OnceLock<Arc<TcpMesh>>> = Arc::default();
+        let pending: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let on_notice = {
+            let (mesh_slot, pending) = (Arc::clone(&mesh_slot), Arc::clone(&pending));
+            move |notice: comm::supervisor::Notice| {
+                tracing::error!("{notice}");
+                match mesh_slot.get() {
+                    Some(mesh) => mesh.abort(notice.to_string()),
+                    None => *pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(notice.to_string()),
+                }
+            }
+        };
+        let (addrs, watch, lost_after) = match rendezvous {
+            Rendezvous::Coordinator(coordinator) => {
+                let joined = comm::rendezvous::join(*coordinator, d.rank, me, secret, setup_time)?;
+                let heartbeat =
+                    comm::supervisor::Heartbeat::start(joined.coordinator, joined.heartbeat_timeout, on_notice)
+                        .map_err(|e| CommError::Setup(format!("cannot start the heartbeat: {e}")))?;
+                (joined.table, Watch::Heartbeat(heartbeat), joined.heartbeat_timeout)
+            }
+            Rendezvous::Etcd(target) => {
+                let (table, membership) = comm::etcd::join(target, d.rank, d.world, me, setup_time, on_notice)?;
+                (table, Watch::Etcd(membership), target.ttl)
+            }
+        };
         if addrs.len() != d.world {
             return Err(ConfigError::Invalid(format!(
-                "the coordinator knows {} workers, this one expects {}",
+                "the rendezvous knows {} workers, this one expects {}",
                 addrs.len(),
                 d.world
             ))
@@ -59,17 +92,14 @@ impl Job {
             write_timeout: d.timeout,
             // A peer's death reaches the coordinator at once: wait briefly for its verdict
             // so the error names the rank that failed, not a neighbour that aborted first.
-            abort_grace: joined.heartbeat_timeout.min(Duration::from_secs(1)),
+            abort_grace: lost_after.min(Duration::from_secs(1)),
         };
         let mesh = Arc::new(TcpMesh::connect(d.rank, listener, &addrs, &config)?);
-        let aborter = Arc::clone(&mesh);
-        let heartbeat =
-            comm::supervisor::Heartbeat::start(joined.coordinator, joined.heartbeat_timeout, move |notice| {
-                tracing::error!("{notice}");
-                aborter.abort(notice.to_string());
-            })
-            .map_err(|e| CommError::Setup(format!("cannot start the heartbeat: {e}")))?;
-        Ok(Job { link: Link::Tcp { mesh, heartbeat }, config: d.clone() })
+        let _ = mesh_slot.set(Arc::clone(&mesh));
+        if let Some(notice) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            mesh.abort(notice);
+        }
+        Ok(Job { link: Link::Tcp { mesh, watch }, config: d.clone() })
     }
 
     /// Joins an MPI job: initializes MPI, and returns the job with `d`'s rank and world
@@ -167,13 +197,20 @@ impl Job {
     /// cut by hand: there the fault ends the process, as a lost link ends an MPI job.
     pub fn link_cutter(&self) -> Result<Arc<dyn Fn() + Send + Sync>, TrainError> {
         match &self.link {
-            Link::Tcp { mesh, heartbeat } => {
+            Link::Tcp { mesh, watch } => {
                 let mesh = Arc::clone(mesh);
-                let coordinator = heartbeat
-                    .connection()
-                    .map_err(|e| CommError::Setup(format!("cannot hold the coordinator connection: {e}")))?;
+                // (A job that meets in etcd keeps its lease: its peers see the cut links.)
+                let coordinator = match watch {
+                    Watch::Heartbeat(h) => Some(
+                        h.connection()
+                            .map_err(|e| CommError::Setup(format!("cannot hold the coordinator connection: {e}")))?,
+                    ),
+                    Watch::Etcd(_) => None,
+                };
                 Ok(Arc::new(move || {
-                    let _ = coordinator.shutdown(std::net::Shutdown::Both);
+                    if let Some(c) = &coordinator {
+                        let _ = c.shutdown(std::net::Shutdown::Both);
+                    }
                     mesh.abort("this worker's links were cut (fault injection)".into());
                 }))
             }
@@ -185,11 +222,14 @@ impl Job {
         }
     }
 
-    /// Leaves the job: stops the heartbeat with a goodbye (MPI is finalized, by every
-    /// rank together, when its link is dropped).
+    /// Leaves the job: stops the heartbeat with a goodbye, or says `done` in etcd (MPI is
+    /// finalized, by every rank together, when its link is dropped).
     pub fn finish(self) {
-        if let Link::Tcp { heartbeat, .. } = self.link {
-            heartbeat.finish();
+        match self.link {
+            Link::Tcp { watch: Watch::Heartbeat(h), .. } => h.finish(),
+            Link::Tcp { watch: Watch::Etcd(m), .. } => m.finish(),
+            #[cfg(feature = "mpi")]
+            Link::Mpi(_) => {}
         }
     }
 }
