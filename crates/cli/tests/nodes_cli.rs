@@ -82,7 +82,9 @@ fn two_launchers_set_up_by_pet_variables_give_the_single_process_bits() {
 fn bad_node_settings_are_refused_before_any_worker_starts() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    // (launch flags, environment, what the error says)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
         (&["--nnodes", "2", "--nproc-per-node", "1"], &[], "needs the coordinator's address"),
         (
             &["--nnodes", "2", "--node-rank", "2", "--nproc-per-node", "1", "--coordinator", "127.0.0.1:1"],

@@ -420,16 +420,14 @@ mod client {
                         // The revision to resume from was compacted away: compare the
                         // members now with those that should be there.
                         watch = None;
-                        match client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await {
-                            Ok(got) => {
-                                next_revision = got.header().map_or(next_revision, |h| h.revision() + 1);
-                                let present: BTreeSet<usize> =
-                                    got.kvs().iter().filter_map(|kv| rank_of(&target.job, kv.key())).collect();
-                                if let Some(r) = (0..world).find(|r| !present.contains(r) && !done.contains(r)) {
-                                    report(Notice::LeaseExpired { rank: r });
-                                }
+                        // (When etcd cannot answer, the next round tries again.)
+                        if let Ok(got) = client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await {
+                            next_revision = got.header().map_or(next_revision, |h| h.revision() + 1);
+                            let present: BTreeSet<usize> =
+                                got.kvs().iter().filter_map(|kv| rank_of(&target.job, kv.key())).collect();
+                            if let Some(r) = (0..world).find(|r| !present.contains(r) && !done.contains(r)) {
+                                report(Notice::LeaseExpired { rank: r });
                             }
-                            Err(_) => {}
                         }
                     }
                     Ok(Some(r)) => {
