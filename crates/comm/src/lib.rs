@@ -18,7 +18,8 @@
 //!   and an in-process network whose ranks tests can kill;
 //! - [`collective`]: abortable ring all-reduce in the three modes, all-gather, broadcast,
 //!   barrier;
-//! - [`rendezvous`]: how workers find each other through the coordinator;
+//! - [`rendezvous`]: how workers find each other through the coordinator; [`etcd`]: or
+//!   in etcd, whose leases and watch then keep the membership (feature `etcd`);
 //! - [`membership`] (the protocol, no I/O) and [`supervisor`] (its socket shell):
 //!   heartbeats, and the coordinator's reports of lost members;
 //! - [`commit`]: the per-step vote that decides whether anyone applies an update, by the
@@ -29,7 +30,8 @@
 //!   lost messages and coordinator restarts;
 //! - the protocol's socket shells: [`control`] (the coordinator, and a worker's link to
 //!   it), [`port`] (a worker's listening port: the mesh of each epoch, and transfers) and
-//!   [`transfer`] (chunked, checksummed state transfer from several replicas at once).
+//!   [`transfer`] (chunked, checksummed state transfer from several replicas at once);
+//! - `mpi` (feature `mpi`): the step's collectives on the system's MPI library.
 //!
 //! ```
 //! use comm::{ReduceMode, reduce_in_order};
