@@ -4,7 +4,7 @@
 //! Both are thin. [`coordinate`] admits workers through a [`Gate`] (the job secret, then
 //! a [`Hello`] naming the worker's incarnation and listening address), turns their frames,
 //! closed connections and the passing of time into calls of a
-//! [`Coordinator`](crate::protocol::Coordinator), and carries out the messages it returns,
+//! [`crate::protocol::Coordinator`], and carries out the messages it returns,
 //! sending each quorum's members their address book first. A [`Link`] keeps a worker's
 //! connection: it sends reports (and repeats the newest every heartbeat, so that a worker
 //! busy computing is not taken for lost), hands incoming messages to the training loop,

@@ -9,7 +9,7 @@
 //!
 //! - a member whose lease expires (its process died, hung or was cut off, so its
 //!   keep-alives stopped) has its key deleted by etcd; every other worker sees the
-//!   deletion and aborts its mesh, naming the rank ([`Notice::LeaseExpired`]);
+//!   deletion and aborts its mesh, naming the rank ([`Notice::LeaseExpired`](crate::supervisor::Notice::LeaseExpired));
 //! - a worker that finishes first writes `done` into its key, then revokes its lease:
 //!   the deletion that follows is not a loss;
 //! - while etcd itself is unreachable, training goes on (the mesh is between workers) and

@@ -10,7 +10,7 @@
 //! - the sum of step `s` is [`digest`]`(seed, s)` whoever computes it, as the
 //!   `reproducible` reduction's is for any number of workers;
 //! - applying it turns the fingerprint `f` into `mix(f, digest)`, so the final fingerprint
-//!   equals [`reference`] only if every step was applied exactly once, in order;
+//!   equals [`reference()`] only if every step was applied exactly once, in order;
 //! - an all-reduce completes, after the compute time, only if every member of the epoch
 //!   joined it and all are alive and connected; otherwise it fails for those that joined,
 //!   at once or after the collective's timeout;
