@@ -22,6 +22,8 @@ use comm::control::Event;
 use comm::protocol::coordinator::Stage;
 use comm::protocol::{Coordinator, Timing};
 
+use crate::launch_cmd::KILL_GRACE;
+
 /// What the launcher does when a worker fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnFailure {
@@ -213,6 +215,3 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         _ => anyhow::bail!("every worker exited before the job finished"),
     }
 }
-
-/// How long workers may outlive the end of the job before they are killed.
-const KILL_GRACE: Duration = Duration::from_secs(3);

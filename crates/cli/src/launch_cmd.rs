@@ -156,8 +156,9 @@ macro_rules! say {
     };
 }
 
-/// How long workers may outlive the coordinator's last member before they are killed.
-const KILL_GRACE: Duration = Duration::from_secs(3);
+/// How long workers may outlive the end of a job (the coordinator's last member, or the
+/// loss bound after a failure) before they are killed.
+pub(crate) const KILL_GRACE: Duration = Duration::from_secs(3);
 
 /// Runs `steadfast launch`.
 pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
@@ -169,7 +170,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     }
     let nodes = Nodes::from_args(&args)?;
     if args.max_restarts.is_some() || args.on_failure.is_some() {
-        if nodes.rendezvous.is_some() {
+        if matches!(nodes.meeting, Meeting::Etcd(_)) {
             anyhow::bail!("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://");
         }
         if nodes.nnodes > 1 {
@@ -258,19 +259,27 @@ pub(crate) struct Nodes {
     pub nnodes: usize,
     /// This node's index.
     pub node_rank: usize,
-    /// The coordinator, HOST:PORT (`None`: a free loopback port, on one node only).
-    pub coordinator: Option<String>,
+    /// Where the workers meet.
+    pub meeting: Meeting,
     /// Where this node's workers listen (`None`: the address that reaches the
-    /// coordinator).
+    /// coordinator or etcd).
     pub local_addr: Option<IpAddr>,
-    /// The workers meet in etcd here instead of at a coordinator.
-    pub rendezvous: Option<String>,
+}
+
+/// Where a static job's workers meet.
+pub(crate) enum Meeting {
+    /// At the launcher's coordinator on a free loopback port (one node only).
+    Loopback,
+    /// At the coordinator at HOST:PORT, which node 0's launcher serves.
+    Coordinator(String),
+    /// In etcd: no coordinator.
+    Etcd(comm::etcd::Target),
 }
 
 impl Nodes {
     /// One node, with the coordinator on a free loopback port.
     pub fn single() -> Self {
-        Nodes { nnodes: 1, node_rank: 0, coordinator: None, local_addr: None, rendezvous: None }
+        Nodes { nnodes: 1, node_rank: 0, meeting: Meeting::Loopback, local_addr: None }
     }
 
     fn from_args(args: &LaunchArgs) -> anyhow::Result<Self> {
@@ -291,34 +300,20 @@ impl Nodes {
             .clone()
             .or_else(|| pet("PET_RDZV_ENDPOINT"))
             .or_else(|| Some(format!("{}:{}", pet("PET_MASTER_ADDR")?, pet("PET_MASTER_PORT")?)));
-        if let Some(url) = &args.rendezvous {
-            if args.coordinator.is_some() {
-                anyhow::bail!("--rendezvous and --coordinator are two ways to meet: give one");
+        let meeting = match (&args.rendezvous, coordinator) {
+            (Some(_), _) if args.coordinator.is_some() => {
+                anyhow::bail!("--rendezvous and --coordinator are two ways to meet: give one")
             }
-            url.parse::<comm::etcd::Target>().map_err(|e| anyhow::anyhow!("--rendezvous: {e}"))?;
-            let rendezvous = Some(url.clone());
-            return Ok(Nodes {
-                nnodes: args.nnodes,
-                node_rank: args.node_rank,
-                coordinator: None,
-                local_addr: args.local_addr,
-                rendezvous,
-            });
-        }
-        if args.nnodes > 1 && coordinator.is_none() {
-            anyhow::bail!(
+            (Some(url), _) => Meeting::Etcd(url.parse().map_err(|e| anyhow::anyhow!("--rendezvous: {e}"))?),
+            (None, Some(address)) => Meeting::Coordinator(address),
+            (None, None) if args.nnodes == 1 => Meeting::Loopback,
+            (None, None) => anyhow::bail!(
                 "a job of {} nodes needs the coordinator's address: --coordinator HOST:PORT \
                  (or PET_MASTER_ADDR and PET_MASTER_PORT), the same on every node",
                 args.nnodes
-            );
-        }
-        Ok(Nodes {
-            nnodes: args.nnodes,
-            node_rank: args.node_rank,
-            coordinator,
-            local_addr: args.local_addr,
-            rendezvous: None,
-        })
+            ),
+        };
+        Ok(Nodes { nnodes: args.nnodes, node_rank: args.node_rank, meeting, local_addr: args.local_addr })
     }
 }
 
@@ -358,22 +353,20 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
     };
     // Node 0 serves the coordinator: on the port of --coordinator, on every interface,
     // or on a free loopback port. A job that meets in etcd has none.
-    let (listener, meet) = match (&nodes.coordinator, nodes.node_rank) {
-        _ if nodes.rendezvous.is_some() => {
-            (None, ("STEADFAST_RENDEZVOUS", nodes.rendezvous.clone().unwrap_or_default()))
-        }
-        (None, _) => {
+    let (listener, meet) = match (&nodes.meeting, nodes.node_rank) {
+        (Meeting::Etcd(target), _) => (None, ("STEADFAST_RENDEZVOUS", target.to_string())),
+        (Meeting::Loopback, _) => {
             let l = TcpListener::bind("127.0.0.1:0").context("cannot listen for the rendezvous")?;
             let address = l.local_addr()?.to_string();
             (Some(l), ("STEADFAST_COORDINATOR", address))
         }
-        (Some(address), 0) => {
+        (Meeting::Coordinator(address), 0) => {
             let port = port_of(address)?;
             let l = TcpListener::bind(("0.0.0.0", port))
                 .with_context(|| format!("cannot serve the coordinator on port {port}"))?;
             (Some(l), ("STEADFAST_COORDINATOR", address.clone()))
         }
-        (Some(address), _) => (None, ("STEADFAST_COORDINATOR", address.clone())),
+        (Meeting::Coordinator(address), _) => (None, ("STEADFAST_COORDINATOR", address.clone())),
     };
     let exe = std::env::current_exe().context("cannot find this executable")?;
 
@@ -399,9 +392,10 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
         children.push(child);
     }
     let (timeout, heartbeat) = (job.rendezvous_timeout, job.heartbeat_timeout);
-    let lost_after = match &nodes.rendezvous {
-        Some(url) => url.parse::<comm::etcd::Target>().map(|t| t.ttl).unwrap_or(heartbeat),
-        None => heartbeat,
+    // How long the others take to learn of a lost worker.
+    let lost_after = match &nodes.meeting {
+        Meeting::Etcd(target) => target.ttl,
+        _ => heartbeat,
     };
     let secret_bytes = secret.into_bytes();
     std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
@@ -424,9 +418,10 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
             .collect();
         let mut failures = Vec::new();
         let mut running: Vec<usize> = (0..children.len()).collect();
-        let mut over_since: Option<Instant> = None;
-        let mut failed_at: Option<Instant> = None;
+        // When whoever still runs is killed: it is hung or stopped.
+        let mut kill_at: Option<Instant> = None;
         while !running.is_empty() {
+            let failed_before = failures.len();
             let mut still = Vec::new();
             for local in running {
                 let rank = first_rank + local;
@@ -437,21 +432,16 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
                 }
             }
             running = still;
-            if over_since.is_none() && over_rx.try_recv().is_ok() {
-                over_since = Some(Instant::now());
+            // No member is alive as far as the coordinator knows; or a worker failed,
+            // which the others learn within the loss bound (from the coordinator, or from
+            // etcd when the job has none).
+            if over_rx.try_recv().is_ok() {
+                sooner(&mut kill_at, Instant::now() + KILL_GRACE);
             }
-            // A worker failed: the others learn it within the loss bound (from the
-            // coordinator, or from etcd when the job has no coordinator); one still
-            // running well after that is hung or stopped.
-            if over_since.is_none() && !failures.is_empty() {
-                failed_at.get_or_insert_with(Instant::now);
-                if failed_at.is_some_and(|t| t.elapsed() > lost_after) {
-                    over_since = Some(Instant::now());
-                }
+            if failed_before == 0 && !failures.is_empty() {
+                sooner(&mut kill_at, Instant::now() + lost_after + KILL_GRACE);
             }
-            // No member is alive as far as the coordinator knows: whoever still runs is
-            // hung or stopped.
-            if over_since.is_some_and(|t| t.elapsed() > KILL_GRACE) {
+            if kill_at.is_some_and(|t| Instant::now() > t) {
                 for &local in &running {
                     let _ = children[local].kill();
                     let _ = children[local].wait();
@@ -474,6 +464,11 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
         }
         Ok(failures)
     })
+}
+
+/// Moves `deadline` to `at` if that is sooner.
+fn sooner(deadline: &mut Option<Instant>, at: Instant) {
+    *deadline = Some(deadline.map_or(at, |d| d.min(at)));
 }
 
 /// A fresh random secret for a job, as hex.

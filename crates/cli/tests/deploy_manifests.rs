@@ -5,8 +5,6 @@
 //! environment the manifest gives it: its workers print the single-process bits. No
 //! Kubernetes cluster is involved.
 
-use std::process::{Command, Output, Stdio};
-
 use yaml_rust2::{Yaml, YamlLoader};
 
 mod common;
@@ -45,31 +43,6 @@ fn with_value(mut command: Vec<String>, flag: &str, value: &str) -> Vec<String> 
     let i = command.iter().position(|w| w == flag).unwrap_or_else(|| panic!("no {flag} in {command:?}"));
     command[i + 1] = value.to_owned();
     command
-}
-
-/// Runs one `steadfast launch -- COMMAND` per node with the manifest's variables, as the
-/// pods would; returns each node's output.
-fn run_pods(command: &[String], nnodes: usize, nproc: &str, secret_env: bool) -> Vec<Output> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let pods: Vec<_> = (0..nnodes)
-        .map(|node| {
-            let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
-            c.args(["launch", "--"]).args(command);
-            c.env("PET_NNODES", nnodes.to_string())
-                .env("PET_NPROC_PER_NODE", nproc)
-                .env("PET_NODE_RANK", node.to_string())
-                // The service's DNS name stands for pod 0: here, loopback.
-                .env("PET_MASTER_ADDR", "127.0.0.1")
-                .env("PET_MASTER_PORT", port.to_string());
-            if secret_env {
-                c.env("STEADFAST_SECRET", "from-the-kubernetes-secret");
-            } else {
-                c.env_remove("STEADFAST_SECRET");
-            }
-            c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
-        })
-        .collect();
-    pods.into_iter().map(|p| p.wait_with_output().unwrap()).collect()
 }
 
 #[test]
@@ -121,7 +94,8 @@ fn the_jobset_manifest_is_consistent_and_its_pods_command_gives_the_single_proce
         .into_iter()
         .map(|w| if w.starts_with(mount) { w.replacen(mount, scratch, 1) } else { w })
         .collect();
-    let outputs = run_pods(&command, pods as usize, &nproc, true);
+    // One launcher per pod with the manifest's variables (pod 0's DNS name: loopback).
+    let outputs = common::launch_pet_nodes(&command, pods as usize, &nproc, Some("from-the-kubernetes-secret"));
     let single_out = format!("{scratch}/single");
     let single = with_value(
         command.iter().filter(|w| *w != "auto" && *w != "--resume").cloned().collect(),
@@ -130,10 +104,9 @@ fn the_jobset_manifest_is_consistent_and_its_pods_command_gives_the_single_proce
     );
     let single = common::fingerprint(&common::steadfast(&single.iter().map(String::as_str).collect::<Vec<_>>()));
     let mut count = 0;
-    for (node, out) in outputs.iter().enumerate() {
-        let stdout = common::ok(out.clone());
-        for fp in stdout.lines().filter_map(|l| l.split("] fingerprint: ").nth(1)) {
-            assert_eq!(fp.trim(), single, "pod {node}");
+    for (node, out) in outputs.into_iter().enumerate() {
+        for fp in common::fingerprints_in(&common::ok(out)) {
+            assert_eq!(fp, single, "pod {node}");
             count += 1;
         }
     }
@@ -160,11 +133,11 @@ fn the_trainjob_manifest_uses_the_torch_runtime_and_a_command_launch_runs() {
     let command = with_value(command, "--steps", "2");
     let command = with_value(command, "--data", "synthetic");
     let command = with_value(command, "--out", dir.path().to_str().unwrap());
-    for (node, out) in run_pods(&command, nodes as usize, &nproc, true).into_iter().enumerate() {
-        let stdout = common::ok(out);
-        assert_eq!(stdout.matches("] fingerprint: ").count().to_string(), nproc, "pod {node}");
+    let secret = Some("from-the-kubernetes-secret");
+    for (node, out) in common::launch_pet_nodes(&command, nodes as usize, &nproc, secret).into_iter().enumerate() {
+        assert_eq!(common::fingerprints_in(&common::ok(out)).len().to_string(), nproc, "pod {node}");
     }
     // Without the secret the runtime's pods would fail at once, saying why.
-    let refused = run_pods(&command, 2, "1", false);
+    let refused = common::launch_pet_nodes(&command, 2, "1", None);
     assert!(String::from_utf8_lossy(&refused[1].stderr).contains("needs STEADFAST_SECRET"));
 }

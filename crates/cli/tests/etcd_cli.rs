@@ -20,10 +20,6 @@ struct Etcd {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 impl Etcd {
     /// Starts a server, or says why it cannot run here (a failure when
     /// `STEADFAST_REQUIRE_ETCD` is set, as CI sets it).
@@ -36,7 +32,8 @@ impl Etcd {
             common::skip("etcd (Debian: etcd-server) is not installed");
             return None;
         }
-        let mut etcd = Etcd { data: dir.join("etcd"), client: free_port(), peer: free_port(), child: None };
+        let mut etcd =
+            Etcd { data: dir.join("etcd"), client: common::free_port(), peer: common::free_port(), child: None };
         etcd.restart();
         Some(etcd)
     }
@@ -144,8 +141,7 @@ fn workers_meet_in_etcd_without_a_coordinator_and_ride_out_its_loss_and_return()
     assert!(result.status.success(), "{log}");
     assert!(log.contains("is unreachable"), "the workers noticed that etcd was gone:\n{log}");
     assert!(log.contains("is reachable again"), "{log}");
-    let fingerprints: Vec<&str> = log.lines().filter_map(|l| l.split("] fingerprint: ").nth(1)).collect();
-    assert_eq!(fingerprints, vec![single.as_str(); 3], "{log}");
+    assert_eq!(common::fingerprints_in(&log), vec![single; 3], "{log}");
     assert!(!log.contains("[coordinator]"), "no coordinator took part");
 }
 

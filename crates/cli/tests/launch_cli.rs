@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn steadfast(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
     c.args(args);
@@ -20,8 +22,7 @@ fn steadfast(args: &[&str], env: &[(&str, &str)]) -> Output {
 fn fingerprints(out: &Output) -> Vec<String> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let fps: Vec<String> =
-        stdout.lines().filter_map(|l| l.split("fingerprint: ").nth(1)).map(|f| f.trim().to_owned()).collect();
+    let fps = common::fingerprints_in(&stdout);
     assert!(!fps.is_empty(), "no fingerprint in {stdout}");
     fps
 }

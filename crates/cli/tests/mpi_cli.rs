@@ -15,7 +15,7 @@ fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
 fn fingerprints(out: &std::process::Output) -> Vec<String> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    stdout.lines().filter_map(|l| l.split("fingerprint: ").nth(1)).map(|f| f.trim().to_owned()).collect()
+    common::fingerprints_in(&stdout)
 }
 
 #[test]

@@ -2,41 +2,13 @@
 //! loopback here (across network namespaces in `multihost.rs`), configured by flags or by
 //! the `PET_*` variables that Kubeflow's trainer sets, and the bad settings it refuses.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 mod common;
 
-const JOB: &[&str] = &[
-    "train",
-    "--model",
-    "mlp",
-    "--data",
-    "synthetic",
-    "--steps",
-    "12",
-    "--batch",
-    "64",
-    "--micro-batch",
-    "16",
-    "--reduce",
-    "reproducible",
-    "--eval-every",
-    "0",
-];
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// `launch -- JOB --out OUT` with `env`, started (not waited for).
-fn launcher(env: &[(&str, String)], out: &std::path::Path) -> std::process::Child {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
-    c.args(["launch", "--"]).args(JOB).arg("--out").arg(out);
-    c.env("STEADFAST_SECRET", "nodes-test-secret");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start launch")
+/// The small MLP in the reproducible mode: the same bits on any number of ranks.
+fn job(out: &str) -> Vec<&str> {
+    [common::SMALL_MLP, &["--steps", "12", "--reduce", "reproducible", "--out", out]].concat()
 }
 
 /// The `[rank] fingerprint: ...` lines of a launcher's output, as (rank, fingerprint).
@@ -55,21 +27,9 @@ fn ranked_fingerprints(out: &Output) -> Vec<(usize, String)> {
 #[test]
 fn two_launchers_set_up_by_pet_variables_give_the_single_process_bits() {
     let dir = tempfile::tempdir().unwrap();
-    let single = common::fingerprint(&common::steadfast(&[JOB, &["--out", dir.path().to_str().unwrap()]].concat()));
-    let port = free_port().to_string();
-    let nodes: Vec<_> = (0..2)
-        .map(|node| {
-            let env = [
-                ("PET_NNODES", "2".to_owned()),
-                ("PET_NODE_RANK", node.to_string()),
-                ("PET_NPROC_PER_NODE", "2".to_owned()),
-                ("PET_MASTER_ADDR", "127.0.0.1".to_owned()),
-                ("PET_MASTER_PORT", port.clone()),
-            ];
-            launcher(&env, &dir.path().join(format!("node{node}")))
-        })
-        .collect();
-    let outputs: Vec<Output> = nodes.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let single = common::fingerprint(&common::steadfast(&job(&path("single"))));
+    let outputs = common::launch_pet_nodes(&job(&path("job")), 2, "2", Some("nodes-test-secret"));
     for (node, out) in outputs.iter().enumerate() {
         let mut got = ranked_fingerprints(out);
         got.sort();
@@ -112,7 +72,7 @@ fn bad_node_settings_are_refused_before_any_worker_starts() {
     ];
     for (flags, env, expected) in cases {
         let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
-        c.arg("launch").args(*flags).arg("--").args(JOB).args(["--out", out]).env_remove("STEADFAST_SECRET");
+        c.arg("launch").args(*flags).arg("--").args(job(out)).env_remove("STEADFAST_SECRET");
         for (k, v) in *env {
             c.env(k, v);
         }

@@ -56,11 +56,6 @@ fn reference_40() -> &'static str {
     F.get_or_init(|| reference(STEPS))
 }
 
-/// The fingerprints the workers printed, by worker.
-fn fingerprints(stdout: &str) -> Vec<String> {
-    stdout.lines().filter_map(|l| l.split_once("fingerprint: ").map(|(_, f)| f.trim().to_owned())).collect()
-}
-
 /// A small deterministic generator for the schedules.
 struct Draw(u64);
 
@@ -127,7 +122,7 @@ fn jobs_that_lose_workers_end_with_the_bits_of_one_that_never_did() {
         let context = format!("schedule {seed} {faults:?}:\n{stdout}\n{stderr}");
         assert!(ok, "{context}");
         assert!(stdout.contains("  replacing worker"), "the first fault always strikes: {context}");
-        let got = fingerprints(&stdout);
+        let got = common::fingerprints_in(&stdout);
         assert_eq!(got.len(), 3, "{context}");
         assert!(got.iter().all(|f| f == reference), "expected {reference}: {context}");
         // Worker 0's record (kept across its replacements) applies each step once, in order.
@@ -148,7 +143,7 @@ fn a_job_shrinks_from_three_workers_to_two_with_the_same_bits() {
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("workers [0, 1] from step 12"), "{stdout}");
     assert!(!stdout.contains("replacing"), "{stdout}");
-    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 2], "{stdout}");
+    assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 2], "{stdout}");
 }
 
 #[test]
@@ -163,7 +158,7 @@ fn a_job_with_too_few_workers_left_stops_every_survivor_with_the_reason() {
     assert!(stderr.contains("too few workers remain: 2 ready, at least 3 needed"), "{stderr}");
     // Both survivors say so, and neither printed a result.
     assert_eq!(stderr.matches("the job stopped: too few workers remain").count(), 3, "{stderr}");
-    assert!(fingerprints(&stdout).is_empty(), "{stdout}");
+    assert!(common::fingerprints_in(&stdout).is_empty(), "{stdout}");
 }
 
 /// A process whose output lines arrive on a channel.
@@ -246,7 +241,7 @@ fn a_worker_killed_from_outside_is_replaced_with_the_same_bits() {
     assert!(ok, "{text}");
     assert!(text.contains("worker 2 (process 1) exited with signal: 9"), "{text}");
     assert!(text.contains("[2] fetch the state from [0, 1]"), "{text}");
-    assert_eq!(fingerprints(&text), vec![reference(steps); 3], "{text}");
+    assert_eq!(common::fingerprints_in(&text), vec![reference(steps); 3], "{text}");
 }
 
 /// Starts an elastic coordinator on `bind`; returns it and the address it listens on.
@@ -293,7 +288,7 @@ fn a_worker_joins_a_running_job_and_the_bits_do_not_change() {
     for w in [w0, w1, w2] {
         let (ok, text) = w.finish();
         assert!(ok, "{text}");
-        assert_eq!(fingerprints(&text), vec![reference.clone()], "{text}");
+        assert_eq!(common::fingerprints_in(&text), vec![reference.clone()], "{text}");
     }
     let (ok, text) = coord.finish();
     assert!(ok, "{text}");
@@ -317,7 +312,7 @@ fn the_job_survives_its_coordinator_killed_and_started_again() {
     for w in workers {
         let (ok, text) = w.finish();
         assert!(ok, "{text}");
-        assert_eq!(fingerprints(&text), vec![reference.clone()], "{text}");
+        assert_eq!(common::fingerprints_in(&text), vec![reference.clone()], "{text}");
     }
     let (ok, text) = second.finish();
     assert!(ok, "{text}");
@@ -353,7 +348,7 @@ fn live_bit_flips_are_repaired_from_the_healthy_replicas_and_the_bits_are_golden
     assert!(stderr.contains("workers [2] hold another state: repairing them"), "{stderr}");
     assert!(stdout.contains("[2] fetch the state from [0, 1]"), "{stdout}");
     assert!(!stdout.contains("replacing"), "no process was lost: {stdout}");
-    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
+    assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
 }
 
 #[test]
@@ -373,7 +368,7 @@ fn of_two_replicas_the_one_whose_state_changed_since_its_commit_is_repaired() {
     assert!(run.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("the state of worker 1 changed before the update"), "{stderr}");
     assert!(stdout.contains("[1] fetch the state from [0]"), "{stdout}");
-    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 2], "{stdout}");
+    assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 2], "{stdout}");
 }
 
 #[test]
@@ -402,7 +397,7 @@ fn the_baselines_go_back_to_a_copy_or_a_checkpoint_and_end_with_the_same_bits() 
     assert!(ok, "{stdout}\n{stderr}");
     assert_eq!(stderr.matches("went back to the copy of step 20").count(), 2, "{stderr}");
     assert!(stdout.contains("from step 20") && stdout.contains("[1] fetch the state from [0, 2]"), "{stdout}");
-    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
+    assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
     // Worker 0's record draws the rollback: the epoch that ended, the copy put back, and
     // the recovery's time.
     let page = tmp.path().join("memory.html");
@@ -422,7 +417,7 @@ fn the_baselines_go_back_to_a_copy_or_a_checkpoint_and_end_with_the_same_bits() 
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("starting 3 workers from the checkpoint of step 20"), "{stdout}");
     assert_eq!(stdout.matches("resumed from: step 20").count(), 3, "{stdout}");
-    assert_eq!(fingerprints(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
+    assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
 
     // Out of restarts, the checkpoint job fails and says where its checkpoints are.
     let kept = tmp.path().join("kept");

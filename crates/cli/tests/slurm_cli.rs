@@ -102,8 +102,7 @@ fn kill_task(cluster: &Cluster, job: &str, rank: u32) {
 
 /// The fingerprints the job's workers printed.
 fn fingerprints(output: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(output).unwrap_or_default();
-    text.lines().filter_map(|l| l.split("fingerprint: ").nth(1)).map(|f| f.trim().to_owned()).collect()
+    common::fingerprints_in(&std::fs::read_to_string(output).unwrap_or_default())
 }
 
 #[test]

@@ -217,10 +217,12 @@ mod client {
         Ok((table, Membership { stop: Some(stop_tx), thread: Some(thread) }))
     }
 
-    /// A job met: the client, the lease, the table and the revision it was read at.
+    /// A job met: the client, the lease and its keep-alive stream, the table and the
+    /// revision it was read at.
     struct Met {
         client: Client,
         lease: i64,
+        keeper: (LeaseKeeper, LeaseKeepAliveStream),
         table: Vec<SocketAddr>,
         revision: i64,
     }
@@ -295,8 +297,7 @@ mod client {
             }
         }
         let table = table.into_iter().map(|a| a.expect("every rank is there")).collect();
-        drop((keeper, acks));
-        Ok(Met { client, lease, table, revision })
+        Ok(Met { client, lease, keeper: (keeper, acks), table, revision })
     }
 
     /// Records in `table` what a member key now holds (`None`: deleted).
@@ -344,7 +345,7 @@ mod client {
         mut stop: oneshot::Receiver<bool>,
         on_notice: &(impl Fn(Notice) + Send),
     ) {
-        let Met { mut client, lease, revision, .. } = met;
+        let Met { mut client, lease, keeper, revision, .. } = met;
         let prefix = members(&target.job);
         let mut next_revision = revision + 1;
         let mut done = BTreeSet::new();
@@ -354,7 +355,7 @@ mod client {
                 on_notice(notice);
             }
         };
-        let mut keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+        let mut keeper = Some(keeper);
         let mut watch: Option<WatchStream> = None;
         let mut unreachable_since: Option<Instant> = None;
         let mut tick = tokio::time::interval(target.ttl / 3);

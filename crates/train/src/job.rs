@@ -38,6 +38,13 @@ enum Watch {
     Etcd(comm::etcd::Membership),
 }
 
+/// Where a notice of loss finds the mesh: not built yet (holding the first notice), or
+/// built.
+enum MeshSlot {
+    Waiting(Option<String>),
+    Ready(Arc<TcpMesh>),
+}
+
 impl Job {
     /// Joins the job: listen, meet the others (through the coordinator or in etcd),
     /// connect to all, and start the heartbeat (or the etcd lease and watch), whose
@@ -51,16 +58,15 @@ impl Job {
         let me = listener.local_addr().map_err(|e| CommError::Setup(e.to_string()))?;
         let setup_time = d.timeout.max(Duration::from_secs(30));
         // The mesh exists only once the table is known; a notice that comes before it
-        // (a member lost while the others connect) waits here for it.
-        let mesh_slot: Arc<std::sync::OnceLock<Arc<TcpMesh>>> = Arc::default();
-        let pending: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        // (a member lost while the others connect) waits in the slot for it.
+        let slot: Arc<std::sync::Mutex<MeshSlot>> = Arc::new(std::sync::Mutex::new(MeshSlot::Waiting(None)));
         let on_notice = {
-            let (mesh_slot, pending) = (Arc::clone(&mesh_slot), Arc::clone(&pending));
+            let slot = Arc::clone(&slot);
             move |notice: comm::supervisor::Notice| {
                 tracing::error!("{notice}");
-                match mesh_slot.get() {
-                    Some(mesh) => mesh.abort(notice.to_string()),
-                    None => *pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(notice.to_string()),
+                match &mut *slot.lock().unwrap_or_else(|e| e.into_inner()) {
+                    MeshSlot::Ready(mesh) => mesh.abort(notice.to_string()),
+                    MeshSlot::Waiting(pending) => *pending = Some(notice.to_string()),
                 }
             }
         };
@@ -95,10 +101,12 @@ impl Job {
             abort_grace: lost_after.min(Duration::from_secs(1)),
         };
         let mesh = Arc::new(TcpMesh::connect(d.rank, listener, &addrs, &config)?);
-        let _ = mesh_slot.set(Arc::clone(&mesh));
-        if let Some(notice) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            mesh.abort(notice);
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let MeshSlot::Waiting(Some(notice)) = &*slot {
+            mesh.abort(notice.clone());
         }
+        *slot = MeshSlot::Ready(Arc::clone(&mesh));
+        drop(slot);
         Ok(Job { link: Link::Tcp { mesh, watch }, config: d.clone() })
     }
 

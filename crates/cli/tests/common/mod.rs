@@ -96,3 +96,43 @@ pub fn mpirun(n: usize, args: &[&str]) -> Output {
         .output()
         .expect("run mpirun")
 }
+
+/// Every fingerprint printed in `text`, in order (one per rank under a launcher, after its
+/// `[rank]` prefix).
+pub fn fingerprints_in(text: &str) -> Vec<String> {
+    text.lines().filter_map(|l| l.split_once("fingerprint: ")).map(|(_, f)| f.trim().to_owned()).collect()
+}
+
+/// A loopback port that was free when asked (the caller binds it soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Runs `steadfast launch -- COMMAND` once per node, each configured only by the `PET_*`
+/// variables that Kubeflow's trainer sets (the coordinator on loopback), with the job
+/// secret `secret` (`None`: unset); returns each node's output.
+pub fn launch_pet_nodes<S: AsRef<std::ffi::OsStr>>(
+    command: &[S],
+    nnodes: usize,
+    nproc: &str,
+    secret: Option<&str>,
+) -> Vec<Output> {
+    let port = free_port().to_string();
+    let nodes: Vec<_> = (0..nnodes)
+        .map(|node| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+            c.args(["launch", "--"]).args(command);
+            c.env("PET_NNODES", nnodes.to_string())
+                .env("PET_NPROC_PER_NODE", nproc)
+                .env("PET_NODE_RANK", node.to_string())
+                .env("PET_MASTER_ADDR", "127.0.0.1")
+                .env("PET_MASTER_PORT", &port);
+            match secret {
+                Some(s) => c.env("STEADFAST_SECRET", s),
+                None => c.env_remove("STEADFAST_SECRET"),
+            };
+            c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("start launch")
+        })
+        .collect();
+    nodes.into_iter().map(|n| n.wait_with_output().unwrap()).collect()
+}
