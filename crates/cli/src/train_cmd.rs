@@ -158,8 +158,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "K")]
     copy_every: Option<u64>,
     /// What an elastic job does when its replicas disagree. `repair` also checks, before
-    /// every step, that each replica's state is the one it committed (one pass over the
-    /// state per step).
+    /// every step, that each replica's state is the one it committed (it hashes the state
+    /// after every update and again before the next step).
     #[arg(long, value_parser = choice::of::<train::OnDivergence>(), default_value = "stop")]
     on_divergence: train::OnDivergence,
     /// Compare the replicas' fingerprints every K steps (and always at the end).

@@ -121,6 +121,15 @@ pub enum OnDivergence {
     Repair,
 }
 
+impl DistConfig {
+    /// Whether the replicas are compared after step `done`: every `fingerprint_every`
+    /// steps, and after the last (`last`).
+    pub fn checks_after(&self, done: u64, last: u64) -> bool {
+        let every = self.fingerprint_every;
+        (every > 0 && done.is_multiple_of(every)) || done == last
+    }
+}
+
 impl TrainConfig {
     /// The defaults for a model: sizes and schedules that reach the documented quality
     /// within a few minutes on two cores.

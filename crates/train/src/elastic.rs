@@ -185,8 +185,11 @@ fn spawn_server(
                     if (want.layout, want.elements) != layout {
                         return Err("the state's layout differs (another model or optimizer)".into());
                     }
-                    // A source reported its fingerprint, so it is known.
-                    let fingerprint = h.fingerprint.unwrap_or_else(|| h.state.fingerprint());
+                    // A source reported its fingerprint, so it is known; a state whose
+                    // fingerprint is not (it moved on) is not the one asked for.
+                    let Some(fingerprint) = h.fingerprint else {
+                        return Err(format!("holds step {} whose fingerprint is not known yet", h.state.step));
+                    };
                     if (h.state.step, fingerprint) != (want.step, want.fingerprint) {
                         return Err(format!(
                             "holds step {} ({}), not step {} ({})",
@@ -290,7 +293,7 @@ pub(crate) fn run(
     };
     let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
     // The rollback baseline: a copy of the state every `copy_every` steps.
-    let mut copy = Copy::new(d.copy_every);
+    let mut copy = MemoryCopy::new(d.copy_every);
     copy.keep(&mut worker, 0, &held);
     let mut queue: VecDeque<Action> = first.into();
     let mut book: BTreeMap<WorkerId, SocketAddr> = BTreeMap::new();
@@ -450,9 +453,7 @@ pub(crate) fn run(
                 step_started = Instant::now();
                 copy.keep(&mut worker, done, &held);
                 let mut next = worker.on_applied(Instant::now(), step, fingerprint);
-                let last = config.steps;
-                let every = d.fingerprint_every;
-                if (every > 0 && done.is_multiple_of(every)) || done == last {
+                if d.checks_after(done, config.steps) {
                     let members = worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
                     let fingerprint = lock_write(&held).fingerprint();
                     let verdict = match current.get() {
@@ -628,16 +629,16 @@ impl Timeline {
 /// The in-memory copy of the rollback baseline (`--copy-every`): what SWIFT's recovery
 /// from live replicas does without, at the price of one more model-sized buffer and a
 /// copy every few steps.
-struct Copy {
+struct MemoryCopy {
     every: Option<u64>,
     state: Option<Held>,
     /// Time spent copying.
     spent: Duration,
 }
 
-impl Copy {
-    fn new(every: Option<u64>) -> Copy {
-        Copy { every, state: None, spent: Duration::ZERO }
+impl MemoryCopy {
+    fn new(every: Option<u64>) -> MemoryCopy {
+        MemoryCopy { every, state: None, spent: Duration::ZERO }
     }
 
     /// Copies `held`, which holds the state of `step`, when `step` is a multiple of the

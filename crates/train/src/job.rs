@@ -181,8 +181,7 @@ impl Job {
     /// Whether the replicas are compared after step `done`: every `fingerprint_every`
     /// steps, and after the last (`last`).
     pub fn checks_after(&self, done: u64, last: u64) -> bool {
-        let every = self.config.fingerprint_every;
-        (every > 0 && done.is_multiple_of(every)) || done == last
+        self.config.checks_after(done, last)
     }
 
     /// Compares every replica's fingerprint; fails naming the ranks outvoted by the

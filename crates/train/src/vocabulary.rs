@@ -24,7 +24,7 @@ impl Word for ModelKind {
     }
     fn help(self) -> &'static str {
         match self {
-            ModelKind::Mlp => "784-256-128-10 perceptron",
+            ModelKind::Mlp => "perceptron, 784-W-W/2-10 (W = --width, 256 by default)",
             ModelKind::Cnn => "LeNet-5",
             ModelKind::Gpt => "character-level transformer",
         }
@@ -70,6 +70,24 @@ impl Word for OptimKind {
 }
 text_form!(OptimKind);
 
+impl Word for OnDivergence {
+    const KIND: &'static str = "divergence policy";
+    const ALL: &'static [Self] = &[OnDivergence::Stop, OnDivergence::Repair];
+    fn word(self) -> &'static str {
+        match self {
+            OnDivergence::Stop => "stop",
+            OnDivergence::Repair => "repair",
+        }
+    }
+    fn help(self) -> &'static str {
+        match self {
+            OnDivergence::Stop => "stop the job, naming the replicas outvoted",
+            OnDivergence::Repair => "outvoted or corrupted replicas fetch the state from the healthy ones",
+        }
+    }
+}
+text_form!(OnDivergence);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +103,7 @@ mod tests {
         round_trips::<ModelKind>();
         round_trips::<DataKind>();
         round_trips::<OptimKind>();
+        round_trips::<OnDivergence>();
         let e = "resnet".parse::<ModelKind>().unwrap_err();
         assert_eq!(e.to_string(), "unknown model \"resnet\": expected mlp, cnn, gpt");
     }
@@ -103,21 +122,3 @@ mod tests {
         assert!(e.to_string().contains("unknown data set \"mnist\""), "{e}");
     }
 }
-
-impl Word for OnDivergence {
-    const KIND: &'static str = "divergence policy";
-    const ALL: &'static [Self] = &[OnDivergence::Stop, OnDivergence::Repair];
-    fn word(self) -> &'static str {
-        match self {
-            OnDivergence::Stop => "stop",
-            OnDivergence::Repair => "repair",
-        }
-    }
-    fn help(self) -> &'static str {
-        match self {
-            OnDivergence::Stop => "stop the job, naming the replicas outvoted",
-            OnDivergence::Repair => "outvoted or corrupted replicas fetch the state from the healthy ones",
-        }
-    }
-}
-text_form!(OnDivergence);

@@ -30,7 +30,7 @@ use crate::step::{GradBuffer, GradLayout};
 /// Which architecture to train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelKind {
-    /// 784-256-128-10 perceptron.
+    /// 784-W-W/2-10 perceptron (W = 256 unless `--width` says otherwise).
     Mlp,
     /// LeNet-5.
     Cnn,
