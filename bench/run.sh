@@ -9,6 +9,7 @@
 #   bench/run.sh sum        # reproducible sum against naive, pairwise, xsum, accurate
 #   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
 #   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
+#   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (2, 4 ranks)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
 #
@@ -19,9 +20,9 @@ cd "$(dirname "$0")/.."
 
 which=${1:-all}
 venv=bench/.venv
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, numpy' 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, numpy, xxhash' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch numpy safetensors
+  "$venv/bin/pip" install -q torch numpy safetensors xxhash
 fi
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   echo "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist" >&2
@@ -37,6 +38,7 @@ case "$which" in
   sum) "$venv/bin/python" bench/sum_vs_peers.py ;;
   allreduce) "$venv/bin/python" bench/allreduce.py ;;
   ddp) "$venv/bin/python" bench/ddp_vs_pytorch.py ;;
+  engines) "$venv/bin/python" bench/engines.py ;;
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   recovery) "$venv/bin/python" bench/recovery.py ;;
   all)
@@ -46,8 +48,9 @@ case "$which" in
     "$venv/bin/python" bench/sum_vs_peers.py
     "$venv/bin/python" bench/allreduce.py
     "$venv/bin/python" bench/ddp_vs_pytorch.py
+    "$venv/bin/python" bench/engines.py
     "$venv/bin/python" bench/campaign_speed.py
     "$venv/bin/python" bench/recovery.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, campaign, recovery)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, campaign, recovery)" >&2; exit 2 ;;
 esac

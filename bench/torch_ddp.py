@@ -1,8 +1,12 @@
-"""PyTorch DDP (gloo) side of the data-parallel benchmark: the MLP on Fashion-MNIST, global
+"""PyTorch DDP (gloo) side of the data-parallel benchmarks: the MLP on Fashion-MNIST, global
 batch split evenly over the ranks, AdamW. Prints one JSON line (from rank 0): seconds of
 the training loop and a SHA-256 of the final weights.
 
-Usage: python torch_ddp.py --world W --steps S [--batch 128]
+`--reduce reproducible` replaces DDP's all-reduce of each gradient bucket by Steadfast's
+fixed-point sum on gloo's integer collectives (a communication hook; see
+torch_collective.py), so the sum's bits do not depend on gloo's order of addition.
+
+Usage: python torch_ddp.py --world W --steps S [--batch 128] [--reduce fast|reproducible]
 """
 import argparse, hashlib, json, os, sys, time
 
@@ -13,7 +17,15 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_collective import reproducible_sum  # noqa: E402
 from torch_train import Mlp, load_images  # noqa: E402
+
+
+def reproducible_hook(world, bucket):
+    """DDP communication hook: the bucket's mean over the ranks, summed reproducibly."""
+    fut = torch.futures.Future()
+    fut.set_result(reproducible_sum(bucket.buffer()).div_(world))
+    return fut
 
 
 def worker(rank, world, args, port):
@@ -22,6 +34,8 @@ def worker(rank, world, args, port):
     torch.manual_seed(0)
     x, y = load_images(args.data_dir, "train")
     model = DDP(Mlp())
+    if args.reduce == "reproducible":
+        model.register_comm_hook(world, reproducible_hook)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     per_rank = args.batch // world
     per_epoch = len(y) // args.batch
@@ -51,6 +65,7 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--port", type=int, default=29611)
+    ap.add_argument("--reduce", choices=["fast", "reproducible"], default="fast")
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     args = ap.parse_args()
     mp.spawn(worker, args=(args.world, args, args.port), nprocs=args.world, join=True)

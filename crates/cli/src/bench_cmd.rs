@@ -3,7 +3,12 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::choice;
+use crate::join_args::{EngineArg, JoinArgs};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -11,7 +16,11 @@ Examples:
   steadfast bench ckpt --dir /tmp/bench --mb 100,1000 --shards 1,4
 
   # State transfer of 10 MB to 1 GB from one and from two replicas
-  steadfast bench transfer --mb 10,100,1000 --sources 1,2";
+  steadfast bench transfer --mb 10,100,1000 --sources 1,2
+
+  # The training step's all-reduce, one process per rank, on Steadfast's mesh and on MPI
+  steadfast launch --nproc 4 -- bench collective --mb 1,16,256
+  mpirun -n 4 steadfast bench collective --engine mpi --mb 1,16,256";
 
 /// Arguments of `steadfast bench`.
 #[derive(Args, Debug)]
@@ -29,6 +38,26 @@ enum BenchCommand {
     Allreduce(AllreduceArgs),
     /// State transfer throughput from 1..N live replicas against the loopback's bandwidth.
     Transfer(TransferArgs),
+    /// The training step's all-reduce in a job of one process per rank (started by
+    /// `steadfast launch`, `mpirun` or `srun`), on the engine that a `train` of the same
+    /// flags would use. Rank 0 prints one row per size and mode, with a fingerprint of the
+    /// sum (each rank's input is fixed by its rank and the size alone).
+    Collective(CollectiveArgs),
+}
+
+#[derive(Args, Debug)]
+struct CollectiveArgs {
+    /// Message sizes in MB (10^6 bytes of f32), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    mb: Vec<u64>,
+    /// Summation modes, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = choice::of::<comm::ReduceMode>(), default_value = "fast,reproducible")]
+    reduce: Vec<comm::ReduceMode>,
+    /// Repetitions per size and mode (the median is reported), after one untimed warm-up.
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    #[command(flatten)]
+    join: JoinArgs,
 }
 
 #[derive(Args, Debug)]
@@ -101,6 +130,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        BenchCommand::Collective(b) => collective(&b),
         BenchCommand::Allreduce(b) => {
             let bench = lab::bench::AllreduceBench { world: b.world, mb: b.mb, repeats: b.repeats };
             for row in lab::bench::allreduce(&bench)? {
@@ -109,4 +139,71 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Rank `rank`'s input to the all-reduce of `n` elements: values of many magnitudes and
+/// both signs, so that a float sum depends on its order. `bench/torch_collective.py`
+/// builds the same bits.
+pub fn collective_input(rank: usize, n: usize) -> Vec<f32> {
+    let stride = (2 * rank as u64 + 1) * 7919;
+    (0..n as u64).map(|i| ((i * stride) % 2001) as f32 - 1000.0).map(|x| x * 1.1e-3).collect()
+}
+
+fn collective(b: &CollectiveArgs) -> anyhow::Result<()> {
+    let place = b
+        .join
+        .place(false)?
+        .context("bench collective runs one process per rank: start it with `steadfast launch`, `mpirun` or `srun`")?;
+    let d = train::DistConfig {
+        rank: place.rank,
+        world: place.world,
+        engine: place.engine,
+        timeout: place.timeout,
+        fingerprint_every: 0,
+        elastic: None,
+        incarnation: 0,
+        copy_every: None,
+        on_divergence: train::OnDivergence::Stop,
+    };
+    let job = match b.join.engine {
+        EngineArg::Mpi => train::job::Job::start_mpi(&d)?,
+        EngineArg::Steadfast => train::job::Job::connect(&d)?,
+    };
+    let (rank, world) = job.place();
+    let engine = match b.join.engine {
+        EngineArg::Mpi => "mpi",
+        EngineArg::Steadfast => "steadfast",
+    };
+    let mut reducer = comm::collective::Reducer::default();
+    for &mb in &b.mb {
+        let n = usize::try_from(mb * 1_000_000 / 4).context("message too large")?;
+        let input = collective_input(rank, n);
+        let mut out = vec![0.0f32; n];
+        for &mode in &b.reduce {
+            let mut times = Vec::with_capacity(b.repeats);
+            for i in 0..=b.repeats.max(1) {
+                job.barrier()?;
+                let t = std::time::Instant::now();
+                job.sum_parts(&mut reducer, &[&input[..]], &mut out, mode)?;
+                if i > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            let seconds = times[times.len() / 2];
+            if rank == 0 {
+                // Bus bandwidth as NCCL defines it: 2(W-1)/W of the message per second.
+                let bus = 2.0 * (world as f64 - 1.0) / world as f64 * mb as f64 / seconds;
+                let row = json!({
+                    "engine": engine, "world": world, "mb": mb, "mode": mode.to_string(),
+                    "seconds": seconds, "bus_mb_per_s": bus,
+                    "sum_fingerprint": repro::fingerprint::hex(repro::fingerprint::fingerprint([("sum", &out[..])])),
+                });
+                println!("{row}");
+            }
+        }
+    }
+    job.barrier()?;
+    job.finish();
+    Ok(())
 }

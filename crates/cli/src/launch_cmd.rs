@@ -132,7 +132,7 @@ pub struct LaunchArgs {
     /// under the system's temporary directory, removed when the job succeeds].
     #[arg(long, value_name = "DIR")]
     save_dir: Option<std::path::PathBuf>,
-    /// The worker command: `train` and its arguments.
+    /// The worker command: `train` and its arguments (or `bench collective` and its).
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
@@ -165,10 +165,15 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     if args.nproc == 0 {
         anyhow::bail!("--nproc-per-node must be at least 1");
     }
-    if args.command.first().map(String::as_str) != Some("train") {
-        anyhow::bail!("the worker command must be `train ...`, got {:?}", args.command);
+    let words: Vec<&str> = args.command.iter().take(2).map(String::as_str).collect();
+    let trains = words.first() == Some(&"train");
+    if !trains && words != ["bench", "collective"] {
+        anyhow::bail!("the worker command must be `train ...` or `bench collective ...`, got {:?}", args.command);
     }
     let nodes = Nodes::from_args(&args)?;
+    if (args.max_restarts.is_some() || args.on_failure.is_some()) && !trains {
+        anyhow::bail!("--max-restarts and --on-failure restart training, not a benchmark");
+    }
     if args.max_restarts.is_some() || args.on_failure.is_some() {
         if matches!(nodes.meeting, Meeting::Etcd(_)) {
             anyhow::bail!("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://");

@@ -12,6 +12,7 @@ mod coordinator_cmd;
 mod elastic_launch;
 mod fpna_cmd;
 mod inject_cmd;
+mod join_args;
 mod report_cmd;
 mod restart_launch;
 mod train_cmd;

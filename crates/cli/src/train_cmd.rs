@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::choice;
+use crate::join_args::{JoinArgs, env_first};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use train::CheckpointConfig;
@@ -116,33 +117,8 @@ pub struct TrainArgs {
     /// Shard files per checkpoint, written in parallel.
     #[arg(long, default_value_t = 2)]
     checkpoint_shards: usize,
-    /// How the ranks of a data-parallel job reach each other: `steadfast` (Steadfast's
-    /// authenticated TCP mesh, met through the launcher's coordinator) or `mpi` (started
-    /// by `mpirun` or `srun`; rank and size come from MPI, the collectives are MPI's).
-    #[arg(long, value_enum, default_value_t = EngineArg::Steadfast)]
-    engine: EngineArg,
-    /// This worker's rank in a data-parallel job [env: STEADFAST_RANK, RANK, SLURM_PROCID].
-    #[arg(long)]
-    rank: Option<usize>,
-    /// Workers in the job [env: STEADFAST_WORLD_SIZE, WORLD_SIZE, SLURM_NTASKS].
-    #[arg(long)]
-    world_size: Option<usize>,
-    /// The job's coordinator, HOST:PORT [env: STEADFAST_COORDINATOR, or MASTER_ADDR and MASTER_PORT].
-    #[arg(long)]
-    coordinator: Option<String>,
-    /// Meet the other workers in etcd instead of at a coordinator, and keep the
-    /// membership there: `etcd://HOST:PORT/JOB[?ttl=SECONDS]` (a worker whose lease
-    /// outlives its keep-alives by the ttl, 10 s by default, is lost). Static jobs only
-    /// [env: STEADFAST_RENDEZVOUS].
-    #[arg(long, value_name = "etcd://HOST:PORT/JOB")]
-    rendezvous: Option<String>,
-    /// Address this worker listens on for its peers [env: STEADFAST_BIND; default: the
-    /// local address that reaches the coordinator or etcd, so loopback on one host].
-    #[arg(long)]
-    bind: Option<std::net::IpAddr>,
-    /// Seconds a collective may wait for a peer before the job fails.
-    #[arg(long, default_value_t = 30.0)]
-    comm_timeout: f64,
+    #[command(flatten)]
+    join: JoinArgs,
     /// Join an elastic job, one that survives the loss of workers (`launch --max-restarts`
     /// starts its workers so) [env: STEADFAST_ELASTIC=1]. The rank is then the worker's
     /// slot; a rank at or beyond the world size joins a running job.
@@ -177,13 +153,6 @@ pub struct TrainArgs {
     fault: Vec<fault::crash::ProcessFault>,
 }
 
-/// `--engine`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum EngineArg {
-    Steadfast,
-    Mpi,
-}
-
 /// The environment variable `name` as a number, when set.
 fn env_u64(name: &str) -> anyhow::Result<Option<u64>> {
     env_first(&[name]).map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad {name} {v:?}: {e}"))).transpose()
@@ -197,51 +166,10 @@ fn incarnation(args: &TrainArgs) -> anyhow::Result<u64> {
     })
 }
 
-fn env_first(names: &[&str]) -> Option<String> {
-    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
-}
-
 /// The data-parallel settings from flags, then the environment (ours, torchrun's, Slurm's).
 fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
-    if !(args.comm_timeout > 0.0 && args.comm_timeout.is_finite()) {
-        anyhow::bail!("--comm-timeout must be a positive number of seconds");
-    }
-    if args.engine == EngineArg::Mpi {
-        if args.elastic || args.copy_every.is_some() || args.rank.is_some() || args.world_size.is_some() {
-            anyhow::bail!(
-                "--engine mpi takes its rank and size from MPI, and an MPI job is not elastic \
-                 (a rank's failure ends it; run it again with --resume latest to go on from its last checkpoint)"
-            );
-        }
-        return Ok(Some(train::DistConfig {
-            // MPI's rank and size replace these when the job starts.
-            rank: 0,
-            world: 1,
-            engine: train::Engine::Mpi,
-            timeout: Duration::from_secs_f64(args.comm_timeout),
-            fingerprint_every: args.fingerprint_every,
-            elastic: None,
-            incarnation: incarnation(args)?,
-            copy_every: None,
-            on_divergence: args.on_divergence,
-        }));
-    }
-    let parse = |v: String, what: &str| v.parse::<usize>().map_err(|e| anyhow::anyhow!("bad {what} {v:?}: {e}"));
-    let world = match args.world_size {
-        Some(w) => Some(w),
-        None => env_first(&["STEADFAST_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS"])
-            .map(|v| parse(v, "world size"))
-            .transpose()?,
-    };
-    let Some(world) = world else { return Ok(None) };
-    let rank = match args.rank {
-        Some(r) => r,
-        None => env_first(&["STEADFAST_RANK", "RANK", "SLURM_PROCID"])
-            .map(|v| parse(v, "rank"))
-            .transpose()?
-            .ok_or_else(|| anyhow::anyhow!("a world size was given but no rank (--rank or RANK)"))?,
-    };
     let elastic = args.elastic || env_first(&["STEADFAST_ELASTIC"]).is_some_and(|v| v == "1");
+    let Some(place) = args.join.place(elastic)? else { return Ok(None) };
     let incarnation = incarnation(args)?;
     let copy_every = match args.copy_every {
         Some(k) => Some(k),
@@ -253,70 +181,17 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
     if copy_every.is_some() && !elastic {
         anyhow::bail!("--copy-every goes with --elastic (the rollback baseline of an elastic job)");
     }
-    if world == 0 || (rank >= world && !elastic) {
-        anyhow::bail!("rank {rank} is not in a world of {world}");
-    }
-    let rendezvous = match args.rendezvous.clone().or_else(|| env_first(&["STEADFAST_RENDEZVOUS"])) {
-        Some(url) => {
-            if args.coordinator.is_some() {
-                anyhow::bail!("--rendezvous and --coordinator are two ways to meet: give one");
-            }
-            if elastic {
-                anyhow::bail!("an elastic job's membership is kept by its coordinator (--coordinator), not in etcd");
-            }
-            train::Rendezvous::Etcd(
-                url.parse::<comm::etcd::Target>().map_err(|e| anyhow::anyhow!("--rendezvous: {e}"))?,
-            )
-        }
-        None => {
-            let coordinator = args
-                .coordinator
-                .clone()
-                .or_else(|| env_first(&["STEADFAST_COORDINATOR"]))
-                .or_else(|| Some(format!("{}:{}", env_first(&["MASTER_ADDR"])?, env_first(&["MASTER_PORT"])?)))
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "no coordinator address (--coordinator, or MASTER_ADDR and MASTER_PORT) and no --rendezvous"
-                    )
-                })?;
-            train::Rendezvous::Coordinator(resolve(&coordinator, "the coordinator")?)
-        }
-    };
-    // Listen where the peers can dial: on the interface that reaches the rendezvous.
-    let towards = match &rendezvous {
-        train::Rendezvous::Coordinator(a) => *a,
-        train::Rendezvous::Etcd(t) => resolve(&t.endpoint, "etcd")?,
-    };
-    let bind = match args.bind {
-        Some(ip) => ip,
-        None => match env_first(&["STEADFAST_BIND"]) {
-            Some(v) => v.parse().map_err(|e| anyhow::anyhow!("bad STEADFAST_BIND {v:?}: {e}"))?,
-            None => comm::rendezvous::local_address_towards(towards)
-                .with_context(|| format!("no local address reaches {towards} (give --bind)"))?,
-        },
-    };
-    let secret = env_first(&["STEADFAST_SECRET"])
-        .ok_or_else(|| anyhow::anyhow!("STEADFAST_SECRET is not set (the launcher sets it for its workers)"))?
-        .into_bytes();
     Ok(Some(train::DistConfig {
-        rank,
-        world,
-        engine: train::Engine::Steadfast { rendezvous, secret, bind },
-        timeout: Duration::from_secs_f64(args.comm_timeout),
+        rank: place.rank,
+        world: place.world,
+        engine: place.engine,
+        timeout: place.timeout,
         fingerprint_every: args.fingerprint_every,
         elastic: elastic.then_some(incarnation),
         incarnation,
         copy_every,
         on_divergence: args.on_divergence,
     }))
-}
-
-/// The first address `host_port` resolves to.
-fn resolve(host_port: &str, what: &str) -> anyhow::Result<std::net::SocketAddr> {
-    std::net::ToSocketAddrs::to_socket_addrs(host_port)
-        .with_context(|| format!("cannot resolve {what} {host_port:?}"))?
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("{what} {host_port:?} resolves to nothing"))
 }
 
 impl TrainArgs {
