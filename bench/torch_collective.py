@@ -31,24 +31,35 @@ def collective_input(rank, n):
     return (k.to(torch.float32) - 1000.0) * 1.1e-3
 
 
+CHUNK = 1 << 22  # elements converted at a time, to bound the temporaries' memory
+
+
 def reproducible_sum(x, group=None):
     """The element-wise sum over the ranks of f32 `x`, with the bits of Steadfast's
     reproducible all-reduce (finite values only)."""
     bits = x.view(torch.int32)
-    field = (bits >> 23) & 0xFF
-    if bool((field == 0xFF).any()):
-        raise ValueError("the reproducible port handles finite values only")
-    exps = field.clamp(min=1).to(torch.uint8)
+    exps = torch.empty(x.numel(), dtype=torch.uint8)
+    for i in range(0, x.numel(), CHUNK):
+        field = (bits[i:i + CHUNK] >> 23) & 0xFF
+        if bool((field == 0xFF).any()):
+            raise ValueError("the reproducible port handles finite values only")
+        exps[i:i + CHUNK] = field.clamp(min=1)
     dist.all_reduce(exps, op=dist.ReduceOp.MAX, group=group)
-    e = exps.to(torch.int64)
-    mant = ((bits & 0x7FFFFF) | ((field != 0).to(torch.int32) << 23)).to(torch.int64)
-    k = field.clamp(min=1).to(torch.int64) - e + SHIFT
-    magnitude = (mant << k.clamp(min=0)) >> (-k).clamp(0, 63)
-    acc = torch.where(bits < 0, -magnitude, magnitude)
+    acc = torch.empty(x.numel(), dtype=torch.int64)
+    for i in range(0, x.numel(), CHUNK):
+        b = bits[i:i + CHUNK]
+        field = (b >> 23) & 0xFF
+        mant = ((b & 0x7FFFFF) | ((field != 0).to(torch.int32) << 23)).to(torch.int64)
+        k = field.clamp(min=1).to(torch.int64) - exps[i:i + CHUNK].to(torch.int64) + SHIFT
+        magnitude = (mant << k.clamp(min=0)) >> (-k).clamp(0, 63)
+        acc[i:i + CHUNK] = torch.where(b < 0, -magnitude, magnitude)
     dist.all_reduce(acc, op=dist.ReduceOp.SUM, group=group)
     # One rounding to f32, then an exact scaling by 2^(e - 150 - SHIFT) in f64.
-    unit = ((e - 150 - SHIFT + 1023) << 52).view(torch.float64)
-    return (acc.to(torch.float32).to(torch.float64) * unit).to(torch.float32)
+    out = torch.empty_like(x)
+    for i in range(0, x.numel(), CHUNK):
+        unit = ((exps[i:i + CHUNK].to(torch.int64) - 150 - SHIFT + 1023) << 52).view(torch.float64)
+        out[i:i + CHUNK] = acc[i:i + CHUNK].to(torch.float32).to(torch.float64) * unit
+    return out
 
 
 def fingerprint(name, values):

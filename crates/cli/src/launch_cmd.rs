@@ -29,6 +29,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::elastic_launch::OnFailure;
+use crate::join_args::EngineArg;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -55,6 +56,10 @@ Examples:
   export STEADFAST_SECRET=$(openssl rand -hex 32)   # the same on every node
   steadfast launch --nnodes 2 --node-rank I --nproc-per-node 4 --coordinator 10.0.0.1:29500 \\
       -- train --reduce reproducible
+
+  # Four ranks on the system's MPI library (mpirun starts them); if one fails, run the
+  # whole job again from the checkpoint written every 20 steps, at most twice
+  steadfast launch --engine mpi --nproc 4 --max-restarts 2 --save-every 20 -- train --reduce reproducible
 
   # In a Kubernetes pod that Kubeflow's trainer (or a JobSet) started: the PET_* variables
   # give the nodes, this node's rank, the processes per node and the coordinator
@@ -123,8 +128,9 @@ pub struct LaunchArgs {
     /// copies its state in memory every --save-every steps and all go back to the copy)
     /// and `checkpoint` (every worker restarts from the last checkpoint on disk, written
     /// every --save-every steps) are there to compare with.
-    #[arg(long, value_enum, default_value_t = Recovery::Live)]
-    recovery: Recovery,
+    /// [default: live; checkpoint with --engine mpi, the only one it has]
+    #[arg(long, value_enum)]
+    recovery: Option<Recovery>,
     /// Steps between the copies (`--recovery memory`) or checkpoints (`checkpoint`).
     #[arg(long, value_name = "K", default_value_t = 50)]
     save_every: u64,
@@ -132,6 +138,16 @@ pub struct LaunchArgs {
     /// under the system's temporary directory, removed when the job succeeds].
     #[arg(long, value_name = "DIR")]
     save_dir: Option<std::path::PathBuf>,
+    /// How the workers reach each other: `steadfast` (this launcher starts them, and they
+    /// meet at its coordinator or in etcd) or `mpi` (the launcher runs them under the MPI
+    /// starter of --mpirun, with `--engine mpi`; a job of MPI is restarted whole from its
+    /// last checkpoint with --max-restarts).
+    #[arg(long, value_enum, default_value_t = EngineArg::Steadfast)]
+    engine: EngineArg,
+    /// The MPI starter of --engine mpi and its options (a host file, say), split at
+    /// spaces; the launcher adds `-n` [env: STEADFAST_MPIRUN].
+    #[arg(long, value_name = "COMMAND", env = "STEADFAST_MPIRUN", default_value = "mpirun --oversubscribe")]
+    mpirun: String,
     /// The worker command: `train` and its arguments (or `bench collective` and its).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -170,6 +186,9 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     if !trains && words != ["bench", "collective"] {
         anyhow::bail!("the worker command must be `train ...` or `bench collective ...`, got {:?}", args.command);
     }
+    if args.engine == EngineArg::Mpi {
+        return run_mpi(args);
+    }
     let nodes = Nodes::from_args(&args)?;
     if (args.max_restarts.is_some() || args.on_failure.is_some()) && !trains {
         anyhow::bail!("--max-restarts and --on-failure restart training, not a benchmark");
@@ -197,12 +216,14 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
         if args.save_every == 0 {
             anyhow::bail!("--save-every must be at least 1");
         }
-        if args.recovery == Recovery::Checkpoint {
+        let recovery = args.recovery.unwrap_or(Recovery::Live);
+        if recovery == Recovery::Checkpoint {
             if args.on_failure == Some(OnFailure::Shrink) {
                 anyhow::bail!("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink");
             }
             return crate::restart_launch::run(crate::restart_launch::Plan {
                 nproc: args.nproc,
+                mpi: None,
                 max_restarts: args.max_restarts.unwrap_or(0),
                 save_every: args.save_every,
                 save_dir: args.save_dir,
@@ -223,7 +244,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
             settle: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
             quorum_timeout: seconds(args.quorum_timeout, "quorum-timeout")?,
-            copy_every: (args.recovery == Recovery::Memory).then_some(args.save_every),
+            copy_every: (recovery == Recovery::Memory).then_some(args.save_every),
             command: args.command,
         });
     }
@@ -239,6 +260,41 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
 }
 
 /// `--nproc-per-node`: a number, or `auto`/`cpu` for the CPUs this process may use.
+/// `launch --engine mpi`: the job under the MPI starter, restarted whole from its last
+/// checkpoint with --max-restarts.
+fn run_mpi(args: LaunchArgs) -> anyhow::Result<()> {
+    if args.nnodes > 1 || args.coordinator.is_some() || args.rendezvous.is_some() || args.local_addr.is_some() {
+        anyhow::bail!(
+            "MPI places the ranks of --engine mpi and they meet through MPI: \
+             give hosts in --mpirun's options (e.g. --hostfile), not --nnodes, --coordinator, --rendezvous or --local-addr"
+        );
+    }
+    if args.on_failure.is_some() || matches!(args.recovery, Some(Recovery::Live | Recovery::Memory)) {
+        anyhow::bail!(
+            "an MPI job is not elastic (a rank's failure ends every rank): \
+             --max-restarts restarts it from its last checkpoint (--recovery checkpoint)"
+        );
+    }
+    let starter = crate::mpi_launch::Starter::parse(&args.mpirun)?;
+    if let Some(max_restarts) = args.max_restarts {
+        if args.save_every == 0 {
+            anyhow::bail!("--save-every must be at least 1");
+        }
+        return crate::restart_launch::run(crate::restart_launch::Plan {
+            nproc: args.nproc,
+            mpi: Some(starter),
+            max_restarts,
+            save_every: args.save_every,
+            save_dir: args.save_dir,
+            rendezvous_timeout: Duration::from_secs_f64(args.rendezvous_timeout.max(1.0)),
+            heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout.max(0.05)),
+            command: args.command,
+        });
+    }
+    let failures = starter.run(args.nproc, &args.command, &[])?;
+    if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }
+}
+
 fn parse_nproc(text: &str) -> Result<usize, String> {
     match text {
         "auto" | "cpu" => std::thread::available_parallelism()

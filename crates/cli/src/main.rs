@@ -13,6 +13,7 @@ mod elastic_launch;
 mod fpna_cmd;
 mod inject_cmd;
 mod join_args;
+mod mpi_launch;
 mod report_cmd;
 mod restart_launch;
 mod train_cmd;

@@ -1,5 +1,6 @@
 //! `steadfast launch --max-restarts K --recovery checkpoint`: the checkpoint-restart
-//! baseline, to compare with recovery from live replicas.
+//! baseline, to compare with recovery from live replicas, and the way a job on MPI
+//! (`--engine mpi`) survives a failure.
 //!
 //! The workers of a static job write a checkpoint every `--save-every` steps. When one
 //! fails, the others abort (the coordinator's heartbeat tells them), and the launcher
@@ -19,6 +20,9 @@ use crate::launch_cmd::{Nodes, StaticJob, run_static};
 pub struct Plan {
     /// Workers.
     pub nproc: usize,
+    /// The MPI starter that runs the workers of `--engine mpi` (this launcher starts them
+    /// itself when `None`).
+    pub mpi: Option<crate::mpi_launch::Starter>,
     /// Restarts of the whole job allowed.
     pub max_restarts: u32,
     /// Steps between checkpoints.
@@ -63,14 +67,18 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             }
             None => say!(started, "starting {} workers from the start", plan.nproc),
         }
-        let failures = run_static(&StaticJob {
-            nproc: plan.nproc,
-            nodes: Nodes::single(),
-            command: &command,
-            env: vec![("STEADFAST_INCARNATION".into(), incarnation.to_string())],
-            rendezvous_timeout: plan.rendezvous_timeout,
-            heartbeat_timeout: plan.heartbeat_timeout,
-        })?;
+        let env = vec![("STEADFAST_INCARNATION".to_owned(), incarnation.to_string())];
+        let failures = match &plan.mpi {
+            Some(starter) => starter.run(plan.nproc, &command, &env)?,
+            None => run_static(&StaticJob {
+                nproc: plan.nproc,
+                nodes: Nodes::single(),
+                command: &command,
+                env,
+                rendezvous_timeout: plan.rendezvous_timeout,
+                heartbeat_timeout: plan.heartbeat_timeout,
+            })?,
+        };
         if failures.is_empty() {
             println!(
                 "[launcher] the job finished in {:.1} s with {restarts} restart(s) of every worker",

@@ -100,3 +100,63 @@ fn an_mpi_job_takes_its_place_from_mpi_and_refuses_to_be_elastic() {
         assert!(!out.status.success() && err.contains("MPI"), "{bad:?}: {err}");
     }
 }
+
+/// `steadfast ARGS` with Open MPI allowed to run as root (as in CI's containers).
+fn steadfast_mpi(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("run steadfast")
+}
+
+#[test]
+fn launch_restarts_a_failed_mpi_job_from_its_last_checkpoint_with_the_same_bits() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, runs) = (dir.path().join("ckpt"), dir.path().join("runs"));
+    let (ckpt, runs) = (ckpt.to_str().unwrap(), runs.to_str().unwrap());
+    let reference = fingerprint(&steadfast(&with(&["--reduce", "reproducible", "--out", runs])));
+    let launch = ["launch", "--engine", "mpi", "--nproc", "3", "--max-restarts", "1", "--save-every", "10"];
+    let job = with(&["--reduce", "reproducible", "--out", runs, "--fault", "crash:rank=1,step=25,phase=update"]);
+    let args = [&launch[..], &["--save-dir", ckpt, "--"], &job].concat();
+    let out = steadfast_mpi(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains("restarting every worker from the last checkpoint (restart 1 of 1)"), "{stdout}");
+    let prints = fingerprints(&out);
+    assert_eq!(prints.len(), 3, "every rank of the restarted job reports:\n{stdout}");
+    assert!(prints.iter().all(|p| *p == reference), "{prints:?} against {reference}:\n{stdout}");
+
+    // Without a restart left, the failure is the launcher's, and the checkpoints stay.
+    let crash_again = with(&["--reduce", "reproducible", "--out", runs, "--fault", "crash:rank=2,step=5"]);
+    let fresh = dir.path().join("fresh");
+    let args =
+        [&launch[..5], &["--max-restarts", "0", "--save-dir", fresh.to_str().unwrap(), "--"], &crash_again].concat();
+    let out = steadfast_mpi(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("failed after 0 restart(s)"), "{stderr}");
+}
+
+#[test]
+fn launch_refuses_what_an_mpi_job_cannot_do() {
+    let job = with(&[]);
+    for (flags, says) in [
+        (&["--nnodes", "2", "--coordinator", "127.0.0.1:1"][..], "--hostfile"),
+        (&["--recovery", "live", "--max-restarts", "1"], "not elastic"),
+        (&["--on-failure", "shrink"], "not elastic"),
+        (&["--mpirun", "mpirun -n 4"], "process count"),
+    ] {
+        let args = [&["launch", "--engine", "mpi", "--nproc", "2"][..], flags, &["--"], &job].concat();
+        let out = steadfast(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{flags:?}: {err}");
+    }
+    let out = steadfast(
+        &[&["launch", "--engine", "mpi", "--nproc", "2", "--"][..], &job, &["--engine", "steadfast"]].concat(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("not --engine steadfast"), "{err}");
+}
