@@ -9,6 +9,7 @@
 #   bench/run.sh sum        # reproducible sum against naive, pairwise, xsum, accurate
 #   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
 #   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
+#   bench/run.sh kernels    # the fixed-order matrix product against the framework's, per instruction set
 #   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (2, 4 ranks)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
@@ -39,6 +40,7 @@ case "$which" in
   allreduce) "$venv/bin/python" bench/allreduce.py ;;
   ddp) "$venv/bin/python" bench/ddp_vs_pytorch.py ;;
   engines) "$venv/bin/python" bench/engines.py ;;
+  kernels) python3 bench/kernels.py ;;
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   recovery) "$venv/bin/python" bench/recovery.py ;;
   all)
@@ -49,8 +51,9 @@ case "$which" in
     "$venv/bin/python" bench/allreduce.py
     "$venv/bin/python" bench/ddp_vs_pytorch.py
     "$venv/bin/python" bench/engines.py
+    python3 bench/kernels.py
     "$venv/bin/python" bench/campaign_speed.py
     "$venv/bin/python" bench/recovery.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, campaign, recovery)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, kernels, campaign, recovery)" >&2; exit 2 ;;
 esac

@@ -1,0 +1,321 @@
+//! The matrix product `C = A · B` with one order of operations for every instruction set
+//! and thread count.
+//!
+//! # The order
+//!
+//! Every element is one chain of fused multiply-adds over the inner dimension, in
+//! increasing order, starting from zero:
+//!
+//! ```text
+//! c[i][j] = fma(a[i][K-1], b[K-1][j], ... fma(a[i][1], b[1][j], fma(a[i][0], b[0][j], 0.0)))
+//! ```
+//!
+//! which is exactly what [`reference`] computes one element at a time. The fast paths get
+//! their speed elsewhere: they pack panels of `A` and `B` for contiguous access, keep a
+//! tile of `MR x NR` outputs in registers (vectors run across the `NR` columns, each lane
+//! its own output), and split the rows of `C` between threads. The inner dimension is
+//! blocked by [`KC`] for the caches, but a block goes on from the partial results of the
+//! block before it (they are stored in `C` and loaded back), so blocking changes no
+//! rounding. None of the tile sizes, the vector width or the thread count appears in the
+//! arithmetic; only the shapes do.
+
+use rayon::prelude::*;
+
+use crate::isa::Isa;
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// Inner-dimension block: the panels of one block stay in the L1 and L2 caches.
+pub const KC: usize = 256;
+/// Rows of `C` per task of the thread pool (a multiple of every path's `MR`).
+const MC: usize = 96;
+/// Below this many multiply-adds, one thread does all the work.
+const PARALLEL_WORK: usize = 1 << 20;
+
+/// A read-only matrix view: element `(i, j)` is `data[i * row_stride + j * col_stride]`,
+/// so a transposed matrix is the same data with its strides swapped ([`MatRef::t`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// A `rows x cols` matrix stored row after row.
+    ///
+    /// # Panics
+    /// If `data` has fewer than `rows * cols` elements.
+    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> MatRef<'a> {
+        MatRef::strided(data, rows, cols, cols, 1)
+    }
+
+    /// A `rows x cols` matrix with the given strides (in elements).
+    ///
+    /// # Panics
+    /// If an element of the view lies beyond `data`.
+    pub fn strided(data: &'a [f32], rows: usize, cols: usize, row_stride: usize, col_stride: usize) -> MatRef<'a> {
+        if rows > 0 && cols > 0 {
+            let last = (rows - 1)
+                .checked_mul(row_stride)
+                .and_then(|r| (cols - 1).checked_mul(col_stride).and_then(|c| r.checked_add(c)));
+            assert!(
+                last.is_some_and(|l| l < data.len()),
+                "a {rows}x{cols} view with strides ({row_stride}, {col_stride}) needs more than {} elements",
+                data.len()
+            );
+        }
+        MatRef { data, rows, cols, row_stride, col_stride }
+    }
+
+    /// The transpose (no copy).
+    pub fn t(self) -> MatRef<'a> {
+        MatRef { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    #[inline(always)]
+    fn at(&self, i: usize, j: usize) -> f32 {
+        self.data[i * self.row_stride + j * self.col_stride]
+    }
+}
+
+/// `c = a · b`, with `c` row-major (`a.rows() x b.cols()`, overwritten), on the path of
+/// `isa`: the bits of [`reference`] on every path.
+///
+/// # Panics
+/// If the inner dimensions differ, `c` has the wrong length, or `isa` is not
+/// [available](Isa::available) on this CPU.
+pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(k, b.rows, "inner dimensions differ: {m}x{k} times {}x{n}", b.rows);
+    assert_eq!(c.len(), m * n, "the product of {m}x{k} and {k}x{n} has {} elements, not {}", m * n, c.len());
+    assert!(isa.available(), "this CPU cannot run the {isa} path");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    let (mr, nr) = tile(isa);
+    let panels = n.div_ceil(nr);
+    let mut packed_b = vec![0.0f32; KC.min(k) * panels * nr];
+    let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_WORK && m > MC;
+    for k0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - k0);
+        let packed_b = &mut packed_b[..kc * panels * nr];
+        pack_b(b, k0, kc, nr, packed_b);
+        let block = Block { a, k0, kc, packed_b, n, first: k0 == 0 };
+        let work = |(index, rows): (usize, &mut [f32])| {
+            let mut packed_a = vec![0.0f32; kc * mr];
+            block.rows(isa, index * MC, rows, &mut packed_a);
+        };
+        if parallel {
+            c.par_chunks_mut(MC * n).enumerate().for_each(work);
+        } else {
+            c.chunks_mut(MC * n).enumerate().for_each(work);
+        }
+    }
+}
+
+/// `c = a · b` one element at a time, in the order of the module's documentation: the
+/// definition that every path is tested against.
+pub fn reference(a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(k, b.rows, "inner dimensions differ");
+    assert_eq!(c.len(), m * n, "wrong output length");
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                acc = a.at(i, p).mul_add(b.at(p, j), acc);
+            }
+            c[i * n + j] = acc;
+        }
+    }
+}
+
+/// `(MR, NR)`: the register tile of each path.
+fn tile(isa: Isa) -> (usize, usize) {
+    match isa {
+        Isa::Scalar => (4, 8),
+        Isa::Avx2 => (6, 16),
+        Isa::Avx512 => (12, 32),
+    }
+}
+
+/// Packs rows `k0..k0+kc` of `b` as panels of `nr` columns: panel `q` holds, for each
+/// row `p`, columns `q*nr..q*nr+nr` (zeros past the last column).
+fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, out: &mut [f32]) {
+    let n = b.cols;
+    for (q, panel) in out.chunks_exact_mut(kc * nr).enumerate() {
+        let j0 = q * nr;
+        let width = nr.min(n - j0);
+        for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
+            for (j, slot) in row[..width].iter_mut().enumerate() {
+                *slot = b.at(k0 + p, j0 + j);
+            }
+            row[width..].fill(0.0);
+        }
+    }
+}
+
+/// One inner-dimension block of the product: `a`'s columns `k0..k0+kc` against the packed
+/// rows of `b`.
+struct Block<'a> {
+    a: MatRef<'a>,
+    k0: usize,
+    kc: usize,
+    packed_b: &'a [f32],
+    n: usize,
+    /// Whether this is the first block (the chains start at zero rather than from `C`).
+    first: bool,
+}
+
+impl Block<'_> {
+    /// Adds this block's terms to the rows `i0..` of `C` held in `c` (whole rows).
+    fn rows(&self, isa: Isa, i0: usize, c: &mut [f32], packed_a: &mut [f32]) {
+        match isa {
+            Isa::Scalar => self.rows_with::<4, 8>(isa, i0, c, packed_a),
+            Isa::Avx2 => self.rows_with::<6, 16>(isa, i0, c, packed_a),
+            Isa::Avx512 => self.rows_with::<12, 32>(isa, i0, c, packed_a),
+        }
+    }
+
+    /// The block for rows `i0..i0 + c.len() / n`, in tiles of `MR x NR`.
+    fn rows_with<const MR: usize, const NR: usize>(&self, isa: Isa, i0: usize, c: &mut [f32], packed_a: &mut [f32]) {
+        let (n, kc) = (self.n, self.kc);
+        let rows = c.len() / n;
+        let mut acc = [[0.0f32; NR]; MR];
+        for t0 in (0..rows).step_by(MR) {
+            let height = MR.min(rows - t0);
+            // Pack the tile's rows of A: for each p, MR values (zeros past the last row).
+            for (p, col) in packed_a.chunks_exact_mut(MR).enumerate() {
+                for (i, slot) in col.iter_mut().enumerate() {
+                    *slot = if i < height { self.a.at(i0 + t0 + i, self.k0 + p) } else { 0.0 };
+                }
+            }
+            for (q, panel) in self.packed_b.chunks_exact(kc * NR).enumerate() {
+                let j0 = q * NR;
+                let width = NR.min(n - j0);
+                let tile = &mut c[t0 * n + j0..];
+                // The chains start at zero in the first block, else from C.
+                for (i, row) in acc.iter_mut().enumerate() {
+                    row.fill(0.0);
+                    if !self.first && i < height {
+                        row[..width].copy_from_slice(&tile[i * n..i * n + width]);
+                    }
+                }
+                tile_kernel(isa, kc, packed_a, panel, acc.as_flattened_mut());
+                for (i, row) in acc.iter().enumerate().take(height) {
+                    tile[i * n..i * n + width].copy_from_slice(&row[..width]);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `kc` steps of every chain of a register tile: `acc[i][j] = fma(a[p][i], b[p][j],
+/// acc[i][j])` for `p` in `0..kc`, with `packed_a` holding `MR` values per step and
+/// `panel` `NR` (`acc` is `MR x NR`, row after row; the sizes are [`tile`]'s).
+fn tile_kernel(isa: Isa, kc: usize, packed_a: &[f32], panel: &[f32], acc: &mut [f32]) {
+    match isa {
+        Isa::Scalar => portable_tile::<4, 8>(kc, packed_a, panel, acc),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul` asserted that this CPU has AVX2 and FMA (`Isa::available`).
+        Isa::Avx2 => unsafe { x86::tile_avx2::<6>(kc, packed_a, panel, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul` asserted that this CPU has AVX-512F (`Isa::available`).
+        Isa::Avx512 => unsafe { x86::tile_avx512::<12>(kc, packed_a, panel, acc) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("{isa} is never available off x86-64"),
+    }
+}
+
+/// The register tile in plain Rust.
+fn portable_tile<const MR: usize, const NR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], acc: &mut [f32]) {
+    for (a, b) in packed_a[..kc * MR].chunks_exact(MR).zip(panel[..kc * NR].chunks_exact(NR)) {
+        for (i, row) in acc.chunks_exact_mut(NR).enumerate() {
+            for (c, &bj) in row.iter_mut().zip(b) {
+                *c = a[i].mul_add(bj, *c);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Values of many magnitudes and both signs, so that any change of order shows.
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                let scale = [1e-3f32, 0.1, 1.0, 7.0, 300.0][(s % 5) as usize];
+                ((s >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * scale
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_path_gives_the_reference_bits_on_awkward_shapes() {
+        for &(m, k, n) in &[(1, 1, 1), (3, 5, 7), (17, 1, 33), (6, 300, 16), (9, 513, 31), (130, 70, 65), (2, 0, 3)] {
+            let (a, b) = (values(m * k, 1), values(k * n, 2));
+            let mut want = vec![0.0; m * n];
+            reference(MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n), &mut want);
+            for isa in Isa::all_available() {
+                let mut got = vec![f32::NAN; m * n];
+                matmul(isa, MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n), &mut got);
+                assert_eq!(bits(&got), bits(&want), "{isa} {m}x{k}x{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn transposed_views_are_the_products_of_the_transposes() {
+        let (m, k, n) = (7, 20, 5);
+        let (at, bt) = (values(k * m, 3), values(n * k, 4));
+        let (a, b) = (MatRef::row_major(&at, k, m).t(), MatRef::row_major(&bt, n, k).t());
+        let mut want = vec![0.0; m * n];
+        reference(a, b, &mut want);
+        for isa in Isa::all_available() {
+            let mut got = vec![0.0; m * n];
+            matmul(isa, a, b, &mut got);
+            assert_eq!(bits(&got), bits(&want), "{isa}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "inner dimensions differ")]
+    fn mismatched_shapes_are_refused() {
+        let x = [0.0f32; 6];
+        matmul(Isa::Scalar, MatRef::row_major(&x, 2, 3), MatRef::row_major(&x, 2, 3), &mut [0.0; 9]);
+    }
+
+    #[test]
+    #[should_panic(expected = "needs more than")]
+    fn a_view_beyond_its_data_is_refused() {
+        MatRef::row_major(&[0.0; 5], 2, 3);
+    }
+}

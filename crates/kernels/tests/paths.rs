@@ -1,0 +1,77 @@
+//! Every path of every kernel against the kernel's reference, bit for bit, on random
+//! shapes (odd sizes, sizes below one vector, empty ones) and values (every magnitude,
+//! subnormals, infinities), and against itself under other thread counts.
+
+use kernels::Isa;
+use kernels::gemm::{MatRef, matmul, reference};
+use proptest::prelude::*;
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A finite or infinite value of any magnitude (no NaN: its payload is not promised).
+fn value() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        8 => -4.0f32..4.0,
+        2 => (-30i32..30, -1.0f32..1.0).prop_map(|(e, m)| m * 2f32.powi(e)),
+        1 => Just(f32::MIN_POSITIVE / 8.0),
+        1 => Just(-0.0f32),
+        1 => prop_oneof![Just(f32::INFINITY), Just(f32::NEG_INFINITY)],
+    ]
+}
+
+/// `(m, k, n, a, b, a transposed?, b transposed?)`.
+fn problem() -> impl Strategy<Value = (usize, usize, usize, Vec<f32>, Vec<f32>, bool, bool)> {
+    (0usize..40, 0usize..300, 0usize..70, any::<bool>(), any::<bool>()).prop_flat_map(|(m, k, n, ta, tb)| {
+        (
+            Just(m),
+            Just(k),
+            Just(n),
+            prop::collection::vec(value(), m * k),
+            prop::collection::vec(value(), k * n),
+            Just(ta),
+            Just(tb),
+        )
+    })
+}
+
+fn view(data: &[f32], rows: usize, cols: usize, transposed: bool) -> MatRef<'_> {
+    if transposed { MatRef::row_major(data, cols, rows).t() } else { MatRef::row_major(data, rows, cols) }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_paths_give_the_reference_bits((m, k, n, a, b, ta, tb) in problem()) {
+        let (a, b) = (view(&a, m, k, ta), view(&b, k, n, tb));
+        let mut want = vec![0.0; m * n];
+        reference(a, b, &mut want);
+        for isa in Isa::all_available() {
+            let mut got = vec![f32::NAN; m * n];
+            matmul(isa, a, b, &mut got);
+            prop_assert_eq!(bits(&got), bits(&want), "{} {}x{}x{}", isa, m, k, n);
+        }
+    }
+}
+
+#[test]
+fn matmul_bits_do_not_depend_on_the_thread_count() {
+    // Large enough to be split between threads.
+    let (m, k, n) = (300, 700, 90);
+    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 2001) as f32 * 1.1e-3 - 1.0).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 3001) as f32 * 0.7e-3 - 1.0).collect();
+    let run = |threads: usize, isa: Isa| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let mut c = vec![0.0; m * n];
+        pool.install(|| matmul(isa, MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n), &mut c));
+        bits(&c)
+    };
+    let one = run(1, Isa::Scalar);
+    for isa in Isa::all_available() {
+        for threads in [1, 2, 5] {
+            assert_eq!(run(threads, isa), one, "{isa} on {threads} threads");
+        }
+    }
+}
