@@ -111,14 +111,18 @@ pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
         return;
     }
     let (mr, nr) = tile(isa);
+    // A row-major B is read in place, but for its last panel when that is narrower than
+    // a tile; any other B is packed whole.
+    let direct = b.col_stride == 1;
     let panels = n.div_ceil(nr);
-    let mut packed_b = vec![0.0f32; KC.min(k) * panels * nr];
+    let packed_panels = if direct { usize::from(n % nr != 0) } else { panels };
+    let mut packed_b = vec![0.0f32; KC.min(k) * packed_panels * nr];
     let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_WORK && m > MC;
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
-        let packed_b = &mut packed_b[..kc * panels * nr];
-        pack_b(b, k0, kc, nr, packed_b);
-        let block = Block { a, k0, kc, packed_b, n, first: k0 == 0 };
+        let packed_b = &mut packed_b[..kc * packed_panels * nr];
+        pack_b(b, k0, kc, nr, (panels - packed_panels) * nr, packed_b);
+        let block = Block { a, b, direct, k0, kc, packed_b, n, first: k0 == 0 };
         let work = |(index, rows): (usize, &mut [f32])| {
             let mut packed_a = vec![0.0f32; kc * mr];
             block.rows(isa, index * MC, rows, &mut packed_a);
@@ -157,12 +161,13 @@ fn tile(isa: Isa) -> (usize, usize) {
     }
 }
 
-/// Packs rows `k0..k0+kc` of `b` as panels of `nr` columns: panel `q` holds, for each
-/// row `p`, columns `q*nr..q*nr+nr` (zeros past the last column).
-fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, out: &mut [f32]) {
+/// Packs rows `k0..k0+kc` of `b`'s columns from `from` on as panels of `nr` columns:
+/// panel `q` holds, for each row `p`, columns `from+q*nr..from+q*nr+nr` (zeros past the
+/// last column).
+fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, from: usize, out: &mut [f32]) {
     let n = b.cols;
     for (q, panel) in out.chunks_exact_mut(kc * nr).enumerate() {
-        let j0 = q * nr;
+        let j0 = from + q * nr;
         let width = nr.min(n - j0);
         for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
             for (j, slot) in row[..width].iter_mut().enumerate() {
@@ -177,6 +182,10 @@ fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, out: &mut [f32]) {
 /// rows of `b`.
 struct Block<'a> {
     a: MatRef<'a>,
+    b: MatRef<'a>,
+    /// Whether the full panels of `b` are read in place (`packed_b` then holds only the
+    /// last, narrower one).
+    direct: bool,
     k0: usize,
     kc: usize,
     packed_b: &'a [f32],
@@ -208,9 +217,15 @@ impl Block<'_> {
                     *slot = if i < height { self.a.at(i0 + t0 + i, self.k0 + p) } else { 0.0 };
                 }
             }
-            for (q, panel) in self.packed_b.chunks_exact(kc * NR).enumerate() {
+            for q in 0..n.div_ceil(NR) {
                 let j0 = q * NR;
                 let width = NR.min(n - j0);
+                let (panel, ldb) = if self.direct && width == NR {
+                    (&self.b.data[self.k0 * self.b.row_stride + j0..], self.b.row_stride)
+                } else {
+                    let q = if self.direct { 0 } else { q };
+                    (&self.packed_b[q * kc * NR..(q + 1) * kc * NR], NR)
+                };
                 let tile = &mut c[t0 * n + j0..];
                 // The chains start at zero in the first block, else from C.
                 for (i, row) in acc.iter_mut().enumerate() {
@@ -219,7 +234,7 @@ impl Block<'_> {
                         row[..width].copy_from_slice(&tile[i * n..i * n + width]);
                     }
                 }
-                tile_kernel(isa, kc, packed_a, panel, acc.as_flattened_mut());
+                tile_kernel(isa, kc, packed_a, panel, ldb, acc.as_flattened_mut());
                 for (i, row) in acc.iter().enumerate().take(height) {
                     tile[i * n..i * n + width].copy_from_slice(&row[..width]);
                 }
@@ -230,24 +245,32 @@ impl Block<'_> {
 
 /// Runs `kc` steps of every chain of a register tile: `acc[i][j] = fma(a[p][i], b[p][j],
 /// acc[i][j])` for `p` in `0..kc`, with `packed_a` holding `MR` values per step and
-/// `panel` `NR` (`acc` is `MR x NR`, row after row; the sizes are [`tile`]'s).
-fn tile_kernel(isa: Isa, kc: usize, packed_a: &[f32], panel: &[f32], acc: &mut [f32]) {
+/// `panel` `NR` values every `ldb` (`acc` is `MR x NR`, row after row; the sizes are
+/// [`tile`]'s).
+fn tile_kernel(isa: Isa, kc: usize, packed_a: &[f32], panel: &[f32], ldb: usize, acc: &mut [f32]) {
     match isa {
-        Isa::Scalar => portable_tile::<4, 8>(kc, packed_a, panel, acc),
+        Isa::Scalar => portable_tile::<4, 8>(kc, packed_a, panel, ldb, acc),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX2 and FMA (`Isa::available`).
-        Isa::Avx2 => unsafe { x86::tile_avx2::<6>(kc, packed_a, panel, acc) },
+        Isa::Avx2 => unsafe { x86::tile_avx2::<6>(kc, packed_a, panel, ldb, acc) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX-512F (`Isa::available`).
-        Isa::Avx512 => unsafe { x86::tile_avx512::<12>(kc, packed_a, panel, acc) },
+        Isa::Avx512 => unsafe { x86::tile_avx512::<12>(kc, packed_a, panel, ldb, acc) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("{isa} is never available off x86-64"),
     }
 }
 
 /// The register tile in plain Rust.
-fn portable_tile<const MR: usize, const NR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], acc: &mut [f32]) {
-    for (a, b) in packed_a[..kc * MR].chunks_exact(MR).zip(panel[..kc * NR].chunks_exact(NR)) {
+fn portable_tile<const MR: usize, const NR: usize>(
+    kc: usize,
+    packed_a: &[f32],
+    panel: &[f32],
+    ldb: usize,
+    acc: &mut [f32],
+) {
+    for (p, a) in packed_a[..kc * MR].chunks_exact(MR).enumerate() {
+        let b = &panel[p * ldb..p * ldb + NR];
         for (i, row) in acc.chunks_exact_mut(NR).enumerate() {
             for (c, &bj) in row.iter_mut().zip(b) {
                 *c = a[i].mul_add(bj, *c);

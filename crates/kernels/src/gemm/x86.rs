@@ -10,14 +10,18 @@ use std::arch::x86_64::{
     _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps,
 };
 
-/// `kc` steps of an `MR x 16` tile (two 8-lane vectors per row).
+/// `kc` steps of an `MR x 16` tile (two 8-lane vectors per row); step `p` of the
+/// panel is at `panel[p * ldb..]`.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn tile_avx2<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], acc: &mut [f32]) {
+pub unsafe fn tile_avx2<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], ldb: usize, acc: &mut [f32]) {
     const NR: usize = 16;
-    assert!(packed_a.len() >= kc * MR && panel.len() >= kc * NR && acc.len() == MR * NR, "tile sizes");
+    assert!(
+        packed_a.len() >= kc * MR && kc > 0 && ldb >= NR && panel.len() >= (kc - 1) * ldb + NR && acc.len() == MR * NR,
+        "tile sizes"
+    );
     let mut v: [[__m256; 2]; MR] = [[_mm256_set1_ps(0.0); 2]; MR];
     for (i, row) in v.iter_mut().enumerate() {
         for (h, lanes) in row.iter_mut().enumerate() {
@@ -27,9 +31,9 @@ pub unsafe fn tile_avx2<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f
         }
     }
     for p in 0..kc {
-        // SAFETY: `panel` holds kc steps of 16 (asserted), and p < kc.
+        // SAFETY: `panel` holds kc steps of 16 values `ldb` apart (asserted), and p < kc.
         let b =
-            unsafe { [_mm256_loadu_ps(panel.as_ptr().add(p * NR)), _mm256_loadu_ps(panel.as_ptr().add(p * NR + 8))] };
+            unsafe { [_mm256_loadu_ps(panel.as_ptr().add(p * ldb)), _mm256_loadu_ps(panel.as_ptr().add(p * ldb + 8))] };
         for (i, row) in v.iter_mut().enumerate() {
             let a = _mm256_set1_ps(packed_a[p * MR + i]);
             row[0] = _mm256_fmadd_ps(a, b[0], row[0]);
@@ -44,14 +48,18 @@ pub unsafe fn tile_avx2<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f
     }
 }
 
-/// `kc` steps of an `MR x 32` tile (two 16-lane vectors per row).
+/// `kc` steps of an `MR x 32` tile (two 16-lane vectors per row); step `p` of the
+/// panel is at `panel[p * ldb..]`.
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn tile_avx512<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], acc: &mut [f32]) {
+pub unsafe fn tile_avx512<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], ldb: usize, acc: &mut [f32]) {
     const NR: usize = 32;
-    assert!(packed_a.len() >= kc * MR && panel.len() >= kc * NR && acc.len() == MR * NR, "tile sizes");
+    assert!(
+        packed_a.len() >= kc * MR && kc > 0 && ldb >= NR && panel.len() >= (kc - 1) * ldb + NR && acc.len() == MR * NR,
+        "tile sizes"
+    );
     let mut v: [[__m512; 2]; MR] = [[_mm512_set1_ps(0.0); 2]; MR];
     for (i, row) in v.iter_mut().enumerate() {
         for (h, lanes) in row.iter_mut().enumerate() {
@@ -61,9 +69,10 @@ pub unsafe fn tile_avx512<const MR: usize>(kc: usize, packed_a: &[f32], panel: &
         }
     }
     for p in 0..kc {
-        // SAFETY: `panel` holds kc steps of 32 (asserted), and p < kc.
-        let b =
-            unsafe { [_mm512_loadu_ps(panel.as_ptr().add(p * NR)), _mm512_loadu_ps(panel.as_ptr().add(p * NR + 16))] };
+        // SAFETY: `panel` holds kc steps of 32 values `ldb` apart (asserted), and p < kc.
+        let b = unsafe {
+            [_mm512_loadu_ps(panel.as_ptr().add(p * ldb)), _mm512_loadu_ps(panel.as_ptr().add(p * ldb + 16))]
+        };
         for (i, row) in v.iter_mut().enumerate() {
             let a = _mm512_set1_ps(packed_a[p * MR + i]);
             row[0] = _mm512_fmadd_ps(a, b[0], row[0]);
