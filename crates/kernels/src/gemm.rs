@@ -152,12 +152,17 @@ pub fn reference(a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
     }
 }
 
-/// `(MR, NR)`: the register tile of each path.
+/// `(MR, NR)`: the register tile of each path (rows of `A`, columns of `B`). The vector
+/// paths' `NR` is two vectors.
+const SCALAR_TILE: (usize, usize) = (4, 8);
+const AVX2_TILE: (usize, usize) = (6, 16);
+const AVX512_TILE: (usize, usize) = (12, 32);
+
 fn tile(isa: Isa) -> (usize, usize) {
     match isa {
-        Isa::Scalar => (4, 8),
-        Isa::Avx2 => (6, 16),
-        Isa::Avx512 => (12, 32),
+        Isa::Scalar => SCALAR_TILE,
+        Isa::Avx2 => AVX2_TILE,
+        Isa::Avx512 => AVX512_TILE,
     }
 }
 
@@ -198,9 +203,9 @@ impl Block<'_> {
     /// Adds this block's terms to the rows `i0..` of `C` held in `c` (whole rows).
     fn rows(&self, isa: Isa, i0: usize, c: &mut [f32], packed_a: &mut [f32]) {
         match isa {
-            Isa::Scalar => self.rows_with::<4, 8>(isa, i0, c, packed_a),
-            Isa::Avx2 => self.rows_with::<6, 16>(isa, i0, c, packed_a),
-            Isa::Avx512 => self.rows_with::<12, 32>(isa, i0, c, packed_a),
+            Isa::Scalar => self.rows_with::<{ SCALAR_TILE.0 }, { SCALAR_TILE.1 }>(isa, i0, c, packed_a),
+            Isa::Avx2 => self.rows_with::<{ AVX2_TILE.0 }, { AVX2_TILE.1 }>(isa, i0, c, packed_a),
+            Isa::Avx512 => self.rows_with::<{ AVX512_TILE.0 }, { AVX512_TILE.1 }>(isa, i0, c, packed_a),
         }
     }
 
@@ -234,7 +239,7 @@ impl Block<'_> {
                         row[..width].copy_from_slice(&tile[i * n..i * n + width]);
                     }
                 }
-                tile_kernel(isa, kc, packed_a, panel, ldb, acc.as_flattened_mut());
+                tile_kernel::<MR, NR>(isa, kc, packed_a, panel, ldb, acc.as_flattened_mut());
                 for (i, row) in acc.iter().enumerate().take(height) {
                     tile[i * n..i * n + width].copy_from_slice(&row[..width]);
                 }
@@ -247,15 +252,22 @@ impl Block<'_> {
 /// acc[i][j])` for `p` in `0..kc`, with `packed_a` holding `MR` values per step and
 /// `panel` `NR` values every `ldb` (`acc` is `MR x NR`, row after row; the sizes are
 /// [`tile`]'s).
-fn tile_kernel(isa: Isa, kc: usize, packed_a: &[f32], panel: &[f32], ldb: usize, acc: &mut [f32]) {
+fn tile_kernel<const MR: usize, const NR: usize>(
+    isa: Isa,
+    kc: usize,
+    packed_a: &[f32],
+    panel: &[f32],
+    ldb: usize,
+    acc: &mut [f32],
+) {
     match isa {
-        Isa::Scalar => portable_tile::<4, 8>(kc, packed_a, panel, ldb, acc),
+        Isa::Scalar => portable_tile::<MR, NR>(kc, packed_a, panel, ldb, acc),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX2 and FMA (`Isa::available`).
-        Isa::Avx2 => unsafe { x86::tile_avx2::<6>(kc, packed_a, panel, ldb, acc) },
+        Isa::Avx2 => unsafe { x86::tile_avx2::<MR>(kc, packed_a, panel, ldb, acc) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX-512F (`Isa::available`).
-        Isa::Avx512 => unsafe { x86::tile_avx512::<12>(kc, packed_a, panel, ldb, acc) },
+        Isa::Avx512 => unsafe { x86::tile_avx512::<MR>(kc, packed_a, panel, ldb, acc) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("{isa} is never available off x86-64"),
     }
@@ -317,15 +329,17 @@ mod tests {
 
     #[test]
     fn transposed_views_are_the_products_of_the_transposes() {
-        let (m, k, n) = (7, 20, 5);
-        let (at, bt) = (values(k * m, 3), values(n * k, 4));
-        let (a, b) = (MatRef::row_major(&at, k, m).t(), MatRef::row_major(&bt, n, k).t());
-        let mut want = vec![0.0; m * n];
-        reference(a, b, &mut want);
-        for isa in Isa::all_available() {
-            let mut got = vec![0.0; m * n];
-            matmul(isa, a, b, &mut got);
-            assert_eq!(bits(&got), bits(&want), "{isa}");
+        // (5, 1, 70): B's transpose with one row is read in place with a row stride of 1.
+        for (m, k, n) in [(7, 20, 5), (5, 1, 70)] {
+            let (at, bt) = (values(k * m, 3), values(n * k, 4));
+            let (a, b) = (MatRef::row_major(&at, k, m).t(), MatRef::row_major(&bt, n, k).t());
+            let mut want = vec![0.0; m * n];
+            reference(a, b, &mut want);
+            for isa in Isa::all_available() {
+                let mut got = vec![0.0; m * n];
+                matmul(isa, a, b, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{isa} {m}x{k}x{n}");
+            }
         }
     }
 

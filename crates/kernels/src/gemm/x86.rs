@@ -18,8 +18,9 @@ use std::arch::x86_64::{
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn tile_avx2<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], ldb: usize, acc: &mut [f32]) {
     const NR: usize = 16;
+    const { assert!(super::AVX2_TILE.1 == NR, "the AVX2 tile is two 8-lane vectors wide") };
     assert!(
-        packed_a.len() >= kc * MR && kc > 0 && ldb >= NR && panel.len() >= (kc - 1) * ldb + NR && acc.len() == MR * NR,
+        packed_a.len() >= kc * MR && kc > 0 && panel.len() >= (kc - 1) * ldb + NR && acc.len() == MR * NR,
         "tile sizes"
     );
     let mut v: [[__m256; 2]; MR] = [[_mm256_set1_ps(0.0); 2]; MR];
@@ -56,8 +57,9 @@ pub unsafe fn tile_avx2<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f
 #[target_feature(enable = "avx512f")]
 pub unsafe fn tile_avx512<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], ldb: usize, acc: &mut [f32]) {
     const NR: usize = 32;
+    const { assert!(super::AVX512_TILE.1 == NR, "the AVX-512 tile is two 16-lane vectors wide") };
     assert!(
-        packed_a.len() >= kc * MR && kc > 0 && ldb >= NR && panel.len() >= (kc - 1) * ldb + NR && acc.len() == MR * NR,
+        packed_a.len() >= kc * MR && kc > 0 && panel.len() >= (kc - 1) * ldb + NR && acc.len() == MR * NR,
         "tile sizes"
     );
     let mut v: [[__m512; 2]; MR] = [[_mm512_set1_ps(0.0); 2]; MR];
