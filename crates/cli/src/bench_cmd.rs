@@ -165,15 +165,11 @@ fn collective(b: &CollectiveArgs) -> anyhow::Result<()> {
         copy_every: None,
         on_divergence: train::OnDivergence::Stop,
     };
-    let job = match b.join.engine {
-        EngineArg::Mpi => train::job::Job::start_mpi(&d)?,
-        EngineArg::Steadfast => train::job::Job::connect(&d)?,
+    let (job, engine) = match b.join.engine {
+        EngineArg::Mpi => (train::job::Job::start_mpi(&d)?, "mpi"),
+        EngineArg::Steadfast => (train::job::Job::connect(&d)?, "steadfast"),
     };
     let (rank, world) = job.place();
-    let engine = match b.join.engine {
-        EngineArg::Mpi => "mpi",
-        EngineArg::Steadfast => "steadfast",
-    };
     let mut reducer = comm::collective::Reducer::default();
     for &mb in &b.mb {
         let n = usize::try_from(mb * 1_000_000 / 4).context("message too large")?;

@@ -186,13 +186,13 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     if !trains && words != ["bench", "collective"] {
         anyhow::bail!("the worker command must be `train ...` or `bench collective ...`, got {:?}", args.command);
     }
+    if (args.max_restarts.is_some() || args.on_failure.is_some()) && !trains {
+        anyhow::bail!("--max-restarts and --on-failure restart training, not a benchmark");
+    }
     if args.engine == EngineArg::Mpi {
         return run_mpi(args);
     }
     let nodes = Nodes::from_args(&args)?;
-    if (args.max_restarts.is_some() || args.on_failure.is_some()) && !trains {
-        anyhow::bail!("--max-restarts and --on-failure restart training, not a benchmark");
-    }
     if args.max_restarts.is_some() || args.on_failure.is_some() {
         if matches!(nodes.meeting, Meeting::Etcd(_)) {
             anyhow::bail!("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://");
@@ -223,12 +223,13 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             }
             return crate::restart_launch::run(crate::restart_launch::Plan {
                 nproc: args.nproc,
-                mpi: None,
+                workers: crate::restart_launch::Workers::Own {
+                    rendezvous_timeout: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
+                    heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
+                },
                 max_restarts: args.max_restarts.unwrap_or(0),
                 save_every: args.save_every,
                 save_dir: args.save_dir,
-                rendezvous_timeout: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
-                heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
                 command: args.command,
             });
         }
@@ -282,12 +283,10 @@ fn run_mpi(args: LaunchArgs) -> anyhow::Result<()> {
         }
         return crate::restart_launch::run(crate::restart_launch::Plan {
             nproc: args.nproc,
-            mpi: Some(starter),
+            workers: crate::restart_launch::Workers::Mpi(starter),
             max_restarts,
             save_every: args.save_every,
             save_dir: args.save_dir,
-            rendezvous_timeout: Duration::from_secs_f64(args.rendezvous_timeout.max(1.0)),
-            heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout.max(0.05)),
             command: args.command,
         });
     }

@@ -20,21 +20,29 @@ use crate::launch_cmd::{Nodes, StaticJob, run_static};
 pub struct Plan {
     /// Workers.
     pub nproc: usize,
-    /// The MPI starter that runs the workers of `--engine mpi` (this launcher starts them
-    /// itself when `None`).
-    pub mpi: Option<crate::mpi_launch::Starter>,
+    /// Who starts the workers.
+    pub workers: Workers,
     /// Restarts of the whole job allowed.
     pub max_restarts: u32,
     /// Steps between checkpoints.
     pub save_every: u64,
     /// Where the checkpoints go (a temporary directory when `None`).
     pub save_dir: Option<PathBuf>,
-    /// How long the workers have to join.
-    pub rendezvous_timeout: Duration,
-    /// Silence after which a worker is lost.
-    pub heartbeat_timeout: Duration,
     /// The worker command (`train ...`).
     pub command: Vec<String>,
+}
+
+/// Who starts the workers of each run of the job.
+pub enum Workers {
+    /// This launcher, on Steadfast's mesh, with its coordinator.
+    Own {
+        /// How long the workers have to join.
+        rendezvous_timeout: Duration,
+        /// Silence after which a worker is lost.
+        heartbeat_timeout: Duration,
+    },
+    /// The MPI starter of `--engine mpi`.
+    Mpi(crate::mpi_launch::Starter),
 }
 
 /// Runs the job; fails unless it finished within its restarts.
@@ -68,15 +76,15 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             None => say!(started, "starting {} workers from the start", plan.nproc),
         }
         let env = vec![("STEADFAST_INCARNATION".to_owned(), incarnation.to_string())];
-        let failures = match &plan.mpi {
-            Some(starter) => starter.run(plan.nproc, &command, &env)?,
-            None => run_static(&StaticJob {
+        let failures = match &plan.workers {
+            Workers::Mpi(starter) => starter.run(plan.nproc, &command, &env)?,
+            &Workers::Own { rendezvous_timeout, heartbeat_timeout } => run_static(&StaticJob {
                 nproc: plan.nproc,
                 nodes: Nodes::single(),
                 command: &command,
                 env,
-                rendezvous_timeout: plan.rendezvous_timeout,
-                heartbeat_timeout: plan.heartbeat_timeout,
+                rendezvous_timeout,
+                heartbeat_timeout,
             })?,
         };
         if failures.is_empty() {

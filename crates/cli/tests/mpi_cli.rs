@@ -18,6 +18,15 @@ fn fingerprints(out: &std::process::Output) -> Vec<String> {
     common::fingerprints_in(&stdout)
 }
 
+/// A checkpoint directory and an output directory in `dir`, and the reference fingerprint:
+/// single-process `train` of the job, reproducible.
+fn checkpointed(dir: &tempfile::TempDir) -> (String, String, String) {
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let (ckpt, runs) = (path("ckpt"), path("runs"));
+    let reference = fingerprint(&steadfast(&with(&["--reduce", "reproducible", "--out", &runs])));
+    (ckpt, runs, reference)
+}
+
 #[test]
 fn mpirun_on_one_to_four_ranks_gives_the_bits_of_single_process_train() {
     if !have_mpirun() {
@@ -57,9 +66,8 @@ fn an_mpi_job_that_loses_a_rank_resumes_from_its_last_checkpoint_with_the_same_b
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (ckpt, runs) = (dir.path().join("ckpt"), dir.path().join("runs"));
-    let (ckpt, runs) = (ckpt.to_str().unwrap(), runs.to_str().unwrap());
-    let reference = fingerprint(&steadfast(&with(&["--reduce", "reproducible", "--out", runs])));
+    let (ckpt, runs, reference) = checkpointed(&dir);
+    let (ckpt, runs) = (ckpt.as_str(), runs.as_str());
     let job = with(&[
         "--reduce",
         "reproducible",
@@ -101,12 +109,11 @@ fn an_mpi_job_takes_its_place_from_mpi_and_refuses_to_be_elastic() {
     }
 }
 
-/// `steadfast ARGS` with Open MPI allowed to run as root (as in CI's containers).
+/// `steadfast ARGS` with Open MPI allowed to run as root.
 fn steadfast_mpi(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
         .args(args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .envs(common::OMPI_AS_ROOT)
         .output()
         .expect("run steadfast")
 }
@@ -117,9 +124,8 @@ fn launch_restarts_a_failed_mpi_job_from_its_last_checkpoint_with_the_same_bits(
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (ckpt, runs) = (dir.path().join("ckpt"), dir.path().join("runs"));
-    let (ckpt, runs) = (ckpt.to_str().unwrap(), runs.to_str().unwrap());
-    let reference = fingerprint(&steadfast(&with(&["--reduce", "reproducible", "--out", runs])));
+    let (ckpt, runs, reference) = checkpointed(&dir);
+    let (ckpt, runs) = (ckpt.as_str(), runs.as_str());
     let launch = ["launch", "--engine", "mpi", "--nproc", "3", "--max-restarts", "1", "--save-every", "10"];
     let job = with(&["--reduce", "reproducible", "--out", runs, "--fault", "crash:rank=1,step=25,phase=update"]);
     let args = [&launch[..], &["--save-dir", ckpt, "--"], &job].concat();

@@ -91,11 +91,13 @@ pub fn mpirun(n: usize, args: &[&str]) -> Output {
     Command::new("mpirun")
         .args(["--oversubscribe", "-n", &n.to_string(), env!("CARGO_BIN_EXE_steadfast")])
         .args(args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .envs(OMPI_AS_ROOT)
         .output()
         .expect("run mpirun")
 }
+
+/// What Open MPI needs to run as root (as in CI's containers).
+pub const OMPI_AS_ROOT: [(&str, &str); 2] = [("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")];
 
 /// Every fingerprint printed in `text`, in order (one per rank under a launcher, after its
 /// `[rank]` prefix).
