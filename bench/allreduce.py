@@ -8,7 +8,7 @@ import datetime, json, os, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 WORLDS = [int(w) for w in os.environ.get("WORLDS", "2,4").split(",")]
@@ -42,8 +42,7 @@ def main():
             )
             print(lines[-1], flush=True)
     lines.append("<!-- allreduce:end -->")
-    section = "\n".join(lines)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "allreduce", section)
+    publish("allreduce", lines)
     print(section)
 
 

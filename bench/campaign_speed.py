@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from common import cpu_name, write_section
+from common import cpu_name, publish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
@@ -70,9 +70,7 @@ def main():
         " trials whose state is golden's again are included in the wall-clock.",
         "<!-- campaign:end -->",
     ]
-    section = "\n".join(lines)
-    print(section)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "campaign", section)
+    publish("campaign", lines)
 
 
 if __name__ == "__main__":

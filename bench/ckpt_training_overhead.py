@@ -10,7 +10,7 @@ import datetime, json, os, statistics, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
@@ -74,9 +74,7 @@ def main():
         summary.append(f"- {model}: smallest N with overhead under 3.5%: **{best}** (step time without checkpoints"
                        f" {1e3 * statistics.median(bases) / steps:.2f} ms).")
     lines += [""] + summary + ["<!-- ckpt-overhead:end -->"]
-    section = "\n".join(lines)
-    print(section)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "ckpt-overhead", section)
+    publish("ckpt-overhead", lines)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from safetensors.torch import load_file as st_load_file, save_file as st_save_fi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 SIZES = [int(x) for x in os.environ.get("SIZES_MB", "100,1000").split(",")]
@@ -155,9 +155,7 @@ def main():
             f" {r['stall'] * 1e3:.1f} ms / {r['memcpy'] * 1e3:.1f} ms = {r['stall'] / r['memcpy']:.2f}x |"
         )
     lines.append("<!-- ckpt-vs-peers:end -->")
-    section = "\n".join(lines)
-    print(section)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "ckpt-vs-peers", section)
+    publish("ckpt-vs-peers", lines)
 
 
 if __name__ == "__main__":

@@ -26,3 +26,12 @@ def write_section(path, name, section):
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     with open(path, "w") as f:
         f.write(text)
+
+
+def publish(name, lines):
+    """Prints a benchmark's section (its lines, markers included) and writes it into
+    docs/benchmarks.md in place of the section of the same name."""
+    section = "\n".join(lines)
+    print(section)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    write_section(os.path.join(root, "docs", "benchmarks.md"), name, section)

@@ -9,7 +9,7 @@ import datetime, json, os, socket, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 STEPS = int(os.environ.get("STEPS", "300"))
@@ -73,9 +73,7 @@ def main():
     lines += ["", f"Steadfast reproducible fingerprint identical for 1, 2 and 4 workers: {'yes' if same else 'no'}."
               f" PyTorch DDP final weights identical across world sizes: {'yes' if ddp_same else 'no'}.",
               "<!-- ddp:end -->"]
-    section = "\n".join(lines)
-    print(section)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "ddp", section)
+    publish("ddp", lines)
 
 
 if __name__ == "__main__":

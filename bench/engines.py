@@ -15,7 +15,7 @@ import datetime, json, os, shutil, socket, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 WORLDS = [int(w) for w in os.environ.get("WORLDS", "2,4").split(",")]
@@ -175,9 +175,7 @@ def main():
         " mean over its own 128/W examples, computed in an order that depends on W).",
         "<!-- engines:end -->",
     ]
-    section = "\n".join(lines)
-    print(section)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "engines", section)
+    publish("engines", lines)
 
 
 if __name__ == "__main__":

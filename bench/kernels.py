@@ -8,7 +8,7 @@ import datetime, os, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 
 def main():
@@ -32,9 +32,7 @@ def main():
         *table[1:],
         "<!-- kernels:end -->",
     ]
-    section = "\n".join(lines)
-    print(section)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "kernels", section)
+    publish("kernels", lines)
 
 
 if __name__ == "__main__":

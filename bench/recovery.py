@@ -18,7 +18,7 @@ import datetime, json, os, re, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 # STEADFAST_BIN: a copy of the binary, so that a build during the run does not change it.
 BIN = os.environ.get("STEADFAST_BIN") or os.path.join(ROOT, "target", "release", "steadfast")
@@ -227,8 +227,7 @@ def main():
         lines.append(f"| {mtbf} | {r['method']} | {r['failures']:.1f} | {r['seconds']:.2f} |"
                      f" {r['seconds'] / base[r['method']]:.3f}x | {r['seconds'] / live[r['mtbf']]:.3f}x |")
     lines.append("<!-- recovery:end -->")
-    section = "\n".join(lines)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "recovery", section)
+    publish("recovery", lines)
     print(section)
 
 

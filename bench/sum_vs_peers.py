@@ -9,7 +9,7 @@ import datetime, json, os, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 THREADS = os.environ.get("THREADS", "2")
 MAX_EXP = os.environ.get("MAX_EXP", "8")
@@ -55,9 +55,7 @@ def main():
         if a == a and s == s:
             lines.append(f"| {n:.0e} | {a:.3f} | {s:.3f} | {a / s:.2f}x |")
     lines.append("<!-- sum-vs-peers:end -->")
-    section = "\n".join(lines)
-    print(section)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "sum-vs-peers", section)
+    publish("sum-vs-peers", lines)
 
 
 if __name__ == "__main__":

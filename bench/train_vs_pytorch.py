@@ -11,7 +11,7 @@ import datetime, json, os, statistics, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, publish  # noqa: E402
 
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 REPEATS = int(os.environ.get("REPEATS", "3"))
@@ -85,9 +85,7 @@ def main():
     for m in ["mlp", "cnn"]:
         lines.append(f"| {m} | {same('steadfast', m)} | {same('pytorch', m)} |")
     lines.append("<!-- train-vs-pytorch:end -->")
-    section = "\n".join(lines)
-    print(section)
-    write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "train-vs-pytorch", section)
+    publish("train-vs-pytorch", lines)
 
 
 if __name__ == "__main__":
