@@ -31,7 +31,7 @@ def steadfast(world, reduce):
         res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             s = json.loads(f.read().splitlines()[-1])
-    fp = [l.split("fingerprint: ")[1].strip() for l in res.stdout.splitlines() if "] fingerprint: " in l][0]
+    fp = [l.split("fingerprint: ")[1].split()[0] for l in res.stdout.splitlines() if "] fingerprint: " in l][0]
     return STEPS / s["train_seconds"], fp
 
 

@@ -85,7 +85,7 @@ def train(engine, world, mode):
             summary = json.loads(f.read().splitlines()[-1])
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
-    prints = [line.split("fingerprint: ")[1].strip() for line in out.splitlines() if "fingerprint: " in line]
+    prints = [line.split("fingerprint: ")[1].split()[0] for line in out.splitlines() if "fingerprint: " in line]
     return STEPS / summary["train_seconds"], prints[0]
 
 

@@ -29,8 +29,8 @@ echo "== 3 workers: worker 1 crashes at step 700, a parameter of worker 2 flips 
     --fault 'crash:rank=1,step=700,phase=update' \
     --inject 'step=1400,rank=2,state=param,bits=exponent,count=1,seed=7' | tee "$out/job.txt"
 
-undisturbed=$(sed -n 's/^fingerprint: //p' "$out/undisturbed.txt")
-recovered=$(sed -n 's/^\[0\] fingerprint: //p' "$out/job.txt")
+undisturbed=$(sed -n 's/^fingerprint: \([0-9a-f]*\).*/\1/p' "$out/undisturbed.txt")
+recovered=$(sed -n 's/^\[0\] fingerprint: \([0-9a-f]*\).*/\1/p' "$out/job.txt")
 echo
 echo "undisturbed run:                        fingerprint: $undisturbed"
 echo "the job that lost a worker and a bit:   fingerprint: $recovered"

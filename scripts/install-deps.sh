@@ -5,7 +5,8 @@
 # protoc for the etcd client's).
 # With `tests`: also the peers the tests compare with (Python's safetensors, NumPy and h5py),
 # a headless Chromium for the report, iproute2 for the multi-host test, and Slurm with munge
-# for the one-host Slurm cluster that a test starts, and etcd for the jobs that meet in it.
+# for the one-host Slurm cluster that a test starts, etcd for the jobs that meet in it, and
+# qemu-user, whose emulated older CPUs run training under other instruction sets.
 set -euo pipefail
 
 need=()
@@ -23,6 +24,7 @@ if [ "${1:-}" = tests ]; then
   command -v slurmctld >/dev/null || need+=(slurm-wlm)
   command -v munged >/dev/null || need+=(munge)
   command -v etcd >/dev/null || need+=(etcd-server)
+  command -v qemu-x86_64 >/dev/null || need+=(qemu-user)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

@@ -14,7 +14,7 @@ make_hosts 2
 
 export STEADFAST_SECRET=netns-launch-secret
 job=(train --model mlp --data synthetic --steps 30 --batch 64 --micro-batch 16 --reduce reproducible --eval-every 0)
-reference=$("$bin" "${job[@]}" --out "$work/single" 2>"$work/single.log" | sed -n 's/^fingerprint: //p')
+reference=$("$bin" "${job[@]}" --out "$work/single" 2>"$work/single.log" | sed -n 's/^fingerprint: \([0-9a-f]*\).*/\1/p')
 [ -n "$reference" ] || { echo "FAIL: single-process train printed no fingerprint"; exit 1; }
 
 # Runs the job on both hosts with extra train arguments; leaves host i's output in
@@ -36,7 +36,7 @@ if [ "$rc0" != 0 ] || [ "$rc1" != 0 ]; then
 fi
 for rank in 0 1 2 3; do
   node=$(( rank / 2 ))
-  got=$(sed -n "s/^\[$rank\] fingerprint: //p" "$work/node$node.log")
+  got=$(sed -n "s/^\[$rank\] fingerprint: \([0-9a-f]*\).*/\1/p" "$work/node$node.log")
   if [ "$got" = "$reference" ]; then
     echo "ok: rank $rank on host $node printed the single-process fingerprint $got"
   else

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test, on a fresh machine: install what the tests use when missing (scripts/install-deps.sh
 # tests: the data sets, libhdf5, Open MPI, Slurm and munge, etcd, Python's safetensors, NumPy and h5py,
-# a headless Chromium), then run the whole suite with those peers required, so that a test that
+# a headless Chromium, qemu-user), then run the whole suite with those peers required, so that a test that
 # needs one fails rather than skips. Extra arguments go to `cargo test` (e.g.
 # `scripts/test.sh -p steadfast-ckpt`).
 set -euo pipefail
@@ -14,4 +14,5 @@ export STEADFAST_REQUIRE_BROWSER=1
 export STEADFAST_REQUIRE_MPI=1
 export STEADFAST_REQUIRE_SLURM=1
 export STEADFAST_REQUIRE_ETCD=1
+export STEADFAST_REQUIRE_QEMU=1
 exec cargo test --release --locked --workspace "$@"

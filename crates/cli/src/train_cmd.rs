@@ -90,6 +90,11 @@ pub struct TrainArgs {
     /// How micro-batch gradients are summed.
     #[arg(long, value_parser = choice::of::<comm::ReduceMode>(), default_value = "deterministic")]
     reduce: comm::ReduceMode,
+    /// Which kernels compute the model [default: fixed where the model has them]. The
+    /// fixed-order kernels give the same bits on every CPU; STEADFAST_ISA=scalar|avx2|avx512
+    /// picks their instruction set (speed only).
+    #[arg(long, value_parser = choice::of::<train::model::KernelSet>())]
+    kernels: Option<train::model::KernelSet>,
     /// Evaluate on the held-out split every this many steps (0: only at the end).
     #[arg(long)]
     eval_every: Option<u64>,
@@ -220,6 +225,7 @@ impl TrainArgs {
         c.optim.weight_decay = self.weight_decay.unwrap_or(c.optim.weight_decay);
         c.seed = self.seed;
         c.reduce = self.reduce;
+        c.kernels = self.kernels;
         c.eval_every = self.eval_every.unwrap_or(c.eval_every);
         c.out_dir = Some(self.out);
         if let Some(dir) = &self.checkpoint_dir {
@@ -318,6 +324,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         );
     }
     println!("metrics:      {}", out.join("metrics.jsonl").display());
-    println!("fingerprint: {}", repro::fingerprint::hex(summary.fingerprint));
+    // The kernels follow the fingerprint on its line: bits computed by another kernel set
+    // differ, and this says so where the fingerprints are compared.
+    println!("fingerprint: {} ({})", repro::fingerprint::hex(summary.fingerprint), summary.kernels);
     Ok(())
 }

@@ -19,7 +19,7 @@ fn ranked_fingerprints(out: &Output) -> Vec<(usize, String)> {
         .lines()
         .filter_map(|l| {
             let (rank, fp) = l.strip_prefix('[')?.split_once("] fingerprint: ")?;
-            Some((rank.parse().ok()?, fp.trim().to_owned()))
+            Some((rank.parse().ok()?, fp.split_whitespace().next()?.to_owned()))
         })
         .collect()
 }

@@ -22,7 +22,7 @@ fn fingerprint_line(out: &Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "failed: {}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
     let line = stdout.lines().find(|l| l.starts_with("fingerprint: ")).expect("a fingerprint line").to_owned();
-    let hex = line.trim_start_matches("fingerprint: ");
+    let hex = line.trim_start_matches("fingerprint: ").split_whitespace().next().unwrap_or_default();
     assert!(hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{line}");
     line
 }

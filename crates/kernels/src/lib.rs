@@ -45,5 +45,8 @@
 
 pub mod gemm;
 pub mod isa;
+pub mod math;
+pub mod rows;
+pub mod softmax;
 
 pub use isa::Isa;

@@ -417,7 +417,7 @@ fn train_once(
         }
         state.apply(&sum);
     }
-    let eval = engine.with_model(&state.params, |m, d| train::trainer::evaluate(m, &prepared.data, state.step, d));
+    let eval = engine.with_model(&state.params, |m| train::trainer::evaluate(m, &prepared.data, state.step));
     Ok(TrainRun {
         mode,
         run,

@@ -7,7 +7,7 @@ use ckpt::Retention;
 use comm::ReduceMode;
 
 use crate::data::DataKind;
-use crate::model::ModelKind;
+use crate::model::{KernelSet, ModelKind};
 use crate::optim::{OptimConfig, OptimKind};
 
 /// Everything that defines a training run.
@@ -33,6 +33,9 @@ pub struct TrainConfig {
     pub optim: OptimConfig,
     /// Seed of initialisation, data order and synthetic data.
     pub seed: u64,
+    /// Which kernels compute the model; `None` takes the model's default
+    /// ([`KernelSet::default_for`]).
+    pub kernels: Option<KernelSet>,
     /// How micro-batch gradients are summed, in this process and across a job (see
     /// `docs/determinism.md`).
     pub reduce: ReduceMode,
@@ -151,6 +154,7 @@ impl TrainConfig {
             optimizer: OptimKind::AdamW,
             optim: OptimConfig { lr, ..adamw },
             seed: 0,
+            kernels: None,
             reduce: ReduceMode::Deterministic,
             eval_every: 500,
             out_dir: None,

@@ -572,6 +572,7 @@ pub(crate) fn run(
         eval: last_eval,
         unigram_perplexity: prepared.unigram_perplexity,
         fingerprint: state.fingerprint(),
+        kernels: engine.kernels(),
         train_time,
         optimizer_time,
         parameters,

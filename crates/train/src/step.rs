@@ -9,10 +9,12 @@
 //! 1. **load**: the runner holds a [`TrainState`]; [`Hooks::after_load`] sees it before
 //!    anything reads it (memory faults strike here; a campaign checks its stored-state
 //!    checksums at this point);
-//! 2. **compute gradients** ([`Engine::compute`]): the state's parameters are copied into
-//!    the model, and each micro-batch `i` that this rank owns (`i mod world == rank`) runs
-//!    forward and backward; its gradient goes straight into a reused flat [`GradBuffer`]
-//!    laid out by the [`GradLayout`]. [`Hooks::layer_taps`] may corrupt a layer's output;
+//! 2. **compute gradients** ([`Engine::compute`]): each micro-batch `i` that this rank
+//!    owns (`i mod world == rank`) runs forward and backward on the run's [`Kernels`] (the
+//!    fixed-order kernels read the state's parameters in place; the framework's need them
+//!    copied into the model first); its gradient goes straight into a reused flat
+//!    [`GradBuffer`] laid out by the [`GradLayout`]. [`Hooks::layer_taps`] may corrupt a
+//!    layer's output;
 //! 3. **reduce**: the micro-batch buffers are summed, in place, in the run's reduce mode:
 //!    locally ([`Engine::reduce_local`]) or across a job (the runner's all-reduce);
 //!    [`Hooks::after_reduce`] sees the sum;
@@ -27,7 +29,7 @@
 //! what to compute, so the state after a step is a function of the state before it, the
 //! configuration and the faults; and once warm, the reduce, vote and update phases
 //! allocate nothing (`tests/no_alloc.rs`). The compute phase allocates the micro-batches'
-//! inputs, and burn allocates inside the forward and backward passes.
+//! inputs and the activations of the forward and backward passes.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -41,7 +43,7 @@ use crate::data::sampler::Sampler;
 use crate::data::{Dataset, Split};
 use crate::error::TrainError;
 use crate::failpoint::ProcessFaults;
-use crate::model::{Model, Taps};
+use crate::model::{Kernels, Loaded, Model, Taps};
 use crate::optim::Optimizer;
 use crate::state::{self, NamedTensor, Role};
 
@@ -191,6 +193,14 @@ impl GradBuffer {
     pub fn grad_mut(&mut self, index: usize) -> &mut [f32] {
         let range = self.layout.tensors[index].1.clone();
         &mut self.data[range]
+    }
+
+    /// The gradients of tensors `index` and `index + 1` at once (a layer's weight and
+    /// bias).
+    pub fn grad_pair_mut(&mut self, index: usize) -> (&mut [f32], &mut [f32]) {
+        let (first, second) = (self.layout.tensors[index].1.clone(), self.layout.tensors[index + 1].1.clone());
+        let (head, tail) = self.data.split_at_mut(second.start);
+        (&mut head[first], &mut tail[..second.len()])
     }
 
     /// Each parameter's gradient as a named view: what a bit flip targets.
@@ -428,12 +438,13 @@ pub struct Engine<'a> {
     denominator: usize,
     layout: Arc<GradLayout>,
     scratch: repro::batched::Scratch,
+    kernels: Kernels,
 }
 
 impl<'a> Engine<'a> {
-    /// An engine for `model` (its parameters are ignored: every step loads the state's).
-    /// `denominator` is the global batch's example (or token) count, by which each
-    /// micro-batch's summed loss is divided.
+    /// An engine for `model` (its parameters are ignored: every step computes with the
+    /// state's) on `kernels`. `denominator` is the global batch's example (or token)
+    /// count, by which each micro-batch's summed loss is divided.
     pub fn new(
         data: &'a Dataset,
         model: Model,
@@ -441,6 +452,7 @@ impl<'a> Engine<'a> {
         sampler: Sampler,
         reduce: ReduceMode,
         denominator: usize,
+        kernels: Kernels,
     ) -> Self {
         let layout = Arc::new(GradLayout::of(&model.params()));
         Engine {
@@ -453,6 +465,22 @@ impl<'a> Engine<'a> {
             denominator,
             layout,
             scratch: repro::batched::Scratch::default(),
+            kernels,
+        }
+    }
+
+    /// The kernels that compute the model.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// The model, with `params` copied into it when the framework's kernels compute it
+    /// (the fixed-order kernels read them from the registry).
+    fn take_model(&mut self, params: &[NamedTensor]) -> Model {
+        let model = self.model.take().expect("the model is put back after every use");
+        match self.kernels {
+            Kernels::Framework => model.load(params),
+            Kernels::Fixed(_) => model,
         }
     }
 
@@ -477,9 +505,9 @@ impl<'a> Engine<'a> {
         (rank..self.sampler.micro_batches()).step_by(world.max(1))
     }
 
-    /// The compute phase: loads `state`'s parameters into the model, then runs forward and
-    /// backward on each micro-batch that `rank` of `world` owns, writing the k-th one's
-    /// gradient and loss into `out[k]` (grown on the first step, reused after).
+    /// The compute phase: runs forward and backward with `state`'s parameters on each
+    /// micro-batch that `rank` of `world` owns, writing the k-th one's gradient and loss
+    /// into `out[k]` (grown on the first step, reused after).
     pub fn compute(
         &mut self,
         state: &TrainState,
@@ -489,7 +517,8 @@ impl<'a> Engine<'a> {
         out: &mut Vec<GradBuffer>,
     ) -> Result<(), TrainError> {
         let at = At { step: state.step, rank };
-        let model = self.model.take().expect("the model is put back after every use").load(&state.params);
+        let model = self.take_model(&state.params);
+        let loaded = Loaded { model: &model, params: &state.params, kernels: self.kernels, device: &self.device };
         // One buffer per owned micro-batch: a caller that reuses `out` for another rank
         // never sums a stale buffer.
         let owned = self.owned(rank, world).count();
@@ -509,7 +538,7 @@ impl<'a> Engine<'a> {
                     break;
                 }
             };
-            model.loss_and_grads_into(&batch, self.denominator, &self.device, &mut taps, &mut out[k]);
+            loaded.loss_and_grads_into(&batch, self.denominator, &mut taps, &mut out[k]);
             if !taps.log.is_empty() {
                 hooks.tapped(at, std::mem::take(&mut taps.log));
             }
@@ -528,9 +557,9 @@ impl<'a> Engine<'a> {
     }
 
     /// The model with `params` loaded, lent to `f` (to evaluate).
-    pub fn with_model<T>(&mut self, params: &[NamedTensor], f: impl FnOnce(&Model, &Device) -> T) -> T {
-        let model = self.model.take().expect("the model is put back after every use").load(params);
-        let out = f(&model, &self.device);
+    pub fn with_model<T>(&mut self, params: &[NamedTensor], f: impl FnOnce(&Loaded<'_>) -> T) -> T {
+        let model = self.take_model(params);
+        let out = f(&Loaded { model: &model, params, kernels: self.kernels, device: &self.device });
         self.model = Some(model);
         out
     }

@@ -32,7 +32,7 @@ use crate::error::{ConfigError, TrainError};
 use crate::failpoint::ProcessFaults;
 use crate::job::Job;
 use crate::metrics::MetricsFile;
-use crate::model::{EvalSums, GptConfig, Model, ModelKind};
+use crate::model::{EvalSums, GptConfig, KernelSet, Kernels, Loaded, Model, ModelKind};
 use crate::optim::Optimizer;
 use crate::step::{At, Engine, Hooks, Injected, LiveFaults, SumCheck, TrainState};
 
@@ -67,6 +67,8 @@ pub struct Summary {
     pub unigram_perplexity: Option<f64>,
     /// xxh3-64 fingerprint of all parameters and optimizer state.
     pub fingerprint: u64,
+    /// The kernels that computed it (a fingerprint from another kernel set differs).
+    pub kernels: Kernels,
     /// Wall-clock time of the training steps (without evaluation).
     pub train_time: Duration,
     /// Of which inside the optimizer update.
@@ -112,6 +114,8 @@ pub struct Prepared {
     pub unigram_perplexity: Option<f64>,
     /// The batch shape of the configuration loaded, checked against the data.
     sampler: Sampler,
+    /// The kernels that compute the model.
+    pub kernels: Kernels,
 }
 
 impl Prepared {
@@ -135,7 +139,8 @@ impl Prepared {
             Dataset::Images(_) => (probe, 1, None),
         };
         let sampler = Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;
-        Ok(Prepared { data, gpt, tokens_per_example, unigram_perplexity, sampler })
+        let kernels = resolve_kernels(config)?;
+        Ok(Prepared { data, gpt, tokens_per_example, unigram_perplexity, sampler, kernels })
     }
 
     /// The freshly initialised state and the engine that steps it, with the batch shape
@@ -147,7 +152,7 @@ impl Prepared {
         let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
         let state = TrainState::new(params, optimizer);
         let denominator = self.sampler.batch() * self.tokens_per_example;
-        (state, Engine::new(&self.data, model, device, self.sampler.clone(), config.reduce, denominator))
+        (state, Engine::new(&self.data, model, device, self.sampler.clone(), config.reduce, denominator, self.kernels))
     }
 }
 
@@ -317,6 +322,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         eval: last_eval,
         unigram_perplexity: prepared.unigram_perplexity,
         fingerprint: state.fingerprint(),
+        kernels: engine.kernels(),
         train_time,
         optimizer_time,
         parameters,
@@ -333,6 +339,7 @@ pub(crate) fn write_summary(metrics: &mut MetricsFile, summary: &Summary) -> Res
         "kind": "summary",
         "steps": summary.steps,
         "final_loss": summary.final_loss,
+        "kernels": summary.kernels.to_string(),
         "test_accuracy": summary.eval.accuracy,
         "test_perplexity": summary.eval.perplexity,
         "unigram_perplexity": summary.unigram_perplexity,
@@ -347,7 +354,7 @@ pub(crate) fn write_summary(metrics: &mut MetricsFile, summary: &Summary) -> Res
 
 /// Scores `state` on the held-out split with the engine's model.
 pub(crate) fn evaluate_state(engine: &mut Engine<'_>, data: &Dataset, state: &TrainState) -> EvalReport {
-    engine.with_model(&state.params, |model, device| evaluate(model, data, state.step, device))
+    engine.with_model(&state.params, |model| evaluate(model, data, state.step))
 }
 
 pub(crate) fn write_eval(
@@ -390,12 +397,12 @@ pub(crate) fn report_injections(metrics: &mut MetricsFile, flips: Vec<Injected>)
 
 /// Scores the held-out split (all test images; the first [`TEXT_EVAL_SEQUENCES`] text
 /// sequences), in fixed chunks.
-pub fn evaluate(model: &Model, data: &Dataset, step: u64, device: &Device) -> EvalReport {
-    evaluate_first(model, data, step, device, usize::MAX)
+pub fn evaluate(model: &Loaded<'_>, data: &Dataset, step: u64) -> EvalReport {
+    evaluate_first(model, data, step, usize::MAX)
 }
 
 /// [`evaluate`] on at most the first `limit` held-out examples.
-pub fn evaluate_first(model: &Model, data: &Dataset, step: u64, device: &Device, limit: usize) -> EvalReport {
+pub fn evaluate_first(model: &Loaded<'_>, data: &Dataset, step: u64, limit: usize) -> EvalReport {
     let n = match data {
         Dataset::Images(_) => data.len(Split::Test),
         Dataset::Text(_) => data.len(Split::Test).min(TEXT_EVAL_SEQUENCES),
@@ -404,7 +411,7 @@ pub fn evaluate_first(model: &Model, data: &Dataset, step: u64, device: &Device,
     let mut sums = EvalSums::default();
     let indices: Vec<u32> = (0..n as u32).collect();
     for chunk in indices.chunks(EVAL_CHUNK) {
-        let s = model.evaluate(&data.batch(Split::Test, chunk), device);
+        let s = model.evaluate(&data.batch(Split::Test, chunk));
         sums.loss_sum += s.loss_sum;
         sums.count += s.count;
         sums.correct += s.correct;
@@ -416,4 +423,22 @@ pub fn evaluate_first(model: &Model, data: &Dataset, step: u64, device: &Device,
         accuracy: sums.correct as f64 / sums.count as f64,
         perplexity: matches!(data, Dataset::Text(_)).then(|| loss.exp()),
     }
+}
+
+/// The kernels of `config`: the set it names (or the model's default), and for the
+/// fixed-order set the instruction set that `STEADFAST_ISA` names (or the best this CPU
+/// has).
+fn resolve_kernels(config: &TrainConfig) -> Result<Kernels, TrainError> {
+    let set = config.kernels.unwrap_or_else(|| KernelSet::default_for(config.model));
+    if !set.supports(config.model) {
+        return Err(ConfigError::Invalid(format!(
+            "the {set} kernels cannot compute the {} model yet; use --kernels framework",
+            config.model
+        ))
+        .into());
+    }
+    Ok(match set {
+        KernelSet::Fixed => Kernels::Fixed(kernels::isa::from_env().map_err(|e| ConfigError::Invalid(e.to_string()))?),
+        KernelSet::Framework => Kernels::Framework,
+    })
 }

@@ -9,7 +9,7 @@ pub use repro::words::{UnknownWord, Word};
 
 use crate::config::OnDivergence;
 use crate::data::DataKind;
-use crate::model::ModelKind;
+use crate::model::{KernelSet, ModelKind};
 use crate::optim::OptimKind;
 
 impl Word for ModelKind {
@@ -31,6 +31,24 @@ impl Word for ModelKind {
     }
 }
 text_form!(ModelKind);
+
+impl Word for KernelSet {
+    const KIND: &'static str = "kernel set";
+    const ALL: &'static [Self] = &[KernelSet::Fixed, KernelSet::Framework];
+    fn word(self) -> &'static str {
+        match self {
+            KernelSet::Fixed => "fixed",
+            KernelSet::Framework => "framework",
+        }
+    }
+    fn help(self) -> &'static str {
+        match self {
+            KernelSet::Fixed => "fixed-order kernels: the same bits on every CPU kind (the mlp's default)",
+            KernelSet::Framework => "the framework's kernels: bits depend on the CPU (the cnn's and gpt's default)",
+        }
+    }
+}
+text_form!(KernelSet);
 
 impl Word for DataKind {
     const KIND: &'static str = "data set";

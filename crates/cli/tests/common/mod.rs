@@ -26,7 +26,8 @@ pub fn ok(out: Output) -> String {
 pub fn fingerprint(out: &Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    stdout.lines().find_map(|l| l.split("fingerprint: ").nth(1)).expect("a fingerprint line").trim().to_owned()
+    let rest = stdout.lines().find_map(|l| l.split("fingerprint: ").nth(1)).expect("a fingerprint line");
+    rest.split_whitespace().next().expect("a fingerprint").to_owned()
 }
 
 /// Says that a test is skipped and why, on the terminal: written past the test harness's
@@ -102,7 +103,10 @@ pub const OMPI_AS_ROOT: [(&str, &str); 2] = [("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("
 /// Every fingerprint printed in `text`, in order (one per rank under a launcher, after its
 /// `[rank]` prefix).
 pub fn fingerprints_in(text: &str) -> Vec<String> {
-    text.lines().filter_map(|l| l.split_once("fingerprint: ")).map(|(_, f)| f.trim().to_owned()).collect()
+    text.lines()
+        .filter_map(|l| l.split_once("fingerprint: "))
+        .filter_map(|(_, f)| f.split_whitespace().next().map(str::to_owned))
+        .collect()
 }
 
 /// A loopback port that was free when asked (the caller binds it soon after).

@@ -182,8 +182,7 @@ impl Campaign {
     /// Held-out (loss, accuracy) of `state`.
     fn quality(&self, engine: &mut Engine<'_>, state: &TrainState) -> (f64, f64) {
         let limit = self.eval_limit();
-        let report =
-            engine.with_model(&state.params, |m, d| evaluate_first(m, &self.prepared.data, state.step, d, limit));
+        let report = engine.with_model(&state.params, |m| evaluate_first(m, &self.prepared.data, state.step, limit));
         (report.loss, report.accuracy)
     }
 

@@ -1,14 +1,22 @@
-//! The models (plain burn modules with a constructor and `forward`), and the bridge
-//! between burn's parameters and the state registry's flat buffers.
+//! The models (plain burn modules with a constructor and `forward`), the kernels that
+//! compute them, and the bridge between burn's parameters and the state registry's flat
+//! buffers.
 //!
-//! The registry is the source of truth for parameter values. Each step, [`Model::load`]
-//! copies the flat parameters into the burn module, [`Model::loss_and_grads_into`] runs a
-//! micro-batch forward and backward and writes each parameter's gradient into its range
-//! of one flat buffer, and the optimizer (ours, not burn's) updates the flat buffers. Parameters are
-//! enumerated by burn's module visitor, which walks fields in declaration order, so
-//! names (`model.fc1.weight`) and order are fixed by the model's source code.
+//! The registry is the source of truth for parameter values. The burn modules define each
+//! model: its parameters' names, shapes and initial values. Parameters are enumerated by
+//! burn's module visitor, which walks fields in declaration order, so names
+//! (`model.fc1.weight`) and order are fixed by the model's source code.
+//!
+//! Two kernel sets compute a step ([`Kernels`], through [`Loaded`]). The fixed-order
+//! kernels (`fixed`, our own, on `steadfast-kernels`) read the registry's parameters in
+//! place and give the same bits on every CPU kind; they cover the MLP so far. The
+//! framework's (burn's autodiff): [`Model::load`] copies the flat parameters into the
+//! module and [`Model::loss_and_grads_into`] runs forward and backward. Either way each
+//! parameter's gradient lands in its range of one flat buffer, and the optimizer (ours,
+//! not burn's) updates the flat buffers.
 
 mod cnn;
+mod fixed;
 mod gpt;
 pub mod init;
 mod mlp;
@@ -26,6 +34,61 @@ pub use mlp::Mlp;
 use crate::data::Batch;
 use crate::state::{NamedTensor, Role};
 use crate::step::{GradBuffer, GradLayout};
+
+/// Which kernels compute a model's forward and backward passes (`--kernels`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelSet {
+    /// Steadfast's fixed-order kernels ([`fixed`]): the same bits on every CPU kind.
+    Fixed,
+    /// The framework's (burn's): the bits depend on the CPU's instruction set.
+    Framework,
+}
+
+impl KernelSet {
+    /// The kernel set for `model` when a run names none: the fixed-order kernels where the
+    /// model has them, the framework's otherwise.
+    pub fn default_for(model: ModelKind) -> KernelSet {
+        if KernelSet::Fixed.supports(model) { KernelSet::Fixed } else { KernelSet::Framework }
+    }
+
+    /// Whether this set can compute `model`.
+    pub fn supports(self, model: ModelKind) -> bool {
+        match self {
+            KernelSet::Fixed => model == ModelKind::Mlp,
+            KernelSet::Framework => true,
+        }
+    }
+}
+
+/// The kernels of a run: the set, and for the fixed-order set the instruction set it runs
+/// on (which changes its speed, never its bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernels {
+    /// [`KernelSet::Fixed`] on this instruction set.
+    Fixed(kernels::Isa),
+    /// [`KernelSet::Framework`].
+    Framework,
+}
+
+impl Kernels {
+    /// The set.
+    pub fn set(self) -> KernelSet {
+        match self {
+            Kernels::Fixed(_) => KernelSet::Fixed,
+            Kernels::Framework => KernelSet::Framework,
+        }
+    }
+}
+
+/// `fixed/avx512` or `framework`: what a report records beside a fingerprint.
+impl std::fmt::Display for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kernels::Fixed(isa) => write!(f, "fixed/{isa}"),
+            Kernels::Framework => f.write_str("framework"),
+        }
+    }
+}
 
 /// Which architecture to train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +121,47 @@ pub struct EvalSums {
     pub count: usize,
     /// Number of correct arg-max predictions.
     pub correct: usize,
+}
+
+/// A model with the parameters it computes with and the kernels that compute it.
+///
+/// With [`Kernels::Framework`] the burn module itself must hold `params` (see
+/// [`Model::load`]); the fixed-order kernels read `params` directly and leave the module
+/// untouched.
+#[derive(Clone, Copy)]
+pub struct Loaded<'a> {
+    /// The model (its definition; its values only for the framework's kernels).
+    pub model: &'a Model,
+    /// The parameters, in registry order.
+    pub params: &'a [NamedTensor],
+    /// The kernels.
+    pub kernels: Kernels,
+    /// The framework's device (autodiff for training).
+    pub device: &'a Device,
+}
+
+impl Loaded<'_> {
+    /// Forward and backward on one micro-batch; see [`Model::loss_and_grads_into`].
+    pub fn loss_and_grads_into(&self, batch: &Batch, denominator: usize, taps: &mut Taps, out: &mut GradBuffer) {
+        match (self.kernels, self.model, batch) {
+            (Kernels::Fixed(isa), Model::Mlp(_), Batch::Images { n, x, y }) => {
+                fixed::mlp::loss_and_grads(isa, self.params, (*n, x, y), denominator, taps, out)
+            }
+            (Kernels::Fixed(_), _, _) => unreachable!("the configuration refuses fixed kernels for this model"),
+            (Kernels::Framework, model, _) => model.loss_and_grads_into(batch, denominator, self.device, taps, out),
+        }
+    }
+
+    /// Loss sum and correct predictions on a batch; see [`Model::evaluate`].
+    pub fn evaluate(&self, batch: &Batch) -> EvalSums {
+        match (self.kernels, self.model, batch) {
+            (Kernels::Fixed(isa), Model::Mlp(_), Batch::Images { n, x, y }) => {
+                fixed::mlp::evaluate(isa, self.params, (*n, x, y))
+            }
+            (Kernels::Fixed(_), _, _) => unreachable!("the configuration refuses fixed kernels for this model"),
+            (Kernels::Framework, model, _) => model.evaluate(batch, self.device),
+        }
+    }
 }
 
 impl Model {
@@ -220,26 +324,26 @@ impl Taps {
         Ok(())
     }
 
-    /// The output of layer `name` (without the `act.` prefix), with its planned flips.
-    fn tap<const D: usize>(&mut self, name: &str, x: Tensor<D>) -> Tensor<D> {
-        let Some(index) = self.layers.iter().position(|(l, _)| l.strip_prefix("act.") == Some(name)) else {
-            return x;
+    /// The index of layer `name` (without the `act.` prefix) if flips are planned in it.
+    fn planned(&self, name: &str) -> Option<usize> {
+        let index = self.layers.iter().position(|(l, _)| l.strip_prefix("act.") == Some(name))?;
+        self.flips.iter().any(|f| f.tensor == index).then_some(index)
+    }
+
+    /// Applies the planned flips of layer `name` (without the `act.` prefix) to its
+    /// output `values`, in place, and returns the elements it replaced.
+    pub(crate) fn tap_slice(&mut self, name: &str, values: &mut [f32]) -> Vec<usize> {
+        let Some(index) = self.planned(name) else {
+            return Vec::new();
         };
-        let mine: Vec<&fault::plan::ElementFlip> = self.flips.iter().filter(|f| f.tensor == index).collect();
-        if mine.is_empty() {
-            return x;
-        }
-        let shape = x.shape();
-        let values = x.clone().into_data().try_into_vec::<f32>().expect("activations are f32");
         assert_eq!(values.len() as u64, self.layers[index].1, "layer {name}: planned size differs from the output");
-        let mut mask = vec![false; values.len()];
-        let mut replaced = vec![0.0f32; values.len()];
-        for f in mine {
+        let mut replaced = Vec::new();
+        for f in self.flips.iter().filter(|f| f.tensor == index) {
             let e = f.element as usize;
             let old = values[e];
             let new = fault::flip_f32(old, &f.bits);
-            mask[e] = true;
-            replaced[e] = new;
+            values[e] = new;
+            replaced.push(e);
             self.log.push(fault::live::LiveFlip {
                 tensor: self.layers[index].0.clone(),
                 element: f.element,
@@ -248,9 +352,24 @@ impl Taps {
                 new,
             });
         }
+        replaced
+    }
+
+    /// The output of layer `name` (without the `act.` prefix), with its planned flips.
+    fn tap<const D: usize>(&mut self, name: &str, x: Tensor<D>) -> Tensor<D> {
+        if self.planned(name).is_none() {
+            return x;
+        }
+        let shape = x.shape();
+        let mut values = x.clone().into_data().try_into_vec::<f32>().expect("activations are f32");
+        let replaced = self.tap_slice(name, &mut values);
+        let mut mask = vec![false; values.len()];
+        for e in replaced {
+            mask[e] = true;
+        }
         let device = x.device();
         let mask = Tensor::<D, Bool>::from_data(TensorData::new(mask, shape.clone()), &device);
-        let replaced = Tensor::<D>::from_data(TensorData::new(replaced, shape), &device);
+        let replaced = Tensor::<D>::from_data(TensorData::new(values, shape), &device);
         x.mask_where(mask, replaced)
     }
 }

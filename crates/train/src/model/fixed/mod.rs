@@ -1,0 +1,56 @@
+//! The models' forward and backward passes written by hand on `steadfast-kernels`: every
+//! operation has an order fixed by the shapes alone, so a step gives the same bits on
+//! every CPU kind, instruction set and thread count (see `docs/determinism.md`).
+//!
+//! These passes read the parameters straight from the state registry and write each
+//! gradient straight into its range of the step's flat buffer: no framework tensor is
+//! built, and nothing is copied into a module first. The burn modules of the parent
+//! module remain the models' definition (names, shapes, initial values) and the
+//! `framework` kernel set that these are compared against.
+//!
+//! What it must not do: call the platform's maths library (`f32::exp` and friends), use
+//! an accumulation whose order depends on a vector width or a thread count, or let a
+//! multiply-add be fused on one path and not on another.
+
+pub(super) mod mlp;
+
+use kernels::Isa;
+use kernels::gemm::{MatRef, matmul};
+
+use crate::state::NamedTensor;
+
+/// `y = x · w + b` for `x` of `n` rows: `w` is `[d_in, d_out]`, `b` is `[d_out]`; each
+/// output is the product's fma chain, then one addition of the bias.
+fn linear(isa: Isa, x: &[f32], n: usize, w: &NamedTensor, b: &NamedTensor, y: &mut Vec<f32>) {
+    let (d_in, d_out) = (w.shape[0], w.shape[1]);
+    y.resize(n * d_out, 0.0);
+    matmul(isa, MatRef::row_major(x, n, d_in), MatRef::row_major(&w.data, d_in, d_out), y);
+    for row in y.chunks_exact_mut(d_out) {
+        for (v, &bias) in row.iter_mut().zip(&b.data) {
+            *v += bias;
+        }
+    }
+}
+
+/// The backward pass of [`linear`] for the gradient `dy` of its output: `dw = xᵀ · dy`,
+/// `db` the column sums of `dy`, and, when asked, `dx = dy · wᵀ`.
+#[allow(clippy::too_many_arguments)]
+fn linear_backward(
+    isa: Isa,
+    x: &[f32],
+    n: usize,
+    w: &NamedTensor,
+    dy: &[f32],
+    dw: &mut [f32],
+    db: &mut [f32],
+    dx: Option<&mut Vec<f32>>,
+) {
+    let (d_in, d_out) = (w.shape[0], w.shape[1]);
+    let dy_m = MatRef::row_major(dy, n, d_out);
+    matmul(isa, MatRef::row_major(x, n, d_in).t(), dy_m, dw);
+    kernels::rows::sum_rows(dy, db);
+    if let Some(dx) = dx {
+        dx.resize(n * d_in, 0.0);
+        matmul(isa, dy_m, MatRef::row_major(&w.data, d_in, d_out).t(), dx);
+    }
+}

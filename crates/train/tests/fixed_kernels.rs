@@ -1,0 +1,86 @@
+//! The fixed-order kernels compute the same function as the framework's: the same loss,
+//! gradients and evaluation to within rounding, with and without activation faults. (That
+//! their bits do not depend on the instruction set is tested in `crates/kernels` kernel by
+//! kernel, and on whole training runs by the command line's `cpu_kinds` tests.)
+
+use burn::prelude::Device;
+use fault::bits::BitSpec;
+use fault::plan::{Amount, FlipSpec, Target};
+use train::data::{Batch, DataKind, DataSpec, Dataset, Modality, Split};
+use train::model::{GptConfig, Kernels, Loaded, Mlp, Model, ModelKind, Taps};
+use train::step::{GradBuffer, GradLayout};
+
+fn images(n: u32) -> Batch {
+    let spec = DataSpec { kind: DataKind::Synthetic, dir: None, modality: Modality::Images, context: 64, seed: 3 };
+    let data = Dataset::load(&spec).unwrap();
+    data.batch(Split::Train, &(0..n).collect::<Vec<_>>())
+}
+
+/// Loss, gradients and the flips logged, on `kernels`, with `spec`'s activation faults.
+fn run(model: &Model, kernels: Kernels, batch: &Batch, spec: Option<&FlipSpec>) -> (f32, Vec<f32>, Vec<String>) {
+    let device = Device::flex().autodiff();
+    let params = model.params();
+    let mut out = GradBuffer::zeros(std::sync::Arc::new(GradLayout::of(&params)));
+    let mut taps = Taps::none();
+    if let Some(spec) = spec {
+        taps.add(model, 16, spec).unwrap();
+    }
+    let loaded = Loaded { model, params: &params, kernels, device: &device };
+    loaded.loss_and_grads_into(batch, 32, &mut taps, &mut out);
+    let flips = taps.log.iter().map(|f| format!("{} {} {} -> {}", f.tensor, f.element, f.old, f.new)).collect();
+    (out.loss(), out.grads().to_vec(), flips)
+}
+
+fn assert_close(name: &str, fixed: &[f32], framework: &[f32]) {
+    let scale = framework.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in fixed.iter().zip(framework).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * scale + 1e-7, "{name}[{i}]: fixed {a} vs framework {b} (scale {scale})");
+    }
+}
+
+#[test]
+fn the_fixed_mlp_computes_the_frameworks_loss_and_gradients() {
+    let model = Model::new(ModelKind::Mlp, 7, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &Device::flex().autodiff());
+    let batch = images(16);
+    let isa = kernels::Isa::detect();
+    let (loss, grads, _) = run(&model, Kernels::Fixed(isa), &batch, None);
+    let (loss_fw, grads_fw, _) = run(&model, Kernels::Framework, &batch, None);
+    assert!((loss - loss_fw).abs() <= 1e-6 * loss_fw.abs(), "loss {loss} vs {loss_fw}");
+    assert_close("gradient", &grads, &grads_fw);
+    assert_ne!(grads, grads_fw, "the two kernel sets round differently somewhere");
+
+    let device = Device::flex();
+    let params = model.params();
+    let plain = Model::new(ModelKind::Mlp, 7, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &device);
+    let eval = |kernels| Loaded { model: &plain, params: &params, kernels, device: &device }.evaluate(&batch);
+    let (e, e_fw) = (eval(Kernels::Fixed(isa)), eval(Kernels::Framework));
+    assert_eq!((e.count, e.correct), (e_fw.count, e_fw.correct));
+    assert!((e.loss_sum - e_fw.loss_sum).abs() <= 1e-5 * e_fw.loss_sum, "{} vs {}", e.loss_sum, e_fw.loss_sum);
+}
+
+#[test]
+fn activation_faults_strike_the_same_elements_with_the_same_effect_on_both_kernel_sets() {
+    let model = Model::new(ModelKind::Mlp, 7, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &Device::flex().autodiff());
+    let batch = images(16);
+    // Mantissa flips keep the values finite, so the two passes stay comparable.
+    let spec = FlipSpec {
+        target: Target { glob: Some("act.*".into()), role: None },
+        bits: BitSpec::Positions(16, 23),
+        amount: Amount::Count(40),
+        burst: 1,
+        seed: 5,
+    };
+    let (loss, grads, flips) = run(&model, Kernels::Fixed(kernels::Isa::detect()), &batch, Some(&spec));
+    let (loss_fw, grads_fw, flips_fw) = run(&model, Kernels::Framework, &batch, Some(&spec));
+    assert_eq!(flips.len(), 40);
+    assert!(flips.iter().any(|f| f.starts_with("act.fc1")) && flips.iter().any(|f| f.starts_with("act.fc3")));
+    // The same elements; the values before the flip differ only by the kernels' rounding,
+    // so compare the places, and the gradients within rounding.
+    let places =
+        |v: &[String]| v.iter().map(|f| f.split(' ').take(2).collect::<Vec<_>>().join(" ")).collect::<Vec<_>>();
+    assert_eq!(places(&flips), places(&flips_fw));
+    assert!((loss - loss_fw).abs() <= 1e-5 * loss_fw.abs(), "loss {loss} vs {loss_fw}");
+    assert_close("gradient under faults", &grads, &grads_fw);
+    let (clean_loss, _, _) = run(&model, Kernels::Fixed(kernels::Isa::detect()), &batch, None);
+    assert_ne!(loss, clean_loss, "the faults changed the loss");
+}
