@@ -25,8 +25,9 @@ use crate::error::{CkptError, Result};
 
 /// The value of the `format` field.
 pub const FORMAT: &str = "steadfast-checkpoint";
-/// The newest format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The newest format version this build writes and reads. Version 2 added
+/// `meta.kernels`; version 1 manifests still read (without it).
+pub const VERSION: u32 = 2;
 /// Name of the manifest file inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
@@ -60,6 +61,12 @@ pub struct Meta {
     pub world_size: u32,
     /// Hash of the configuration that defines the run (16 hex digits).
     pub config_hash: String,
+    /// The kernels that computed the state, e.g. `fixed/avx512` or `framework`: provenance,
+    /// to explain why two states differ (the kernel set is also in the configuration
+    /// hash; the instruction set never changes the fixed kernels' bits). Empty when not
+    /// recorded (version 1, or a checkpoint not written by training).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kernels: String,
     /// Random number generator.
     pub rng: RngState,
     /// Position in the data.
@@ -182,6 +189,9 @@ impl Manifest {
             Some(_) => {}
         }
         let m: Manifest = serde_json::from_value(loose).map_err(|e| format_err(format!("{e}")))?;
+        if m.version < 2 && !m.meta.kernels.is_empty() {
+            return Err(format_err(format!("version {} has no \"meta.kernels\" field", m.version)));
+        }
         if hex64(m.own_checksum()) != m.manifest_xxh3 {
             return Err(CkptError::Corrupt {
                 path: path.to_owned(),
@@ -241,6 +251,7 @@ mod tests {
                 epoch: 1,
                 world_size: 1,
                 config_hash: hex64(7),
+                kernels: "fixed/avx2".into(),
                 rng: RngState { algorithm: "philox4x32-10".into(), seed: 3 },
                 data_cursor: DataCursor { epoch: 1, step_in_epoch: 2, global_batch: 32 },
                 scalars: BTreeMap::from([("optimizer.updates".into(), 12)]),
@@ -282,10 +293,34 @@ mod tests {
     #[test]
     fn newer_versions_are_refused_with_a_clear_error() {
         let mut v: serde_json::Value = serde_json::from_slice(&sample().to_bytes()).unwrap();
-        v["version"] = 2.into();
+        v["version"] = (VERSION + 1).into();
         v["future_field"] = true.into();
         let err = Manifest::from_bytes(&serde_json::to_vec(&v).unwrap(), Path::new("m.json")).unwrap_err();
-        assert!(matches!(err, CkptError::NewerVersion { found: 2, supported: 1, .. }), "{err}");
+        assert!(
+            matches!(err, CkptError::NewerVersion { found, supported: VERSION, .. } if found == VERSION + 1),
+            "{err}"
+        );
+    }
+
+    /// A manifest as version 1 wrote it: no `meta.kernels`.
+    fn version_1(mut m: Manifest) -> Manifest {
+        m.version = 1;
+        m.manifest_xxh3 = hex64(m.own_checksum());
+        m
+    }
+
+    #[test]
+    fn version_1_manifests_still_read_and_may_not_name_kernels() {
+        let mut old = sample();
+        old.meta.kernels.clear();
+        let old = version_1(old);
+        let bytes = old.to_bytes();
+        assert!(!String::from_utf8_lossy(&bytes).contains("kernels"));
+        assert_eq!(Manifest::from_bytes(&bytes, Path::new("m.json")).unwrap(), old);
+
+        let forged = version_1(sample());
+        let err = Manifest::from_bytes(&forged.to_bytes(), Path::new("m.json")).unwrap_err();
+        assert!(err.to_string().contains("version 1 has no \"meta.kernels\""), "{err}");
     }
 
     #[test]

@@ -136,6 +136,9 @@ fn inspect(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
     );
     println!("world size:  {}", meta.world_size);
     println!("config hash: {}", meta.config_hash);
+    if !meta.kernels.is_empty() {
+        println!("kernels:     {}", meta.kernels);
+    }
     println!("rng:         {} seed {}", meta.rng.algorithm, meta.rng.seed);
     for (k, v) in &meta.scalars {
         println!("{:<12} {v}", format!("{k}:"));

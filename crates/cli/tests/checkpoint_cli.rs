@@ -110,6 +110,13 @@ fn resume_auto_starts_from_step_zero_without_a_checkpoint_and_latest_refuses() {
         steadfast(&[&job[..], &["--checkpoint-dir", &empty, "--resume", "latest", "--out", &out("c")]].concat());
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("no committed checkpoint"));
+    // The kernel set is part of the configuration: the framework's kernels do not go on
+    // from a state that the fixed-order ones computed.
+    let other =
+        steadfast(&[&job[..], &ck[..], &["--resume", "latest", "--kernels", "framework", "--out", &out("d")]].concat());
+    assert!(!other.status.success());
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("written by a different configuration") && err.contains("kernel set"), "{err}");
 }
 
 #[test]
@@ -129,9 +136,12 @@ fn ckpt_tools_list_inspect_verify_diff_and_export() {
     let inspect = steadfast(&["ckpt", "inspect", r, "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
     assert_eq!(v["manifest"]["meta"]["step"], 6);
+    let kernels = v["manifest"]["meta"]["kernels"].as_str().unwrap();
+    assert!(["fixed/scalar", "fixed/avx2", "fixed/avx512"].contains(&kernels), "{kernels}");
     assert_eq!(v["manifest"]["tensors"][0]["name"], "model.fc1.weight");
     let text = String::from_utf8_lossy(&steadfast(&["ckpt", "inspect", r]).stdout).into_owned();
     assert!(text.contains("optim.model.fc3.bias.exp_avg_sq") && text.contains("model: 6 tensors"), "{text}");
+    assert!(text.contains(&format!("kernels:     {kernels}")), "{text}");
 
     let step3 = root.join("step-00000003");
     let s3 = step3.to_str().unwrap();

@@ -16,6 +16,7 @@ use ckpt::{DataCursor, Meta, RngState, TensorData, TensorRef};
 use crate::config::TrainConfig;
 use crate::data::sampler::Sampler;
 use crate::error::TrainError;
+use crate::model::{KernelSet, Kernels};
 use crate::step::TrainState;
 
 /// Name of the optimizer-update scalar in the manifest.
@@ -42,22 +43,28 @@ pub fn config_hash(c: &TrainConfig) -> u64 {
         o.beta2.to_bits(),
         o.eps.to_bits()
     );
-    // The default width leaves the text, and the hashes of older checkpoints, as they were.
+    // The default width leaves the text, and the hashes of older checkpoints, as they were;
+    // so do the framework's kernels, which computed every model before the fixed-order ones.
     let width = match c.mlp_width {
         crate::model::Mlp::DEFAULT_WIDTH => String::new(),
         w => format!(";mlp_width={w}"),
     };
-    ckpt::checksum((text + &width).as_bytes())
+    let kernels = match c.kernels.unwrap_or_else(|| KernelSet::default_for(c.model)) {
+        KernelSet::Framework => String::new(),
+        set => format!(";kernels={set}"),
+    };
+    ckpt::checksum((text + &width + &kernels).as_bytes())
 }
 
-/// The manifest metadata of `state`, written by a job of `world` workers.
-pub fn meta(config: &TrainConfig, sampler: &Sampler, state: &TrainState, world: usize) -> Meta {
+/// The manifest metadata of `state`, computed by `kernels` in a job of `world` workers.
+pub fn meta(config: &TrainConfig, sampler: &Sampler, state: &TrainState, kernels: Kernels, world: usize) -> Meta {
     let next = sampler.position(state.step);
     Meta {
         step: state.step,
         epoch: next.epoch,
         world_size: world as u32,
         config_hash: format!("{:016x}", config_hash(config)),
+        kernels: kernels.to_string(),
         rng: RngState { algorithm: "philox4x32-10".into(), seed: config.seed },
         data_cursor: DataCursor {
             epoch: next.epoch,
@@ -129,7 +136,7 @@ fn restore_from(dir: &Path, config: &TrainConfig, state: &mut TrainState) -> Res
     if c.manifest.meta.config_hash != want {
         return Err(resume_err(format!(
             "it was written by a different configuration (hash {}, this run's is {want}): model, data, seed, \
-             batch, micro-batch and optimizer settings must be the same",
+             batch, micro-batch, reduce mode, optimizer settings and kernel set must be the same",
             c.manifest.meta.config_hash
         )));
     }

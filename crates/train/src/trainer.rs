@@ -291,7 +291,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
             && (done % c.every.max(1) == 0 || done == config.steps)
         {
             hooks.reached(at, Phase::Checkpoint);
-            let meta = checkpointing::meta(config, engine.sampler(), &state, world);
+            let meta = checkpointing::meta(config, engine.sampler(), &state, engine.kernels(), world);
             let stall = w.snapshot(meta, &checkpointing::tensor_refs(&state))?;
             metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
         }
