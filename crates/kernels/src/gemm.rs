@@ -117,7 +117,8 @@ pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
     let panels = n.div_ceil(nr);
     let packed_panels = if direct { usize::from(n % nr != 0) } else { panels };
     let mut packed_b = vec![0.0f32; KC.min(k) * packed_panels * nr];
-    let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_WORK && m > MC;
+    // With one thread in the pool, handing the work to it would only add a wake-up.
+    let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_WORK && m > MC && rayon::current_num_threads() > 1;
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
         let packed_b = &mut packed_b[..kc * packed_panels * nr];
@@ -183,6 +184,37 @@ fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, from: usize, out: &mut
     }
 }
 
+/// Packs rows `r0..r0+height` of `a`, columns `k0..k0+kc` (`kc = out.len() / MR`), as
+/// `MR` values per column (zeros past the last row). Contiguous rows or columns of `a`
+/// are copied as slices; other views element by element.
+fn pack_a<const MR: usize>(a: MatRef<'_>, r0: usize, height: usize, k0: usize, out: &mut [f32]) {
+    let kc = out.len() / MR;
+    if height < MR {
+        out.fill(0.0);
+    }
+    if a.row_stride == 1 {
+        // A transposed: the tile's values for one column lie side by side.
+        for (p, col) in out.chunks_exact_mut(MR).enumerate() {
+            let start = (k0 + p) * a.col_stride + r0;
+            col[..height].copy_from_slice(&a.data[start..start + height]);
+        }
+    } else if a.col_stride == 1 {
+        // A row-major: each row's values for the block lie side by side.
+        for i in 0..height {
+            let start = (r0 + i) * a.row_stride + k0;
+            for (p, &v) in a.data[start..start + kc].iter().enumerate() {
+                out[p * MR + i] = v;
+            }
+        }
+    } else {
+        for (p, col) in out.chunks_exact_mut(MR).enumerate() {
+            for (i, slot) in col[..height].iter_mut().enumerate() {
+                *slot = a.at(r0 + i, k0 + p);
+            }
+        }
+    }
+}
+
 /// One inner-dimension block of the product: `a`'s columns `k0..k0+kc` against the packed
 /// rows of `b`.
 struct Block<'a> {
@@ -216,12 +248,7 @@ impl Block<'_> {
         let mut acc = [[0.0f32; NR]; MR];
         for t0 in (0..rows).step_by(MR) {
             let height = MR.min(rows - t0);
-            // Pack the tile's rows of A: for each p, MR values (zeros past the last row).
-            for (p, col) in packed_a.chunks_exact_mut(MR).enumerate() {
-                for (i, slot) in col.iter_mut().enumerate() {
-                    *slot = if i < height { self.a.at(i0 + t0 + i, self.k0 + p) } else { 0.0 };
-                }
-            }
+            pack_a::<MR>(self.a, i0 + t0, height, self.k0, packed_a);
             for q in 0..n.div_ceil(NR) {
                 let j0 = q * NR;
                 let width = NR.min(n - j0);
