@@ -1,9 +1,11 @@
 """Training speed of Steadfast against PyTorch on the CPU, side by side in one run.
 
 Same architecture, batch (128), fp32, AdamW and thread count; each configuration is run
-REPEATS times, alternating the two sides, and the median steps/s is reported. Also
-reports, for each side, whether the final weights are bit-identical with 1 and 2
-threads. Writes a section of docs/benchmarks.md.
+REPEATS times, alternating the sides, and the median steps/s is reported. Steadfast runs
+with its default kernels (the fixed-order ones where the model has them) and, for those
+models, also with the framework's kernels that they replace. Also reports, for each side,
+whether the final weights are bit-identical with 1 and 2 threads. Writes a section of
+docs/benchmarks.md.
 
 Usage: bench/.venv/bin/python bench/train_vs_pytorch.py   (bench/run.sh does this)
 """
@@ -19,15 +21,21 @@ STEPS = {"mlp": 1000, "cnn": 200}
 LR = {"mlp": 1e-3, "cnn": 2e-3}
 
 
-def steadfast(model, threads):
+# Models whose default kernels are the fixed-order ones: these also run on the framework's.
+FIXED = {"mlp"}
+
+
+def steadfast(model, threads, kernels=None):
     with tempfile.TemporaryDirectory() as out:
         cmd = [BIN, "train", "--model", model, "--data", "fashion-mnist", "--steps", str(STEPS[model]),
                "--batch", "128", "--lr", str(LR[model]), "--eval-every", "0", "--out", out]
+        if kernels:
+            cmd += ["--kernels", kernels]
         env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             s = json.loads(f.read().splitlines()[-1])
-    return STEPS[model] / s["train_seconds"], s["optimizer_seconds"] / s["train_seconds"], s["fingerprint"]
+    return STEPS[model] / s["train_seconds"], s["optimizer_seconds"] / s["train_seconds"], s["fingerprint"], s["kernels"]
 
 
 def torch(model, threads):
@@ -41,17 +49,21 @@ def main():
     rows, hashes, version = [], {}, "?"
     for model in ["mlp", "cnn"]:
         for threads in [1, 2]:
-            ours, theirs, ours_opt, theirs_opt = [], [], [], []
+            ours, theirs, ours_opt, theirs_opt, framework = [], [], [], [], []
             for _ in range(REPEATS):
-                sps, opt, fp = steadfast(model, threads)
+                sps, opt, fp, kernels = steadfast(model, threads)
                 ours.append(sps); ours_opt.append(opt)
                 hashes.setdefault(("steadfast", model, threads), set()).add(fp)
+                if model in FIXED:
+                    framework.append(steadfast(model, threads, "framework")[0])
                 sps, opt, h, version = torch(model, threads)
                 theirs.append(sps); theirs_opt.append(opt)
                 hashes.setdefault(("pytorch", model, threads), set()).add(h)
             o, t = statistics.median(ours), statistics.median(theirs)
-            rows.append((model, threads, o, t, o / t, statistics.median(ours_opt), statistics.median(theirs_opt)))
-            print(f"{model} threads={threads}: steadfast {o:.1f} steps/s, pytorch {t:.1f} steps/s, ratio {o/t:.2f}", flush=True)
+            f = statistics.median(framework) if framework else None
+            rows.append((model, threads, kernels, o, f, t, statistics.median(ours_opt), statistics.median(theirs_opt)))
+            print(f"{model} threads={threads}: steadfast ({kernels}) {o:.1f} steps/s, framework kernels {f},"
+                  f" pytorch {t:.1f} steps/s, ratio {o/t:.2f}", flush=True)
 
     def same(side, model):
         a, b = hashes[(side, model, 1)], hashes[(side, model, 2)]
@@ -70,11 +82,17 @@ def main():
         f" median of {REPEATS} runs per cell, the two sides alternating. Steps/s counts the training loop only"
         " (batch assembly, forward, backward, optimizer), not data loading or evaluation.",
         "",
-        "| model | threads | Steadfast steps/s | PyTorch steps/s | ratio (Steadfast / PyTorch) | optimizer share, Steadfast | optimizer share, PyTorch |",
-        "|---|---|---|---|---|---|---|",
+        "*Kernels* are those of Steadfast's default run: `fixed/<instruction set>` (the fixed-order kernels,"
+        " the same bits on every CPU kind) or `framework` (burn's). Where the default is the fixed-order set,"
+        " *framework kernels* is the same run with `--kernels framework`, the kernels they replace.",
+        "",
+        "| model | threads | kernels | Steadfast steps/s | framework kernels steps/s | fixed / framework"
+        " | PyTorch steps/s | ratio (Steadfast / PyTorch) | optimizer share, Steadfast | optimizer share, PyTorch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for m, th, o, t, r, oo, to in rows:
-        lines.append(f"| {m} | {th} | {o:.1f} | {t:.1f} | {r:.2f}x | {100*oo:.1f}% | {100*to:.1f}% |")
+    for m, th, k, o, f, t, oo, to in rows:
+        fw = f"{f:.1f} | {o / f:.2f}x" if f else "— | —"
+        lines.append(f"| {m} | {th} | {k} | {o:.1f} | {fw} | {t:.1f} | {o / t:.2f}x | {100*oo:.1f}% | {100*to:.1f}% |")
     lines += [
         "",
         "Final weights bit-identical with 1 and 2 threads:",
