@@ -28,7 +28,7 @@ mod x86;
 
 /// Inner-dimension block: the panels of one block stay in the L1 and L2 caches.
 pub const KC: usize = 256;
-/// Rows of `C` per task of the thread pool (a multiple of every path's `MR`).
+/// Most rows of `C` per task of the thread pool (a multiple of every path's `MR`).
 const MC: usize = 96;
 /// Below this many multiply-adds, one thread does all the work.
 const PARALLEL_WORK: usize = 1 << 20;
@@ -117,8 +117,12 @@ pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
     let panels = n.div_ceil(nr);
     let packed_panels = if direct { usize::from(n % nr != 0) } else { panels };
     let mut packed_b = vec![0.0f32; KC.min(k) * packed_panels * nr];
+    // Threads take equal shares of the rows, in whole tiles and at most MC rows at a time.
     // With one thread in the pool, handing the work to it would only add a wake-up.
-    let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_WORK && m > MC && rayon::current_num_threads() > 1;
+    let threads = rayon::current_num_threads();
+    let chunk = m.div_ceil(threads).next_multiple_of(mr).clamp(mr, MC);
+    let parallel = threads > 1 && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_WORK && m > chunk;
+    let chunk = if parallel { chunk } else { MC };
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
         let packed_b = &mut packed_b[..kc * packed_panels * nr];
@@ -126,12 +130,12 @@ pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
         let block = Block { a, b, direct, k0, kc, packed_b, n, first: k0 == 0 };
         let work = |(index, rows): (usize, &mut [f32])| {
             let mut packed_a = vec![0.0f32; kc * mr];
-            block.rows(isa, index * MC, rows, &mut packed_a);
+            block.rows(isa, index * chunk, rows, &mut packed_a);
         };
         if parallel {
-            c.par_chunks_mut(MC * n).enumerate().for_each(work);
+            c.par_chunks_mut(chunk * n).enumerate().for_each(work);
         } else {
-            c.chunks_mut(MC * n).enumerate().for_each(work);
+            c.chunks_mut(chunk * n).enumerate().for_each(work);
         }
     }
 }
