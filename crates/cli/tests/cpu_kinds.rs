@@ -39,16 +39,18 @@ fn fingerprint_and_kernels(out: &Output) -> (String, String) {
     (hex.to_owned(), kernels.trim_matches(['(', ')']).to_owned())
 }
 
-fn train(prefix: &[&str], isa: Option<Isa>, args: &[&str], out: &std::path::Path) -> Output {
-    let (program, before) = match prefix.split_first() {
-        Some((p, rest)) => (*p, rest.to_vec()),
-        None => (env!("CARGO_BIN_EXE_steadfast"), Vec::new()),
+/// `steadfast train ARGS --out OUT`, natively or under `qemu-x86_64 -cpu CPU`, with
+/// `STEADFAST_ISA` set to `isa` (unset for `None`).
+fn train(emulated: Option<&str>, isa: Option<Isa>, args: &[&str], out: &std::path::Path) -> Output {
+    let bin = env!("CARGO_BIN_EXE_steadfast");
+    let mut cmd = match emulated {
+        Some(cpu) => {
+            let mut c = Command::new("qemu-x86_64");
+            c.args(["-cpu", cpu, bin]);
+            c
+        }
+        None => Command::new(bin),
     };
-    let mut cmd = Command::new(program);
-    cmd.args(before);
-    if !prefix.is_empty() {
-        cmd.arg(env!("CARGO_BIN_EXE_steadfast"));
-    }
     cmd.arg("train").args(args).arg("--out").arg(out);
     match isa {
         Some(isa) => cmd.env("STEADFAST_ISA", isa.name()),
@@ -63,7 +65,7 @@ fn every_instruction_set_of_this_cpu_gives_the_same_fingerprint() {
     for (model, args) in RUNS {
         let mut seen = Vec::new();
         for isa in Isa::all_available() {
-            let (hex, kernels) = fingerprint_and_kernels(&train(&[], Some(isa), args, dir.path()));
+            let (hex, kernels) = fingerprint_and_kernels(&train(None, Some(isa), args, dir.path()));
             assert_eq!(kernels, format!("fixed/{isa}"), "{model}");
             seen.push((isa, hex));
         }
@@ -72,7 +74,7 @@ fn every_instruction_set_of_this_cpu_gives_the_same_fingerprint() {
             assert_eq!(hex, &seen[0].1, "{model}: {isa} gives other bits than {}", seen[0].0);
         }
         let (framework, kernels) =
-            fingerprint_and_kernels(&train(&[], None, &[args, &["--kernels", "framework"][..]].concat(), dir.path()));
+            fingerprint_and_kernels(&train(None, None, &[args, &["--kernels", "framework"][..]].concat(), dir.path()));
         assert_eq!(kernels, "framework");
         assert_ne!(framework, seen[0].1, "{model}: the framework's kernels round differently");
     }
@@ -96,9 +98,9 @@ fn emulated_older_cpus_give_the_same_fingerprint() {
     }
     let dir = tempfile::tempdir().unwrap();
     for (model, args) in RUNS {
-        let (native, _) = fingerprint_and_kernels(&train(&[], None, args, dir.path()));
+        let (native, _) = fingerprint_and_kernels(&train(None, None, args, dir.path()));
         for (cpu, isa) in [("Haswell", "avx2"), ("qemu64", "scalar")] {
-            let out = train(&["qemu-x86_64", "-cpu", cpu], None, args, dir.path());
+            let out = train(Some(cpu), None, args, dir.path());
             let (hex, kernels) = fingerprint_and_kernels(&out);
             assert_eq!(kernels, format!("fixed/{isa}"), "{model}: the emulated {cpu} picks its best path");
             assert_eq!(hex, native, "{model}: an emulated {cpu} gives other bits than this CPU");

@@ -49,7 +49,7 @@ pub fn config_hash(c: &TrainConfig) -> u64 {
         crate::model::Mlp::DEFAULT_WIDTH => String::new(),
         w => format!(";mlp_width={w}"),
     };
-    let kernels = match c.kernels.unwrap_or_else(|| KernelSet::default_for(c.model)) {
+    let kernels = match c.kernel_set() {
         KernelSet::Framework => String::new(),
         set => format!(";kernels={set}"),
     };

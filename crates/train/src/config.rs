@@ -134,6 +134,11 @@ impl DistConfig {
 }
 
 impl TrainConfig {
+    /// The kernel set of this run: the one it names, or the model's default.
+    pub fn kernel_set(&self) -> KernelSet {
+        self.kernels.unwrap_or_else(|| KernelSet::default_for(self.model))
+    }
+
     /// The defaults for a model: sizes and schedules that reach the documented quality
     /// within a few minutes on two cores.
     pub fn defaults(model: ModelKind) -> Self {

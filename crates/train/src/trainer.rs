@@ -429,7 +429,7 @@ pub fn evaluate_first(model: &Loaded<'_>, data: &Dataset, step: u64, limit: usiz
 /// fixed-order set the instruction set that `STEADFAST_ISA` names (or the best this CPU
 /// has).
 fn resolve_kernels(config: &TrainConfig) -> Result<Kernels, TrainError> {
-    let set = config.kernels.unwrap_or_else(|| KernelSet::default_for(config.model));
+    let set = config.kernel_set();
     if !set.supports(config.model) {
         return Err(ConfigError::Invalid(format!(
             "the {set} kernels cannot compute the {} model yet; use --kernels framework",

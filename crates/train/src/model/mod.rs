@@ -70,16 +70,6 @@ pub enum Kernels {
     Framework,
 }
 
-impl Kernels {
-    /// The set.
-    pub fn set(self) -> KernelSet {
-        match self {
-            Kernels::Fixed(_) => KernelSet::Fixed,
-            Kernels::Framework => KernelSet::Framework,
-        }
-    }
-}
-
 /// `fixed/avx512` or `framework`: what a report records beside a fingerprint.
 impl std::fmt::Display for Kernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
