@@ -19,6 +19,8 @@
 //! rounding. None of the tile sizes, the vector width or the thread count appears in the
 //! arithmetic; only the shapes do.
 
+use std::cell::Cell;
+
 use rayon::prelude::*;
 
 use crate::isa::Isa;
@@ -99,6 +101,20 @@ impl<'a> MatRef<'a> {
 /// If the inner dimensions differ, `c` has the wrong length, or `isa` is not
 /// [available](Isa::available) on this CPU.
 pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    product(isa, a, b, c, false);
+}
+
+/// `c = c + a · b`, each element's chain going on from its value in `c`: so that
+/// `matmul(a1, b1)` then `matmul_add(a2, b2)` gives the bits of one product whose inner
+/// dimension is `a1`'s columns followed by `a2`'s (a sum over a batch of images, say).
+///
+/// # Panics
+/// As [`matmul`].
+pub fn matmul_add(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    product(isa, a, b, c, true);
+}
+
+fn product(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32], accumulate: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(k, b.rows, "inner dimensions differ: {m}x{k} times {}x{n}", b.rows);
     assert_eq!(c.len(), m * n, "the product of {m}x{k} and {k}x{n} has {} elements, not {}", m * n, c.len());
@@ -107,7 +123,9 @@ pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
         return;
     }
     if k == 0 {
-        c.fill(0.0);
+        if !accumulate {
+            c.fill(0.0);
+        }
         return;
     }
     let (mr, nr) = tile(isa);
@@ -116,7 +134,7 @@ pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
     let direct = b.col_stride == 1;
     let panels = n.div_ceil(nr);
     let packed_panels = if direct { usize::from(n % nr != 0) } else { panels };
-    let mut packed_b = vec![0.0f32; KC.min(k) * packed_panels * nr];
+    let mut packed_b = Scratch::take(&PACKED_B, KC.min(k) * packed_panels * nr);
     // Threads take equal shares of the rows, in whole tiles and at most MC rows at a time.
     // With one thread in the pool, handing the work to it would only add a wake-up.
     let threads = rayon::current_num_threads();
@@ -127,9 +145,9 @@ pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
         let kc = KC.min(k - k0);
         let packed_b = &mut packed_b[..kc * packed_panels * nr];
         pack_b(b, k0, kc, nr, (panels - packed_panels) * nr, packed_b);
-        let block = Block { a, b, direct, k0, kc, packed_b, n, first: k0 == 0 };
+        let block = Block { a, b, direct, k0, kc, packed_b, n, first: k0 == 0 && !accumulate };
         let work = |(index, rows): (usize, &mut [f32])| {
-            let mut packed_a = vec![0.0f32; kc * mr];
+            let mut packed_a = Scratch::take(&PACKED_A, kc * mr);
             block.rows(isa, index * chunk, rows, &mut packed_a);
         };
         if parallel {
@@ -137,6 +155,51 @@ pub fn matmul(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
         } else {
             c.chunks_mut(chunk * n).enumerate().for_each(work);
         }
+    }
+}
+
+thread_local! {
+    /// Each thread's packing buffers, kept between products so that a product allocates
+    /// (and zeroes) nothing once warm. Their contents never reach a result unwritten.
+    static PACKED_A: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static PACKED_B: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// A packing buffer borrowed from a thread's [`PACKED_A`] or [`PACKED_B`] and given back
+/// when dropped. A product nested in another on the same thread (work stealing inside a
+/// parallel loop) finds the buffer taken and uses a fresh one.
+struct Scratch {
+    home: &'static std::thread::LocalKey<Cell<Vec<f32>>>,
+    buf: Vec<f32>,
+    len: usize,
+}
+
+impl Scratch {
+    fn take(home: &'static std::thread::LocalKey<Cell<Vec<f32>>>, len: usize) -> Scratch {
+        let mut buf = home.take();
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        Scratch { home, buf, len }
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[..self.len]
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        self.home.set(std::mem::take(&mut self.buf));
     }
 }
 
@@ -179,11 +242,31 @@ fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, from: usize, out: &mut
     for (q, panel) in out.chunks_exact_mut(kc * nr).enumerate() {
         let j0 = from + q * nr;
         let width = nr.min(n - j0);
-        for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
-            for (j, slot) in row[..width].iter_mut().enumerate() {
-                *slot = b.at(k0 + p, j0 + j);
+        if b.col_stride == 1 {
+            // B row-major: each row's values for the panel lie side by side.
+            for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
+                let start = (k0 + p) * b.row_stride + j0;
+                row[..width].copy_from_slice(&b.data[start..start + width]);
+                row[width..].fill(0.0);
             }
-            row[width..].fill(0.0);
+        } else if b.row_stride == 1 {
+            // B transposed: one column's values for the block lie side by side.
+            for j in 0..width {
+                let start = (j0 + j) * b.col_stride + k0;
+                for (p, &v) in b.data[start..start + kc].iter().enumerate() {
+                    panel[p * nr + j] = v;
+                }
+            }
+            for row in panel.chunks_exact_mut(nr) {
+                row[width..].fill(0.0);
+            }
+        } else {
+            for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
+                for (j, slot) in row[..width].iter_mut().enumerate() {
+                    *slot = b.at(k0 + p, j0 + j);
+                }
+                row[width..].fill(0.0);
+            }
         }
     }
 }
@@ -361,7 +444,7 @@ mod tests {
     #[test]
     fn transposed_views_are_the_products_of_the_transposes() {
         // (5, 1, 70): B's transpose with one row is read in place with a row stride of 1.
-        for (m, k, n) in [(7, 20, 5), (5, 1, 70)] {
+        for (m, k, n) in [(7, 20, 5), (5, 1, 70), (9, 300, 40)] {
             let (at, bt) = (values(k * m, 3), values(n * k, 4));
             let (a, b) = (MatRef::row_major(&at, k, m).t(), MatRef::row_major(&bt, n, k).t());
             let mut want = vec![0.0; m * n];
@@ -371,6 +454,43 @@ mod tests {
                 matmul(isa, a, b, &mut got);
                 assert_eq!(bits(&got), bits(&want), "{isa} {m}x{k}x{n}");
             }
+        }
+    }
+
+    #[test]
+    fn views_with_no_unit_stride_are_packed_too() {
+        let (m, k, n) = (5, 270, 19);
+        let (a, b) = (values(2 * m * k, 7), values(2 * k * n, 8));
+        let (a, b) = (MatRef::strided(&a, m, k, 2 * k, 2), MatRef::strided(&b, k, n, 2 * n, 2));
+        let mut want = vec![0.0; m * n];
+        reference(a, b, &mut want);
+        for isa in Isa::all_available() {
+            let mut got = vec![0.0; m * n];
+            matmul(isa, a, b, &mut got);
+            assert_eq!(bits(&got), bits(&want), "{isa}");
+        }
+    }
+
+    #[test]
+    fn accumulating_products_continue_one_chain() {
+        // Two products over 300 and 41 inner terms added into one output give the bits of
+        // the single product over all 341 (the second block crosses a KC boundary too).
+        let (m, n) = (13, 37);
+        let (k1, k2) = (300, 41);
+        let a = values(m * (k1 + k2), 5);
+        let b = values((k1 + k2) * n, 6);
+        let mut want = vec![0.0; m * n];
+        reference(MatRef::row_major(&a, m, k1 + k2), MatRef::row_major(&b, k1 + k2, n), &mut want);
+        for isa in Isa::all_available() {
+            let mut got = vec![f32::NAN; m * n];
+            let a1 = MatRef::strided(&a, m, k1, k1 + k2, 1);
+            let a2 = MatRef::strided(&a[k1..], m, k2, k1 + k2, 1);
+            matmul(isa, a1, MatRef::row_major(&b, k1, n), &mut got);
+            matmul_add(isa, a2, MatRef::row_major(&b[k1 * n..], k2, n), &mut got);
+            assert_eq!(bits(&got), bits(&want), "{isa}");
+            let before = got.clone();
+            matmul_add(isa, MatRef::row_major(&[], m, 0), MatRef::row_major(&[], 0, n), &mut got);
+            assert_eq!(bits(&got), bits(&before), "an empty product adds nothing");
         }
     }
 

@@ -43,9 +43,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
+pub mod conv;
 pub mod gemm;
 pub mod isa;
 pub mod math;
+pub mod pool;
 pub mod rows;
 pub mod softmax;
 

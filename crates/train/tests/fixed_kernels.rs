@@ -38,20 +38,26 @@ fn assert_close(name: &str, fixed: &[f32], framework: &[f32]) {
     }
 }
 
-#[test]
-fn the_fixed_mlp_computes_the_frameworks_loss_and_gradients() {
-    let model = Model::new(ModelKind::Mlp, 7, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &Device::flex().autodiff());
+fn model(kind: ModelKind, device: &Device) -> Model {
+    Model::new(kind, 7, GptConfig::small(0), Mlp::DEFAULT_WIDTH, device)
+}
+
+fn computes_the_frameworks_loss_and_gradients(kind: ModelKind) {
+    let model = model(kind, &Device::flex().autodiff());
     let batch = images(16);
     let isa = kernels::Isa::detect();
     let (loss, grads, _) = run(&model, Kernels::Fixed(isa), &batch, None);
     let (loss_fw, grads_fw, _) = run(&model, Kernels::Framework, &batch, None);
     assert!((loss - loss_fw).abs() <= 1e-6 * loss_fw.abs(), "loss {loss} vs {loss_fw}");
-    assert_close("gradient", &grads, &grads_fw);
+    let layout = GradLayout::of(&model.params());
+    for (name, range) in layout.tensors() {
+        assert_close(name, &grads[range.clone()], &grads_fw[range.clone()]);
+    }
     assert_ne!(grads, grads_fw, "the two kernel sets round differently somewhere");
 
     let device = Device::flex();
     let params = model.params();
-    let plain = Model::new(ModelKind::Mlp, 7, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &device);
+    let plain = self::model(kind, &device);
     let eval = |kernels| Loaded { model: &plain, params: &params, kernels, device: &device }.evaluate(&batch);
     let (e, e_fw) = (eval(Kernels::Fixed(isa)), eval(Kernels::Framework));
     assert_eq!((e.count, e.correct), (e_fw.count, e_fw.correct));
@@ -59,8 +65,17 @@ fn the_fixed_mlp_computes_the_frameworks_loss_and_gradients() {
 }
 
 #[test]
-fn activation_faults_strike_the_same_elements_with_the_same_effect_on_both_kernel_sets() {
-    let model = Model::new(ModelKind::Mlp, 7, GptConfig::small(0), Mlp::DEFAULT_WIDTH, &Device::flex().autodiff());
+fn the_fixed_mlp_computes_the_frameworks_loss_and_gradients() {
+    computes_the_frameworks_loss_and_gradients(ModelKind::Mlp);
+}
+
+#[test]
+fn the_fixed_cnn_computes_the_frameworks_loss_and_gradients() {
+    computes_the_frameworks_loss_and_gradients(ModelKind::Cnn);
+}
+
+fn faults_strike_the_same_elements(kind: ModelKind, layers: &[&str]) {
+    let model = model(kind, &Device::flex().autodiff());
     let batch = images(16);
     // Mantissa flips keep the values finite, so the two passes stay comparable.
     let spec = FlipSpec {
@@ -73,14 +88,29 @@ fn activation_faults_strike_the_same_elements_with_the_same_effect_on_both_kerne
     let (loss, grads, flips) = run(&model, Kernels::Fixed(kernels::Isa::detect()), &batch, Some(&spec));
     let (loss_fw, grads_fw, flips_fw) = run(&model, Kernels::Framework, &batch, Some(&spec));
     assert_eq!(flips.len(), 40);
-    assert!(flips.iter().any(|f| f.starts_with("act.fc1")) && flips.iter().any(|f| f.starts_with("act.fc3")));
+    for layer in layers {
+        assert!(flips.iter().any(|f| f.starts_with(&format!("act.{layer} "))), "no flip in {layer}: {flips:?}");
+    }
     // The same elements; the values before the flip differ only by the kernels' rounding,
     // so compare the places, and the gradients within rounding.
     let places =
         |v: &[String]| v.iter().map(|f| f.split(' ').take(2).collect::<Vec<_>>().join(" ")).collect::<Vec<_>>();
     assert_eq!(places(&flips), places(&flips_fw));
     assert!((loss - loss_fw).abs() <= 1e-5 * loss_fw.abs(), "loss {loss} vs {loss_fw}");
-    assert_close("gradient under faults", &grads, &grads_fw);
+    let layout = GradLayout::of(&model.params());
+    for (name, range) in layout.tensors() {
+        assert_close(&format!("{name} under faults"), &grads[range.clone()], &grads_fw[range.clone()]);
+    }
     let (clean_loss, _, _) = run(&model, Kernels::Fixed(kernels::Isa::detect()), &batch, None);
     assert_ne!(loss, clean_loss, "the faults changed the loss");
+}
+
+#[test]
+fn activation_faults_strike_the_same_elements_with_the_same_effect_on_both_kernel_sets() {
+    faults_strike_the_same_elements(ModelKind::Mlp, &["fc1", "fc3"]);
+}
+
+#[test]
+fn activation_faults_in_the_cnn_strike_the_same_elements_on_both_kernel_sets() {
+    faults_strike_the_same_elements(ModelKind::Cnn, &["conv1", "conv2"]);
 }

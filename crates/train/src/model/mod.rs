@@ -9,7 +9,7 @@
 //!
 //! Two kernel sets compute a step ([`Kernels`], through [`Loaded`]). The fixed-order
 //! kernels (`fixed`, our own, on `steadfast-kernels`) read the registry's parameters in
-//! place and give the same bits on every CPU kind; they cover the MLP so far. The
+//! place and give the same bits on every CPU kind; they cover the MLP and LeNet-5 so far. The
 //! framework's (burn's autodiff): [`Model::load`] copies the flat parameters into the
 //! module and [`Model::loss_and_grads_into`] runs forward and backward. Either way each
 //! parameter's gradient lands in its range of one flat buffer, and the optimizer (ours,
@@ -54,7 +54,7 @@ impl KernelSet {
     /// Whether this set can compute `model`.
     pub fn supports(self, model: ModelKind) -> bool {
         match self {
-            KernelSet::Fixed => model == ModelKind::Mlp,
+            KernelSet::Fixed => matches!(model, ModelKind::Mlp | ModelKind::Cnn),
             KernelSet::Framework => true,
         }
     }
@@ -137,6 +137,9 @@ impl Loaded<'_> {
             (Kernels::Fixed(isa), Model::Mlp(_), Batch::Images { n, x, y }) => {
                 fixed::mlp::loss_and_grads(isa, self.params, (*n, x, y), denominator, taps, out)
             }
+            (Kernels::Fixed(isa), Model::Cnn(_), Batch::Images { n, x, y }) => {
+                fixed::cnn::loss_and_grads(isa, self.params, (*n, x, y), denominator, taps, out)
+            }
             (Kernels::Fixed(_), _, _) => unreachable!("the configuration refuses fixed kernels for this model"),
             (Kernels::Framework, model, _) => model.loss_and_grads_into(batch, denominator, self.device, taps, out),
         }
@@ -147,6 +150,9 @@ impl Loaded<'_> {
         match (self.kernels, self.model, batch) {
             (Kernels::Fixed(isa), Model::Mlp(_), Batch::Images { n, x, y }) => {
                 fixed::mlp::evaluate(isa, self.params, (*n, x, y))
+            }
+            (Kernels::Fixed(isa), Model::Cnn(_), Batch::Images { n, x, y }) => {
+                fixed::cnn::evaluate(isa, self.params, (*n, x, y))
             }
             (Kernels::Fixed(_), _, _) => unreachable!("the configuration refuses fixed kernels for this model"),
             (Kernels::Framework, model, _) => model.evaluate(batch, self.device),

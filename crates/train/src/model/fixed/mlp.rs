@@ -1,5 +1,5 @@
 //! The MLP (`784-W-W/2-10`, ReLU) on the fixed-order kernels: forward, softmax
-//! cross-entropy, and backward.
+//! cross-entropy, and backward. LeNet-5's three linear layers are this network too.
 //!
 //! The parameters are the registry's `model.fc{1,2,3}.{weight,bias}` in that order, with
 //! the burn module's layout (`weight` is `[d_in, d_out]`). Activation faults strike each
@@ -8,9 +8,8 @@
 
 use kernels::Isa;
 use kernels::rows::{relu, relu_backward};
-use kernels::softmax::softmax_cross_entropy;
 
-use super::{linear, linear_backward};
+use super::{linear, linear_backward, loss_gradient, score};
 use crate::model::{EvalSums, Taps};
 use crate::state::NamedTensor;
 use crate::step::GradBuffer;
@@ -19,12 +18,21 @@ const LAYERS: [&str; 3] = ["fc1", "fc2", "fc3"];
 
 /// The outputs of a forward pass: each layer's output after its rectifier (the last one's
 /// are the logits), and the elements that faults replaced in each.
-struct Forward {
+pub(super) struct Forward {
     outputs: [Vec<f32>; 3],
     flipped: [Vec<usize>; 3],
 }
 
-fn forward(isa: Isa, params: &[NamedTensor], x: &[f32], n: usize, taps: &mut Taps) -> Forward {
+impl Forward {
+    /// The last layer's outputs.
+    pub(super) fn logits(&self) -> &[f32] {
+        &self.outputs[2]
+    }
+}
+
+/// The three layers on `n` inputs `x`, with `params` the six tensors `fc1.weight` to
+/// `fc3.bias`.
+pub(super) fn forward(isa: Isa, params: &[NamedTensor], x: &[f32], n: usize, taps: &mut Taps) -> Forward {
     let mut out = Forward { outputs: Default::default(), flipped: Default::default() };
     for (l, name) in LAYERS.into_iter().enumerate() {
         let (done, rest) = out.outputs.split_at_mut(l);
@@ -39,6 +47,37 @@ fn forward(isa: Isa, params: &[NamedTensor], x: &[f32], n: usize, taps: &mut Tap
     out
 }
 
+/// The backward pass of [`forward`] for the gradient `dy` of the logits: the gradients go
+/// into `grads` from tensor `first` on, and the gradient of the input `x` is returned when
+/// `input_grad` asks for it (an empty vector otherwise).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward(
+    isa: Isa,
+    params: &[NamedTensor],
+    (n, x): (usize, &[f32]),
+    fwd: &Forward,
+    mut dy: Vec<f32>,
+    grads: &mut GradBuffer,
+    first: usize,
+    input_grad: bool,
+) -> Vec<f32> {
+    let mut dx = Vec::new();
+    for l in (0..LAYERS.len()).rev() {
+        for &e in &fwd.flipped[l] {
+            dy[e] = 0.0;
+        }
+        let input = if l == 0 { x } else { &fwd.outputs[l - 1] };
+        let (dw, db) = grads.grad_pair_mut(first + 2 * l);
+        let want_dx = l > 0 || input_grad;
+        linear_backward(isa, input, n, &params[2 * l], &dy, dw, db, want_dx.then_some(&mut dx));
+        if l > 0 {
+            relu_backward(&fwd.outputs[l - 1], &mut dx);
+            std::mem::swap(&mut dy, &mut dx);
+        }
+    }
+    dx
+}
+
 /// Forward and backward on `n` images `x` with labels `y`: the loss (sum of per-example
 /// cross-entropy divided by `denominator`) and the gradients into `grads`.
 pub(in crate::model) fn loss_and_grads(
@@ -50,46 +89,12 @@ pub(in crate::model) fn loss_and_grads(
     grads: &mut GradBuffer,
 ) {
     let fwd = forward(isa, params, x, n, taps);
-    let logits = &fwd.outputs[2];
-    let mut dy = vec![0.0f32; logits.len()];
-    let scale = 1.0 / denominator as f32;
-    let total = softmax_cross_entropy(logits, logits.len() / n.max(1), y, scale, &mut dy)
-        .expect("labels are checked when the data set is read");
-    let mut dx = Vec::new();
-    for l in (0..LAYERS.len()).rev() {
-        for &e in &fwd.flipped[l] {
-            dy[e] = 0.0;
-        }
-        let input = if l == 0 { x } else { &fwd.outputs[l - 1] };
-        let (dw, db) = grads.grad_pair_mut(2 * l);
-        linear_backward(isa, input, n, &params[2 * l], &dy, dw, db, (l > 0).then_some(&mut dx));
-        if l > 0 {
-            relu_backward(&fwd.outputs[l - 1], &mut dx);
-            std::mem::swap(&mut dy, &mut dx);
-        }
-    }
+    let (total, dy) = loss_gradient(fwd.logits(), n, y, denominator);
+    backward(isa, params, (n, x), &fwd, dy, grads, 0, false);
     grads.set_loss(total / denominator as f32);
 }
 
 /// Loss sum and correct arg-max predictions on `n` images (no gradient).
 pub(in crate::model) fn evaluate(isa: Isa, params: &[NamedTensor], (n, x, y): (usize, &[f32], &[i64])) -> EvalSums {
-    let fwd = forward(isa, params, x, n, &mut Taps::none());
-    let logits = &fwd.outputs[2];
-    let classes = logits.len() / n.max(1);
-    let mut scratch = vec![0.0f32; logits.len()];
-    let total = softmax_cross_entropy(logits, classes, y, 0.0, &mut scratch)
-        .expect("labels are checked when the data set is read");
-    let correct = logits.chunks_exact(classes).zip(y).filter(|(row, label)| argmax(row) == **label as usize).count();
-    EvalSums { loss_sum: f64::from(total), count: n, correct }
-}
-
-/// The index of the first largest value (NaN never wins).
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (j, &v) in row.iter().enumerate() {
-        if v > row[best] || row[best].is_nan() && !v.is_nan() {
-            best = j;
-        }
-    }
-    best
+    score(forward(isa, params, x, n, &mut Taps::none()).logits(), n, y)
 }

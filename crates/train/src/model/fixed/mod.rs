@@ -12,11 +12,13 @@
 //! an accumulation whose order depends on a vector width or a thread count, or let a
 //! multiply-add be fused on one path and not on another.
 
+pub(super) mod cnn;
 pub(super) mod mlp;
 
 use kernels::Isa;
 use kernels::gemm::{MatRef, matmul};
 
+use crate::model::EvalSums;
 use crate::state::NamedTensor;
 
 /// `y = x · w + b` for `x` of `n` rows: `w` is `[d_in, d_out]`, `b` is `[d_out]`; each
@@ -53,4 +55,35 @@ fn linear_backward(
         dx.resize(n * d_in, 0.0);
         matmul(isa, dy_m, MatRef::row_major(&w.data, d_in, d_out).t(), dx);
     }
+}
+
+/// Softmax cross-entropy of `n` rows of `logits` against labels `y`: the sum of the
+/// per-example losses, and the gradient of that sum divided by `denominator`.
+fn loss_gradient(logits: &[f32], n: usize, y: &[i64], denominator: usize) -> (f32, Vec<f32>) {
+    let mut dy = vec![0.0f32; logits.len()];
+    let total =
+        kernels::softmax::softmax_cross_entropy(logits, logits.len() / n.max(1), y, 1.0 / denominator as f32, &mut dy)
+            .expect("labels are checked when the data set is read");
+    (total, dy)
+}
+
+/// The loss sum and the correct arg-max predictions of `n` rows of `logits`.
+fn score(logits: &[f32], n: usize, y: &[i64]) -> EvalSums {
+    let classes = logits.len() / n.max(1);
+    let mut scratch = vec![0.0f32; logits.len()];
+    let total = kernels::softmax::softmax_cross_entropy(logits, classes, y, 0.0, &mut scratch)
+        .expect("labels are checked when the data set is read");
+    let correct = logits.chunks_exact(classes).zip(y).filter(|(row, label)| argmax(row) == **label as usize).count();
+    EvalSums { loss_sum: f64::from(total), count: n, correct }
+}
+
+/// The index of the first largest value (NaN never wins).
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (j, &v) in row.iter().enumerate() {
+        if v > row[best] || row[best].is_nan() && !v.is_nan() {
+            best = j;
+        }
+    }
+    best
 }
