@@ -22,7 +22,7 @@ LR = {"mlp": 1e-3, "cnn": 2e-3}
 
 
 # Models whose default kernels are the fixed-order ones: these also run on the framework's.
-FIXED = {"mlp"}
+FIXED = {"mlp", "cnn"}
 
 
 def steadfast(model, threads, kernels=None):

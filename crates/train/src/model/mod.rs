@@ -133,6 +133,10 @@ pub struct Loaded<'a> {
 impl Loaded<'_> {
     /// Forward and backward on one micro-batch; see [`Model::loss_and_grads_into`].
     pub fn loss_and_grads_into(&self, batch: &Batch, denominator: usize, taps: &mut Taps, out: &mut GradBuffer) {
+        on_pool(|| self.loss_and_grads_here(batch, denominator, taps, out))
+    }
+
+    fn loss_and_grads_here(&self, batch: &Batch, denominator: usize, taps: &mut Taps, out: &mut GradBuffer) {
         match (self.kernels, self.model, batch) {
             (Kernels::Fixed(isa), Model::Mlp(_), Batch::Images { n, x, y }) => {
                 fixed::mlp::loss_and_grads(isa, self.params, (*n, x, y), denominator, taps, out)
@@ -147,6 +151,10 @@ impl Loaded<'_> {
 
     /// Loss sum and correct predictions on a batch; see [`Model::evaluate`].
     pub fn evaluate(&self, batch: &Batch) -> EvalSums {
+        on_pool(|| self.evaluate_here(batch))
+    }
+
+    fn evaluate_here(&self, batch: &Batch) -> EvalSums {
         match (self.kernels, self.model, batch) {
             (Kernels::Fixed(isa), Model::Mlp(_), Batch::Images { n, x, y }) => {
                 fixed::mlp::evaluate(isa, self.params, (*n, x, y))
@@ -158,6 +166,15 @@ impl Loaded<'_> {
             (Kernels::Framework, model, _) => model.evaluate(batch, self.device),
         }
     }
+}
+
+/// Runs `f` on a thread of rayon's pool (directly when called on one). A pass's
+/// sequential parts then run on a pool thread, and between its parallel parts the pool's
+/// other threads wait for work without competing with the caller for a core: with the
+/// caller outside the pool, a two-thread pool on a two-core machine had three threads
+/// wanting two cores, and each handoff cost a wake-up.
+fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
 }
 
 impl Model {
