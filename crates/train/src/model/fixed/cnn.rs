@@ -88,9 +88,8 @@ fn unpool(s: &Stage, dpooled: &[f32]) -> Vec<f32> {
     max_pool2_backward(dpooled, &s.argmax, &mut d);
     // The rectifier's backward pass, at the only places with a gradient.
     for &i in &s.argmax {
-        if s.rectified[i as usize] <= 0.0 {
-            d[i as usize] = 0.0;
-        }
+        let (r, g) = (s.rectified[i as usize], d[i as usize]);
+        d[i as usize] = if r <= 0.0 { 0.0 } else { g };
     }
     for &e in &s.flipped {
         d[e] = 0.0;
