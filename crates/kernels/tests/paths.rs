@@ -3,7 +3,7 @@
 //! subnormals, infinities), and against itself under other thread counts.
 
 use kernels::Isa;
-use kernels::gemm::{MatRef, matmul, reference};
+use kernels::gemm::{MatRef, matmul, matmul_add, reference};
 use proptest::prelude::*;
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -52,6 +52,26 @@ proptest! {
             let mut got = vec![f32::NAN; m * n];
             matmul(isa, a, b, &mut got);
             prop_assert_eq!(bits(&got), bits(&want), "{} {}x{}x{}", isa, m, k, n);
+        }
+    }
+
+    #[test]
+    fn a_product_continued_by_matmul_add_gives_the_whole_products_bits(
+        (m, k, n, a, b, _, _) in problem(),
+        split in 0usize..300,
+    ) {
+        let k1 = split.min(k);
+        let mut want = vec![0.0; m * n];
+        reference(MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n), &mut want);
+        // A's first k1 columns and B's first k1 rows, then the rest.
+        let a1 = MatRef::strided(&a, m, k1, k, 1);
+        let a2 = MatRef::strided(a.get(k1..).unwrap_or(&[]), m, k - k1, k, 1);
+        let (b1, b2) = b.split_at(k1 * n);
+        for isa in Isa::all_available() {
+            let mut got = vec![f32::NAN; m * n];
+            matmul(isa, a1, MatRef::row_major(b1, k1, n), &mut got);
+            matmul_add(isa, a2, MatRef::row_major(b2, k - k1, n), &mut got);
+            prop_assert_eq!(bits(&got), bits(&want), "{} {}x{}+{}x{}", isa, m, k1, k - k1, n);
         }
     }
 }
