@@ -33,7 +33,7 @@ impl ConvShape {
     /// # Panics
     /// If the kernel is larger than the padded input.
     pub const fn out_height(&self) -> usize {
-        self.height + 2 * self.padding + 1 - self.kernel
+        out_side(self.height, self.padding, self.kernel)
     }
 
     /// Output width `W + 2·pad - k + 1`.
@@ -41,7 +41,7 @@ impl ConvShape {
     /// # Panics
     /// If the kernel is larger than the padded input.
     pub const fn out_width(&self) -> usize {
-        self.width + 2 * self.padding + 1 - self.kernel
+        out_side(self.width, self.padding, self.kernel)
     }
 
     /// Values in one image: `C·H·W`.
@@ -83,10 +83,15 @@ impl ConvShape {
     }
 
     fn check(&self, x: usize, cols: usize) {
-        assert!(self.kernel <= self.height + 2 * self.padding && self.kernel <= self.width + 2 * self.padding);
         assert_eq!(x, self.input_len(), "the image has the wrong length for {self:?}");
         assert_eq!(cols, self.patch_len() * self.positions(), "the patch matrix has the wrong length for {self:?}");
     }
+}
+
+/// `side + 2·pad - k + 1`, the output positions along one side.
+const fn out_side(side: usize, padding: usize, kernel: usize) -> usize {
+    assert!(kernel <= side + 2 * padding, "the kernel is larger than the padded input");
+    side + 2 * padding + 1 - kernel
 }
 
 /// Writes the patches of image `x` as the columns of `cols` (`patch_len x positions`,
@@ -272,6 +277,12 @@ mod tests {
         let mut dx = [f32::NAN; 3];
         col2im(s, &d, &mut dx);
         assert_eq!(dx[1], 0.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "larger than the padded input")]
+    fn a_kernel_larger_than_the_padded_image_is_refused() {
+        ConvShape { channels: 1, height: 2, width: 2, kernel: 5, padding: 1 }.positions();
     }
 
     #[test]

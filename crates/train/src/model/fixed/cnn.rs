@@ -11,11 +11,11 @@
 //! - A convolution's output is, per image, `W · im2col(x)` (each element one fma chain
 //!   over the patch, in the weight's layout order) plus the bias, added once.
 //! - Its weight gradient sums over the batch in fixed groups of [`GROUP`] images: within
-//!   a group, one fma chain over the images and their output positions in order, reading the patches as rows
-//!   (`im2row`; [`matmul_add`] continues the chain from one image to the next); the groups' sums
-//!   are then added in order, the first from zero. The bias gradient is grouped the same
-//!   way, each group a plain chain of additions. The groups depend on the batch size
-//!   alone, so the threads that compute them change no bit.
+//!   a group, one fma chain over the images and their output positions in order, reading
+//!   the patches as rows (`im2row`; [`matmul_add`] continues the chain from one image to
+//!   the next); the groups' sums are then added in order, the first from zero. The bias
+//!   gradient is grouped the same way, each group a plain chain of additions. The groups
+//!   depend on the batch size alone, so the threads that compute them change no bit.
 //! - The input gradient is, per image, `col2im(Wᵀ · dy)`.
 
 use kernels::Isa;
@@ -34,7 +34,7 @@ const CONV1: ConvShape = ConvShape { channels: 1, height: 28, width: 28, kernel:
 const CONV2: ConvShape = ConvShape { channels: 6, height: 14, width: 14, kernel: 5, padding: 0 };
 
 /// Images per partial sum of a convolution's weight and bias gradients.
-pub(super) const GROUP: usize = 8;
+const GROUP: usize = 8;
 
 /// One convolution's output after its rectifier, the pooled output, and where each pooled
 /// value came from.
