@@ -132,38 +132,30 @@ pub fn im2row(shape: ConvShape, x: &[f32], rows: &mut [f32]) {
             line[pad..pad + w].copy_from_slice(&x[(c * h + r) * w..(c * h + r + 1) * w]);
         }
     }
+    // A kernel side known when compiling lets each segment's copy stay in registers.
     match shape.kernel {
-        3 => rows_of::<3>(shape, &padded, rows),
-        5 => rows_of::<5>(shape, &padded, rows),
-        _ => rows_of_any(shape, &padded, rows),
+        3 => rows_from_padded::<3>(shape, &padded, rows),
+        5 => rows_from_padded::<5>(shape, &padded, rows),
+        _ => rows_from_padded::<0>(shape, &padded, rows),
     }
 }
 
-/// [`im2row`] from a padded image with the kernel side known when compiling: each
-/// segment is a copy of `K` values, done in registers.
-fn rows_of<const K: usize>(shape: ConvShape, padded: &[f32], rows: &mut [f32]) {
-    let (ph, pw, ow_len) = (shape.height + 2 * shape.padding, shape.width + 2 * shape.padding, shape.out_width());
-    for (position, row) in rows.chunks_exact_mut(shape.patch_len()).enumerate() {
-        let (oh, ow) = (position / ow_len, position % ow_len);
-        for (ci, segment) in row.chunks_exact_mut(K).enumerate() {
-            let (c, i) = (ci / K, ci % K);
-            let start = (c * ph + oh + i) * pw + ow;
-            let values: [f32; K] = padded[start..start + K].try_into().expect("K values");
-            segment.copy_from_slice(&values);
-        }
-    }
-}
-
-/// [`im2row`] from a padded image, for any kernel side.
-fn rows_of_any(shape: ConvShape, padded: &[f32], rows: &mut [f32]) {
-    let k = shape.kernel;
+/// [`im2row`] from the padded image: each segment (one channel, one kernel row) is a
+/// slice of a padded line. `K` is the kernel side, or 0 to read it from `shape`.
+fn rows_from_padded<const K: usize>(shape: ConvShape, padded: &[f32], rows: &mut [f32]) {
+    let k = if K == 0 { shape.kernel } else { K };
     let (ph, pw, ow_len) = (shape.height + 2 * shape.padding, shape.width + 2 * shape.padding, shape.out_width());
     for (position, row) in rows.chunks_exact_mut(shape.patch_len()).enumerate() {
         let (oh, ow) = (position / ow_len, position % ow_len);
         for (ci, segment) in row.chunks_exact_mut(k).enumerate() {
             let (c, i) = (ci / k, ci % k);
-            let start = (c * ph + oh + i) * pw + ow;
-            segment.copy_from_slice(&padded[start..start + k]);
+            let src = &padded[(c * ph + oh + i) * pw + ow..][..k];
+            if K == 0 {
+                segment.copy_from_slice(src);
+            } else {
+                let values: [f32; K] = src.try_into().expect("a segment has K values");
+                segment.copy_from_slice(&values);
+            }
         }
     }
 }

@@ -454,6 +454,18 @@ mod tests {
             .collect()
     }
 
+    /// Asserts that every path computes `a · b` with the bits of [`reference`].
+    fn assert_paths_match_reference(a: MatRef<'_>, b: MatRef<'_>) {
+        let (m, k, n) = (a.rows(), a.cols(), b.cols());
+        let mut want = vec![0.0; m * n];
+        reference(a, b, &mut want);
+        for isa in Isa::all_available() {
+            let mut got = vec![f32::NAN; m * n];
+            matmul(isa, a, b, &mut got);
+            assert_eq!(bits(&got), bits(&want), "{isa} {m}x{k}x{n}");
+        }
+    }
+
     #[test]
     fn every_path_gives_the_reference_bits_on_awkward_shapes() {
         // Short products (6, 8, 16 and 40 rows) take the lower tiles.
@@ -461,13 +473,7 @@ mod tests {
         let short = [(8, 25, 100), (16, 150, 70), (40, 9, 33)];
         for &(m, k, n) in shapes.iter().chain(&short) {
             let (a, b) = (values(m * k, 1), values(k * n, 2));
-            let mut want = vec![0.0; m * n];
-            reference(MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n), &mut want);
-            for isa in Isa::all_available() {
-                let mut got = vec![f32::NAN; m * n];
-                matmul(isa, MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n), &mut got);
-                assert_eq!(bits(&got), bits(&want), "{isa} {m}x{k}x{n}");
-            }
+            assert_paths_match_reference(MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
         }
     }
 
@@ -476,14 +482,7 @@ mod tests {
         // (5, 1, 70): B's transpose with one row is read in place with a row stride of 1.
         for (m, k, n) in [(7, 20, 5), (5, 1, 70), (9, 300, 40)] {
             let (at, bt) = (values(k * m, 3), values(n * k, 4));
-            let (a, b) = (MatRef::row_major(&at, k, m).t(), MatRef::row_major(&bt, n, k).t());
-            let mut want = vec![0.0; m * n];
-            reference(a, b, &mut want);
-            for isa in Isa::all_available() {
-                let mut got = vec![0.0; m * n];
-                matmul(isa, a, b, &mut got);
-                assert_eq!(bits(&got), bits(&want), "{isa} {m}x{k}x{n}");
-            }
+            assert_paths_match_reference(MatRef::row_major(&at, k, m).t(), MatRef::row_major(&bt, n, k).t());
         }
     }
 
@@ -491,14 +490,7 @@ mod tests {
     fn views_with_no_unit_stride_are_packed_too() {
         let (m, k, n) = (5, 270, 19);
         let (a, b) = (values(2 * m * k, 7), values(2 * k * n, 8));
-        let (a, b) = (MatRef::strided(&a, m, k, 2 * k, 2), MatRef::strided(&b, k, n, 2 * n, 2));
-        let mut want = vec![0.0; m * n];
-        reference(a, b, &mut want);
-        for isa in Isa::all_available() {
-            let mut got = vec![0.0; m * n];
-            matmul(isa, a, b, &mut got);
-            assert_eq!(bits(&got), bits(&want), "{isa}");
-        }
+        assert_paths_match_reference(MatRef::strided(&a, m, k, 2 * k, 2), MatRef::strided(&b, k, n, 2 * n, 2));
     }
 
     #[test]
