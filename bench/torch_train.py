@@ -1,5 +1,7 @@
 """PyTorch side of the training benchmark: the same MLP / LeNet-5 as Steadfast, the
-same Fashion-MNIST preprocessing, batch, fp32, AdamW and thread count.
+same Fashion-MNIST preprocessing, batch, fp32, AdamW and thread count; and the same
+character-level GPT (4 pre-norm blocks, width 128, 4 heads, context 64, exact GELU) on
+the same fortunes text, batch 32.
 
 Prints one JSON line: steps, seconds of the training loop, optimizer seconds, and a
 SHA-256 of the final weights (to compare across thread counts).
@@ -47,28 +49,100 @@ class LeNet(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
+def load_fortunes(dir_="/usr/share/games/fortunes"):
+    """The corpus as Steadfast reads it: every file but the .dat indexes, quotations
+    split on % lines, one in ten held out; here only the training bytes matter."""
+    quotes = []
+    for name in sorted(os.listdir(dir_)):
+        path = os.path.join(dir_, name)
+        if not os.path.isfile(path) or name.endswith(".dat"):
+            continue
+        with open(path, "rb") as f:
+            quote = []
+            for line in f.read().split(b"\n"):
+                if line.strip() == b"%":
+                    if quote:
+                        quotes.append(b"\n".join(quote))
+                    quote = []
+                else:
+                    quote.append(line)
+            if quote:
+                quotes.append(b"\n".join(quote))
+    train = b"".join(q + b"\n" for i, q in enumerate(quotes) if i % 10 != 0)
+    vocab = sorted(set(train))
+    index = {b: i for i, b in enumerate(vocab)}
+    return torch.tensor([index[b] for b in train], dtype=torch.int64), len(vocab)
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab, context=64, width=128, layers=4, heads=4):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln_f, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x)).flatten(0, 1)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "cnn"], required=True)
+    ap.add_argument("--model", choices=["mlp", "cnn", "gpt"], required=True)
     ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--batch", type=int, help="default: 128, gpt 32")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    x, y = load_images(a.data_dir, "train")
-    model = Mlp() if a.model == "mlp" else LeNet()
+    rng = np.random.default_rng(0)
+    if a.model == "gpt":
+        batch, context = a.batch or 32, 64
+        text, vocab = load_fortunes()
+        model = Gpt(vocab, context)
+        starts = torch.from_numpy(rng.integers(0, len(text) - context - 1, size=(a.steps, batch)))
+        offsets = torch.arange(context)
+
+        def example(step):
+            at = starts[step][:, None] + offsets
+            return text[at], text[at + 1].flatten()
+    else:
+        batch = a.batch or 128
+        x, y = load_images(a.data_dir, "train")
+        model = Mlp() if a.model == "mlp" else LeNet()
+        perm = torch.from_numpy(rng.permutation(len(y)))
+        per_epoch = len(y) // batch
+
+        def example(step):
+            i = step % per_epoch
+            idx = perm[i * batch:(i + 1) * batch]
+            return x[idx], y[idx]
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
-    perm = torch.from_numpy(np.random.default_rng(0).permutation(len(y)))
-    per_epoch = len(y) // a.batch
     optim_s = 0.0
     start = time.perf_counter()
     for step in range(a.steps):
-        i = step % per_epoch
-        idx = perm[i * a.batch:(i + 1) * a.batch]
-        loss = F.cross_entropy(model(x[idx]), y[idx])
+        inputs, targets = example(step)
+        loss = F.cross_entropy(model(inputs), targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t = time.perf_counter()

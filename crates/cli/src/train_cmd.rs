@@ -98,6 +98,10 @@ pub struct TrainArgs {
     /// Evaluate on the held-out split every this many steps (0: only at the end).
     #[arg(long)]
     eval_every: Option<u64>,
+    /// Score at most N held-out examples per evaluation [default: every test image, the
+    /// first 1024 text sequences].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    eval_limit: Option<u64>,
     /// Output directory for metrics.jsonl.
     #[arg(long, default_value = "runs/train")]
     out: PathBuf,
@@ -227,6 +231,7 @@ impl TrainArgs {
         c.reduce = self.reduce;
         c.kernels = self.kernels;
         c.eval_every = self.eval_every.unwrap_or(c.eval_every);
+        c.eval_limit = self.eval_limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         c.out_dir = Some(self.out);
         if let Some(dir) = &self.checkpoint_dir {
             c.checkpoint = Some(CheckpointConfig {

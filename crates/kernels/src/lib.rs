@@ -11,10 +11,13 @@
 //! - **One accumulation order per output**, written down in the kernel's documentation (for
 //!   the matrix product: a chain over the inner dimension in increasing order, starting at
 //!   zero). Vectors run across *independent* outputs, never across the terms of one sum.
-//! - **Fused multiply-add everywhere**: every product-and-add is one correctly rounded
-//!   `fma`, on every path. The AVX2 and AVX-512 paths use the hardware's; the scalar path
-//!   calls [`f32::mul_add`], which is the same operation (in software on a CPU without FMA:
-//!   slow, but the same bits).
+//! - **Fused multiply-add in the matrix product, nowhere else**: every product-and-add of
+//!   a matrix product is one correctly rounded `fma`, on every path. The AVX2 and AVX-512
+//!   paths use the hardware's; the scalar path calls [`math::fma`], the same operation
+//!   (computed exactly in `f64` where the target has no FMA instruction). The other
+//!   kernels (GELU, softmax, layer norm, attention's softmax) round every product and sum
+//!   on its own, and the compiler vectorises them without changing an operation
+//!   (`lanes`).
 //! - **Threads split outputs, never sums**: a thread computes whole outputs, so the thread
 //!   count changes only who computes them.
 //!
@@ -43,10 +46,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod conv;
+pub mod gelu;
 pub mod gemm;
 pub mod isa;
+mod lanes;
 pub mod math;
+pub mod norm;
 pub mod pool;
 pub mod rows;
 pub mod softmax;

@@ -33,14 +33,16 @@ pub struct TrainConfig {
     pub optim: OptimConfig,
     /// Seed of initialisation, data order and synthetic data.
     pub seed: u64,
-    /// Which kernels compute the model; `None` takes the model's default
-    /// ([`KernelSet::default_for`]).
+    /// Which kernels compute the model; `None` takes the default (the fixed-order ones).
     pub kernels: Option<KernelSet>,
     /// How micro-batch gradients are summed, in this process and across a job (see
     /// `docs/determinism.md`).
     pub reduce: ReduceMode,
     /// Evaluate every this many steps (and always at the end); 0 evaluates only at the end.
     pub eval_every: u64,
+    /// Score at most this many held-out examples per evaluation; `None`: every test image,
+    /// or the first [`TEXT_EVAL_SEQUENCES`](crate::trainer::TEXT_EVAL_SEQUENCES) text sequences.
+    pub eval_limit: Option<usize>,
     /// Where to write `metrics.jsonl`; nothing is written without it.
     pub out_dir: Option<PathBuf>,
     /// Periodic checkpoints; none without it.
@@ -134,9 +136,9 @@ impl DistConfig {
 }
 
 impl TrainConfig {
-    /// The kernel set of this run: the one it names, or the model's default.
+    /// The kernel set of this run: the one it names, or the default.
     pub fn kernel_set(&self) -> KernelSet {
-        self.kernels.unwrap_or_else(|| KernelSet::default_for(self.model))
+        self.kernels.unwrap_or_default()
     }
 
     /// The defaults for a model: sizes and schedules that reach the documented quality
@@ -162,6 +164,7 @@ impl TrainConfig {
             kernels: None,
             reduce: ReduceMode::Deterministic,
             eval_every: 500,
+            eval_limit: None,
             out_dir: None,
             checkpoint: None,
             resume: None,

@@ -445,7 +445,8 @@ pub(crate) fn run(
                 metrics.write(json!({"kind": "train", "step": done, "loss": last_loss}))?;
                 on_event(Event::Step { step: done, loss: last_loss });
                 if config.eval_every > 0 && done % config.eval_every == 0 && done < config.steps {
-                    let report = evaluate_state(&mut engine, &prepared.data, &lock_read(&held).state);
+                    let report =
+                        evaluate_state(&mut engine, &prepared.data, &lock_read(&held).state, config.eval_limit);
                     write_eval(&mut metrics, &report, prepared.unigram_perplexity)?;
                     on_event(Event::Eval(&report));
                     last_eval = Some(report);
@@ -560,7 +561,7 @@ pub(crate) fn run(
     let last_eval = match last_eval.filter(|e| e.step == state.step) {
         Some(e) => e,
         None => {
-            let report = evaluate_state(&mut engine, &prepared.data, &state);
+            let report = evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit);
             write_eval(&mut metrics, &report, prepared.unigram_perplexity)?;
             on_event(Event::Eval(&report));
             report

@@ -296,7 +296,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
             metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
         }
         if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
-            let report = evaluate_state(&mut engine, &prepared.data, &state);
+            let report = evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit);
             write_eval(&mut metrics, &report, prepared.unigram_perplexity)?;
             on_event(Event::Eval(&report));
             last_eval = Some(report);
@@ -315,7 +315,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     }
     let checkpoints = writer.as_ref().map(|w| w.stats().clone()).unwrap_or_default();
     // Resumed at the final step: nothing trained, evaluate the restored state.
-    let last_eval = last_eval.unwrap_or_else(|| evaluate_state(&mut engine, &prepared.data, &state));
+    let last_eval = last_eval.unwrap_or_else(|| evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit));
     let summary = Summary {
         steps: config.steps,
         final_loss: last_loss,
@@ -352,9 +352,14 @@ pub(crate) fn write_summary(metrics: &mut MetricsFile, summary: &Summary) -> Res
     }))
 }
 
-/// Scores `state` on the held-out split with the engine's model.
-pub(crate) fn evaluate_state(engine: &mut Engine<'_>, data: &Dataset, state: &TrainState) -> EvalReport {
-    engine.with_model(&state.params, |model| evaluate(model, data, state.step))
+/// Scores `state` on the held-out split (at most `limit` examples) with the engine's model.
+pub(crate) fn evaluate_state(
+    engine: &mut Engine<'_>,
+    data: &Dataset,
+    state: &TrainState,
+    limit: Option<usize>,
+) -> EvalReport {
+    engine.with_model(&state.params, |model| evaluate_first(model, data, state.step, limit.unwrap_or(usize::MAX)))
 }
 
 pub(crate) fn write_eval(
@@ -425,19 +430,10 @@ pub fn evaluate_first(model: &Loaded<'_>, data: &Dataset, step: u64, limit: usiz
     }
 }
 
-/// The kernels of `config`: the set it names (or the model's default), and for the
-/// fixed-order set the instruction set that `STEADFAST_ISA` names (or the best this CPU
-/// has).
+/// The kernels of `config`: the set it names (or the default), and for the fixed-order
+/// set the instruction set that `STEADFAST_ISA` names (or the best this CPU has).
 fn resolve_kernels(config: &TrainConfig) -> Result<Kernels, TrainError> {
-    let set = config.kernel_set();
-    if !set.supports(config.model) {
-        return Err(ConfigError::Invalid(format!(
-            "the {set} kernels cannot compute the {} model yet; use --kernels framework",
-            config.model
-        ))
-        .into());
-    }
-    Ok(match set {
+    Ok(match config.kernel_set() {
         KernelSet::Fixed => Kernels::Fixed(kernels::isa::from_env().map_err(|e| ConfigError::Invalid(e.to_string()))?),
         KernelSet::Framework => Kernels::Framework,
     })

@@ -43,8 +43,8 @@ impl Word for KernelSet {
     }
     fn help(self) -> &'static str {
         match self {
-            KernelSet::Fixed => "fixed-order kernels: the same bits on every CPU kind (the mlp's and cnn's default)",
-            KernelSet::Framework => "the framework's kernels: bits depend on the CPU (the gpt's default)",
+            KernelSet::Fixed => "fixed-order kernels: the same bits on every CPU kind (the default)",
+            KernelSet::Framework => "the framework's kernels: bits depend on the CPU",
         }
     }
 }

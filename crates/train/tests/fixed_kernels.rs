@@ -10,10 +10,22 @@ use train::data::{Batch, DataKind, DataSpec, Dataset, Modality, Split};
 use train::model::{GptConfig, Kernels, Loaded, Mlp, Model, ModelKind, Taps};
 use train::step::{GradBuffer, GradLayout};
 
+fn synthetic(modality: Modality, context: usize) -> Dataset {
+    let spec = DataSpec { kind: DataKind::Synthetic, dir: None, modality, context, seed: 3 };
+    Dataset::load(&spec).unwrap()
+}
+
 fn images(n: u32) -> Batch {
-    let spec = DataSpec { kind: DataKind::Synthetic, dir: None, modality: Modality::Images, context: 64, seed: 3 };
-    let data = Dataset::load(&spec).unwrap();
-    data.batch(Split::Train, &(0..n).collect::<Vec<_>>())
+    synthetic(Modality::Images, 64).batch(Split::Train, &(0..n).collect::<Vec<_>>())
+}
+
+/// A GPT of `config`'s shape (its vocabulary taken from the synthetic text) and 16 of
+/// that text's sequences.
+fn gpt_and_text(config: GptConfig) -> (GptConfig, Batch) {
+    let data = synthetic(Modality::Text, config.context);
+    let Dataset::Text(text) = &data else { unreachable!() };
+    let config = GptConfig { vocab: text.vocab.len(), ..config };
+    (config, data.batch(Split::Train, &(0..16).collect::<Vec<_>>()))
 }
 
 /// Loss, gradients and the flips logged, on `kernels`, with `spec`'s activation faults.
@@ -38,16 +50,15 @@ fn assert_close(name: &str, fixed: &[f32], framework: &[f32]) {
     }
 }
 
-fn model(kind: ModelKind, device: &Device) -> Model {
-    Model::new(kind, 7, GptConfig::small(0), Mlp::DEFAULT_WIDTH, device)
+fn model(kind: ModelKind, gpt: GptConfig, device: &Device) -> Model {
+    Model::new(kind, 7, gpt, Mlp::DEFAULT_WIDTH, device)
 }
 
-fn computes_the_frameworks_loss_and_gradients(kind: ModelKind) {
-    let model = model(kind, &Device::flex().autodiff());
-    let batch = images(16);
+fn computes_the_frameworks_loss_and_gradients(kind: ModelKind, gpt: GptConfig, batch: &Batch) {
+    let model = model(kind, gpt, &Device::flex().autodiff());
     let isa = kernels::Isa::detect();
-    let (loss, grads, _) = run(&model, Kernels::Fixed(isa), &batch, None);
-    let (loss_fw, grads_fw, _) = run(&model, Kernels::Framework, &batch, None);
+    let (loss, grads, _) = run(&model, Kernels::Fixed(isa), batch, None);
+    let (loss_fw, grads_fw, _) = run(&model, Kernels::Framework, batch, None);
     assert!((loss - loss_fw).abs() <= 1e-6 * loss_fw.abs(), "loss {loss} vs {loss_fw}");
     let layout = GradLayout::of(&model.params());
     for (name, range) in layout.tensors() {
@@ -57,8 +68,8 @@ fn computes_the_frameworks_loss_and_gradients(kind: ModelKind) {
 
     let device = Device::flex();
     let params = model.params();
-    let plain = self::model(kind, &device);
-    let eval = |kernels| Loaded { model: &plain, params: &params, kernels, device: &device }.evaluate(&batch);
+    let plain = self::model(kind, gpt, &device);
+    let eval = |kernels| Loaded { model: &plain, params: &params, kernels, device: &device }.evaluate(batch);
     let (e, e_fw) = (eval(Kernels::Fixed(isa)), eval(Kernels::Framework));
     assert_eq!((e.count, e.correct), (e_fw.count, e_fw.correct));
     assert!((e.loss_sum - e_fw.loss_sum).abs() <= 1e-5 * e_fw.loss_sum, "{} vs {}", e.loss_sum, e_fw.loss_sum);
@@ -66,16 +77,26 @@ fn computes_the_frameworks_loss_and_gradients(kind: ModelKind) {
 
 #[test]
 fn the_fixed_mlp_computes_the_frameworks_loss_and_gradients() {
-    computes_the_frameworks_loss_and_gradients(ModelKind::Mlp);
+    computes_the_frameworks_loss_and_gradients(ModelKind::Mlp, GptConfig::small(0), &images(16));
 }
 
 #[test]
 fn the_fixed_cnn_computes_the_frameworks_loss_and_gradients() {
-    computes_the_frameworks_loss_and_gradients(ModelKind::Cnn);
+    computes_the_frameworks_loss_and_gradients(ModelKind::Cnn, GptConfig::small(0), &images(16));
+}
+
+#[test]
+fn the_fixed_gpt_computes_the_frameworks_loss_and_gradients() {
+    // The default shape, and an awkward one: heads of 12 values, 13 tokens, 3 heads.
+    let awkward = GptConfig { vocab: 0, context: 13, width: 36, layers: 2, heads: 3 };
+    for config in [GptConfig::small(0), awkward] {
+        let (config, batch) = gpt_and_text(config);
+        computes_the_frameworks_loss_and_gradients(ModelKind::Gpt, config, &batch);
+    }
 }
 
 fn faults_strike_the_same_elements(kind: ModelKind, layers: &[&str]) {
-    let model = model(kind, &Device::flex().autodiff());
+    let model = model(kind, GptConfig::small(0), &Device::flex().autodiff());
     let batch = images(16);
     // Mantissa flips keep the values finite, so the two passes stay comparable.
     let spec = FlipSpec {

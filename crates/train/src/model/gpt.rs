@@ -94,6 +94,11 @@ impl Gpt {
         }
     }
 
+    /// Attention heads per block.
+    pub(crate) fn heads(&self) -> usize {
+        self.heads
+    }
+
     /// Logits `[n * t, vocab]` for token ids `[n, t]`.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<2> {
         let [n, t] = tokens.dims();

@@ -9,7 +9,7 @@
 //!
 //! Two kernel sets compute a step ([`Kernels`], through [`Loaded`]). The fixed-order
 //! kernels (`fixed`, our own, on `steadfast-kernels`) read the registry's parameters in
-//! place and give the same bits on every CPU kind; they cover the MLP and LeNet-5 so far. The
+//! place and give the same bits on every CPU kind; they compute every model. The
 //! framework's (burn's autodiff): [`Model::load`] copies the flat parameters into the
 //! module and [`Model::loss_and_grads_into`] runs forward and backward. Either way each
 //! parameter's gradient lands in its range of one flat buffer, and the optimizer (ours,
@@ -36,28 +36,14 @@ use crate::state::{NamedTensor, Role};
 use crate::step::{GradBuffer, GradLayout};
 
 /// Which kernels compute a model's forward and backward passes (`--kernels`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelSet {
-    /// Steadfast's fixed-order kernels ([`fixed`]): the same bits on every CPU kind.
+    /// Steadfast's fixed-order kernels ([`fixed`]): the same bits on every CPU kind. The
+    /// default for every model.
+    #[default]
     Fixed,
     /// The framework's (burn's): the bits depend on the CPU's instruction set.
     Framework,
-}
-
-impl KernelSet {
-    /// The kernel set for `model` when a run names none: the fixed-order kernels where the
-    /// model has them, the framework's otherwise.
-    pub fn default_for(model: ModelKind) -> KernelSet {
-        if KernelSet::Fixed.supports(model) { KernelSet::Fixed } else { KernelSet::Framework }
-    }
-
-    /// Whether this set can compute `model`.
-    pub fn supports(self, model: ModelKind) -> bool {
-        match self {
-            KernelSet::Fixed => matches!(model, ModelKind::Mlp | ModelKind::Cnn),
-            KernelSet::Framework => true,
-        }
-    }
 }
 
 /// The kernels of a run: the set, and for the fixed-order set the instruction set it runs
@@ -144,7 +130,10 @@ impl Loaded<'_> {
             (Kernels::Fixed(isa), Model::Cnn(_), Batch::Images { n, x, y }) => {
                 fixed::cnn::loss_and_grads(isa, self.params, (*n, x, y), denominator, taps, out)
             }
-            (Kernels::Fixed(_), _, _) => unreachable!("the configuration refuses fixed kernels for this model"),
+            (Kernels::Fixed(isa), Model::Gpt(gpt), Batch::Tokens { n, x, y }) => {
+                fixed::gpt::loss_and_grads(isa, self.params, gpt.heads(), (*n, x, y), denominator, out)
+            }
+            (Kernels::Fixed(_), _, _) => panic!("a model was given a batch of another kind"),
             (Kernels::Framework, model, _) => model.loss_and_grads_into(batch, denominator, self.device, taps, out),
         }
     }
@@ -162,7 +151,10 @@ impl Loaded<'_> {
             (Kernels::Fixed(isa), Model::Cnn(_), Batch::Images { n, x, y }) => {
                 fixed::cnn::evaluate(isa, self.params, (*n, x, y))
             }
-            (Kernels::Fixed(_), _, _) => unreachable!("the configuration refuses fixed kernels for this model"),
+            (Kernels::Fixed(isa), Model::Gpt(gpt), Batch::Tokens { n, x, y }) => {
+                fixed::gpt::evaluate(isa, self.params, gpt.heads(), (*n, x, y))
+            }
+            (Kernels::Fixed(_), _, _) => panic!("a model was given a batch of another kind"),
             (Kernels::Framework, model, _) => model.evaluate(batch, self.device),
         }
     }

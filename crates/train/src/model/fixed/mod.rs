@@ -13,6 +13,7 @@
 //! multiply-add be fused on one path and not on another.
 
 pub(super) mod cnn;
+pub(super) mod gpt;
 pub(super) mod mlp;
 
 use kernels::Isa;
