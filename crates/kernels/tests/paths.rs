@@ -1,9 +1,11 @@
-//! Every path of every kernel against the kernel's reference, bit for bit, on random
-//! shapes (odd sizes, sizes below one vector, empty ones) and values (every magnitude,
-//! subnormals, infinities), and against itself under other thread counts.
+//! Every path of every kernel against the kernel's reference (the matrix product's
+//! one-element-at-a-time `reference`, the scalar path for the others), bit for bit, on
+//! random shapes (odd sizes, sizes below one vector, empty ones) and values (every
+//! magnitude, subnormals, infinities), and against itself under other thread counts.
 
-use kernels::Isa;
+use kernels::attention::{self, Heads};
 use kernels::gemm::{MatRef, matmul, matmul_add, reference};
+use kernels::{Isa, gelu, norm};
 use proptest::prelude::*;
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -72,6 +74,80 @@ proptest! {
             matmul(isa, a1, MatRef::row_major(b1, k1, n), &mut got);
             matmul_add(isa, a2, MatRef::row_major(b2, k - k1, n), &mut got);
             prop_assert_eq!(bits(&got), bits(&want), "{} {}x{}+{}x{}", isa, m, k1, k - k1, n);
+        }
+    }
+}
+
+/// `rows` rows of `d` values and a vector of `d`, `d >= 1`.
+fn rows_and_vector(max_rows: usize, max_d: usize) -> impl Strategy<Value = (usize, Vec<f32>, Vec<f32>, Vec<f32>)> {
+    (0..max_rows, 1..max_d).prop_flat_map(|(rows, d)| {
+        (
+            Just(d),
+            prop::collection::vec(-4.0f32..4.0, rows * d),
+            prop::collection::vec(-2.0f32..2.0, d),
+            prop::collection::vec(-4.0f32..4.0, rows * d),
+        )
+    })
+}
+
+/// An attention shape and its `qkv` and output gradient.
+fn attention_problem() -> impl Strategy<Value = (Heads, Vec<f32>, Vec<f32>)> {
+    (1usize..4, 1usize..20, 1usize..4, 1usize..20).prop_flat_map(|(n, tokens, heads, head_dim)| {
+        let shape = Heads { tokens, heads, head_dim };
+        let rows = n * tokens;
+        (
+            Just(shape),
+            prop::collection::vec(-3.0f32..3.0, rows * 3 * shape.width()),
+            prop::collection::vec(-3.0f32..3.0, rows * shape.width()),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn gelu_paths_give_the_scalar_bits(x in prop::collection::vec(prop_oneof![8 => -20.0f32..20.0, 1 => value()], 0..300)) {
+        let run = |isa| {
+            let (mut y, mut slope) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+            gelu::gelu_with_slope(isa, &x, &mut y, &mut slope);
+            (bits(&y), bits(&slope))
+        };
+        let want = run(Isa::Scalar);
+        for isa in Isa::all_available() {
+            prop_assert_eq!(run(isa), want.clone(), "{}", isa);
+        }
+    }
+
+    #[test]
+    fn layer_norm_paths_give_the_scalar_bits((d, x, gamma, dy) in rows_and_vector(150, 70)) {
+        let rows = x.len() / d;
+        let run = |isa| {
+            let (mut y, mut xhat, mut rstd) = (vec![0.0; x.len()], vec![0.0; x.len()], vec![0.0; rows]);
+            norm::forward(isa, &x, &gamma, &gamma, &mut y, &mut xhat, &mut rstd);
+            let (mut dx, mut dg, mut db) = (vec![0.0; x.len()], vec![0.0; d], vec![0.0; d]);
+            norm::backward(isa, &dy, &gamma, &xhat, &rstd, &mut dx, &mut dg, &mut db);
+            [y, xhat, rstd, dx, dg, db].map(|v| bits(&v))
+        };
+        let want = run(Isa::Scalar);
+        for isa in Isa::all_available() {
+            prop_assert_eq!(run(isa), want.clone(), "{} {}x{}", isa, rows, d);
+        }
+    }
+
+    #[test]
+    fn attention_paths_give_the_scalar_bits((shape, qkv, dy) in attention_problem()) {
+        let run = |isa| {
+            let n = dy.len() / (shape.tokens * shape.width());
+            let (mut y, mut probs) = (vec![0.0; dy.len()], vec![0.0; n * shape.heads * shape.tokens * shape.tokens]);
+            attention::forward(isa, shape, &qkv, &mut y, &mut probs);
+            let mut dqkv = vec![0.0; qkv.len()];
+            attention::backward(isa, shape, &qkv, &probs, &dy, &mut dqkv);
+            [y, probs, dqkv].map(|v| bits(&v))
+        };
+        let want = run(Isa::Scalar);
+        for isa in Isa::all_available() {
+            prop_assert_eq!(run(isa), want.clone(), "{} {:?}", isa, shape);
         }
     }
 }
