@@ -111,7 +111,10 @@ fn bad_configurations_are_clear_errors() {
     fails_with(&["train", "--model", "mlp", "--data", "fortunes", "--out", out], "does not provide Images");
     fails_with(&["train", "--model", "mlp", "--data-dir", "/nonexistent/fm", "--out", out], "/nonexistent/fm");
     fails_with(&["train", "--model", "resnet"], "invalid value 'resnet'");
-    fails_with(&["train", "--data", "synthetic", "--eval-limit", "0", "--out", out], "invalid value '0' for '--eval-limit");
+    fails_with(
+        &["train", "--data", "synthetic", "--eval-limit", "0", "--out", out],
+        "invalid value '0' for '--eval-limit",
+    );
 }
 
 #[test]

@@ -213,7 +213,7 @@ pub fn reference(a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
         for j in 0..n {
             let mut acc = 0.0f32;
             for p in 0..k {
-                acc = crate::math::fma(a.at(i, p), b.at(p, j), acc);
+                acc = a.at(i, p).mul_add(b.at(p, j), acc);
             }
             c[i * n + j] = acc;
         }
@@ -426,7 +426,7 @@ fn portable_tile<const MR: usize, const NR: usize>(
         let b = &panel[p * ldb..p * ldb + NR];
         for (i, row) in acc.chunks_exact_mut(NR).enumerate() {
             for (c, &bj) in row.iter_mut().zip(b) {
-                *c = crate::math::fma(a[i], bj, *c);
+                *c = a[i].mul_add(bj, *c);
             }
         }
     }

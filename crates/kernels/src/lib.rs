@@ -13,8 +13,8 @@
 //!   zero). Vectors run across *independent* outputs, never across the terms of one sum.
 //! - **Fused multiply-add in the matrix product, nowhere else**: every product-and-add of
 //!   a matrix product is one correctly rounded `fma`, on every path. The AVX2 and AVX-512
-//!   paths use the hardware's; the scalar path calls [`math::fma`], the same operation
-//!   (computed exactly in `f64` where the target has no FMA instruction). The other
+//!   paths use the hardware's; the scalar path calls [`f32::mul_add`], the same operation
+//!   (in software on a CPU without FMA: slow, but the same bits). The other
 //!   kernels (GELU, softmax, layer norm, attention's softmax) round every product and sum
 //!   on its own, and the compiler vectorises them without changing an operation
 //!   (`lanes`).

@@ -66,40 +66,6 @@ pub(crate) fn exp_in_range(x: f64) -> f64 {
     p * pow2(half) * pow2(k.wrapping_sub(half))
 }
 
-/// `a * b + c` rounded once: IEEE 754's fused multiply-add, the operation of
-/// [`f32::mul_add`] and of the FMA instructions.
-///
-/// Where the target has an FMA instruction this is one. Elsewhere (baseline x86-64) the
-/// platform's `fmaf` is a slow library call, so it is computed here in `f64`, where the
-/// product `a * b` is exact (48 significant bits): the sum is rounded *to odd* (rounded to
-/// nearest, then, if inexact and even, moved one unit towards the exact sum, which
-/// `TwoSum` gives exactly), and a round-to-odd result with 53 bits rounds to the 24 of an
-/// `f32` exactly as the exact sum would. NaN in gives NaN out (its payload may differ from
-/// the instruction's).
-#[inline(always)]
-pub fn fma(a: f32, b: f32, c: f32) -> f32 {
-    if cfg!(any(target_feature = "fma", target_arch = "aarch64")) {
-        a.mul_add(b, c)
-    } else {
-        fma_by_rounding_to_odd(a, b, c)
-    }
-}
-
-#[inline(always)]
-fn fma_by_rounding_to_odd(a: f32, b: f32, c: f32) -> f32 {
-    let (p, c) = (f64::from(a) * f64::from(b), f64::from(c));
-    let s = p + c;
-    // TwoSum: the exact error of s, for any finite p and c.
-    let pp = s - c;
-    let error = (p - pp) + (c - (s - pp));
-    let bits = s.to_bits();
-    let inexact_even = error != 0.0 && bits & 1 == 0 && s.is_finite();
-    // Towards the exact sum: up in magnitude if the error has the sum's sign.
-    let step = if (error > 0.0) == (s > 0.0) { bits.wrapping_add(1) } else { bits.wrapping_sub(1) };
-    let odd = if inexact_even { f64::from_bits(step) } else { s };
-    odd as f32
-}
-
 /// The natural logarithm.
 pub fn ln(x: f32) -> f32 {
     if x.is_nan() || x < 0.0 {
@@ -177,38 +143,6 @@ mod tests {
     #[test]
     fn ln_is_within_one_ulp_and_nearly_always_correctly_rounded() {
         sweep_against("ln", ln, f64::ln, sweep(991, false));
-    }
-
-    #[test]
-    fn fma_by_rounding_to_odd_is_the_fused_multiply_add() {
-        let mut st = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            st ^= st << 13;
-            st ^= st >> 7;
-            st ^= st << 17;
-            st
-        };
-        // Random bit patterns (every kind of value), values near each other (cancellation)
-        // and products at the edge of the range.
-        let mut cases =
-            vec![(1.0f32, 1.0, -1.0), (-0.0, 1.0, 0.0), (-0.0, 1.0, -0.0), (3e38, 10.0, -3e38), (1e-30, 1e-20, 1e-45)];
-        for _ in 0..2_000_000 {
-            let r = next();
-            let (a, b) = (f32::from_bits(r as u32), f32::from_bits((r >> 32) as u32));
-            let c = f32::from_bits(next() as u32);
-            cases.push((a, b, c));
-            let x = f32::from_bits(0x3f80_0000 | (r as u32 & 0x7f_ffff));
-            let y = f32::from_bits(0x3f80_0000 | ((r >> 32) as u32 & 0x7f_ffff));
-            cases.push((x, y, -(x * y)));
-            cases.push((x, -y, f32::from_bits((x * y).to_bits().wrapping_add((r >> 60) as u32))));
-        }
-        for (a, b, c) in cases {
-            let (got, want) = (fma_by_rounding_to_odd(a, b, c), a.mul_add(b, c));
-            assert!(
-                got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
-                "fma({a:e}, {b:e}, {c:e}) = {got:e}, expected {want:e}"
-            );
-        }
     }
 
     #[test]
