@@ -20,8 +20,7 @@ macro_rules! per_isa {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
         ///
-        /// # Panics
-        /// If `isa` is not [available](crate::Isa::available) on this CPU.
+        /// Panics if `isa` is not [available](crate::Isa::available) on this CPU.
         $vis fn $name(isa: $crate::Isa, $($arg: $ty),*) {
             #[inline(always)]
             fn body($($arg: $ty),*) $body

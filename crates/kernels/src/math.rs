@@ -44,8 +44,9 @@ pub(crate) fn exp_lanes(x: f32) -> f32 {
     if x < EXP_UNDERFLOW { 0.0 } else { y }
 }
 
-/// `e^x` in `f64` for `x` in `[-104, 89]` (or NaN), within about 1e-15 of the true value:
-/// [`exp`]'s arithmetic, without a branch.
+/// `e^x` in `f64` for `x` in `[-170, 170]` (or NaN), within about 1e-15 of the true value:
+/// [`exp`]'s arithmetic, without a branch. ([`exp`] needs `[-104, 89]`; GELU goes down to
+/// `-121`.)
 #[inline(always)]
 pub(crate) fn exp_in_range(x: f64) -> f64 {
     // x = k ln2 + r with |r| <= ln2 / 2.
@@ -59,8 +60,9 @@ pub(crate) fn exp_in_range(x: f64) -> f64 {
     }
     let p = (p * r + 1.0) * r + 1.0;
     // The integer k is in the low bits of `shifted`, which lies in [2^52, 2^53). It lies
-    // in [-151, 129]: the scaling is split in two so that both factors are normal numbers.
-    // Either split gives the exact product (the result is a normal f64).
+    // in [-246, 246]: the scaling is split in two so that both factors are normal numbers
+    // (the bias of 256 keeps the shifted value positive). Any split gives the exact
+    // product, a normal f64.
     let k = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i64;
     let half = ((k.wrapping_add(256) as u64) >> 1) as i64 - 128;
     p * pow2(half) * pow2(k.wrapping_sub(half))
