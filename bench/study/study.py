@@ -21,7 +21,9 @@ Per system it measures:
 - integrity: one bit flipped in the middle of the largest file, and the file truncated to
   half: does loading notice?
 """
-import argparse, datetime, json, os, platform, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, datetime, json, math, os, platform, shutil, statistics, subprocess, sys, tempfile, time
+
+from damage import KINDS, damaged_copy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("STEADFAST_BIN", os.path.join(ROOT, "target", "release", "steadfast"))
@@ -64,7 +66,7 @@ def steadfast_cost(tmp, width, steps, every, threads):
     sh([BIN, "ckpt", "verify", last])
     load = time.perf_counter() - t
     inspect = json.loads(sh([BIN, "ckpt", "inspect", "--json", last]).stdout)
-    state = sum(4 * max(1, _prod(t["shape"])) for t in inspect["manifest"]["tensors"])
+    state = sum(4 * math.prod(t["shape"]) for t in inspect["manifest"]["tensors"])
     return {
         "steps_per_s": steps / plain["train_seconds"],
         "steps_per_s_with": steps / summary["train_seconds"],
@@ -73,13 +75,6 @@ def steadfast_cost(tmp, width, steps, every, threads):
         "bytes": dir_bytes(last),
         "state_bytes": state,
     }
-
-
-def _prod(shape):
-    p = 1
-    for d in shape:
-        p *= d
-    return p
 
 
 def steadfast_contents(tmp):
@@ -113,17 +108,9 @@ def steadfast_integrity(tmp):
     sf_train(os.path.join(tmp, "i"), 256, 3, 1, ["--checkpoint-every", "3", "--checkpoint-dir", root])
     clean = newest(root)
     out = {}
-    for damage in ["bit flip", "truncation"]:
+    for damage in KINDS:
         bad = os.path.join(tmp, damage.replace(" ", "-"))
-        shutil.rmtree(bad, ignore_errors=True)
-        shutil.copytree(clean, bad)
-        victim = max((os.path.join(bad, f) for f in os.listdir(bad)), key=os.path.getsize)
-        data = bytearray(open(victim, "rb").read())
-        if damage == "bit flip":
-            data[len(data) // 2] ^= 0x10
-        else:
-            data = data[: len(data) // 2]
-        open(victim, "wb").write(bytes(data))
+        damaged_copy(clean, bad, damage)
         r = sh([BIN, "ckpt", "verify", bad], check=False)
         said = (r.stdout + r.stderr).strip().splitlines()
         said = [l for l in said if "corrupt" in l.lower() or "error" in l.lower()] or said

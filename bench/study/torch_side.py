@@ -30,6 +30,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from torch_train import load_images  # noqa: E402
 
+from damage import KINDS, damaged_copy  # noqa: E402
+
 BATCH = 128
 
 
@@ -193,19 +195,10 @@ def integrity(a):
     clean = os.path.join(a.dir, "clean")
     save(a.saver, model, opt, 3, clean)
     want = weights_hash(model, opt)
-    files = [clean] if os.path.isfile(clean) else [os.path.join(d, f) for d, _, fs in os.walk(clean) for f in fs]
-    target = max(files, key=os.path.getsize)
     out = {}
-    for damage in ["bit flip", "truncation"]:
+    for damage in KINDS:
         bad = os.path.join(a.dir, damage.replace(" ", "-"))
-        (shutil.copy if os.path.isfile(clean) else shutil.copytree)(clean, bad)
-        victim = bad if os.path.isfile(bad) else os.path.join(bad, os.path.relpath(target, clean))
-        data = bytearray(open(victim, "rb").read())
-        if damage == "bit flip":
-            data[len(data) // 2] ^= 0x10
-        else:
-            data = data[: len(data) // 2]
-        open(victim, "wb").write(bytes(data))
+        damaged_copy(clean, bad, damage)
         m2, o2 = setup(a.width, 1)
         train_step(m2, o2, x, y, next(batches(len(y), 0)))  # gives the optimizer its slots
         try:

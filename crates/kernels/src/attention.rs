@@ -176,15 +176,7 @@ mod tests {
     use super::*;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
-            })
-            .collect()
+        crate::testing::uniform(len, seed, 3.0)
     }
 
     /// `sum(w * attention(qkv))` in f64, by the definition.

@@ -57,5 +57,7 @@ pub mod norm;
 pub mod pool;
 pub mod rows;
 pub mod softmax;
+#[cfg(test)]
+mod testing;
 
 pub use isa::Isa;
