@@ -43,7 +43,6 @@ def main():
             print(lines[-1], flush=True)
     lines.append("<!-- allreduce:end -->")
     publish("allreduce", lines)
-    print(section)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ Usage: bench/.venv/bin/python bench/ckpt_vs_peers.py   (bench/run.sh ckpt does t
 """
 import datetime, json, os, statistics, subprocess, sys, time
 
-import numpy as np
 import torch
 from safetensors.numpy import load_file as np_load_file
 from safetensors.torch import load_file as st_load_file, save_file as st_save_file

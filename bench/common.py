@@ -1,6 +1,24 @@
-"""Helpers shared by the benchmark drivers."""
+"""Helpers shared by the benchmark drivers (and imported into every framework's
+environment, so they need nothing beyond NumPy)."""
+import gzip
 import os
 import platform
+
+# Fashion-MNIST's pixel mean and standard deviation, as Steadfast normalises.
+PIXEL_MEAN, PIXEL_STD = 0.2860, 0.3530
+
+
+def fashion_mnist(dir_, prefix="train"):
+    """Images as float32 [n, 784], normalised as Steadfast does, and labels as int64."""
+    import numpy as np
+    with gzip.open(os.path.join(dir_, f"{prefix}-images-idx3-ubyte.gz")) as f:
+        raw = f.read()
+    n = int.from_bytes(raw[4:8], "big")
+    x = np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(n, 784).astype(np.float32)
+    with gzip.open(os.path.join(dir_, f"{prefix}-labels-idx1-ubyte.gz")) as f:
+        y = np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)
+    x = (x / np.float32(255.0) - np.float32(PIXEL_MEAN)) / np.float32(PIXEL_STD)
+    return x.astype(np.float32), y
 
 
 def cpu_name():

@@ -228,7 +228,6 @@ def main():
                      f" {r['seconds'] / base[r['method']]:.3f}x | {r['seconds'] / live[r['mtbf']]:.3f}x |")
     lines.append("<!-- recovery:end -->")
     publish("recovery", lines)
-    print(section)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ cd "$(dirname "$0")/.."
 
 which=${1:-all}
 venv=bench/.venv
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, numpy, xxhash' 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, numpy, xxhash, matplotlib' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch numpy safetensors xxhash
+  "$venv/bin/pip" install -q torch==2.15.0 numpy safetensors xxhash matplotlib
 fi
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   echo "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist" >&2

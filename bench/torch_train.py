@@ -6,30 +6,26 @@ the same fortunes text, batch 32.
 Prints one JSON line: steps, seconds of the training loop, optimizer seconds, and a
 SHA-256 of the final weights (to compare across thread counts).
 """
-import argparse, gzip, hashlib, json, os, time
+import argparse, hashlib, json, os, time
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MEAN, STD = 0.2860, 0.3530
-
+from common import fashion_mnist
 
 def load_images(dir_, prefix):
-    with gzip.open(os.path.join(dir_, f"{prefix}-images-idx3-ubyte.gz")) as f:
-        raw = f.read()
-    n = int.from_bytes(raw[4:8], "big")
-    x = np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(n, 784).astype(np.float32)
-    with gzip.open(os.path.join(dir_, f"{prefix}-labels-idx1-ubyte.gz")) as f:
-        y = np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)
-    return torch.from_numpy((x / 255.0 - MEAN) / STD), torch.from_numpy(y)
+    x, y = fashion_mnist(dir_, prefix)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 class Mlp(nn.Module):
-    def __init__(self):
+    """784-W-W/2-10 with ReLU (Steadfast's `--width W`)."""
+
+    def __init__(self, width=256):
         super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 256), nn.Linear(256, 128), nn.Linear(128, 10)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(784, width), nn.Linear(width, width // 2), nn.Linear(width // 2, 10)
 
     def forward(self, x):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))

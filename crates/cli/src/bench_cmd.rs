@@ -20,7 +20,11 @@ Examples:
 
   # The training step's all-reduce, one process per rank, on Steadfast's mesh and on MPI
   steadfast launch --nproc 4 -- bench collective --mb 1,16,256
-  mpirun -n 4 steadfast bench collective --engine mpi --mb 1,16,256";
+  mpirun -n 4 steadfast bench collective --engine mpi --mb 1,16,256
+
+  # The MLP's initial weights and the first two epochs' data order, for other systems
+  steadfast bench init --model mlp --width 256 --to init.safetensors
+  steadfast bench order --epochs 2 --to order.safetensors";
 
 /// Arguments of `steadfast bench`.
 #[derive(Args, Debug)]
@@ -43,6 +47,12 @@ enum BenchCommand {
     /// flags would use. Rank 0 prints one row per size and mode, with a fingerprint of the
     /// sum (each rank's input is fixed by its rank and the size alone).
     Collective(CollectiveArgs),
+    /// The initial weights of `train --model M --width W --seed S` as a safetensors file,
+    /// for other systems to start from.
+    Init(crate::bench_export::InitArgs),
+    /// The data order of `train --seed S` (one permutation per epoch) as a safetensors
+    /// file, for other systems to train on.
+    Order(crate::bench_export::OrderArgs),
 }
 
 #[derive(Args, Debug)]
@@ -131,6 +141,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Collective(b) => collective(&b),
+        BenchCommand::Init(b) => crate::bench_export::init(&b),
+        BenchCommand::Order(b) => crate::bench_export::order(&b),
         BenchCommand::Allreduce(b) => {
             let bench = lab::bench::AllreduceBench { world: b.world, mb: b.mb, repeats: b.repeats };
             for row in lab::bench::allreduce(&bench)? {

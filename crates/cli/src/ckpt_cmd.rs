@@ -16,7 +16,8 @@ Examples:
   steadfast ckpt inspect runs/ckpt                 # the newest committed checkpoint
   steadfast ckpt verify runs/ckpt/step-00000500    # exit 0 only if every checksum holds
   steadfast ckpt diff runs/a/step-00000500 runs/b/step-00000500 --json
-  steadfast ckpt export runs/ckpt --to model.safetensors";
+  steadfast ckpt export runs/ckpt --to model.safetensors
+  steadfast ckpt export model.pt --to model.safetensors   # a PyTorch, .npz or .h5 file's tensors";
 
 /// Arguments of `steadfast ckpt`.
 #[derive(Args, Debug)]
@@ -53,9 +54,10 @@ enum CkptCommand {
         /// Second checkpoint (directory or root).
         b: PathBuf,
     },
-    /// Write all tensors into one plain safetensors file.
+    /// Write all tensors into one plain safetensors file: from a Steadfast checkpoint
+    /// (verified while read), or from a PyTorch `.pt`, NumPy `.npz` or HDF5/Keras `.h5` file.
     Export {
-        /// Checkpoint directory or root.
+        /// Checkpoint directory or root, or a file of another format.
         path: PathBuf,
         /// Output file.
         #[arg(long)]
@@ -261,6 +263,9 @@ fn diff(a: &std::path::Path, b: &std::path::Path, json: bool) -> anyhow::Result<
 }
 
 fn export(path: &std::path::Path, to: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    if !path.is_dir() {
+        return export_foreign(path, to, json);
+    }
     let c = open(path)?;
     let bytes = ckpt::export::export(&c, to)?;
     if json {
@@ -272,6 +277,31 @@ fn export(path: &std::path::Path, to: &std::path::Path, json: bool) -> anyhow::R
             c.manifest.tensors.len(),
             c.dir.display()
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn export_foreign(path: &std::path::Path, to: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let done = ckpt::export::export_foreign(path, to)?;
+    if json {
+        let skipped: Vec<_> = done.skipped.iter().map(|(name, why)| json!({"name": name, "reason": why})).collect();
+        println!(
+            "{}",
+            json!({"from": path, "format": done.format.name(), "to": to, "bytes": done.bytes,
+                   "tensors": done.tensors, "skipped": skipped})
+        );
+    } else {
+        println!(
+            "wrote {} ({} tensors, {} bytes) from {} ({})",
+            to.display(),
+            done.tensors,
+            done.bytes,
+            path.display(),
+            done.format.name()
+        );
+        for (name, why) in &done.skipped {
+            println!("skipped {name}: {why}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

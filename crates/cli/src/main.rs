@@ -5,6 +5,7 @@
 #[macro_use]
 mod launch_cmd;
 mod bench_cmd;
+mod bench_export;
 mod campaign_cmd;
 mod choice;
 mod ckpt_cmd;

@@ -17,6 +17,13 @@ use crate::error::ConfigError;
 /// Purpose tag of the data permutation stream.
 const PERMUTATION_TAG: &str = "data.permutation";
 
+/// The permutation of the `examples` training examples that epoch `epoch` visits, in
+/// order: global step `s` of the epoch takes elements `s*B .. (s+1)*B`. Exported by
+/// `steadfast bench order` so that other systems can train on the same order.
+pub fn epoch_order(seed: u64, examples: usize, epoch: u64) -> Vec<u32> {
+    permutation(seed, PERMUTATION_TAG, &[epoch], examples)
+}
+
 /// Cuts epochs into global batches and micro-batches.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -93,7 +100,7 @@ impl Sampler {
 
     fn epoch_permutation(&mut self, epoch: u64) -> &[u32] {
         if self.cached.as_ref().is_none_or(|(e, _)| *e != epoch) {
-            self.cached = Some((epoch, permutation(self.seed, PERMUTATION_TAG, &[epoch], self.examples)));
+            self.cached = Some((epoch, epoch_order(self.seed, self.examples, epoch)));
         }
         &self.cached.as_ref().expect("filled above").1
     }

@@ -169,6 +169,18 @@ fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
+/// The parameters an image model (the MLP, `width` wide, or LeNet-5) starts from with
+/// `seed`: exactly what `train` starts from. Exported by `steadfast bench init` so that
+/// other systems can start from the same weights. `None` for the GPT, whose shape
+/// follows its text's vocabulary.
+pub fn initial_params(kind: ModelKind, seed: u64, width: usize) -> Option<Vec<NamedTensor>> {
+    if kind == ModelKind::Gpt {
+        return None;
+    }
+    let device = Device::flex().autodiff();
+    Some(Model::new(kind, seed, GptConfig::small(0), width, &device).params())
+}
+
 impl Model {
     /// A freshly initialised model. `gpt` gives the GPT's shape and `mlp_width` the MLP's
     /// first hidden width; each is ignored by the other models.
