@@ -264,7 +264,7 @@ def ensure_venv(system):
 
 
 def last_words(text):
-    lines = [l for l in text.strip().splitlines() if l.strip() and not l.startswith(("I0000", "W0000", "WARNING"))]
+    lines = [l.strip() for l in text.strip().splitlines() if l.strip() and not l.startswith(("I0000", "W0000", "WARNING"))]
     return lines[-1][:200] if lines else "?"
 
 
@@ -538,13 +538,14 @@ def plots(results, a, img_dir):
     os.makedirs(img_dir, exist_ok=True)
 
     def line_plot(name, series, bound=None, **axes):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(10, 4.5))
         for label, pts in series:
             ax.plot(*zip(*pts), marker="o", label=label)
         if bound is not None:
             ax.axhline(bound, color="grey", linestyle="--", linewidth=0.8)
         ax.set(**axes)
-        ax.legend(fontsize=7)
+        # Beside the axes, where no line runs under it.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
         path = os.path.join(img_dir, name)
