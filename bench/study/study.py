@@ -81,6 +81,12 @@ def sf_train(out, steps, threads, extra=(), model="mlp", width=256):
     return [l for l in lines if l["kind"] == "summary"][-1], [l for l in lines if l["kind"] == "checkpoint"]
 
 
+def wall_seconds(summary):
+    """A run's training time including its checkpoint stalls: `train_seconds` counts the
+    steps alone, and the frameworks' figures include their saves."""
+    return summary["train_seconds"] + summary.get("checkpoint_stall_seconds", 0.0)
+
+
 def newest(root):
     return os.path.join(root, sorted(d for d in os.listdir(root) if d.startswith("step-"))[-1])
 
@@ -116,9 +122,9 @@ def steadfast_cost(tmp, model, width, steps, every, threads):
     state = sum(4 * math.prod(t["shape"]) for t in inspect["manifest"]["tensors"])
     return {
         "saver": "own", "model": model, "width": width if model == "mlp" else "",
-        "seconds": seconds, "seconds_with": summary["train_seconds"], "steps": steps,
+        "seconds": seconds, "seconds_with": wall_seconds(summary), "steps": steps,
         "steps_per_s": steps / seconds,
-        "steps_per_s_with": steps / summary["train_seconds"],
+        "steps_per_s_with": steps / wall_seconds(summary),
         "stall_seconds": statistics.median(c["stall_seconds"] for c in ckpts),
         "load_seconds": load,
         "bytes": workload.size_on_disk(last),
@@ -192,7 +198,7 @@ def steadfast_scale(tmp, a, world, every):
     stalls = [l["stall_seconds"] for l in lines if l["kind"] == "checkpoint"]
     # Each worker prints `[rank] fingerprint: <hash> ...` of its final weights.
     prints = [l.split("fingerprint: ")[1].split()[0] for l in said.splitlines() if "] fingerprint: " in l]
-    row = {"seconds": summary["train_seconds"], "stall_seconds": statistics.median(stalls) if stalls else None,
+    row = {"seconds": wall_seconds(summary), "stall_seconds": statistics.median(stalls) if stalls else None,
            "replicas agree": len(prints) == world and len(set(prints)) == 1}
     if stalls:
         last = newest(root)
@@ -393,15 +399,23 @@ def scale_setting(a):
 
 
 def scale_rows(label, job, a):
-    """Runs `job(world, every)` without and with checkpoints for each world size."""
+    """Runs `job(world, every)` with checkpoints for each world size, and (not in the
+    quick form) without, for the overhead."""
     _, steps, every = scale_setting(a)
     rows = []
     for world in SCALE_RANKS:
-        plain, with_ = job(world, steps + 1), job(world, every)
-        rows.append({"saver": label, "ranks": world, "steps": steps, "steps_per_s": steps / plain["seconds"],
+        with_ = job(world, every)
+        plain = job(world, steps + 1) if not a.quick else None
+        rows.append({"saver": label, "ranks": world, "steps": steps,
+                     "steps_per_s": steps / plain["seconds"] if plain else None,
                      "steps_per_s_with": steps / with_["seconds"], **{k: v for k, v in with_.items() if k != "seconds"},
-                     "replicas agree": plain["replicas agree"] and with_["replicas agree"]})
+                     "replicas agree": with_["replicas agree"] and (plain is None or plain["replicas agree"])})
     return rows
+
+
+def scale_savers(system, a):
+    """The savers of a framework's scale runs (the quick form: its first alone)."""
+    return SCALE_SAVERS[system][:1] if a.quick else SCALE_SAVERS[system]
 
 
 def free_ports(n):
@@ -493,7 +507,7 @@ def framework_side(system, a, tmp, refs, shard, ours):
         out["same training"] = {m: same_training(system, py, tmp, m, refs[m]) for m in refs}
         out["cross-loading"] = cross_load(system, py, tmp, shard, ours)
         out["scale"], out["scale failed"] = [], {}
-        for saver in SCALE_SAVERS[system]:
+        for saver in scale_savers(system, a):
             try:
                 out["scale"] += scale_rows(SCALE_LABELS[system, saver],
                                            lambda world, every: framework_scale(system, py, tmp, a, saver, world, every), a)
@@ -588,7 +602,8 @@ def report(results, a, images):
              " the costs; W scales the MLP's state (weights and AdamW's two slots).",
              *[f"- {r['system']}: {r['status']}." for r in results if r["status"] != "ran"],
              *(["- Quick form: short cost cells, so steps/s and overheads are indicative only (a with-checkpoint"
-                " figure can exceed the one without)."] if a.quick else []),
+                " figure can exceed the one without); the scale runs skip the runs without checkpoints and"
+                " PyTorch's `torch.save` on rank 0."] if a.quick else []),
              "", "### Cost of a checkpoint every 10 steps", "",
              "| system | saver | model | W | state MB | steps/s without | steps/s with | stall per checkpoint (ms)"
              " | load (ms) | bytes on disk per byte of state |",
@@ -599,7 +614,8 @@ def report(results, a, images):
                          f" | {c['steps_per_s']:.1f} | {c['steps_per_s_with']:.1f} | {1e3 * c['stall_seconds']:.1f}"
                          f" | {1e3 * c['load_seconds']:.1f} | {c['bytes'] / c['state_bytes']:.3f} |")
     lines += ["", "Steadfast's stall is the in-memory snapshot (the files are written in the background); the"
-              " frameworks' savers are synchronous, so their stall is the whole save. Steadfast's load is"
+              " frameworks' savers are synchronous, so their stall is the whole save. \"Steps/s with\" counts"
+              " every system's stalls in its training time. Steadfast's load is"
               " `steadfast ckpt verify`, which reads every byte and checks every checksum; the frameworks' is a"
               " load into a fresh model and optimizer.", ""]
     if images:
@@ -628,8 +644,10 @@ def report(results, a, images):
     for r in results:
         for row in r.get("scale", []):
             stall = f"{1e3 * row['stall_seconds']:.1f}" if row.get("stall_seconds") else "?"
-            lines.append(f"| {r['system']} | {row['saver']} | {row['ranks']} | {row['steps_per_s']:.1f}"
-                         f" | {row['steps_per_s_with']:.1f} | {100 * (row['steps_per_s'] / row['steps_per_s_with'] - 1):+.0f}%"
+            plain = row["steps_per_s"]
+            without, overhead = (f"{plain:.1f}", f"{100 * (plain / row['steps_per_s_with'] - 1):+.0f}%") if plain else ("?", "?")
+            lines.append(f"| {r['system']} | {row['saver']} | {row['ranks']} | {without}"
+                         f" | {row['steps_per_s_with']:.1f} | {overhead}"
                          f" | {stall} | {row.get('files') or '?'} | {(row.get('bytes') or 0) / 1e6:.1f}"
                          f" | {yes(row['replicas agree'])} |")
     for r in results:
