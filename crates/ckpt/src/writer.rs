@@ -115,34 +115,8 @@ impl AsyncWriter {
         let started = Instant::now();
         self.wait_in_flight()?;
         let backpressure = started.elapsed();
-        let sizes: Vec<u64> = all.iter().map(|t| t.data.len() as u64 * 4).collect();
-        let plan = if self.part.count > 1 { self.part.shards(&sizes, self.options.shards) } else { Vec::new() };
-        let mine: Vec<TensorRef<'_>> = if self.part.count > 1 {
-            plan.iter().flat_map(|(_, r)| all[r.clone()].iter().copied()).collect()
-        } else {
-            all.to_vec()
-        };
-        let tensors = &mine[..];
-        let mut buffers = std::mem::take(&mut self.idle);
-        let reusable = buffers.len() == tensors.len()
-            && buffers.iter().zip(tensors).all(|(b, t)| b.name == t.name && b.data.len() == t.data.len());
-        if !reusable {
-            buffers = tensors
-                .iter()
-                .map(|t| Buffer {
-                    name: t.name.to_owned(),
-                    role: t.role,
-                    shape: t.shape.to_vec(),
-                    data: vec![0.0; t.data.len()],
-                })
-                .collect();
-        }
-        for (b, t) in buffers.iter_mut().zip(tensors) {
-            b.data.copy_from_slice(t.data);
-            b.role = t.role;
-            b.shape.clear();
-            b.shape.extend_from_slice(t.shape);
-        }
+        let (plan, mine) = self.own_tensors(all);
+        let buffers = Self::copy_into(std::mem::take(&mut self.idle), &mine);
         let root = self.root.clone();
         let options = self.options;
         let part = self.part;
@@ -184,6 +158,55 @@ impl AsyncWriter {
         self.stats.max_stall = self.stats.max_stall.max(stall);
         self.stats.backpressure += backpressure;
         Ok(stall)
+    }
+
+    /// Allocates the snapshot's buffers for `all` (as [`snapshot`](AsyncWriter::snapshot)
+    /// takes it) and fills them with its values, without persisting anything. A fresh
+    /// buffer's pages are mapped by the system on first write, which for a large state
+    /// costs far more than the copy itself (seconds for a gigabyte on a virtual machine);
+    /// calling this before training moves that cost out of the first checkpoint's stall.
+    /// Optional: a first snapshot without it allocates the buffers itself.
+    pub fn prepare(&mut self, all: &[TensorRef<'_>]) -> Result<()> {
+        self.wait_in_flight()?;
+        let (_, mine) = self.own_tensors(all);
+        self.idle = Self::copy_into(std::mem::take(&mut self.idle), &mine);
+        Ok(())
+    }
+
+    /// The shard plan (parted writers) and the tensors this writer copies, in order.
+    fn own_tensors<'a>(&self, all: &[TensorRef<'a>]) -> (Vec<(usize, std::ops::Range<usize>)>, Vec<TensorRef<'a>>) {
+        if self.part.count == 1 {
+            return (Vec::new(), all.to_vec());
+        }
+        let sizes: Vec<u64> = all.iter().map(|t| t.data.len() as u64 * 4).collect();
+        let plan = self.part.shards(&sizes, self.options.shards);
+        let mine = plan.iter().flat_map(|(_, r)| all[r.clone()].iter().copied()).collect();
+        (plan, mine)
+    }
+
+    /// Copies `tensors` into `buffers`, reusing them when they have the same names and
+    /// lengths and allocating new ones (filled by the copy itself) when not.
+    fn copy_into(mut buffers: Vec<Buffer>, tensors: &[TensorRef<'_>]) -> Vec<Buffer> {
+        let reusable = buffers.len() == tensors.len()
+            && buffers.iter().zip(tensors).all(|(b, t)| b.name == t.name && b.data.len() == t.data.len());
+        if !reusable {
+            return tensors
+                .iter()
+                .map(|t| Buffer {
+                    name: t.name.to_owned(),
+                    role: t.role,
+                    shape: t.shape.to_vec(),
+                    data: t.data.to_vec(),
+                })
+                .collect();
+        }
+        for (b, t) in buffers.iter_mut().zip(tensors) {
+            b.data.copy_from_slice(t.data);
+            b.role = t.role;
+            b.shape.clear();
+            b.shape.extend_from_slice(t.shape);
+        }
+        buffers
     }
 
     /// Waits for the persist in flight, if any, and (writer 0) for the commits started;

@@ -83,6 +83,22 @@ fn async_writer_persists_in_the_background_and_reuses_buffers() {
 }
 
 #[test]
+fn a_prepared_writer_saves_the_snapshot_not_the_prepared_values() {
+    // Prepared with other values, and with another layout: the checkpoint holds what the
+    // snapshot was given, every bit (assert_holds_step checks each value of step 3).
+    for prepared in [common::state(1, &SIZES), common::state(1, &[7, 7])] {
+        let root = tempfile::tempdir().unwrap();
+        let mut w = ckpt::AsyncWriter::new(root.path(), SaveOptions::default()).unwrap();
+        w.prepare(&common::refs(&prepared)).unwrap();
+        let s = common::state(3, &SIZES);
+        w.snapshot(common::meta(3), &common::refs(&s)).unwrap();
+        let last = w.finish().unwrap().unwrap();
+        assert_eq!(assert_holds_step(&last.dir, &SIZES), 3);
+        assert_eq!(w.stats().snapshots, 1);
+    }
+}
+
+#[test]
 fn exported_file_is_one_plain_safetensors_file() {
     let root = tempfile::tempdir().unwrap();
     let report = save(root.path(), 2, &SIZES, &SaveOptions { shards: 3, retention: Retention::default() });

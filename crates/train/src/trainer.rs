@@ -211,11 +211,17 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     }
     let part = ckpt::Part { index: rank, count: world };
     let mut writer = match config.checkpoint.as_ref() {
-        Some(c) => Some(ckpt::AsyncWriter::for_part(
-            &c.dir,
-            ckpt::SaveOptions { shards: c.shards, retention: c.retention },
-            part,
-        )?),
+        Some(c) => {
+            let mut w = ckpt::AsyncWriter::for_part(
+                &c.dir,
+                ckpt::SaveOptions { shards: c.shards, retention: c.retention },
+                part,
+            )?;
+            // The snapshot buffers are allocated (and their pages mapped) now, before the
+            // training loop, rather than in the first checkpoint's stall.
+            w.prepare(&checkpointing::tensor_refs(&state))?;
+            Some(w)
+        }
         None => None,
     };
     let job = match (mpi_job, &config.dist) {
