@@ -25,6 +25,8 @@ Per system and saver it measures:
   (468 steps) and N+M the second;
 - integrity: one bit flipped in the middle of the largest file, and the file truncated to
   half: does loading notice?
+- scale: 1, 2 and 4 data-parallel ranks, each system's own distributed checkpoint: the
+  stall per checkpoint, the files and bytes written, and whether the ranks end equal.
 """
 import argparse, datetime, functools, json, math, os, shutil, statistics, subprocess, sys, tempfile, time
 

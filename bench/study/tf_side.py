@@ -322,7 +322,9 @@ def scale(a):
             per_example = loss_fn(y, model(x, training=True))
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=workload.BATCH)
         grads = tape.gradient(loss, model.trainable_variables)
-        # The optimizer updates each mirrored variable from the replicas' gradients summed.
+        # Under the strategy the optimizer combines the workers' gradients before updating
+        # the mirrored variables: the workers train on different examples and still end
+        # with the same weights (the driver compares their hashes).
         opt.apply_gradients(zip(grads, model.trainable_variables))
 
     def barrier():
