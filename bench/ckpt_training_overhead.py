@@ -2,19 +2,27 @@
 steps against the same run without checkpoints, side by side (rounds alternate the
 configurations), and the smallest N that keeps the overhead under 3.5% (CheckFreq's
 figure). The asynchronous writer persists on a background thread, which competes with
-training for the machine's cores; that cost is included.
+training for the machine's cores; that cost is included, and so is the time the loop
+waits for a snapshot (the summary's `checkpoint_stall_seconds`, which `train_seconds`
+leaves out).
+
+Precision: each round runs every configuration as a pair (without, then with
+checkpoints, the order of the pair alternating between rounds so that a drift of the
+machine within a pair cancels over rounds). The overhead is the geometric mean of the
+pairs' ratios, with a 95% confidence interval from Student's t over the log ratios; an
+interval is under 3.5% only if its upper end is.
 
 Usage: bench/.venv/bin/python bench/ckpt_training_overhead.py   (bench/run.sh overhead)
 """
-import datetime, json, os, statistics, subprocess, sys, tempfile
+import datetime, json, math, os, statistics, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from common import cpu_name, publish  # noqa: E402
 
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
-ROUNDS = int(os.environ.get("ROUNDS", "5"))
-EVERY = [1, 2, 5, 10, 20, 50, 100]
+ROUNDS = int(os.environ.get("ROUNDS", "8"))
+EVERY = [1, 2, 5, 10, 20, 50]
 MODELS = {"mlp": 1000, "cnn": 200}
 TARGET = 0.035
 
@@ -28,7 +36,24 @@ def run(model, steps, every):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(os.path.join(tmp, "metrics.jsonl")) as f:
             s = json.loads(f.read().splitlines()[-1])
-    return s["train_seconds"], s.get("checkpoint_stall_seconds", 0.0)
+    stall = s.get("checkpoint_stall_seconds", 0.0)
+    return s["train_seconds"] + stall, stall
+
+
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042]
+
+
+def overhead_ci(ratios):
+    """Geometric-mean overhead of paired ratios and its 95% interval (t over log ratios)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean) - 1, float("nan"), float("nan")
+    half = T975[min(len(logs) - 1, len(T975)) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean) - 1, math.exp(mean - half) - 1, math.exp(mean + half) - 1
 
 
 def main():
@@ -40,39 +65,43 @@ def main():
         f"- Date: {datetime.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores.",
         "- Command: `bench/run.sh overhead` (driver: `bench/ckpt_training_overhead.py`).",
         f"- Fashion-MNIST, default batch and optimizer (AdamW: parameters plus two slots are saved). Each measurement is"
-        " paired: a run without checkpoints right before the run with them; overhead = median over"
-        f" {ROUNDS} rounds of (training time with / without) - 1, with the range over rounds in brackets;"
-        " stall = time the training loop waited per snapshot.",
+        " a pair: a run without checkpoints and one with them, back to back, the pair's order alternating between"
+        f" rounds; {ROUNDS} rounds. Training time counts the loop and its waits for snapshots. Overhead = geometric"
+        " mean of the pairs' (time with / time without) - 1, with its 95% confidence interval (Student's t over the"
+        " log ratios); stall = median time the loop waited per snapshot.",
         "",
-        "| model | state | checkpoint every N steps | overhead (range) | stall per checkpoint |",
-        "|---|---|---|---|---|",
+        "| model | state | checkpoint every N steps | overhead | 95% interval | stall per checkpoint |",
+        "|---|---|---|---|---|---|",
     ]
     summary = []
     for model, steps in MODELS.items():
         ratios = {e: [] for e in EVERY}
         stalls = {e: [] for e in EVERY}
         bases = []
-        for _ in range(ROUNDS):
+        for round_ in range(ROUNDS):
             for e in EVERY:
-                # Paired: the baseline runs right before each configuration, so slow drift
-                # of the machine cancels in the ratio.
-                base, _ = run(model, steps, 0)
-                t, stall = run(model, steps, e)
+                # A pair, its order alternating between rounds.
+                if round_ % 2 == 0:
+                    base, _ = run(model, steps, 0)
+                    t, stall = run(model, steps, e)
+                else:
+                    t, stall = run(model, steps, e)
+                    base, _ = run(model, steps, 0)
                 bases.append(base)
                 ratios[e].append(t / base)
                 stalls[e].append(stall / -(-steps // e))
         best = None
         state_mb = {"mlp": 235146 * 3 * 4 / 1e6, "cnn": 61706 * 3 * 4 / 1e6}[model]
         for e in EVERY:
-            over = statistics.median(ratios[e]) - 1
-            if over < TARGET and best is None:
+            over, lo, hi = overhead_ci(ratios[e])
+            if hi < TARGET and best is None:
                 best = e
-            spread = f"{100 * (min(ratios[e]) - 1):+.1f}% .. {100 * (max(ratios[e]) - 1):+.1f}%"
-            lines.append(f"| {model} | {state_mb:.2f} MB | {e} | {100 * over:+.1f}% ({spread}) |"
-                         f" {1e3 * statistics.median(stalls[e]):.2f} ms |")
-            print(model, e, f"{100 * over:+.1f}%", flush=True)
-        summary.append(f"- {model}: smallest N with overhead under 3.5%: **{best}** (step time without checkpoints"
-                       f" {1e3 * statistics.median(bases) / steps:.2f} ms).")
+            lines.append(f"| {model} | {state_mb:.2f} MB | {e} | {100 * over:+.1f}% |"
+                         f" {100 * lo:+.1f}% .. {100 * hi:+.1f}% | {1e3 * statistics.median(stalls[e]):.2f} ms |")
+            print(model, e, f"{100 * over:+.1f}% [{100 * lo:+.1f}%, {100 * hi:+.1f}%]", flush=True)
+        found = f"**{best}**" if best else f"none up to {EVERY[-1]}"
+        summary.append(f"- {model}: smallest N whose whole 95% interval is under 3.5%: {found} (step time without"
+                       f" checkpoints {1e3 * statistics.median(bases) / steps:.2f} ms).")
     lines += [""] + summary + ["<!-- ckpt-overhead:end -->"]
     publish("ckpt-overhead", lines)
 

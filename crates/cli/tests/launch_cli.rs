@@ -58,6 +58,27 @@ fn reproducible_mode_gives_one_fingerprint_for_one_process_and_one_to_four_worke
 }
 
 #[test]
+fn the_32_bit_reproducible_mode_gives_one_fingerprint_for_any_worker_count_and_refuses_too_many_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let args = train_args("mlp", "reproducible32", out);
+    let single = fingerprints(&steadfast(&args, &[]));
+    let wide = fingerprints(&steadfast(&train_args("mlp", "reproducible", out), &[]));
+    assert_ne!(single[0], wide[0], "the 32-bit sum rounds its terms, so its bits differ from the 64-bit one's");
+    for nproc in [2, 3] {
+        let n = nproc.to_string();
+        let launched = fingerprints(&steadfast(&[&["launch", "--nproc", &n, "--"][..], &args].concat(), &[]));
+        assert!(launched.iter().all(|fp| fp == &single[0]), "{nproc} workers: {launched:?} vs {single:?}");
+    }
+    // 256 micro-batches of one example: more parts than 32-bit integers hold.
+    let many = ["train", "--model", "mlp", "--data", "synthetic", "--reduce", "reproducible32"];
+    let refused = steadfast(&[&many[..], &["--batch", "256", "--micro-batch", "1", "--out", out]].concat(), &[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("256 micro-batches per step exceed the 128 parts"), "{stderr}");
+}
+
+#[test]
 fn fast_mode_results_depend_on_the_number_of_workers() {
     let dir = tempfile::tempdir().unwrap();
     let args = train_args("mlp", "fast", dir.path().to_str().unwrap());

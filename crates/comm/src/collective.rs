@@ -21,6 +21,15 @@
 //!   its owner converts it back to f32 once, and the all-gather circulates those f32 bits
 //!   (half the bytes of the integers). The result is bitwise equal to
 //!   [`repro::batched::sum_parts`] over all contributions.
+//! - `reproducible32`: the same with 32-bit integers (equal to
+//!   [`repro::batched::sum_parts_as`] for `i32`).
+//!
+//! In both reduce-scatters (the exponents' and the integers') a rank never converts its
+//! whole contribution up front: it computes each chunk of it in the pass that needs it,
+//! the first segment by segment in the sending thread just before each segment leaves,
+//! the others as the partial sums arrive (`streamed_reduce_scatter`). The exponent ring
+//! also carries each rank's count of parts, so that every rank refuses, alike, a sum with
+//! more parts than its integers can hold.
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +50,7 @@ trait Wire: bytemuck::Pod + Send + Sync {
 
 impl Wire for f32 {}
 impl Wire for i64 {}
+impl Wire for i32 {}
 impl Wire for u8 {}
 
 #[cfg(target_endian = "big")]
@@ -55,23 +65,29 @@ fn chunk_range(n: usize, world: usize, c: usize) -> std::ops::Range<usize> {
 }
 
 /// The chunk at `send` to read and the (different) chunk at `recv` to write, of one slice.
-fn split_chunks<T>(data: &mut [T], send: std::ops::Range<usize>, recv: std::ops::Range<usize>) -> (&[T], &mut [T]) {
+fn split_chunks<T>(data: &mut [T], send: std::ops::Range<usize>, recv: std::ops::Range<usize>) -> (&mut [T], &mut [T]) {
     if send.start >= recv.end {
         let (lo, hi) = data.split_at_mut(send.start);
-        (&hi[..send.len()], &mut lo[recv])
+        (&mut hi[..send.len()], &mut lo[recv])
     } else {
         let (lo, hi) = data.split_at_mut(recv.start);
-        (&lo[send], &mut hi[..recv.len()])
+        (&mut lo[send], &mut hi[..recv.len()])
     }
 }
 
+/// A `prepare` for [`exchange`] that sends the chunk as it is.
+fn as_is<T>(_: usize, _: &mut [T]) {}
+
 /// One ring step: sends `send` to the right neighbour (from a helper thread) while
 /// receiving `recv.len()` elements from the left one, segment by segment;
+/// `prepare(offset, seg)` fills each segment of `send` (starting `offset` elements into
+/// it) just before it leaves, so that work on the outgoing chunk overlaps the transfer;
 /// `take(offset, dst, src)` folds each received segment (`src`, raw bytes) into its
 /// place `dst`, which starts `offset` elements into `recv`.
 fn exchange<T: Wire>(
     t: &dyn Transport,
-    send: &[T],
+    send: &mut [T],
+    prepare: &(impl Fn(usize, &mut [T]) + Sync),
     recv: &mut [T],
     deadline: Instant,
     buf: &mut Vec<u8>,
@@ -83,7 +99,8 @@ fn exchange<T: Wire>(
     let per = (SEGMENT_BYTES / T::SIZE).max(1);
     let (sent, got) = std::thread::scope(|s| {
         let sender = s.spawn(|| {
-            for seg in send.chunks(per) {
+            for (k, seg) in send.chunks_mut(per).enumerate() {
+                prepare(k * per, seg);
                 t.send(right, KIND_CHUNK, bytemuck::cast_slice(seg))?;
             }
             // An empty chunk still sends one (empty) frame, so both sides agree on counts.
@@ -137,7 +154,7 @@ fn reduce_scatter<T: Wire>(
         let send_c = (rank + world - s) % world;
         let recv_c = (rank + world - s - 1) % world;
         let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
-        exchange(t, send, recv, Instant::now() + timeout, buf, &take)?;
+        exchange(t, send, &as_is, recv, Instant::now() + timeout, buf, &take)?;
     }
     Ok((rank + 1) % world)
 }
@@ -160,7 +177,7 @@ fn all_gather<T: Wire>(
         let send_c = (rank + 1 + world - s) % world;
         let recv_c = (rank + world - s) % world;
         let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
-        exchange(t, send, recv, Instant::now() + timeout, buf, &take)?;
+        exchange(t, send, &as_is, recv, Instant::now() + timeout, buf, &take)?;
     }
     Ok(())
 }
@@ -201,7 +218,7 @@ pub fn all_reduce_sum(
 /// fixed point at the global exponents, so the result is bitwise the same however the
 /// parts are spread over ranks, for any world size. In the other modes each rank first
 /// adds its parts in order, then the ring adds the ranks' sums.
-pub fn all_reduce_parts<P: AsRef<[f32]>>(
+pub fn all_reduce_parts<P: AsRef<[f32]> + Sync>(
     t: &dyn Transport,
     parts: &[P],
     len: usize,
@@ -237,8 +254,8 @@ impl Reducer {
         match mode {
             // In place: no copy of the message on either side of the ring.
             ReduceMode::Fast | ReduceMode::Deterministic => ring(t, data, |a, b| *a += b, timeout, &mut self.buf),
-            ReduceMode::Reproducible => {
-                let r = self.reproducible(t, &[&*data], data.len(), timeout)?;
+            ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
+                let r = self.reproducible(t, &[&*data], data.len(), mode, timeout)?;
                 data[r].copy_from_slice(&self.owned);
                 if t.world() > 1 {
                     all_gather(t, data, timeout, &mut self.buf)?;
@@ -250,7 +267,7 @@ impl Reducer {
 
     /// [`all_reduce_parts`] into `out` (whose length is that of every part), reusing this
     /// reducer's buffers.
-    pub fn sum_parts<P: AsRef<[f32]>>(
+    pub fn sum_parts<P: AsRef<[f32]> + Sync>(
         &mut self,
         t: &dyn Transport,
         parts: &[P],
@@ -266,8 +283,8 @@ impl Reducer {
                 crate::sum_parts_into(mode, parts, out, &mut self.local);
                 self.sum(t, out, mode, timeout)
             }
-            ReduceMode::Reproducible => {
-                let r = self.reproducible(t, parts, out.len(), timeout)?;
+            ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
+                let r = self.reproducible(t, parts, out.len(), mode, timeout)?;
                 out[r].copy_from_slice(&self.owned);
                 if t.world() > 1 {
                     all_gather(t, out, timeout, &mut self.buf)?;
@@ -277,33 +294,130 @@ impl Reducer {
         }
     }
 
-    /// The reproducible mode up to the all-gather: the exponent ring, then the streamed
-    /// fixed-point reduce-scatter. Leaves the f32 sum of the chunk this rank owns in
-    /// `self.owned` and returns the chunk's range.
-    fn reproducible<P: AsRef<[f32]>>(
+    /// A reproducible mode up to the all-gather: the exponents' reduce-scatter and
+    /// all-gather, then the fixed-point reduce-scatter. Leaves the f32 sum of the chunk
+    /// this rank owns in `self.owned` and returns the chunk's range.
+    fn reproducible<P: AsRef<[f32]> + Sync>(
         &mut self,
         t: &dyn Transport,
         parts: &[P],
         n: usize,
+        mode: ReduceMode,
         timeout: Duration,
     ) -> Result<std::ops::Range<usize>, CommError> {
-        self.exps.clear();
-        self.exps.resize(n, 0);
-        for p in parts {
-            repro::batched::max_exponents(&mut self.exps, p.as_ref());
+        let (world, rank) = (t.world(), t.rank());
+        let Reducer { buf, exps, sending, receiving, .. } = self;
+        // The exponents travel with each rank's count of parts (one byte per rank after
+        // them, saturating; zero elsewhere, so the maximum is a gather): every rank learns
+        // the total and refuses a sum that its integers cannot hold, all of them alike.
+        let own_exps = |range: std::ops::Range<usize>, acc: &mut [u8]| {
+            let values = range.start.min(n)..range.end.min(n);
+            for p in parts {
+                repro::batched::max_exponents(&mut acc[..values.len()], &p.as_ref()[values.clone()]);
+            }
+            if range.contains(&(n + rank)) {
+                let slot = &mut acc[n + rank - range.start];
+                *slot = (*slot).max(parts.len().min(255) as u8);
+            }
+        };
+        let len = n + world;
+        let (a, b) = chunk_buffers::<u8>(len, world, sending, receiving);
+        let (mine, sum) = streamed_reduce_scatter(t, len, a, b, &own_exps, timeout, buf)?;
+        exps.resize(len, 0);
+        exps[mine.clone()].copy_from_slice(&sum[..mine.len()]);
+        if world > 1 {
+            all_gather(t, exps, timeout, buf)?;
         }
-        ring(t, &mut self.exps, |a, b| *a = (*a).max(b), timeout, &mut self.buf)?;
-        fixed_reduce_scatter(t, parts, repro::batched::DEFAULT_HEADROOM, timeout, self)
+        let total: u64 = exps[n..].iter().map(|&c| u64::from(c)).sum();
+        exps.truncate(n);
+        if total > mode.max_parts() {
+            return Err(CommError::Setup(format!(
+                "{total} parts over {world} ranks exceed the {} that the {mode} sum can hold",
+                mode.max_parts()
+            )));
+        }
+        if mode == ReduceMode::Reproducible32 {
+            fixed_reduce_scatter::<i32, P>(t, parts, repro::batched::NARROW_HEADROOM, timeout, self)
+        } else {
+            fixed_reduce_scatter::<i64, P>(t, parts, repro::batched::DEFAULT_HEADROOM, timeout, self)
+        }
     }
 }
 
-/// The reproducible reduce-scatter, streamed: the 64-bit fixed-point form of a chunk
+/// Two buffers of the longest chunk of `n` elements over `world` ranks, as `T`s, carved
+/// from the reducer's two vectors of 64-bit words (which keep their memory across calls
+/// and element types).
+fn chunk_buffers<'a, T: bytemuck::Pod>(
+    n: usize,
+    world: usize,
+    a: &'a mut Vec<i64>,
+    b: &'a mut Vec<i64>,
+) -> (&'a mut [T], &'a mut [T]) {
+    let longest = (0..world).map(|c| chunk_range(n, world, c).len()).max().unwrap_or(0);
+    let words = (longest * std::mem::size_of::<T>()).div_ceil(8);
+    a.resize(words, 0);
+    b.resize(words, 0);
+    (&mut bytemuck::cast_slice_mut(&mut a[..])[..longest], &mut bytemuck::cast_slice_mut(&mut b[..])[..longest])
+}
+
+/// A reduce-scatter in which this rank's contribution is computed where it is needed:
+/// `own(range, acc)` combines the contribution to elements `range` into `acc`, and
+/// received values are copied before it runs, so `own` must be the combining operation.
+/// Each chunk of this rank's contribution is computed exactly once: the first, segment by
+/// segment in the sending thread just before each segment leaves; the others as their
+/// partial sums arrive from the left neighbour. `a` and `b` are chunk-sized buffers;
+/// returns the range of the chunk this rank owns and the one of them that holds it.
+fn streamed_reduce_scatter<'a, T: Wire + Default>(
+    t: &dyn Transport,
+    n: usize,
+    mut a: &'a mut [T],
+    mut b: &'a mut [T],
+    own: &(impl Fn(std::ops::Range<usize>, &mut [T]) + Sync),
+    timeout: Duration,
+    buf: &mut Vec<u8>,
+) -> Result<(std::ops::Range<usize>, &'a mut [T]), CommError> {
+    let (world, rank) = (t.world(), t.rank());
+    let first = chunk_range(n, world, rank);
+    if world == 1 {
+        a[..n].fill(T::default());
+        own(0..n, &mut a[..n]);
+        return Ok((first, a));
+    }
+    let mut owned = first.clone();
+    for s in 0..world - 1 {
+        let sr = chunk_range(n, world, (rank + world - s) % world);
+        let rr = chunk_range(n, world, (rank + world - s - 1) % world);
+        let fresh = |offset: usize, seg: &mut [T]| {
+            seg.fill(T::default());
+            let start = sr.start + offset;
+            own(start..start + seg.len(), seg);
+        };
+        let take = |offset: usize, dst: &mut [T], src: &[u8]| {
+            for (d, x) in dst.iter_mut().zip(src.chunks_exact(T::SIZE)) {
+                *d = T::get(x);
+            }
+            let start = rr.start + offset;
+            own(start..start + dst.len(), dst);
+        };
+        let (send, recv) = (&mut a[..sr.len()], &mut b[..rr.len()]);
+        let deadline = Instant::now() + timeout;
+        if s == 0 {
+            exchange(t, send, &fresh, recv, deadline, buf, &take)?;
+        } else {
+            exchange(t, send, &as_is, recv, deadline, buf, &take)?;
+        }
+        std::mem::swap(&mut a, &mut b);
+        owned = rr;
+    }
+    Ok((owned, a))
+}
+
+/// The reproducible reduce-scatter in `A` integers: the fixed-point form of a chunk
 /// exists only while the chunk passes through this rank (two chunk-sized buffers, not
-/// one integer per element of the message), and each received segment is combined with
-/// this rank's own contribution, converted on the fly, while the next segment arrives.
-/// Leaves the f32 sum of the chunk this rank ends up owning in `r.owned` and returns the
-/// chunk's range.
-fn fixed_reduce_scatter<P: AsRef<[f32]>>(
+/// one integer per element of the message), and this rank's contribution is converted
+/// as the chunks pass ([`streamed_reduce_scatter`]). Leaves the f32 sum of the chunk this
+/// rank ends up owning in `r.owned` and returns the chunk's range.
+fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>(
     t: &dyn Transport,
     parts: &[P],
     headroom: u32,
@@ -311,38 +425,18 @@ fn fixed_reduce_scatter<P: AsRef<[f32]>>(
     r: &mut Reducer,
 ) -> Result<std::ops::Range<usize>, CommError> {
     let Reducer { buf, exps, sending, receiving, owned, .. } = r;
-    let (world, rank, n) = (t.world(), t.rank(), exps.len());
+    let (world, n) = (t.world(), exps.len());
     let exps = &exps[..];
-    let own = |range: std::ops::Range<usize>, acc: &mut [i64]| {
+    let own = |range: std::ops::Range<usize>, acc: &mut [A]| {
         for p in parts {
             repro::batched::add_fixed(acc, &p.as_ref()[range.clone()], &exps[range.clone()], headroom);
         }
     };
-    let longest = (0..world).map(|c| chunk_range(n, world, c).len()).max().unwrap_or(0);
-    sending.resize(longest, 0);
-    receiving.resize(longest, 0);
-    let first = chunk_range(n, world, rank);
-    sending[..first.len()].fill(0);
-    own(first.clone(), &mut sending[..first.len()]);
-    let mut owned_range = first;
-    for s in 0..world - 1 {
-        let send_c = (rank + world - s) % world;
-        let recv_c = (rank + world - s - 1) % world;
-        let (sr, rr) = (chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
-        let take = |offset: usize, dst: &mut [i64], src: &[u8]| {
-            for (d, x) in dst.iter_mut().zip(src.chunks_exact(8)) {
-                *d = i64::get(x);
-            }
-            let start = rr.start + offset;
-            own(start..start + dst.len(), dst);
-        };
-        exchange(t, &sending[..sr.len()], &mut receiving[..rr.len()], Instant::now() + timeout, buf, &take)?;
-        std::mem::swap(sending, receiving);
-        owned_range = rr;
-    }
-    owned.resize(owned_range.len(), 0.0);
-    repro::batched::finish_into(&sending[..owned_range.len()], &exps[owned_range.clone()], headroom, owned);
-    Ok(owned_range)
+    let (a, b) = chunk_buffers::<A>(n, world, sending, receiving);
+    let (mine, sum) = streamed_reduce_scatter(t, n, a, b, &own, timeout, buf)?;
+    owned.resize(mine.len(), 0.0);
+    repro::batched::finish_into(&sum[..mine.len()], &exps[mine.clone()], headroom, owned);
+    Ok(mine)
 }
 
 /// Every rank's `value`, indexed by rank, on every rank.

@@ -7,7 +7,7 @@
 //! uses today and the distributed all-reduce must match in `deterministic` mode.
 //!
 //! [`sum_parts`] (and [`sum_parts_into`], which reuses its buffers) combines vectors
-//! locally in any of the three modes. Across processes,
+//! locally in any of the modes. Across processes,
 //! from the bottom up:
 //! - [`frame`]: length-prefixed frames with a size limit, and a clear error for a peer
 //!   that disconnects mid-frame;
@@ -16,7 +16,7 @@
 //!   with its own deadline and their number bounded, so strangers delay no member;
 //! - [`transport`]: an authenticated TCP mesh that can be aborted from another thread,
 //!   and an in-process network whose ranks tests can kill;
-//! - [`collective`]: abortable ring all-reduce in the three modes, all-gather, broadcast,
+//! - [`collective`]: abortable ring all-reduce in every mode, all-gather, broadcast,
 //!   barrier;
 //! - [`rendezvous`]: how workers find each other through the coordinator; [`etcd`]: or
 //!   in etcd, whose leases and watch then keep the membership (feature `etcd`);
@@ -75,11 +75,30 @@ pub enum ReduceMode {
     Deterministic,
     /// Bitwise identical for any world size and arrival order.
     Reproducible,
+    /// Bitwise identical for any world size and arrival order, in 32-bit fixed point: half
+    /// the bytes of `Reproducible`'s integers, about a float sum's accuracy, and at most
+    /// 128 parts (micro-batches) in all; see [`repro::batched::Fixed`].
+    Reproducible32,
 }
 
 impl ReduceMode {
     /// Every mode, in order of increasing promise.
-    pub const ALL: [ReduceMode; 3] = [ReduceMode::Fast, ReduceMode::Deterministic, ReduceMode::Reproducible];
+    pub const ALL: [ReduceMode; 4] =
+        [ReduceMode::Fast, ReduceMode::Deterministic, ReduceMode::Reproducible, ReduceMode::Reproducible32];
+
+    /// Whether the mode gives the same bits for any world size (a reproducible sum).
+    pub fn is_reproducible(self) -> bool {
+        matches!(self, ReduceMode::Reproducible | ReduceMode::Reproducible32)
+    }
+
+    /// The most parts (micro-batches over all workers) one sum may have in this mode.
+    pub fn max_parts(self) -> u64 {
+        match self {
+            ReduceMode::Fast | ReduceMode::Deterministic => u64::MAX,
+            ReduceMode::Reproducible => 1 << repro::batched::DEFAULT_HEADROOM,
+            ReduceMode::Reproducible32 => 1 << repro::batched::NARROW_HEADROOM,
+        }
+    }
 }
 
 impl Word for ReduceMode {
@@ -90,6 +109,7 @@ impl Word for ReduceMode {
             ReduceMode::Fast => "fast",
             ReduceMode::Deterministic => "deterministic",
             ReduceMode::Reproducible => "reproducible",
+            ReduceMode::Reproducible32 => "reproducible32",
         }
     }
     fn help(self) -> &'static str {
@@ -97,6 +117,9 @@ impl Word for ReduceMode {
             ReduceMode::Fast => "plain in-place float sums, no promise about bits",
             ReduceMode::Deterministic => "in micro-batch order: same bits every run of a world size",
             ReduceMode::Reproducible => "order-independent fixed-point sum: same bits for any worker count",
+            ReduceMode::Reproducible32 => {
+                "reproducible in 32-bit fixed point: fewer bytes, a float sum's accuracy, at most 128 micro-batches"
+            }
         }
     }
 }
@@ -131,6 +154,9 @@ pub fn sum_parts_into<P: AsRef<[f32]>>(
         }
         (ReduceMode::Reproducible, _) => {
             repro::batched::sum_parts_into(parts, repro::batched::DEFAULT_HEADROOM, out, scratch)
+        }
+        (ReduceMode::Reproducible32, _) => {
+            repro::batched::sum_parts_as::<i32, P>(parts, repro::batched::NARROW_HEADROOM, out, scratch)
         }
     }
 }

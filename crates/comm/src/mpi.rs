@@ -23,7 +23,7 @@
 
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator, CommunicatorCollectives};
+use mpi::traits::{Communicator, CommunicatorCollectives, Equivalence};
 
 use crate::ReduceMode;
 use crate::transport::CommError;
@@ -100,26 +100,38 @@ impl MpiWorld {
                     }
                 }
             }
-            ReduceMode::Reproducible => {
-                let headroom = repro::batched::DEFAULT_HEADROOM;
-                self.exps.clear();
-                self.exps.resize(n, 0);
-                for p in parts {
-                    repro::batched::max_exponents(&mut self.exps, p.as_ref());
-                }
-                self.exps_all.resize(n, 0);
-                self.world.all_reduce_into(&self.exps[..], &mut self.exps_all[..], SystemOperation::max());
-                self.acc.clear();
-                self.acc.resize(n, 0);
-                for p in parts {
-                    repro::batched::add_fixed(&mut self.acc, p.as_ref(), &self.exps_all, headroom);
-                }
-                self.acc_all.resize(n, 0);
-                self.world.all_reduce_into(&self.acc[..], &mut self.acc_all[..], SystemOperation::sum());
-                repro::batched::finish_into(&self.acc_all, &self.exps_all, headroom, out);
-            }
+            ReduceMode::Reproducible => self.reproducible::<i64, P>(parts, out, repro::batched::DEFAULT_HEADROOM),
+            ReduceMode::Reproducible32 => self.reproducible::<i32, P>(parts, out, repro::batched::NARROW_HEADROOM),
         }
         Ok(())
+    }
+
+    /// The reproducible modes: the exponents' maximum, then the sum of `A` integers.
+    fn reproducible<A, P>(&mut self, parts: &[P], out: &mut [f32], headroom: u32)
+    where
+        A: repro::batched::Fixed + Equivalence,
+        P: AsRef<[f32]>,
+    {
+        let n = out.len();
+        self.exps.clear();
+        self.exps.resize(n, 0);
+        for p in parts {
+            repro::batched::max_exponents(&mut self.exps, p.as_ref());
+        }
+        self.exps_all.resize(n, 0);
+        self.world.all_reduce_into(&self.exps[..], &mut self.exps_all[..], SystemOperation::max());
+        // One buffer of 64-bit words holds n integers of either width.
+        let words = (n * std::mem::size_of::<A>()).div_ceil(8);
+        self.acc.clear();
+        self.acc.resize(words, 0);
+        self.acc_all.resize(words, 0);
+        let acc: &mut [A] = &mut bytemuck::cast_slice_mut(&mut self.acc[..])[..n];
+        for p in parts {
+            repro::batched::add_fixed(acc, p.as_ref(), &self.exps_all, headroom);
+        }
+        let acc_all: &mut [A] = &mut bytemuck::cast_slice_mut(&mut self.acc_all[..])[..n];
+        self.world.all_reduce_into(&*acc, &mut *acc_all, SystemOperation::sum());
+        repro::batched::finish_into(acc_all, &self.exps_all, headroom, out);
     }
 
     /// Every rank's `words` (the same count on every rank), indexed by rank.

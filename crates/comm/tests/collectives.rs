@@ -63,6 +63,42 @@ fn reproducible_all_reduce_gives_the_same_bits_for_every_world_size() {
 }
 
 #[test]
+fn the_32_bit_reproducible_all_reduce_matches_the_local_sum_for_every_world_size() {
+    let all = parts(1001);
+    let refs: Vec<&[f32]> = all.iter().map(|p| p.as_slice()).collect();
+    let local = comm::sum_parts(ReduceMode::Reproducible32, &refs);
+    let mut narrow = vec![0.0; 1001];
+    repro::batched::sum_parts_as::<i32, _>(&refs, 7, &mut narrow, &mut Default::default());
+    assert_eq!(bits(&local), bits(&narrow));
+    // A different sum from the 64-bit one: it rounds every term to the largest's last place.
+    let wide = repro::batched::sum_parts(&refs, repro::batched::DEFAULT_HEADROOM);
+    assert_ne!(bits(&local), bits(&wide));
+    for world in 1..=5 {
+        let out = on_mem(world, |r, t| {
+            all_reduce_parts(t, &mine(&all, r, world), 1001, ReduceMode::Reproducible32, TIMEOUT).unwrap()
+        });
+        for o in &out {
+            assert_eq!(bits(o), bits(&local), "world {world}");
+        }
+    }
+}
+
+#[test]
+fn a_reproducible_sum_with_more_parts_than_its_integers_hold_fails_on_every_rank() {
+    // 3 ranks with 50 parts each: 150 > 128 for the 32-bit sum (each rank alone is within).
+    let one = [1.0f32; 10];
+    let many: Vec<&[f32]> = vec![&one[..]; 50];
+    let out = on_mem(3, |_, t| all_reduce_parts(t, &many, 10, ReduceMode::Reproducible32, TIMEOUT));
+    for o in out {
+        let err = o.unwrap_err().to_string();
+        assert!(err.contains("150 parts over 3 ranks"), "{err}");
+    }
+    // The 64-bit sum holds them.
+    let out = on_mem(3, |_, t| all_reduce_parts(t, &many, 10, ReduceMode::Reproducible, TIMEOUT).unwrap());
+    assert!(out.iter().all(|o| o == &vec![150.0; 10]));
+}
+
+#[test]
 fn deterministic_all_reduce_repeats_its_bits_for_a_fixed_world_size_and_differs_across_sizes() {
     let all = parts(777);
     let mut per_world = Vec::new();

@@ -48,6 +48,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod fixed_point;
 pub mod gelu;
 pub mod gemm;
 pub mod isa;

@@ -2,7 +2,10 @@
 //! and any combination order give the same bits, and the error stays within the bound.
 
 use proptest::prelude::*;
-use repro::batched::{DEFAULT_HEADROOM, add_fixed, decode, encode, finish, max_exponents, sum_parts};
+use repro::batched::{
+    DEFAULT_HEADROOM, NARROW_HEADROOM, Scratch, add_fixed, decode, encode, finish, max_exponents, sum_parts,
+    sum_parts_as,
+};
 
 /// Sums `parts` the way W workers would: each reduces its own parts, then the workers'
 /// exponents are max-combined and their fixed-point sums added in `order`.
@@ -86,4 +89,89 @@ fn far_more_accurate_than_a_naive_f32_sum_on_cancellation() {
     let exact = 0.1f32 as f64 * n as f64;
     assert!((f64::from(r[0]) - exact).abs() < 1e-3, "{}", r[0]);
     assert!((f64::from(naive) - exact).abs() > 1.0, "naive {naive}");
+}
+
+/// The 32-bit sum as W workers would run it: local accumulators added in `order`.
+fn as_workers_narrow(parts: &[Vec<f32>], owner: &[usize], workers: usize, order: &[usize]) -> Vec<f32> {
+    let n = parts[0].len();
+    let mut exps = vec![0u8; n];
+    for &w in order {
+        for (p, _) in parts.iter().zip(owner).filter(|(_, o)| **o == w) {
+            max_exponents(&mut exps, p);
+        }
+    }
+    let mut local = vec![vec![0i32; n]; workers];
+    for (p, &w) in parts.iter().zip(owner) {
+        add_fixed(&mut local[w], p, &exps, NARROW_HEADROOM);
+    }
+    let mut acc = vec![0i32; n];
+    for &w in order {
+        for (a, b) in acc.iter_mut().zip(&local[w]) {
+            *a += b;
+        }
+    }
+    finish(&acc, &exps, NARROW_HEADROOM)
+}
+
+fn narrow(parts: &[&[f32]]) -> Vec<f32> {
+    let mut out = vec![0.0; parts[0].len()];
+    sum_parts_as::<i32, _>(parts, NARROW_HEADROOM, &mut out, &mut Scratch::default());
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn the_32_bit_sum_is_reproducible_and_as_accurate_as_a_float_sum(
+        parts in (1usize..129, 1usize..8).prop_flat_map(|(p, n)| prop::collection::vec(prop::collection::vec(value(), n), p)),
+        workers in 1usize..6,
+        seed in any::<u64>(),
+    ) {
+        let refs: Vec<&[f32]> = parts.iter().map(|p| p.as_slice()).collect();
+        let single = narrow(&refs);
+        let mut s = seed | 1;
+        let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
+        let owner: Vec<usize> = parts.iter().map(|_| (next() % workers as u64) as usize).collect();
+        let mut order: Vec<usize> = (0..workers).collect();
+        for i in (1..workers).rev() {
+            order.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        let grouped = as_workers_narrow(&parts, &owner, workers, &order);
+        prop_assert_eq!(
+            single.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            grouped.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        // Error bound (see `Fixed`): n * 2^-24 * max|term| + half an ulp of the result, the
+        // bound of a naive f32 sum of n terms.
+        for i in 0..single.len() {
+            let exact: f64 = parts.iter().map(|p| f64::from(p[i])).sum();
+            let max = parts.iter().map(|p| p[i].abs()).fold(0.0f32, f32::max) as f64;
+            let bound = parts.len() as f64 * 2f64.powi(-24) * max
+                + f64::from(single[i]).abs() * 2f64.powi(-24)
+                + max * 2f64.powi(-45);
+            prop_assert!((f64::from(single[i]) - exact).abs() <= bound, "element {i}: {} vs {exact}", single[i]);
+        }
+    }
+}
+
+#[test]
+fn the_32_bit_sum_keeps_special_values_and_refuses_too_many_parts() {
+    let a = [1.0f32, f32::INFINITY, f32::NAN, f32::NEG_INFINITY, -2.0];
+    let b = [2.0f32, 1.0, 1.0, f32::INFINITY, 2.0];
+    let s = narrow(&[&a, &b]);
+    assert_eq!(s[0], 3.0);
+    assert_eq!(s[1], f32::INFINITY);
+    assert!(s[2].is_nan() && s[3].is_nan());
+    assert_eq!(s[4].to_bits(), 0.0f32.to_bits());
+    // 128 copies of the largest finite value still fit; 129 parts are refused.
+    let big = vec![vec![f32::MAX; 3]; 128];
+    let refs: Vec<&[f32]> = big.iter().map(|p| p.as_slice()).collect();
+    assert_eq!(narrow(&refs), vec![f32::INFINITY; 3]);
+    let one = vec![vec![1.5f32; 3]; 128];
+    let refs: Vec<&[f32]> = one.iter().map(|p| p.as_slice()).collect();
+    assert_eq!(narrow(&refs), vec![192.0; 3]);
+    let too_many = vec![vec![1.0f32; 3]; 129];
+    let refs: Vec<&[f32]> = too_many.iter().map(|p| p.as_slice()).collect();
+    assert!(std::panic::catch_unwind(|| narrow(&refs)).is_err());
 }

@@ -132,7 +132,7 @@ impl Job {
     }
 
     /// The step's all-reduce: the sum over every rank of every rank's `parts`, into `out`.
-    pub fn sum_parts<P: AsRef<[f32]>>(
+    pub fn sum_parts<P: AsRef<[f32]> + Sync>(
         &self,
         reducer: &mut Reducer,
         parts: &[P],

@@ -139,6 +139,15 @@ impl Prepared {
             Dataset::Images(_) => (probe, 1, None),
         };
         let sampler = Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;
+        if sampler.micro_batches() as u64 > config.reduce.max_parts() {
+            return Err(ConfigError::Invalid(format!(
+                "{} micro-batches per step exceed the {} parts that the {} sum can hold",
+                sampler.micro_batches(),
+                config.reduce.max_parts(),
+                config.reduce
+            ))
+            .into());
+        }
         let kernels = resolve_kernels(config)?;
         Ok(Prepared { data, gpt, tokens_per_example, unigram_perplexity, sampler, kernels })
     }

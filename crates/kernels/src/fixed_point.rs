@@ -1,0 +1,187 @@
+//! The conversions of a reproducible sum between `f32` and fixed point, per instruction set.
+//!
+//! A reproducible sum (the `repro` crate's `batched` module, and the reproducible
+//! all-reduce built on it) scales every term of element `i` by one power of two fixed by
+//! the largest exponent field `e[i]` among the terms, turns it into an integer, and adds
+//! integers. These are its three loops over memory: the exponent maximum, the conversion of
+//! finite values into an accumulator (64-bit or 32-bit), and the conversion of a finished
+//! integer back to `f32`. They use integer operations and single conversions only, so every
+//! instruction set gives the same bits; the vector paths exist because on a baseline x86-64
+//! build these loops run two lanes at a time with emulated variable shifts.
+//!
+//! Conventions shared by the loops:
+//!
+//! - The exponent field of `x` is `(bits >> 23) & 0xFF`, raised to at least 1 (zeros and
+//!   subnormals share field 1's scale). A scale `e` is the maximum of these over the terms.
+//! - With a left shift `s`, a finite term with significand `m` (the implicit bit included)
+//!   and field `f` becomes `m · 2^(f - e + s)`: an integer whose unit is `2^(e - 150 - s)`.
+//! - The loops here handle finite terms at finite scales (`e < 255`); the caller routes a
+//!   block that holds a scale of 255 (an infinity or NaN among its terms) elsewhere.
+
+use crate::lanes::per_isa;
+
+/// The exponent field used for scaling.
+#[inline(always)]
+fn field(bits: u32) -> u32 {
+    ((bits >> 23) & 0xFF).max(1)
+}
+
+/// The significand with its implicit bit (none for zeros and subnormals).
+#[inline(always)]
+fn significand(bits: u32) -> u32 {
+    (bits & 0x7F_FFFF) | (u32::from(bits & 0x7F80_0000 != 0) << 23)
+}
+
+per_isa! {
+    /// `exps[i] = max(exps[i], field(values[i]))`, the first phase of a reproducible sum.
+    /// Panics if the lengths differ.
+    pub fn max_exponents(exps: &mut [u8], values: &[f32]) {
+        assert_eq!(exps.len(), values.len(), "exponent and value lengths differ");
+        for (e, &x) in exps.iter_mut().zip(values) {
+            *e = (*e).max(field(x.to_bits()) as u8);
+        }
+    }
+}
+
+per_isa! {
+    /// Adds each finite `values[i]` at scale `exps[i]` into the 64-bit `acc[i]`, truncated
+    /// toward zero: `acc[i] += sign · ⌊m · 2^(f - e + s)⌋`. The scale is the maximum field,
+    /// so the shift `f - e + s` is at most `s`; right shifts of 63 or more give zero.
+    /// Every scale must be below 255. Panics if the lengths differ.
+    pub fn add_fixed64(acc: &mut [i64], values: &[f32], exps: &[u8], s: i32) {
+        assert!(acc.len() == values.len() && exps.len() == values.len(), "lengths differ");
+        for ((a, &x), &e) in acc.iter_mut().zip(values).zip(exps) {
+            let bits = x.to_bits();
+            let k = field(bits) as i32 - i32::from(e) + s;
+            let magnitude = (i64::from(significand(bits)) << k.max(0)) >> (-k).clamp(0, 63);
+            // Conditional negation: (m ^ -1) + 1 for negatives, m for positives.
+            let neg = -i64::from(bits >> 31);
+            *a += (magnitude ^ neg) - neg;
+        }
+    }
+}
+
+per_isa! {
+    /// Adds each finite `values[i]` at scale `exps[i]` into the 32-bit `acc[i]`, rounded to
+    /// the nearest integer (halves away from zero): with `j = e - f - s > 0`, the magnitude
+    /// is `(m + 2^(j-1)) >> j`. Right shifts of 31 or more give zero (a significand below
+    /// `2^24` rounds to zero long before). Every scale must be below 255, and `s` at most 7.
+    /// Panics if the lengths differ.
+    pub fn add_fixed32(acc: &mut [i32], values: &[f32], exps: &[u8], s: i32) {
+        assert!(acc.len() == values.len() && exps.len() == values.len(), "lengths differ");
+        for ((a, &x), &e) in acc.iter_mut().zip(values).zip(exps) {
+            let bits = x.to_bits();
+            let k = field(bits) as i32 - i32::from(e) + s;
+            let j = (-k).clamp(0, 31) as u32;
+            let half = (1u32 << j) >> 1;
+            let magnitude = ((significand(bits) << k.max(0)) + half) >> j;
+            let neg = -((bits >> 31) as i32);
+            *a += (magnitude as i32 ^ neg) - neg;
+        }
+    }
+}
+
+/// `2^(e - 150 - s)`, the unit of an integer at scale `e`, built from its bits (exact: the
+/// exponent is always within `f64`'s normal range).
+#[inline(always)]
+fn unit(e: u8, s: i32) -> f64 {
+    f64::from_bits(((i64::from(e) - 150 - i64::from(s) + 1023) as u64) << 52)
+}
+
+per_isa! {
+    /// `out[i] = acc[i] · 2^(exps[i] - 150 - s)`, rounded once to `f32` (and a second time
+    /// only where the result is subnormal): the integer rounds to `f32`, the power of two
+    /// scales it exactly in `f64`. Every scale must be below 255. Panics if the lengths
+    /// differ.
+    pub fn finish64(out: &mut [f32], acc: &[i64], exps: &[u8], s: i32) {
+        assert!(acc.len() == exps.len() && out.len() == acc.len(), "lengths differ");
+        for ((o, &a), &e) in out.iter_mut().zip(acc).zip(exps) {
+            *o = ((a as f32) as f64 * unit(e, s)) as f32;
+        }
+    }
+}
+
+per_isa! {
+    /// [`finish64`] for 32-bit accumulators.
+    pub fn finish32(out: &mut [f32], acc: &[i32], exps: &[u8], s: i32) {
+        assert!(acc.len() == exps.len() && out.len() == acc.len(), "lengths differ");
+        for ((o, &a), &e) in out.iter_mut().zip(acc).zip(exps) {
+            *o = ((a as f32) as f64 * unit(e, s)) as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Isa;
+    use proptest::prelude::*;
+
+    /// Finite floats of every kind: zeros, subnormals, normals over the whole range.
+    fn finite() -> impl Strategy<Value = f32> {
+        any::<u32>().prop_map(|b| {
+            let x = f32::from_bits(b);
+            if x.is_finite() { x } else { f32::from_bits(b & 0xBF7F_FFFF) }
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn every_instruction_set_gives_the_scalar_bits(
+            values in proptest::collection::vec(finite(), 0..300),
+            others in proptest::collection::vec(finite(), 300),
+        ) {
+            let n = values.len();
+            let mut exps = vec![0u8; n];
+            max_exponents(Isa::Scalar, &mut exps, &values);
+            max_exponents(Isa::Scalar, &mut exps, &others[..n]);
+            for isa in Isa::all_available() {
+                let mut e2 = vec![0u8; n];
+                max_exponents(isa, &mut e2, &values);
+                max_exponents(isa, &mut e2, &others[..n]);
+                prop_assert_eq!(&e2, &exps);
+                let (mut a64, mut b64) = (vec![0i64; n], vec![0i64; n]);
+                let (mut a32, mut b32) = (vec![0i32; n], vec![0i32; n]);
+                for part in [&values[..], &others[..n]] {
+                    add_fixed64(Isa::Scalar, &mut a64, part, &exps, 23);
+                    add_fixed64(isa, &mut b64, part, &exps, 23);
+                    add_fixed32(Isa::Scalar, &mut a32, part, &exps, 0);
+                    add_fixed32(isa, &mut b32, part, &exps, 0);
+                }
+                prop_assert_eq!(&a64, &b64);
+                prop_assert_eq!(&a32, &b32);
+                let (mut f1, mut f2) = (vec![0f32; n], vec![0f32; n]);
+                finish64(Isa::Scalar, &mut f1, &a64, &exps, 23);
+                finish64(isa, &mut f2, &b64, &exps, 23);
+                prop_assert_eq!(f1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), f2.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                finish32(Isa::Scalar, &mut f1, &a32, &exps, 0);
+                finish32(isa, &mut f2, &b32, &exps, 0);
+                prop_assert_eq!(f1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), f2.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_value_comes_back_exactly_in_64_bits_and_rounded_in_32() {
+        let x = [1.0f32 + f32::EPSILON, -3.5, 1e-40, 0.0];
+        let mut exps = vec![0u8; x.len()];
+        max_exponents(Isa::Scalar, &mut exps, &x);
+        let mut acc = vec![0i64; x.len()];
+        add_fixed64(Isa::Scalar, &mut acc, &x, &exps, 23);
+        let mut out = vec![0f32; x.len()];
+        finish64(Isa::Scalar, &mut out, &acc, &exps, 23);
+        assert_eq!(out, x);
+        // In 32 bits at shift 0 a term below the element's largest keeps only the bits at
+        // or above the largest's last place (2^-22 beside 2.0), rounded to nearest with
+        // halves away from zero: 1 + 2^-23 is a half, and becomes 1 + 2^-22.
+        let (big, small) = ([2.0f32], [1.0f32 + 2f32.powi(-23)]);
+        let mut exps = vec![0u8; 1];
+        max_exponents(Isa::Scalar, &mut exps, &big);
+        max_exponents(Isa::Scalar, &mut exps, &small);
+        let mut acc = vec![0i32; 1];
+        add_fixed32(Isa::Scalar, &mut acc, &small, &exps, 0);
+        let mut out = vec![0f32; 1];
+        finish32(Isa::Scalar, &mut out, &acc, &exps, 0);
+        assert_eq!(out[0], 1.0 + 2f32.powi(-22));
+    }
+}
