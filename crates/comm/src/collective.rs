@@ -307,20 +307,24 @@ impl Reducer {
     ) -> Result<std::ops::Range<usize>, CommError> {
         let (world, rank) = (t.world(), t.rank());
         let Reducer { buf, exps, sending, receiving, .. } = self;
-        // The exponents travel with each rank's count of parts (one byte per rank after
-        // them, saturating; zero elsewhere, so the maximum is a gather): every rank learns
-        // the total and refuses a sum that its integers cannot hold, all of them alike.
+        // The exponents travel with each rank's count of parts (four bytes per rank after
+        // them; each rank writes only its own and zeros elsewhere, so the bytewise maximum
+        // is a gather): every rank learns the total and refuses a sum that its integers
+        // cannot hold, all of them alike.
+        let count = (parts.len().min(u32::MAX as usize) as u32).to_le_bytes();
         let own_exps = |range: std::ops::Range<usize>, acc: &mut [u8]| {
             let values = range.start.min(n)..range.end.min(n);
             for p in parts {
                 repro::batched::max_exponents(&mut acc[..values.len()], &p.as_ref()[values.clone()]);
             }
-            if range.contains(&(n + rank)) {
-                let slot = &mut acc[n + rank - range.start];
-                *slot = (*slot).max(parts.len().min(255) as u8);
+            for (k, &byte) in count.iter().enumerate() {
+                let at = n + 4 * rank + k;
+                if range.contains(&at) {
+                    acc[at - range.start] = acc[at - range.start].max(byte);
+                }
             }
         };
-        let len = n + world;
+        let len = n + 4 * world;
         let (a, b) = chunk_buffers::<u8>(len, world, sending, receiving);
         let (mine, sum) = streamed_reduce_scatter(t, len, a, b, &own_exps, timeout, buf)?;
         exps.resize(len, 0);
@@ -328,7 +332,8 @@ impl Reducer {
         if world > 1 {
             all_gather(t, exps, timeout, buf)?;
         }
-        let total: u64 = exps[n..].iter().map(|&c| u64::from(c)).sum();
+        let total: u64 =
+            exps[n..].chunks_exact(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))).sum();
         exps.truncate(n);
         if total > mode.max_parts() {
             return Err(CommError::Setup(format!(

@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn modes_round_trip_through_text() {
-        for m in [ReduceMode::Fast, ReduceMode::Deterministic, ReduceMode::Reproducible] {
+        for m in ReduceMode::ALL {
             assert_eq!(m.to_string().parse::<ReduceMode>().unwrap(), m);
         }
         assert!("exact".parse::<ReduceMode>().is_err());

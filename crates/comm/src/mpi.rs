@@ -100,8 +100,24 @@ impl MpiWorld {
                     }
                 }
             }
-            ReduceMode::Reproducible => self.reproducible::<i64, P>(parts, out, repro::batched::DEFAULT_HEADROOM),
-            ReduceMode::Reproducible32 => self.reproducible::<i32, P>(parts, out, repro::batched::NARROW_HEADROOM),
+            ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
+                // Every rank learns the total count of parts and refuses, alike, a sum that
+                // its integers cannot hold.
+                let mut total = 0u64;
+                self.world.all_reduce_into(&(parts.len() as u64), &mut total, SystemOperation::sum());
+                if total > mode.max_parts() {
+                    return Err(CommError::Setup(format!(
+                        "{total} parts over {} ranks exceed the {} that the {mode} sum can hold",
+                        self.world(),
+                        mode.max_parts()
+                    )));
+                }
+                if mode == ReduceMode::Reproducible32 {
+                    self.reproducible::<i32, P>(parts, out, repro::batched::NARROW_HEADROOM)
+                } else {
+                    self.reproducible::<i64, P>(parts, out, repro::batched::DEFAULT_HEADROOM)
+                }
+            }
         }
         Ok(())
     }

@@ -142,14 +142,19 @@ mod tests {
                 prop_assert_eq!(&e2, &exps);
                 let (mut a64, mut b64) = (vec![0i64; n], vec![0i64; n]);
                 let (mut a32, mut b32) = (vec![0i32; n], vec![0i32; n]);
+                let (mut c32, mut d32) = (vec![0i32; n], vec![0i32; n]);
                 for part in [&values[..], &others[..n]] {
                     add_fixed64(Isa::Scalar, &mut a64, part, &exps, 23);
                     add_fixed64(isa, &mut b64, part, &exps, 23);
+                    // Shift 0 (headroom 7) and 3 (headroom 4): rounding and left shifts.
                     add_fixed32(Isa::Scalar, &mut a32, part, &exps, 0);
                     add_fixed32(isa, &mut b32, part, &exps, 0);
+                    add_fixed32(Isa::Scalar, &mut c32, part, &exps, 3);
+                    add_fixed32(isa, &mut d32, part, &exps, 3);
                 }
                 prop_assert_eq!(&a64, &b64);
                 prop_assert_eq!(&a32, &b32);
+                prop_assert_eq!(&c32, &d32);
                 let (mut f1, mut f2) = (vec![0f32; n], vec![0f32; n]);
                 finish64(Isa::Scalar, &mut f1, &a64, &exps, 23);
                 finish64(isa, &mut f2, &b64, &exps, 23);

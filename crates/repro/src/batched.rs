@@ -49,11 +49,12 @@ const SPECIAL: u8 = 255;
 ///
 /// With headroom `h <= 7` the largest term of an element occupies `24 + 7 - h` bits, and
 /// every term is rounded to the nearest multiple of that unit, `2^(h - 7)` of the largest
-/// term's last place (halves away from zero). For `n <= 2^h` parts the error of element
-/// `i` is at most `n / 2` units plus half an ulp of the result: with `h = 7`, below
-/// `n · 2^-24 · M_i` for the largest magnitude `M_i`, the same as the bound of a naive f32
-/// sum of `n` terms, and exact for terms that are multiples of the unit. It stays
-/// reproducible (integer addition) for any grouping and order.
+/// term's last place (halves away from zero). For `n <= 2^h` parts the integer sum of
+/// element `i` is within `n / 2` units of the exact sum, and its conversion to f32 adds at
+/// most half an ulp of the result `r`: with `h = 7` the error is below
+/// `n · 2^-24 · M_i + 2^-24 · |r|` for the largest magnitude `M_i`, the order of a naive
+/// f32 sum's bound (`(n - 1) · 2^-24 · Σ|terms|`), though not always below a naive sum's
+/// actual error. It stays reproducible (integer addition) for any grouping and order.
 pub trait Fixed: bytemuck::Pod + Default + Send + Sync + std::fmt::Debug + PartialEq {
     /// The largest headroom the width allows.
     const MAX_HEADROOM: u32;
