@@ -359,10 +359,7 @@ fn chunk_buffers<'a, T: bytemuck::Pod>(
     b: &'a mut Vec<i64>,
 ) -> (&'a mut [T], &'a mut [T]) {
     let longest = (0..world).map(|c| chunk_range(n, world, c).len()).max().unwrap_or(0);
-    let words = (longest * std::mem::size_of::<T>()).div_ceil(8);
-    a.resize(words, 0);
-    b.resize(words, 0);
-    (&mut bytemuck::cast_slice_mut(&mut a[..])[..longest], &mut bytemuck::cast_slice_mut(&mut b[..])[..longest])
+    (repro::batched::words_as(a, longest), repro::batched::words_as(b, longest))
 }
 
 /// A reduce-scatter in which this rank's contribution is computed where it is needed:

@@ -86,11 +86,6 @@ impl ReduceMode {
     pub const ALL: [ReduceMode; 4] =
         [ReduceMode::Fast, ReduceMode::Deterministic, ReduceMode::Reproducible, ReduceMode::Reproducible32];
 
-    /// Whether the mode gives the same bits for any world size (a reproducible sum).
-    pub fn is_reproducible(self) -> bool {
-        matches!(self, ReduceMode::Reproducible | ReduceMode::Reproducible32)
-    }
-
     /// The most parts (micro-batches over all workers) one sum may have in this mode.
     pub fn max_parts(self) -> u64 {
         match self {

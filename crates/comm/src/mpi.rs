@@ -136,16 +136,12 @@ impl MpiWorld {
         }
         self.exps_all.resize(n, 0);
         self.world.all_reduce_into(&self.exps[..], &mut self.exps_all[..], SystemOperation::max());
-        // One buffer of 64-bit words holds n integers of either width.
-        let words = (n * std::mem::size_of::<A>()).div_ceil(8);
         self.acc.clear();
-        self.acc.resize(words, 0);
-        self.acc_all.resize(words, 0);
-        let acc: &mut [A] = &mut bytemuck::cast_slice_mut(&mut self.acc[..])[..n];
+        let acc = repro::batched::words_as::<A>(&mut self.acc, n);
         for p in parts {
             repro::batched::add_fixed(acc, p.as_ref(), &self.exps_all, headroom);
         }
-        let acc_all: &mut [A] = &mut bytemuck::cast_slice_mut(&mut self.acc_all[..])[..n];
+        let acc_all = repro::batched::words_as::<A>(&mut self.acc_all, n);
         self.world.all_reduce_into(&*acc, &mut *acc_all, SystemOperation::sum());
         repro::batched::finish_into(acc_all, &self.exps_all, headroom, out);
     }

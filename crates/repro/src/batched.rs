@@ -227,15 +227,20 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]>>(parts: &[P], headroom: u32, out: 
     for p in parts {
         max_exponents(exps, p.as_ref());
     }
-    // Room for n accumulators of either width in one buffer of 64-bit words.
-    let words = (n * std::mem::size_of::<A>()).div_ceil(8);
     acc.clear();
-    acc.resize(words, 0);
-    let acc: &mut [A] = &mut bytemuck::cast_slice_mut(&mut acc[..])[..n];
+    let acc = words_as::<A>(acc, n);
     for p in parts {
         add_fixed(acc, p.as_ref(), exps, headroom);
     }
     finish_into(acc, exps, headroom, out);
+}
+
+/// `n` values of `T` (an accumulator of either width, or exponent bytes) viewed in a
+/// buffer of 64-bit words, grown as needed: a caller keeps one buffer across calls and
+/// element types. New words are zero; old ones keep their contents.
+pub fn words_as<T: bytemuck::Pod>(words: &mut Vec<i64>, n: usize) -> &mut [T] {
+    words.resize((n * std::mem::size_of::<T>()).div_ceil(8), 0);
+    &mut bytemuck::cast_slice_mut(&mut words[..])[..n]
 }
 
 /// Wire format of a phase-2 accumulator: magic `RBS1`, headroom (u8), element count (u64

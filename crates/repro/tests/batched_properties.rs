@@ -37,6 +37,23 @@ fn as_workers(parts: &[Vec<f32>], owner: &[usize], workers: usize, order: &[usiz
     finish(&acc, &exps, DEFAULT_HEADROOM)
 }
 
+/// A seeded assignment of `parts` parts to `workers` workers, and an order of the workers.
+fn grouping(parts: usize, workers: usize, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    let mut s = seed | 1;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let owner = (0..parts).map(|_| (next() % workers as u64) as usize).collect();
+    let mut order: Vec<usize> = (0..workers).collect();
+    for i in (1..workers).rev() {
+        order.swap(i, (next() % (i as u64 + 1)) as usize);
+    }
+    (owner, order)
+}
+
 fn value() -> impl Strategy<Value = f32> {
     prop_oneof![(-1.0f32..1.0), (-1e6f32..1e6), (-1e-6f32..1e-6), Just(0.0f32)]
 }
@@ -52,13 +69,7 @@ proptest! {
     ) {
         let refs: Vec<&[f32]> = parts.iter().map(|p| p.as_slice()).collect();
         let single = sum_parts(&refs, DEFAULT_HEADROOM);
-        let mut s = seed | 1;
-        let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
-        let owner: Vec<usize> = parts.iter().map(|_| (next() % workers as u64) as usize).collect();
-        let mut order: Vec<usize> = (0..workers).collect();
-        for i in (1..workers).rev() {
-            order.swap(i, (next() % (i as u64 + 1)) as usize);
-        }
+        let (owner, order) = grouping(parts.len(), workers, seed);
         let grouped = as_workers(&parts, &owner, workers, &order);
         prop_assert_eq!(
             single.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -130,13 +141,7 @@ proptest! {
     ) {
         let refs: Vec<&[f32]> = parts.iter().map(|p| p.as_slice()).collect();
         let single = narrow(&refs);
-        let mut s = seed | 1;
-        let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
-        let owner: Vec<usize> = parts.iter().map(|_| (next() % workers as u64) as usize).collect();
-        let mut order: Vec<usize> = (0..workers).collect();
-        for i in (1..workers).rev() {
-            order.swap(i, (next() % (i as u64 + 1)) as usize);
-        }
+        let (owner, order) = grouping(parts.len(), workers, seed);
         let grouped = as_workers_narrow(&parts, &owner, workers, &order);
         prop_assert_eq!(
             single.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
