@@ -2,9 +2,10 @@
 //!
 //! A failpoint is inert unless armed. It can be armed in-process ([`arm`], for tests that
 //! want an error returned at that instant) or for a whole process through the environment
-//! variable `STEADFAST_FAILPOINTS` (a comma-separated list of `name=error` or
-//! `name=abort`; `abort` kills the process on the spot, like a power cut as far as the
-//! checkpoint directory is concerned). Unarmed, a failpoint costs one atomic load.
+//! variable `STEADFAST_FAILPOINTS` (a comma-separated list of `name=error`,
+//! `name=abort` or `name=sleep:MS`; `abort` kills the process on the spot, like a power
+//! cut as far as the checkpoint directory is concerned, and `sleep` stalls the operation
+//! there for MS milliseconds, like a slow disk). Unarmed, a failpoint costs one atomic load.
 //!
 //! The points of the commit protocol, in order:
 //! `after_shard_write`, `after_manifest_write`, `before_rename`, `after_rename`,
@@ -13,6 +14,7 @@
 use std::sync::Mutex;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use crate::error::{CkptError, Result};
 
@@ -27,6 +29,20 @@ pub enum Action {
     Error,
     /// Abort the process immediately.
     Abort,
+    /// Wait this long, then go on.
+    Sleep(Duration),
+}
+
+impl Action {
+    /// The action an environment entry names (`error`, `sleep:MS`; anything else aborts,
+    /// as a bare name does).
+    fn parse(text: &str) -> Action {
+        match text.strip_prefix("sleep:").map(str::parse::<u64>) {
+            Some(Ok(ms)) => Action::Sleep(Duration::from_millis(ms)),
+            _ if text == "error" => Action::Error,
+            _ => Action::Abort,
+        }
+    }
 }
 
 static ANY_ARMED: AtomicBool = AtomicBool::new(false);
@@ -38,8 +54,7 @@ fn load_env() {
         if let Ok(spec) = std::env::var("STEADFAST_FAILPOINTS") {
             for item in spec.split(',').filter(|s| !s.is_empty()) {
                 let (name, action) = item.split_once('=').unwrap_or((item, "abort"));
-                let action = if action == "error" { Action::Error } else { Action::Abort };
-                arm(name, action);
+                arm(name, Action::parse(action));
             }
         }
     });
@@ -70,5 +85,23 @@ pub fn hit(name: &'static str) -> Result<()> {
         None => Ok(()),
         Some(Action::Error) => Err(CkptError::Failpoint(name)),
         Some(Action::Abort) => std::process::abort(),
+        Some(Action::Sleep(d)) => {
+            std::thread::sleep(d);
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_entries_name_their_action() {
+        assert_eq!(Action::parse("error"), Action::Error);
+        assert_eq!(Action::parse("abort"), Action::Abort);
+        assert_eq!(Action::parse("sleep:250"), Action::Sleep(Duration::from_millis(250)));
+        // A malformed delay is not a delay: the process stops there, as for a bare name.
+        assert_eq!(Action::parse("sleep:soon"), Action::Abort);
     }
 }

@@ -9,6 +9,14 @@
 //!
 //! A persist error is reported by the next `snapshot` or by [`AsyncWriter::finish`].
 //!
+//! The persist thread runs at a lower scheduling priority than training (its nice value
+//! raised by [`AsyncWriter::DEFAULT_PERSIST_NICE`], or as set by
+//! [`AsyncWriter::set_persist_nice`]; Linux schedules threads by their own nice value, and
+//! the shard writers it starts inherit it). On a machine whose cores training keeps busy,
+//! the persist then takes the cycles training leaves idle instead of a share of its
+//! cores. A caller that would rather skip a checkpoint than wait for the disk asks
+//! [`AsyncWriter::busy`] first (the trainer's `--checkpoint-when-busy defer`).
+//!
 //! In a data-parallel job every replica runs a writer for its [`Part`]: its snapshot
 //! copies only the tensors of its own shards (so the stall shrinks with the world size)
 //! and its persist makes them durable without committing ([`store::save_part`]). The
@@ -41,7 +49,7 @@ enum Persisted {
     Part { step: u64, bytes: u64, duration: Duration },
 }
 
-type Persist = JoinHandle<(Vec<Buffer>, Result<Persisted>)>;
+type Persist = JoinHandle<(Vec<Buffer>, Option<i32>, Result<Persisted>)>;
 type Commit = JoinHandle<Result<Vec<SaveReport>>>;
 
 /// Totals over the writer's life.
@@ -61,6 +69,9 @@ pub struct WriterStats {
     pub persist: Duration,
     /// Bytes committed.
     pub bytes: u64,
+    /// The nice value the last persist thread ran at (`None` before the first persist,
+    /// or where the system would not say).
+    pub persist_nice: Option<i32>,
 }
 
 /// Writes checkpoints in the background.
@@ -74,11 +85,16 @@ pub struct AsyncWriter {
     pending: Vec<Meta>,
     committing: Option<Commit>,
     durable: u64,
+    persist_nice: i32,
     stats: WriterStats,
     last: Option<SaveReport>,
 }
 
 impl AsyncWriter {
+    /// How much the persist thread's nice value is raised by default: enough that a
+    /// training thread on the same core gets about ten times its share of cycles.
+    pub const DEFAULT_PERSIST_NICE: i32 = 10;
+
     /// A writer into `root` (created if needed; temporaries of crashed writers removed).
     pub fn new(root: &Path, options: SaveOptions) -> Result<Self> {
         Self::for_part(root, options, Part::WHOLE)
@@ -103,9 +119,23 @@ impl AsyncWriter {
             pending: Vec::new(),
             committing: None,
             durable: 0,
+            persist_nice: Self::DEFAULT_PERSIST_NICE,
             stats: WriterStats::default(),
             last: None,
         })
+    }
+
+    /// Sets how much the persist thread's nice value is raised above the caller's
+    /// (clamped to the system's range; 0 persists at training's priority).
+    pub fn set_persist_nice(&mut self, increment: u8) {
+        self.persist_nice = i32::from(increment);
+    }
+
+    /// Whether a persist is still running (after noticing one that has finished): a
+    /// snapshot now would wait for it.
+    pub fn busy(&mut self) -> Result<bool> {
+        self.poll()?;
+        Ok(self.in_flight.is_some())
     }
 
     /// Copies `tensors` (all of the state, in registry order; a parted writer copies its
@@ -125,7 +155,9 @@ impl AsyncWriter {
         }
         // Shard i of the plan holds the next `r.len()` buffers.
         let counts: Vec<(usize, usize)> = plan.iter().map(|(i, r)| (*i, r.len())).collect();
+        let nice = self.persist_nice;
         self.in_flight = Some(std::thread::spawn(move || {
+            let nice = lower_own_priority(nice);
             let refs: Vec<TensorRef<'_>> = buffers
                 .iter()
                 .map(|b| TensorRef { name: &b.name, role: b.role, shape: &b.shape, data: &b.data })
@@ -150,7 +182,7 @@ impl AsyncWriter {
                 })
             };
             drop(refs);
-            (buffers, result)
+            (buffers, nice, result)
         }));
         let stall = started.elapsed();
         self.stats.snapshots += 1;
@@ -273,9 +305,10 @@ impl AsyncWriter {
 
     fn wait_in_flight(&mut self) -> Result<()> {
         if let Some(handle) = self.in_flight.take() {
-            let (buffers, result) =
+            let (buffers, nice, result) =
                 handle.join().map_err(|_| CkptError::Mismatch("the checkpoint writer thread panicked".into()))?;
             self.idle = buffers;
+            self.stats.persist_nice = nice;
             match result? {
                 Persisted::Committed(report) => {
                     self.durable = report.step;
@@ -292,6 +325,26 @@ impl AsyncWriter {
             }
         }
         Ok(())
+    }
+}
+
+/// Raises the calling thread's nice value by `increment` (clamped to 19); returns the
+/// value it now runs at, or `None` where the system refuses to say or to change it (the
+/// persist then simply runs at the caller's priority). Linux keeps a nice value per
+/// thread, so this leaves the rest of the process as it was.
+fn lower_own_priority(increment: i32) -> Option<i32> {
+    let me = rustix::thread::gettid();
+    let now = rustix::process::getpriority_process(Some(me)).ok()?;
+    if increment <= 0 {
+        return Some(now);
+    }
+    let target = now.saturating_add(increment).min(19);
+    match rustix::process::setpriority_process(Some(me), target) {
+        Ok(()) => Some(target),
+        Err(e) => {
+            tracing::debug!("cannot lower the checkpoint persist thread's priority: {e}");
+            Some(now)
+        }
     }
 }
 

@@ -32,6 +32,8 @@ Examples:
   # Checkpoint every 100 steps, keep the 3 newest; after a crash, resume exactly
   steadfast train --model mlp --checkpoint-every 100 --checkpoint-dir runs/ckpt --keep-last 3
   steadfast train --model mlp --checkpoint-every 100 --checkpoint-dir runs/ckpt --keep-last 3 --resume latest
+  # A checkpoint at every step the disk can keep up with; training never waits for a persist
+  steadfast train --model mlp --checkpoint-every 1 --checkpoint-dir runs/ckpt --keep-last 2 --checkpoint-when-busy defer
 
   # Flip one exponent bit of a first-layer weight before step 300, and one of Adam's state at step 500
   steadfast train --model mlp --inject 'step=300,state=param,target=model.fc1.*,bits=exponent,count=1,seed=7' \\
@@ -126,6 +128,15 @@ pub struct TrainArgs {
     /// Shard files per checkpoint, written in parallel.
     #[arg(long, default_value_t = 2)]
     checkpoint_shards: usize,
+    /// What a checkpoint does when it falls due while the previous one is still being
+    /// written.
+    #[arg(long, value_name = "POLICY", value_parser = choice::of::<train::WhenBusy>(), default_value = "wait")]
+    checkpoint_when_busy: train::WhenBusy,
+    /// How much lower than training's the checkpoint writer thread's priority is (its nice
+    /// value raised by N; 0: the same), so that it takes the cycles training leaves idle.
+    #[arg(long, value_name = "N", default_value_t = ckpt::AsyncWriter::DEFAULT_PERSIST_NICE as u8,
+          value_parser = clap::value_parser!(u8).range(0..=19))]
+    checkpoint_nice: u8,
     #[command(flatten)]
     join: JoinArgs,
     /// Join an elastic job, one that survives the loss of workers (`launch --max-restarts`
@@ -239,6 +250,8 @@ impl TrainArgs {
                 every: self.checkpoint_every.unwrap_or(u64::MAX),
                 retention: ckpt::Retention { keep_last: self.keep_last, keep_every: self.keep_every },
                 shards: self.checkpoint_shards.max(1),
+                when_busy: self.checkpoint_when_busy,
+                persist_nice: self.checkpoint_nice,
             });
         }
         c.resume = match self.resume {
@@ -320,8 +333,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let ck = &summary.checkpoints;
     if ck.committed > 0 {
         println!(
-            "checkpoints:  {} committed, {} MB, training stalled {:.1} ms in all (max {:.1} ms), persist {:.1} ms in all",
+            "checkpoints:  {} committed ({} put off while the writer was busy), {} MB, training stalled {:.1} ms in all \
+             (max {:.1} ms), persist {:.1} ms in all",
             ck.committed,
+            summary.checkpoints_deferred,
             ck.bytes / 1_000_000,
             ck.stall.as_secs_f64() * 1e3,
             ck.max_stall.as_secs_f64() * 1e3,

@@ -119,6 +119,48 @@ fn resume_auto_starts_from_step_zero_without_a_checkpoint_and_latest_refuses() {
     assert!(err.contains("written by a different configuration") && err.contains("kernel set"), "{err}");
 }
 
+/// The summary line of a run's `metrics.jsonl`.
+fn summary(out_dir: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(Path::new(out_dir).join("metrics.jsonl")).unwrap();
+    serde_json::from_str(text.lines().last().unwrap()).unwrap()
+}
+
+#[test]
+fn deferred_checkpoints_skip_a_busy_writer_and_each_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |name: &str| tmp.path().join(name).to_string_lossy().into_owned();
+    let job = [common::SMALL_MLP, &["--steps", "12"]].concat();
+    let plain = fingerprint(&steadfast(&[&job[..], &["--out", &out("a")]].concat()));
+
+    // A checkpoint is due after every step, but each persist takes 400 ms (a slow disk).
+    let root = out("ckpt");
+    let deferred = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(
+            [&job[..], &["--checkpoint-every", "1", "--checkpoint-dir", &root, "--checkpoint-when-busy", "defer"]]
+                .concat(),
+        )
+        .args(["--out", &out("b")])
+        .env("STEADFAST_FAILPOINTS", "after_shard_write=sleep:400")
+        .output()
+        .unwrap();
+    assert_eq!(fingerprint(&deferred), plain, "checkpoints never change the trajectory");
+    let s = summary(&out("b"));
+    let (taken, put_off) = (s["checkpoint_snapshots"].as_u64().unwrap(), s["checkpoints_deferred"].as_u64().unwrap());
+    assert!((2..12).contains(&taken) && put_off >= 1, "{taken} taken, {put_off} put off");
+    assert!(s["checkpoint_stall_seconds"].as_f64().unwrap() < 0.4 * (taken - 1) as f64, "only the last one waits");
+    let steps: Vec<u64> = ckpt::store::list(Path::new(&root)).unwrap().into_iter().map(|(step, _)| step).collect();
+    assert_eq!(steps.len() as u64, taken);
+    assert_eq!((steps.first(), steps.last()), (Some(&1), Some(&12)), "the first due and the last step: {steps:?}");
+
+    // Every checkpoint, taken at whatever step the writer was free, resumes to the same bits.
+    for (i, step) in steps.iter().enumerate().filter(|(_, s)| **s < 12) {
+        let dir = Path::new(&root).join(format!("step-{step:08}"));
+        let resumed =
+            steadfast(&[&job[..], &["--resume", dir.to_str().unwrap(), "--out", &out(&format!("r{i}"))]].concat());
+        assert_eq!(fingerprint(&resumed), plain, "resumed from step {step}");
+    }
+}
+
 #[test]
 fn ckpt_tools_list_inspect_verify_diff_and_export() {
     let tmp = tempfile::tempdir().unwrap();

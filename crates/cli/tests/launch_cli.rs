@@ -248,3 +248,34 @@ fn every_rank_writes_its_part_and_a_parted_checkpoint_resumes_on_another_world_s
     ));
     assert!(resumed.iter().all(|f| *f == single[0]), "{resumed:?} vs {single:?}");
 }
+
+#[test]
+fn workers_put_off_the_same_checkpoints_while_their_writers_are_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ckpt");
+    let out = dir.path().join("o");
+    let args = train_args("mlp", "reproducible", out.to_str().unwrap());
+    let single = fingerprints(&steadfast(&args, &[]));
+    let ck = ["--checkpoint-every", "1", "--checkpoint-dir", root.to_str().unwrap(), "--checkpoint-when-busy", "defer"];
+    // Each rank's persist takes 300 ms; a checkpoint falls due after every step. Every
+    // checkpoint that a rank snapshots must be snapshotted by all (the ranks decide from
+    // their shared commit votes), or a parted checkpoint would lack a part and never commit.
+    let job = fingerprints(&steadfast(
+        &[&["launch", "--nproc", "2", "--"][..], &args, &ck].concat(),
+        &[("STEADFAST_FAILPOINTS", "after_shard_write=sleep:300")],
+    ));
+    assert!(job.iter().all(|f| *f == single[0]), "{job:?} vs {single:?}");
+    let committed = ckpt::store::list(&root).unwrap();
+    let steps: Vec<u64> = committed.iter().map(|(step, _)| *step).collect();
+    assert!(steps.len() < 12 && steps.last() == Some(&12), "{steps:?}");
+    for (_, dir) in &committed {
+        let verify = steadfast(&["ckpt", "verify", dir.to_str().unwrap()], &[]);
+        assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') || n.contains("part"))
+        .collect();
+    assert!(leftovers.is_empty(), "parts that never committed: {leftovers:?}");
+}

@@ -186,4 +186,40 @@ pub struct CheckpointConfig {
     pub retention: Retention,
     /// Shard files written in parallel.
     pub shards: usize,
+    /// What a checkpoint that falls due while the previous one is still being persisted does.
+    pub when_busy: WhenBusy,
+    /// How much the persist thread's nice value is raised above training's (0..=19).
+    pub persist_nice: u8,
+}
+
+impl CheckpointConfig {
+    /// Checkpoints into `dir` after every `every` steps, with the default retention (keep
+    /// all), two shards, waiting for a busy writer, and the writer's default priority.
+    pub fn every(dir: impl Into<PathBuf>, every: u64) -> Self {
+        CheckpointConfig {
+            dir: dir.into(),
+            every,
+            retention: Retention::default(),
+            shards: 2,
+            when_busy: WhenBusy::Wait,
+            persist_nice: ckpt::AsyncWriter::DEFAULT_PERSIST_NICE as u8,
+        }
+    }
+}
+
+/// What a checkpoint that falls due while the previous one is still being persisted does.
+///
+/// Either way every checkpoint resumes bit for bit; the choice is between checkpoints at
+/// the steps asked for and a loop that never waits for the disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WhenBusy {
+    /// Wait for the persist, then take the snapshot: a checkpoint after exactly every N
+    /// steps, at the disk's pace when the disk is slower than N steps.
+    #[default]
+    Wait,
+    /// Put the checkpoint off to the first step after the persist has ended (in a
+    /// data-parallel job, after every rank's has, as their commit votes tell). Training
+    /// then waits only for the copy, and checkpoints come at most as often as the disk
+    /// takes them (CheckFreq's adaptive interval). The last step is always checkpointed.
+    Defer,
 }

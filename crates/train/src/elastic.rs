@@ -579,6 +579,7 @@ pub(crate) fn run(
         parameters,
         resumed_from: 0,
         checkpoints: ckpt::WriterStats::default(),
+        checkpoints_deferred: 0,
     };
     write_summary(&mut metrics, &summary)?;
     Ok((summary, state))

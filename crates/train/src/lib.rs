@@ -48,7 +48,7 @@ pub mod step;
 pub mod trainer;
 pub mod vocabulary;
 
-pub use config::{CheckpointConfig, DistConfig, Engine, OnDivergence, Rendezvous, TrainConfig};
+pub use config::{CheckpointConfig, DistConfig, Engine, OnDivergence, Rendezvous, TrainConfig, WhenBusy};
 pub use error::{ConfigError, DataError, TrainError};
 pub use step::TrainState;
 pub use trainer::{EvalReport, Event, Summary, train};

@@ -24,7 +24,7 @@ use fault::crash::Phase;
 use serde_json::json;
 
 use crate::checkpointing;
-use crate::config::TrainConfig;
+use crate::config::{TrainConfig, WhenBusy};
 use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataSpec, Dataset, Modality, Split};
@@ -79,6 +79,9 @@ pub struct Summary {
     pub resumed_from: u64,
     /// Checkpoint writer totals (all zero without checkpoints).
     pub checkpoints: ckpt::WriterStats,
+    /// Checkpoints that fell due while the writer was busy and were put off
+    /// ([`WhenBusy::Defer`]).
+    pub checkpoints_deferred: u64,
 }
 
 /// Progress reported while training.
@@ -226,6 +229,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
                 ckpt::SaveOptions { shards: c.shards, retention: c.retention },
                 part,
             )?;
+            w.set_persist_nice(c.persist_nice);
             // The snapshot buffers are allocated (and their pages mapped) now, before the
             // training loop, rather than in the first checkpoint's stall.
             w.prepare(&checkpointing::tensor_refs(&state))?;
@@ -256,6 +260,13 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     let mut micro = Vec::new();
     let mut sum = engine.buffer();
     let mut reducer = comm::collective::Reducer::default();
+    // A checkpoint fell due and was put off while a persist ran (`--checkpoint-when-busy
+    // defer`); whether every rank's writer was idle at this step's vote; the step of the
+    // newest snapshot.
+    let mut owed = false;
+    let mut writers_idle = true;
+    let mut last_snapshot = 0;
+    let mut deferred = 0u64;
     while state.step < config.steps {
         let step = state.step;
         let at = At { step, rank };
@@ -277,8 +288,12 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
                     w.poll()?;
                 }
                 let ballots = j.vote(step, &SumCheck::of(&sum), writer.as_ref().map_or(0, |w| w.durable()))?;
+                let durable = comm::commit::durable_everywhere(&ballots);
+                // Every rank reads the same ballots, so every rank decides alike whether
+                // a deferred checkpoint can be taken after this step.
+                writers_idle = durable >= last_snapshot;
                 if let Some(w) = writer.as_mut() {
-                    w.commit_through(comm::commit::durable_everywhere(&ballots))?;
+                    w.commit_through(durable)?;
                 }
             }
             None if !loss.is_finite() => return Err(TrainError::Diverged { step, loss }),
@@ -302,13 +317,24 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         {
             j.check_replicas(done, state.fingerprint())?;
         }
-        if let (Some(w), Some(c)) = (writer.as_mut(), config.checkpoint.as_ref())
-            && (done % c.every.max(1) == 0 || done == config.steps)
-        {
-            hooks.reached(at, Phase::Checkpoint);
-            let meta = checkpointing::meta(config, engine.sampler(), &state, engine.kernels(), world);
-            let stall = w.snapshot(meta, &checkpointing::tensor_refs(&state))?;
-            metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
+        if let (Some(w), Some(c)) = (writer.as_mut(), config.checkpoint.as_ref()) {
+            owed |= done.is_multiple_of(c.every.max(1));
+            let take = done == config.steps
+                || (owed
+                    && match (c.when_busy, &job) {
+                        (WhenBusy::Wait, _) => true,
+                        (WhenBusy::Defer, Some(_)) => writers_idle,
+                        (WhenBusy::Defer, None) => !w.busy()?,
+                    });
+            if take {
+                hooks.reached(at, Phase::Checkpoint);
+                let meta = checkpointing::meta(config, engine.sampler(), &state, engine.kernels(), world);
+                let stall = w.snapshot(meta, &checkpointing::tensor_refs(&state))?;
+                metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
+                (owed, last_snapshot) = (false, done);
+            } else if owed && done.is_multiple_of(c.every.max(1)) {
+                deferred += 1;
+            }
         }
         if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
             let report = evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit);
@@ -343,6 +369,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         parameters,
         resumed_from: first_step,
         checkpoints,
+        checkpoints_deferred: deferred,
     };
     write_summary(&mut metrics, &summary)?;
     Ok((summary, state))
@@ -364,6 +391,8 @@ pub(crate) fn write_summary(metrics: &mut MetricsFile, summary: &Summary) -> Res
         "resumed_from": summary.resumed_from,
         "checkpoints": summary.checkpoints.committed,
         "checkpoint_stall_seconds": summary.checkpoints.stall.as_secs_f64(),
+        "checkpoint_snapshots": summary.checkpoints.snapshots,
+        "checkpoints_deferred": summary.checkpoints_deferred,
     }))
 }
 

@@ -7,7 +7,7 @@
 use repro::text_form;
 pub use repro::words::{UnknownWord, Word};
 
-use crate::config::OnDivergence;
+use crate::config::{OnDivergence, WhenBusy};
 use crate::data::DataKind;
 use crate::model::{KernelSet, ModelKind};
 use crate::optim::OptimKind;
@@ -106,6 +106,26 @@ impl Word for OnDivergence {
 }
 text_form!(OnDivergence);
 
+impl Word for WhenBusy {
+    const KIND: &'static str = "busy-writer policy";
+    const ALL: &'static [Self] = &[WhenBusy::Wait, WhenBusy::Defer];
+    fn word(self) -> &'static str {
+        match self {
+            WhenBusy::Wait => "wait",
+            WhenBusy::Defer => "defer",
+        }
+    }
+    fn help(self) -> &'static str {
+        match self {
+            WhenBusy::Wait => "wait for the previous persist: a checkpoint after exactly every N steps",
+            WhenBusy::Defer => {
+                "put the checkpoint off until the previous persist ends: training never waits for the disk"
+            }
+        }
+    }
+}
+text_form!(WhenBusy);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +142,7 @@ mod tests {
         round_trips::<DataKind>();
         round_trips::<OptimKind>();
         round_trips::<OnDivergence>();
+        round_trips::<WhenBusy>();
         let e = "resnet".parse::<ModelKind>().unwrap_err();
         assert_eq!(e.to_string(), "unknown model \"resnet\": expected mlp, cnn, gpt");
     }

@@ -10,8 +10,7 @@ use train::optim::OptimKind;
 use train::{TrainConfig, TrainError};
 
 fn with_checkpoints(mut c: TrainConfig, dir: &std::path::Path, every: u64) -> TrainConfig {
-    c.checkpoint =
-        Some(CheckpointConfig { dir: dir.to_owned(), every, retention: ckpt::Retention::default(), shards: 2 });
+    c.checkpoint = Some(CheckpointConfig::every(dir, every));
     c
 }
 
