@@ -135,17 +135,29 @@ pub fn sum_parts(mode: ReduceMode, parts: &[&[f32]]) -> Vec<f32> {
 /// [`sum_parts`] into `out` (the length of every part), reusing `scratch`: no allocation
 /// once the scratch has grown to the parts' length. Panics if a part's length differs
 /// from `out`'s.
-pub fn sum_parts_into<P: AsRef<[f32]>>(
+pub fn sum_parts_into<P: AsRef<[f32]> + Sync>(
     mode: ReduceMode,
     parts: &[P],
     out: &mut [f32],
     scratch: &mut repro::batched::Scratch,
 ) {
+    assert!(parts.iter().all(|p| p.as_ref().len() == out.len()), "reduce of unequal lengths");
     match (mode, parts) {
         (_, []) => out.fill(0.0),
         (ReduceMode::Fast | ReduceMode::Deterministic, [first, rest @ ..]) => {
-            out.copy_from_slice(first.as_ref());
-            reduce_in_order(out, rest);
+            // Element by element in the order given, on the rayon pool by blocks: the
+            // blocks and the threads change no element's order of additions.
+            use rayon::prelude::*;
+            const BLOCK: usize = 1 << 14;
+            out.par_chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| {
+                let range = b * BLOCK..b * BLOCK + acc.len();
+                acc.copy_from_slice(&first.as_ref()[range.clone()]);
+                for part in rest {
+                    for (a, &x) in acc.iter_mut().zip(&part.as_ref()[range.clone()]) {
+                        *a += x;
+                    }
+                }
+            });
         }
         (ReduceMode::Reproducible, _) => {
             repro::batched::sum_parts_into(parts, repro::batched::DEFAULT_HEADROOM, out, scratch)
@@ -203,5 +215,23 @@ mod tests {
         reduce_in_order(&mut b, &[&[-1e8][..], &[1.0][..]]);
         assert_eq!(a, vec![0.0]);
         assert_eq!(b, vec![1.0]);
+    }
+
+    #[test]
+    fn the_in_order_sum_by_blocks_on_threads_is_the_sequential_one() {
+        // Several blocks of the parallel sum and a ragged last one, values whose sum
+        // depends on the order of additions.
+        let n = 2 * (1 << 14) + 3;
+        let parts: Vec<Vec<f32>> = (0..3u32)
+            .map(|p| (0..n as u32).map(|i| ((i * 7 + p * 13) % 29) as f32 * 1e7 - 1.4e8 + p as f32).collect())
+            .collect();
+        let mut sequential = parts[0].clone();
+        reduce_in_order(&mut sequential, &parts[1..]);
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut out = vec![0.0; n];
+            pool.install(|| sum_parts_into(ReduceMode::Deterministic, &parts, &mut out, &mut Default::default()));
+            assert!(out.iter().zip(&sequential).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
+        }
     }
 }

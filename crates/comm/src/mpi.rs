@@ -73,7 +73,7 @@ impl MpiWorld {
 
     /// The element-wise sum over every rank of every rank's `parts`, into `out` (whose
     /// length is that of every part), in `mode` (see the module's documentation).
-    pub fn sum_parts<P: AsRef<[f32]>>(
+    pub fn sum_parts<P: AsRef<[f32]> + Sync>(
         &mut self,
         parts: &[P],
         out: &mut [f32],

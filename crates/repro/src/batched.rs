@@ -212,27 +212,47 @@ pub struct Scratch {
 }
 
 /// [`sum_parts`] into `out` (the length of every part), reusing `scratch`.
-pub fn sum_parts_into<P: AsRef<[f32]>>(parts: &[P], headroom: u32, out: &mut [f32], scratch: &mut Scratch) {
+pub fn sum_parts_into<P: AsRef<[f32]> + Sync>(parts: &[P], headroom: u32, out: &mut [f32], scratch: &mut Scratch) {
     sum_parts_as::<i64, P>(parts, headroom, out, scratch)
 }
 
+/// Elements per parallel block of [`sum_parts_as`]: a block's exponents, accumulators and output
+/// (16 + 128 + 64 KiB in 64 bits) and its slices of a few parts stay in a core's cache
+/// while the three passes run over it.
+const PAR_BLOCK: usize = 1 << 14;
+
 /// [`sum_parts_into`] accumulating in `A`: `i64` is [`sum_parts_into`] itself, `i32` the
 /// 32-bit sum of [`Fixed`] (at most `2^headroom <= 128` parts).
-pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]>>(parts: &[P], headroom: u32, out: &mut [f32], scratch: &mut Scratch) {
+///
+/// Runs the three passes block by block on the current rayon pool. Each element's sum
+/// depends on that element of the parts alone, so neither the blocks nor the number of
+/// threads change a bit.
+pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
+    parts: &[P],
+    headroom: u32,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) {
+    use rayon::prelude::*;
     assert!(parts.len() as u64 <= 1u64 << headroom, "{} parts exceed the headroom of 2^{headroom}", parts.len());
+    assert!(parts.iter().all(|p| p.as_ref().len() == out.len()), "parts of different lengths");
     let n = out.len();
     let Scratch { exps, acc } = scratch;
     exps.clear();
     exps.resize(n, 0);
-    for p in parts {
-        max_exponents(exps, p.as_ref());
-    }
     acc.clear();
     let acc = words_as::<A>(acc, n);
-    for p in parts {
-        add_fixed(acc, p.as_ref(), exps, headroom);
-    }
-    finish_into(acc, exps, headroom, out);
+    let blocks = out.par_chunks_mut(PAR_BLOCK).zip(exps.par_chunks_mut(PAR_BLOCK)).zip(acc.par_chunks_mut(PAR_BLOCK));
+    blocks.enumerate().for_each(|(b, ((out, exps), acc))| {
+        let range = b * PAR_BLOCK..b * PAR_BLOCK + out.len();
+        for p in parts {
+            max_exponents(exps, &p.as_ref()[range.clone()]);
+        }
+        for p in parts {
+            add_fixed(acc, &p.as_ref()[range.clone()], exps, headroom);
+        }
+        finish_into(acc, exps, headroom, out);
+    });
 }
 
 /// `n` values of `T` (an accumulator of either width, or exponent bytes) viewed in a

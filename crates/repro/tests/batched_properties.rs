@@ -180,3 +180,42 @@ fn the_32_bit_sum_keeps_special_values_and_refuses_too_many_parts() {
     let refs: Vec<&[f32]> = too_many.iter().map(|p| p.as_slice()).collect();
     assert!(std::panic::catch_unwind(|| narrow(&refs)).is_err());
 }
+
+/// Values of every magnitude and both signs, from a fixed seed.
+fn spread(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mantissa = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            mantissa * 2f32.powi((x % 40) as i32 - 20)
+        })
+        .collect()
+}
+
+#[test]
+fn blocks_and_threads_change_no_bit_of_a_long_sum() {
+    // Several parallel blocks and a ragged last one.
+    let n = 3 * (1 << 14) + 5;
+    let parts: Vec<Vec<f32>> = (0..5).map(|s| spread(s, n)).collect();
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let mut wide = vec![0.0f32; n];
+            let mut narrow = vec![0.0f32; n];
+            sum_parts_as::<i64, _>(&parts, DEFAULT_HEADROOM, &mut wide, &mut Scratch::default());
+            sum_parts_as::<i32, _>(&parts, NARROW_HEADROOM, &mut narrow, &mut Scratch::default());
+            (wide, narrow)
+        })
+    };
+    let (one, three) = (on(1), on(3));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!((bits(&one.0), bits(&one.1)), (bits(&three.0), bits(&three.1)));
+    // Element by element, alone: the blocks put every element where it belongs.
+    for i in (0..n).step_by(997).chain([n - 1]) {
+        let column: Vec<&[f32]> = parts.iter().map(|p| &p[i..=i]).collect();
+        assert_eq!(sum_parts(&column, DEFAULT_HEADROOM)[0].to_bits(), one.0[i].to_bits(), "element {i}");
+    }
+}

@@ -287,7 +287,8 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
                 if let Some(w) = writer.as_mut() {
                     w.poll()?;
                 }
-                let ballots = j.vote(step, &SumCheck::of(&sum), writer.as_ref().map_or(0, |w| w.durable()))?;
+                let check = if world > 1 { SumCheck::of(&sum) } else { SumCheck::unshared(&sum) };
+                let ballots = j.vote(step, &check, writer.as_ref().map_or(0, |w| w.durable()))?;
                 let durable = comm::commit::durable_everywhere(&ballots);
                 // Every rank reads the same ballots, so every rank decides alike whether
                 // a deferred checkpoint can be taken after this step.
