@@ -74,7 +74,7 @@ pub fn disarm_all() {
     ANY_ARMED.store(false, Ordering::SeqCst);
 }
 
-/// Passes failpoint `name`: returns an error or aborts if it is armed.
+/// Passes failpoint `name`: returns an error, aborts or sleeps if it is armed.
 pub fn hit(name: &'static str) -> Result<()> {
     load_env();
     if !ANY_ARMED.load(Ordering::SeqCst) {

@@ -93,7 +93,7 @@ pub struct AsyncWriter {
 impl AsyncWriter {
     /// How much the persist thread's nice value is raised by default: enough that a
     /// training thread on the same core gets about ten times its share of cycles.
-    pub const DEFAULT_PERSIST_NICE: i32 = 10;
+    pub const DEFAULT_PERSIST_NICE: u8 = 10;
 
     /// A writer into `root` (created if needed; temporaries of crashed writers removed).
     pub fn new(root: &Path, options: SaveOptions) -> Result<Self> {
@@ -119,7 +119,7 @@ impl AsyncWriter {
             pending: Vec::new(),
             committing: None,
             durable: 0,
-            persist_nice: Self::DEFAULT_PERSIST_NICE,
+            persist_nice: i32::from(Self::DEFAULT_PERSIST_NICE),
             stats: WriterStats::default(),
             last: None,
         })

@@ -134,7 +134,7 @@ pub struct TrainArgs {
     checkpoint_when_busy: train::WhenBusy,
     /// How much lower than training's the checkpoint writer thread's priority is (its nice
     /// value raised by N; 0: the same), so that it takes the cycles training leaves idle.
-    #[arg(long, value_name = "N", default_value_t = ckpt::AsyncWriter::DEFAULT_PERSIST_NICE as u8,
+    #[arg(long, value_name = "N", default_value_t = ckpt::AsyncWriter::DEFAULT_PERSIST_NICE,
           value_parser = clap::value_parser!(u8).range(0..=19))]
     checkpoint_nice: u8,
     #[command(flatten)]
@@ -333,7 +333,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let ck = &summary.checkpoints;
     if ck.committed > 0 {
         println!(
-            "checkpoints:  {} committed ({} put off while the writer was busy), {} MB, training stalled {:.1} ms in all \
+            "checkpoints:  {} committed ({} due steps passed over while the writer was busy), {} MB, training stalled {:.1} ms in all \
              (max {:.1} ms), persist {:.1} ms in all",
             ck.committed,
             summary.checkpoints_deferred,

@@ -23,7 +23,8 @@ use crate::transport::{CommError, Transport};
 pub struct Ballot {
     /// This rank's checks passed.
     pub ok: bool,
-    /// Hash of the reduced gradient this rank would apply.
+    /// Hash of the reduced gradient this rank would apply (0 in a job of one rank, which
+    /// has nobody to compare it with).
     pub digest: u64,
     /// Newest step with this rank's checkpoint part durable (0: none).
     pub durable: u64,

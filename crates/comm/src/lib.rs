@@ -3,8 +3,9 @@
 //! This crate owns the transport, the collectives, membership and the per-step commit
 //! protocol of data-parallel training. It starts with the choice every collective is
 //! parameterised by, the [`ReduceMode`], and the reference semantics of combining
-//! per-worker gradients in a fixed order ([`reduce_in_order`]), which a single process
-//! uses today and the distributed all-reduce must match in `deterministic` mode.
+//! per-worker gradients in a fixed order ([`reduce_in_order`]), which a single process's
+//! sum ([`sum_parts_into`], by blocks on threads, element by element in that order) and
+//! the distributed all-reduce must match in `deterministic` mode.
 //!
 //! [`sum_parts`] (and [`sum_parts_into`], which reuses its buffers) combines vectors
 //! locally in any of the modes. Across processes,

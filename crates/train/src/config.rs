@@ -202,7 +202,7 @@ impl CheckpointConfig {
             retention: Retention::default(),
             shards: 2,
             when_busy: WhenBusy::Wait,
-            persist_nice: ckpt::AsyncWriter::DEFAULT_PERSIST_NICE as u8,
+            persist_nice: ckpt::AsyncWriter::DEFAULT_PERSIST_NICE,
         }
     }
 }
@@ -219,7 +219,9 @@ pub enum WhenBusy {
     Wait,
     /// Put the checkpoint off to the first step after the persist has ended (in a
     /// data-parallel job, after every rank's has, as their commit votes tell). Training
-    /// then waits only for the copy, and checkpoints come at most as often as the disk
-    /// takes them (CheckFreq's adaptive interval). The last step is always checkpointed.
+    /// then waits for the copy (and, on rank 0 of a job, for the previous commit's rename
+    /// to finish), and checkpoints come at most as often as the disk takes them
+    /// (CheckFreq's adaptive interval). The last step, and a due step that
+    /// `--keep-every` keeps, are never put off.
     Defer,
 }

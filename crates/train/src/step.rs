@@ -238,7 +238,7 @@ impl GradBuffer {
 /// What the vote reads of a summed gradient: its digest and whether it is finite.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SumCheck {
-    /// xxh3-64 of the whole buffer, loss included.
+    /// xxh3-64 of the whole buffer, loss included (0 from [`SumCheck::unshared`]).
     pub digest: u64,
     /// Every element, loss included, is finite.
     pub finite: bool,

@@ -15,7 +15,9 @@
 //!
 //! Nothing in the loop reads a clock, a thread id or an unordered container to decide
 //! what to compute, so the final state is a function of the configuration alone (except
-//! in the `fast` reduce mode, which promises nothing about summation order).
+//! in the `fast` reduce mode, which promises nothing about summation order). Under
+//! `--checkpoint-when-busy defer` the steps that are checkpointed depend on the disk's
+//! timing (and with them where a `checkpoint`-phase fault strikes); the state does not.
 
 use std::time::{Duration, Instant};
 
@@ -79,8 +81,8 @@ pub struct Summary {
     pub resumed_from: u64,
     /// Checkpoint writer totals (all zero without checkpoints).
     pub checkpoints: ckpt::WriterStats,
-    /// Checkpoints that fell due while the writer was busy and were put off
-    /// ([`WhenBusy::Defer`]).
+    /// Steps at which a checkpoint fell due but was not taken, the writer being busy
+    /// ([`WhenBusy::Defer`]; several can end in one later checkpoint).
     pub checkpoints_deferred: u64,
 }
 
@@ -319,8 +321,12 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
             j.check_replicas(done, state.fingerprint())?;
         }
         if let (Some(w), Some(c)) = (writer.as_mut(), config.checkpoint.as_ref()) {
-            owed |= done.is_multiple_of(c.every.max(1));
-            let take = done == config.steps
+            let due = done.is_multiple_of(c.every.max(1));
+            owed |= due;
+            // The last step, and a due step that retention keeps for good, are never put off.
+            let pinned =
+                done == config.steps || (due && c.retention.keep_every.is_some_and(|k| done.is_multiple_of(k.max(1))));
+            let take = pinned
                 || (owed
                     && match (c.when_busy, &job) {
                         (WhenBusy::Wait, _) => true,
@@ -333,7 +339,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
                 let stall = w.snapshot(meta, &checkpointing::tensor_refs(&state))?;
                 metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
                 (owed, last_snapshot) = (false, done);
-            } else if owed && done.is_multiple_of(c.every.max(1)) {
+            } else if due {
                 deferred += 1;
             }
         }
