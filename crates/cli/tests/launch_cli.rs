@@ -260,6 +260,8 @@ fn workers_put_off_the_same_checkpoints_while_their_writers_are_busy() {
     // Each rank's persist takes 300 ms; a checkpoint falls due after every step. Every
     // checkpoint that a rank snapshots must be snapshotted by all (the ranks decide from
     // their shared commit votes), or a parted checkpoint would lack a part and never commit.
+    // (Here both ranks' persists last alike; the schedule's unit tests in
+    // `train::checkpointing` show ranks with persists of different lengths agreeing.)
     let job = fingerprints(&steadfast(
         &[&["launch", "--nproc", "2", "--"][..], &args, &ck].concat(),
         &[("STEADFAST_FAILPOINTS", "after_shard_write=sleep:300")],

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use ckpt::{DataCursor, Meta, RngState, TensorData, TensorRef};
 
-use crate::config::TrainConfig;
+use crate::config::{CheckpointConfig, TrainConfig, WhenBusy};
 use crate::data::sampler::Sampler;
 use crate::error::TrainError;
 use crate::model::{KernelSet, Kernels};
@@ -72,6 +72,74 @@ pub fn meta(config: &TrainConfig, sampler: &Sampler, state: &TrainState, kernels
             global_batch: sampler.global_batch() as u64,
         },
         scalars: BTreeMap::from([(UPDATES.to_owned(), state.optimizer.updates())]),
+    }
+}
+
+/// When a run takes its checkpoints: after every `every` steps and after the last, and
+/// under [`WhenBusy::Defer`] not while a persist is still running: a due checkpoint is then
+/// owed, and taken after the first step at which the writers are idle. A due step that
+/// `keep_every` keeps, and the last step, are never put off.
+///
+/// A state machine without I/O: the trainer tells it after each step whether the writers
+/// are idle. In a data-parallel job that answer must be the same on every rank, so the
+/// trainer reads it from the commit vote's ballots ([`Schedule::idle_everywhere`]), never
+/// from its own writer; then every rank takes the same checkpoints.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    every: u64,
+    last: u64,
+    keep_every: Option<u64>,
+    when_busy: WhenBusy,
+    owed: bool,
+    newest: u64,
+    deferred: u64,
+}
+
+impl Schedule {
+    /// The schedule of `checkpoint` for a run that ends after step `last`.
+    pub fn new(checkpoint: &CheckpointConfig, last: u64) -> Self {
+        Schedule {
+            every: checkpoint.every.max(1),
+            last,
+            keep_every: checkpoint.retention.keep_every.map(|k| k.max(1)),
+            when_busy: checkpoint.when_busy,
+            owed: false,
+            newest: 0,
+            deferred: 0,
+        }
+    }
+
+    /// Whether every rank's writer is idle, from the newest step that every rank has
+    /// made durable (the minimum over the ballots of a commit vote): each has then
+    /// finished the persist of the newest checkpoint taken.
+    pub fn idle_everywhere(&self, durable_everywhere: u64) -> bool {
+        durable_everywhere >= self.newest
+    }
+
+    /// After step `done`: whether to take a checkpoint now. `idle` tells whether the
+    /// writers are idle; it is asked only when the answer depends on it.
+    pub fn take<E>(&mut self, done: u64, idle: impl FnOnce() -> Result<bool, E>) -> Result<bool, E> {
+        let due = done.is_multiple_of(self.every);
+        self.owed |= due;
+        let pinned = done == self.last || (due && self.keep_every.is_some_and(|k| done.is_multiple_of(k)));
+        let take = pinned
+            || (self.owed
+                && match self.when_busy {
+                    WhenBusy::Wait => true,
+                    WhenBusy::Defer => idle()?,
+                });
+        if take {
+            (self.owed, self.newest) = (false, done);
+        } else if due {
+            self.deferred += 1;
+        }
+        Ok(take)
+    }
+
+    /// Steps at which a checkpoint fell due but was not taken, the writers being busy
+    /// (several can end in one later checkpoint).
+    pub fn deferred(&self) -> u64 {
+        self.deferred
     }
 }
 
@@ -166,4 +234,95 @@ fn restore_from(dir: &Path, config: &TrainConfig, state: &mut TrainState) -> Res
     optimizer.set_updates(updates);
     *step = c.manifest.meta.step;
     Ok(c.manifest.meta.step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schedule(every: u64, keep_every: Option<u64>, when_busy: WhenBusy, last: u64) -> Schedule {
+        let mut c = CheckpointConfig::every("unused", every);
+        c.retention.keep_every = keep_every;
+        c.when_busy = when_busy;
+        Schedule::new(&c, last)
+    }
+
+    /// The steps taken over `1..=last` when the writer is idle at the steps of `idle`.
+    fn taken(s: &mut Schedule, last: u64, idle: impl Fn(u64) -> bool) -> Vec<u64> {
+        (1..=last).filter(|&d| s.take(d, || Ok::<_, ()>(idle(d))).unwrap()).collect()
+    }
+
+    #[test]
+    fn waiting_takes_every_due_step_and_the_last() {
+        let mut s = schedule(3, None, WhenBusy::Wait, 10);
+        assert_eq!(taken(&mut s, 10, |_| false), [3, 6, 9, 10]);
+        assert_eq!(s.deferred(), 0);
+    }
+
+    #[test]
+    fn deferring_takes_an_owed_checkpoint_once_the_writer_is_free() {
+        // A persist lasts three steps: a snapshot after step k leaves the writer busy
+        // until step k + 3.
+        let mut s = schedule(1, None, WhenBusy::Defer, 12);
+        let mut busy_until = 0;
+        let mut took = Vec::new();
+        for d in 1..=12 {
+            if s.take(d, || Ok::<_, ()>(d >= busy_until)).unwrap() {
+                took.push(d);
+                busy_until = d + 3;
+            }
+        }
+        assert_eq!(took, [1, 4, 7, 10, 12]);
+        assert_eq!(s.deferred(), 12 - 5);
+    }
+
+    #[test]
+    fn a_step_that_retention_keeps_and_the_last_are_never_put_off() {
+        let mut s = schedule(2, Some(4), WhenBusy::Defer, 10);
+        assert_eq!(taken(&mut s, 10, |_| false), [4, 8, 10]);
+        assert_eq!(s.deferred(), 2, "steps 2 and 6");
+    }
+
+    #[test]
+    fn ranks_that_read_the_ballots_take_the_same_checkpoints_where_their_own_writers_would_not() {
+        // Two ranks whose persists last 2 and 5 steps. Each step the ballots carry each
+        // rank's newest durable step; both read their minimum.
+        let persist = [2, 5];
+        let mut ranks = [schedule(1, None, WhenBusy::Defer, 20), schedule(1, None, WhenBusy::Defer, 20)];
+        let mut pending: [Option<(u64, u64)>; 2] = [None, None]; // (step, durable at)
+        let mut durable = [0u64; 2];
+        let mut took: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+        for d in 1..=20 {
+            for r in 0..2 {
+                if let Some((step, at)) = pending[r]
+                    && d >= at
+                {
+                    (durable[r], pending[r]) = (step, None);
+                }
+            }
+            let everywhere = durable.iter().copied().min().unwrap();
+            for r in 0..2 {
+                let idle = ranks[r].idle_everywhere(everywhere);
+                if ranks[r].take(d, || Ok::<_, ()>(idle)).unwrap() {
+                    took[r].push(d);
+                    pending[r] = Some((d, d + persist[r]));
+                }
+            }
+        }
+        assert_eq!(took[0], took[1]);
+        assert_eq!(took[0], [1, 6, 11, 16, 20], "paced by the slower rank");
+        // Deciding from its own writer, the faster rank would take others.
+        let mut alone = schedule(1, None, WhenBusy::Defer, 20);
+        let mut busy_until = 0;
+        let own: Vec<u64> = (1..=20)
+            .filter(|&d| {
+                let go = alone.take(d, || Ok::<_, ()>(d >= busy_until)).unwrap();
+                if go {
+                    busy_until = d + persist[0];
+                }
+                go
+            })
+            .collect();
+        assert_ne!(own, took[0]);
+    }
 }

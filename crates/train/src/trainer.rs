@@ -26,7 +26,7 @@ use fault::crash::Phase;
 use serde_json::json;
 
 use crate::checkpointing;
-use crate::config::{TrainConfig, WhenBusy};
+use crate::config::TrainConfig;
 use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataSpec, Dataset, Modality, Split};
@@ -82,7 +82,7 @@ pub struct Summary {
     /// Checkpoint writer totals (all zero without checkpoints).
     pub checkpoints: ckpt::WriterStats,
     /// Steps at which a checkpoint fell due but was not taken, the writer being busy
-    /// ([`WhenBusy::Defer`]; several can end in one later checkpoint).
+    /// ([`crate::config::WhenBusy::Defer`]; several can end in one later checkpoint).
     pub checkpoints_deferred: u64,
 }
 
@@ -262,13 +262,10 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
     let mut micro = Vec::new();
     let mut sum = engine.buffer();
     let mut reducer = comm::collective::Reducer::default();
-    // A checkpoint fell due and was put off while a persist ran (`--checkpoint-when-busy
-    // defer`); whether every rank's writer was idle at this step's vote; the step of the
-    // newest snapshot.
-    let mut owed = false;
+    // Which steps are checkpointed, and (in a job) whether every rank's writer was idle at
+    // this step's vote.
+    let mut schedule = config.checkpoint.as_ref().map(|c| checkpointing::Schedule::new(c, config.steps));
     let mut writers_idle = true;
-    let mut last_snapshot = 0;
-    let mut deferred = 0u64;
     while state.step < config.steps {
         let step = state.step;
         let at = At { step, rank };
@@ -294,7 +291,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
                 let durable = comm::commit::durable_everywhere(&ballots);
                 // Every rank reads the same ballots, so every rank decides alike whether
                 // a deferred checkpoint can be taken after this step.
-                writers_idle = durable >= last_snapshot;
+                writers_idle = schedule.as_ref().is_none_or(|s| s.idle_everywhere(durable));
                 if let Some(w) = writer.as_mut() {
                     w.commit_through(durable)?;
                 }
@@ -320,28 +317,16 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         {
             j.check_replicas(done, state.fingerprint())?;
         }
-        if let (Some(w), Some(c)) = (writer.as_mut(), config.checkpoint.as_ref()) {
-            let due = done.is_multiple_of(c.every.max(1));
-            owed |= due;
-            // The last step, and a due step that retention keeps for good, are never put off.
-            let pinned =
-                done == config.steps || (due && c.retention.keep_every.is_some_and(|k| done.is_multiple_of(k.max(1))));
-            let take = pinned
-                || (owed
-                    && match (c.when_busy, &job) {
-                        (WhenBusy::Wait, _) => true,
-                        (WhenBusy::Defer, Some(_)) => writers_idle,
-                        (WhenBusy::Defer, None) => !w.busy()?,
-                    });
-            if take {
-                hooks.reached(at, Phase::Checkpoint);
-                let meta = checkpointing::meta(config, engine.sampler(), &state, engine.kernels(), world);
-                let stall = w.snapshot(meta, &checkpointing::tensor_refs(&state))?;
-                metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
-                (owed, last_snapshot) = (false, done);
-            } else if due {
-                deferred += 1;
-            }
+        if let (Some(w), Some(s)) = (writer.as_mut(), schedule.as_mut())
+            && s.take(done, || match &job {
+                Some(_) => Ok::<_, TrainError>(writers_idle),
+                None => Ok(!w.busy()?),
+            })?
+        {
+            hooks.reached(at, Phase::Checkpoint);
+            let meta = checkpointing::meta(config, engine.sampler(), &state, engine.kernels(), world);
+            let stall = w.snapshot(meta, &checkpointing::tensor_refs(&state))?;
+            metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
         }
         if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
             let report = evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit);
@@ -376,7 +361,7 @@ pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(S
         parameters,
         resumed_from: first_step,
         checkpoints,
-        checkpoints_deferred: deferred,
+        checkpoints_deferred: schedule.as_ref().map_or(0, checkpointing::Schedule::deferred),
     };
     write_summary(&mut metrics, &summary)?;
     Ok((summary, state))
