@@ -183,16 +183,8 @@ fn the_32_bit_sum_keeps_special_values_and_refuses_too_many_parts() {
 
 /// Values of every magnitude and both signs, from a fixed seed.
 fn spread(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let mantissa = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            mantissa * 2f32.powi((x % 40) as i32 - 20)
-        })
-        .collect()
+    let mut rng = repro::rng::Stream::new(seed, 0);
+    (0..n).map(|_| rng.uniform_symmetric(0.5) * 2f32.powi(rng.below(40) as i32 - 20)).collect()
 }
 
 #[test]
