@@ -85,7 +85,7 @@ pub struct AsyncWriter {
     pending: Vec<Meta>,
     committing: Option<Commit>,
     durable: u64,
-    persist_nice: i32,
+    persist_nice: u8,
     stats: WriterStats,
     last: Option<SaveReport>,
 }
@@ -119,7 +119,7 @@ impl AsyncWriter {
             pending: Vec::new(),
             committing: None,
             durable: 0,
-            persist_nice: i32::from(Self::DEFAULT_PERSIST_NICE),
+            persist_nice: Self::DEFAULT_PERSIST_NICE,
             stats: WriterStats::default(),
             last: None,
         })
@@ -128,7 +128,7 @@ impl AsyncWriter {
     /// Sets how much the persist thread's nice value is raised above the caller's
     /// (clamped to the system's range; 0 persists at training's priority).
     pub fn set_persist_nice(&mut self, increment: u8) {
-        self.persist_nice = i32::from(increment);
+        self.persist_nice = increment;
     }
 
     /// Whether a persist is still running (after noticing one that has finished): a
@@ -332,13 +332,13 @@ impl AsyncWriter {
 /// value it now runs at, or `None` where the system refuses to say or to change it (the
 /// persist then simply runs at the caller's priority). Linux keeps a nice value per
 /// thread, so this leaves the rest of the process as it was.
-fn lower_own_priority(increment: i32) -> Option<i32> {
+fn lower_own_priority(increment: u8) -> Option<i32> {
     let me = rustix::thread::gettid();
     let now = rustix::process::getpriority_process(Some(me)).ok()?;
-    if increment <= 0 {
+    if increment == 0 {
         return Some(now);
     }
-    let target = now.saturating_add(increment).min(19);
+    let target = now.saturating_add(i32::from(increment)).min(19);
     match rustix::process::setpriority_process(Some(me), target) {
         Ok(()) => Some(target),
         Err(e) => {

@@ -286,7 +286,7 @@ impl Reducer {
             ReduceMode::Reproducible | ReduceMode::Reproducible32 if t.world() == 1 => {
                 // One rank: the ring phases would move nothing, and the local sum gives
                 // the same bits (a reproducible sum does not depend on the grouping).
-                check_parts(parts.len() as u64, 1, mode)?;
+                mode.check_parts(parts.len() as u64, 1)?;
                 crate::sum_parts_into(mode, parts, out, &mut self.local);
                 Ok(())
             }
@@ -342,7 +342,7 @@ impl Reducer {
         let total: u64 =
             exps[n..].chunks_exact(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))).sum();
         exps.truncate(n);
-        check_parts(total, world, mode)?;
+        mode.check_parts(total, world)?;
         if mode == ReduceMode::Reproducible32 {
             fixed_reduce_scatter::<i32, P>(t, parts, repro::batched::NARROW_HEADROOM, timeout, self)
         } else {
@@ -480,15 +480,4 @@ pub fn broadcast(t: &dyn Transport, data: &mut Vec<u8>, root: usize, timeout: Du
 pub fn barrier(t: &dyn Transport, timeout: Duration) -> Result<(), CommError> {
     let mut token = vec![0u8];
     ring(t, &mut token, |a, b| *a = (*a).max(b), timeout, &mut Vec::new())
-}
-
-/// Refuses a reproducible sum of more parts, over all ranks, than its integers can hold.
-fn check_parts(total: u64, world: usize, mode: ReduceMode) -> Result<(), CommError> {
-    if total > mode.max_parts() {
-        return Err(CommError::Setup(format!(
-            "{total} parts over {world} ranks exceed the {} that the {mode} sum can hold",
-            mode.max_parts()
-        )));
-    }
-    Ok(())
 }

@@ -95,6 +95,18 @@ impl ReduceMode {
             ReduceMode::Reproducible32 => 1 << repro::batched::NARROW_HEADROOM,
         }
     }
+
+    /// Refuses a sum of `total` parts over `world` ranks that this mode's integers cannot
+    /// hold (every rank that knows the total refuses alike).
+    pub fn check_parts(self, total: u64, world: usize) -> Result<(), transport::CommError> {
+        if total > self.max_parts() {
+            return Err(transport::CommError::Setup(format!(
+                "{total} parts over {world} ranks exceed the {} that the {self} sum can hold",
+                self.max_parts()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Word for ReduceMode {
@@ -149,7 +161,7 @@ pub fn sum_parts_into<P: AsRef<[f32]> + Sync>(
             // Element by element in the order given, on the rayon pool by blocks: the
             // blocks and the threads change no element's order of additions.
             use rayon::prelude::*;
-            const BLOCK: usize = 1 << 14;
+            const BLOCK: usize = repro::batched::PAR_BLOCK;
             out.par_chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| {
                 let range = b * BLOCK..b * BLOCK + acc.len();
                 acc.copy_from_slice(&first.as_ref()[range.clone()]);

@@ -105,13 +105,7 @@ impl MpiWorld {
                 // its integers cannot hold.
                 let mut total = 0u64;
                 self.world.all_reduce_into(&(parts.len() as u64), &mut total, SystemOperation::sum());
-                if total > mode.max_parts() {
-                    return Err(CommError::Setup(format!(
-                        "{total} parts over {} ranks exceed the {} that the {mode} sum can hold",
-                        self.world(),
-                        mode.max_parts()
-                    )));
-                }
+                mode.check_parts(total, self.world())?;
                 if mode == ReduceMode::Reproducible32 {
                     self.reproducible::<i32, P>(parts, out, repro::batched::NARROW_HEADROOM)
                 } else {

@@ -216,10 +216,11 @@ pub fn sum_parts_into<P: AsRef<[f32]> + Sync>(parts: &[P], headroom: u32, out: &
     sum_parts_as::<i64, P>(parts, headroom, out, scratch)
 }
 
-/// Elements per parallel block of [`sum_parts_as`]: a block's exponents, accumulators and output
+/// Elements per parallel block of [`sum_parts_as`] (and of the other element-wise local
+/// sums that run on the rayon pool): a block's exponents, accumulators and output
 /// (16 + 128 + 64 KiB in 64 bits) and its slices of a few parts stay in a core's cache
 /// while the three passes run over it.
-const PAR_BLOCK: usize = 1 << 14;
+pub const PAR_BLOCK: usize = 1 << 14;
 
 /// [`sum_parts_into`] accumulating in `A`: `i64` is [`sum_parts_into`] itself, `i32` the
 /// 32-bit sum of [`Fixed`] (at most `2^headroom <= 128` parts).

@@ -54,6 +54,25 @@ fn grouping(parts: usize, workers: usize, seed: u64) -> (Vec<usize>, Vec<usize>)
     (owner, order)
 }
 
+/// The bit patterns of `v`, to compare sums bit for bit.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Checks each element of `sum` against the exact sum of `parts` within
+/// `per_term * n * max|term| + half an ulp of the result` (plus the f64 reference's own
+/// rounding).
+fn within_bound(parts: &[Vec<f32>], sum: &[f32], per_term: f64) -> Result<(), TestCaseError> {
+    for i in 0..sum.len() {
+        let exact: f64 = parts.iter().map(|p| f64::from(p[i])).sum();
+        let max = parts.iter().map(|p| p[i].abs()).fold(0.0f32, f32::max) as f64;
+        let bound =
+            parts.len() as f64 * per_term * max + f64::from(sum[i]).abs() * 2f64.powi(-24) + max * 2f64.powi(-45); // the f64 reference itself rounds
+        prop_assert!((f64::from(sum[i]) - exact).abs() <= bound, "element {i}: {} vs {exact}", sum[i]);
+    }
+    Ok(())
+}
+
 fn value() -> impl Strategy<Value = f32> {
     prop_oneof![(-1.0f32..1.0), (-1e6f32..1e6), (-1e-6f32..1e-6), Just(0.0f32)]
 }
@@ -71,19 +90,9 @@ proptest! {
         let single = sum_parts(&refs, DEFAULT_HEADROOM);
         let (owner, order) = grouping(parts.len(), workers, seed);
         let grouped = as_workers(&parts, &owner, workers, &order);
-        prop_assert_eq!(
-            single.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            grouped.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
+        prop_assert_eq!(bits(&single), bits(&grouped));
         // Error bound: n * 2^(h - 62) * max|term| + half an ulp of the result.
-        for i in 0..single.len() {
-            let exact: f64 = parts.iter().map(|p| f64::from(p[i])).sum();
-            let max = parts.iter().map(|p| p[i].abs()).fold(0.0f32, f32::max) as f64;
-            let bound = parts.len() as f64 * 2f64.powi(DEFAULT_HEADROOM as i32 - 62) * max
-                + f64::from(single[i]).abs() * 2f64.powi(-24)
-                + max * 2f64.powi(-45); // the f64 reference itself rounds
-            prop_assert!((f64::from(single[i]) - exact).abs() <= bound, "element {i}: {} vs {exact}", single[i]);
-        }
+        within_bound(&parts, &single, 2f64.powi(DEFAULT_HEADROOM as i32 - 62))?;
     }
 }
 
@@ -143,20 +152,10 @@ proptest! {
         let single = narrow(&refs);
         let (owner, order) = grouping(parts.len(), workers, seed);
         let grouped = as_workers_narrow(&parts, &owner, workers, &order);
-        prop_assert_eq!(
-            single.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            grouped.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
+        prop_assert_eq!(bits(&single), bits(&grouped));
         // Error bound (see `Fixed`): n * 2^-24 * max|term| + half an ulp of the result, the
         // bound of a naive f32 sum of n terms.
-        for i in 0..single.len() {
-            let exact: f64 = parts.iter().map(|p| f64::from(p[i])).sum();
-            let max = parts.iter().map(|p| p[i].abs()).fold(0.0f32, f32::max) as f64;
-            let bound = parts.len() as f64 * 2f64.powi(-24) * max
-                + f64::from(single[i]).abs() * 2f64.powi(-24)
-                + max * 2f64.powi(-45);
-            prop_assert!((f64::from(single[i]) - exact).abs() <= bound, "element {i}: {} vs {exact}", single[i]);
-        }
+        within_bound(&parts, &single, 2f64.powi(-24))?;
     }
 }
 
@@ -203,7 +202,6 @@ fn blocks_and_threads_change_no_bit_of_a_long_sum() {
         })
     };
     let (one, three) = (on(1), on(3));
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!((bits(&one.0), bits(&one.1)), (bits(&three.0), bits(&three.1)));
     // Element by element, alone: the blocks put every element where it belongs.
     for i in (0..n).step_by(997).chain([n - 1]) {
