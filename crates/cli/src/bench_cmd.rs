@@ -94,6 +94,10 @@ struct AllreduceArgs {
     /// Repetitions per size (the median is reported).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
+    /// Reduce modes to time, taking turns repetition by repetition (one mode alone, under
+    /// `perf stat`, gives that mode's CPU time).
+    #[arg(long, value_delimiter = ',', value_parser = choice::of::<comm::ReduceMode>(), default_value = "fast,reproducible,reproducible32")]
+    modes: Vec<comm::ReduceMode>,
 }
 
 #[derive(Args, Debug)]
@@ -144,7 +148,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Init(b) => crate::bench_export::init(&b),
         BenchCommand::Order(b) => crate::bench_export::order(&b),
         BenchCommand::Allreduce(b) => {
-            let bench = lab::bench::AllreduceBench { world: b.world, mb: b.mb, repeats: b.repeats };
+            let bench = lab::bench::AllreduceBench { world: b.world, mb: b.mb, repeats: b.repeats, modes: b.modes };
             for row in lab::bench::allreduce(&bench)? {
                 println!("{row}");
             }

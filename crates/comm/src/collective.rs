@@ -9,7 +9,10 @@
 //! sends from one thread while the calling thread receives, so large chunks cannot
 //! deadlock on full socket buffers; and each chunk travels as segments of
 //! [`SEGMENT_BYTES`], which the receiver combines as they arrive while later segments are
-//! still in flight (a pipeline, instead of receive-everything-then-add).
+//! still in flight (a pipeline, instead of receive-everything-then-add). A segment that
+//! lands where it is to stay (the all-gathers, and the reproducible reduce-scatters, which
+//! add this rank's contribution to it in place) is read from the socket straight into its
+//! place ([`Transport::recv_exact`]); one that is added to a float goes through a buffer.
 //!
 //! Modes:
 //! - `fast` and `deterministic`: f32 sums. The order in which a chunk's contributions are
@@ -78,12 +81,23 @@ fn split_chunks<T>(data: &mut [T], send: std::ops::Range<usize>, recv: std::ops:
 /// A `prepare` for [`exchange`] that sends the chunk as it is.
 fn as_is<T>(_: usize, _: &mut [T]) {}
 
+/// How a ring step puts each received segment in its place.
+enum Fold<'f, T> {
+    /// Received straight into its place, with no buffer in between; then
+    /// `after(offset, dst)` works on it there (`offset` elements into the chunk).
+    Into(&'f dyn Fn(usize, &mut [T])),
+    /// Received into the step's buffer; then `combine(dst, bytes)` folds it into place.
+    Combine(&'f dyn Fn(&mut [T], &[u8])),
+}
+
+/// No work on a segment received into place.
+fn nothing<T>(_: usize, _: &mut [T]) {}
+
 /// One ring step: sends `send` to the right neighbour (from a helper thread) while
 /// receiving `recv.len()` elements from the left one, segment by segment;
 /// `prepare(offset, seg)` fills each segment of `send` (starting `offset` elements into
 /// it) just before it leaves, so that work on the outgoing chunk overlaps the transfer;
-/// `take(offset, dst, src)` folds each received segment (`src`, raw bytes) into its
-/// place `dst`, which starts `offset` elements into `recv`.
+/// `fold` puts each received segment in its place in `recv`.
 fn exchange<T: Wire>(
     t: &dyn Transport,
     send: &mut [T],
@@ -91,7 +105,7 @@ fn exchange<T: Wire>(
     recv: &mut [T],
     deadline: Instant,
     buf: &mut Vec<u8>,
-    take: &impl Fn(usize, &mut [T], &[u8]),
+    fold: Fold<'_, T>,
 ) -> Result<(), CommError> {
     let world = t.world();
     let right = (t.rank() + 1) % world;
@@ -113,18 +127,33 @@ fn exchange<T: Wire>(
             let len = recv.len();
             for k in 0..len.div_ceil(per).max(1) {
                 let dst = &mut recv[(k * per).min(len)..((k + 1) * per).min(len)];
-                let kind = t.recv_into(left, deadline, buf)?;
-                if kind != KIND_CHUNK || buf.len() != dst.len() * T::SIZE {
+                let kind = match fold {
+                    Fold::Into(_) => t.recv_exact(left, deadline, bytemuck::cast_slice_mut(dst))?,
+                    Fold::Combine(_) => {
+                        let kind = t.recv_into(left, deadline, buf)?;
+                        if buf.len() != dst.len() * T::SIZE {
+                            return Err(CommError::Protocol {
+                                peer: left,
+                                reason: format!(
+                                    "expected a segment of {} bytes, got {} bytes",
+                                    dst.len() * T::SIZE,
+                                    buf.len()
+                                ),
+                            });
+                        }
+                        kind
+                    }
+                };
+                if kind != KIND_CHUNK {
                     return Err(CommError::Protocol {
                         peer: left,
-                        reason: format!(
-                            "expected a segment of {} bytes, got kind {kind} with {} bytes",
-                            dst.len() * T::SIZE,
-                            buf.len()
-                        ),
+                        reason: format!("expected a segment of a ring step, got a frame of kind {kind}"),
                     });
                 }
-                take(k * per, dst, buf);
+                match fold {
+                    Fold::Into(after) => after(k * per, dst),
+                    Fold::Combine(combine) => combine(dst, buf),
+                }
             }
             Ok(())
         })();
@@ -145,7 +174,7 @@ fn reduce_scatter<T: Wire>(
     buf: &mut Vec<u8>,
 ) -> Result<usize, CommError> {
     let (world, rank, n) = (t.world(), t.rank(), data.len());
-    let take = |_: usize, dst: &mut [T], src: &[u8]| {
+    let fold = |dst: &mut [T], src: &[u8]| {
         for (d, x) in dst.iter_mut().zip(src.chunks_exact(T::SIZE)) {
             combine(d, T::get(x));
         }
@@ -154,7 +183,7 @@ fn reduce_scatter<T: Wire>(
         let send_c = (rank + world - s) % world;
         let recv_c = (rank + world - s - 1) % world;
         let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
-        exchange(t, send, &as_is, recv, Instant::now() + timeout, buf, &take)?;
+        exchange(t, send, &as_is, recv, Instant::now() + timeout, buf, Fold::Combine(&fold))?;
     }
     Ok((rank + 1) % world)
 }
@@ -168,16 +197,11 @@ fn all_gather<T: Wire>(
     buf: &mut Vec<u8>,
 ) -> Result<(), CommError> {
     let (world, rank, n) = (t.world(), t.rank(), data.len());
-    let take = |_: usize, dst: &mut [T], src: &[u8]| {
-        for (d, x) in dst.iter_mut().zip(src.chunks_exact(T::SIZE)) {
-            *d = T::get(x);
-        }
-    };
     for s in 0..world - 1 {
         let send_c = (rank + 1 + world - s) % world;
         let recv_c = (rank + world - s) % world;
         let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
-        exchange(t, send, &as_is, recv, Instant::now() + timeout, buf, &take)?;
+        exchange(t, send, &as_is, recv, Instant::now() + timeout, buf, Fold::Into(&nothing))?;
     }
     Ok(())
 }
@@ -238,7 +262,6 @@ pub struct Reducer {
     exps: Vec<u8>,
     sending: Vec<i64>,
     receiving: Vec<i64>,
-    owned: Vec<f32>,
     local: repro::batched::Scratch,
 }
 
@@ -255,8 +278,8 @@ impl Reducer {
             // In place: no copy of the message on either side of the ring.
             ReduceMode::Fast | ReduceMode::Deterministic => ring(t, data, |a, b| *a += b, timeout, &mut self.buf),
             ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
-                let r = self.reproducible(t, &[&*data], data.len(), mode, timeout)?;
-                data[r].copy_from_slice(&self.owned);
+                let owned = self.reproducible(t, &[&*data], data.len(), mode, timeout)?;
+                self.finish(t.world(), mode, owned, data);
                 if t.world() > 1 {
                     all_gather(t, data, timeout, &mut self.buf)?;
                 }
@@ -291,8 +314,8 @@ impl Reducer {
                 Ok(())
             }
             ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
-                let r = self.reproducible(t, parts, out.len(), mode, timeout)?;
-                out[r].copy_from_slice(&self.owned);
+                let owned = self.reproducible(t, parts, out.len(), mode, timeout)?;
+                self.finish(t.world(), mode, owned, out);
                 if t.world() > 1 {
                     all_gather(t, out, timeout, &mut self.buf)?;
                 }
@@ -302,8 +325,8 @@ impl Reducer {
     }
 
     /// A reproducible mode up to the all-gather: the exponents' reduce-scatter and
-    /// all-gather, then the fixed-point reduce-scatter. Leaves the f32 sum of the chunk
-    /// this rank owns in `self.owned` and returns the chunk's range.
+    /// all-gather, then the fixed-point reduce-scatter. Leaves the integer sum of the
+    /// chunk this rank owns in one of the two chunk buffers, for [`Reducer::finish`].
     fn reproducible<P: AsRef<[f32]> + Sync>(
         &mut self,
         t: &dyn Transport,
@@ -311,7 +334,7 @@ impl Reducer {
         n: usize,
         mode: ReduceMode,
         timeout: Duration,
-    ) -> Result<std::ops::Range<usize>, CommError> {
+    ) -> Result<Owned, CommError> {
         let (world, rank) = (t.world(), t.rank());
         let Reducer { buf, exps, sending, receiving, .. } = self;
         // The exponents travel with each rank's count of parts (four bytes per rank after
@@ -333,9 +356,10 @@ impl Reducer {
         };
         let len = n + 4 * world;
         let (a, b) = chunk_buffers::<u8>(len, world, sending, receiving);
-        let (mine, sum) = streamed_reduce_scatter(t, len, a, b, &own_exps, timeout, buf)?;
+        let mine = streamed_reduce_scatter(t, len, &mut *a, &mut *b, &own_exps, timeout, buf)?;
+        let sum = if mine.in_first { a } else { b };
         exps.resize(len, 0);
-        exps[mine.clone()].copy_from_slice(&sum[..mine.len()]);
+        exps[mine.range.clone()].copy_from_slice(&sum[..mine.range.len()]);
         if world > 1 {
             all_gather(t, exps, timeout, buf)?;
         }
@@ -349,6 +373,33 @@ impl Reducer {
             fixed_reduce_scatter::<i64, P>(t, parts, repro::batched::DEFAULT_HEADROOM, timeout, self)
         }
     }
+
+    /// Converts the integer sum that [`Reducer::reproducible`] left to f32, into its
+    /// place in `out`.
+    fn finish(&mut self, world: usize, mode: ReduceMode, owned: Owned, out: &mut [f32]) {
+        if mode == ReduceMode::Reproducible32 {
+            self.finish_as::<i32>(world, repro::batched::NARROW_HEADROOM, owned, out);
+        } else {
+            self.finish_as::<i64>(world, repro::batched::DEFAULT_HEADROOM, owned, out);
+        }
+    }
+
+    fn finish_as<A: repro::batched::Fixed>(&mut self, world: usize, headroom: u32, owned: Owned, out: &mut [f32]) {
+        let Reducer { exps, sending, receiving, .. } = self;
+        // The same carving as the reduce-scatter's, so the same words.
+        let (a, b) = chunk_buffers::<A>(exps.len(), world, sending, receiving);
+        let sum = if owned.in_first { a } else { b };
+        let r = owned.range;
+        repro::batched::finish_into(&sum[..r.len()], &exps[r.clone()], headroom, &mut out[r]);
+    }
+}
+
+/// Where a [`streamed_reduce_scatter`] left the sum of the chunk this rank owns.
+struct Owned {
+    /// The chunk's elements.
+    range: std::ops::Range<usize>,
+    /// In the first of the two chunk buffers (otherwise in the second).
+    in_first: bool,
 }
 
 /// Two buffers of the longest chunk of `n` elements over `world` ranks, as `T`s, carved
@@ -369,8 +420,9 @@ fn chunk_buffers<'a, T: bytemuck::Pod>(
 /// received values are copied before it runs, so `own` must be the combining operation.
 /// Each chunk of this rank's contribution is computed exactly once: the first, segment by
 /// segment in the sending thread just before each segment leaves; the others as their
-/// partial sums arrive from the left neighbour. `a` and `b` are chunk-sized buffers;
-/// returns the range of the chunk this rank owns and the one of them that holds it.
+/// partial sums arrive from the left neighbour, received straight into their place.
+/// `a` and `b` are chunk-sized buffers; returns the range of the chunk this rank owns and
+/// which of them holds it.
 fn streamed_reduce_scatter<'a, T: Wire + Default>(
     t: &dyn Transport,
     n: usize,
@@ -379,15 +431,15 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
     own: &(impl Fn(std::ops::Range<usize>, &mut [T]) + Sync),
     timeout: Duration,
     buf: &mut Vec<u8>,
-) -> Result<(std::ops::Range<usize>, &'a mut [T]), CommError> {
+) -> Result<Owned, CommError> {
     let (world, rank) = (t.world(), t.rank());
     let first = chunk_range(n, world, rank);
     if world == 1 {
         a[..n].fill(T::default());
         own(0..n, &mut a[..n]);
-        return Ok((first, a));
+        return Ok(Owned { range: first, in_first: true });
     }
-    let mut owned = first.clone();
+    let mut owned = Owned { range: first, in_first: true };
     for s in 0..world - 1 {
         let sr = chunk_range(n, world, (rank + world - s) % world);
         let rr = chunk_range(n, world, (rank + world - s - 1) % world);
@@ -396,39 +448,36 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
             let start = sr.start + offset;
             own(start..start + seg.len(), seg);
         };
-        let take = |offset: usize, dst: &mut [T], src: &[u8]| {
-            for (d, x) in dst.iter_mut().zip(src.chunks_exact(T::SIZE)) {
-                *d = T::get(x);
-            }
+        let add_own = |offset: usize, dst: &mut [T]| {
             let start = rr.start + offset;
             own(start..start + dst.len(), dst);
         };
         let (send, recv) = (&mut a[..sr.len()], &mut b[..rr.len()]);
         let deadline = Instant::now() + timeout;
         if s == 0 {
-            exchange(t, send, &fresh, recv, deadline, buf, &take)?;
+            exchange(t, send, &fresh, recv, deadline, buf, Fold::Into(&add_own))?;
         } else {
-            exchange(t, send, &as_is, recv, deadline, buf, &take)?;
+            exchange(t, send, &as_is, recv, deadline, buf, Fold::Into(&add_own))?;
         }
         std::mem::swap(&mut a, &mut b);
-        owned = rr;
+        owned = Owned { range: rr, in_first: !owned.in_first };
     }
-    Ok((owned, a))
+    Ok(owned)
 }
 
 /// The reproducible reduce-scatter in `A` integers: the fixed-point form of a chunk
 /// exists only while the chunk passes through this rank (two chunk-sized buffers, not
 /// one integer per element of the message), and this rank's contribution is converted
-/// as the chunks pass ([`streamed_reduce_scatter`]). Leaves the f32 sum of the chunk this
-/// rank ends up owning in `r.owned` and returns the chunk's range.
+/// as the chunks pass ([`streamed_reduce_scatter`]). Returns where the integer sum of the
+/// chunk this rank ends up owning is.
 fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>(
     t: &dyn Transport,
     parts: &[P],
     headroom: u32,
     timeout: Duration,
     r: &mut Reducer,
-) -> Result<std::ops::Range<usize>, CommError> {
-    let Reducer { buf, exps, sending, receiving, owned, .. } = r;
+) -> Result<Owned, CommError> {
+    let Reducer { buf, exps, sending, receiving, .. } = r;
     let (world, n) = (t.world(), exps.len());
     let exps = &exps[..];
     let own = |range: std::ops::Range<usize>, acc: &mut [A]| {
@@ -437,10 +486,7 @@ fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>
         }
     };
     let (a, b) = chunk_buffers::<A>(n, world, sending, receiving);
-    let (mine, sum) = streamed_reduce_scatter(t, n, a, b, &own, timeout, buf)?;
-    owned.resize(mine.len(), 0.0);
-    repro::batched::finish_into(&sum[..mine.len()], &exps[mine.clone()], headroom, owned);
-    Ok(mine)
+    streamed_reduce_scatter(t, n, a, b, &own, timeout, buf)
 }
 
 /// Every rank's `value`, indexed by rank, on every rank.

@@ -36,6 +36,14 @@ pub enum FrameError {
     /// A frame must hold at least its kind byte.
     #[error("empty frame (no kind byte)")]
     Empty,
+    /// The frame's payload is not the length the reader expected.
+    #[error("a payload of {got} bytes where {expected} were expected")]
+    Length {
+        /// Payload bytes announced.
+        got: usize,
+        /// Payload bytes expected.
+        expected: usize,
+    },
     /// The read or write timed out.
     #[error("timed out")]
     Timeout,
@@ -98,6 +106,27 @@ pub fn read_frame(r: &mut impl Read, max: u32) -> Result<Frame, FrameError> {
 /// Reads one frame of at most `max` bytes into `payload` (reusing its allocation), and
 /// returns its kind.
 pub fn read_frame_into(r: &mut impl Read, max: u32, payload: &mut Vec<u8>) -> Result<u8, FrameError> {
+    let (len, kind) = read_header(r, max)?;
+    payload.resize(len - 1, 0);
+    read_payload(r, payload)?;
+    Ok(kind)
+}
+
+/// Reads one frame of at most `max` bytes whose payload must be exactly `payload.len()`
+/// bytes, straight into `payload` (no buffer in between), and returns its kind. A frame
+/// of any other length is refused after its header, before any of its payload is read.
+pub fn read_frame_exact(r: &mut impl Read, max: u32, payload: &mut [u8]) -> Result<u8, FrameError> {
+    let (len, kind) = read_header(r, max)?;
+    if len - 1 != payload.len() {
+        return Err(FrameError::Length { got: len - 1, expected: payload.len() });
+    }
+    read_payload(r, payload)?;
+    Ok(kind)
+}
+
+/// Reads a frame's header: returns its length (kind byte included, at least 1 and at
+/// most `max`) and its kind.
+fn read_header(r: &mut impl Read, max: u32) -> Result<(usize, u8), FrameError> {
     let mut header = [0u8; 5];
     match read_full(r, &mut header)? {
         0 => return Err(FrameError::Closed),
@@ -111,12 +140,16 @@ pub fn read_frame_into(r: &mut impl Read, max: u32, payload: &mut Vec<u8>) -> Re
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
-    payload.resize(len as usize - 1, 0);
+    Ok((len as usize, header[4]))
+}
+
+/// Reads the payload whose header has been read; a peer that stops short is a truncation.
+fn read_payload(r: &mut impl Read, payload: &mut [u8]) -> Result<(), FrameError> {
     let got = read_full(r, payload)?;
     if got < payload.len() {
-        return Err(FrameError::Truncated { got: got + 5, expected: len as usize + 4 });
+        return Err(FrameError::Truncated { got: got + 5, expected: payload.len() + 5 });
     }
-    Ok(header[4])
+    Ok(())
 }
 
 #[cfg(test)]
@@ -147,5 +180,30 @@ mod tests {
         assert!(matches!(read_frame(&mut &[0u8, 0, 0, 0, 1][..], 50), Err(FrameError::Empty)));
         // An absurd length is refused before any allocation.
         assert!(matches!(read_frame(&mut &[255u8, 255, 255, 255, 1][..], 1 << 20), Err(FrameError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn exact_reads_fill_the_slice_and_refuse_other_lengths() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, 3, &[1, 2, 3, 4]).unwrap();
+        write_frame(&mut buf, 4, &[5, 6]).unwrap();
+        let mut r = buf.as_slice();
+        let mut dst = [0u8; 4];
+        assert_eq!(read_frame_exact(&mut r, 100, &mut dst).unwrap(), 3);
+        assert_eq!(dst, [1, 2, 3, 4]);
+        // A frame of the wrong length leaves the destination as it was.
+        let err = read_frame_exact(&mut r, 100, &mut dst).unwrap_err();
+        assert!(matches!(err, FrameError::Length { got: 2, expected: 4 }), "{err}");
+        assert_eq!(dst, [1, 2, 3, 4]);
+        // Truncation mid-payload and a clean close are told apart, as for the other reads.
+        let mut one = Vec::new();
+        write_frame(&mut one, 1, &[9; 8]).unwrap();
+        let mut dst = [0u8; 8];
+        assert!(matches!(
+            read_frame_exact(&mut &one[..9], 100, &mut dst),
+            Err(FrameError::Truncated { got: 9, expected: 13 })
+        ));
+        assert!(matches!(read_frame_exact(&mut &one[..0], 100, &mut dst), Err(FrameError::Closed)));
+        assert!(matches!(read_frame_exact(&mut &one[..], 8, &mut dst), Err(FrameError::TooLarge { len: 9, max: 8 })));
     }
 }

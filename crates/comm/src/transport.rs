@@ -17,7 +17,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::frame::{Frame, FrameError, read_frame_into, write_frame};
+use crate::frame::{Frame, FrameError, read_frame_exact, read_frame_into, write_frame};
 use crate::gate::{Gate, Limits};
 use crate::handshake::{HandshakeError, handshake};
 
@@ -74,6 +74,18 @@ pub trait Transport: Sync {
         *payload = f.payload;
         Ok(f.kind)
     }
+    /// Like [`recv`](Transport::recv), for a frame whose payload must be exactly
+    /// `payload.len()` bytes, written straight into `payload`; returns the frame's kind. A
+    /// frame of another length is a [`CommError::Protocol`] error.
+    fn recv_exact(&self, from: usize, deadline: Instant, payload: &mut [u8]) -> Result<u8, CommError> {
+        let f = self.recv(from, deadline)?;
+        if f.payload.len() != payload.len() {
+            let e = FrameError::Length { got: f.payload.len(), expected: payload.len() };
+            return Err(CommError::Protocol { peer: from, reason: e.to_string() });
+        }
+        payload.copy_from_slice(&f.payload);
+        Ok(f.kind)
+    }
 }
 
 fn frame_error(peer: usize, waited: Duration, e: FrameError) -> CommError {
@@ -82,7 +94,9 @@ fn frame_error(peer: usize, waited: Duration, e: FrameError) -> CommError {
         FrameError::Closed | FrameError::Truncated { .. } | FrameError::Io(_) => {
             CommError::PeerLost { peer, reason: e.to_string() }
         }
-        FrameError::TooLarge { .. } | FrameError::Empty => CommError::Protocol { peer, reason: e.to_string() },
+        FrameError::TooLarge { .. } | FrameError::Empty | FrameError::Length { .. } => {
+            CommError::Protocol { peer, reason: e.to_string() }
+        }
     }
 }
 
@@ -405,7 +419,10 @@ impl Transport for TcpMesh {
         Ok(Frame { kind, payload })
     }
     fn recv_into(&self, from: usize, deadline: Instant, payload: &mut Vec<u8>) -> Result<u8, CommError> {
-        self.recv_frame(from, deadline, payload).map_err(|e| self.explain(e))
+        self.recv_frame(from, deadline, |s, max| read_frame_into(s, max, payload)).map_err(|e| self.explain(e))
+    }
+    fn recv_exact(&self, from: usize, deadline: Instant, payload: &mut [u8]) -> Result<u8, CommError> {
+        self.recv_frame(from, deadline, |s, max| read_frame_exact(s, max, payload)).map_err(|e| self.explain(e))
     }
 }
 
@@ -423,7 +440,13 @@ impl TcpMesh {
         write_frame(&mut *s, kind, payload).map_err(|e| frame_error(to, Duration::ZERO, e))?;
         s.flush().map_err(|e| CommError::PeerLost { peer: to, reason: e.to_string() })
     }
-    fn recv_frame(&self, from: usize, deadline: Instant, payload: &mut Vec<u8>) -> Result<u8, CommError> {
+    /// Reads the next frame from `from` with `read(stream, max_frame)`, by `deadline`.
+    fn recv_frame(
+        &self,
+        from: usize,
+        deadline: Instant,
+        read: impl FnOnce(&mut TcpStream, u32) -> Result<u8, FrameError>,
+    ) -> Result<u8, CommError> {
         if let Some(reason) = self.aborted() {
             return Err(CommError::Aborted(reason));
         }
@@ -438,6 +461,6 @@ impl TcpMesh {
             return Err(CommError::Timeout { peer: from, waited });
         }
         s.set_read_timeout(Some(waited)).map_err(|e| CommError::PeerLost { peer: from, reason: e.to_string() })?;
-        read_frame_into(&mut *s, self.max_frame, payload).map_err(|e| frame_error(from, waited, e))
+        read(&mut s, self.max_frame).map_err(|e| frame_error(from, waited, e))
     }
 }

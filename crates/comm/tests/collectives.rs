@@ -220,19 +220,24 @@ fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
     let deadline = Duration::from_secs(30);
     // A chunk of the wrong size, then silence: rank 1 stays connected, saying nothing,
     // until rank 0 has its answer (so that the hang-up below is not what rank 0 reports).
-    let answered = std::sync::Barrier::new(2);
-    let out = on_tcp(2, |r, t| {
-        if r == 1 {
-            t.send(0, 1, &[1, 2, 3]).unwrap();
+    // Both ways a segment arrives: into a buffer and then added (the float ring), and
+    // straight into its place (the reproducible one).
+    for mode in [ReduceMode::Deterministic, ReduceMode::Reproducible] {
+        let answered = std::sync::Barrier::new(2);
+        let out = on_tcp(2, |r, t| {
+            if r == 1 {
+                t.send(0, 1, &[1, 2, 3]).unwrap();
+                answered.wait();
+                return None;
+            }
+            let result = all_reduce_parts(t, &[&[1.0f32; 8]], 8, mode, deadline);
             answered.wait();
-            return None;
-        }
-        let result = all_reduce_parts(t, &[&[1.0f32; 8]], 8, ReduceMode::Deterministic, deadline);
-        answered.wait();
-        Some(result)
-    });
-    let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
-    assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{err}");
+            Some(result)
+        });
+        let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
+        assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{mode}: {err}");
+        assert!(err.to_string().contains("bytes"), "{mode}: {err}");
+    }
 
     // Rank 1 hangs up before rank 0 starts its all-reduce.
     let mut meshes = tcp_meshes(2);
@@ -336,11 +341,15 @@ fn messages_of_many_segments_reduce_exactly_as_small_ones() {
     let refs: Vec<&[f32]> = all.iter().map(|p| p.as_slice()).collect();
     let single = repro::batched::sum_parts(&refs, repro::batched::DEFAULT_HEADROOM);
     for world in [2, 3] {
-        let out = on_mem(world, |r, t| {
+        let run = |r: usize, t: &dyn Transport| {
             let repro = all_reduce_parts(t, &mine(&all, r, world), n, ReduceMode::Reproducible, TIMEOUT).unwrap();
             let det = all_reduce_parts(t, &mine(&all, r, world), n, ReduceMode::Deterministic, TIMEOUT).unwrap();
             (repro, det)
-        });
+        };
+        // In memory every segment arrives as a buffer; over TCP the reproducible ring
+        // reads them straight into place.
+        let mut out = on_mem(world, run);
+        out.extend(on_tcp(world, run));
         for (repro, det) in &out {
             assert_eq!(bits(repro), bits(&single), "world {world}");
             assert_eq!(bits(det), bits(&out[0].1), "every rank holds the same deterministic sum");

@@ -256,6 +256,8 @@ pub struct AllreduceBench {
     pub mb: Vec<u64>,
     /// Repetitions per size (the median is reported).
     pub repeats: usize,
+    /// The reduce modes timed, taking turns repetition by repetition.
+    pub modes: Vec<comm::ReduceMode>,
 }
 
 /// All-reduce bus bandwidth over loopback TCP, `fast`, `reproducible` and
@@ -304,19 +306,23 @@ pub fn allreduce(b: &AllreduceBench) -> Result<Vec<serde_json::Value>, LabError>
                         });
                         // The modes take turns, repetition by repetition, so that a slow
                         // spell of this noisy machine falls on all of them alike.
-                        const MODES: [comm::ReduceMode; 3] =
-                            [comm::ReduceMode::Fast, comm::ReduceMode::Reproducible, comm::ReduceMode::Reproducible32];
-                        let mut times = vec![Vec::new(); MODES.len()];
+                        let mut times = vec![Vec::new(); b.modes.len()];
+                        let mut cpu = vec![Vec::new(); b.modes.len()];
                         for _ in 0..b.repeats.max(1) {
-                            for (mode, times) in MODES.iter().zip(&mut times) {
-                                comm::collective::barrier(&mesh, timeout)?;
+                            for ((mode, times), cpu) in b.modes.iter().zip(&mut times).zip(&mut cpu) {
                                 let mut d = data.clone();
-                                let t = Instant::now();
+                                comm::collective::barrier(&mesh, timeout)?;
+                                let (t, c) = (Instant::now(), process_cpu());
                                 reducer.sum(&mesh, &mut d, *mode, timeout)?;
                                 times.push(t.elapsed());
+                                // Every rank's CPU time (they are threads of this process),
+                                // once all of them are done.
+                                comm::collective::barrier(&mesh, timeout)?;
+                                cpu.push(process_cpu().saturating_sub(c));
                             }
                         }
-                        for (mode, times) in MODES.iter().zip(times) {
+                        for ((mode, times), cpu) in b.modes.iter().zip(times).zip(cpu) {
+                            row[format!("{mode}_cpu_seconds")] = json!(median(cpu).as_secs_f64());
                             let secs = median(times).as_secs_f64();
                             // Bus bandwidth as NCCL defines it: 2(W-1)/W of the message per second.
                             let bus = 2.0 * (world as f64 - 1.0) / world as f64 * (mb as f64) / secs;
@@ -340,6 +346,12 @@ pub fn allreduce(b: &AllreduceBench) -> Result<Vec<serde_json::Value>, LabError>
         r.map_err(bench_err)?;
     }
     Ok(rows)
+}
+
+/// CPU time of this whole process (every thread, user and system) so far.
+fn process_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 fn bench_err(e: comm::transport::CommError) -> LabError {
