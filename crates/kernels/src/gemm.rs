@@ -300,17 +300,40 @@ fn pack_a<const MR: usize>(a: MatRef<'_>, r0: usize, height: usize, k0: usize, o
         out.fill(0.0);
     }
     if a.row_stride == 1 {
-        // A transposed: the tile's values for one column lie side by side.
-        for (p, col) in out.chunks_exact_mut(MR).enumerate() {
+        // A transposed: the tile's values for one column lie side by side (a copy of a
+        // size known at compile time for a whole tile, which needs no call to `memcpy`).
+        let (cols, _) = out.as_chunks_mut::<MR>();
+        for (p, col) in cols.iter_mut().enumerate() {
             let start = (k0 + p) * a.col_stride + r0;
-            col[..height].copy_from_slice(&a.data[start..start + height]);
+            if height == MR {
+                *col = a.data[start..start + MR].try_into().expect("MR values");
+            } else {
+                col[..height].copy_from_slice(&a.data[start..start + height]);
+            }
         }
     } else if a.col_stride == 1 {
-        // A row-major: each row's values for the block lie side by side.
-        for i in 0..height {
-            let start = (r0 + i) * a.row_stride + k0;
-            for (p, &v) in a.data[start..start + kc].iter().enumerate() {
-                out[p * MR + i] = v;
+        // A row-major: each row's values for the block lie side by side, so packing is a
+        // transpose. It goes by squares of `MR` rows and `SIDE` columns held in an array,
+        // which the compiler keeps free of bounds checks and calls.
+        const SIDE: usize = 16;
+        let (cols, _) = out.as_chunks_mut::<MR>();
+        let whole = kc / SIDE * SIDE;
+        for p0 in (0..whole).step_by(SIDE) {
+            let mut square = [[0.0f32; SIDE]; MR];
+            for (i, row) in square.iter_mut().enumerate().take(height) {
+                let start = (r0 + i) * a.row_stride + k0 + p0;
+                *row = a.data[start..start + SIDE].try_into().expect("SIDE values");
+            }
+            for (p, col) in cols[p0..p0 + SIDE].iter_mut().enumerate() {
+                for (slot, row) in col.iter_mut().zip(&square) {
+                    *slot = row[p];
+                }
+            }
+        }
+        // The columns past the last whole square, one at a time.
+        for (i, start) in (r0..r0 + height).map(|r| r * a.row_stride + k0).enumerate() {
+            for (col, &v) in cols[whole..].iter_mut().zip(&a.data[start + whole..start + kc]) {
+                col[i] = v;
             }
         }
     } else {
@@ -355,7 +378,8 @@ impl Block<'_> {
         }
     }
 
-    /// The block for rows `i0..i0 + c.len() / n`, in tiles of `MR x NR`.
+    /// The block for rows `i0..i0 + c.len() / n`, in tiles of `MR x NR`. A whole tile
+    /// runs on its place in `C`; one cut short by the edge of `C` runs on a copy.
     fn rows_with<const MR: usize, const NR: usize>(&self, isa: Isa, i0: usize, c: &mut [f32], packed_a: &mut [f32]) {
         let (n, kc) = (self.n, self.kc);
         let rows = c.len() / n;
@@ -374,13 +398,17 @@ impl Block<'_> {
                 };
                 let tile = &mut c[t0 * n + j0..];
                 // The chains start at zero in the first block, else from C.
+                if height == MR && width == NR {
+                    tile_kernel::<MR, NR>(isa, kc, packed_a, panel, ldb, tile, n, !self.first);
+                    continue;
+                }
                 for (i, row) in acc.iter_mut().enumerate() {
-                    row.fill(0.0);
+                    *row = [0.0; NR];
                     if !self.first && i < height {
                         row[..width].copy_from_slice(&tile[i * n..i * n + width]);
                     }
                 }
-                tile_kernel::<MR, NR>(isa, kc, packed_a, panel, ldb, acc.as_flattened_mut());
+                tile_kernel::<MR, NR>(isa, kc, packed_a, panel, ldb, acc.as_flattened_mut(), NR, true);
                 for (i, row) in acc.iter().enumerate().take(height) {
                     tile[i * n..i * n + width].copy_from_slice(&row[..width]);
                 }
@@ -389,26 +417,29 @@ impl Block<'_> {
     }
 }
 
-/// Runs `kc` steps of every chain of a register tile: `acc[i][j] = fma(a[p][i], b[p][j],
-/// acc[i][j])` for `p` in `0..kc`, with `packed_a` holding `MR` values per step and
-/// `panel` `NR` values every `ldb` (`acc` is `MR x NR`, row after row; the sizes are
-/// [`tile`]'s).
+/// Runs `kc` steps of every chain of a register tile: `c[i][j] = fma(a[p][i], b[p][j],
+/// c[i][j])` for `p` in `0..kc`, with `packed_a` holding `MR` values per step, `panel`
+/// `NR` values every `ldb`, and row `i` of the tile at `c[i * ldc..]`; the chains go on
+/// from the values in `c` if `load`, else start at zero. (The sizes are [`tile`]'s.)
+#[allow(clippy::too_many_arguments)]
 fn tile_kernel<const MR: usize, const NR: usize>(
     isa: Isa,
     kc: usize,
     packed_a: &[f32],
     panel: &[f32],
     ldb: usize,
-    acc: &mut [f32],
+    c: &mut [f32],
+    ldc: usize,
+    load: bool,
 ) {
     match isa {
-        Isa::Scalar => portable_tile::<MR, NR>(kc, packed_a, panel, ldb, acc),
+        Isa::Scalar => portable_tile::<MR, NR>(kc, packed_a, panel, ldb, c, ldc, load),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX2 and FMA (`Isa::available`).
-        Isa::Avx2 => unsafe { x86::tile_avx2::<MR>(kc, packed_a, panel, ldb, acc) },
+        Isa::Avx2 => unsafe { x86::tile_avx2::<MR>(kc, packed_a, panel, ldb, c, ldc, load) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX-512F (`Isa::available`).
-        Isa::Avx512 => unsafe { x86::tile_avx512::<MR>(kc, packed_a, panel, ldb, acc) },
+        Isa::Avx512 => unsafe { x86::tile_avx512::<MR>(kc, packed_a, panel, ldb, c, ldc, load) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("{isa} is never available off x86-64"),
     }
@@ -420,15 +451,26 @@ fn portable_tile<const MR: usize, const NR: usize>(
     packed_a: &[f32],
     panel: &[f32],
     ldb: usize,
-    acc: &mut [f32],
+    c: &mut [f32],
+    ldc: usize,
+    load: bool,
 ) {
+    let mut acc = [[0.0f32; NR]; MR];
+    if load {
+        for (i, row) in acc.iter_mut().enumerate() {
+            row.copy_from_slice(&c[i * ldc..i * ldc + NR]);
+        }
+    }
     for (p, a) in packed_a[..kc * MR].chunks_exact(MR).enumerate() {
         let b = &panel[p * ldb..p * ldb + NR];
-        for (i, row) in acc.chunks_exact_mut(NR).enumerate() {
+        for (i, row) in acc.iter_mut().enumerate() {
             for (c, &bj) in row.iter_mut().zip(b) {
                 *c = a[i].mul_add(bj, *c);
             }
         }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        c[i * ldc..i * ldc + NR].copy_from_slice(row);
     }
 }
 
@@ -469,7 +511,10 @@ mod tests {
     #[test]
     fn every_path_gives_the_reference_bits_on_awkward_shapes() {
         // Short products (6, 8, 16 and 40 rows) take the lower tiles.
-        let shapes = [(1, 1, 1), (3, 5, 7), (17, 1, 33), (6, 300, 16), (9, 513, 31), (130, 70, 65), (2, 0, 3)];
+        // (50, 600, 70): whole tiles of the tallest height whose chains go on from C
+        // across three inner blocks.
+        let shapes =
+            [(1, 1, 1), (3, 5, 7), (17, 1, 33), (6, 300, 16), (9, 513, 31), (130, 70, 65), (50, 600, 70), (2, 0, 3)];
         let short = [(8, 25, 100), (16, 150, 70), (40, 9, 33)];
         for &(m, k, n) in shapes.iter().chain(&short) {
             let (a, b) = (values(m * k, 1), values(k * n, 2));
@@ -480,7 +525,7 @@ mod tests {
     #[test]
     fn transposed_views_are_the_products_of_the_transposes() {
         // (5, 1, 70): B's transpose with one row is read in place with a row stride of 1.
-        for (m, k, n) in [(7, 20, 5), (5, 1, 70), (9, 300, 40)] {
+        for (m, k, n) in [(7, 20, 5), (5, 1, 70), (9, 300, 40), (60, 300, 64)] {
             let (at, bt) = (values(k * m, 3), values(n * k, 4));
             assert_paths_match_reference(MatRef::row_major(&at, k, m).t(), MatRef::row_major(&bt, n, k).t());
         }

@@ -11,24 +11,37 @@ use std::arch::x86_64::{
 };
 
 /// `kc` steps of an `MR x 16` tile (two 8-lane vectors per row); step `p` of the
-/// panel is at `panel[p * ldb..]`.
+/// panel is at `panel[p * ldb..]`; row `i` of the tile is at `c[i * ldc..]`, and its
+/// chains go on from the values there if `load`, else start at zero.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn tile_avx2<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], ldb: usize, acc: &mut [f32]) {
+pub unsafe fn tile_avx2<const MR: usize>(
+    kc: usize,
+    packed_a: &[f32],
+    panel: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    load: bool,
+) {
     const NR: usize = 16;
     const { assert!(super::AVX2_TILE.1 == NR, "the AVX2 tile is two 8-lane vectors wide") };
     assert!(
-        packed_a.len() >= kc * MR && kc > 0 && panel.len() >= (kc - 1) * ldb + NR && acc.len() == MR * NR,
+        packed_a.len() >= kc * MR
+            && kc > 0
+            && panel.len() >= (kc - 1) * ldb + NR
+            && ldc >= NR
+            && c.len() >= (MR - 1) * ldc + NR,
         "tile sizes"
     );
     let mut v: [[__m256; 2]; MR] = [[_mm256_set1_ps(0.0); 2]; MR];
-    for (i, row) in v.iter_mut().enumerate() {
+    for (i, row) in v.iter_mut().enumerate().filter(|_| load) {
         for (h, lanes) in row.iter_mut().enumerate() {
-            // SAFETY: `acc` holds MR rows of 16 (asserted), so the 8 values at
-            // i * 16 + h * 8 are inside it.
-            *lanes = unsafe { _mm256_loadu_ps(acc.as_ptr().add(i * NR + h * 8)) };
+            // SAFETY: `c` holds MR rows of 16 values `ldc` apart (asserted), so the 8
+            // values at i * ldc + h * 8 are inside it.
+            *lanes = unsafe { _mm256_loadu_ps(c.as_ptr().add(i * ldc + h * 8)) };
         }
     }
     for p in 0..kc {
@@ -44,30 +57,42 @@ pub unsafe fn tile_avx2<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f
     for (i, row) in v.iter().enumerate() {
         for (h, lanes) in row.iter().enumerate() {
             // SAFETY: as for the loads above.
-            unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(i * NR + h * 8), *lanes) };
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr().add(i * ldc + h * 8), *lanes) };
         }
     }
 }
 
-/// `kc` steps of an `MR x 32` tile (two 16-lane vectors per row); step `p` of the
-/// panel is at `panel[p * ldb..]`.
+/// `kc` steps of an `MR x 32` tile (two 16-lane vectors per row), with the layout of
+/// [`tile_avx2`].
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn tile_avx512<const MR: usize>(kc: usize, packed_a: &[f32], panel: &[f32], ldb: usize, acc: &mut [f32]) {
+pub unsafe fn tile_avx512<const MR: usize>(
+    kc: usize,
+    packed_a: &[f32],
+    panel: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    load: bool,
+) {
     const NR: usize = 32;
     const { assert!(super::AVX512_TILE.1 == NR, "the AVX-512 tile is two 16-lane vectors wide") };
     assert!(
-        packed_a.len() >= kc * MR && kc > 0 && panel.len() >= (kc - 1) * ldb + NR && acc.len() == MR * NR,
+        packed_a.len() >= kc * MR
+            && kc > 0
+            && panel.len() >= (kc - 1) * ldb + NR
+            && ldc >= NR
+            && c.len() >= (MR - 1) * ldc + NR,
         "tile sizes"
     );
     let mut v: [[__m512; 2]; MR] = [[_mm512_set1_ps(0.0); 2]; MR];
-    for (i, row) in v.iter_mut().enumerate() {
+    for (i, row) in v.iter_mut().enumerate().filter(|_| load) {
         for (h, lanes) in row.iter_mut().enumerate() {
-            // SAFETY: `acc` holds MR rows of 32 (asserted), so the 16 values at
-            // i * 32 + h * 16 are inside it.
-            *lanes = unsafe { _mm512_loadu_ps(acc.as_ptr().add(i * NR + h * 16)) };
+            // SAFETY: `c` holds MR rows of 32 values `ldc` apart (asserted), so the 16
+            // values at i * ldc + h * 16 are inside it.
+            *lanes = unsafe { _mm512_loadu_ps(c.as_ptr().add(i * ldc + h * 16)) };
         }
     }
     for p in 0..kc {
@@ -84,7 +109,7 @@ pub unsafe fn tile_avx512<const MR: usize>(kc: usize, packed_a: &[f32], panel: &
     for (i, row) in v.iter().enumerate() {
         for (h, lanes) in row.iter().enumerate() {
             // SAFETY: as for the loads above.
-            unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(i * NR + h * 16), *lanes) };
+            unsafe { _mm512_storeu_ps(c.as_mut_ptr().add(i * ldc + h * 16), *lanes) };
         }
     }
 }
