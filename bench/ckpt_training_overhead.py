@@ -19,8 +19,9 @@ pairs' ratios, with a 95% confidence interval from Student's t over the log rati
 interval is under 3.5% only if its upper end is.
 
 Usage: bench/.venv/bin/python bench/ckpt_training_overhead.py   (bench/run.sh overhead)
-       PRECISE=1 bench/run.sh overhead   # the MLP at N = 10, 20, 50 only, 32 pairs each: the
-                                         # intervals near 3.5%, resolved (its own section)
+       PRECISE=1 bench/run.sh overhead   # the MLP at N = 20, 50, 100, 200 only, 32 pairs each:
+                                         # the intervals near 3.5%, resolved (its own section)
+       EVERY=10,20 ... overrides the intervals of either kind of run.
 """
 import datetime, json, math, os, statistics, subprocess, sys, tempfile
 
@@ -31,7 +32,11 @@ from common import cpu_name, publish  # noqa: E402
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 PRECISE = os.environ.get("PRECISE") == "1"
 ROUNDS = int(os.environ.get("ROUNDS", "32" if PRECISE else "8"))
-EVERY = [10, 20, 50] if PRECISE else [1, 2, 5, 10, 20, 50]
+if "EVERY" in os.environ:
+    EVERY = [int(e) for e in os.environ["EVERY"].split(",")]
+else:
+    EVERY = [20, 50, 100, 200] if PRECISE else [1, 2, 5, 10, 20, 50]
+ENV_EVERY = f"EVERY={os.environ['EVERY']} " if "EVERY" in os.environ else ""
 # (policy, N): every interval waiting for a busy writer, the short ones deferring too.
 CONFIGS = [("wait", e) for e in EVERY] + ([] if PRECISE else [("defer", e) for e in (1, 2, 5)])
 MODELS = {"mlp": 1000} if PRECISE else {"mlp": 1000, "cnn": 200}
@@ -76,7 +81,7 @@ def main():
         "### The MLP near the bound, with more pairs" if PRECISE else "## Training throughput with periodic checkpoints",
         "",
         f"- Date: {datetime.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores.",
-        f"- Command: `{'PRECISE=1 ' if PRECISE else ''}bench/run.sh overhead` (driver: `bench/ckpt_training_overhead.py`).",
+        f"- Command: `{'PRECISE=1 ' if PRECISE else ''}{ENV_EVERY}bench/run.sh overhead` (driver: `bench/ckpt_training_overhead.py`).",
         f"- Fashion-MNIST, default batch and optimizer (AdamW: parameters plus two slots are saved). Each measurement is"
         " a pair: a run without checkpoints and one with them, back to back, the pair's order alternating between"
         f" rounds; {ROUNDS} rounds. Training time counts the loop and its waits for snapshots. Overhead = geometric"
