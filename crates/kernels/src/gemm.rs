@@ -11,9 +11,11 @@
 //! ```
 //!
 //! which is exactly what [`reference`] computes one element at a time. The fast paths get
-//! their speed elsewhere: they pack panels of `A` and `B` for contiguous access, keep a
-//! tile of `MR x NR` outputs in registers (vectors run across the `NR` columns, each lane
-//! its own output), and split the rows of `C` between threads. The inner dimension is
+//! their speed elsewhere: they keep a tile of `MR x NR` outputs in registers (vectors run
+//! across the `NR` columns, each lane its own output) and work on it in place in `C`; they
+//! read a row-major `A` or `B` where it lies and pack any other view (and the tiles cut
+//! short by the edges) for contiguous access; and they split the rows of `C` between
+//! threads. The inner dimension is
 //! blocked by [`KC`] for the caches, but a block goes on from the partial results of the
 //! block before it (they are stored in `C` and loaded back), so blocking changes no
 //! rounding. None of the tile sizes, the vector width or the thread count appears in the
@@ -379,14 +381,21 @@ impl Block<'_> {
     }
 
     /// The block for rows `i0..i0 + c.len() / n`, in tiles of `MR x NR`. A whole tile
-    /// runs on its place in `C`; one cut short by the edge of `C` runs on a copy.
+    /// runs on its place in `C`; one cut short by the edge of `C` runs on a copy. The tile
+    /// reads a row-major `A` where it lies, and any other `A` (or rows cut short) packed.
     fn rows_with<const MR: usize, const NR: usize>(&self, isa: Isa, i0: usize, c: &mut [f32], packed_a: &mut [f32]) {
         let (n, kc) = (self.n, self.kc);
         let rows = c.len() / n;
         let mut acc = [[0.0f32; NR]; MR];
         for t0 in (0..rows).step_by(MR) {
             let height = MR.min(rows - t0);
-            pack_a::<MR>(self.a, i0 + t0, height, self.k0, packed_a);
+            let a = if self.a.col_stride == 1 && height == MR {
+                let start = (i0 + t0) * self.a.row_stride + self.k0;
+                TileA { data: &self.a.data[start..], step: 1, row: self.a.row_stride }
+            } else {
+                pack_a::<MR>(self.a, i0 + t0, height, self.k0, packed_a);
+                TileA { data: packed_a, step: MR, row: 1 }
+            };
             for q in 0..n.div_ceil(NR) {
                 let j0 = q * NR;
                 let width = NR.min(n - j0);
@@ -399,7 +408,7 @@ impl Block<'_> {
                 let tile = &mut c[t0 * n + j0..];
                 // The chains start at zero in the first block, else from C.
                 if height == MR && width == NR {
-                    tile_kernel::<MR, NR>(isa, kc, packed_a, panel, ldb, tile, n, !self.first);
+                    tile_kernel::<MR, NR>(isa, kc, a, panel, ldb, tile, n, !self.first);
                     continue;
                 }
                 for (i, row) in acc.iter_mut().enumerate() {
@@ -408,7 +417,7 @@ impl Block<'_> {
                         row[..width].copy_from_slice(&tile[i * n..i * n + width]);
                     }
                 }
-                tile_kernel::<MR, NR>(isa, kc, packed_a, panel, ldb, acc.as_flattened_mut(), NR, true);
+                tile_kernel::<MR, NR>(isa, kc, a, panel, ldb, acc.as_flattened_mut(), NR, true);
                 for (i, row) in acc.iter().enumerate().take(height) {
                     tile[i * n..i * n + width].copy_from_slice(&row[..width]);
                 }
@@ -417,15 +426,32 @@ impl Block<'_> {
     }
 }
 
+/// Where a register tile finds its values of `A`: those of step `p` (one per row `i` of
+/// the tile) are `data[p * step + i * row]`. Packed, `step` is the tile's height and `row`
+/// is 1; read in place from a row-major `A`, `step` is 1 and `row` is `A`'s row stride.
+#[derive(Clone, Copy)]
+struct TileA<'a> {
+    data: &'a [f32],
+    step: usize,
+    row: usize,
+}
+
+impl TileA<'_> {
+    /// Whether `data` holds `steps` steps of `rows` values.
+    fn holds(&self, steps: usize, rows: usize) -> bool {
+        steps > 0 && rows > 0 && (steps - 1) * self.step + (rows - 1) * self.row < self.data.len()
+    }
+}
+
 /// Runs `kc` steps of every chain of a register tile: `c[i][j] = fma(a[p][i], b[p][j],
-/// c[i][j])` for `p` in `0..kc`, with `packed_a` holding `MR` values per step, `panel`
-/// `NR` values every `ldb`, and row `i` of the tile at `c[i * ldc..]`; the chains go on
-/// from the values in `c` if `load`, else start at zero. (The sizes are [`tile`]'s.)
+/// c[i][j])` for `p` in `0..kc`, with `a` giving `MR` values per step, `panel` `NR`
+/// values every `ldb`, and row `i` of the tile at `c[i * ldc..]`; the chains go on from
+/// the values in `c` if `load`, else start at zero. (The sizes are [`tile`]'s.)
 #[allow(clippy::too_many_arguments)]
 fn tile_kernel<const MR: usize, const NR: usize>(
     isa: Isa,
     kc: usize,
-    packed_a: &[f32],
+    a: TileA<'_>,
     panel: &[f32],
     ldb: usize,
     c: &mut [f32],
@@ -433,13 +459,13 @@ fn tile_kernel<const MR: usize, const NR: usize>(
     load: bool,
 ) {
     match isa {
-        Isa::Scalar => portable_tile::<MR, NR>(kc, packed_a, panel, ldb, c, ldc, load),
+        Isa::Scalar => portable_tile::<MR, NR>(kc, a, panel, ldb, c, ldc, load),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX2 and FMA (`Isa::available`).
-        Isa::Avx2 => unsafe { x86::tile_avx2::<MR>(kc, packed_a, panel, ldb, c, ldc, load) },
+        Isa::Avx2 => unsafe { x86::tile_avx2::<MR>(kc, a, panel, ldb, c, ldc, load) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX-512F (`Isa::available`).
-        Isa::Avx512 => unsafe { x86::tile_avx512::<MR>(kc, packed_a, panel, ldb, c, ldc, load) },
+        Isa::Avx512 => unsafe { x86::tile_avx512::<MR>(kc, a, panel, ldb, c, ldc, load) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("{isa} is never available off x86-64"),
     }
@@ -448,24 +474,26 @@ fn tile_kernel<const MR: usize, const NR: usize>(
 /// The register tile in plain Rust.
 fn portable_tile<const MR: usize, const NR: usize>(
     kc: usize,
-    packed_a: &[f32],
+    a: TileA<'_>,
     panel: &[f32],
     ldb: usize,
     c: &mut [f32],
     ldc: usize,
     load: bool,
 ) {
+    assert!(a.holds(kc, MR), "tile sizes");
     let mut acc = [[0.0f32; NR]; MR];
     if load {
         for (i, row) in acc.iter_mut().enumerate() {
             row.copy_from_slice(&c[i * ldc..i * ldc + NR]);
         }
     }
-    for (p, a) in packed_a[..kc * MR].chunks_exact(MR).enumerate() {
+    for p in 0..kc {
         let b = &panel[p * ldb..p * ldb + NR];
         for (i, row) in acc.iter_mut().enumerate() {
+            let ai = a.data[p * a.step + i * a.row];
             for (c, &bj) in row.iter_mut().zip(b) {
-                *c = a[i].mul_add(bj, *c);
+                *c = ai.mul_add(bj, *c);
             }
         }
     }

@@ -5,13 +5,14 @@
 //! lane: `acc = fma(a, b, acc)`, the operation [`f32::mul_add`] performs on the scalar path.
 //! Only the number of outputs a step handles differs between the paths.
 
+use super::TileA;
 use std::arch::x86_64::{
     __m256, __m512, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm512_fmadd_ps,
     _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps,
 };
 
-/// `kc` steps of an `MR x 16` tile (two 8-lane vectors per row); step `p` of the
-/// panel is at `panel[p * ldb..]`; row `i` of the tile is at `c[i * ldc..]`, and its
+/// `kc` steps of an `MR x 16` tile (two 8-lane vectors per row); the `A` values of step
+/// `p` are `a`'s, step `p` of the panel is at `panel[p * ldb..]`; row `i` of the tile is at `c[i * ldc..]`, and its
 /// chains go on from the values there if `load`, else start at zero.
 ///
 /// # Safety
@@ -19,7 +20,7 @@ use std::arch::x86_64::{
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn tile_avx2<const MR: usize>(
     kc: usize,
-    packed_a: &[f32],
+    a: TileA<'_>,
     panel: &[f32],
     ldb: usize,
     c: &mut [f32],
@@ -29,11 +30,7 @@ pub unsafe fn tile_avx2<const MR: usize>(
     const NR: usize = 16;
     const { assert!(super::AVX2_TILE.1 == NR, "the AVX2 tile is two 8-lane vectors wide") };
     assert!(
-        packed_a.len() >= kc * MR
-            && kc > 0
-            && panel.len() >= (kc - 1) * ldb + NR
-            && ldc >= NR
-            && c.len() >= (MR - 1) * ldc + NR,
+        kc > 0 && a.holds(kc, MR) && panel.len() >= (kc - 1) * ldb + NR && ldc >= NR && c.len() >= (MR - 1) * ldc + NR,
         "tile sizes"
     );
     let mut v: [[__m256; 2]; MR] = [[_mm256_set1_ps(0.0); 2]; MR];
@@ -49,7 +46,8 @@ pub unsafe fn tile_avx2<const MR: usize>(
         let b =
             unsafe { [_mm256_loadu_ps(panel.as_ptr().add(p * ldb)), _mm256_loadu_ps(panel.as_ptr().add(p * ldb + 8))] };
         for (i, row) in v.iter_mut().enumerate() {
-            let a = _mm256_set1_ps(packed_a[p * MR + i]);
+            // SAFETY: `a` holds kc steps of MR values (asserted), and p < kc, i < MR.
+            let a = _mm256_set1_ps(unsafe { *a.data.get_unchecked(p * a.step + i * a.row) });
             row[0] = _mm256_fmadd_ps(a, b[0], row[0]);
             row[1] = _mm256_fmadd_ps(a, b[1], row[1]);
         }
@@ -70,7 +68,7 @@ pub unsafe fn tile_avx2<const MR: usize>(
 #[target_feature(enable = "avx512f")]
 pub unsafe fn tile_avx512<const MR: usize>(
     kc: usize,
-    packed_a: &[f32],
+    a: TileA<'_>,
     panel: &[f32],
     ldb: usize,
     c: &mut [f32],
@@ -80,11 +78,7 @@ pub unsafe fn tile_avx512<const MR: usize>(
     const NR: usize = 32;
     const { assert!(super::AVX512_TILE.1 == NR, "the AVX-512 tile is two 16-lane vectors wide") };
     assert!(
-        packed_a.len() >= kc * MR
-            && kc > 0
-            && panel.len() >= (kc - 1) * ldb + NR
-            && ldc >= NR
-            && c.len() >= (MR - 1) * ldc + NR,
+        kc > 0 && a.holds(kc, MR) && panel.len() >= (kc - 1) * ldb + NR && ldc >= NR && c.len() >= (MR - 1) * ldc + NR,
         "tile sizes"
     );
     let mut v: [[__m512; 2]; MR] = [[_mm512_set1_ps(0.0); 2]; MR];
@@ -101,7 +95,8 @@ pub unsafe fn tile_avx512<const MR: usize>(
             [_mm512_loadu_ps(panel.as_ptr().add(p * ldb)), _mm512_loadu_ps(panel.as_ptr().add(p * ldb + 16))]
         };
         for (i, row) in v.iter_mut().enumerate() {
-            let a = _mm512_set1_ps(packed_a[p * MR + i]);
+            // SAFETY: `a` holds kc steps of MR values (asserted), and p < kc, i < MR.
+            let a = _mm512_set1_ps(unsafe { *a.data.get_unchecked(p * a.step + i * a.row) });
             row[0] = _mm512_fmadd_ps(a, b[0], row[0]);
             row[1] = _mm512_fmadd_ps(a, b[1], row[1]);
         }
