@@ -272,15 +272,14 @@ fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, from: usize, out: &mut
                 row[width..].fill(0.0);
             }
         } else if b.row_stride == 1 {
-            // B transposed: one column's values for the block lie side by side.
-            for j in 0..width {
-                let start = (j0 + j) * b.col_stride + k0;
-                for (p, &v) in b.data[start..start + kc].iter().enumerate() {
-                    panel[p * nr + j] = v;
-                }
-            }
-            for row in panel.chunks_exact_mut(nr) {
-                row[width..].fill(0.0);
+            // B transposed: one column's values for the block lie side by side, so packing
+            // is a transpose (zeros past the last column).
+            let first = j0 * b.col_stride + k0;
+            match nr {
+                8 => transpose_rows::<8>(b.data, first, b.col_stride, width, panel),
+                16 => transpose_rows::<16>(b.data, first, b.col_stride, width, panel),
+                32 => transpose_rows::<32>(b.data, first, b.col_stride, width, panel),
+                _ => unreachable!("no path has a tile {nr} columns wide"),
             }
         } else {
             for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
@@ -293,11 +292,44 @@ fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, from: usize, out: &mut
     }
 }
 
+/// The transpose at the heart of packing: `out[p * W + i] = data[first + i * stride + p]`
+/// for the `count` (at most `W`) source rows `i` and every step `p` of `out` (which holds
+/// `W` values per step; zeros for the rows from `count` on). It goes by squares of `W`
+/// rows and `SIDE` steps held in an array, which the compiler keeps free of bounds checks
+/// and calls.
+fn transpose_rows<const W: usize>(data: &[f32], first: usize, stride: usize, count: usize, out: &mut [f32]) {
+    const SIDE: usize = 16;
+    assert!(count <= W, "{count} rows do not fit {W}");
+    let (steps, _) = out.as_chunks_mut::<W>();
+    let kc = steps.len();
+    let whole = kc / SIDE * SIDE;
+    for p0 in (0..whole).step_by(SIDE) {
+        let mut square = [[0.0f32; SIDE]; W];
+        for (i, row) in square.iter_mut().enumerate().take(count) {
+            let start = first + i * stride + p0;
+            *row = data[start..start + SIDE].try_into().expect("SIDE values");
+        }
+        for (p, step) in steps[p0..p0 + SIDE].iter_mut().enumerate() {
+            for (slot, row) in step.iter_mut().zip(&square) {
+                *slot = row[p];
+            }
+        }
+    }
+    // The steps past the last whole square, one value at a time.
+    for step in &mut steps[whole..] {
+        step[count..].fill(0.0);
+    }
+    for (i, start) in (0..count).map(|i| first + i * stride).enumerate() {
+        for (step, &v) in steps[whole..].iter_mut().zip(&data[start + whole..start + kc]) {
+            step[i] = v;
+        }
+    }
+}
+
 /// Packs rows `r0..r0+height` of `a`, columns `k0..k0+kc` (`kc = out.len() / MR`), as
 /// `MR` values per column (zeros past the last row). Contiguous rows or columns of `a`
 /// are copied as slices; other views element by element.
 fn pack_a<const MR: usize>(a: MatRef<'_>, r0: usize, height: usize, k0: usize, out: &mut [f32]) {
-    let kc = out.len() / MR;
     if height < MR {
         out.fill(0.0);
     }
@@ -315,29 +347,8 @@ fn pack_a<const MR: usize>(a: MatRef<'_>, r0: usize, height: usize, k0: usize, o
         }
     } else if a.col_stride == 1 {
         // A row-major: each row's values for the block lie side by side, so packing is a
-        // transpose. It goes by squares of `MR` rows and `SIDE` columns held in an array,
-        // which the compiler keeps free of bounds checks and calls.
-        const SIDE: usize = 16;
-        let (cols, _) = out.as_chunks_mut::<MR>();
-        let whole = kc / SIDE * SIDE;
-        for p0 in (0..whole).step_by(SIDE) {
-            let mut square = [[0.0f32; SIDE]; MR];
-            for (i, row) in square.iter_mut().enumerate().take(height) {
-                let start = (r0 + i) * a.row_stride + k0 + p0;
-                *row = a.data[start..start + SIDE].try_into().expect("SIDE values");
-            }
-            for (p, col) in cols[p0..p0 + SIDE].iter_mut().enumerate() {
-                for (slot, row) in col.iter_mut().zip(&square) {
-                    *slot = row[p];
-                }
-            }
-        }
-        // The columns past the last whole square, one at a time.
-        for (i, start) in (r0..r0 + height).map(|r| r * a.row_stride + k0).enumerate() {
-            for (col, &v) in cols[whole..].iter_mut().zip(&a.data[start + whole..start + kc]) {
-                col[i] = v;
-            }
-        }
+        // transpose.
+        transpose_rows::<MR>(a.data, r0 * a.row_stride + k0, a.row_stride, height, out);
     } else {
         for (p, col) in out.chunks_exact_mut(MR).enumerate() {
             for (i, slot) in col[..height].iter_mut().enumerate() {
