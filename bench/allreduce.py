@@ -15,8 +15,8 @@ WORLDS = [int(w) for w in os.environ.get("WORLDS", "2,4").split(",")]
 
 
 def busy(row, mode):
-    """Cores busy during one all-reduce in `mode`: CPU seconds over wall seconds."""
-    return f"{row[mode + '_cpu_seconds'] / row[mode + '_seconds']:.1f}"
+    """Cores busy during one all-reduce in `mode`: CPU seconds over wall seconds of the same span."""
+    return f"{row[mode + '_cores_busy']:.1f}"
 
 
 def main():
@@ -34,8 +34,9 @@ def main():
         "",
         "*reproducible* is the 64-bit fixed-point sum; *reproducible32* the 32-bit one (half the integer bytes, about a"
         " float sum's accuracy, at most 128 parts). The three modes take turns repetition by repetition.",
-        "*cores busy* = the process's CPU time (every rank, user and system) over the wall time of one all-reduce,"
-        f" medians; the machine has {os.cpu_count()}. A mode that keeps every core busy is bound by CPU, and its time"
+        "*cores busy* = the process's CPU time (every rank, user and system) over the wall time of the same span,"
+        " from a barrier before one all-reduce to a barrier after every rank finished it (medians of each);"
+        f" the machine has {os.cpu_count()}. A mode that keeps every core busy is bound by CPU, and its time"
         " against `fast` follows its CPU time against `fast`'s.",
         "",
         "| ranks | message | loopback MB/s | ring MB/s | fast bus MB/s | fast / loopback | fast / ring |"

@@ -21,7 +21,7 @@ interval is under 3.5% only if its upper end is.
 Usage: bench/.venv/bin/python bench/ckpt_training_overhead.py   (bench/run.sh overhead)
        PRECISE=1 bench/run.sh overhead   # the MLP at N = 20, 50, 100, 200 only, 32 pairs each:
                                          # the intervals near 3.5%, resolved (its own section)
-       EVERY=10,20 ... overrides the intervals of either kind of run.
+       EVERY=10,20 ... overrides the intervals that wait for a busy writer (either kind of run).
 """
 import datetime, json, math, os, statistics, subprocess, sys, tempfile
 

@@ -12,7 +12,8 @@
 //! still in flight (a pipeline, instead of receive-everything-then-add). A segment that
 //! lands where it is to stay (the all-gathers, and the reproducible reduce-scatters, which
 //! add this rank's contribution to it in place) is read from the socket straight into its
-//! place ([`Transport::recv_exact`]); one that is added to a float goes through a buffer.
+//! place ([`Transport::recv_exact`]); one that is combined with what is there already (the
+//! float reduce-scatters) goes through a buffer.
 //!
 //! Modes:
 //! - `fast` and `deterministic`: f32 sums. The order in which a chunk's contributions are
@@ -86,8 +87,8 @@ enum Fold<'f, T> {
     /// Received straight into its place, with no buffer in between; then
     /// `after(offset, dst)` works on it there (`offset` elements into the chunk).
     Into(&'f dyn Fn(usize, &mut [T])),
-    /// Received into the step's buffer; then `combine(dst, bytes)` folds it into place.
-    Combine(&'f dyn Fn(&mut [T], &[u8])),
+    /// Received into `buf`; then `combine(dst, bytes)` folds it into place.
+    Combine { combine: &'f dyn Fn(&mut [T], &[u8]), buf: &'f mut Vec<u8> },
 }
 
 /// No work on a segment received into place.
@@ -104,8 +105,7 @@ fn exchange<T: Wire>(
     prepare: &(impl Fn(usize, &mut [T]) + Sync),
     recv: &mut [T],
     deadline: Instant,
-    buf: &mut Vec<u8>,
-    fold: Fold<'_, T>,
+    mut fold: Fold<'_, T>,
 ) -> Result<(), CommError> {
     let world = t.world();
     let right = (t.rank() + 1) % world;
@@ -127,9 +127,9 @@ fn exchange<T: Wire>(
             let len = recv.len();
             for k in 0..len.div_ceil(per).max(1) {
                 let dst = &mut recv[(k * per).min(len)..((k + 1) * per).min(len)];
-                let kind = match fold {
+                let kind = match &mut fold {
                     Fold::Into(_) => t.recv_exact(left, deadline, bytemuck::cast_slice_mut(dst))?,
-                    Fold::Combine(_) => {
+                    Fold::Combine { buf, .. } => {
                         let kind = t.recv_into(left, deadline, buf)?;
                         if buf.len() != dst.len() * T::SIZE {
                             return Err(CommError::Protocol {
@@ -150,9 +150,9 @@ fn exchange<T: Wire>(
                         reason: format!("expected a segment of a ring step, got a frame of kind {kind}"),
                     });
                 }
-                match fold {
+                match &fold {
                     Fold::Into(after) => after(k * per, dst),
-                    Fold::Combine(combine) => combine(dst, buf),
+                    Fold::Combine { combine, buf } => combine(dst, buf),
                 }
             }
             Ok(())
@@ -183,31 +183,27 @@ fn reduce_scatter<T: Wire>(
         let send_c = (rank + world - s) % world;
         let recv_c = (rank + world - s - 1) % world;
         let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
-        exchange(t, send, &as_is, recv, Instant::now() + timeout, buf, Fold::Combine(&fold))?;
+        exchange(t, send, &as_is, recv, Instant::now() + timeout, Fold::Combine { combine: &fold, buf: &mut *buf })?;
     }
     Ok((rank + 1) % world)
 }
 
 /// The all-gather half of the ring: every rank starts holding chunk `rank + 1` and ends
 /// holding all of them.
-fn all_gather<T: Wire>(
-    t: &dyn Transport,
-    data: &mut [T],
-    timeout: Duration,
-    buf: &mut Vec<u8>,
-) -> Result<(), CommError> {
+fn all_gather<T: Wire>(t: &dyn Transport, data: &mut [T], timeout: Duration) -> Result<(), CommError> {
     let (world, rank, n) = (t.world(), t.rank(), data.len());
     for s in 0..world - 1 {
         let send_c = (rank + 1 + world - s) % world;
         let recv_c = (rank + world - s) % world;
         let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
-        exchange(t, send, &as_is, recv, Instant::now() + timeout, buf, Fold::Into(&nothing))?;
+        exchange(t, send, &as_is, recv, Instant::now() + timeout, Fold::Into(&nothing))?;
     }
     Ok(())
 }
 
 /// Ring all-reduce of `data` in place with the associative `combine`; `buf` receives the
-/// segments (one buffer for the whole ring, or kept across calls by a [`Reducer`]).
+/// reduce-scatter's segments (one buffer for the whole ring, or kept across calls by a
+/// [`Reducer`]).
 fn ring<T: Wire>(
     t: &dyn Transport,
     data: &mut [T],
@@ -219,7 +215,7 @@ fn ring<T: Wire>(
         return Ok(());
     }
     reduce_scatter(t, data, combine, timeout, buf)?;
-    all_gather(t, data, timeout, buf)
+    all_gather(t, data, timeout)
 }
 
 /// Sums `data` element-wise across all ranks, in place, in the given mode. Fails on every
@@ -281,7 +277,7 @@ impl Reducer {
                 let owned = self.reproducible(t, &[&*data], data.len(), mode, timeout)?;
                 self.finish(t.world(), mode, owned, data);
                 if t.world() > 1 {
-                    all_gather(t, data, timeout, &mut self.buf)?;
+                    all_gather(t, data, timeout)?;
                 }
                 Ok(())
             }
@@ -317,7 +313,7 @@ impl Reducer {
                 let owned = self.reproducible(t, parts, out.len(), mode, timeout)?;
                 self.finish(t.world(), mode, owned, out);
                 if t.world() > 1 {
-                    all_gather(t, out, timeout, &mut self.buf)?;
+                    all_gather(t, out, timeout)?;
                 }
                 Ok(())
             }
@@ -336,7 +332,7 @@ impl Reducer {
         timeout: Duration,
     ) -> Result<Owned, CommError> {
         let (world, rank) = (t.world(), t.rank());
-        let Reducer { buf, exps, sending, receiving, .. } = self;
+        let Reducer { exps, sending, receiving, .. } = self;
         // The exponents travel with each rank's count of parts (four bytes per rank after
         // them; each rank writes only its own and zeros elsewhere, so the bytewise maximum
         // is a gather): every rank learns the total and refuses a sum that its integers
@@ -356,12 +352,12 @@ impl Reducer {
         };
         let len = n + 4 * world;
         let (a, b) = chunk_buffers::<u8>(len, world, sending, receiving);
-        let mine = streamed_reduce_scatter(t, len, &mut *a, &mut *b, &own_exps, timeout, buf)?;
+        let mine = streamed_reduce_scatter(t, len, &mut *a, &mut *b, &own_exps, timeout)?;
         let sum = if mine.in_first { a } else { b };
         exps.resize(len, 0);
         exps[mine.range.clone()].copy_from_slice(&sum[..mine.range.len()]);
         if world > 1 {
-            all_gather(t, exps, timeout, buf)?;
+            all_gather(t, exps, timeout)?;
         }
         let total: u64 =
             exps[n..].chunks_exact(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))).sum();
@@ -430,7 +426,6 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
     mut b: &'a mut [T],
     own: &(impl Fn(std::ops::Range<usize>, &mut [T]) + Sync),
     timeout: Duration,
-    buf: &mut Vec<u8>,
 ) -> Result<Owned, CommError> {
     let (world, rank) = (t.world(), t.rank());
     let first = chunk_range(n, world, rank);
@@ -455,9 +450,9 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
         let (send, recv) = (&mut a[..sr.len()], &mut b[..rr.len()]);
         let deadline = Instant::now() + timeout;
         if s == 0 {
-            exchange(t, send, &fresh, recv, deadline, buf, Fold::Into(&add_own))?;
+            exchange(t, send, &fresh, recv, deadline, Fold::Into(&add_own))?;
         } else {
-            exchange(t, send, &as_is, recv, deadline, buf, Fold::Into(&add_own))?;
+            exchange(t, send, &as_is, recv, deadline, Fold::Into(&add_own))?;
         }
         std::mem::swap(&mut a, &mut b);
         owned = Owned { range: rr, in_first: !owned.in_first };
@@ -477,7 +472,7 @@ fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>
     timeout: Duration,
     r: &mut Reducer,
 ) -> Result<Owned, CommError> {
-    let Reducer { buf, exps, sending, receiving, .. } = r;
+    let Reducer { exps, sending, receiving, .. } = r;
     let (world, n) = (t.world(), exps.len());
     let exps = &exps[..];
     let own = |range: std::ops::Range<usize>, acc: &mut [A]| {
@@ -486,7 +481,7 @@ fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>
         }
     };
     let (a, b) = chunk_buffers::<A>(n, world, sending, receiving);
-    streamed_reduce_scatter(t, n, a, b, &own, timeout, buf)
+    streamed_reduce_scatter(t, n, a, b, &own, timeout)
 }
 
 /// Every rank's `value`, indexed by rank, on every rank.

@@ -114,7 +114,9 @@ pub fn read_frame_into(r: &mut impl Read, max: u32, payload: &mut Vec<u8>) -> Re
 
 /// Reads one frame of at most `max` bytes whose payload must be exactly `payload.len()`
 /// bytes, straight into `payload` (no buffer in between), and returns its kind. A frame
-/// of any other length is refused after its header, before any of its payload is read.
+/// of any other length is refused after its header, before any of its payload is read,
+/// which leaves the stream inside that frame: as after [`FrameError::TooLarge`], the
+/// connection is of no further use.
 pub fn read_frame_exact(r: &mut impl Read, max: u32, payload: &mut [u8]) -> Result<u8, FrameError> {
     let (len, kind) = read_header(r, max)?;
     if len - 1 != payload.len() {
@@ -205,5 +207,9 @@ mod tests {
         ));
         assert!(matches!(read_frame_exact(&mut &one[..0], 100, &mut dst), Err(FrameError::Closed)));
         assert!(matches!(read_frame_exact(&mut &one[..], 8, &mut dst), Err(FrameError::TooLarge { len: 9, max: 8 })));
+        // An empty payload into an empty slice (a ring step's empty chunk).
+        let mut empty = Vec::new();
+        write_frame(&mut empty, 1, &[]).unwrap();
+        assert_eq!(read_frame_exact(&mut &empty[..], 8, &mut []).unwrap(), 1);
     }
 }

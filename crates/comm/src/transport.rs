@@ -76,7 +76,8 @@ pub trait Transport: Sync {
     }
     /// Like [`recv`](Transport::recv), for a frame whose payload must be exactly
     /// `payload.len()` bytes, written straight into `payload`; returns the frame's kind. A
-    /// frame of another length is a [`CommError::Protocol`] error.
+    /// frame of another length is a [`CommError::Protocol`] error, after which the link is
+    /// of no further use (a stream transport is left inside that frame).
     fn recv_exact(&self, from: usize, deadline: Instant, payload: &mut [u8]) -> Result<u8, CommError> {
         let f = self.recv(from, deadline)?;
         if f.payload.len() != payload.len() {

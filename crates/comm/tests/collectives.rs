@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use comm::ReduceMode;
-use comm::collective::{all_reduce_parts, barrier, broadcast};
+use comm::collective::{Reducer, all_reduce_parts, barrier, broadcast};
 use comm::transport::{CommError, TcpConfig, TcpMesh, Transport, mem_network};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -79,6 +79,48 @@ fn the_32_bit_reproducible_all_reduce_matches_the_local_sum_for_every_world_size
         });
         for o in &out {
             assert_eq!(bits(o), bits(&local), "world {world}");
+        }
+    }
+}
+
+/// The local sum of every part in `mode` (what an all-reduce of them must give).
+fn local_sum(mode: ReduceMode, all: &[Vec<f32>]) -> Vec<f32> {
+    let refs: Vec<&[f32]> = all.iter().map(|p| p.as_slice()).collect();
+    comm::sum_parts(mode, &refs)
+}
+
+#[test]
+fn one_reducer_sums_one_vector_per_rank_across_modes_sizes_and_world_sizes() {
+    // `Reducer::sum` (one vector per rank, reduced in place), its buffers reused from call
+    // to call as sizes and modes change; sizes below the world size leave chunks empty.
+    let sizes = [1001, 2, 0, 3 * comm::collective::SEGMENT_BYTES / 8 + 7, 5];
+    let modes = [ReduceMode::Reproducible, ReduceMode::Reproducible32, ReduceMode::Reproducible];
+    let inputs: Vec<Vec<Vec<f32>>> = sizes.iter().map(|&n| parts(n)).collect();
+    for world in 1..=4 {
+        let want: Vec<Vec<Vec<f32>>> =
+            inputs.iter().map(|all| modes.iter().map(|&m| local_sum(m, &all[..world])).collect()).collect();
+        let run = |r: usize, t: &dyn Transport| {
+            let mut reducer = Reducer::default();
+            let mut got = Vec::new();
+            for all in &inputs {
+                for &mode in &modes {
+                    let mut data = all[r].clone();
+                    reducer.sum(t, &mut data, mode, TIMEOUT).unwrap();
+                    got.push(data);
+                }
+            }
+            got
+        };
+        for (net, out) in [("memory", on_mem(world, run)), ("tcp", on_tcp(world, run))] {
+            for rank in &out {
+                assert_eq!(rank.len(), sizes.len() * modes.len());
+                let want = want.iter().flatten();
+                for (((data, want), n), mode) in
+                    rank.iter().zip(want).zip(sizes.iter().flat_map(|n| [n; 3])).zip(modes.iter().cycle())
+                {
+                    assert_eq!(bits(data), bits(want), "{net}, world {world}, {n} elements, {mode}");
+                }
+            }
         }
     }
 }
@@ -238,6 +280,23 @@ fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
         assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{mode}: {err}");
         assert!(err.to_string().contains("bytes"), "{mode}: {err}");
     }
+    // A segment of the right length but of another kind, on the way that reads it into
+    // place: the first exchange of a 2-rank reproducible sum of 8 values moves half of 8
+    // exponent bytes and 2 x 4 bytes of part counts, 8 bytes.
+    let answered = std::sync::Barrier::new(2);
+    let out = on_tcp(2, |r, t| {
+        if r == 1 {
+            t.send(0, 9, &[0; 8]).unwrap();
+            answered.wait();
+            return None;
+        }
+        let result = all_reduce_parts(t, &[&[1.0f32; 8]], 8, ReduceMode::Reproducible, deadline);
+        answered.wait();
+        Some(result)
+    });
+    let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
+    assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{err}");
+    assert!(err.to_string().contains("kind 9"), "{err}");
 
     // Rank 1 hangs up before rank 0 starts its all-reduce.
     let mut meshes = tcp_meshes(2);
@@ -346,8 +405,8 @@ fn messages_of_many_segments_reduce_exactly_as_small_ones() {
             let det = all_reduce_parts(t, &mine(&all, r, world), n, ReduceMode::Deterministic, TIMEOUT).unwrap();
             (repro, det)
         };
-        // In memory every segment arrives as a buffer; over TCP the reproducible ring
-        // reads them straight into place.
+        // In memory every segment arrives as a frame and is copied into place; over TCP
+        // the all-gathers and the reproducible reduce-scatters read them straight into it.
         let mut out = on_mem(world, run);
         out.extend(on_tcp(world, run));
         for (repro, det) in &out {

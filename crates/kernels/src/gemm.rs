@@ -300,6 +300,7 @@ fn pack_b(b: MatRef<'_>, k0: usize, kc: usize, nr: usize, from: usize, out: &mut
 fn transpose_rows<const W: usize>(data: &[f32], first: usize, stride: usize, count: usize, out: &mut [f32]) {
     const SIDE: usize = 16;
     assert!(count <= W, "{count} rows do not fit {W}");
+    debug_assert!(out.len().is_multiple_of(W), "{} values are not whole steps of {W}", out.len());
     let (steps, _) = out.as_chunks_mut::<W>();
     let kc = steps.len();
     let whole = kc / SIDE * SIDE;
@@ -327,8 +328,9 @@ fn transpose_rows<const W: usize>(data: &[f32], first: usize, stride: usize, cou
 }
 
 /// Packs rows `r0..r0+height` of `a`, columns `k0..k0+kc` (`kc = out.len() / MR`), as
-/// `MR` values per column (zeros past the last row). Contiguous rows or columns of `a`
-/// are copied as slices; other views element by element.
+/// `MR` values per column (zeros past the last row). A transposed `a` is copied column by
+/// column, a row-major one (only tiles cut short come here) transposed by
+/// [`transpose_rows`], any other view element by element.
 fn pack_a<const MR: usize>(a: MatRef<'_>, r0: usize, height: usize, k0: usize, out: &mut [f32]) {
     if height < MR {
         out.fill(0.0);
@@ -448,10 +450,24 @@ struct TileA<'a> {
 }
 
 impl TileA<'_> {
-    /// Whether `data` holds `steps` steps of `rows` values.
+    /// Whether `data` holds `steps` steps of `rows` values (the unchecked reads of the
+    /// vector tiles rest on this; no overflow can pass it).
     fn holds(&self, steps: usize, rows: usize) -> bool {
-        steps > 0 && rows > 0 && (steps - 1) * self.step + (rows - 1) * self.row < self.data.len()
+        steps > 0
+            && rows > 0
+            && (steps - 1)
+                .checked_mul(self.step)
+                .zip((rows - 1).checked_mul(self.row))
+                .and_then(|(a, b)| a.checked_add(b))
+                .is_some_and(|last| last < self.data.len())
     }
+}
+
+/// Whether a slice of `len` values holds `rows` rows (at least one) of `width` values,
+/// `stride` apart (no overflow can pass it: the vector tiles' unchecked accesses rest on
+/// it).
+fn fits(len: usize, rows: usize, stride: usize, width: usize) -> bool {
+    rows > 0 && (rows - 1).checked_mul(stride).and_then(|r| r.checked_add(width)).is_some_and(|end| end <= len)
 }
 
 /// Runs `kc` steps of every chain of a register tile: `c[i][j] = fma(a[p][i], b[p][j],

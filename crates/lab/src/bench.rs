@@ -260,12 +260,18 @@ pub struct AllreduceBench {
     pub modes: Vec<comm::ReduceMode>,
 }
 
-/// All-reduce bus bandwidth over loopback TCP, `fast`, `reproducible` and
-/// `reproducible32`, against the
-/// loopback's own bandwidth (one stream, and a ring of streams all busy at once): one
-/// JSON row per message size.
+/// All-reduce bus bandwidth over loopback TCP in each of `b.modes` (each named once),
+/// against the loopback's own bandwidth (one stream, and a ring of streams all busy at
+/// once), with the CPU time each mode takes: one JSON row per message size.
 pub fn allreduce(b: &AllreduceBench) -> Result<Vec<serde_json::Value>, LabError> {
     let world = b.world.max(2);
+    let mut modes: Vec<comm::ReduceMode> = Vec::new();
+    for &m in &b.modes {
+        if !modes.contains(&m) {
+            modes.push(m);
+        }
+    }
+    let modes = &modes;
     let per_second = |f: &dyn Fn() -> Result<f64, LabError>| -> Result<f64, LabError> {
         let times =
             (0..3).map(|_| f().map(|mbps| Duration::from_secs_f64(1.0 / mbps))).collect::<Result<_, LabError>>()?;
@@ -306,23 +312,29 @@ pub fn allreduce(b: &AllreduceBench) -> Result<Vec<serde_json::Value>, LabError>
                         });
                         // The modes take turns, repetition by repetition, so that a slow
                         // spell of this noisy machine falls on all of them alike.
-                        let mut times = vec![Vec::new(); b.modes.len()];
-                        let mut cpu = vec![Vec::new(); b.modes.len()];
+                        let mut times = vec![Vec::new(); modes.len()];
+                        let mut cpu = vec![Vec::new(); modes.len()];
+                        let mut spans = vec![Vec::new(); modes.len()];
                         for _ in 0..b.repeats.max(1) {
-                            for ((mode, times), cpu) in b.modes.iter().zip(&mut times).zip(&mut cpu) {
+                            for (k, mode) in modes.iter().enumerate() {
                                 let mut d = data.clone();
                                 comm::collective::barrier(&mesh, timeout)?;
                                 let (t, c) = (Instant::now(), process_cpu());
                                 reducer.sum(&mesh, &mut d, *mode, timeout)?;
-                                times.push(t.elapsed());
+                                times[k].push(t.elapsed());
                                 // Every rank's CPU time (they are threads of this process),
-                                // once all of them are done.
+                                // once all of them are done, over the wall time of the same
+                                // span.
                                 comm::collective::barrier(&mesh, timeout)?;
-                                cpu.push(process_cpu().saturating_sub(c));
+                                cpu[k].push(process_cpu().saturating_sub(c));
+                                spans[k].push(t.elapsed());
                             }
                         }
-                        for ((mode, times), cpu) in b.modes.iter().zip(times).zip(cpu) {
-                            row[format!("{mode}_cpu_seconds")] = json!(median(cpu).as_secs_f64());
+                        for (k, mode) in modes.iter().enumerate() {
+                            let (cpu, span) = (median(cpu[k].clone()), median(spans[k].clone()));
+                            row[format!("{mode}_cpu_seconds")] = json!(cpu.as_secs_f64());
+                            row[format!("{mode}_cores_busy")] = json!(cpu.as_secs_f64() / span.as_secs_f64());
+                            let times = times[k].clone();
                             let secs = median(times).as_secs_f64();
                             // Bus bandwidth as NCCL defines it: 2(W-1)/W of the message per second.
                             let bus = 2.0 * (world as f64 - 1.0) / world as f64 * (mb as f64) / secs;

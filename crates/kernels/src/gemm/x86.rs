@@ -5,7 +5,7 @@
 //! lane: `acc = fma(a, b, acc)`, the operation [`f32::mul_add`] performs on the scalar path.
 //! Only the number of outputs a step handles differs between the paths.
 
-use super::TileA;
+use super::{TileA, fits};
 use std::arch::x86_64::{
     __m256, __m512, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm512_fmadd_ps,
     _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps,
@@ -29,10 +29,7 @@ pub unsafe fn tile_avx2<const MR: usize>(
 ) {
     const NR: usize = 16;
     const { assert!(super::AVX2_TILE.1 == NR, "the AVX2 tile is two 8-lane vectors wide") };
-    assert!(
-        kc > 0 && a.holds(kc, MR) && panel.len() >= (kc - 1) * ldb + NR && ldc >= NR && c.len() >= (MR - 1) * ldc + NR,
-        "tile sizes"
-    );
+    assert!(a.holds(kc, MR) && fits(panel.len(), kc, ldb, NR) && ldc >= NR && fits(c.len(), MR, ldc, NR), "tile sizes");
     let mut v: [[__m256; 2]; MR] = [[_mm256_set1_ps(0.0); 2]; MR];
     for (i, row) in v.iter_mut().enumerate().filter(|_| load) {
         for (h, lanes) in row.iter_mut().enumerate() {
@@ -77,10 +74,7 @@ pub unsafe fn tile_avx512<const MR: usize>(
 ) {
     const NR: usize = 32;
     const { assert!(super::AVX512_TILE.1 == NR, "the AVX-512 tile is two 16-lane vectors wide") };
-    assert!(
-        kc > 0 && a.holds(kc, MR) && panel.len() >= (kc - 1) * ldb + NR && ldc >= NR && c.len() >= (MR - 1) * ldc + NR,
-        "tile sizes"
-    );
+    assert!(a.holds(kc, MR) && fits(panel.len(), kc, ldb, NR) && ldc >= NR && fits(c.len(), MR, ldc, NR), "tile sizes");
     let mut v: [[__m512; 2]; MR] = [[_mm512_set1_ps(0.0); 2]; MR];
     for (i, row) in v.iter_mut().enumerate().filter(|_| load) {
         for (h, lanes) in row.iter_mut().enumerate() {
