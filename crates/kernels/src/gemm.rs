@@ -420,8 +420,9 @@ impl Block<'_> {
                 };
                 let tile = &mut c[t0 * n + j0..];
                 // The chains start at zero in the first block, else from C.
+                let b = TileB { data: panel, ld: ldb };
                 if height == MR && width == NR {
-                    tile_kernel::<MR, NR>(isa, kc, a, panel, ldb, tile, n, !self.first);
+                    tile_kernel::<MR, NR>(isa, kc, a, b, TileC { data: tile, ld: n, load: !self.first });
                     continue;
                 }
                 for (i, row) in acc.iter_mut().enumerate() {
@@ -430,7 +431,7 @@ impl Block<'_> {
                         row[..width].copy_from_slice(&tile[i * n..i * n + width]);
                     }
                 }
-                tile_kernel::<MR, NR>(isa, kc, a, panel, ldb, acc.as_flattened_mut(), NR, true);
+                tile_kernel::<MR, NR>(isa, kc, a, b, TileC { data: acc.as_flattened_mut(), ld: NR, load: true });
                 for (i, row) in acc.iter().enumerate().take(height) {
                     tile[i * n..i * n + width].copy_from_slice(&row[..width]);
                 }
@@ -470,44 +471,41 @@ fn fits(len: usize, rows: usize, stride: usize, width: usize) -> bool {
     rows > 0 && (rows - 1).checked_mul(stride).and_then(|r| r.checked_add(width)).is_some_and(|end| end <= len)
 }
 
-/// Runs `kc` steps of every chain of a register tile: `c[i][j] = fma(a[p][i], b[p][j],
-/// c[i][j])` for `p` in `0..kc`, with `a` giving `MR` values per step, `panel` `NR`
-/// values every `ldb`, and row `i` of the tile at `c[i * ldc..]`; the chains go on from
-/// the values in `c` if `load`, else start at zero. (The sizes are [`tile`]'s.)
-#[allow(clippy::too_many_arguments)]
-fn tile_kernel<const MR: usize, const NR: usize>(
-    isa: Isa,
-    kc: usize,
-    a: TileA<'_>,
-    panel: &[f32],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
+/// Where a register tile finds its panel of `B`: the `NR` values of step `p` start at
+/// `data[p * ld]`.
+#[derive(Clone, Copy)]
+struct TileB<'a> {
+    data: &'a [f32],
+    ld: usize,
+}
+
+/// Where a register tile keeps its outputs: row `i` of the tile starts at `data[i * ld]`;
+/// its chains go on from the values there if `load`, else start at zero.
+struct TileC<'a> {
+    data: &'a mut [f32],
+    ld: usize,
     load: bool,
-) {
+}
+
+/// Runs `kc` steps of every chain of a register tile: `c[i][j] = fma(a[p][i], b[p][j],
+/// c[i][j])` for `p` in `0..kc`, `MR` rows by `NR` columns (the sizes are [`tile`]'s).
+fn tile_kernel<const MR: usize, const NR: usize>(isa: Isa, kc: usize, a: TileA<'_>, b: TileB<'_>, c: TileC<'_>) {
     match isa {
-        Isa::Scalar => portable_tile::<MR, NR>(kc, a, panel, ldb, c, ldc, load),
+        Isa::Scalar => portable_tile::<MR, NR>(kc, a, b, c),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX2 and FMA (`Isa::available`).
-        Isa::Avx2 => unsafe { x86::tile_avx2::<MR>(kc, a, panel, ldb, c, ldc, load) },
+        Isa::Avx2 => unsafe { x86::tile_avx2::<MR>(kc, a, b, c) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` asserted that this CPU has AVX-512F (`Isa::available`).
-        Isa::Avx512 => unsafe { x86::tile_avx512::<MR>(kc, a, panel, ldb, c, ldc, load) },
+        Isa::Avx512 => unsafe { x86::tile_avx512::<MR>(kc, a, b, c) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("{isa} is never available off x86-64"),
     }
 }
 
 /// The register tile in plain Rust.
-fn portable_tile<const MR: usize, const NR: usize>(
-    kc: usize,
-    a: TileA<'_>,
-    panel: &[f32],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
-    load: bool,
-) {
+fn portable_tile<const MR: usize, const NR: usize>(kc: usize, a: TileA<'_>, b: TileB<'_>, c: TileC<'_>) {
+    let (TileB { data: panel, ld: ldb }, TileC { data: c, ld: ldc, load }) = (b, c);
     assert!(a.holds(kc, MR), "tile sizes");
     let mut acc = [[0.0f32; NR]; MR];
     if load {

@@ -5,29 +5,21 @@
 //! lane: `acc = fma(a, b, acc)`, the operation [`f32::mul_add`] performs on the scalar path.
 //! Only the number of outputs a step handles differs between the paths.
 
-use super::{TileA, fits};
+use super::{TileA, TileB, TileC, fits};
 use std::arch::x86_64::{
     __m256, __m512, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm512_fmadd_ps,
     _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps,
 };
 
-/// `kc` steps of an `MR x 16` tile (two 8-lane vectors per row); the `A` values of step
-/// `p` are `a`'s, step `p` of the panel is at `panel[p * ldb..]`; row `i` of the tile is at `c[i * ldc..]`, and its
-/// chains go on from the values there if `load`, else start at zero.
+/// `kc` steps of an `MR x 16` tile (two 8-lane vectors per row) on the operands `a`, `b`
+/// and `c` (see [`TileA`], [`TileB`], [`TileC`]).
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn tile_avx2<const MR: usize>(
-    kc: usize,
-    a: TileA<'_>,
-    panel: &[f32],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
-    load: bool,
-) {
+pub unsafe fn tile_avx2<const MR: usize>(kc: usize, a: TileA<'_>, b: TileB<'_>, c: TileC<'_>) {
     const NR: usize = 16;
+    let (TileB { data: panel, ld: ldb }, TileC { data: c, ld: ldc, load }) = (b, c);
     const { assert!(super::AVX2_TILE.1 == NR, "the AVX2 tile is two 8-lane vectors wide") };
     assert!(a.holds(kc, MR) && fits(panel.len(), kc, ldb, NR) && ldc >= NR && fits(c.len(), MR, ldc, NR), "tile sizes");
     let mut v: [[__m256; 2]; MR] = [[_mm256_set1_ps(0.0); 2]; MR];
@@ -63,16 +55,9 @@ pub unsafe fn tile_avx2<const MR: usize>(
 /// # Safety
 /// The CPU must have AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn tile_avx512<const MR: usize>(
-    kc: usize,
-    a: TileA<'_>,
-    panel: &[f32],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
-    load: bool,
-) {
+pub unsafe fn tile_avx512<const MR: usize>(kc: usize, a: TileA<'_>, b: TileB<'_>, c: TileC<'_>) {
     const NR: usize = 32;
+    let (TileB { data: panel, ld: ldb }, TileC { data: c, ld: ldc, load }) = (b, c);
     const { assert!(super::AVX512_TILE.1 == NR, "the AVX-512 tile is two 16-lane vectors wide") };
     assert!(a.holds(kc, MR) && fits(panel.len(), kc, ldb, NR) && ldc >= NR && fits(c.len(), MR, ldc, NR), "tile sizes");
     let mut v: [[__m512; 2]; MR] = [[_mm512_set1_ps(0.0); 2]; MR];
