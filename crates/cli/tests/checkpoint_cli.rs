@@ -119,12 +119,6 @@ fn resume_auto_starts_from_step_zero_without_a_checkpoint_and_latest_refuses() {
     assert!(err.contains("written by a different configuration") && err.contains("kernel set"), "{err}");
 }
 
-/// The summary line of a run's `metrics.jsonl`.
-fn summary(out_dir: &str) -> serde_json::Value {
-    let text = std::fs::read_to_string(Path::new(out_dir).join("metrics.jsonl")).unwrap();
-    serde_json::from_str(text.lines().last().unwrap()).unwrap()
-}
-
 #[test]
 fn deferred_checkpoints_skip_a_busy_writer_and_each_resumes_exactly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -145,7 +139,7 @@ fn deferred_checkpoints_skip_a_busy_writer_and_each_resumes_exactly() {
         .output()
         .unwrap();
     assert_eq!(fingerprint(&deferred), plain, "checkpoints never change the trajectory");
-    let s = summary(&out("b"));
+    let s = common::summary(Path::new(&out("b")));
     let (taken, put_off) = (s["checkpoint_snapshots"].as_u64().unwrap(), s["checkpoints_deferred"].as_u64().unwrap());
     assert!((3..12).contains(&taken) && put_off >= 1, "{taken} taken, {put_off} put off");
     // Only steps 6 and 12 wait for a persist (waiting for every one would be 11 x 400 ms).

@@ -3,10 +3,9 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::{Command, Output};
 
-use common::have_data;
+use common::{have_data, summary};
 use std::time::{Duration, Instant};
 
 fn steadfast(args: &[&str], threads: Option<&str>) -> Output {
@@ -25,14 +24,6 @@ fn fingerprint_line(out: &Output) -> String {
     let hex = line.trim_start_matches("fingerprint: ").split_whitespace().next().unwrap_or_default();
     assert!(hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{line}");
     line
-}
-
-fn summary(dir: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
-    let last = text.lines().last().expect("metrics.jsonl is empty");
-    let v: serde_json::Value = serde_json::from_str(last).unwrap();
-    assert_eq!(v["kind"], "summary");
-    v
 }
 
 #[test]

@@ -166,9 +166,7 @@ pub fn sum_parts_into<P: AsRef<[f32]> + Sync>(
                 let range = b * BLOCK..b * BLOCK + acc.len();
                 acc.copy_from_slice(&first.as_ref()[range.clone()]);
                 for part in rest {
-                    for (a, &x) in acc.iter_mut().zip(&part.as_ref()[range.clone()]) {
-                        *a += x;
-                    }
+                    reduce_in_order(acc, &[&part.as_ref()[range.clone()]]);
                 }
             });
         }

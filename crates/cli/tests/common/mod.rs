@@ -62,6 +62,15 @@ pub fn python_with(modules: &str) -> bool {
     false
 }
 
+/// The summary record of a run: the last line of `dir/metrics.jsonl`.
+pub fn summary(dir: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let last = text.lines().last().expect("metrics.jsonl is empty");
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(v["kind"], "summary");
+    v
+}
+
 /// The steps recorded in `dir/metrics.jsonl` (in a data-parallel job, worker 0's), in the
 /// order written.
 pub fn steps_recorded(dir: &std::path::Path) -> Vec<u64> {
