@@ -57,6 +57,17 @@ pub enum CkptError {
     /// The state handed to the writer, or expected by the reader, is inconsistent.
     #[error("checkpoint state mismatch: {0}")]
     Mismatch(String),
+    /// Another live process writes this checkpoint directory (it holds the lock).
+    #[error(
+        "checkpoint directory {dir} is in use by {holder}: two runs cannot write one checkpoint directory; \
+         give this run another directory, or stop that run first"
+    )]
+    Busy {
+        /// The checkpoint root.
+        dir: PathBuf,
+        /// Who holds it ("pid 1234 on host a").
+        holder: String,
+    },
     /// A failpoint armed for testing fired.
     #[error("failpoint {0} fired")]
     Failpoint(&'static str),

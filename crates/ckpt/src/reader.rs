@@ -69,36 +69,103 @@ pub struct Problem {
     pub reason: String,
 }
 
+/// What a path resolved to ([`resolve_reporting`]), and what was passed over on the way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// Each thing that a reader asked for the newest checkpoint should have been able to
+    /// use but could not, newest first, with the reason: a checkpoint whose manifest does
+    /// not check out, or a `LATEST` that holds garbage or names a checkpoint that is
+    /// missing. Empty in every state that a crash of the writer can leave.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Resolves what a user named to one checkpoint directory, as [`resolve_reporting`] does,
+/// logging each thing it skipped as a warning.
+pub fn resolve(path: &Path) -> Result<PathBuf> {
+    let resolved = resolve_reporting(path)?;
+    for (skipped, reason) in &resolved.skipped {
+        tracing::warn!("skipped {}: {reason}; using {}", skipped.display(), resolved.dir.display());
+    }
+    Ok(resolved.dir)
+}
+
 /// Resolves what a user named to one checkpoint directory: a directory holding a
 /// `manifest.json` is taken as is; a checkpoint root resolves to its newest committed
 /// checkpoint whose manifest checks out. `LATEST` is the fast path: only directories
 /// newer than the one it names are examined (there is one when a writer died between
-/// its commit and the `LATEST` update), and if `LATEST` is missing or dangling every
-/// directory is, newest first.
-pub fn resolve(path: &Path) -> Result<PathBuf> {
+/// its commit and the `LATEST` update), and if `LATEST` is missing or does not name a
+/// valid checkpoint every directory is, newest first. Everything passed over that a crash
+/// cannot explain is listed in [`Resolved::skipped`], for the caller to tell the user.
+pub fn resolve_reporting(path: &Path) -> Result<Resolved> {
     if path.join(MANIFEST_FILE).exists() {
-        return Ok(path.to_owned());
+        return Ok(Resolved { dir: path.to_owned(), skipped: Vec::new() });
     }
     if !path.is_dir() {
-        return Err(CkptError::NotFound { path: path.to_owned(), reason: "no such directory".into() });
+        let reason = if path.exists() { "not a directory" } else { "no such directory" };
+        return Err(CkptError::NotFound { path: path.to_owned(), reason: reason.into() });
     }
-    let latest = std::fs::read_to_string(path.join(LATEST_FILE))
-        .ok()
-        .and_then(|name| crate::store::parse_step_dir(name.trim()).map(|step| (step, path.join(name.trim()))))
-        .filter(|(_, dir)| open(dir).is_ok());
+    let mut skipped = Vec::new();
+    let latest = match latest_target(path) {
+        Ok(None) => None,
+        Ok(Some((step, dir))) => match open(&dir) {
+            Ok(_) => Some((step, dir)),
+            Err(e) => {
+                skipped.push((dir, e.to_string()));
+                None
+            }
+        },
+        Err(reason) => {
+            skipped.push((path.join(LATEST_FILE), reason));
+            None
+        }
+    };
     let newer_than = latest.as_ref().map(|(step, _)| *step);
     for (step, dir) in list(path)?.into_iter().rev() {
         if newer_than.is_some_and(|l| step <= l) {
             break;
         }
-        if open(&dir).is_ok() {
-            return Ok(dir);
+        if skipped.iter().any(|(p, _)| *p == dir) {
+            continue;
+        }
+        match open(&dir) {
+            Ok(_) => return Ok(Resolved { dir, skipped }),
+            Err(e) => skipped.push((dir, e.to_string())),
         }
     }
-    latest.map(|(_, dir)| dir).ok_or_else(|| CkptError::NotFound {
-        path: path.to_owned(),
-        reason: "neither a checkpoint (no manifest.json) nor a root with a valid checkpoint".into(),
-    })
+    match latest {
+        Some((_, dir)) => Ok(Resolved { dir, skipped }),
+        None => {
+            let mut reason = "neither a checkpoint (no manifest.json) nor a root with a valid checkpoint".to_owned();
+            for (p, why) in &skipped {
+                reason.push_str(&format!("; {}: {why}", p.display()));
+            }
+            Err(CkptError::NotFound { path: path.to_owned(), reason })
+        }
+    }
+}
+
+/// The checkpoint that `root`'s `LATEST` names: `None` when there is no `LATEST` (no
+/// commit has reached it yet), an error saying what is wrong with it when it cannot be
+/// read, holds something other than a checkpoint's name, or names one that is missing.
+pub fn latest_target(root: &Path) -> std::result::Result<Option<(u64, PathBuf)>, String> {
+    let bytes = match std::fs::read(root.join(LATEST_FILE)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {LATEST_FILE}: {e}")),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let name = text.trim();
+    let Some(step) = crate::store::parse_step_dir(name) else {
+        let shown: String = name.chars().take(40).collect();
+        return Err(format!("{LATEST_FILE} holds {shown:?}, not the name of a checkpoint"));
+    };
+    let dir = root.join(name);
+    if !dir.is_dir() {
+        return Err(format!("{LATEST_FILE} names {name}, which does not exist"));
+    }
+    Ok(Some((step, dir)))
 }
 
 /// Opens a checkpoint directory: reads and checks its manifest. A directory without a
@@ -116,6 +183,16 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
         Err(e) => return Err(CkptError::io("cannot read", &path)(e)),
     };
     let manifest = Manifest::from_bytes(&bytes, &path)?;
+    let named = dir.file_name().and_then(|n| n.to_str()).and_then(crate::store::parse_step_dir);
+    if let Some(named) = named.filter(|&n| n != manifest.meta.step) {
+        return Err(CkptError::Format {
+            path,
+            reason: format!(
+                "the directory is named for step {named} but holds the checkpoint of step {}",
+                manifest.meta.step
+            ),
+        });
+    }
     Ok(Checkpoint { dir: dir.to_owned(), manifest })
 }
 

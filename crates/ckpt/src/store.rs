@@ -49,6 +49,7 @@ pub(crate) const IO_CHUNK: usize = 1 << 22;
 /// Name of the pointer file.
 pub const LATEST_FILE: &str = "LATEST";
 const TEMP_PREFIX: &str = ".tmp-";
+const LATEST_TEMP: &str = ".LATEST.tmp";
 
 /// A borrowed f32 tensor to save.
 #[derive(Clone, Copy, Debug)]
@@ -127,11 +128,15 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(CkptError::io("cannot fsync", dir))
 }
 
-/// Removes temporary directories left by writers that crashed.
+/// Removes temporary directories left by writers that crashed. Only the owner of part 0
+/// ([`Owner`](crate::Owner)) may call it: then no other writer is alive to own them.
 pub fn remove_stale_temporaries(root: &Path) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(root) else { return Ok(()) };
     for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == LATEST_TEMP {
+            std::fs::remove_file(entry.path()).map_err(CkptError::io("cannot remove", entry.path()))?;
+        } else if name.starts_with(TEMP_PREFIX) {
             std::fs::remove_dir_all(entry.path()).map_err(CkptError::io("cannot remove", entry.path()))?;
         }
     }
@@ -253,7 +258,9 @@ fn write_shards(
 }
 
 /// Saves `tensors` with `meta` as the checkpoint of `meta.step` under `root`, following
-/// the commit protocol above. Blocks until the checkpoint is durable.
+/// the commit protocol above. Blocks until the checkpoint is durable. Where another
+/// process may write the same root, hold its [`Owner`](crate::Owner) first, as
+/// [`AsyncWriter`](crate::AsyncWriter) does.
 pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveOptions) -> Result<SaveReport> {
     let started = Instant::now();
     check_shapes(tensors)?;
@@ -469,7 +476,7 @@ pub fn remove_checkpoint(root: &Path, step: u64) -> Result<()> {
 
 /// Points `LATEST` at `name` atomically.
 pub fn write_latest(root: &Path, name: &str) -> Result<()> {
-    let tmp = root.join(".LATEST.tmp");
+    let tmp = root.join(LATEST_TEMP);
     let mut f = File::create(&tmp).map_err(CkptError::io("cannot write", &tmp))?;
     f.write_all(format!("{name}\n").as_bytes()).map_err(CkptError::io("cannot write", &tmp))?;
     f.sync_all().map_err(CkptError::io("cannot fsync", &tmp))?;

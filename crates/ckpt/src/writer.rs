@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use crate::Role;
 use crate::error::{CkptError, Result};
 use crate::manifest::Meta;
+use crate::owner::Owner;
 use crate::store::{Part, SaveOptions, SaveReport, TensorRef, commit_parts, remove_stale_temporaries, save, save_part};
 
 /// An owned copy of one tensor (a reusable snapshot buffer).
@@ -88,6 +89,9 @@ pub struct AsyncWriter {
     persist_nice: u8,
     stats: WriterStats,
     last: Option<SaveReport>,
+    /// The lock of this writer's part, held while the writer lives (declared last: it is
+    /// released after `Drop` has waited for the persists).
+    _owner: Owner,
 }
 
 impl AsyncWriter {
@@ -96,17 +100,19 @@ impl AsyncWriter {
     pub const DEFAULT_PERSIST_NICE: u8 = 10;
 
     /// A writer into `root` (created if needed; temporaries of crashed writers removed).
+    /// Fails with [`CkptError::Busy`] while another process writes into `root`.
     pub fn new(root: &Path, options: SaveOptions) -> Result<Self> {
         Self::for_part(root, options, Part::WHOLE)
     }
 
-    /// One of the writers of parted checkpoints. Writer 0 removes the temporaries of
-    /// crashed writers, so it must be created before any other writer starts to persist.
+    /// One of the writers of parted checkpoints. Each takes the lock of its part (see
+    /// [`owner`](crate::owner)); writer 0 then removes the temporaries of crashed writers,
+    /// so it must be created before any other writer starts to persist.
     pub fn for_part(root: &Path, options: SaveOptions, part: Part) -> Result<Self> {
         if part.count == 0 || part.index >= part.count {
             return Err(CkptError::Mismatch(format!("writer {} of {} does not exist", part.index, part.count)));
         }
-        std::fs::create_dir_all(root).map_err(CkptError::io("cannot create", root))?;
+        let owner = Owner::acquire(root, part.index)?;
         if part.index == 0 {
             remove_stale_temporaries(root)?;
         }
@@ -122,6 +128,7 @@ impl AsyncWriter {
             persist_nice: Self::DEFAULT_PERSIST_NICE,
             stats: WriterStats::default(),
             last: None,
+            _owner: owner,
         })
     }
 

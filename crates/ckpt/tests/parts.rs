@@ -50,10 +50,11 @@ fn three_writers_produce_the_same_checkpoint_as_one() {
         c.manifest.tensors.iter().map(|t| (t.name.clone(), t.xxh3.clone())).collect()
     };
     assert_eq!(key(&c), key(&one));
-    // Only the committed directory and LATEST remain.
+    // Only the committed directory and LATEST remain (and the writers' lock files).
     let names: Vec<String> = std::fs::read_dir(root.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !ckpt::owner::is_lock_file(n))
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
 }
@@ -75,7 +76,12 @@ fn a_missing_part_is_never_committed() {
     // A new writer 0 clears the leftovers of the failed checkpoint.
     drop(ws);
     let _fresh = writers(root.path(), 3);
-    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    let left: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !ckpt::owner::is_lock_file(n))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]
@@ -107,4 +113,27 @@ fn each_writer_copies_only_its_own_shards() {
     }
     covered.sort();
     assert_eq!(covered, (0..SIZES.len()).collect::<Vec<_>>(), "every tensor exactly once");
+}
+
+/// The writers of one job own different parts and coexist; a second writer of a part that
+/// is owned (another run on the same root) is refused, and leaves the owner's temporaries
+/// alone; once the owner is gone, its part is free again.
+#[test]
+fn a_part_has_one_writer_and_a_second_one_is_refused_without_touching_anything() {
+    let root = tempfile::tempdir().unwrap();
+    let s = state(4, SIZES);
+    let mut ws = writers(root.path(), 2);
+    ws[1].snapshot(meta(4), &refs(&s)).unwrap();
+    ws[1].wait_persisted().unwrap();
+    let before: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let options = SaveOptions::default();
+    for part in [Part { index: 0, count: 2 }, Part { index: 1, count: 2 }, Part::WHOLE] {
+        let err = AsyncWriter::for_part(root.path(), options, part).err().expect("a second writer of an owned part");
+        assert!(matches!(err, ckpt::CkptError::Busy { .. }), "{err}");
+        assert!(err.to_string().contains(&format!("pid {}", std::process::id())), "{err}");
+    }
+    let after: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(before, after, "a refused writer removed or added something");
+    drop(ws);
+    AsyncWriter::new(root.path(), options).unwrap();
 }

@@ -24,7 +24,7 @@ Examples:
   # Then render the report
   steadfast report runs/sdc-mlp
 
-A spec (the [run] and [trials] tables must be present; every key has a default):
+A spec ([run] must name the model and [trials] the count; every other key has a default):
   [run]
   model = \"mlp\"                # mlp | cnn | gpt
   data = \"fashion-mnist\"       # fashion-mnist | fortunes | synthetic

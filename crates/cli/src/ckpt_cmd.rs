@@ -14,7 +14,8 @@ const EXAMPLES: &str = "\
 Examples:
   steadfast ckpt ls runs/ckpt
   steadfast ckpt inspect runs/ckpt                 # the newest committed checkpoint
-  steadfast ckpt verify runs/ckpt/step-00000500    # exit 0 only if every checksum holds
+  steadfast ckpt verify runs/ckpt                  # every checkpoint and LATEST; exit 0 only if all hold
+  steadfast ckpt verify runs/ckpt/step-00000500    # one checkpoint
   steadfast ckpt diff runs/a/step-00000500 runs/b/step-00000500 --json
   steadfast ckpt export runs/ckpt --to model.safetensors
   steadfast ckpt export model.pt --to model.safetensors   # a PyTorch, .npz or .h5 file's tensors";
@@ -42,7 +43,8 @@ enum CkptCommand {
         /// Checkpoint directory or root.
         path: PathBuf,
     },
-    /// Check every checksum; name each corrupt file or tensor.
+    /// Check every checksum; name each corrupt file or tensor. A root: every checkpoint
+    /// in it, and its LATEST pointer.
     Verify {
         /// Checkpoint directory or root.
         path: PathBuf,
@@ -77,9 +79,19 @@ pub fn run(args: CkptArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn open(path: &std::path::Path) -> anyhow::Result<ckpt::Checkpoint> {
-    let dir = ckpt::reader::resolve(path)?;
-    Ok(ckpt::reader::open(&dir)?)
+/// Opens the checkpoint that `path` names, saying on stderr what it passed over (a newer
+/// checkpoint that does not check out, a bad `LATEST`); returns those too.
+fn open(path: &std::path::Path) -> anyhow::Result<(ckpt::Checkpoint, Vec<serde_json::Value>)> {
+    let resolved = ckpt::reader::resolve_reporting(path)?;
+    let mut skipped = Vec::new();
+    for (p, reason) in &resolved.skipped {
+        eprintln!("warning: skipped {}: {reason}", p.display());
+        skipped.push(json!({"path": p, "reason": reason}));
+    }
+    if !skipped.is_empty() {
+        eprintln!("warning: using {}", resolved.dir.display());
+    }
+    Ok((ckpt::reader::open(&resolved.dir)?, skipped))
 }
 
 fn ls(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
@@ -123,10 +135,10 @@ fn ls(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 fn inspect(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let c = open(path)?;
+    let (c, skipped) = open(path)?;
     let m = &c.manifest;
     if json {
-        println!("{}", serde_json::to_string_pretty(&json!({"dir": c.dir, "manifest": m}))?);
+        println!("{}", serde_json::to_string_pretty(&json!({"dir": c.dir, "skipped": skipped, "manifest": m}))?);
         return Ok(ExitCode::SUCCESS);
     }
     let meta = &m.meta;
@@ -169,37 +181,94 @@ fn inspect(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 fn verify(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let dir = ckpt::reader::resolve(path).unwrap_or_else(|_| path.to_owned());
-    let (problems, opened) = match ckpt::reader::open(&dir) {
-        Ok(c) => (c.verify(), true),
-        Err(e) => (
-            vec![ckpt::Problem { file: ckpt::manifest::MANIFEST_FILE.into(), tensor: None, reason: e.to_string() }],
-            false,
-        ),
-    };
+    if !path.exists() {
+        anyhow::bail!("{}: no such file or directory", path.display());
+    }
+    if !path.join(ckpt::manifest::MANIFEST_FILE).exists() && path.is_dir() {
+        return verify_root(path, json);
+    }
+    let problems = check(path);
     if json {
-        let list: Vec<_> =
-            problems.iter().map(|p| json!({"file": p.file, "tensor": p.tensor, "reason": p.reason})).collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({"dir": dir, "ok": problems.is_empty(), "problems": list}))?
+            serde_json::to_string_pretty(
+                &json!({"dir": path, "ok": problems.is_empty(), "problems": problem_rows(&problems)})
+            )?
         );
-    } else if problems.is_empty() {
-        println!("OK {}: every checksum holds", dir.display());
     } else {
-        for p in &problems {
-            match &p.tensor {
-                Some(t) => println!("CORRUPT {} tensor {t}: {}", p.file, p.reason),
-                None => println!("CORRUPT {}: {}", p.file, p.reason),
-            }
-        }
-        println!("{} problem(s) in {}{}", problems.len(), dir.display(), if opened { "" } else { " (not loadable)" });
+        print_problems(path, &problems);
     }
     Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
+/// Every problem of one checkpoint directory (its manifest's, or each file's and tensor's).
+fn check(dir: &std::path::Path) -> Vec<ckpt::Problem> {
+    match ckpt::reader::open(dir) {
+        Ok(c) => c.verify(),
+        Err(e) => {
+            vec![ckpt::Problem { file: ckpt::manifest::MANIFEST_FILE.into(), tensor: None, reason: e.to_string() }]
+        }
+    }
+}
+
+fn problem_rows(problems: &[ckpt::Problem]) -> Vec<serde_json::Value> {
+    problems.iter().map(|p| json!({"file": p.file, "tensor": p.tensor, "reason": p.reason})).collect()
+}
+
+fn print_problems(dir: &std::path::Path, problems: &[ckpt::Problem]) {
+    if problems.is_empty() {
+        println!("OK {}: every checksum holds", dir.display());
+        return;
+    }
+    for p in problems {
+        match &p.tensor {
+            Some(t) => println!("CORRUPT {} {} tensor {t}: {}", dir.display(), p.file, p.reason),
+            None => println!("CORRUPT {} {}: {}", dir.display(), p.file, p.reason),
+        }
+    }
+}
+
+/// A checkpoint root: every committed checkpoint in it, and its `LATEST`. Exit 1 when any
+/// is bad; an error when the root holds no checkpoint at all.
+fn verify_root(root: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let checkpoints = ckpt::store::list(root)?;
+    if checkpoints.is_empty() {
+        anyhow::bail!("{}: no committed checkpoint (no step-* directory)", root.display());
+    }
+    let latest = ckpt::reader::latest_target(root).err();
+    let mut rows = Vec::new();
+    let mut bad = 0;
+    for (step, dir) in &checkpoints {
+        let problems = check(dir);
+        if !problems.is_empty() {
+            bad += 1;
+        }
+        if !json {
+            print_problems(dir, &problems);
+        }
+        rows.push(json!({"step": step, "dir": dir, "ok": problems.is_empty(), "problems": problem_rows(&problems)}));
+    }
+    let ok = bad == 0 && latest.is_none();
+    if json {
+        let report = json!({"root": root, "ok": ok, "checkpoints": rows, "latest_problem": latest});
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        if let Some(why) = &latest {
+            println!("BAD {}: {why}", root.join(ckpt::store::LATEST_FILE).display());
+        }
+        println!(
+            "{} checkpoint(s) in {}: {} valid, {bad} corrupt{}",
+            checkpoints.len(),
+            root.display(),
+            checkpoints.len() - bad,
+            if latest.is_some() { "; LATEST is bad" } else { "" }
+        );
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
 fn diff(a: &std::path::Path, b: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let (ca, cb) = (open(a)?, open(b)?);
+    let ((ca, _), (cb, _)) = (open(a)?, open(b)?);
     let ta = ca.load().with_context(|| format!("loading {}", ca.dir.display()))?;
     let tb = cb.load().with_context(|| format!("loading {}", cb.dir.display()))?;
     let diffs = ckpt::diff::diff(&ta, &tb);
@@ -266,10 +335,13 @@ fn export(path: &std::path::Path, to: &std::path::Path, json: bool) -> anyhow::R
     if !path.is_dir() {
         return export_foreign(path, to, json);
     }
-    let c = open(path)?;
+    let (c, skipped) = open(path)?;
     let bytes = ckpt::export::export(&c, to)?;
     if json {
-        println!("{}", json!({"from": c.dir, "to": to, "bytes": bytes, "tensors": c.manifest.tensors.len()}));
+        println!(
+            "{}",
+            json!({"from": c.dir, "to": to, "bytes": bytes, "tensors": c.manifest.tensors.len(), "skipped": skipped})
+        );
     } else {
         println!(
             "wrote {} ({} tensors, {bytes} bytes) from {}",

@@ -114,8 +114,8 @@ fn elastic(args: &CoordinatorArgs, listener: TcpListener, secret: &[u8], lost_af
         std::time::Instant::now(),
     );
     let started = std::time::Instant::now();
-    let never = std::sync::atomic::AtomicBool::new(false);
-    let stage = comm::control::coordinate(listener, secret, machine, timing, &never, &mut |event| {
+    let requests = comm::control::Requests::default();
+    let stage = comm::control::coordinate(listener, secret, machine, timing, &requests, &mut |event| {
         println!("{:>7.2} s  {event}", started.elapsed().as_secs_f64());
     })?;
     match stage {

@@ -78,7 +78,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         OnFailure::Shrink => plan.min_nproc,
     };
     let machine = Coordinator::new(0, plan.nproc, min_world, timing, Instant::now());
-    let shutdown = AtomicBool::new(false);
+    let requests = comm::control::Requests::default();
     // Once every member holds the final state, a failure is not replaced.
     let finished = AtomicBool::new(false);
     let (lost_tx, lost_rx) = mpsc::channel();
@@ -93,6 +93,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             .env("STEADFAST_SECRET", &secret)
             .env("STEADFAST_ELASTIC", "1")
             .env("STEADFAST_INCARNATION", incarnation.to_string())
+            .env(crate::train_cmd::LAUNCHER_PID, std::process::id().to_string())
             .envs(plan.copy_every.map(|k| ("STEADFAST_COPY_EVERY", k.to_string())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -109,10 +110,11 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
     }
     let mut restarts = 0u32;
     let stage = std::thread::scope(|s| -> anyhow::Result<Stage> {
-        let (shutdown, finished) = (&shutdown, &finished);
+        let (requests, finished) = (&requests, &finished);
+        let shutdown = &requests.shutdown;
         let key = secret.as_bytes();
         let coordinator = s.spawn(move || {
-            comm::control::coordinate(listener, key, machine, timing, shutdown, &mut |event| {
+            comm::control::coordinate(listener, key, machine, timing, requests, &mut |event| {
                 println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
                 match event {
                     Event::Lost { id, incarnation, .. } => {
@@ -125,6 +127,9 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         });
         let mut over_since: Option<Instant> = None;
         let mut stopped_on_error: Option<usize> = None;
+        // Workers that died and will not be replaced; why the launcher ended the job.
+        let mut lost_for_good = 0usize;
+        let mut gave_up = false;
         loop {
             // A worker the coordinator lost may still run (hung, or cut off): end it.
             // (Only the process lost: its replacement may have started already.)
@@ -158,12 +163,42 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
                     over_since.get_or_insert_with(Instant::now);
                 }
                 let over = over_since.is_some() || finished.load(Ordering::Relaxed);
-                if !over && plan.on_failure == OnFailure::Replace && restarts < plan.max_restarts {
+                if over {
+                    continue;
+                }
+                if plan.on_failure == OnFailure::Replace && restarts < plan.max_restarts {
                     restarts += 1;
                     slot.incarnation += 1;
                     say!(started, "replacing worker {i} (restart {restarts} of {})", plan.max_restarts);
                     slot.child = Some(spawn(i, slot.incarnation, &mut pumps)?);
+                } else {
+                    lost_for_good += 1;
                 }
+            }
+            // The job can never again have the workers it needs: end it now rather than
+            // after the coordinator's quorum timeout.
+            let cannot_go_on = lost_for_good > 0
+                && !gave_up
+                && !finished.load(Ordering::Relaxed)
+                && over_since.is_none()
+                && plan.nproc - lost_for_good < min_world;
+            if cannot_go_on {
+                let left = plan.nproc - lost_for_good;
+                let why = match plan.on_failure {
+                    OnFailure::Replace => format!(
+                        "too few workers remain: {left} of {}, and the {} restart(s) allowed are used up (raise \
+                         --max-restarts, or use --on-failure shrink)",
+                        plan.nproc, plan.max_restarts
+                    ),
+                    OnFailure::Shrink => {
+                        format!("too few workers remain: {left} of {}, at least {min_world} needed", plan.nproc)
+                    }
+                };
+                say!(started, "the job ends: {why}");
+                // The coordinator tells every survivor why, and they exit.
+                *requests.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                gave_up = true;
+                over_since = Some(Instant::now());
             }
             let running = slots.iter().any(|s| s.child.is_some());
             if coordinator.is_finished() && over_since.is_none() {

@@ -96,6 +96,18 @@ fn hint(e: InjectError) -> anyhow::Error {
     if corrupt { e.context("refused (pass --allow-corrupt-input to alter it anyway)") } else { e }
 }
 
+/// Writes `log` to `path` durably: a temporary file, fsynced, renamed into place.
+fn save_log(path: &std::path::Path, log: &InjectionLog) -> Result<(), InjectError> {
+    let io = |source| InjectError::Io { path: path.to_owned(), source };
+    let text =
+        serde_json::to_string_pretty(log).map_err(|e| InjectError::Mismatch(format!("cannot encode the log: {e}")))?;
+    let name = path.file_name().map_or_else(|| "log".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    std::io::Write::write_all(&mut f, text.as_bytes()).and_then(|()| f.sync_all()).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
 fn default_log_path(altered: &std::path::Path) -> PathBuf {
     let name = altered.file_name().map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned());
     altered.with_file_name(format!("{name}.inject.json"))
@@ -127,8 +139,12 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
         println!("restored {} element(s) of {} in {}", log.flips.len(), args.file.display(), target.display());
         return Ok(());
     }
+    // The log is written (and fsynced) before an altered copy at --out is put in place, so
+    // that a copy never exists without its log. Its path is known before the log is.
+    let log_path = args.log.clone().unwrap_or_else(|| default_log_path(args.out.as_deref().unwrap_or(&args.file)));
+    let save_log = |log: &InjectionLog| save_log(&log_path, log);
     let log = if let Some(path) = &args.replay {
-        fault::inject::replay(&read_log(path)?, Some(&args.file), &options).map_err(hint)?
+        fault::inject::replay_logged(&read_log(path)?, Some(&args.file), &options, save_log).map_err(hint)?
     } else {
         let role = match args.role.as_str() {
             "any" => None,
@@ -147,7 +163,7 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
             burst: args.burst,
             seed: args.seed,
         };
-        fault::inject::inject(&args.file, &spec, &options).map_err(hint)?
+        fault::inject::inject_logged(&args.file, &spec, &options, save_log).map_err(hint)?
     };
     if !log.corrupt_input.is_empty() {
         eprintln!(
@@ -157,9 +173,6 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
             log.corrupt_input.join(", ")
         );
     }
-    let log_path = args.log.clone().unwrap_or_else(|| default_log_path(std::path::Path::new(&log.target)));
-    std::fs::write(&log_path, serde_json::to_string_pretty(&log)?)
-        .with_context(|| format!("cannot write the log {}", log_path.display()))?;
     println!("altered {} ({}), checksums {}", log.target, log.format, log.checksums);
     for f in &log.flips {
         println!("  {}[{}] bits {:?}: {} -> {}", f.tensor, f.element, f.bits, f.old_value, f.new_value);

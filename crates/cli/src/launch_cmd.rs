@@ -21,6 +21,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -439,6 +440,7 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
             .env("STEADFAST_WORLD_SIZE", world.to_string())
             .env(meet.0, &meet.1)
             .env("STEADFAST_SECRET", &secret)
+            .env(crate::train_cmd::LAUNCHER_PID, std::process::id().to_string())
             .env("LOCAL_RANK", local.to_string())
             .env("LOCAL_WORLD_SIZE", job.nproc.to_string())
             .env("GROUP_RANK", nodes.node_rank.to_string())
@@ -458,15 +460,21 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
         _ => heartbeat,
     };
     let secret_bytes = secret.into_bytes();
+    // Set once every worker of this node has exited: a job that has not formed by then
+    // never will, and its rendezvous is not waited out.
+    let workers_gone = AtomicBool::new(false);
     std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
         let (over_tx, over_rx) = mpsc::channel();
+        let workers_gone = &workers_gone;
         let coordinator = listener.map(|listener| {
             s.spawn(move || {
-                let result = comm::rendezvous::serve(&listener, world, &secret_bytes, timeout, heartbeat).map(|job| {
-                    comm::supervisor::supervise(job.streams, heartbeat, &mut |event| {
-                        eprintln!("[coordinator] {event}");
-                    })
-                });
+                let result =
+                    comm::rendezvous::serve_unless(&listener, world, &secret_bytes, timeout, heartbeat, workers_gone)
+                        .map(|job| {
+                            comm::supervisor::supervise(job.streams, heartbeat, &mut |event| {
+                                eprintln!("[coordinator] {event}");
+                            })
+                        });
                 let _ = over_tx.send(());
                 result
             })
@@ -511,6 +519,7 @@ pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        workers_gone.store(true, Ordering::Relaxed);
         for p in pumps {
             let _ = p.join();
         }

@@ -86,8 +86,41 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", error_text(&err));
             ExitCode::from(2)
         }
+    }
+}
+
+/// An error and its causes on one line, each cause once: an error type that shows its
+/// source in its own message (an I/O error's "(os error 28)") is not repeated by the
+/// cause that follows it.
+fn error_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let line = cause.to_string();
+        if text.contains(&line) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&line);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_shown_in_its_context_is_not_repeated() {
+        let os = std::io::Error::from_raw_os_error(28);
+        let shown = os.to_string();
+        let err = anyhow::Error::new(ckpt::CkptError::io("cannot write", "/d/f")(os)).context("checkpoint failed");
+        let text = error_text(&err);
+        assert_eq!(text.matches(&shown).count(), 1, "{text}");
+        assert!(text.starts_with("checkpoint failed: cannot write /d/f: "), "{text}");
     }
 }

@@ -277,6 +277,10 @@ impl TrainArgs {
         if self.checkpoint_every == Some(0) {
             anyhow::bail!("--checkpoint-every must be at least 1");
         }
+        if self.keep_last == Some(0) {
+            anyhow::bail!("--keep-last must be at least 1: the newest checkpoint is always kept");
+        }
+        check_faults_fire(&c)?;
         if !(c.optim.lr.is_finite() && c.optim.lr > 0.0) {
             anyhow::bail!("--lr must be a positive number, not {}", c.optim.lr);
         }
@@ -284,8 +288,65 @@ impl TrainArgs {
     }
 }
 
+/// Refuses an `--inject` or `--fault` that could never fire: at a step past the run's
+/// last, or on a rank outside its world (the world of an MPI job is known only once it
+/// runs, so its ranks are not checked here).
+fn check_faults_fire(c: &TrainConfig) -> anyhow::Result<()> {
+    let world = match &c.dist {
+        None => Some(1),
+        Some(d) if d.engine == train::Engine::Mpi => None,
+        Some(d) => Some(d.world),
+    };
+    let mut at: Vec<(String, u64, usize)> = c.inject.iter().map(|f| ("--inject".to_owned(), f.step, f.rank)).collect();
+    for f in &c.faults {
+        if let fault::crash::When::At { rank, step, .. } = f.when {
+            at.push((format!("--fault {}", f.kind.name()), step, rank));
+        }
+    }
+    for (flag, step, rank) in at {
+        if step >= c.steps {
+            anyhow::bail!(
+                "{flag} at step {step} would never fire: the run's steps are 0 to {} (--steps {})",
+                c.steps.saturating_sub(1),
+                c.steps
+            );
+        }
+        if let Some(world) = world.filter(|&w| rank >= w) {
+            anyhow::bail!("{flag} on rank {rank} would never fire: the job's ranks are 0 to {}", world - 1);
+        }
+    }
+    Ok(())
+}
+
+/// The environment variable in which a launcher gives its workers its pid.
+pub const LAUNCHER_PID: &str = "STEADFAST_LAUNCHER_PID";
+
+/// A worker started by `launch` ends when its launcher is gone (killed with `kill -9`, it
+/// could not take its workers along): it checks four times a second whether it has been
+/// handed to another parent. A stopped launcher is still its parent: the job waits for it.
+fn exit_with_launcher() {
+    let Some(launcher) = std::env::var(LAUNCHER_PID).ok().and_then(|v| v.parse::<u32>().ok()) else { return };
+    if std::os::unix::process::parent_id() != launcher {
+        // Started by something else with the variable set by hand: nothing to watch.
+        return;
+    }
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(250));
+            if std::os::unix::process::parent_id() != launcher {
+                // Not `eprintln!`: stderr was a pipe to the launcher, and writing to it now
+                // fails, which would panic this thread instead of ending the process.
+                let text = format!("error: the launcher (pid {launcher}) is gone: this worker ends\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+                std::process::exit(3);
+            }
+        }
+    });
+}
+
 /// Runs `steadfast train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    exit_with_launcher();
     let config = args.into_config()?;
     let bar = ProgressBar::new(config.steps);
     bar.set_style(
@@ -314,14 +375,19 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let (summary, _) = train::train(&config, &mut on_event).context("training failed")?;
     bar.finish_and_clear();
     let out = config.out_dir.as_ref().expect("set by into_config");
-    let steps_per_s = summary.steps as f64 / summary.train_time.as_secs_f64();
     println!("model:        {:?} on {:?}, {} parameters", config.model, config.data, summary.parameters);
-    println!(
-        "steps:        {} at {steps_per_s:.1} steps/s (optimizer {:.1}% of step time)",
-        summary.steps,
-        100.0 * summary.optimizer_time.as_secs_f64() / summary.train_time.as_secs_f64()
-    );
-    println!("final loss:   {:.4}", summary.final_loss);
+    if summary.resumed_from >= summary.steps {
+        // A resume from the last step: nothing was trained, so there is no loss or speed.
+        println!("steps:        0 (the checkpoint is at step {}: no step left to train)", config.steps);
+    } else {
+        let steps_per_s = summary.steps as f64 / summary.train_time.as_secs_f64();
+        println!(
+            "steps:        {} at {steps_per_s:.1} steps/s (optimizer {:.1}% of step time)",
+            summary.steps,
+            100.0 * summary.optimizer_time.as_secs_f64() / summary.train_time.as_secs_f64()
+        );
+        println!("final loss:   {:.4}", summary.final_loss);
+    }
     println!("test loss:    {:.4}", summary.eval.loss);
     println!("test accuracy: {:.2}%", 100.0 * summary.eval.accuracy);
     if let (Some(p), Some(u)) = (summary.eval.perplexity, summary.unigram_perplexity) {

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -34,19 +34,11 @@ fn latest_step(root: &Path) -> Option<u64> {
     ckpt::store::parse_step_dir(name.trim())
 }
 
-#[test]
-fn kill_dash_nine_mid_training_then_resume_gives_the_uninterrupted_fingerprint() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = |name: &str| tmp.path().join(name).to_string_lossy().into_owned();
-    let uninterrupted = fingerprint(&steadfast(&[&RUN[..], &["--out", &out("a")]].concat()));
-
-    let root = out("ckpt");
-    let ck = ["--checkpoint-every", "7", "--checkpoint-dir", &root, "--keep-last", "2"];
-    // The run stops itself as step STOP starts, just after handing that step's checkpoint
-    // to its background writer, and says so on stderr. The kill follows that line, so it
-    // lands there however fast this machine trains: perhaps in the middle of that save.
+/// Starts `args` (a run with a `hang` fault) and returns once it says that it hangs, with
+/// the thread that drains its stderr.
+fn start_hanging(args: &[&str]) -> (Child, std::thread::JoinHandle<()>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
-        .args([&RUN[..], &ck[..], &["--out", &out("b"), "--fault", &format!("hang:rank=0,step={STOP}")]].concat())
+        .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -64,17 +56,33 @@ fn kill_dash_nine_mid_training_then_resume_gives_the_uninterrupted_fingerprint()
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         match said.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.contains("fault injection: hang") => break,
+            Ok(line) if line.contains("fault injection: hang") => return (child, reader),
             Ok(_) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 panic!("training ended before it could be killed: {:?}", child.wait())
             }
             Err(RecvTimeoutError::Timeout) => {
                 let _ = child.kill();
-                panic!("training did not reach step {STOP} in time")
+                panic!("training did not reach its hang in time")
             }
         }
     }
+}
+
+#[test]
+fn kill_dash_nine_mid_training_then_resume_gives_the_uninterrupted_fingerprint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |name: &str| tmp.path().join(name).to_string_lossy().into_owned();
+    let uninterrupted = fingerprint(&steadfast(&[&RUN[..], &["--out", &out("a")]].concat()));
+
+    let root = out("ckpt");
+    let ck = ["--checkpoint-every", "7", "--checkpoint-dir", &root, "--keep-last", "2"];
+    // The run stops itself as step STOP starts, just after handing that step's checkpoint
+    // to its background writer, and says so on stderr. The kill follows that line, so it
+    // lands there however fast this machine trains: perhaps in the middle of that save.
+    let (mut child, reader) = start_hanging(
+        &[&RUN[..], &ck[..], &["--out", &out("b"), "--fault", &format!("hang:rank=0,step={STOP}")]].concat(),
+    );
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     reader.join().unwrap();
@@ -117,6 +125,43 @@ fn resume_auto_starts_from_step_zero_without_a_checkpoint_and_latest_refuses() {
     assert!(!other.status.success());
     let err = String::from_utf8_lossy(&other.stderr);
     assert!(err.contains("written by a different configuration") && err.contains("kernel set"), "{err}");
+}
+
+/// Two runs on one checkpoint root: the second is refused before it writes anything,
+/// naming the first's pid, and the first's checkpoints stay whole. When the first dies
+/// (kill -9), the kernel releases its lock and a resume takes the directory over.
+#[test]
+fn a_second_run_on_a_checkpoint_directory_in_use_is_refused_and_destroys_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |name: &str| tmp.path().join(name).to_string_lossy().into_owned();
+    let job = [common::SMALL_MLP, &["--steps", "40"]].concat();
+    let root = out("ckpt");
+    let ck = ["--checkpoint-every", "5", "--checkpoint-dir", &root, "--keep-last", "2"];
+    let (mut first, reader) = start_hanging(
+        &[&job[..], &ck[..], &["--seed", "0", "--out", &out("a"), "--fault", "hang:rank=0,step=13"]].concat(),
+    );
+    let before = ckpt::store::list(Path::new(&root)).unwrap();
+    let listing = |dir: &Path| {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    let files_before = listing(Path::new(&root));
+    for seed in ["0", "1"] {
+        let second = steadfast(&[&job[..], &ck[..], &["--seed", seed, "--out", &out("b")]].concat());
+        assert_eq!(second.status.code(), Some(2), "the second run must be refused");
+        let err = String::from_utf8_lossy(&second.stderr);
+        assert!(err.contains(&format!("in use by pid {}", first.id())), "{err}");
+        assert_eq!(ckpt::store::list(Path::new(&root)).unwrap(), before, "the second run touched the checkpoints");
+        assert_eq!(listing(Path::new(&root)), files_before);
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    reader.join().unwrap();
+    let resumed = steadfast(&[&job[..], &ck[..], &["--seed", "0", "--resume", "latest", "--out", &out("a")]].concat());
+    let plain = steadfast(&[&job[..], &["--seed", "0", "--out", &out("c")]].concat());
+    assert_eq!(fingerprint(&resumed), fingerprint(&plain));
 }
 
 #[test]
@@ -257,4 +302,85 @@ print(json.dumps(out))
         let digest = String::from_utf8(sha.wait_with_output().unwrap().stdout).unwrap();
         assert_eq!(row[2].as_str().unwrap(), digest.split_whitespace().next().unwrap(), "{}", t.name);
     }
+}
+
+/// Changes the step recorded in a checkpoint's manifest (as a user editing it would).
+fn edit_manifest_step(dir: &Path, to: u64) {
+    let path = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let at = text.find("\"step\":").expect("a step field") + "\"step\":".len();
+    let digits = text[at..].trim_start().chars().take_while(char::is_ascii_digit).count();
+    let start = at + (text[at..].len() - text[at..].trim_start().len());
+    std::fs::write(&path, format!("{}{to}{}", &text[..start], &text[start + digits..])).unwrap();
+}
+
+/// A damaged newest checkpoint or a bad `LATEST` is never passed over in silence:
+/// `ckpt verify` of the root names it and fails, while `--resume latest` and `ckpt export`
+/// say which checkpoint they skipped and why (the resume in `metrics.jsonl` too).
+#[test]
+fn a_corrupt_manifest_or_a_bad_latest_is_named_by_verify_resume_and_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |name: &str| tmp.path().join(name).to_string_lossy().into_owned();
+    let root = out("ckpt");
+    let job = |steps: &'static str| {
+        [common::SMALL_MLP, &["--steps", steps, "--checkpoint-every", "10", "--checkpoint-dir", &root]].concat()
+    };
+    common::ok(steadfast(&[&job("20")[..], &["--out", &out("a")]].concat()));
+    let newest = Path::new(&root).join("step-00000020");
+    assert_eq!(steadfast(&["ckpt", "verify", &root]).status.code(), Some(0));
+    edit_manifest_step(&newest, 15);
+
+    let verify = steadfast(&["ckpt", "verify", &root]);
+    let text = String::from_utf8_lossy(&verify.stdout).into_owned();
+    assert_eq!(verify.status.code(), Some(1), "{text}");
+    assert!(text.contains("CORRUPT") && text.contains("step-00000020"), "{text}");
+    assert!(text.contains("OK") && text.contains("step-00000010"), "{text}");
+    assert!(text.contains("1 corrupt"), "{text}");
+
+    let exported = out("export.safetensors");
+    let export = steadfast(&["ckpt", "export", &root, "--to", &exported]);
+    assert!(export.status.success());
+    let err = String::from_utf8_lossy(&export.stderr);
+    assert!(err.contains("skipped") && err.contains("step-00000020"), "{err}");
+
+    let resumed = steadfast(&[&job("30")[..], &["--resume", "latest", "--out", &out("b")]].concat());
+    let stdout = common::ok(resumed.clone());
+    assert!(stdout.contains("resumed from: step 10"), "{stdout}");
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert!(err.contains("step-00000020"), "the fallback must be said on the terminal: {err}");
+    let metrics = std::fs::read_to_string(Path::new(&out("b")).join("metrics.jsonl")).unwrap();
+    let fallback = metrics.lines().find(|l| l.contains("\"resume_fallback\"")).expect("a resume_fallback event");
+    assert!(fallback.contains("step-00000020"), "{fallback}");
+
+    // A LATEST that holds garbage, then one naming a checkpoint that is not there.
+    for (latest, needle) in [("nonsense\n", "not the name of a checkpoint"), ("step-00000099\n", "does not exist")] {
+        std::fs::write(Path::new(&root).join("LATEST"), latest).unwrap();
+        let verify = steadfast(&["ckpt", "verify", &root]);
+        let text = String::from_utf8_lossy(&verify.stdout).into_owned();
+        assert_eq!(verify.status.code(), Some(1), "{text}");
+        assert!(text.contains("LATEST") && text.contains(needle), "{text}");
+        let export = steadfast(&["ckpt", "export", &root, "--to", &exported]);
+        assert!(String::from_utf8_lossy(&export.stderr).contains(needle));
+    }
+
+    // A path that does not exist is an error, not a corrupt checkpoint.
+    let missing = steadfast(&["ckpt", "verify", &out("nonexistent")]);
+    assert_eq!(missing.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("no such file or directory") && !err.contains("CORRUPT"), "{err}");
+}
+
+/// A resume from the last step trains nothing and says so (no `final loss: NaN`).
+#[test]
+fn a_resume_with_no_step_left_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |name: &str| tmp.path().join(name).to_string_lossy().into_owned();
+    let root = out("ckpt");
+    let job = [common::SMALL_MLP, &["--steps", "10", "--checkpoint-every", "10", "--checkpoint-dir", &root]].concat();
+    let first = fingerprint(&steadfast(&[&job[..], &["--out", &out("a")]].concat()));
+    let again = steadfast(&[&job[..], &["--resume", "latest", "--out", &out("b")]].concat());
+    let stdout = common::ok(again.clone());
+    assert!(!stdout.contains("NaN"), "{stdout}");
+    assert!(stdout.contains("no step left to train"), "{stdout}");
+    assert_eq!(fingerprint(&again), first);
 }

@@ -440,3 +440,55 @@ fn a_checkpoint_that_already_fails_verification_is_refused_unless_allowed_and_ne
     ok(steadfast(&["inject", s(&out), "--undo", s(&log)]));
     assert_eq!(snapshot(&out), before);
 }
+
+/// `--out` is atomic: killed at each point of its work (the failpoints abort the process
+/// as `kill -9` would), an injection leaves at `--out` nothing, or the whole altered copy
+/// with its log; the next run cleans up the dead run's temporary and succeeds. Both forms:
+/// a checkpoint directory and a single file.
+#[test]
+fn inject_out_killed_at_any_point_leaves_nothing_or_the_whole_copy_with_its_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ckpt");
+    let w: Vec<f32> = (0..4096).map(|i| i as f32 * 0.25).collect();
+    let tensors = [ckpt::TensorRef { name: "model.w", role: ckpt::Role::Model, shape: &[64, 64], data: &w }];
+    let meta = ckpt::Meta { step: 1, world_size: 1, config_hash: format!("{:016x}", 1), ..ckpt::Meta::default() };
+    let dir = ckpt::store::save(&root, &meta, &tensors, &ckpt::SaveOptions::default()).unwrap().dir;
+    let file = dir.join(&ckpt::reader::open(&dir).unwrap().manifest.files[0].file);
+    for (input, name) in [(&root, "out-dir"), (&file, "out.safetensors")] {
+        let (out, log) = (tmp.path().join(name), tmp.path().join(format!("{name}.inject.json")));
+        let run = |failpoint: Option<&str>| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+            cmd.args(["inject", s(input), "--out", s(&out), "--count", "5", "--seed", "3"]);
+            if let Some(point) = failpoint {
+                cmd.env("STEADFAST_FAILPOINTS", format!("{point}=abort"));
+            }
+            cmd.output().unwrap()
+        };
+        for point in ["inject_after_copy", "inject_before_log", "inject_before_commit"] {
+            let killed = run(Some(point));
+            assert!(!killed.status.success(), "{point}: the failpoint must kill the run");
+            assert!(!out.exists(), "{point}: a killed run left {}", out.display());
+            if point != "inject_before_commit" {
+                assert!(!log.exists(), "{point}: a log without its copy");
+            }
+            let _ = std::fs::remove_file(&log);
+        }
+        // A temporary of each killed run was left beside --out; the next run removes them.
+        ok(run(None));
+        assert!(out.exists() && log.exists());
+        let leftovers: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".partial-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        assert_eq!(read_log(&log)["target"], s(&out));
+        // The copy holds the logged flips: undoing them gives back the input's bytes.
+        ok(steadfast(&["inject", s(&out), "--undo", s(&log)]));
+        if input.is_dir() {
+            assert_eq!(snapshot(&ckpt::reader::resolve(&out).unwrap()), snapshot(&dir));
+        } else {
+            assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&file).unwrap());
+        }
+    }
+}

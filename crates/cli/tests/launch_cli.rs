@@ -232,7 +232,7 @@ fn every_rank_writes_its_part_and_a_parted_checkpoint_resumes_on_another_world_s
     let leftovers: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
+        .filter(|n| n.starts_with('.') && !ckpt::owner::is_lock_file(n))
         .collect();
     assert!(leftovers.is_empty(), "temporaries left behind: {leftovers:?}");
     let verify = steadfast(&["ckpt", "verify", step4.to_str().unwrap()], &[]);
@@ -277,7 +277,20 @@ fn workers_put_off_the_same_checkpoints_while_their_writers_are_busy() {
     let leftovers: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.') || n.contains("part"))
+        .filter(|n| (n.starts_with('.') || n.contains("part")) && !ckpt::owner::is_lock_file(n))
         .collect();
     assert!(leftovers.is_empty(), "parts that never committed: {leftovers:?}");
+}
+
+/// Every worker fails at once before the job forms (a misspelt flag): the launcher reports
+/// them at once instead of waiting out the rendezvous timeout.
+#[test]
+fn workers_that_all_fail_before_the_job_forms_end_the_launch_at_once() {
+    let started = Instant::now();
+    let out =
+        steadfast(&["launch", "--nproc", "2", "--rendezvous-timeout", "120", "--", "train", "--modle", "mlp"], &[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--modle") && stderr.contains("rank 0 exited"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20), "the launcher waited {:?}", started.elapsed());
 }

@@ -155,7 +155,7 @@ fn a_job_with_too_few_workers_left_stops_every_survivor_with_the_reason() {
         &["--fault", "crash:rank=1,step=5,phase=vote"],
     );
     assert!(!ok, "{stdout}");
-    assert!(stderr.contains("too few workers remain: 2 ready, at least 3 needed"), "{stderr}");
+    assert!(stderr.contains("too few workers remain: 2 of 3, at least 3 needed"), "{stderr}");
     // Both survivors say so, and neither printed a result.
     assert_eq!(stderr.matches("the job stopped: too few workers remain").count(), 3, "{stderr}");
     assert!(common::fingerprints_in(&stdout).is_empty(), "{stdout}");
@@ -437,4 +437,81 @@ fn the_baselines_go_back_to_a_copy_or_a_checkpoint_and_end_with_the_same_bits() 
     );
     assert!(!ok && stderr.contains("the job failed after 0 restart(s)"), "{stderr}");
     assert!(kept.join("step-00000020").is_dir(), "{stderr}");
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`, `-KILL`) to `pid`.
+fn signal(pid: u32, signal: &str) {
+    assert!(Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success());
+}
+
+/// A launcher stopped (SIGSTOP) for three heartbeat timeouts and continued: on waking it
+/// does not count its own pause as its workers' silence, kills nobody and spends no
+/// restart.
+#[test]
+fn a_launcher_stopped_and_continued_kills_none_of_its_healthy_workers() {
+    let steps = 400;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("paused");
+    let mut job = Streamed::start(&launch_args(&["--max-restarts", "1"], steps, &out, &[]), "");
+    job.wait_for("  worker 2 started: process 1 (pid ");
+    wait_for_step(&out, 20);
+    signal(job.child.id(), "-STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    signal(job.child.id(), "-CONT");
+    let (ok, text) = job.finish();
+    assert!(ok, "{text}");
+    assert!(!text.contains(" lost: ") && !text.contains("killing worker"), "{text}");
+    assert!(text.contains("with 0 replacement(s)"), "{text}");
+    assert_eq!(common::fingerprints_in(&text), vec![reference(steps); 3], "{text}");
+}
+
+/// A worker stopped (SIGSTOP) long enough to be lost, replaced by a process started by
+/// hand with its rank, then continued: it learns that its slot is taken, says so and exits
+/// with an error, without a loop of rejoins; the job ends with the single-process bits.
+#[test]
+fn a_stopped_worker_that_returns_after_its_replacement_exits_and_the_job_goes_on() {
+    let steps = 400;
+    let secret = "superseded-worker-secret";
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut coord, addr) = coordinator("127.0.0.1:0", 3, 0, secret);
+    let mut workers: Vec<Streamed> =
+        (0..3).map(|r| worker(steps, r, 3, &addr, &tmp.path().join(format!("w{r}")), secret)).collect();
+    wait_for_step(&tmp.path().join("w0"), 20);
+    let old = workers.remove(1);
+    signal(old.child.id(), "-STOP");
+    coord.wait_for("worker 1 lost");
+    let replacement = worker(steps, 1, 3, &addr, &tmp.path().join("w1b"), secret);
+    coord.wait_for("[1] fetch the state from");
+    signal(old.child.id(), "-CONT");
+    let woke = Instant::now();
+    let (ok, text) = old.finish();
+    assert!(!ok, "the superseded worker must fail:\n{text}");
+    assert!(text.contains("superseded"), "{text}");
+    assert!(woke.elapsed() < Duration::from_secs(20), "it took {:?} to exit", woke.elapsed());
+    let reference = reference(steps);
+    for w in workers.into_iter().chain([replacement]) {
+        let (ok, text) = w.finish();
+        assert!(ok, "{text}");
+        assert_eq!(common::fingerprints_in(&text), vec![reference.clone()], "{text}");
+    }
+    let (ok, text) = coord.finish();
+    assert!(ok, "{text}");
+    let joins = text.matches("worker 1 joined").count();
+    assert!(joins <= 3, "worker 1 joined {joins} times:\n{text}");
+}
+
+/// Once its restarts are used up a job that cannot have its workers again ends at once,
+/// not after the quorum timeout.
+#[test]
+fn a_job_whose_restarts_are_used_up_ends_at_once_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (ok, stdout, stderr) = launch(
+        &["--max-restarts", "0", "--quorum-timeout", "60"],
+        &tmp.path().join("spent"),
+        &["--fault", "crash:rank=1,step=5,phase=vote"],
+    );
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("restart(s) allowed are used up"), "{stdout}\n{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30), "it waited {:?}", started.elapsed());
 }

@@ -108,6 +108,31 @@ fn bad_configurations_are_clear_errors() {
     );
 }
 
+/// What was once accepted in silence: a fault that could never fire, keeping no
+/// checkpoint, a state that cannot fit in memory. Each is refused at once, by name.
+#[test]
+fn settings_that_would_do_nothing_or_cannot_fit_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let job = ["train", "--data", "synthetic", "--steps", "10", "--out", out];
+    let with = |extra: &[&str]| -> Vec<String> { job.iter().chain(extra).map(|s| s.to_string()).collect() };
+    let fails_with =
+        |args: Vec<String>, needle: &str| fails_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), needle);
+    fails_with(with(&["--inject", "step=10,state=param,count=1"]), "--inject at step 10 would never fire");
+    fails_with(with(&["--fault", "crash:rank=0,step=12"]), "--fault crash at step 12 would never fire");
+    fails_with(with(&["--fault", "hang:rank=1,step=3"]), "--fault hang on rank 1 would never fire");
+    fails_with(with(&["--inject", "step=3,rank=2,state=param,count=1"]), "on rank 2 would never fire");
+    let ckpt = dir.path().join("ckpt");
+    fails_with(
+        with(&["--checkpoint-every", "5", "--keep-last", "0", "--checkpoint-dir", ckpt.to_str().unwrap()]),
+        "--keep-last must be at least 1",
+    );
+    // 20 G parameters: refused before anything is allocated, with the estimate.
+    let started = std::time::Instant::now();
+    fails_with(with(&["--width", "200000"]), "this run needs at least");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+}
+
 #[test]
 fn help_shows_examples() {
     let out = steadfast(&["train", "--help"], None);

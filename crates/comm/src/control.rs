@@ -20,10 +20,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::awake::AwakeClock;
 use crate::frame::{FrameError, read_frame, write_frame};
 use crate::gate::{Gate, Limits};
 use crate::handshake::handshake;
-use crate::protocol::coordinator::Stage;
+use crate::protocol::coordinator::{Admission, Stage};
 use crate::protocol::wire::{self, Hello};
 use crate::protocol::{Action, Coordinator, Msg, Node, Phase, Quorum, Timing, WorkerId};
 use crate::rendezvous::COORDINATOR_RANK;
@@ -40,6 +41,15 @@ pub enum Event {
         id: WorkerId,
         /// Which process of the slot.
         incarnation: u64,
+    },
+    /// A process that connected for a slot held by another was refused and told to stop.
+    Refused {
+        /// Its slot.
+        id: WorkerId,
+        /// Which process of the slot it said it is.
+        incarnation: u64,
+        /// Why.
+        reason: String,
     },
     /// A worker was declared lost.
     Lost {
@@ -78,6 +88,7 @@ impl std::fmt::Display for Event {
         match self {
             Event::Joined { id, incarnation: 0 } => write!(f, "worker {id} joined"),
             Event::Joined { id, incarnation } => write!(f, "worker {id} joined (process {})", incarnation + 1),
+            Event::Refused { id, reason, .. } => write!(f, "worker {id}: a process was refused: {reason}"),
             Event::Lost { id, reason, .. } => write!(f, "worker {id} lost: {reason}"),
             Event::Quorum { quorum: q, rolling, fetching } => {
                 write!(
@@ -121,16 +132,27 @@ struct Conn {
     addr: SocketAddr,
 }
 
+/// What the coordinator's owner can ask of it while it runs.
+#[derive(Debug, Default)]
+pub struct Requests {
+    /// Set: stop serving at once (the job's processes are gone).
+    pub shutdown: AtomicBool,
+    /// Set: stop the job, telling every worker this reason (the launcher knows that the
+    /// job can never again have the workers it needs).
+    pub stop: Mutex<Option<String>>,
+}
+
 /// Runs the coordinator on `listener` until the job is over (finished or stopped, and no
-/// live worker waits for a word) or `shutdown` is set. Returns the final stage.
+/// live worker waits for a word) or `requests.shutdown` is set. Returns the final stage.
 pub fn coordinate(
     listener: TcpListener,
     secret: &[u8],
     mut machine: Coordinator,
     timing: Timing,
-    shutdown: &AtomicBool,
+    requests: &Requests,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<Stage, CommError> {
+    let (shutdown, stop_request) = (&requests.shutdown, &requests.stop);
     let secret = secret.to_vec();
     let gate = Gate::open(listener, Limits::default(), move |stream| {
         crate::transport::keepalive(stream).map_err(|e| e.to_string())?;
@@ -166,10 +188,37 @@ pub fn coordinate(
     let mut last_stage = machine.stage().clone();
     let tick = (timing.heartbeat / 2).max(Duration::from_millis(5));
     let mut next_tick = Instant::now();
+    // This loop runs at least once a tick; a longer gap is time it was not running.
+    let mut awake = AwakeClock::new(2 * tick);
+    awake.observe(next_tick);
     loop {
-        let now = Instant::now();
-        let actions = match rx.recv_timeout(next_tick.saturating_duration_since(now)) {
-            Ok(Input::Admitted { id, hello, stream }) => {
+        let received = rx.recv_timeout(next_tick.saturating_duration_since(Instant::now()));
+        // Looked at after the wait, before any input is handled: a pause that began during
+        // the wait is credited before the silence it caused is judged.
+        let paused = awake.observe(Instant::now());
+        if !paused.is_zero() {
+            tracing::warn!(
+                "the coordinator did not run for {:.1} s (stopped or starved): not counted as the workers' silence",
+                paused.as_secs_f64()
+            );
+            machine.paused(paused);
+        }
+        if let Some(reason) = stop_request.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let actions = machine.stop(Instant::now(), reason);
+            perform(&mut conns, actions);
+        }
+        let actions = match received {
+            Ok(Input::Admitted { id, hello, mut stream }) => {
+                let _ = stream.set_write_timeout(Some(timing.lost_after));
+                let superseded = match machine.admit(Instant::now(), id, hello.incarnation, hello.addr) {
+                    Admission::Admit { superseded } => superseded,
+                    Admission::Refuse { reason } => {
+                        tracing::warn!(id, "refused a process for worker {id}: {reason}");
+                        on_event(Event::Refused { id, incarnation: hello.incarnation, reason: reason.clone() });
+                        tell_to_stop(&mut stream, reason);
+                        continue;
+                    }
+                };
                 serial += 1;
                 let reader = match stream.try_clone() {
                     Ok(r) => r,
@@ -178,9 +227,19 @@ pub fn coordinate(
                         continue;
                     }
                 };
-                let _ = stream.set_write_timeout(Some(timing.lost_after));
-                if let Some(old) = conns.insert(id, Conn { serial, writer: stream, addr: hello.addr }) {
-                    let _ = old.writer.shutdown(Shutdown::Both);
+                if let Some(mut old) = conns.insert(id, Conn { serial, writer: stream, addr: hello.addr }) {
+                    match superseded {
+                        Some(addr) => tell_to_stop(
+                            &mut old.writer,
+                            format!(
+                                "worker {id}'s slot was taken by another process at {}; this one (at {addr}) is superseded",
+                                hello.addr
+                            ),
+                        ),
+                        None => {
+                            let _ = old.writer.shutdown(Shutdown::Both);
+                        }
+                    }
                 }
                 spawn_reader(id, serial, reader, timing.lost_after, tx.clone());
                 on_event(Event::Joined { id, incarnation: hello.incarnation });
@@ -201,15 +260,7 @@ pub fn coordinate(
             }
             Err(RecvTimeoutError::Disconnected) => unreachable!("the loop holds a sender"),
         };
-        for action in actions {
-            let Action::Send { to: Node::Worker(id), msg } = action else { continue };
-            if let Msg::Quorum(q) = &msg {
-                let book: Vec<(WorkerId, SocketAddr)> =
-                    q.members.iter().filter_map(|m| conns.get(m).map(|c| (*m, c.addr))).collect();
-                send(&mut conns, id, wire::KIND_BOOK, &wire::encode_book(&book));
-            }
-            send(&mut conns, id, wire::KIND_MSG, &wire::encode(&msg));
-        }
+        perform(&mut conns, actions);
         // What changed, told once. (A worker that finished or stopped may close its
         // connection: that is no loss.)
         for (id, status, is_lost) in machine.workers() {
@@ -270,6 +321,28 @@ fn quorum_event(machine: &Coordinator, q: &Quorum) -> Event {
         }
     }
     Event::Quorum { quorum: q.clone(), rolling, fetching }
+}
+
+/// Carries out the machine's actions: its messages to workers (a quorum's members get
+/// their address book first).
+fn perform(conns: &mut BTreeMap<WorkerId, Conn>, actions: Vec<Action>) {
+    for action in actions {
+        let Action::Send { to: Node::Worker(id), msg } = action else { continue };
+        if let Msg::Quorum(q) = &msg {
+            let book: Vec<(WorkerId, SocketAddr)> =
+                q.members.iter().filter_map(|m| conns.get(m).map(|c| (*m, c.addr))).collect();
+            send(conns, id, wire::KIND_BOOK, &wire::encode_book(&book));
+        }
+        send(conns, id, wire::KIND_MSG, &wire::encode(&msg));
+    }
+}
+
+/// Tells a process that has no place in the job why ([`Msg::Stop`]), and closes its
+/// connection: it exits instead of dialling again.
+fn tell_to_stop(stream: &mut TcpStream, reason: String) {
+    let _ = write_frame(stream, wire::KIND_MSG, &wire::encode(&Msg::Stop { reason }));
+    let _ = stream.flush();
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
 fn send(conns: &mut BTreeMap<WorkerId, Conn>, id: WorkerId, kind: u8, payload: &[u8]) {
@@ -352,7 +425,11 @@ impl Link {
             std::thread::spawn(move || {
                 let mut stream = first;
                 loop {
-                    read_until_closed(&mut stream, &tx, &*interrupt);
+                    if read_until_closed(&mut stream, &tx, &*interrupt) {
+                        // Told to stop (the job is over, or this process was superseded):
+                        // there is nothing to dial back for.
+                        return;
+                    }
                     // The coordinator is gone: dial again (a restarted one listens on the
                     // same address) until this link is closed.
                     *shared.writer.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -463,32 +540,36 @@ fn dial_coordinator(
     Ok(stream)
 }
 
-fn read_until_closed(stream: &mut TcpStream, tx: &Sender<Incoming>, interrupt: &dyn Fn(&Msg)) {
+/// Hands the coordinator's messages to the training loop until the connection closes;
+/// true when the last one told this worker to stop.
+fn read_until_closed(stream: &mut TcpStream, tx: &Sender<Incoming>, interrupt: &dyn Fn(&Msg)) -> bool {
+    let mut stopped = false;
     loop {
         let incoming = match read_frame(stream, MAX_CONTROL_FRAME) {
             Ok(f) if f.kind == wire::KIND_MSG => wire::decode(&f.payload).map(Incoming::Msg),
             Ok(f) if f.kind == wire::KIND_BOOK => wire::decode_book(&f.payload).map(Incoming::Book),
             Ok(f) => {
                 tracing::warn!("the coordinator sent a frame of kind {:#x}", f.kind);
-                return;
+                return stopped;
             }
             Err(e) => {
                 tracing::debug!("the coordinator connection closed: {e}");
-                return;
+                return stopped;
             }
         };
         match incoming {
             Ok(i) => {
                 if let Incoming::Msg(m) = &i {
                     interrupt(m);
+                    stopped = matches!(m, Msg::Stop { .. });
                 }
                 if tx.send(i).is_err() {
-                    return;
+                    return stopped;
                 }
             }
             Err(e) => {
                 tracing::warn!("from the coordinator: {e}");
-                return;
+                return stopped;
             }
         }
     }

@@ -45,6 +45,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod awake;
 pub mod collective;
 pub mod commit;
 pub mod control;

@@ -11,6 +11,9 @@
 //! 3. A member that says goodbye has finished; it is never reported lost afterwards.
 //! 4. A member whose connection drops without a goodbye is lost at once; one that stays
 //!    silent for longer than the timeout is lost at the first tick after the timeout.
+//!    Silence counts only while the coordinator runs: the caller reports a pause of its
+//!    own (it was stopped; see [`AwakeClock`](crate::awake::AwakeClock)) with
+//!    [`Membership::paused`], which credits it to every member.
 //! 5. Each loss is reported exactly once. The job is over when no member is alive; it
 //!    succeeded if nobody was lost.
 
@@ -72,6 +75,16 @@ impl Membership {
     /// A job of `world` members, all alive at `now`, each lost after `timeout` of silence.
     pub fn new(world: usize, timeout: Duration, now: Instant) -> Self {
         Membership { timeout, members: vec![State::Alive { last: now }; world] }
+    }
+
+    /// The caller (the coordinator) was not running for `paused`: that time is not the
+    /// members' silence, so it is credited to every member that is alive.
+    pub fn paused(&mut self, paused: Duration) {
+        for s in &mut self.members {
+            if let State::Alive { last } = s {
+                *last += paused;
+            }
+        }
     }
 
     /// The heartbeat timeout.
@@ -200,6 +213,26 @@ mod tests {
         m.heartbeat(0, at(t0, 100));
         assert!(m.tick(at(t0, 1700)).is_empty());
         assert_eq!(m.tick(at(t0, 1801)).len(), 1);
+    }
+
+    #[test]
+    fn a_pause_of_the_coordinator_itself_is_not_silence_of_the_members() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(2, T, t0);
+        m.heartbeat(0, at(t0, 1000));
+        m.heartbeat(1, at(t0, 1000));
+        // The coordinator stops for 8 s; on waking, its shell reports the pause and ticks
+        // before reading the heartbeats that waited in its sockets: nobody is lost.
+        m.paused(Duration::from_millis(8000));
+        assert!(m.tick(at(t0, 9010)).is_empty());
+        m.heartbeat(0, at(t0, 9020));
+        // Member 1 really died during the pause: found one timeout of running time later.
+        assert!(m.tick(at(t0, 9990)).is_empty());
+        m.heartbeat(0, at(t0, 9995));
+        assert_eq!(
+            m.tick(at(t0, 10_010)),
+            vec![Event::Lost { rank: 1, reason: LossReason::Silent(Duration::from_millis(1010)) }]
+        );
     }
 
     #[test]

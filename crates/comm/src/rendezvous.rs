@@ -13,6 +13,7 @@
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::frame::{read_frame, write_frame};
@@ -58,6 +59,21 @@ pub fn serve(
     timeout: Duration,
     heartbeat_timeout: Duration,
 ) -> Result<Formed, CommError> {
+    serve_unless(listener, world, secret, timeout, heartbeat_timeout, &AtomicBool::new(false))
+}
+
+/// [`serve`], giving up as soon as `abandon` is set (within a tenth of a second): the
+/// launcher sets it when the workers it started have all exited, so that a job that can
+/// no longer form (a misspelt flag fails every worker at once) ends at once instead of
+/// at the rendezvous timeout.
+pub fn serve_unless(
+    listener: &TcpListener,
+    world: usize,
+    secret: &[u8],
+    timeout: Duration,
+    heartbeat_timeout: Duration,
+    abandon: &AtomicBool,
+) -> Result<Formed, CommError> {
     let deadline = Instant::now() + timeout;
     let secret = secret.to_vec();
     // Handshakes run concurrently behind the gate: a connection that says nothing, or
@@ -79,9 +95,15 @@ pub fn serve(
     .map_err(setup)?;
     let mut joined: Vec<Option<(SocketAddr, TcpStream)>> = (0..world).map(|_| None).collect();
     while joined.iter().any(Option::is_none) {
-        let Some(a) = gate.next(deadline) else {
-            let missing: Vec<usize> = (0..world).filter(|&r| joined[r].is_none()).collect();
-            return Err(setup(format!("ranks {missing:?} did not join within {timeout:?}")));
+        let missing = || (0..world).filter(|&r| joined[r].is_none()).collect::<Vec<usize>>();
+        if abandon.load(Ordering::Relaxed) {
+            return Err(setup(format!("abandoned before ranks {:?} joined", missing())));
+        }
+        let Some(a) = gate.next(deadline.min(Instant::now() + Duration::from_millis(100))) else {
+            if Instant::now() >= deadline {
+                return Err(setup(format!("ranks {:?} did not join within {timeout:?}", missing())));
+            }
+            continue;
         };
         let (rank, addr) = a.value;
         if joined[rank].is_none() {

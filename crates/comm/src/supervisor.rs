@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::awake::AwakeClock;
 use crate::frame::{FrameError, read_frame, write_frame};
 use crate::membership::{Event, Membership};
 
@@ -86,8 +87,21 @@ pub fn supervise(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn 
 
     let mut membership = Membership::new(streams.len(), timeout, Instant::now());
     let mut next_ping = Instant::now();
+    // The loop runs at least once an interval; a longer gap is time it was not running.
+    let mut awake = AwakeClock::new(2 * interval);
+    awake.observe(next_ping);
     while !membership.is_over() {
-        let mut events = match rx.recv_timeout(interval) {
+        let received = rx.recv_timeout(interval);
+        // Looked at after the wait, before any input is handled (see `AwakeClock`).
+        let paused = awake.observe(Instant::now());
+        if !paused.is_zero() {
+            tracing::warn!(
+                "the coordinator did not run for {:.1} s: not counted as the workers' silence",
+                paused.as_secs_f64()
+            );
+            membership.paused(paused);
+        }
+        let mut events = match received {
             Ok(Msg::Frame(rank)) => {
                 membership.heartbeat(rank, Instant::now());
                 Vec::new()

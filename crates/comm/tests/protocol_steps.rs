@@ -425,3 +425,59 @@ fn a_restarted_coordinator_ignores_replaced_processes_and_never_reuses_an_epoch(
     let q = quorum_sent(&a).unwrap();
     assert_eq!(q.epoch, (1 << 40) + 1, "above generation 0's epochs, and above epoch 7");
 }
+
+#[test]
+fn coordinator_a_pause_of_its_own_is_not_the_members_silence() {
+    let c = Clock(Instant::now());
+    let stepping = |e| Status { phase: Phase::Stepping, epoch: e, ..idle(0, 100, None) };
+    let mut co = running(&c);
+    for id in 0..3 {
+        report(&mut co, c.at(50), id, stepping(1));
+    }
+    // Stopped from 50 ms to 8050 ms: its shell says so before its first tick.
+    co.paused(Duration::from_millis(8000));
+    let a = co.tick(c.at(8055));
+    assert_eq!(*co.stage(), Stage::Running, "{a:?}");
+    assert!(co.workers().all(|(_, _, lost)| !lost));
+    // The heartbeats that waited in its sockets arrive; worker 2's never do (it died
+    // during the pause): it is lost one timeout of running time later, and only it.
+    report(&mut co, c.at(8060), 0, stepping(1));
+    report(&mut co, c.at(8060), 1, stepping(1));
+    co.tick(c.at(8140));
+    assert_eq!(*co.stage(), Stage::Running);
+    report(&mut co, c.at(8145), 0, stepping(1));
+    report(&mut co, c.at(8145), 1, stepping(1));
+    co.tick(c.at(8151));
+    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    let lost: Vec<u32> = co.workers().filter(|(_, _, lost)| *lost).map(|(id, _, _)| id).collect();
+    assert_eq!(lost, vec![2]);
+}
+
+#[test]
+fn coordinator_admits_one_process_per_slot_and_refuses_a_superseded_one() {
+    use comm::protocol::coordinator::Admission;
+    let c = Clock(Instant::now());
+    let addr = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut co = running(&c);
+    let admitted = Admission::Admit { superseded: None };
+    for id in 0..3 {
+        assert_eq!(co.admit(c.at(6), id, 0, addr(1000 + id as u16)), admitted);
+    }
+    // The same process again (its connection dropped): admitted.
+    assert_eq!(co.admit(c.at(6), 1, 0, addr(1001)), admitted);
+    // A second process with the same rank while the holder lives: refused.
+    assert!(
+        matches!(co.admit(c.at(6), 1, 0, addr(2001)), Admission::Refuse { reason } if reason.contains("held by a live process"))
+    );
+    // The holder is lost (stopped): a process started by hand in its place takes the slot...
+    co.on_disconnect(c.at(5), 1);
+    assert_eq!(co.admit(c.at(6), 1, 0, addr(2001)), Admission::Admit { superseded: Some(addr(1001)) });
+    // ...and the old one, waking up, is refused: it does not take the slot back.
+    assert!(matches!(co.admit(c.at(6), 1, 0, addr(1001)), Admission::Refuse { .. }));
+    // A launcher's replacement (a newer incarnation) takes the slot at once; the older
+    // process is refused for good.
+    assert_eq!(co.admit(c.at(6), 2, 1, addr(3002)), Admission::Admit { superseded: Some(addr(1002)) });
+    assert!(
+        matches!(co.admit(c.at(6), 2, 0, addr(1002)), Admission::Refuse { reason } if reason.contains("given to a replacement"))
+    );
+}

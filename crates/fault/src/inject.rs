@@ -17,6 +17,12 @@
 //!    (rewriting them models corruption that struck before the checksum was taken, as
 //!    checkpoint alteration does; keeping them lets `steadfast ckpt verify` catch it);
 //! 7. fsync every file touched.
+//! 8. with `--out`, every step above worked on a copy under a temporary name beside it
+//!    (`.<name>.partial-<pid>`); the caller's log is saved ([`inject_logged`]), then the
+//!    copy is renamed to `--out`. A process killed at any instant leaves at `--out` either
+//!    nothing or the complete copy with its log; the next run removes a dead process's
+//!    temporary. Failpoints (see [`ckpt::failpoint`]): `inject_after_copy`,
+//!    `inject_before_log`, `inject_before_commit`.
 //!
 //! [`replay`] applies a log's flips to a file again, and [`undo`] restores the original
 //! bytes; both first check that every element holds the bytes the log says it should, so
@@ -172,27 +178,118 @@ fn source_of(input: &Path) -> Result<PathBuf, InjectError> {
     Ok(if input.is_dir() { ckpt::reader::resolve(input)? } else { input.to_owned() })
 }
 
-/// Copies `source` (a file or checkpoint directory) to `out` if given, and returns the
-/// path to alter: `out` or `source` itself.
-fn prepare(source: &Path, out: Option<&Path>) -> Result<PathBuf, InjectError> {
-    let Some(out) = out else { return Ok(source.to_owned()) };
-    if out.exists() {
-        return Err(InjectError::Mismatch(format!("{} already exists; refusing to overwrite it", out.display())));
-    }
-    if source.is_dir() {
-        std::fs::create_dir_all(out).map_err(io(out))?;
-        for entry in std::fs::read_dir(source).map_err(io(source))? {
-            let entry = entry.map_err(io(source))?;
-            std::fs::copy(entry.path(), out.join(entry.file_name())).map_err(io(&entry.path()))?;
-        }
-    } else {
-        std::fs::copy(source, out).map_err(io(source))?;
-    }
-    Ok(out.to_owned())
+/// A copy of the input being altered under a temporary name beside `--out`: it is put in
+/// place by [`Staging::commit`] (one rename), after the caller has made the log durable,
+/// so that a process killed at any instant leaves at `--out` either nothing or a complete
+/// altered copy whose log exists. Dropped uncommitted, it removes the temporary.
+struct Staging {
+    tmp: PathBuf,
+    out: PathBuf,
+    committed: bool,
 }
 
-fn record_file(target: &Path, t: &TensorLoc) -> String {
-    if target.is_dir() {
+/// The prefix of the temporary copies of `out`, each followed by its writer's pid.
+fn partial_prefix(out: &Path) -> String {
+    let name = out.file_name().map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+    format!(".{name}.partial-")
+}
+
+impl Staging {
+    /// Copies `source` (a file or checkpoint directory) to a temporary beside `out`, after
+    /// removing the temporaries of writers of `out` that are no longer running.
+    fn copy(source: &Path, out: &Path) -> Result<Staging, InjectError> {
+        if out.exists() {
+            return Err(InjectError::Mismatch(format!("{} already exists; refusing to overwrite it", out.display())));
+        }
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let prefix = partial_prefix(out);
+        if let Ok(entries) = std::fs::read_dir(&parent) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(pid) = name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path()).or_else(|_| std::fs::remove_file(entry.path()));
+                }
+            }
+        }
+        let staging = Staging {
+            tmp: parent.join(format!("{prefix}{}", std::process::id())),
+            out: out.to_owned(),
+            committed: false,
+        };
+        let tmp = &staging.tmp;
+        if source.is_dir() {
+            std::fs::create_dir(tmp).map_err(io(tmp))?;
+            for entry in std::fs::read_dir(source).map_err(io(source))? {
+                let entry = entry.map_err(io(source))?;
+                let to = tmp.join(entry.file_name());
+                std::fs::copy(entry.path(), &to).map_err(io(&entry.path()))?;
+                File::open(&to).and_then(|f| f.sync_all()).map_err(io(&to))?;
+            }
+        } else {
+            std::fs::copy(source, tmp).map_err(io(source))?;
+        }
+        ckpt::failpoint::hit("inject_after_copy")?;
+        Ok(staging)
+    }
+
+    /// Puts the altered copy in place and makes the rename durable.
+    fn commit(mut self) -> Result<(), InjectError> {
+        File::open(&self.tmp).and_then(|f| f.sync_all()).map_err(io(&self.tmp))?;
+        if self.out.exists() {
+            return Err(InjectError::Mismatch(format!(
+                "{} appeared while the copy was altered; refusing to overwrite it",
+                self.out.display()
+            )));
+        }
+        std::fs::rename(&self.tmp, &self.out).map_err(io(&self.out))?;
+        let parent = self.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        File::open(parent).and_then(|d| d.sync_all()).map_err(io(parent))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.tmp).or_else(|_| std::fs::remove_file(&self.tmp));
+        }
+    }
+}
+
+/// Where the changes are written: the input itself, or a staged copy for `--out`.
+fn prepare(source: &Path, out: Option<&Path>) -> Result<(PathBuf, Option<Staging>), InjectError> {
+    match out {
+        None => Ok((source.to_owned(), None)),
+        Some(out) => {
+            let staging = Staging::copy(source, out)?;
+            Ok((staging.tmp.clone(), Some(staging)))
+        }
+    }
+}
+
+/// Hands `log` to `save_log`, then puts a staged copy in place.
+fn finish(
+    log: InjectionLog,
+    staging: Option<Staging>,
+    save_log: impl FnOnce(&InjectionLog) -> Result<(), InjectError>,
+) -> Result<InjectionLog, InjectError> {
+    ckpt::failpoint::hit("inject_before_log")?;
+    save_log(&log)?;
+    ckpt::failpoint::hit("inject_before_commit")?;
+    if let Some(s) = staging {
+        s.commit()?;
+    }
+    Ok(log)
+}
+
+/// The file a flip record names: a checkpoint directory's file by its name, or the file.
+fn record_file(in_dir: bool, target: &Path, t: &TensorLoc) -> String {
+    if in_dir {
         t.file.file_name().map_or_else(|| t.file.display().to_string(), |n| n.to_string_lossy().into_owned())
     } else {
         target.display().to_string()
@@ -361,8 +458,22 @@ fn refuse_corrupt(dir: &Path, staged: &Staged, expected: &[String], allow: bool)
     Err(InjectError::CorruptInput { path: dir.to_owned(), tensors: new })
 }
 
-/// Flips bits in `input` as `spec` says; returns the log (the caller saves it).
+/// Flips bits in `input` as `spec` says; returns the log (the caller saves it). With
+/// `options.out`, the altered copy appears there only once complete; a caller that must
+/// not leave a copy without its log uses [`inject_logged`].
 pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<InjectionLog, InjectError> {
+    inject_logged(input, spec, options, |_| Ok(()))
+}
+
+/// [`inject`], calling `save_log` with the log before an altered copy at `options.out`
+/// is put in place: a process killed at any instant leaves at `out` either nothing or a
+/// complete copy whose log is saved. An error from `save_log` leaves no copy.
+pub fn inject_logged(
+    input: &Path,
+    spec: &FlipSpec,
+    options: &InjectOptions,
+    save_log: impl FnOnce(&InjectionLog) -> Result<(), InjectError>,
+) -> Result<InjectionLog, InjectError> {
     // Plan and read on the input, so that a fault that cannot be planned, or an input
     // that is already corrupt, leaves no copy behind; a copy has the same layout, so only
     // the paths change.
@@ -383,9 +494,13 @@ pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<
     })?;
     refuse_corrupt(&source, &staged, &[], options.allow_corrupt_input)?;
 
-    let target = prepare(&source, options.out.as_deref())?;
-    located.rebase(&source, &target);
+    let (work, staging) = prepare(&source, options.out.as_deref())?;
+    located.rebase(&source, &work);
     write_staged(&located, &staged)?;
+    let checksums = fix_integrity(&work, &located, &staged, options.keep_checksums)?;
+    // The log names the path the user will find the altered bytes at.
+    let in_dir = work.is_dir();
+    let target = options.out.clone().unwrap_or(work);
     let records = flips
         .iter()
         .zip(&staged.writes)
@@ -398,7 +513,7 @@ pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<
                 dtype: t.dtype.name().to_owned(),
                 element: f.element,
                 bits: f.bits.clone(),
-                file: record_file(&target, t),
+                file: record_file(in_dir, &target, t),
                 byte_offset: *offset,
                 old_value: value_text(t.dtype, old),
                 new_value: value_text(t.dtype, new),
@@ -407,8 +522,7 @@ pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<
             }
         })
         .collect();
-    let checksums = fix_integrity(&target, &located, &staged, options.keep_checksums)?;
-    Ok(InjectionLog {
+    let log = InjectionLog {
         version: LOG_VERSION,
         target: target.display().to_string(),
         format: located.format.name().to_owned(),
@@ -417,7 +531,8 @@ pub fn inject(input: &Path, spec: &FlipSpec, options: &InjectOptions) -> Result<
         checksums,
         corrupt_input: staged.corrupt,
         flips: records,
-    })
+    };
+    finish(log, staging, save_log)
 }
 
 fn describe(spec: &FlipSpec) -> String {
@@ -505,29 +620,47 @@ enum Direction {
 /// Applies the flips of `log` to `target` (the log's own target if `None`) again, or to
 /// a copy of it at `options.out`. Every element must hold the log's `old_bytes` first.
 pub fn replay(log: &InjectionLog, target: Option<&Path>, options: &InjectOptions) -> Result<InjectionLog, InjectError> {
+    replay_logged(log, target, options, |_| Ok(()))
+}
+
+/// [`replay`], calling `save_log` with the new log before a copy at `options.out` is put
+/// in place (as [`inject_logged`] does).
+pub fn replay_logged(
+    log: &InjectionLog,
+    target: Option<&Path>,
+    options: &InjectOptions,
+    save_log: impl FnOnce(&InjectionLog) -> Result<(), InjectError>,
+) -> Result<InjectionLog, InjectError> {
     let target = target.map_or_else(|| PathBuf::from(&log.target), Path::to_owned);
     let keep = options.keep_checksums || log.checksums == "kept";
-    let (target, corrupt) = apply(log, &target, Direction::Redo, keep, options)?;
-    Ok(InjectionLog { target: target.display().to_string(), corrupt_input: corrupt, ..log.clone() })
+    let (work, staging, corrupt) = apply(log, &target, Direction::Redo, keep, options)?;
+    let target = options.out.clone().unwrap_or(work);
+    let log = InjectionLog { target: target.display().to_string(), corrupt_input: corrupt, ..log.clone() };
+    finish(log, staging, save_log)
 }
 
 /// Restores the bytes `log` altered in `target` (the log's own target if `None`), or in
-/// a copy of it at `options.out`. Every element must hold the log's `new_bytes` first.
+/// a copy of it at `options.out` (which appears there only once complete). Every element
+/// must hold the log's `new_bytes` first.
 pub fn undo(log: &InjectionLog, target: Option<&Path>, options: &InjectOptions) -> Result<(), InjectError> {
     let target = target.map_or_else(|| PathBuf::from(&log.target), Path::to_owned);
-    apply(log, &target, Direction::Undo, log.checksums == "kept", options)?;
+    let (_, staging, _) = apply(log, &target, Direction::Undo, log.checksums == "kept", options)?;
+    if let Some(s) = staging {
+        s.commit()?;
+    }
     Ok(())
 }
 
-/// Applies `log` to `target` in `direction`; returns the path altered and the tensors
-/// that failed their checksums before the change.
+/// Applies `log` to `target` in `direction`; returns the path altered (a staged copy
+/// when `options.out` is set, with its staging) and the tensors that failed their
+/// checksums before the change.
 fn apply(
     log: &InjectionLog,
     target: &Path,
     direction: Direction,
     keep_checksums: bool,
     options: &InjectOptions,
-) -> Result<(PathBuf, Vec<String>), InjectError> {
+) -> Result<(PathBuf, Option<Staging>, Vec<String>), InjectError> {
     if log.version != LOG_VERSION {
         return Err(InjectError::Mismatch(format!("log version {} is not {LOG_VERSION}", log.version)));
     }
@@ -598,9 +731,9 @@ fn apply(
     let expected = if direction == Direction::Undo { log.corrupt_input.as_slice() } else { &[] };
     refuse_corrupt(&source, &staged, expected, options.allow_corrupt_input)?;
 
-    let target = prepare(&source, options.out.as_deref())?;
-    located.rebase(&source, &target);
+    let (work, staging) = prepare(&source, options.out.as_deref())?;
+    located.rebase(&source, &work);
     write_staged(&located, &staged)?;
-    fix_integrity(&target, &located, &staged, keep_checksums)?;
-    Ok((target, staged.corrupt))
+    fix_integrity(&work, &located, &staged, keep_checksums)?;
+    Ok((work, staging, staged.corrupt))
 }

@@ -155,29 +155,34 @@ pub struct Restored {
     pub step: u64,
     /// The checkpoint directory.
     pub dir: PathBuf,
-    /// Newer checkpoints that were passed over because their data does not verify, newest
-    /// first, each with the reason.
+    /// What was passed over, newest first, each with the reason: newer checkpoints whose
+    /// manifest or data does not verify, and a `LATEST` that names no valid checkpoint.
     pub skipped: Vec<(PathBuf, String)>,
 }
 
 /// Restores `state` from the checkpoint that `path` names. A checkpoint directory is
 /// loaded as is; a checkpoint root resolves to its newest committed checkpoint, and if
 /// that one's data does not verify (a corrupt or truncated shard), to the newest older
-/// one that does: each one passed over is logged as an error and listed in the result.
+/// one that does: each one passed over (and a `LATEST` that is wrong) is logged as an
+/// error and listed in the result.
 /// A checkpoint of another configuration is never passed over: it stops the run.
 pub fn restore(path: &Path, config: &TrainConfig, state: &mut TrainState) -> Result<Restored, TrainError> {
     if path.join(ckpt::manifest::MANIFEST_FILE).exists() {
         let step = restore_from(path, config, state)?;
         return Ok(Restored { step, dir: path.to_owned(), skipped: Vec::new() });
     }
-    let newest = ckpt::reader::resolve(path)?;
+    let resolved = ckpt::reader::resolve_reporting(path)?;
+    let newest = resolved.dir;
+    let mut skipped = resolved.skipped;
+    for (p, reason) in &skipped {
+        tracing::error!(skipped = %p.display(), "passed over in {}: {reason}", path.display());
+    }
     let newest_step = ckpt::store::parse_step_dir(&newest.file_name().unwrap_or_default().to_string_lossy());
     let older = ckpt::store::list(path)?
         .into_iter()
         .rev()
         .filter(|(step, _)| newest_step.is_some_and(|n| *step < n))
         .map(|(_, dir)| dir);
-    let mut skipped = Vec::new();
     for dir in std::iter::once(newest).chain(older) {
         match restore_from(&dir, config, state) {
             Ok(step) => return Ok(Restored { step, dir, skipped }),

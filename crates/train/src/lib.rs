@@ -39,6 +39,7 @@ pub mod data;
 pub mod elastic;
 pub mod error;
 pub mod failpoint;
+pub mod footprint;
 pub mod job;
 pub mod metrics;
 pub mod model;

@@ -126,6 +126,9 @@ pub struct Prepared {
 impl Prepared {
     /// Loads the data of `config` and checks the batch shape against it.
     pub fn load(config: &TrainConfig) -> Result<Prepared, TrainError> {
+        // Before anything large is allocated: a state that cannot fit is refused, not
+        // grown until the allocator aborts.
+        crate::footprint::check(config, crate::footprint::available())?;
         let modality = match config.model {
             ModelKind::Mlp | ModelKind::Cnn => Modality::Images,
             ModelKind::Gpt => Modality::Text,

@@ -5,7 +5,8 @@
 //! gathering, and numbers its first epoch above every epoch reported to it.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use super::{Action, Msg, Node, Phase, Quorum, Status, Timing, WorkerId, send};
 
@@ -45,6 +46,42 @@ struct Seen {
     sent: u64,
 }
 
+/// The process that holds a worker's slot: the newest admitted, told apart from an older
+/// one by its incarnation or, where both have the same (two processes started by hand
+/// with one `--rank`), by the address it listens on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Holder {
+    incarnation: u64,
+    addr: SocketAddr,
+    /// When it was admitted or last reported.
+    heard: Instant,
+    /// Its connection closed.
+    closed: bool,
+}
+
+impl Holder {
+    fn lost(&self, now: Instant, lost_after: Duration) -> bool {
+        self.closed || now.saturating_duration_since(self.heard) > lost_after
+    }
+}
+
+/// Whether a process that connects for a slot may have it ([`Coordinator::admit`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// It holds the slot now; when it took the slot from another process (`superseded`),
+    /// that process must be told to stop, and its connection closed.
+    Admit {
+        /// The process it replaced, if another one held the slot.
+        superseded: Option<SocketAddr>,
+    },
+    /// The slot belongs to another process: tell this one why ([`Msg::Stop`]) and close
+    /// its connection; it must exit.
+    Refuse {
+        /// Why.
+        reason: String,
+    },
+}
+
 /// The coordinator's protocol state.
 #[derive(Clone, Debug)]
 pub struct Coordinator {
@@ -57,6 +94,7 @@ pub struct Coordinator {
     stage: Stage,
     quorum: Option<Quorum>,
     formed: bool,
+    holders: BTreeMap<WorkerId, Holder>,
 }
 
 impl Coordinator {
@@ -77,6 +115,69 @@ impl Coordinator {
             stage: Stage::Gathering { since: now },
             quorum: None,
             formed: false,
+            holders: BTreeMap::new(),
+        }
+    }
+
+    /// A process connects for slot `id`, as process `incarnation` of it, listening at
+    /// `addr`. The rules, in order:
+    /// 1. a slot nobody holds is taken;
+    /// 2. a newer incarnation (the launcher's replacement) takes the slot; an older one is
+    ///    refused: it was replaced;
+    /// 3. the holder itself (same incarnation and address) reconnecting is admitted;
+    /// 4. another process with the holder's incarnation (started by hand with the same
+    ///    `--rank`) takes the slot only if the holder is lost; while the holder is
+    ///    alive it is refused.
+    ///
+    /// So a stopped worker that wakes after its replacement took its slot is refused, told
+    /// why, and exits, instead of taking the slot back and being displaced in turn.
+    pub fn admit(&mut self, now: Instant, id: WorkerId, incarnation: u64, addr: SocketAddr) -> Admission {
+        let new = Holder { incarnation, addr, heard: now, closed: false };
+        let Some(&old) = self.holders.get(&id) else {
+            self.holders.insert(id, new);
+            return Admission::Admit { superseded: None };
+        };
+        let admit = if incarnation != old.incarnation {
+            incarnation > old.incarnation
+        } else {
+            addr == old.addr || old.lost(now, self.timing.lost_after)
+        };
+        if !admit {
+            let reason = if incarnation < old.incarnation {
+                format!(
+                    "worker {id}'s slot was given to a replacement (process {} of the slot, at {}); this process \
+                     ({}) is superseded",
+                    old.incarnation + 1,
+                    old.addr,
+                    incarnation + 1
+                )
+            } else {
+                format!(
+                    "worker {id}'s slot is held by a live process at {}; this process (at {addr}) is superseded, \
+                     or a second process was started with the same rank",
+                    old.addr
+                )
+            };
+            return Admission::Refuse { reason };
+        }
+        self.holders.insert(id, new);
+        Admission::Admit { superseded: (old.addr != addr).then_some(old.addr) }
+    }
+
+    /// The coordinator was not running for `paused` (its shell noticed, with an
+    /// [`AwakeClock`](crate::awake::AwakeClock)): a coordinator that was not running
+    /// cannot tell that others were silent, so the pause is credited to every worker's
+    /// silence, and to the waits it times.
+    pub fn paused(&mut self, paused: Duration) {
+        for seen in self.workers.values_mut() {
+            seen.last += paused;
+        }
+        for holder in self.holders.values_mut() {
+            holder.heard += paused;
+        }
+        match &mut self.stage {
+            Stage::Gathering { since } | Stage::Syncing { since } => *since += paused,
+            Stage::Running | Stage::Finished | Stage::Stopped { .. } => {}
         }
     }
 
@@ -107,6 +208,9 @@ impl Coordinator {
                 // From a process that has since been replaced.
                 return self.drive(now);
             }
+            if let Some(h) = self.holders.get_mut(&id).filter(|h| h.incarnation == status.incarnation) {
+                h.heard = h.heard.max(now);
+            }
             self.epoch = self.epoch.max(status.epoch);
             let seen = self.workers.entry(id).or_insert(Seen {
                 status: status.clone(),
@@ -127,9 +231,22 @@ impl Coordinator {
 
     /// The connection to worker `id` closed: it is lost at once.
     pub fn on_disconnect(&mut self, now: Instant, id: WorkerId) -> Vec<Action> {
+        if let Some(h) = self.holders.get_mut(&id) {
+            h.closed = true;
+        }
         if let Some(seen) = self.workers.get_mut(&id) {
             seen.lost = true;
         }
+        self.drive(now)
+    }
+
+    /// Its owner stops the job (it knows that the job can never again have the workers
+    /// it needs): every live worker is told why, as when too few remain.
+    pub fn stop(&mut self, now: Instant, reason: String) -> Vec<Action> {
+        if matches!(self.stage, Stage::Finished | Stage::Stopped { .. }) {
+            return Vec::new();
+        }
+        self.stage = Stage::Stopped { reason };
         self.drive(now)
     }
 

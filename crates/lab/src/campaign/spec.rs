@@ -45,11 +45,14 @@ pub struct Spec {
     pub classify: Thresholds,
 }
 
+/// The fields a spec must name, by table.
+const REQUIRED: [(&str, &str); 2] = [("run", "model"), ("trials", "count")];
+
 /// The golden run's configuration.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunSpec {
-    /// The model.
+    /// The model (required in a spec file).
     pub model: ModelKind,
     /// The data set.
     pub data: DataKind,
@@ -95,7 +98,17 @@ impl Default for RunSpec {
 
 impl Spec {
     /// Parses a spec from TOML text and validates it.
+    ///
+    /// `run.model` and `trials.count` have no default: a campaign that names neither
+    /// what it trains nor how many trials it runs is a mistake, not a request for the
+    /// defaults. The other fields default as [`RunSpec`] and [`TrialSpec`] say.
     pub fn parse(text: &str) -> Result<Spec, BadSpec> {
+        let raw: toml::Table = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
+        for (table, key) in REQUIRED {
+            if raw.get(table).and_then(|t| t.get(key)).is_none() {
+                return Err(BadSpec(format!("[{table}] needs `{key}`: it has no default")));
+            }
+        }
         let spec: Spec = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
         spec.validate()?;
         Ok(spec)
@@ -153,7 +166,9 @@ mod tests {
     use super::*;
 
     fn spec(text: &str) -> Result<Spec, BadSpec> {
-        Spec::parse(&format!("[run]\ndata = \"synthetic\"\nreplicas = 2\n[trials]\ninject_at = [5, 9]\n{text}"))
+        Spec::parse(&format!(
+            "[run]\nmodel = \"mlp\"\ndata = \"synthetic\"\nreplicas = 2\n[trials]\ncount = 10\ninject_at = [5, 9]\n{text}"
+        ))
     }
 
     #[test]
@@ -174,12 +189,34 @@ mod tests {
             assert!(err.contains(needle), "{text}: {err}");
         }
         assert!(
-            Spec::parse("[run]\nreplicas = 3\nbatch = 128\n[trials]").unwrap_err().to_string().contains("multiple")
+            Spec::parse("[run]\nmodel = \"mlp\"\nreplicas = 3\nbatch = 128\n[trials]\ncount = 1")
+                .unwrap_err()
+                .to_string()
+                .contains("multiple")
         );
-        assert!(Spec::parse("[run]\nmodel = \"resnet\"\n[trials]").unwrap_err().to_string().contains("unknown model"));
-        assert!(Spec::parse("[run]\nreduce = [\"fast\"]\n[trials]").unwrap_err().to_string().contains("golden"));
+        assert!(
+            Spec::parse("[run]\nmodel = \"resnet\"\n[trials]\ncount = 1")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown model")
+        );
+        assert!(
+            Spec::parse("[run]\nmodel = \"mlp\"\nreduce = [\"fast\"]\n[trials]\ncount = 1")
+                .unwrap_err()
+                .to_string()
+                .contains("golden")
+        );
         assert!(Spec::parse("not toml at all").is_err());
         assert!(Spec::parse("[trials]\n").unwrap_err().to_string().contains("run"));
+    }
+
+    #[test]
+    fn a_spec_without_its_model_or_its_count_is_refused() {
+        let err = Spec::parse("[run]\ndata = \"synthetic\"\n[trials]\ncount = 3").unwrap_err().to_string();
+        assert!(err.contains("[run] needs `model`"), "{err}");
+        let err = Spec::parse("[run]\nmodel = \"cnn\"\n[trials]\nseed = 3").unwrap_err().to_string();
+        assert!(err.contains("[trials] needs `count`"), "{err}");
+        assert!(Spec::parse("[run]\nmodel = \"cnn\"\n[trials]\ncount = 3").is_ok());
     }
 
     #[test]

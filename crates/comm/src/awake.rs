@@ -1,0 +1,57 @@
+//! Silence measured only over time the observer itself was running.
+//!
+//! A monitor that was not running cannot conclude that others were silent: when the
+//! coordinator is stopped (SIGSTOP, a suspended virtual machine, a long stall of its own),
+//! the workers' heartbeats pile up in its sockets, unread. On waking, the clock says that
+//! every worker has been silent for the whole pause, and a monitor that trusts it kills
+//! healthy workers. [`AwakeClock`] notices such a gap in the monitor's own activity (it is
+//! called at least once per tick, so a gap much longer than a tick means it was not
+//! running) and returns the part of it beyond the normal interval, which the monitor's
+//! shell hands to its state machine (`Coordinator::paused`, `Membership::paused`) to add
+//! to every peer's "last heard" time: silence counts only while the monitor ran. A
+//! peer that really died during the pause is still found, one timeout of running time
+//! after the monitor wakes.
+
+use std::time::{Duration, Instant};
+
+/// The observer's own activity, for crediting its pauses to those it watches.
+#[derive(Clone, Debug)]
+pub struct AwakeClock {
+    last: Option<Instant>,
+    allowance: Duration,
+}
+
+impl AwakeClock {
+    /// A clock for an observer that looks at least every `allowance` while it runs.
+    pub fn new(allowance: Duration) -> AwakeClock {
+        AwakeClock { last: None, allowance }
+    }
+
+    /// The observer runs at `now`: returns how long it was not running since it last
+    /// looked (the gap beyond the allowance; zero when it kept looking).
+    pub fn observe(&mut self, now: Instant) -> Duration {
+        let paused =
+            self.last.map_or(Duration::ZERO, |prev| now.saturating_duration_since(prev).saturating_sub(self.allowance));
+        self.last = Some(self.last.map_or(now, |prev| prev.max(now)));
+        paused
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_gap_beyond_the_allowance_is_a_pause() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut c = AwakeClock::new(Duration::from_millis(100));
+        assert_eq!(c.observe(t0), Duration::ZERO);
+        assert_eq!(c.observe(ms(90)), Duration::ZERO);
+        assert_eq!(c.observe(ms(190)), Duration::ZERO);
+        assert_eq!(c.observe(ms(8190)), Duration::from_millis(7900));
+        // Out of order: time never goes back.
+        assert_eq!(c.observe(ms(8000)), Duration::ZERO);
+        assert_eq!(c.observe(ms(8250)), Duration::ZERO);
+    }
+}
