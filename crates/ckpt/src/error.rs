@@ -68,6 +68,14 @@ pub enum CkptError {
         /// Who holds it ("pid 1234 on host a").
         holder: String,
     },
+    /// Memory for a copy of the state could not be had.
+    #[error("cannot allocate {bytes} bytes to snapshot tensor {tensor}: not enough memory")]
+    OutOfMemory {
+        /// The bytes asked for.
+        bytes: u64,
+        /// The tensor being copied.
+        tensor: String,
+    },
     /// A failpoint armed for testing fired.
     #[error("failpoint {0} fired")]
     Failpoint(&'static str),

@@ -153,7 +153,7 @@ impl AsyncWriter {
         self.wait_in_flight()?;
         let backpressure = started.elapsed();
         let (plan, mine) = self.own_tensors(all);
-        let buffers = Self::copy_into(std::mem::take(&mut self.idle), &mine);
+        let buffers = Self::copy_into(std::mem::take(&mut self.idle), &mine)?;
         let root = self.root.clone();
         let options = self.options;
         let part = self.part;
@@ -208,7 +208,7 @@ impl AsyncWriter {
     pub fn prepare(&mut self, all: &[TensorRef<'_>]) -> Result<()> {
         self.wait_in_flight()?;
         let (_, mine) = self.own_tensors(all);
-        self.idle = Self::copy_into(std::mem::take(&mut self.idle), &mine);
+        self.idle = Self::copy_into(std::mem::take(&mut self.idle), &mine)?;
         Ok(())
     }
 
@@ -225,17 +225,22 @@ impl AsyncWriter {
 
     /// Copies `tensors` into `buffers`, reusing them when they have the same names and
     /// lengths and allocating new ones (filled by the copy itself) when not.
-    fn copy_into(mut buffers: Vec<Buffer>, tensors: &[TensorRef<'_>]) -> Vec<Buffer> {
+    fn copy_into(mut buffers: Vec<Buffer>, tensors: &[TensorRef<'_>]) -> Result<Vec<Buffer>> {
         let reusable = buffers.len() == tensors.len()
             && buffers.iter().zip(tensors).all(|(b, t)| b.name == t.name && b.data.len() == t.data.len());
         if !reusable {
+            // The snapshot is a second copy of the state: where memory runs short, that is
+            // an error naming the tensor, not an abort of the process.
             return tensors
                 .iter()
-                .map(|t| Buffer {
-                    name: t.name.to_owned(),
-                    role: t.role,
-                    shape: t.shape.to_vec(),
-                    data: t.data.to_vec(),
+                .map(|t| {
+                    let mut data = Vec::new();
+                    data.try_reserve_exact(t.data.len()).map_err(|_| CkptError::OutOfMemory {
+                        bytes: t.data.len() as u64 * 4,
+                        tensor: t.name.to_owned(),
+                    })?;
+                    data.extend_from_slice(t.data);
+                    Ok(Buffer { name: t.name.to_owned(), role: t.role, shape: t.shape.to_vec(), data })
                 })
                 .collect();
         }
@@ -245,7 +250,7 @@ impl AsyncWriter {
             b.shape.clear();
             b.shape.extend_from_slice(t.shape);
         }
-        buffers
+        Ok(buffers)
     }
 
     /// Waits for the persist in flight, if any, and (writer 0) for the commits started;

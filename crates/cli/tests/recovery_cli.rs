@@ -484,6 +484,14 @@ fn a_stopped_worker_that_returns_after_its_replacement_exits_and_the_job_goes_on
     coord.wait_for("[1] fetch the state from");
     signal(old.child.id(), "-CONT");
     let woke = Instant::now();
+    let mut old = old;
+    while old.child.try_wait().unwrap().is_none() {
+        if woke.elapsed() > Duration::from_secs(30) {
+            old.child.kill().unwrap();
+            panic!("the superseded worker still runs 30 s after it woke");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (ok, text) = old.finish();
     assert!(!ok, "the superseded worker must fail:\n{text}");
     assert!(text.contains("superseded"), "{text}");
