@@ -277,6 +277,12 @@ impl TrainArgs {
         if self.checkpoint_every == Some(0) {
             anyhow::bail!("--checkpoint-every must be at least 1");
         }
+        if self.on_divergence == train::OnDivergence::Repair && c.dist.as_ref().is_none_or(|d| d.elastic.is_none()) {
+            anyhow::bail!(
+                "--on-divergence repair needs an elastic job, whose replicas can fetch the state from one another: \
+                 add --max-restarts K to its `launch` (or run `train --elastic` workers); a static job can only stop"
+            );
+        }
         if self.keep_last == Some(0) {
             anyhow::bail!("--keep-last must be at least 1: the newest checkpoint is always kept");
         }

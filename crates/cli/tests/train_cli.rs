@@ -127,6 +127,7 @@ fn settings_that_would_do_nothing_or_cannot_fit_are_refused() {
         with(&["--checkpoint-every", "5", "--keep-last", "0", "--checkpoint-dir", ckpt.to_str().unwrap()]),
         "--keep-last must be at least 1",
     );
+    fails_with(with(&["--on-divergence", "repair"]), "add --max-restarts");
     // 20 G parameters: refused before anything is allocated, with the estimate.
     let started = std::time::Instant::now();
     fails_with(with(&["--width", "200000"]), "this run needs at least");
