@@ -10,7 +10,6 @@
 //! never restart. Every failure and recovery is one line of output.
 
 use std::net::TcpListener;
-use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -23,6 +22,7 @@ use comm::protocol::coordinator::Stage;
 use comm::protocol::{Coordinator, Timing};
 
 use crate::launch_cmd::KILL_GRACE;
+use crate::restart_policy::{Decision, Exit, RestartPolicy};
 
 /// What the launcher does when a worker fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -108,7 +108,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
     for slot in 0..plan.nproc {
         slots.push(Slot { child: Some(spawn(slot, 0, &mut pumps)?), incarnation: 0, finished: false });
     }
-    let mut restarts = 0u32;
+    let mut policy = RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, min_world);
     let stage = std::thread::scope(|s| -> anyhow::Result<Stage> {
         let (requests, finished) = (&requests, &finished);
         let shutdown = &requests.shutdown;
@@ -127,9 +127,6 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         });
         let mut over_since: Option<Instant> = None;
         let mut stopped_on_error: Option<usize> = None;
-        // Workers that died and will not be replaced; why the launcher ended the job.
-        let mut lost_for_good = 0usize;
-        let mut gave_up = false;
         loop {
             // A worker the coordinator lost may still run (hung, or cut off): end it.
             // (Only the process lost: its replacement may have started already.)
@@ -148,57 +145,32 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
                     continue;
                 };
                 slot.child = None;
-                if status.success() {
+                let exit = Exit::of(status);
+                if exit == Exit::Success {
                     slot.finished = true;
-                    continue;
-                }
-                say!(started, "worker {i} (process {}) exited with {status}", slot.incarnation + 1);
-                // A process that reported an error and exited (the replicas diverged, the
-                // configuration is wrong) would fail the same way again: the job ends. A
-                // process that died (a signal, a panic) is replaced.
-                let died = status.signal().is_some() || status.code() == Some(101);
-                if !died {
-                    say!(started, "worker {i} stopped on an error: the job ends");
-                    stopped_on_error.get_or_insert(i);
-                    over_since.get_or_insert_with(Instant::now);
+                } else {
+                    say!(started, "worker {i} (process {}) exited with {status}", slot.incarnation + 1);
                 }
                 let over = over_since.is_some() || finished.load(Ordering::Relaxed);
-                if over {
-                    continue;
-                }
-                if plan.on_failure == OnFailure::Replace && restarts < plan.max_restarts {
-                    restarts += 1;
-                    slot.incarnation += 1;
-                    say!(started, "replacing worker {i} (restart {restarts} of {})", plan.max_restarts);
-                    slot.child = Some(spawn(i, slot.incarnation, &mut pumps)?);
-                } else {
-                    lost_for_good += 1;
-                }
-            }
-            // The job can never again have the workers it needs: end it now rather than
-            // after the coordinator's quorum timeout.
-            let cannot_go_on = lost_for_good > 0
-                && !gave_up
-                && !finished.load(Ordering::Relaxed)
-                && over_since.is_none()
-                && plan.nproc - lost_for_good < min_world;
-            if cannot_go_on {
-                let left = plan.nproc - lost_for_good;
-                let why = match plan.on_failure {
-                    OnFailure::Replace => format!(
-                        "too few workers remain: {left} of {}, and the {} restart(s) allowed are used up (raise \
-                         --max-restarts, or use --on-failure shrink)",
-                        plan.nproc, plan.max_restarts
-                    ),
-                    OnFailure::Shrink => {
-                        format!("too few workers remain: {left} of {}, at least {min_world} needed", plan.nproc)
+                match policy.on_exit(exit, over) {
+                    Decision::Nothing | Decision::Shrink => {}
+                    Decision::Replace { restart } => {
+                        slot.incarnation += 1;
+                        say!(started, "replacing worker {i} (restart {restart} of {})", plan.max_restarts);
+                        slot.child = Some(spawn(i, slot.incarnation, &mut pumps)?);
                     }
-                };
-                say!(started, "the job ends: {why}");
-                // The coordinator tells every survivor why, and they exit.
-                *requests.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-                gave_up = true;
-                over_since = Some(Instant::now());
+                    Decision::Fail => {
+                        say!(started, "worker {i} stopped on an error: the job ends");
+                        stopped_on_error = Some(i);
+                        over_since.get_or_insert_with(Instant::now);
+                    }
+                    Decision::Stop { reason } => {
+                        say!(started, "the job ends: {reason}");
+                        // The coordinator tells every survivor why, and they exit.
+                        *requests.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+                        over_since = Some(Instant::now());
+                    }
+                }
             }
             let running = slots.iter().any(|s| s.child.is_some());
             if coordinator.is_finished() && over_since.is_none() {
@@ -241,8 +213,9 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
     match stage {
         Stage::Finished => {
             println!(
-                "[launcher] the job finished in {:.1} s with {restarts} replacement(s)",
-                started.elapsed().as_secs_f64()
+                "[launcher] the job finished in {:.1} s with {} replacement(s)",
+                started.elapsed().as_secs_f64(),
+                policy.restarts()
             );
             Ok(())
         }

@@ -17,6 +17,7 @@ mod join_args;
 mod mpi_launch;
 mod report_cmd;
 mod restart_launch;
+mod restart_policy;
 mod train_cmd;
 
 use std::process::ExitCode;

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::{Action, Msg, Node, Phase, Quorum, Status, Timing, WorkerId, send};
+use crate::commit::{Ballot, Decision, decide};
 
 /// One worker's protocol state.
 #[derive(Clone, Debug)]
@@ -441,9 +442,11 @@ impl Worker {
         if ballots.iter().any(Option::is_none) {
             return;
         }
-        let mine = self.status.unapplied;
-        let unanimous = mine.is_some() && ballots.iter().all(|b| *b == Some((true, mine.unwrap_or_default())));
-        if unanimous {
+        // The one commit rule of every runner: every ballot ok, every digest the same (this
+        // worker's own ballot among them, so the same as the sum it holds).
+        let cast: Vec<Ballot> =
+            ballots.iter().flatten().map(|&(ok, digest)| Ballot { ok, digest, durable: 0 }).collect();
+        if self.status.unapplied.is_some() && decide(&cast) == Decision::Commit {
             out.push(Action::Apply { step: self.status.step });
         } else {
             self.status.unapplied = None;
