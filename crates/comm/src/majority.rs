@@ -30,6 +30,40 @@ pub fn dissenters<T: PartialEq>(values: &[T]) -> Option<Vec<usize>> {
     Some((0..n).filter(|&i| values[i] != values[majority]).collect())
 }
 
+/// What comparing the replicas' states (their fingerprints, one per replica) found: the
+/// one replica comparison of every runner (a static job's check, an elastic job's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Comparison {
+    /// Every replica holds the same state.
+    Agree,
+    /// The replicas `outvoted` hold another state than the others; `majority` says whether
+    /// the others are a strict majority (otherwise nobody can tell who is right, and every
+    /// replica is in `outvoted`).
+    Diverged {
+        /// The replicas to distrust, by index.
+        outvoted: Vec<usize>,
+        /// Whether the rest are a strict majority (so that repair is safe).
+        majority: bool,
+    },
+}
+
+/// Compares the replicas' `fingerprints` with the majority rule.
+///
+/// ```
+/// use comm::majority::{Comparison, compare};
+///
+/// assert_eq!(compare(&[3, 3, 3]), Comparison::Agree);
+/// assert_eq!(compare(&[3, 5, 3]), Comparison::Diverged { outvoted: vec![1], majority: true });
+/// assert_eq!(compare(&[3, 5]), Comparison::Diverged { outvoted: vec![0, 1], majority: false });
+/// ```
+pub fn compare<T: PartialEq>(fingerprints: &[T]) -> Comparison {
+    match dissenters(fingerprints) {
+        Some(d) if d.is_empty() => Comparison::Agree,
+        Some(outvoted) => Comparison::Diverged { outvoted, majority: true },
+        None => Comparison::Diverged { outvoted: (0..fingerprints.len()).collect(), majority: false },
+    }
+}
+
 /// [`dissenters`], with every index when there is no majority: the replicas to distrust.
 pub fn suspects<T: PartialEq>(values: &[T]) -> Vec<usize> {
     dissenters(values).unwrap_or_else(|| (0..values.len()).collect())

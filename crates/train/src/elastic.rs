@@ -747,10 +747,11 @@ enum Verdict {
 /// Compares this member's `fingerprint` with every other member's.
 fn compare_replicas(mesh: &TcpMesh, members: &[WorkerId], fingerprint: u64, timeout: Duration) -> Verdict {
     match comm::collective::all_gather_u64(mesh, fingerprint, timeout) {
-        Ok(all) => match comm::majority::dissenters(&all) {
-            Some(d) if d.is_empty() => Verdict::Agree,
-            Some(d) => Verdict::Diverged { outvoted: d.iter().map(|&r| members[r]).collect(), majority: true },
-            None => Verdict::Diverged { outvoted: members.to_vec(), majority: false },
+        Ok(all) => match comm::majority::compare(&all) {
+            comm::majority::Comparison::Agree => Verdict::Agree,
+            comm::majority::Comparison::Diverged { outvoted, majority } => {
+                Verdict::Diverged { outvoted: outvoted.iter().map(|&r| members[r]).collect(), majority }
+            }
         },
         Err(e) => {
             tracing::warn!("the replica check failed: {e}");

@@ -188,8 +188,12 @@ impl Job {
     /// [`majority`](comm::majority) rule.
     pub fn check_replicas(&self, step: u64, fingerprint: u64) -> Result<(), TrainError> {
         let all: Vec<u64> = self.all_gather_words(&[fingerprint])?.into_iter().map(|w| w[0]).collect();
-        let ranks = comm::majority::suspects(&all);
-        if ranks.is_empty() { Ok(()) } else { Err(TrainError::ReplicasDiverged { step, ranks }) }
+        match comm::majority::compare(&all) {
+            comm::majority::Comparison::Agree => Ok(()),
+            comm::majority::Comparison::Diverged { outvoted, .. } => {
+                Err(TrainError::ReplicasDiverged { step, ranks: outvoted })
+            }
+        }
     }
 
     /// The newest step whose checkpoint every rank has made durable, once this rank's own
