@@ -21,18 +21,8 @@ use comm::control::Event;
 use comm::protocol::coordinator::Stage;
 use comm::protocol::{Coordinator, Timing};
 
-use crate::launch_cmd::KILL_GRACE;
-use crate::restart_policy::{Decision, Exit, RestartPolicy};
-
-/// What the launcher does when a worker fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum OnFailure {
-    /// Start a new process in the failed worker's slot; it fetches the state from the
-    /// live replicas.
-    Replace,
-    /// Go on with the survivors.
-    Shrink,
-}
+use crate::procs::{KILL_GRACE, forward_output, job_secret, say};
+use crate::restart_policy::{Decision, Exit, OnFailure, RestartPolicy};
 
 /// How an elastic job is run.
 pub struct Plan {
@@ -66,7 +56,7 @@ struct Slot {
 
 /// Runs the job; fails unless it finished.
 pub fn run(plan: Plan) -> anyhow::Result<()> {
-    let secret = crate::launch_cmd::job_secret()?;
+    let secret = job_secret()?;
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot listen for the coordinator")?;
     let coordinator = listener.local_addr()?;
     let exe = std::env::current_exe().context("cannot find this executable")?;
@@ -100,7 +90,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("cannot start worker {slot}"))?;
-        pumps.extend(crate::launch_cmd::forward_output(slot, &mut child));
+        pumps.extend(forward_output(slot, &mut child));
         say!(started, "worker {slot} started: process {} (pid {})", incarnation + 1, child.id());
         Ok(child)
     };

@@ -18,19 +18,14 @@
 //! member is left alive, workers that have not exited within a grace period (a stopped
 //! process, say) are killed.
 
-use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::net::IpAddr;
+use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 
-use crate::elastic_launch::OnFailure;
 use crate::join_args::EngineArg;
+use crate::restart_policy::OnFailure;
+use crate::static_launch::{Meeting, Nodes, StaticJob, run_static};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -166,17 +161,6 @@ pub enum Recovery {
     Checkpoint,
 }
 
-/// One line of the launcher's, timed from the start of the job like the coordinator's.
-macro_rules! say {
-    ($started:expr, $($arg:tt)*) => {
-        println!("[launcher]    {:>7.2} s  {}", $started.elapsed().as_secs_f64(), format!($($arg)*))
-    };
-}
-
-/// How long workers may outlive the end of a job (the coordinator's last member, or the
-/// loss bound after a failure) before they are killed.
-pub(crate) const KILL_GRACE: Duration = Duration::from_secs(3);
-
 /// Runs `steadfast launch`.
 pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     if args.nproc == 0 {
@@ -193,7 +177,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     if args.engine == EngineArg::Mpi {
         return run_mpi(args);
     }
-    let nodes = Nodes::from_args(&args)?;
+    let nodes = nodes_from_args(&args)?;
     if args.max_restarts.is_some() || args.on_failure.is_some() {
         if matches!(nodes.meeting, Meeting::Etcd(_)) {
             anyhow::bail!("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://");
@@ -314,257 +298,37 @@ fn parse_nnodes(text: &str) -> Result<usize, String> {
     }
 }
 
-/// Where this launcher's workers sit in a job of one or several nodes.
-pub(crate) struct Nodes {
-    /// Nodes in the job.
-    pub nnodes: usize,
-    /// This node's index.
-    pub node_rank: usize,
-    /// Where the workers meet.
-    pub meeting: Meeting,
-    /// Where this node's workers listen (`None`: the address that reaches the
-    /// coordinator or etcd).
-    pub local_addr: Option<IpAddr>,
-}
-
-/// Where a static job's workers meet.
-pub(crate) enum Meeting {
-    /// At the launcher's coordinator on a free loopback port (one node only).
-    Loopback,
-    /// At the coordinator at HOST:PORT, which node 0's launcher serves.
-    Coordinator(String),
-    /// In etcd: no coordinator.
-    Etcd(comm::etcd::Target),
-}
-
-impl Nodes {
-    /// One node, with the coordinator on a free loopback port.
-    pub fn single() -> Self {
-        Nodes { nnodes: 1, node_rank: 0, meeting: Meeting::Loopback, local_addr: None }
+/// Where this node's workers sit, from the arguments (and torchrun's `PET_*` variables).
+fn nodes_from_args(args: &LaunchArgs) -> anyhow::Result<Nodes> {
+    if args.nnodes == 0 {
+        anyhow::bail!("--nnodes must be at least 1");
     }
-
-    fn from_args(args: &LaunchArgs) -> anyhow::Result<Self> {
-        if args.nnodes == 0 {
-            anyhow::bail!("--nnodes must be at least 1");
-        }
-        if args.node_rank >= args.nnodes {
-            anyhow::bail!(
-                "--node-rank {} is not one of the {} nodes (0 to {})",
-                args.node_rank,
-                args.nnodes,
-                args.nnodes - 1
-            );
-        }
-        let pet = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let coordinator = args
-            .coordinator
-            .clone()
-            .or_else(|| pet("PET_RDZV_ENDPOINT"))
-            .or_else(|| Some(format!("{}:{}", pet("PET_MASTER_ADDR")?, pet("PET_MASTER_PORT")?)));
-        let meeting = match (&args.rendezvous, coordinator) {
-            (Some(_), _) if args.coordinator.is_some() => {
-                anyhow::bail!("--rendezvous and --coordinator are two ways to meet: give one")
-            }
-            (Some(url), _) => Meeting::Etcd(url.parse().map_err(|e| anyhow::anyhow!("--rendezvous: {e}"))?),
-            (None, Some(address)) => Meeting::Coordinator(address),
-            (None, None) if args.nnodes == 1 => Meeting::Loopback,
-            (None, None) => anyhow::bail!(
-                "a job of {} nodes needs the coordinator's address: --coordinator HOST:PORT \
-                 (or PET_MASTER_ADDR and PET_MASTER_PORT), the same on every node",
-                args.nnodes
-            ),
-        };
-        Ok(Nodes { nnodes: args.nnodes, node_rank: args.node_rank, meeting, local_addr: args.local_addr })
+    if args.node_rank >= args.nnodes {
+        anyhow::bail!(
+            "--node-rank {} is not one of the {} nodes (0 to {})",
+            args.node_rank,
+            args.nnodes,
+            args.nnodes - 1
+        );
     }
-}
-
-/// A static job: `nproc` workers on this node (of `nodes`) that all live to the end, or
-/// the job fails.
-pub(crate) struct StaticJob<'a> {
-    /// Workers on this node.
-    pub nproc: usize,
-    pub nodes: Nodes,
-    /// The worker command (`train ...`).
-    pub command: &'a [String],
-    /// More environment for every worker.
-    pub env: Vec<(String, String)>,
-    pub rendezvous_timeout: Duration,
-    pub heartbeat_timeout: Duration,
-}
-
-/// The port of a `HOST:PORT` address.
-fn port_of(address: &str) -> anyhow::Result<u16> {
-    let (_, port) =
-        address.rsplit_once(':').ok_or_else(|| anyhow::anyhow!("the coordinator {address:?} is not HOST:PORT"))?;
-    port.parse().map_err(|e| anyhow::anyhow!("the coordinator {address:?} has a bad port: {e}"))
-}
-
-/// Runs a static job's workers on this node (and, on node 0, its coordinator); returns
-/// what failed (nothing when every worker succeeded).
-pub(crate) fn run_static(job: &StaticJob<'_>) -> anyhow::Result<Vec<String>> {
-    let nodes = &job.nodes;
-    let world = nodes.nnodes * job.nproc;
-    let first_rank = nodes.node_rank * job.nproc;
-    // On one node the secret is the launcher's to draw; the nodes of a larger job must
-    // share it.
-    let secret = match std::env::var("STEADFAST_SECRET").ok().filter(|s| !s.is_empty()) {
-        Some(s) => s,
-        None if nodes.nnodes == 1 => job_secret()?,
-        None => anyhow::bail!("a job of several nodes needs STEADFAST_SECRET, the same on every node"),
+    let pet = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let coordinator = args
+        .coordinator
+        .clone()
+        .or_else(|| pet("PET_RDZV_ENDPOINT"))
+        .or_else(|| Some(format!("{}:{}", pet("PET_MASTER_ADDR")?, pet("PET_MASTER_PORT")?)));
+    let meeting = match (&args.rendezvous, coordinator) {
+        (Some(_), _) if args.coordinator.is_some() => {
+            anyhow::bail!("--rendezvous and --coordinator are two ways to meet: give one")
+        }
+        (Some(url), _) => Meeting::Etcd(url.parse().map_err(|e| anyhow::anyhow!("--rendezvous: {e}"))?),
+        (None, Some(address)) => Meeting::Coordinator(address),
+        (None, None) if args.nnodes == 1 => Meeting::Loopback,
+        (None, None) => anyhow::bail!(
+            "a job of {} nodes needs the coordinator's address: --coordinator HOST:PORT \
+             (or PET_MASTER_ADDR and PET_MASTER_PORT), the same on every node",
+            args.nnodes
+        ),
     };
-    // Node 0 serves the coordinator: on the port of --coordinator, on every interface,
-    // or on a free loopback port. A job that meets in etcd has none.
-    let (listener, meet) = match (&nodes.meeting, nodes.node_rank) {
-        (Meeting::Etcd(target), _) => (None, ("STEADFAST_RENDEZVOUS", target.to_string())),
-        (Meeting::Loopback, _) => {
-            let l = TcpListener::bind("127.0.0.1:0").context("cannot listen for the rendezvous")?;
-            let address = l.local_addr()?.to_string();
-            (Some(l), ("STEADFAST_COORDINATOR", address))
-        }
-        (Meeting::Coordinator(address), 0) => {
-            let port = port_of(address)?;
-            let l = TcpListener::bind(("0.0.0.0", port))
-                .with_context(|| format!("cannot serve the coordinator on port {port}"))?;
-            (Some(l), ("STEADFAST_COORDINATOR", address.clone()))
-        }
-        (Meeting::Coordinator(address), _) => (None, ("STEADFAST_COORDINATOR", address.clone())),
-    };
-    let exe = std::env::current_exe().context("cannot find this executable")?;
-
-    let mut children = Vec::new();
-    for local in 0..job.nproc {
-        let rank = first_rank + local;
-        let child = Command::new(&exe)
-            .args(job.command)
-            .env("STEADFAST_RANK", rank.to_string())
-            .env("STEADFAST_WORLD_SIZE", world.to_string())
-            .env(meet.0, &meet.1)
-            .env("STEADFAST_SECRET", &secret)
-            .env(crate::train_cmd::LAUNCHER_PID, std::process::id().to_string())
-            .env("LOCAL_RANK", local.to_string())
-            .env("LOCAL_WORLD_SIZE", job.nproc.to_string())
-            .env("GROUP_RANK", nodes.node_rank.to_string())
-            .envs(nodes.local_addr.map(|ip| ("STEADFAST_BIND", ip.to_string())))
-            .envs(job.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start rank {rank}"))?;
-        children.push(child);
-    }
-    let (timeout, heartbeat) = (job.rendezvous_timeout, job.heartbeat_timeout);
-    // How long the others take to learn of a lost worker.
-    let lost_after = match &nodes.meeting {
-        Meeting::Etcd(target) => target.ttl,
-        _ => heartbeat,
-    };
-    let secret_bytes = secret.into_bytes();
-    // Set once every worker of this node has exited: a job that has not formed by then
-    // never will, and its rendezvous is not waited out.
-    let workers_gone = AtomicBool::new(false);
-    std::thread::scope(|s| -> anyhow::Result<Vec<String>> {
-        let (over_tx, over_rx) = mpsc::channel();
-        let workers_gone = &workers_gone;
-        let coordinator = listener.map(|listener| {
-            s.spawn(move || {
-                let result =
-                    comm::rendezvous::serve_unless(&listener, world, &secret_bytes, timeout, heartbeat, workers_gone)
-                        .map(|job| {
-                            comm::supervisor::supervise(job.streams, heartbeat, &mut |event| {
-                                eprintln!("[coordinator] {event}");
-                            })
-                        });
-                let _ = over_tx.send(());
-                result
-            })
-        });
-        let pumps: Vec<_> = children
-            .iter_mut()
-            .enumerate()
-            .flat_map(|(local, child)| forward_output(first_rank + local, child))
-            .collect();
-        let mut failures = Vec::new();
-        let mut running: Vec<usize> = (0..children.len()).collect();
-        // When whoever still runs is killed: it is hung or stopped.
-        let mut kill_at: Option<Instant> = None;
-        while !running.is_empty() {
-            let failed_before = failures.len();
-            let mut still = Vec::new();
-            for local in running {
-                let rank = first_rank + local;
-                match children[local].try_wait().with_context(|| format!("waiting for rank {rank}"))? {
-                    Some(status) if !status.success() => failures.push(format!("rank {rank} exited with {status}")),
-                    Some(_) => {}
-                    None => still.push(local),
-                }
-            }
-            running = still;
-            // No member is alive as far as the coordinator knows; or a worker failed,
-            // which the others learn within the loss bound (from the coordinator, or from
-            // etcd when the job has none).
-            if over_rx.try_recv().is_ok() {
-                sooner(&mut kill_at, Instant::now() + KILL_GRACE);
-            }
-            if failed_before == 0 && !failures.is_empty() {
-                sooner(&mut kill_at, Instant::now() + lost_after + KILL_GRACE);
-            }
-            if kill_at.is_some_and(|t| Instant::now() > t) {
-                for &local in &running {
-                    let _ = children[local].kill();
-                    let _ = children[local].wait();
-                    failures.push(format!("rank {} was killed: still running after the job ended", first_rank + local));
-                }
-                running.clear();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        workers_gone.store(true, Ordering::Relaxed);
-        for p in pumps {
-            let _ = p.join();
-        }
-        match coordinator.map(|c| c.join()) {
-            None => {}
-            Some(Ok(Err(e))) => failures.push(format!("rendezvous: {e}")),
-            Some(Ok(Ok(membership))) => {
-                failures.extend(membership.lost().into_iter().map(|(r, why)| format!("rank {r} was lost: {why}")))
-            }
-            Some(Err(_)) => failures.push("the coordinator thread panicked".into()),
-        }
-        Ok(failures)
-    })
-}
-
-/// Moves `deadline` to `at` if that is sooner.
-fn sooner(deadline: &mut Option<Instant>, at: Instant) {
-    *deadline = Some(deadline.map_or(at, |d| d.min(at)));
-}
-
-/// A fresh random secret for a job, as hex.
-pub(crate) fn job_secret() -> anyhow::Result<String> {
-    let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("cannot draw the job secret: {e}"))?;
-    Ok(secret.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Forwards a worker's standard output and error (piped) to ours, each line prefixed with
-/// `[slot]` and written whole.
-pub(crate) fn forward_output(slot: usize, child: &mut Child) -> [JoinHandle<()>; 2] {
-    let out = child.stdout.take().expect("piped");
-    let err = child.stderr.take().expect("piped");
-    [
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let text = format!("[{slot}] {line}");
-                println!("{text}");
-            }
-        }),
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                // One write per line: unbuffered, a formatted line goes out in pieces.
-                let text = format!("[{slot}] {line}\n");
-                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
-            }
-        }),
-    ]
+    Ok(Nodes { nnodes: args.nnodes, node_rank: args.node_rank, meeting, local_addr: args.local_addr })
 }

@@ -1,9 +1,6 @@
 //! The `steadfast` binary: parse, validate, run, and map errors to an exit code.
 #![forbid(unsafe_code)]
 
-// First: its `say!` serves the other launchers.
-#[macro_use]
-mod launch_cmd;
 mod bench_cmd;
 mod bench_export;
 mod campaign_cmd;
@@ -14,10 +11,13 @@ mod elastic_launch;
 mod fpna_cmd;
 mod inject_cmd;
 mod join_args;
+mod launch_cmd;
 mod mpi_launch;
+mod procs;
 mod report_cmd;
 mod restart_launch;
 mod restart_policy;
+mod static_launch;
 mod train_cmd;
 
 use std::process::ExitCode;

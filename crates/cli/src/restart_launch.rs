@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::launch_cmd::{Nodes, StaticJob, run_static};
+use crate::procs::say;
+use crate::static_launch::{Nodes, StaticJob, run_static};
 
 /// How a checkpoint-restart job is run.
 pub struct Plan {

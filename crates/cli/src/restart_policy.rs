@@ -18,7 +18,15 @@
 //!
 //! Once the job fails or is stopped, no later exit changes anything.
 
-use crate::elastic_launch::OnFailure;
+/// What the launcher does when a worker fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnFailure {
+    /// Start a new process in the failed worker's slot; it fetches the state from the
+    /// live replicas.
+    Replace,
+    /// Go on with the survivors.
+    Shrink,
+}
 
 /// How a worker's process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
