@@ -41,7 +41,7 @@ pub struct TrainConfig {
     /// Evaluate every this many steps (and always at the end); 0 evaluates only at the end.
     pub eval_every: u64,
     /// Score at most this many held-out examples per evaluation; `None`: every test image,
-    /// or the first [`TEXT_EVAL_SEQUENCES`](crate::trainer::TEXT_EVAL_SEQUENCES) text sequences.
+    /// or the trainer's first `TEXT_EVAL_SEQUENCES` text sequences.
     pub eval_limit: Option<usize>,
     /// Where to write `metrics.jsonl`; nothing is written without it.
     pub out_dir: Option<PathBuf>,

@@ -5,8 +5,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fault::crash::{Kind, Phase, ProcessFault, When};
-
-use crate::step::At;
+/// Which step and which rank (or simulated replica) a hook is called for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct At {
+    /// The step (0-based: the one that turns state `step` into `step + 1`).
+    pub step: u64,
+    /// The rank.
+    pub rank: usize,
+}
 
 /// The process faults of this run, and how to cut this process's links.
 #[derive(Clone, Default)]

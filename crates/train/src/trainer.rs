@@ -173,17 +173,9 @@ impl Prepared {
     }
 }
 
-/// Runs training as configured, reporting progress to `on_event`. Returns the summary and
-/// the final state.
-pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Summary, TrainState), TrainError> {
-    if config.steps == 0 {
-        return Err(ConfigError::Invalid("--steps must be at least 1".into()).into());
-    }
-    if let Some(d) = &config.dist
-        && let Some(incarnation) = d.elastic
-    {
-        return crate::elastic::run(config, d, incarnation, on_event);
-    }
+/// Runs training in one process or as a rank of a static job (not an elastic one: see
+/// [`crate::train`], which picks). Returns the summary and the final state.
+pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Summary, TrainState), TrainError> {
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();

@@ -32,8 +32,8 @@ pub use init::Init;
 pub use mlp::Mlp;
 
 use crate::data::Batch;
+use crate::grad::{GradBuffer, GradLayout};
 use crate::state::{NamedTensor, Role};
-use crate::step::{GradBuffer, GradLayout};
 
 /// Which kernels compute a model's forward and backward passes (`--kernels`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

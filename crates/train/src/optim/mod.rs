@@ -63,7 +63,7 @@ impl Optimizer {
     }
 
     /// Applies one update to `params` given their gradients, laid out flat in parameter
-    /// order (see [`GradLayout`](crate::step::GradLayout)). Panics if the lengths differ.
+    /// order (see [`GradLayout`](crate::grad::GradLayout)). Panics if the lengths differ.
     pub fn step(&mut self, params: &mut [NamedTensor], grads: &[f32]) {
         assert_eq!(params.iter().map(|p| p.data.len()).sum::<usize>(), grads.len(), "one gradient per parameter");
         match self {
