@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fault::crash::{Kind, Phase, ProcessFault, When};
+
 /// Which step and which rank (or simulated replica) a hook is called for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct At {
