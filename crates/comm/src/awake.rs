@@ -35,6 +35,20 @@ impl AwakeClock {
         self.last = Some(self.last.map_or(now, |prev| prev.max(now)));
         paused
     }
+
+    /// [`observe`](AwakeClock::observe) at this instant, for a coordinator's shell: a pause
+    /// is logged as a warning and returned, to be handed to the state machine.
+    pub fn pause(&mut self) -> Option<Duration> {
+        let paused = self.observe(Instant::now());
+        if paused.is_zero() {
+            return None;
+        }
+        tracing::warn!(
+            "the coordinator did not run for {:.1} s (stopped or starved): not counted as the workers' silence",
+            paused.as_secs_f64()
+        );
+        Some(paused)
+    }
 }
 
 #[cfg(test)]

@@ -195,12 +195,7 @@ pub fn coordinate(
         let received = rx.recv_timeout(next_tick.saturating_duration_since(Instant::now()));
         // Looked at after the wait, before any input is handled: a pause that began during
         // the wait is credited before the silence it caused is judged.
-        let paused = awake.observe(Instant::now());
-        if !paused.is_zero() {
-            tracing::warn!(
-                "the coordinator did not run for {:.1} s (stopped or starved): not counted as the workers' silence",
-                paused.as_secs_f64()
-            );
+        if let Some(paused) = awake.pause() {
             machine.paused(paused);
         }
         if let Some(reason) = stop_request.lock().unwrap_or_else(|e| e.into_inner()).take() {

@@ -93,12 +93,7 @@ pub fn supervise(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn 
     while !membership.is_over() {
         let received = rx.recv_timeout(interval);
         // Looked at after the wait, before any input is handled (see `AwakeClock`).
-        let paused = awake.observe(Instant::now());
-        if !paused.is_zero() {
-            tracing::warn!(
-                "the coordinator did not run for {:.1} s: not counted as the workers' silence",
-                paused.as_secs_f64()
-            );
+        if let Some(paused) = awake.pause() {
             membership.paused(paused);
         }
         let mut events = match received {
