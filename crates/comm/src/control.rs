@@ -203,41 +203,9 @@ pub fn coordinate(
             perform(&mut conns, actions);
         }
         let actions = match received {
-            Ok(Input::Admitted { id, hello, mut stream }) => {
-                let _ = stream.set_write_timeout(Some(timing.lost_after));
-                let superseded = match machine.admit(Instant::now(), id, hello.incarnation, hello.addr) {
-                    Admission::Admit { superseded } => superseded,
-                    Admission::Refuse { reason } => {
-                        tracing::warn!(id, "refused a process for worker {id}: {reason}");
-                        on_event(Event::Refused { id, incarnation: hello.incarnation, reason: reason.clone() });
-                        tell_to_stop(&mut stream, reason);
-                        continue;
-                    }
-                };
-                serial += 1;
-                let reader = match stream.try_clone() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::warn!(id, "cannot read the connection of worker {id}: {e}");
-                        continue;
-                    }
-                };
-                if let Some(mut old) = conns.insert(id, Conn { serial, writer: stream, addr: hello.addr }) {
-                    match superseded {
-                        Some(addr) => tell_to_stop(
-                            &mut old.writer,
-                            format!(
-                                "worker {id}'s slot was taken by another process at {}; this one (at {addr}) is superseded",
-                                hello.addr
-                            ),
-                        ),
-                        None => {
-                            let _ = old.writer.shutdown(Shutdown::Both);
-                        }
-                    }
-                }
-                spawn_reader(id, serial, reader, timing.lost_after, tx.clone());
-                on_event(Event::Joined { id, incarnation: hello.incarnation });
+            Ok(Input::Admitted { id, hello, stream }) => {
+                let joined = Joining { id, hello, stream, timing: &timing, tx: &tx };
+                admit(joined, &mut machine, &mut conns, &mut serial, on_event);
                 Vec::new()
             }
             Ok(Input::Frame { id, serial, msg }) if conns.get(&id).is_some_and(|c| c.serial == serial) => {
@@ -316,6 +284,62 @@ fn quorum_event(machine: &Coordinator, q: &Quorum) -> Event {
         }
     }
     Event::Quorum { quorum: q.clone(), rolling, fetching }
+}
+
+/// A process that passed the gate, asking for a slot.
+struct Joining<'a> {
+    id: WorkerId,
+    hello: Hello,
+    stream: TcpStream,
+    timing: &'a Timing,
+    tx: &'a Sender<Input>,
+}
+
+/// Lets the machine decide whether the process of `j` may hold its slot
+/// ([`Coordinator::admit`]): refused, it is told why and its connection closed; admitted,
+/// its frames are read from now on, and a process it superseded is told to stop.
+fn admit(
+    j: Joining<'_>,
+    machine: &mut Coordinator,
+    conns: &mut BTreeMap<WorkerId, Conn>,
+    serial: &mut u64,
+    on_event: &mut dyn FnMut(Event),
+) {
+    let Joining { id, hello, mut stream, timing, tx } = j;
+    let _ = stream.set_write_timeout(Some(timing.lost_after));
+    let superseded = match machine.admit(Instant::now(), id, hello.incarnation, hello.addr) {
+        Admission::Admit { superseded } => superseded,
+        Admission::Refuse { reason } => {
+            tracing::warn!(id, "refused a process for worker {id}: {reason}");
+            on_event(Event::Refused { id, incarnation: hello.incarnation, reason: reason.clone() });
+            tell_to_stop(&mut stream, reason);
+            return;
+        }
+    };
+    *serial += 1;
+    let reader = match stream.try_clone() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(id, "cannot read the connection of worker {id}: {e}");
+            return;
+        }
+    };
+    if let Some(mut old) = conns.insert(id, Conn { serial: *serial, writer: stream, addr: hello.addr }) {
+        match superseded {
+            Some(addr) => tell_to_stop(
+                &mut old.writer,
+                format!(
+                    "worker {id}'s slot was taken by another process at {}; this one (at {addr}) is superseded",
+                    hello.addr
+                ),
+            ),
+            None => {
+                let _ = old.writer.shutdown(Shutdown::Both);
+            }
+        }
+    }
+    spawn_reader(id, *serial, reader, timing.lost_after, tx.clone());
+    on_event(Event::Joined { id, incarnation: hello.incarnation });
 }
 
 /// Carries out the machine's actions: its messages to workers (a quorum's members get
