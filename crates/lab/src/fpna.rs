@@ -18,8 +18,9 @@ use repro::rng::Stream;
 use serde::{Deserialize, Serialize};
 use train::TrainConfig;
 use train::data::DataKind;
+use train::driver::{Driver, Flow, Runner};
 use train::model::ModelKind;
-use train::step::NoHooks;
+use train::step::{At, Engine, GradBuffer, NoHooks};
 use train::trainer::Prepared;
 
 use crate::LabError;
@@ -405,27 +406,47 @@ fn train_once(
     run: usize,
 ) -> Result<TrainRun, train::TrainError> {
     let (mut state, mut engine) = prepared.start(c);
-    let (mut micro, mut sum) = (Vec::new(), engine.buffer());
+    let ops = train::schedule::data_parallel(engine.sampler().micro_batches(), 0, 1);
+    let mut driver = Driver::new(&engine, 0);
     while state.step < c.steps {
-        engine.compute(&state, 0, 1, &mut NoHooks, &mut micro)?;
-        match mode {
-            Accumulation::Atomic => {
-                let parts: Vec<&[f32]> = micro.iter().map(|b| b.as_slice()).collect();
-                sum.as_mut_slice().copy_from_slice(&fpna::racy_sum_parts(&parts));
-            }
-            Accumulation::Reproducible => engine.reduce_local(&micro, &mut sum),
-        }
-        state.apply(&sum);
+        driver.run(&ops, 0, &mut engine, &mut state, &mut NoHooks, &mut Accumulate(mode))?;
     }
     let eval = engine.with_model(&state.params, |m| train::trainer::evaluate(m, &prepared.data, state.step));
     Ok(TrainRun {
         mode,
         run,
-        loss: sum.loss(),
+        loss: driver.sum().loss(),
         accuracy: eval.accuracy,
         fingerprint: state.fingerprint(),
         params: state.params.iter().flat_map(|p| p.data.iter().copied()).collect(),
     })
+}
+
+/// The experiment's runner: one process sums its micro-batches as the accumulation
+/// says, and applies whatever it gets (the experiment measures, it does not guard).
+struct Accumulate(Accumulation);
+
+impl Runner for Accumulate {
+    fn reduce(
+        &mut self,
+        _at: At,
+        engine: &mut Engine<'_>,
+        parts: &[GradBuffer],
+        sum: &mut GradBuffer,
+    ) -> Result<Flow, train::TrainError> {
+        match self.0 {
+            Accumulation::Atomic => {
+                let parts: Vec<&[f32]> = parts.iter().map(|b| b.as_slice()).collect();
+                sum.as_mut_slice().copy_from_slice(&fpna::racy_sum_parts(&parts));
+            }
+            Accumulation::Reproducible => engine.reduce_local(parts, sum),
+        }
+        Ok(Flow::Go)
+    }
+
+    fn vote(&mut self, _at: At, _sum: &GradBuffer) -> Result<Flow, train::TrainError> {
+        Ok(Flow::Go)
+    }
 }
 
 /// Mean, standard deviation, min and max. Identical values have a standard deviation of

@@ -11,13 +11,19 @@
 //! - [`optim`]: SGD and AdamW over flat f32 buffers;
 //! - [`state`]: the state registry (named tensors `model.*` and `optim.*`) and its
 //!   fingerprint;
-//! - [`step`]: the one training step that every runner takes: the [`TrainState`], the
-//!   phases (compute gradients into a flat [`GradBuffer`](step::GradBuffer), reduce,
-//!   vote, update) and the [`Hooks`](step::Hooks) where faults and detectors attach;
+//! - [`step`]: the parts of a training step: the [`TrainState`], the [`Engine`](step::Engine)
+//!   that computes micro-batches into flat [`GradBuffer`](step::GradBuffer)s, and the
+//!   [`Hooks`](step::Hooks) where faults and detectors attach;
+//! - [`schedule`]: a step as data, a list of operations (a micro-batch's forward and
+//!   backward, a send or receive, reduce, vote, update, check, checkpoint): the
+//!   data-parallel step and the pipeline schedules (GPipe, 1F1B);
+//! - [`driver`]: the one executor of schedules, which every runner uses with its own
+//!   [`Runner`](driver::Runner) for the operations that leave the rank; [`pipeline`] is
+//!   a pipeline stage's runner;
 //! - [`config`]: what defines a run ([`TrainConfig`]) and where it runs ([`DistConfig`]);
-//! - [`trainer`]: the step loop of one process or one rank of a job, with evaluation,
-//!   checkpoints and `metrics.jsonl` ([`metrics`]); [`job`] is a rank's side of the
-//!   collectives;
+//! - [`trainer`]: the step loop of one process or one rank of a static job, with
+//!   evaluation, checkpoints and `metrics.jsonl` ([`metrics`]); [`job`] is a rank's side
+//!   of the collectives; [`elastic`] is a worker of an elastic job;
 //! - [`checkpointing`]: what a checkpoint of a run holds, and exact resumption;
 //! - [`vocabulary`]: the one text form of each configuration kind ([`Word`]);
 //!
@@ -36,6 +42,7 @@
 pub mod checkpointing;
 pub mod config;
 pub mod data;
+pub mod driver;
 pub mod elastic;
 pub mod error;
 pub mod failpoint;
@@ -45,6 +52,8 @@ pub mod job;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod pipeline;
+pub mod schedule;
 pub mod state;
 pub mod step;
 pub mod trainer;

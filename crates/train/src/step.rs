@@ -1,26 +1,25 @@
-//! The training step: one state, one sequence of phases, and the hook points where faults
-//! and detectors attach. Every runner takes its steps through this module: `steadfast
-//! train` in one process, each worker of a data-parallel job, and each simulated replica
-//! of a campaign.
+//! The parts of a training step: the state it changes, the engine that computes
+//! micro-batches, and the hook points where faults and detectors attach. The order in
+//! which a step uses them is data, a [`schedule`](crate::schedule), executed by the one
+//! [`driver`](crate::driver) of every runner: `steadfast train` in one process, each rank
+//! of a static job, each worker of an elastic job, each simulated replica of a campaign,
+//! each stage of a pipeline.
 //!
-//! Step `s` turns the state after `s` updates into the state after `s + 1`. Its phases, in
-//! order, with the hook points between them ([`Hooks`]):
+//! Step `s` turns the state after `s` updates into the state after `s + 1`. Its parts:
 //!
 //! 1. **load**: the runner holds a [`TrainState`]; [`Hooks::after_load`] sees it before
 //!    anything reads it (memory faults strike here; a campaign checks its stored-state
 //!    checksums at this point);
-//! 2. **compute gradients** ([`Engine::compute`]): each micro-batch `i` that this rank
-//!    owns (`i mod world == rank`) runs forward and backward on the run's [`Kernels`] (the
-//!    fixed-order kernels read the state's parameters in place; the framework's need them
-//!    copied into the model first); its gradient goes straight into a reused flat
-//!    [`GradBuffer`] laid out by the [`GradLayout`]. [`Hooks::layer_taps`] may corrupt a
-//!    layer's output;
+//! 2. **compute gradients**: each micro-batch runs forward and backward on the run's
+//!    [`Kernels`] ([`Engine::compute`]; a pipeline stage's passes are
+//!    [`Engine::forward`] and [`Engine::backward`]); its gradient goes straight into a
+//!    reused flat [`GradBuffer`] laid out by the [`GradLayout`]. [`Hooks::layer_taps`]
+//!    may corrupt a layer's output;
 //! 3. **reduce**: the micro-batch buffers are summed, in place, in the run's reduce mode:
 //!    locally ([`Engine::reduce_local`]) or across a job (the runner's all-reduce);
 //!    [`Hooks::after_reduce`] sees the sum;
 //! 4. **vote**: a job votes on the sum's [`SumCheck`] (digest, finite?) with
-//!    [`comm::commit`]; a single process refuses a non-finite sum by itself
-//!    ([`GradBuffer::all_finite`]);
+//!    [`comm::commit`]; a single process refuses a non-finite sum by itself;
 //! 5. **update**: [`Hooks::before_update`] sees the state again, then
 //!    [`TrainState::apply`] runs the optimizer on flat views of the sum and counts the step;
 //! 6. **check and checkpoint**: the runner compares replicas and writes checkpoints.
@@ -39,12 +38,12 @@ use fault::crash::Phase;
 use fault::live::{LiveFault, LiveFlip, StateKind};
 
 use crate::data::sampler::Sampler;
-use crate::data::{Dataset, Split};
-use crate::error::TrainError;
+use crate::data::{Batch, Dataset, Split};
+use crate::error::{ConfigError, TrainError};
 pub use crate::failpoint::At;
 use crate::failpoint::ProcessFaults;
 pub use crate::grad::{GradBuffer, GradLayout, SumCheck};
-use crate::model::{Kernels, Loaded, Model, Taps};
+use crate::model::{Kept, Kernels, Loaded, Model, Stage, Taps};
 use crate::optim::Optimizer;
 use crate::state::{self, NamedTensor, Role};
 
@@ -125,6 +124,11 @@ pub trait Hooks {
 
     /// The step reached a named phase, where a process fault may strike.
     fn reached(&mut self, _at: At, _phase: Phase) {}
+
+    /// The bit flips made since the last call, for the runner to report.
+    fn take_flips(&mut self) -> Vec<Injected> {
+        Vec::new()
+    }
 }
 
 /// No hooks.
@@ -188,11 +192,6 @@ impl LiveFaults {
         self.faults.iter().all(|(_, fired)| *fired)
     }
 
-    /// The flips made since the last call.
-    pub fn take_flips(&mut self) -> Vec<Injected> {
-        std::mem::take(&mut self.flips)
-    }
-
     /// Fires the due faults of `kind` on `views`.
     fn fire(&mut self, at: At, kind: StateKind, views: &mut [(&str, Role, &mut [f32])]) -> Result<(), TrainError> {
         for (f, fired) in self.faults.iter_mut() {
@@ -216,6 +215,10 @@ impl Hooks for LiveFaults {
         self.process.reach(at, phase);
     }
 
+    fn take_flips(&mut self) -> Vec<Injected> {
+        std::mem::take(&mut self.flips)
+    }
+
     fn after_load(&mut self, at: At, state: &mut TrainState) -> Result<(), TrainError> {
         if self.due(at, StateKind::Param) {
             self.fire(at, StateKind::Param, &mut state::views(&mut state.params))?;
@@ -223,16 +226,14 @@ impl Hooks for LiveFaults {
         Ok(())
     }
 
-    fn layer_taps(&mut self, at: At, index: usize, model: &Model, examples: usize) -> Result<Taps, TrainError> {
+    fn layer_taps(&mut self, at: At, _index: usize, model: &Model, examples: usize) -> Result<Taps, TrainError> {
         let mut taps = Taps::none();
-        // Activation faults hit the first micro-batch the rank computes, whose index is
-        // the rank's.
-        if index == at.rank {
-            for (f, fired) in self.faults.iter_mut() {
-                if strikes(f, *fired, at, StateKind::Activation) {
-                    *fired = true;
-                    taps.add(model, examples, &f.flips)?;
-                }
+        // Activation faults hit the first micro-batch the rank computes: the first call
+        // at this step spends them.
+        for (f, fired) in self.faults.iter_mut() {
+            if strikes(f, *fired, at, StateKind::Activation) {
+                *fired = true;
+                taps.add(model, examples, &f.flips)?;
             }
         }
         Ok(taps)
@@ -271,6 +272,8 @@ pub struct Engine<'a> {
     layout: Arc<GradLayout>,
     scratch: repro::batched::Scratch,
     kernels: Kernels,
+    /// The pipeline stage this engine computes (`None`: the whole model).
+    stage: Option<Stage>,
 }
 
 impl<'a> Engine<'a> {
@@ -298,7 +301,22 @@ impl<'a> Engine<'a> {
             layout,
             scratch: repro::batched::Scratch::default(),
             kernels,
+            stage: None,
         }
+    }
+
+    /// This engine for `stage` of the model: its gradients are laid out for the stage's
+    /// parameters (see [`Stage::params`]), which the states it steps hold.
+    pub fn for_stage(mut self, stage: Stage) -> Self {
+        let all = self.model.as_ref().map(Model::params).unwrap_or_default();
+        self.layout = Arc::new(GradLayout::of(&stage.params(&all)));
+        self.stage = Some(stage);
+        self
+    }
+
+    /// The pipeline stage this engine computes, if it computes one.
+    pub fn stage(&self) -> Option<&Stage> {
+        self.stage.as_ref()
     }
 
     /// The kernels that compute the model.
@@ -332,54 +350,81 @@ impl<'a> Engine<'a> {
         &self.sampler
     }
 
-    /// The micro-batches that `rank` of `world` computes, in order.
-    fn owned(&self, rank: usize, world: usize) -> impl Iterator<Item = usize> + use<> {
-        (rank..self.sampler.micro_batches()).step_by(world.max(1))
+    /// Readies the model for the step's micro-batches with `params` (the framework's
+    /// kernels need them copied into the module; the fixed-order kernels read them in
+    /// place).
+    pub fn prepare(&mut self, params: &[NamedTensor]) {
+        let model = self.take_model(params);
+        self.model = Some(model);
     }
 
-    /// The compute phase: runs forward and backward with `state`'s parameters on each
-    /// micro-batch that `rank` of `world` owns, writing the k-th one's gradient and loss
-    /// into `out[k]` (grown on the first step, reused after).
+    /// The micro-batch size in examples.
+    pub fn micro_batch(&self) -> usize {
+        self.micro_batch
+    }
+
+    /// The examples of micro-batch `micro` of the step `state` is at.
+    fn batch(&mut self, state: &TrainState, micro: usize) -> Batch {
+        self.data.batch(Split::Train, &self.sampler.micro_batch(state.step, micro))
+    }
+
+    /// Forward and backward of micro-batch `micro` through the whole model with the
+    /// parameters of `state` (readied by [`Engine::prepare`]): its gradient and loss go
+    /// into `out`. [`Hooks::layer_taps`] may corrupt a layer's output.
     pub fn compute(
         &mut self,
         state: &TrainState,
-        rank: usize,
-        world: usize,
+        at: At,
+        micro: usize,
         hooks: &mut dyn Hooks,
-        out: &mut Vec<GradBuffer>,
+        out: &mut GradBuffer,
     ) -> Result<(), TrainError> {
-        let at = At { step: state.step, rank };
-        let model = self.take_model(&state.params);
-        let loaded = Loaded { model: &model, params: &state.params, kernels: self.kernels, device: &self.device };
-        // One buffer per owned micro-batch: a caller that reuses `out` for another rank
-        // never sums a stale buffer.
-        let owned = self.owned(rank, world).count();
-        out.truncate(owned);
-        while out.len() < owned {
-            out.push(self.buffer());
+        let batch = self.batch(state, micro);
+        let model = self.model.as_ref().expect("the model is put back after every use");
+        let mut taps = hooks.layer_taps(at, micro, model, self.micro_batch)?;
+        let loaded = Loaded { model, params: &state.params, kernels: self.kernels, device: &self.device };
+        loaded.loss_and_grads_into(&batch, self.denominator, &mut taps, out);
+        if !taps.log.is_empty() {
+            hooks.tapped(at, std::mem::take(&mut taps.log));
         }
-        let mut result = Ok(());
-        hooks.reached(at, Phase::Forward);
-        for (k, i) in self.owned(rank, world).enumerate() {
-            let indices = self.sampler.micro_batch(state.step, i);
-            let batch = self.data.batch(Split::Train, &indices);
-            let mut taps = match hooks.layer_taps(at, i, &model, self.micro_batch) {
-                Ok(t) => t,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            };
-            loaded.loss_and_grads_into(&batch, self.denominator, &mut taps, &mut out[k]);
-            if !taps.log.is_empty() {
-                hooks.tapped(at, std::mem::take(&mut taps.log));
-            }
-            if k == 0 {
-                hooks.reached(at, Phase::Backward);
-            }
+        Ok(())
+    }
+
+    /// The forward pass of micro-batch `micro` through this engine's pipeline stage, on
+    /// the micro-batch's examples (the first stage) or on `input`, the previous stage's
+    /// output: what the backward pass needs is returned.
+    pub fn forward(
+        &mut self,
+        state: &TrainState,
+        at: At,
+        micro: usize,
+        input: &[f32],
+        hooks: &mut dyn Hooks,
+    ) -> Result<Kept, TrainError> {
+        let batch = self.batch(state, micro);
+        let stage = self.stage.as_ref().ok_or_else(|| whole_model("forward"))?;
+        let model = self.model.as_ref().expect("the model is put back after every use");
+        let mut taps = hooks.layer_taps(at, micro, model, self.micro_batch)?;
+        let kept = stage.forward(self.kernels, &state.params, batch, input, &mut taps)?;
+        if !taps.log.is_empty() {
+            hooks.tapped(at, std::mem::take(&mut taps.log));
         }
-        self.model = Some(model);
-        result
+        Ok(kept)
+    }
+
+    /// The backward pass of a micro-batch through this engine's stage, from what its
+    /// forward pass `kept` and the gradient of its output (`upstream`, from the next
+    /// stage; the last stage starts from the loss): its gradient goes into `out`, and the
+    /// gradient of its input (for the previous stage) is returned.
+    pub fn backward(
+        &mut self,
+        state: &TrainState,
+        kept: &Kept,
+        upstream: &[f32],
+        out: &mut GradBuffer,
+    ) -> Result<Vec<f32>, TrainError> {
+        let stage = self.stage.as_ref().ok_or_else(|| whole_model("backward"))?;
+        Ok(stage.backward(self.kernels, &state.params, kept, upstream, self.denominator, out)?)
     }
 
     /// The local reduction: sums `parts` (equal layouts) into `out`, in this engine's
@@ -395,4 +440,9 @@ impl<'a> Engine<'a> {
         self.model = Some(model);
         out
     }
+}
+
+/// The error of a stage's pass asked of an engine that computes the whole model.
+fn whole_model(pass: &str) -> TrainError {
+    ConfigError::Invalid(format!("a {pass} pass of one stage was asked of an engine that holds the whole model")).into()
 }

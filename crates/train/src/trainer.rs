@@ -22,7 +22,6 @@
 use std::time::{Duration, Instant};
 
 use burn::prelude::Device;
-use fault::crash::Phase;
 use serde_json::json;
 
 use crate::checkpointing;
@@ -30,13 +29,15 @@ use crate::config::TrainConfig;
 use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataSpec, Dataset, Modality, Split};
+use crate::driver::{self, Driver, Flow, Runner};
 use crate::error::{ConfigError, TrainError};
 use crate::failpoint::ProcessFaults;
 use crate::job::Job;
 use crate::metrics::MetricsFile;
 use crate::model::{EvalSums, GptConfig, KernelSet, Kernels, Loaded, Model, ModelKind};
 use crate::optim::Optimizer;
-use crate::step::{At, Engine, Hooks, Injected, LiveFaults, SumCheck, TrainState};
+use crate::schedule;
+use crate::step::{At, Engine, GradBuffer, Injected, LiveFaults, SumCheck, TrainState};
 
 /// Text sequences scored per evaluation (the first ones of the held-out split).
 pub const TEXT_EVAL_SEQUENCES: usize = 1024;
@@ -179,19 +180,8 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
-    let restored = match &config.resume {
-        Some(path) => Some(checkpointing::restore(path, config, &mut state)?),
-        None => None,
-    };
+    let restored = restore(config, &mut state)?;
     let first_step = state.step;
-    if first_step > config.steps {
-        return Err(ConfigError::Invalid(format!(
-            "the checkpoint {} is at step {first_step}, beyond --steps {}",
-            restored.as_ref().map_or_else(String::new, |r| r.dir.display().to_string()),
-            config.steps
-        ))
-        .into());
-    }
     // An MPI job learns its rank and size from MPI, so it joins first.
     let mpi_job = match &config.dist {
         Some(d) if d.engine == crate::config::Engine::Mpi => Some(Job::start_mpi(d)?),
@@ -209,31 +199,9 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
     let incarnation = config.dist.as_ref().map_or(0, |d| d.incarnation);
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == 0), first_step > 0)?;
     if let Some(r) = &restored {
-        tracing::info!(step = r.step, dir = %r.dir.display(), "resumed");
-        metrics.write(json!({"kind": "resumed", "step": r.step, "from": r.dir.display().to_string()}))?;
-        for (dir, reason) in &r.skipped {
-            metrics.write(json!({
-                "kind": "resume_fallback", "skipped": dir.display().to_string(), "reason": reason,
-                "resumed_from": r.dir.display().to_string(), "step": r.step,
-            }))?;
-        }
+        record_resume(&mut metrics, r)?;
     }
-    let part = ckpt::Part { index: rank, count: world };
-    let mut writer = match config.checkpoint.as_ref() {
-        Some(c) => {
-            let mut w = ckpt::AsyncWriter::for_part(
-                &c.dir,
-                ckpt::SaveOptions { shards: c.shards, retention: c.retention },
-                part,
-            )?;
-            w.set_persist_nice(c.persist_nice);
-            // The snapshot buffers are allocated (and their pages mapped) now, before the
-            // training loop, rather than in the first checkpoint's stall.
-            w.prepare(&checkpointing::tensor_refs(&state))?;
-            Some(w)
-        }
-        None => None,
-    };
+    let writer = open_writer(config, ckpt::Part { index: rank, count: world }, &state)?;
     let job = match (mpi_job, &config.dist) {
         (Some(j), _) => {
             j.barrier()?;
@@ -244,92 +212,40 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
     };
     on_event(Event::Started { steps: config.steps, parameters });
 
-    let (mut train_time, mut optimizer_time) = (Duration::ZERO, Duration::ZERO);
-    let mut last_loss = f32::NAN;
-    let mut last_eval = None;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned())
         .with_process(ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation));
     if let Some(j) = &job {
         hooks.process_mut().on_cut(j.link_cutter()?);
     }
-    // Every buffer of the step, reused: the micro-batch gradients, their sum, and the
-    // all-reduce's working space.
-    let mut micro = Vec::new();
-    let mut sum = engine.buffer();
-    let mut reducer = comm::collective::Reducer::default();
-    // Which steps are checkpointed, and (in a job) whether every rank's writer was idle at
-    // this step's vote.
-    let mut schedule = config.checkpoint.as_ref().map(|c| checkpointing::Schedule::new(c, config.steps));
-    let mut writers_idle = true;
+    let actions = schedule::data_parallel(engine.sampler().micro_batches(), rank, world);
+    let mut driver = Driver::new(&engine, rank);
+    let mut runner = Ranks {
+        config,
+        world,
+        job,
+        schedule: config.checkpoint.as_ref().map(|c| checkpointing::Schedule::new(c, config.steps)),
+        writer,
+        writers_idle: true,
+        reducer: comm::collective::Reducer::default(),
+        metrics,
+        on_event,
+        started: Instant::now(),
+        train_time: Duration::ZERO,
+        last_loss: f32::NAN,
+    };
+    let mut last_eval = None;
     while state.step < config.steps {
-        let step = state.step;
-        let at = At { step, rank };
-        let started = Instant::now();
-        hooks.after_load(at, &mut state)?;
-        engine.compute(&state, rank, world, &mut hooks, &mut micro)?;
-        hooks.reached(at, Phase::Allreduce);
-        match &job {
-            Some(j) => j.sum_parts(&mut reducer, &micro, sum.as_mut_slice(), config.reduce)?,
-            None => engine.reduce_local(&micro, &mut sum),
-        }
-        hooks.after_reduce(at, &mut sum)?;
-        report_injections(&mut metrics, hooks.take_flips())?;
-        let loss = sum.loss();
-        hooks.reached(at, Phase::Vote);
-        match &job {
-            Some(j) => {
-                if let Some(w) = writer.as_mut() {
-                    w.poll()?;
-                }
-                let check = if world > 1 { SumCheck::of(&sum) } else { SumCheck::unshared(&sum) };
-                let ballots = j.vote(step, &check, writer.as_ref().map_or(0, |w| w.durable()))?;
-                let durable = comm::commit::durable_everywhere(&ballots);
-                // Every rank reads the same ballots, so every rank decides alike whether
-                // a deferred checkpoint can be taken after this step.
-                writers_idle = schedule.as_ref().is_none_or(|s| s.idle_everywhere(durable));
-                if let Some(w) = writer.as_mut() {
-                    w.commit_through(durable)?;
-                }
-            }
-            None if !loss.is_finite() => return Err(TrainError::Diverged { step, loss }),
-            None if !sum.all_finite() => return Err(TrainError::GradientNotFinite { step, loss }),
-            None => {}
-        }
-        hooks.before_update(at, &mut state)?;
-        report_injections(&mut metrics, hooks.take_flips())?;
-        hooks.reached(at, Phase::Update);
-        let update = Instant::now();
-        state.apply(&sum);
-        optimizer_time += update.elapsed();
-        train_time += started.elapsed();
+        runner.started = Instant::now();
+        driver.run(&actions, 0, &mut engine, &mut state, &mut hooks, &mut runner)?;
         let done = state.step;
-        last_loss = loss;
-        metrics.write(json!({"kind": "train", "step": done, "loss": loss}))?;
-        on_event(Event::Step { step: done, loss });
-
-        if let Some(j) = &job
-            && j.checks_after(done, config.steps)
-        {
-            j.check_replicas(done, state.fingerprint())?;
-        }
-        if let (Some(w), Some(s)) = (writer.as_mut(), schedule.as_mut())
-            && s.take(done, || match &job {
-                Some(_) => Ok::<_, TrainError>(writers_idle),
-                None => Ok(!w.busy()?),
-            })?
-        {
-            hooks.reached(at, Phase::Checkpoint);
-            let meta = checkpointing::meta(config, engine.sampler(), &state, engine.kernels(), world);
-            let stall = w.snapshot(meta, &checkpointing::tensor_refs(&state))?;
-            metrics.write(json!({"kind": "checkpoint", "step": done, "stall_seconds": stall.as_secs_f64()}))?;
-        }
         if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
             let report = evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit);
-            write_eval(&mut metrics, &report, prepared.unigram_perplexity)?;
-            on_event(Event::Eval(&report));
+            write_eval(&mut runner.metrics, &report, prepared.unigram_perplexity)?;
+            (runner.on_event)(Event::Eval(&report));
             last_eval = Some(report);
         }
     }
+    let Ranks { mut writer, job, schedule, mut metrics, train_time, last_loss, .. } = runner;
     if let Some(w) = writer.as_mut() {
         if let Some(j) = &job {
             // The last parts: once every rank's is durable, rank 0 commits.
@@ -341,7 +257,6 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
     if let Some(job) = job {
         job.finish();
     }
-    let checkpoints = writer.as_ref().map(|w| w.stats().clone()).unwrap_or_default();
     // Resumed at the final step: nothing trained, evaluate the restored state.
     let last_eval = last_eval.unwrap_or_else(|| evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit));
     let summary = Summary {
@@ -352,14 +267,156 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
         fingerprint: state.fingerprint(),
         kernels: engine.kernels(),
         train_time,
-        optimizer_time,
+        optimizer_time: driver.update_time(),
         parameters,
         resumed_from: first_step,
-        checkpoints,
+        checkpoints: writer.as_ref().map(|w| w.stats().clone()).unwrap_or_default(),
         checkpoints_deferred: schedule.as_ref().map_or(0, checkpointing::Schedule::deferred),
     };
     write_summary(&mut metrics, &summary)?;
     Ok((summary, state))
+}
+
+/// Restores `state` from `--resume`, if asked: the checkpoint it came from.
+fn restore(config: &TrainConfig, state: &mut TrainState) -> Result<Option<checkpointing::Restored>, TrainError> {
+    let Some(path) = &config.resume else { return Ok(None) };
+    let restored = checkpointing::restore(path, config, state)?;
+    if state.step > config.steps {
+        return Err(ConfigError::Invalid(format!(
+            "the checkpoint {} is at step {}, beyond --steps {}",
+            restored.dir.display(),
+            state.step,
+            config.steps
+        ))
+        .into());
+    }
+    Ok(Some(restored))
+}
+
+/// Logs a resumption and records it in `metrics.jsonl`, with every checkpoint passed over.
+fn record_resume(metrics: &mut MetricsFile, r: &checkpointing::Restored) -> Result<(), TrainError> {
+    tracing::info!(step = r.step, dir = %r.dir.display(), "resumed");
+    metrics.write(json!({"kind": "resumed", "step": r.step, "from": r.dir.display().to_string()}))?;
+    for (dir, reason) in &r.skipped {
+        metrics.write(json!({
+            "kind": "resume_fallback", "skipped": dir.display().to_string(), "reason": reason,
+            "resumed_from": r.dir.display().to_string(), "step": r.step,
+        }))?;
+    }
+    Ok(())
+}
+
+/// This rank's checkpoint writer, if the run checkpoints.
+fn open_writer(
+    config: &TrainConfig,
+    part: ckpt::Part,
+    state: &TrainState,
+) -> Result<Option<ckpt::AsyncWriter>, TrainError> {
+    let Some(c) = config.checkpoint.as_ref() else { return Ok(None) };
+    let mut w =
+        ckpt::AsyncWriter::for_part(&c.dir, ckpt::SaveOptions { shards: c.shards, retention: c.retention }, part)?;
+    w.set_persist_nice(c.persist_nice);
+    // The snapshot buffers are allocated (and their pages mapped) now, before the
+    // training loop, rather than in the first checkpoint's stall.
+    w.prepare(&checkpointing::tensor_refs(state))?;
+    Ok(Some(w))
+}
+
+/// One process, or one rank of a static job, as the step driver's [`Runner`]: the
+/// reduction is local or one all-reduce across the job ([`Job`]); a job votes with
+/// [`comm::commit`], a single process refuses a non-finite sum by itself; checkpoints
+/// are written by every rank (its own part) and committed by rank 0 once every part is
+/// durable.
+struct Ranks<'c, 'e> {
+    config: &'c TrainConfig,
+    world: usize,
+    job: Option<Job>,
+    /// Which steps are checkpointed.
+    schedule: Option<checkpointing::Schedule>,
+    writer: Option<ckpt::AsyncWriter>,
+    /// In a job: whether every rank's writer was idle at this step's vote.
+    writers_idle: bool,
+    /// The all-reduce's working space.
+    reducer: comm::collective::Reducer,
+    metrics: MetricsFile,
+    on_event: &'e mut dyn FnMut(Event),
+    /// When the step in progress started.
+    started: Instant,
+    /// Time spent in steps, up to each one's update (evaluation and checkpoints excluded).
+    train_time: Duration,
+    /// The mean loss of the last step taken.
+    last_loss: f32,
+}
+
+impl Runner for Ranks<'_, '_> {
+    fn reduce(
+        &mut self,
+        _at: At,
+        engine: &mut Engine<'_>,
+        parts: &[GradBuffer],
+        sum: &mut GradBuffer,
+    ) -> Result<Flow, TrainError> {
+        match &self.job {
+            Some(j) => j.sum_parts(&mut self.reducer, parts, sum.as_mut_slice(), self.config.reduce)?,
+            None => engine.reduce_local(parts, sum),
+        }
+        Ok(Flow::Go)
+    }
+
+    fn vote(&mut self, at: At, sum: &GradBuffer) -> Result<Flow, TrainError> {
+        let Some(j) = &self.job else {
+            driver::vote_alone(at.step, sum)?;
+            return Ok(Flow::Go);
+        };
+        if let Some(w) = self.writer.as_mut() {
+            w.poll()?;
+        }
+        let check = if self.world > 1 { SumCheck::of(sum) } else { SumCheck::unshared(sum) };
+        let ballots = j.vote(at.step, &check, self.writer.as_ref().map_or(0, |w| w.durable()))?;
+        let durable = comm::commit::durable_everywhere(&ballots);
+        // Every rank reads the same ballots, so every rank decides alike whether a
+        // deferred checkpoint can be taken after this step.
+        self.writers_idle = self.schedule.as_ref().is_none_or(|s| s.idle_everywhere(durable));
+        if let Some(w) = self.writer.as_mut() {
+            w.commit_through(durable)?;
+        }
+        Ok(Flow::Go)
+    }
+
+    fn updated(&mut self, _at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
+        self.train_time += self.started.elapsed();
+        let (step, loss) = (state.step, sum.loss());
+        self.last_loss = loss;
+        self.metrics.write(json!({"kind": "train", "step": step, "loss": loss}))?;
+        (self.on_event)(Event::Step { step, loss });
+        Ok(())
+    }
+
+    fn check_replicas(&mut self, _at: At, state: &TrainState) -> Result<Flow, TrainError> {
+        if let Some(j) = &self.job
+            && j.checks_after(state.step, self.config.steps)
+        {
+            j.check_replicas(state.step, state.fingerprint())?;
+        }
+        Ok(Flow::Go)
+    }
+
+    fn checkpoint_due(&mut self, _at: At, state: &TrainState) -> Result<bool, TrainError> {
+        let (Some(w), Some(s)) = (self.writer.as_mut(), self.schedule.as_mut()) else { return Ok(false) };
+        let (in_job, idle) = (self.job.is_some(), self.writers_idle);
+        s.take(state.step, || if in_job { Ok::<_, TrainError>(idle) } else { Ok(!w.busy()?) })
+    }
+
+    fn checkpoint(&mut self, _at: At, state: &TrainState, engine: &Engine<'_>) -> Result<(), TrainError> {
+        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+        let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), self.world);
+        let stall = w.snapshot(meta, &checkpointing::tensor_refs(state))?;
+        self.metrics.write(json!({"kind": "checkpoint", "step": state.step, "stall_seconds": stall.as_secs_f64()}))
+    }
+
+    fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
+        report_injections(&mut self.metrics, flips)
+    }
 }
 
 /// The `summary` line of `metrics.jsonl`.

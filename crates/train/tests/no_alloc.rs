@@ -17,7 +17,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use comm::ReduceMode;
+use train::driver::{Alone, Driver};
 use train::model::ModelKind;
+use train::schedule::{self, Op};
 use train::step::{NoHooks, SumCheck};
 use train::trainer::Prepared;
 
@@ -76,21 +78,22 @@ fn counted_steps() {
         config.optimizer = optimizer;
         let prepared = Prepared::load(&config).unwrap();
         let (mut state, mut engine) = prepared.start(&config);
-        let (mut micro, mut sum) = (Vec::new(), engine.buffer());
-        engine.compute(&state, 0, 1, &mut NoHooks, &mut micro).unwrap();
-        assert_eq!(micro.len(), 4, "four micro-batches");
-        // The first steps grow the scratch buffers.
+        let ops = schedule::data_parallel(engine.sampler().micro_batches(), 0, 1);
+        let reduce = ops.iter().position(|o| *o == Op::Reduce).unwrap();
+        let mut driver = Driver::new(&engine, 0);
+        driver.run(&ops[..reduce], 0, &mut engine, &mut state, &mut NoHooks, &mut Alone).unwrap();
+        assert_eq!(driver.micro().len(), 4, "four micro-batches");
+        // The first steps grow the scratch buffers; the later ones reduce, vote and
+        // update through the driver, with the same micro-batch gradients.
         for _ in 0..10 {
-            engine.reduce_local(&micro, &mut sum);
-            state.apply(&sum);
+            driver.run(&ops, reduce, &mut engine, &mut state, &mut NoHooks, &mut Alone).unwrap();
         }
         let start = state.fingerprint();
         let before = allocations();
         let mut finite = true;
         for _ in 0..20 {
-            engine.reduce_local(&micro, &mut sum);
-            finite &= SumCheck::of(&sum).finite;
-            state.apply(&sum);
+            driver.run(&ops, reduce, &mut engine, &mut state, &mut NoHooks, &mut Alone).unwrap();
+            finite &= SumCheck::of(driver.sum()).finite;
         }
         let allocated = allocations() - before;
         assert_eq!(allocated, 0, "{reduce} / {optimizer}: {allocated} allocations in 20 warm steps");

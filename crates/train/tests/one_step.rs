@@ -5,26 +5,29 @@
 mod common;
 
 use comm::ReduceMode;
+use train::driver::{Alone, Driver, Stop};
+use train::schedule::Op;
 use train::step::{Engine, LiveFaults, NoHooks, TrainState};
 use train::trainer::Prepared;
 
-/// The step's phases driven by hand, as a new runner would: the same bits as `train`.
+/// Two ranks' data-parallel schedules run up to their reduction, their micro-batch
+/// gradients summed together by hand, as a new runner would: the same bits as `train`.
 #[test]
-fn the_phases_driven_by_hand_give_the_bits_of_train() {
+fn two_ranks_schedules_driven_by_hand_give_the_bits_of_train() {
     let mut config = common::tiny(train::model::ModelKind::Cnn);
     config.reduce = ReduceMode::Reproducible;
     let (summary, trained) = train::train(&config, &mut |_| {}).unwrap();
 
     let prepared = Prepared::load(&config).unwrap();
     let (mut state, mut engine): (TrainState, Engine) = prepared.start(&config);
-    let (mut micro, mut sum) = (Vec::new(), engine.buffer());
+    let mut ranks: Vec<(Vec<Op>, Driver)> =
+        (0..2).map(|r| (common::compute_ops(&engine, r, 2), Driver::new(&engine, r))).collect();
+    let mut sum = engine.buffer();
     while state.step < config.steps {
-        // Two "ranks" of one process: the micro-batches they own, summed together.
-        let mut all = Vec::new();
-        for rank in 0..2 {
-            engine.compute(&state, rank, 2, &mut NoHooks, &mut micro).unwrap();
-            all.extend(micro.iter().cloned());
+        for (ops, driver) in &mut ranks {
+            assert_eq!(driver.run(ops, 0, &mut engine, &mut state, &mut NoHooks, &mut Alone).unwrap(), Stop::Done);
         }
+        let all: Vec<_> = ranks.iter().flat_map(|(_, d)| d.micro().iter().cloned()).collect();
         engine.reduce_local(&all, &mut sum);
         state.apply(&sum);
     }
@@ -45,7 +48,7 @@ fn a_live_fault_fires_once_at_its_step_and_rank() {
     faults.after_load(At { step: 0, rank: 0 }, &mut state).unwrap();
     assert_eq!(state, before, "rank 0 is not the fault's");
     faults.after_load(At { step: 0, rank: 1 }, &mut state).unwrap();
-    let flips = faults.take_flips();
+    let flips = Hooks::take_flips(&mut faults);
     assert_eq!(flips.len(), 3);
     assert!(faults.all_fired());
     let changed: usize = state

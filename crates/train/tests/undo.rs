@@ -7,6 +7,7 @@
 
 mod common;
 
+use train::driver::{Alone, Driver};
 use train::model::ModelKind;
 use train::optim::OptimKind;
 use train::step::{NoHooks, TrainState};
@@ -45,11 +46,12 @@ fn run(optimizer: OptimKind, steps: u64, at: u64, undo: bool) -> (TrainState, Op
     config.steps = steps;
     let prepared = Prepared::load(&config).unwrap();
     let (mut state, mut engine) = prepared.start(&config);
-    let (mut micro, mut sum) = (Vec::new(), engine.buffer());
+    let compute = common::compute_ops(&engine, 0, 1);
+    let (mut driver, mut sum) = (Driver::new(&engine, 0), engine.buffer());
     let mut undone = None;
     while state.step < steps {
-        engine.compute(&state, 0, 1, &mut NoHooks, &mut micro).unwrap();
-        engine.reduce_local(&micro, &mut sum);
+        driver.run(&compute, 0, &mut engine, &mut state, &mut NoHooks, &mut Alone).unwrap();
+        engine.reduce_local(driver.micro(), &mut sum);
         if undo && state.step == at {
             let before = state.clone();
             state.apply(&sum);

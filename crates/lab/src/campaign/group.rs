@@ -2,9 +2,10 @@
 //! the parameters and optimizer state, and one training step with faults, detectors and
 //! the response to their alarms.
 //!
-//! Every replica takes the one step of [`train::step`], phase by phase, in lockstep with
-//! the others, so that a fault can hit one replica alone and the detectors can compare
-//! them between phases:
+//! Every replica runs the data-parallel schedule of [`train::schedule`] on the step
+//! [`driver`](train::driver), in lockstep with the others: its runner stops at every
+//! operation that involves the other replicas, so that a fault can hit one replica alone
+//! and the detectors can compare them between phases:
 //!
 //! 1. parameter faults (memory corruption between steps), then the parameter checksums;
 //! 2. the compute phase: micro-batch `i` forward and backward on replica `i mod W`'s
@@ -17,12 +18,15 @@
 //! 5. optimizer faults, the slot checksums, the update on every replica, fresh checksums,
 //!    and the fingerprint comparison every k steps.
 
+use comm::commit::{Ballot, Decision, decide};
 use comm::majority::suspects;
 use fault::campaign::{DetectSpec, Response};
 use fault::live::StateKind;
 
 use super::detect::{Alarm, Detector, Monitors};
 use train::TrainError;
+use train::driver::{Driver, Flow, Runner, Stop};
+use train::schedule::{self, Op};
 use train::state::Role;
 use train::step::{At, Engine, GradBuffer, Hooks, Injected, LiveFaults, SumCheck, TrainState};
 
@@ -68,18 +72,65 @@ pub(crate) struct Group {
     pub monitors: Monitors,
 }
 
-/// The buffers of a group's step, reused from step to step: each replica's micro-batch
-/// gradients, the shared sum, and each replica's own copy of it when a fault hits that
-/// copy alone.
+/// What a group's step keeps from step to step: each replica's schedule and step driver
+/// (its micro-batch gradients and the sum it applies), the shared sum, and each replica's
+/// own copy of it when a fault hits that copy alone.
 pub(crate) struct Buffers {
-    micro: Vec<Vec<GradBuffer>>,
+    ops: Vec<Vec<Op>>,
+    drivers: Vec<Driver>,
     shared: GradBuffer,
     own: Vec<GradBuffer>,
 }
 
 impl Buffers {
     pub fn new(engine: &Engine<'_>, world: usize) -> Self {
-        Buffers { micro: vec![Vec::new(); world], shared: engine.buffer(), own: vec![engine.buffer(); world] }
+        let micro_batches = engine.sampler().micro_batches();
+        Buffers {
+            ops: (0..world).map(|r| schedule::data_parallel(micro_batches, r, world)).collect(),
+            drivers: (0..world).map(|r| Driver::new(engine, r)).collect(),
+            shared: engine.buffer(),
+            own: vec![engine.buffer(); world],
+        }
+    }
+}
+
+/// A replica's runner: it stops its step at every operation that involves the other
+/// replicas (and after the load, and before the optimizer, where the group checks the
+/// stored state), so that the group takes them for all replicas at once.
+struct Lockstep<'r> {
+    flips: &'r mut Vec<Injected>,
+}
+
+impl Runner for Lockstep<'_> {
+    fn loaded(&mut self, _at: At, _state: &mut TrainState) -> Result<Flow, TrainError> {
+        Ok(Flow::Pause)
+    }
+
+    fn reduce(
+        &mut self,
+        _at: At,
+        _engine: &mut Engine<'_>,
+        _parts: &[GradBuffer],
+        _sum: &mut GradBuffer,
+    ) -> Result<Flow, TrainError> {
+        Ok(Flow::Pause)
+    }
+
+    fn vote(&mut self, _at: At, _sum: &GradBuffer) -> Result<Flow, TrainError> {
+        Ok(Flow::Pause)
+    }
+
+    fn updating(&mut self, _at: At, _state: &mut TrainState) -> Result<Flow, TrainError> {
+        Ok(Flow::Pause)
+    }
+
+    fn check_replicas(&mut self, _at: At, _state: &TrainState) -> Result<Flow, TrainError> {
+        Ok(Flow::Pause)
+    }
+
+    fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
+        self.flips.extend(flips);
+        Ok(())
     }
 }
 
@@ -169,6 +220,28 @@ impl Group {
         self.respond(env, report, Alarm { detector: Detector::Checksum, faulty: bad }, restore)
     }
 
+    /// Runs every replica's step on from `from` (the same operation for each, all
+    /// schedules having the same shape) until each stops for the group.
+    fn advance(
+        &mut self,
+        engine: &mut Engine<'_>,
+        bufs: &mut Buffers,
+        faults: &mut LiveFaults,
+        report: &mut StepReport,
+        from: &mut [usize],
+    ) -> Result<(), TrainError> {
+        for (r, replica) in self.replicas.iter_mut().enumerate() {
+            let mut runner = Lockstep { flips: &mut report.flips };
+            let stop = bufs.drivers[r].run(&bufs.ops[r], from[r], engine, &mut replica.state, faults, &mut runner)?;
+            from[r] = match stop {
+                Stop::Paused { next } => next,
+                Stop::Done => bufs.ops[r].len(),
+                Stop::Ended { at } => unreachable!("a lockstep replica never ends its step ({at:?})"),
+            };
+        }
+        Ok(())
+    }
+
     /// Runs the replicas' next step with the faults that are due in it.
     pub fn step(
         &mut self,
@@ -177,38 +250,76 @@ impl Group {
         bufs: &mut Buffers,
         faults: &mut LiveFaults,
     ) -> Result<StepReport, TrainError> {
-        let world = self.world();
-        let step = self.step_index();
-        let at = |rank| At { step, rank };
         let mut report = StepReport::default();
-
+        let mut from = vec![0; self.world()];
         // 1. Memory faults in parameters, caught (or not) by the checksums.
-        for (r, replica) in self.replicas.iter_mut().enumerate() {
-            faults.after_load(at(r), &mut replica.state)?;
-        }
-        report.flips.extend(faults.take_flips());
+        self.advance(engine, bufs, faults, &mut report, &mut from)?;
         if let Some(v) = self.check_stored(env, &mut report, Role::Model) {
             report.verdict = v;
             return Ok(report);
         }
-
-        // 2. Forward and backward: micro-batch i on replica i mod W.
-        for (r, replica) in self.replicas.iter().enumerate() {
-            engine.compute(&replica.state, r, world, faults, &mut bufs.micro[r])?;
-        }
-        report.flips.extend(faults.take_flips());
-
+        // 2. Forward and backward: micro-batch i on replica i mod W, up to the reduction.
+        self.advance(engine, bufs, faults, &mut report, &mut from)?;
         // 3. The reduction every replica receives, over the micro-batches in index order.
-        let micro_batches = engine.sampler().micro_batches();
-        let parts: Vec<&GradBuffer> = (0..micro_batches).map(|i| &bufs.micro[i % world][i / world]).collect();
+        let (world, micro_batches) = (self.world(), engine.sampler().micro_batches());
+        let parts: Vec<&GradBuffer> = (0..micro_batches).map(|i| &bufs.drivers[i % world].micro()[i / world]).collect();
         engine.reduce_local(&parts, &mut bufs.shared);
+        // 4. Up to the vote: gradient faults, the vote and the numeric checks.
+        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        let own = match self.check_sums(env, bufs, faults, &mut report)? {
+            Ok(own) => own,
+            Err(v) => {
+                report.verdict = v;
+                return Ok(report);
+            }
+        };
+        // 5. Optimizer faults, slot checksums, the update, fresh checksums, fingerprints.
+        for (r, driver) in bufs.drivers.iter_mut().enumerate() {
+            driver.sum_mut().copy_from(if own[r] { &bufs.own[r] } else { &bufs.shared });
+        }
+        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        if let Some(v) = self.check_stored(env, &mut report, Role::Optim) {
+            report.verdict = v;
+            return Ok(report);
+        }
+        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        for replica in &mut self.replicas {
+            replica.sums = replica.checksums();
+        }
+        let done = self.step_index();
+        if world > 1 && env.detect.fingerprint_every > 0 && done.is_multiple_of(env.detect.fingerprint_every) {
+            let prints: Vec<&[u64]> = self.replicas.iter().map(Replica::fingerprint).collect();
+            if prints.iter().any(|p| *p != prints[0]) {
+                let alarm = Alarm { detector: Detector::Fingerprint, faulty: suspects(&prints) };
+                if let Some(v) = self.respond(env, &mut report, alarm, Restore::State) {
+                    report.verdict = v;
+                    return Ok(report);
+                }
+            }
+        }
+        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        Ok(report)
+    }
 
-        // 4. Gradient faults in one replica's copy, then the vote and the numeric checks.
+    /// The checks of the sums each replica is about to apply: gradient faults in one
+    /// replica's copy, the commit vote ([`comm::commit::decide`]) and the non-finite
+    /// check on the ballots, then the spike detectors. Returns which replicas apply their
+    /// own copy, or the verdict that ends the step.
+    fn check_sums(
+        &mut self,
+        env: &Env<'_>,
+        bufs: &mut Buffers,
+        faults: &mut LiveFaults,
+        report: &mut StepReport,
+    ) -> Result<Result<Vec<bool>, Verdict>, TrainError> {
+        let world = self.world();
+        let step = self.step_index();
         let mut own = vec![false; world];
         for (r, copy) in bufs.own.iter_mut().enumerate() {
-            if faults.due(at(r), StateKind::Grad) {
+            let at = At { step, rank: r };
+            if faults.due(at, StateKind::Grad) {
                 copy.copy_from(&bufs.shared);
-                faults.after_reduce(at(r), copy)?;
+                faults.after_reduce(at, copy)?;
                 own[r] = true;
             }
         }
@@ -218,31 +329,23 @@ impl Group {
         let mut checks: Vec<(SumCheck, f64)> = (0..world)
             .map(|r| if own[r] { (SumCheck::of(&bufs.own[r]), bufs.own[r].grad_norm()) } else { shared })
             .collect();
-        if world > 1 {
-            let digests: Vec<u64> = checks.iter().map(|(s, _)| s.digest).collect();
-            if digests.iter().any(|&d| d != digests[0]) {
-                let faulty = suspects(&digests);
-                let alarm = Alarm { detector: Detector::Vote, faulty: faulty.clone() };
-                if let Some(v) = self.respond(env, &mut report, alarm, Restore::Gradient) {
-                    report.verdict = v;
-                    return Ok(report);
-                }
-                if env.response == Response::Repair {
-                    for f in faulty {
-                        (own[f], checks[f]) = (false, shared);
-                    }
-                }
+        let ballots = |checks: &[(SumCheck, f64)]| -> Vec<Ballot> {
+            checks.iter().map(|(s, _)| Ballot { ok: s.finite, digest: s.digest, durable: 0 }).collect()
+        };
+        // The commit rule names the replicas whose digest is outvoted, then (on the sums
+        // left after a repair) those whose sum is not finite.
+        for detector in [Detector::Vote, Detector::NonFinite] {
+            let Decision::Abort { vetoed, disagreeing } = decide(&ballots(&checks)) else { break };
+            let faulty = if detector == Detector::Vote { disagreeing } else { vetoed };
+            if faulty.is_empty() {
+                continue;
             }
-        }
-        let nonfinite: Vec<usize> = (0..world).filter(|&r| !checks[r].0.finite).collect();
-        if !nonfinite.is_empty() {
-            let alarm = Alarm { detector: Detector::NonFinite, faulty: nonfinite.clone() };
-            if let Some(v) = self.respond(env, &mut report, alarm, Restore::Gradient) {
-                report.verdict = v;
-                return Ok(report);
+            let alarm = Alarm { detector, faulty: faulty.clone() };
+            if let Some(v) = self.respond(env, report, alarm, Restore::Gradient) {
+                return Ok(Err(v));
             }
             if env.response == Response::Repair {
-                for f in nonfinite {
+                for f in faulty {
                     (own[f], checks[f]) = (false, shared);
                 }
             }
@@ -258,39 +361,12 @@ impl Group {
         let (norm_fires, loss_fires) = self.monitors.check(f64::from(loss), norm, env.detect);
         for (fires, detector) in [(norm_fires, Detector::GradNorm), (loss_fires, Detector::LossSpike)] {
             if fires
-                && let Some(v) =
-                    self.respond(env, &mut report, Alarm { detector, faulty: Vec::new() }, Restore::Gradient)
+                && let Some(v) = self.respond(env, report, Alarm { detector, faulty: Vec::new() }, Restore::Gradient)
             {
-                report.verdict = v;
-                return Ok(report);
+                return Ok(Err(v));
             }
         }
-
-        // 5. Optimizer faults, slot checksums, the update, fresh checksums, fingerprints.
-        for (r, replica) in self.replicas.iter_mut().enumerate() {
-            faults.before_update(at(r), &mut replica.state)?;
-        }
-        report.flips.extend(faults.take_flips());
-        if let Some(v) = self.check_stored(env, &mut report, Role::Optim) {
-            report.verdict = v;
-            return Ok(report);
-        }
-        for (r, replica) in self.replicas.iter_mut().enumerate() {
-            replica.state.apply(if own[r] { &bufs.own[r] } else { &bufs.shared });
-            replica.sums = replica.checksums();
-        }
-        let done = step + 1;
-        if world > 1 && env.detect.fingerprint_every > 0 && done.is_multiple_of(env.detect.fingerprint_every) {
-            let prints: Vec<&[u64]> = self.replicas.iter().map(Replica::fingerprint).collect();
-            if prints.iter().any(|p| *p != prints[0]) {
-                let alarm = Alarm { detector: Detector::Fingerprint, faulty: suspects(&prints) };
-                if let Some(v) = self.respond(env, &mut report, alarm, Restore::State) {
-                    report.verdict = v;
-                    return Ok(report);
-                }
-            }
-        }
-        Ok(report)
+        Ok(Ok(own))
     }
 }
 

@@ -20,6 +20,7 @@ mod fixed;
 mod gpt;
 pub mod init;
 mod mlp;
+pub mod stage;
 
 use burn::module::{ModuleMapper, ModuleVisitor, Param};
 use burn::prelude::*;
@@ -30,6 +31,7 @@ pub use cnn::LeNet;
 pub use gpt::{Gpt, GptConfig};
 pub use init::Init;
 pub use mlp::Mlp;
+pub use stage::{Kept, Stage};
 
 use crate::data::Batch;
 use crate::grad::{GradBuffer, GradLayout};

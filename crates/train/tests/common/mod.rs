@@ -22,6 +22,13 @@ pub fn have_data(dir: &str) -> bool {
     present
 }
 
+/// The operations of rank `rank` of `world`'s data-parallel step up to its reduction:
+/// the load and the micro-batches it computes.
+pub fn compute_ops(engine: &train::step::Engine<'_>, rank: usize, world: usize) -> Vec<train::schedule::Op> {
+    let ops = train::schedule::data_parallel(engine.sampler().micro_batches(), rank, world);
+    ops.into_iter().take_while(|o| *o != train::schedule::Op::Reduce).collect()
+}
+
 /// A short run on synthetic data with several micro-batches per step.
 pub fn tiny(model: ModelKind) -> TrainConfig {
     let mut c = TrainConfig::defaults(model);

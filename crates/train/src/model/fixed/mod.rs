@@ -60,7 +60,7 @@ fn linear_backward(
 
 /// Softmax cross-entropy of `n` rows of `logits` against labels `y`: the sum of the
 /// per-example losses, and the gradient of that sum divided by `denominator`.
-fn loss_gradient(logits: &[f32], n: usize, y: &[i64], denominator: usize) -> (f32, Vec<f32>) {
+pub(in crate::model) fn loss_gradient(logits: &[f32], n: usize, y: &[i64], denominator: usize) -> (f32, Vec<f32>) {
     let mut dy = vec![0.0f32; logits.len()];
     let total =
         kernels::softmax::softmax_cross_entropy(logits, logits.len() / n.max(1), y, 1.0 / denominator as f32, &mut dy)

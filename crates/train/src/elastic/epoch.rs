@@ -1,0 +1,251 @@
+//! An elastic worker's side of a step, as the step driver's [`Runner`]: the epoch's mesh,
+//! the all-reduce over it, the at-rest and before-update checks of `--on-divergence
+//! repair`, and the replica check. It decides nothing: what it found is left in
+//! [`Side::found`] for the shell to hand to the protocol.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use comm::port::Port;
+use comm::protocol::WorkerId;
+use comm::transport::{TcpConfig, TcpMesh, Transport};
+use serde_json::json;
+
+use crate::config::{DistConfig, OnDivergence, TrainConfig};
+use crate::driver::{Flow, Runner};
+use crate::error::TrainError;
+use crate::metrics::MetricsFile;
+use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
+use crate::trainer::{Event, report_injections};
+
+/// The mesh of the current epoch, shared with the link's thread, which aborts it when a
+/// message from the coordinator ends the epoch while the loop is blocked in a collective.
+#[derive(Clone, Default)]
+pub(super) struct Current(Arc<Mutex<Option<EpochMesh>>>);
+
+/// An epoch and its mesh.
+type EpochMesh = (u64, Arc<TcpMesh>);
+
+impl Current {
+    pub(super) fn get(&self) -> Option<EpochMesh> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes `mesh` the current one, and returns it.
+    fn set(&self, epoch: u64, mesh: TcpMesh) -> Arc<TcpMesh> {
+        let mesh = Arc::new(mesh);
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, Arc::clone(&mesh)));
+        mesh
+    }
+}
+
+/// What the replica check after an update found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ReplicaCheck {
+    /// Every member holds the same state.
+    Agree,
+    /// A member was lost during the check.
+    Lost(WorkerId),
+    /// The members `outvoted` hold another state than the others; `majority` says whether
+    /// the others are a strict majority (otherwise nobody can tell who is right, and every
+    /// member is in `outvoted`).
+    Diverged { outvoted: Vec<WorkerId>, majority: bool },
+}
+
+/// What a step found that the protocol must hear.
+#[derive(Debug)]
+pub(super) enum Found {
+    /// The sum is reduced: its check goes to the vote.
+    Reduced(SumCheck),
+    /// The epoch's mesh or its all-reduce failed.
+    Failed(String),
+    /// The state changed since its commit: `(committed, found)`.
+    Corrupted { changed: (u64, u64) },
+    /// After an update: what the replica check found, when one was due.
+    Checked(ReplicaCheck),
+}
+
+/// The worker's side of its steps.
+pub(super) struct Side<'c, 'e> {
+    pub config: &'c TrainConfig,
+    pub d: &'c DistConfig,
+    pub id: WorkerId,
+    pub port: Port,
+    pub book: BTreeMap<WorkerId, SocketAddr>,
+    pub tcp: TcpConfig,
+    pub current: Current,
+    pub reducer: comm::collective::Reducer,
+    /// The all-reduce's output: it becomes the driver's sum only when the all-reduce
+    /// succeeded, so a failed step never spoils the sum a late member rolls forward with.
+    pub work: GradBuffer,
+    pub metrics: MetricsFile,
+    pub on_event: &'e mut dyn FnMut(Event),
+    /// The epoch of the step in progress, and its members in rank order.
+    pub epoch: u64,
+    pub members: Vec<WorkerId>,
+    /// The fingerprint the state was committed with (see `Held::fingerprint`), lent for
+    /// the step.
+    pub committed: Option<u64>,
+    /// What the step found.
+    pub found: Option<Found>,
+    pub step_started: Instant,
+    pub train_time: Duration,
+    pub last_loss: f32,
+}
+
+impl Side<'_, '_> {
+    fn repairs(&self) -> bool {
+        self.d.on_divergence == OnDivergence::Repair
+    }
+
+    /// Whether `state` still has the fingerprint it was committed with; when not, returns
+    /// `(committed, found)` and takes `found` as the one it now holds. A state whose
+    /// fingerprint was never taken cannot be checked: it is taken now.
+    fn changed_since_commit(&mut self, state: &TrainState) -> Option<(u64, u64)> {
+        let found = state.fingerprint();
+        match self.committed.replace(found) {
+            Some(committed) if committed != found => Some((committed, found)),
+            _ => None,
+        }
+    }
+
+    /// Logs and records a state found changed since its commit, and ends the step.
+    fn corrupted(&mut self, step: u64, when: &'static str, changed: (u64, u64)) -> Result<Flow, TrainError> {
+        tracing::error!(
+            step,
+            "the state of worker {} changed {when} ({} -> {}): repairing it from the replicas",
+            self.id,
+            repro::fingerprint::hex(changed.0),
+            repro::fingerprint::hex(changed.1)
+        );
+        self.metrics.write(json!({"kind": "divergence", "step": step, "worker": self.id, "found": when}))?;
+        self.found = Some(Found::Corrupted { changed });
+        Ok(Flow::End)
+    }
+
+    /// The epoch's mesh, built by its first step.
+    fn mesh(&mut self) -> Result<Arc<TcpMesh>, String> {
+        match self.current.get() {
+            Some((e, m)) if e == self.epoch => Ok(m),
+            _ => match self.port.mesh(self.epoch, &self.members, &self.book, &self.tcp) {
+                Ok(m) => Ok(self.current.set(self.epoch, m)),
+                Err(e) => Err(format!("cannot build the epoch's mesh: {e}")),
+            },
+        }
+    }
+
+    /// Compares this member's `fingerprint` with every other member's.
+    fn compare_replicas(&self, mesh: &TcpMesh, fingerprint: u64) -> ReplicaCheck {
+        match comm::collective::all_gather_u64(mesh, fingerprint, self.d.timeout) {
+            Ok(all) => match comm::majority::compare(&all) {
+                comm::majority::Comparison::Agree => ReplicaCheck::Agree,
+                comm::majority::Comparison::Diverged { outvoted, majority } => {
+                    ReplicaCheck::Diverged { outvoted: outvoted.iter().map(|&r| self.members[r]).collect(), majority }
+                }
+            },
+            Err(e) => {
+                tracing::warn!("the replica check failed: {e}");
+                let me = mesh.rank();
+                let other = self.members.iter().enumerate().find(|(r, _)| *r != me).map_or(0, |(_, &m)| m);
+                ReplicaCheck::Lost(other)
+            }
+        }
+    }
+}
+
+impl Runner for Side<'_, '_> {
+    /// Under `--on-divergence repair`, the state at rest is checked against the
+    /// fingerprint it had after the last update; then the epoch's first step builds its
+    /// mesh.
+    fn loaded(&mut self, at: At, state: &mut TrainState) -> Result<Flow, TrainError> {
+        if self.repairs()
+            && let Some(changed) = self.changed_since_commit(state)
+        {
+            return self.corrupted(at.step, "at rest", changed);
+        }
+        match self.mesh() {
+            Ok(_) => Ok(Flow::Go),
+            Err(why) => {
+                self.found = Some(Found::Failed(why));
+                Ok(Flow::End)
+            }
+        }
+    }
+
+    fn reduce(
+        &mut self,
+        _at: At,
+        _engine: &mut Engine<'_>,
+        parts: &[GradBuffer],
+        sum: &mut GradBuffer,
+    ) -> Result<Flow, TrainError> {
+        let mesh = match self.mesh() {
+            Ok(m) => m,
+            Err(why) => {
+                self.found = Some(Found::Failed(why));
+                return Ok(Flow::End);
+            }
+        };
+        match self.reducer.sum_parts(&*mesh, parts, self.work.as_mut_slice(), self.config.reduce, self.d.timeout) {
+            Ok(()) => {
+                std::mem::swap(&mut self.work, sum);
+                Ok(Flow::Go)
+            }
+            Err(e) => {
+                self.found = Some(Found::Failed(format!("the all-reduce failed: {e}")));
+                Ok(Flow::End)
+            }
+        }
+    }
+
+    /// The vote is the protocol's: the step pauses with the sum's check, and resumes at
+    /// the update when the protocol commits it.
+    fn vote(&mut self, _at: At, sum: &GradBuffer) -> Result<Flow, TrainError> {
+        self.found = Some(Found::Reduced(SumCheck::of(sum)));
+        Ok(Flow::Pause)
+    }
+
+    /// Two replicas that disagree after an update have no majority to name the bad one.
+    /// So in an epoch of two, under `--on-divergence repair`, each checks just before the
+    /// update that its state is still the one it committed: a replica whose state changed
+    /// names itself.
+    fn updating(&mut self, at: At, state: &mut TrainState) -> Result<Flow, TrainError> {
+        if self.members.len() == 2
+            && self.repairs()
+            && let Some(changed) = self.changed_since_commit(state)
+        {
+            return self.corrupted(at.step, "before the update", changed);
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Checking the state at rest needs its fingerprint after every update; otherwise the
+    /// protocol asks for it when it needs it.
+    fn updated(&mut self, _at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
+        self.committed = self.repairs().then(|| state.fingerprint());
+        self.train_time += self.step_started.elapsed();
+        self.last_loss = sum.loss();
+        self.metrics.write(json!({"kind": "train", "step": state.step, "loss": self.last_loss}))?;
+        (self.on_event)(Event::Step { step: state.step, loss: self.last_loss });
+        Ok(())
+    }
+
+    fn check_replicas(&mut self, _at: At, state: &TrainState) -> Result<Flow, TrainError> {
+        if !self.d.checks_after(state.step, self.config.steps) {
+            return Ok(Flow::Go);
+        }
+        let fingerprint = *self.committed.get_or_insert_with(|| state.fingerprint());
+        let check = match self.current.get() {
+            Some((_, mesh)) => self.compare_replicas(&mesh, fingerprint),
+            None => ReplicaCheck::Agree,
+        };
+        self.found = Some(Found::Checked(check));
+        Ok(Flow::Go)
+    }
+
+    fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
+        report_injections(&mut self.metrics, flips)
+    }
+}

@@ -1,0 +1,198 @@
+//! An elastic data-parallel worker: the training loop as the shell of the step protocol's
+//! [`Worker`](comm::protocol::Worker).
+//!
+//! The protocol decides; this module carries out its actions on real state and sockets,
+//! the step's own operations through the step [`driver`](crate::driver) (with
+//! [`epoch::Side`] as its runner):
+//!
+//! - **Compute**: the gradients of the micro-batches this member owns in its epoch
+//!   (`i mod world == rank`), all-reduced over the epoch's mesh, which
+//!   [`Port::mesh`] builds when the epoch's first step begins. The sum is computed into a
+//!   working buffer and becomes the *held* sum only when the all-reduce succeeded, so a
+//!   failed step never spoils the sum a late member rolls forward with.
+//! - **Ballots**: one all-gather of `(finite, digest)` over the mesh carries every
+//!   member's ballot to every other; each arrives at the protocol as a message.
+//! - **Apply**: the optimizer update with the held sum; the protocol hears the new
+//!   fingerprint.
+//! - **Fetch**: the state of the quorum's step, from its sources, in checksummed chunks
+//!   from all of them at once ([`comm::transfer`]), written straight into this worker's
+//!   state and checked against the quorum's fingerprint.
+//!
+//! Meanwhile a server thread answers other workers' fetches from the state it holds
+//! (under a read lock: no copy of the model is made to serve it), and the
+//! [`Link`](comm::control::Link) to the coordinator repeats the newest report every
+//! heartbeat, so that a long step does not look like a lost worker.
+//!
+//! The micro-batches of a step, the sampler's position (a function of the step) and, in
+//! the `reproducible` reduce mode, the bits of every sum do not depend on how many members
+//! an epoch has: a job that loses, replaces or gains workers ends with the fingerprint of
+//! one that never did. (In `deterministic` mode the bits depend on the world size, so a
+//! job that shrinks ends with other bits; with replacement it keeps them.)
+
+use std::net::TcpListener;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use comm::control::Link;
+use comm::port::Port;
+use comm::protocol::wire::Hello;
+use comm::protocol::{Msg, Timing, Worker, WorkerId};
+use comm::transport::{CommError, TcpConfig};
+use serde_json::json;
+
+use crate::config::{DistConfig, TrainConfig};
+use crate::driver::Driver;
+use crate::error::{ConfigError, TrainError};
+use crate::failpoint::ProcessFaults;
+use crate::metrics::MetricsFile;
+use crate::step::{LiveFaults, TrainState};
+use crate::trainer::{Event, Prepared, Summary};
+
+mod epoch;
+mod held;
+mod shell;
+mod timeline;
+
+use epoch::{Current, Side};
+use held::{Held, MemoryCopy};
+use shell::Shell;
+use timeline::Timeline;
+
+/// Runs worker `d.rank` (its slot), process `incarnation`, of an elastic job.
+pub(crate) fn run(
+    config: &TrainConfig,
+    d: &DistConfig,
+    incarnation: u64,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(Summary, TrainState), TrainError> {
+    let (coordinator, secret, bind) = endpoints(config, d)?;
+    let id = d.rank as WorkerId;
+    let prepared = Prepared::load(config)?;
+    let (state, engine) = prepared.start(config);
+    let parameters = state.parameters();
+    let layout = held::layout_of(&state);
+    let fingerprint = state.fingerprint();
+    let held = Arc::new(RwLock::new(Held { state, fingerprint: Some(fingerprint) }));
+    let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
+    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0)?;
+
+    let listener =
+        TcpListener::bind((bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
+    let mut port = Port::open(listener, secret, id)?;
+    held::spawn_server(&mut port, Arc::clone(&held), layout, faults.clone(), id)?;
+    // The worker's own clocks: how often it reports, and how long it waits for ballots.
+    let timing = Timing { vote_timeout: d.timeout, ..Timing::default() };
+    let current = Current::default();
+    let interrupt = {
+        let current = current.clone();
+        Box::new(move |m: &Msg| {
+            let Some((epoch, mesh)) = current.get() else { return };
+            match m {
+                Msg::Reconfigure { epoch: e } if *e >= epoch => mesh.abort(format!("the coordinator ended epoch {e}")),
+                Msg::Stop { reason } => mesh.abort(format!("the coordinator stopped the job: {reason}")),
+                _ => {}
+            }
+        })
+    };
+    let hello = Hello { incarnation, addr: port.addr() };
+    let deadline = Instant::now() + d.timeout.max(Duration::from_secs(30));
+    let (link, incoming) = Link::connect(coordinator, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
+    let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
+    {
+        let (current, sever) = (current.clone(), link.severer());
+        hooks.process_mut().on_cut(Arc::new(move || {
+            sever();
+            if let Some((_, mesh)) = current.get() {
+                mesh.abort("this worker's links were cut (fault injection)".into());
+            }
+        }));
+    }
+    on_event(Event::Started { steps: config.steps, parameters });
+    metrics.write(json!({"kind": "process", "worker": id, "incarnation": incarnation}))?;
+
+    let tcp = TcpConfig {
+        secret: secret.clone(),
+        max_frame: comm::frame::DEFAULT_MAX_FRAME,
+        connect_timeout: d.timeout,
+        write_timeout: d.timeout,
+        abort_grace: Duration::ZERO,
+    };
+    let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
+    // The rollback baseline: a copy of the state every `copy_every` steps.
+    let mut copy = MemoryCopy::new(d.copy_every);
+    copy.keep(&mut worker, 0, &held);
+    let side = Side {
+        config,
+        d,
+        id,
+        port,
+        book: Default::default(),
+        tcp,
+        current,
+        reducer: comm::collective::Reducer::default(),
+        work: engine.buffer(),
+        metrics,
+        on_event,
+        epoch: 0,
+        members: Vec::new(),
+        committed: None,
+        found: None,
+        step_started: Instant::now(),
+        train_time: Duration::ZERO,
+        last_loss: f32::NAN,
+    };
+    let mut shell = Shell {
+        driver: Driver::new(&engine, id as usize),
+        engine,
+        timeline: Timeline::new(&worker),
+        worker,
+        queue: first.into(),
+        held,
+        hooks,
+        ops: Vec::new(),
+        placed: None,
+        layout,
+        copy,
+        sum_step: None,
+        voted: None,
+        last_eval: None,
+        side,
+    };
+    let outcome = shell.run(&incoming, &link, timing.heartbeat, &prepared);
+    // The last report (finished or stopped) goes out before the link closes. On an error
+    // of its own the worker leaves the link open until the process ends: the coordinator
+    // would take a closed link for a lost worker, and the launcher end this process
+    // before it says why it stopped.
+    if matches!(outcome, Ok(()) | Err(TrainError::JobStopped(_))) {
+        link.close();
+    }
+    outcome?;
+    shell.finish(&prepared, parameters)
+}
+
+/// The coordinator's address, the job's secret and the address to listen on, of an
+/// elastic job's configuration.
+fn endpoints<'d>(
+    config: &TrainConfig,
+    d: &'d DistConfig,
+) -> Result<(std::net::SocketAddr, &'d Vec<u8>, std::net::IpAddr), TrainError> {
+    if config.checkpoint.is_some() || config.resume.is_some() {
+        return Err(ConfigError::Invalid(
+            "an elastic job recovers from its live replicas: it neither writes nor resumes checkpoints".into(),
+        )
+        .into());
+    }
+    let crate::config::Engine::Steadfast { rendezvous, secret, bind } = &d.engine else {
+        return Err(ConfigError::Invalid(
+            "an elastic job runs on Steadfast's engine: MPI ends a job when a rank fails".into(),
+        )
+        .into());
+    };
+    let crate::config::Rendezvous::Coordinator(coordinator) = rendezvous else {
+        return Err(ConfigError::Invalid(
+            "an elastic job's membership is kept by its coordinator (--coordinator), not in etcd".into(),
+        )
+        .into());
+    };
+    Ok((*coordinator, secret, *bind))
+}

@@ -1,0 +1,338 @@
+//! The elastic worker's loop: the protocol's actions carried out on the state, the engine
+//! and the sockets. The step's own operations run through the step driver, with
+//! [`Side`] as its runner; what a step found goes back to the protocol from here.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use comm::control::{Incoming, Link};
+use comm::protocol::{Action, Msg, Node, Worker, WorkerId};
+use comm::transfer::Want;
+use comm::transport::CommError;
+use serde_json::json;
+
+use super::epoch::{Found, ReplicaCheck, Side};
+use super::held::{self, Held, MemoryCopy, lock_read, lock_write};
+use super::timeline::Timeline;
+use crate::config::OnDivergence;
+use crate::driver::{Driver, Stop};
+use crate::error::TrainError;
+use crate::schedule::{self, Op};
+use crate::step::{Engine, LiveFaults, TrainState};
+use crate::trainer::{EvalReport, Event, Prepared, Summary, evaluate_state, write_eval, write_summary};
+
+/// The worker's loop: the protocol's actions, carried out on the state, the engine and
+/// the sockets.
+pub(super) struct Shell<'c, 'e, 'a> {
+    pub(super) engine: Engine<'a>,
+    pub(super) driver: Driver,
+    pub(super) worker: Worker,
+    pub(super) queue: VecDeque<Action>,
+    pub(super) held: Arc<RwLock<Held>>,
+    pub(super) hooks: LiveFaults,
+    /// The data-parallel schedule of the current `(rank, world)`.
+    pub(super) ops: Vec<Op>,
+    pub(super) placed: Option<(usize, usize)>,
+    /// The state's layout digest and element count, which a fetch asks for.
+    pub(super) layout: (u64, u64),
+    pub(super) copy: MemoryCopy,
+    /// The step whose sum the driver holds.
+    pub(super) sum_step: Option<u64>,
+    /// The last `(epoch, step)` this worker cast its ballot for.
+    pub(super) voted: Option<(u64, u64)>,
+    pub(super) last_eval: Option<EvalReport>,
+    pub(super) timeline: Timeline,
+    pub(super) side: Side<'c, 'e>,
+}
+
+impl Shell<'_, '_, '_> {
+    /// Carries out the protocol's actions until it finishes or stops the job.
+    pub(super) fn run(
+        &mut self,
+        incoming: &Receiver<Incoming>,
+        link: &Link,
+        heartbeat: Duration,
+        prepared: &Prepared,
+    ) -> Result<(), TrainError> {
+        loop {
+            self.timeline.observe(&self.worker, &mut self.side.metrics)?;
+            let Some(action) = self.queue.pop_front() else {
+                self.listen(incoming, heartbeat);
+                continue;
+            };
+            match action {
+                Action::Send { to: Node::Coordinator, msg } => link.report(&msg),
+                Action::Send { to: Node::Worker(_), msg: Msg::Ballot { epoch, step, ok, digest } } => {
+                    self.ballot(epoch, step, ok, digest)
+                }
+                Action::Send { .. } => {}
+                Action::Compute { epoch, step, rank, members } => self.compute(epoch, step, rank, members)?,
+                Action::Apply { step } => self.apply(step, prepared)?,
+                Action::Fetch { epoch, step, fingerprint, sources } => {
+                    self.fetch(epoch, step, fingerprint, &sources)?
+                }
+                Action::Hash => {
+                    let fingerprint = lock_write(&self.held).fingerprint();
+                    // Its answer comes before anything queued after the question.
+                    for a in self.worker.on_hashed(Instant::now(), fingerprint).into_iter().rev() {
+                        self.queue.push_front(a);
+                    }
+                }
+                Action::Restore { step, fingerprint } => {
+                    self.copy.restore(&mut lock_write(&self.held), (step, fingerprint))?;
+                    self.sum_step = None;
+                    tracing::warn!(step, "went back to the copy of step {step}");
+                    self.side.metrics.write(json!({"kind": "restore", "step": step, "worker": self.side.id}))?;
+                }
+                Action::Finished => return Ok(()),
+                Action::Stopped { reason } => return Err(TrainError::JobStopped(reason)),
+            }
+        }
+    }
+
+    /// Waits for the coordinator's next message, or for the next tick of the clocks.
+    fn listen(&mut self, incoming: &Receiver<Incoming>, heartbeat: Duration) {
+        let now = Instant::now();
+        match incoming.recv_timeout(heartbeat / 2) {
+            Ok(Incoming::Msg(m)) => {
+                if let Msg::Reconfigure { epoch } = m {
+                    self.timeline.why.get_or_insert_with(|| format!("the coordinator ended epoch {epoch}"));
+                }
+                self.queue.extend(self.worker.on_message(now, Node::Coordinator, m))
+            }
+            Ok(Incoming::Book(b)) => self.side.book.extend(b),
+            Err(RecvTimeoutError::Timeout) => self.queue.extend(self.worker.tick(now)),
+            // The link was severed for good (a `cut` fault): only the clock is left.
+            Err(RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(heartbeat / 2);
+                self.queue.extend(self.worker.tick(Instant::now()));
+            }
+        }
+    }
+
+    /// Casts this worker's ballot: one all-gather over the epoch's mesh carries every
+    /// member's to every other, and each reaches the protocol as a message.
+    fn ballot(&mut self, epoch: u64, step: u64, ok: bool, digest: u64) {
+        if self.voted == Some((epoch, step)) {
+            return;
+        }
+        self.voted = Some((epoch, step));
+        let now = Instant::now();
+        let Some((e, mesh)) = self.side.current.get().filter(|(e, _)| *e == epoch) else { return };
+        let members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
+        let id = self.side.id;
+        match comm::collective::all_gather_words(&*mesh, &[u64::from(ok), digest], self.side.d.timeout) {
+            Ok(all) => {
+                for (r, words) in all.iter().enumerate() {
+                    let Some(&peer) = members.get(r).filter(|&&p| p != id) else { continue };
+                    let ballot = Msg::Ballot { epoch: e, step, ok: words[0] == 1, digest: words[1] };
+                    self.queue.extend(self.worker.on_message(now, Node::Worker(peer), ballot));
+                }
+            }
+            Err(err) => {
+                tracing::warn!(epoch, step, "the vote failed: {err}");
+                self.timeline.why = Some(format!("the vote failed: {err}"));
+                let other = members.iter().copied().find(|&m| m != id).unwrap_or(id);
+                self.queue.extend(self.worker.on_peer_lost(now, other));
+            }
+        }
+    }
+
+    /// Runs the schedule's operations from `from` on the state held.
+    fn step_ops(&mut self, from: usize) -> Result<Stop, TrainError> {
+        let mut guard = lock_write(&self.held);
+        let h = &mut *guard;
+        self.side.committed = h.fingerprint;
+        let stop = self.driver.run(&self.ops, from, &mut self.engine, &mut h.state, &mut self.hooks, &mut self.side);
+        h.fingerprint = self.side.committed;
+        stop
+    }
+
+    /// The protocol's `Compute`: the step up to its vote, on the epoch's mesh.
+    fn compute(&mut self, epoch: u64, step: u64, rank: usize, members: Vec<WorkerId>) -> Result<(), TrainError> {
+        self.side.step_started = Instant::now();
+        if self.placed != Some((rank, members.len())) {
+            self.ops = schedule::data_parallel(self.engine.sampler().micro_batches(), rank, members.len());
+            self.placed = Some((rank, members.len()));
+        }
+        (self.side.epoch, self.side.members) = (epoch, members);
+        let stop = self.step_ops(0)?;
+        let now = Instant::now();
+        let next = match (stop, self.side.found.take()) {
+            (Stop::Paused { .. }, Some(Found::Reduced(check))) => {
+                self.sum_step = Some(step);
+                self.worker.on_reduced(now, epoch, step, Some((check.finite, check.digest)))
+            }
+            (Stop::Ended { .. }, Some(Found::Corrupted { changed })) => self.worker.on_corrupted(now, changed.1),
+            (Stop::Ended { .. }, Some(Found::Failed(why))) => {
+                tracing::warn!(epoch, step, "{why}");
+                self.timeline.why = Some(why);
+                self.worker.on_reduced(now, epoch, step, None)
+            }
+            (stop, found) => return Err(unexpected(stop, found)),
+        };
+        self.queue.extend(next);
+        Ok(())
+    }
+
+    /// The protocol's `Apply`: the step from its update on, with the sum held.
+    fn apply(&mut self, step: u64, prepared: &Prepared) -> Result<(), TrainError> {
+        if self.sum_step != Some(step) {
+            return Err(CommError::Setup(format!(
+                "the protocol applies the sum of step {step}, but the sum held is of step {:?}",
+                self.sum_step
+            ))
+            .into());
+        }
+        let update = schedule::update_index(&self.ops).expect("a data-parallel step has an update");
+        let stop = self.step_ops(update)?;
+        self.sum_step = None;
+        let found = self.side.found.take();
+        let check = match (stop, found) {
+            (Stop::Ended { .. }, Some(Found::Corrupted { changed })) => {
+                self.queue.extend(self.worker.on_corrupted(Instant::now(), changed.1));
+                return Ok(());
+            }
+            (Stop::Done, Some(Found::Checked(check))) => Some(check),
+            (Stop::Done, None) => None,
+            (stop, found) => return Err(unexpected(stop, found)),
+        };
+        let done = step + 1;
+        let config = self.side.config;
+        if config.eval_every > 0 && done.is_multiple_of(config.eval_every) && done < config.steps {
+            let report =
+                evaluate_state(&mut self.engine, &prepared.data, &lock_read(&self.held).state, config.eval_limit);
+            write_eval(&mut self.side.metrics, &report, prepared.unigram_perplexity)?;
+            (self.side.on_event)(Event::Eval(&report));
+            self.last_eval = Some(report);
+        }
+        self.side.step_started = Instant::now();
+        self.copy.keep(&mut self.worker, done, &self.held);
+        let repairs = self.side.d.on_divergence == OnDivergence::Repair;
+        let mut next = self.worker.on_applied(Instant::now(), step, self.side.committed.filter(|_| repairs));
+        if let Some(check) = check {
+            self.replicas_checked(check, done, &mut next)?;
+        }
+        self.queue.extend(next);
+        Ok(())
+    }
+
+    /// Acts on the replica check after the update of step `done - 1`: a member lost or
+    /// outvoted leaves the epoch (the next quorum's majority decides who fetches), or
+    /// the job stops.
+    fn replicas_checked(&mut self, check: ReplicaCheck, done: u64, next: &mut Vec<Action>) -> Result<(), TrainError> {
+        if check == ReplicaCheck::Agree {
+            return Ok(());
+        }
+        next.retain(|a| !matches!(a, Action::Compute { .. }));
+        let now = Instant::now();
+        match check {
+            ReplicaCheck::Agree => {}
+            ReplicaCheck::Lost(other) => {
+                self.timeline.why = Some("the replica check failed".into());
+                next.extend(self.worker.on_peer_lost(now, other))
+            }
+            ReplicaCheck::Diverged { outvoted, majority } => {
+                self.side.metrics.write(json!({
+                    "kind": "divergence", "step": done, "workers": outvoted, "found": "replica check",
+                }))?;
+                if self.side.d.on_divergence == OnDivergence::Stop || !majority {
+                    // Every member holds the verdict before any exits: a member that
+                    // closed its connections early could make a peer's comparison fail,
+                    // and that peer take it for a lost worker.
+                    if let Some((_, mesh)) = self.side.current.get() {
+                        let _ = comm::collective::barrier(&*mesh, self.side.d.timeout);
+                    }
+                    let ranks = outvoted.iter().map(|&w| w as usize).collect();
+                    return Err(TrainError::ReplicasDiverged { step: done, ranks });
+                }
+                tracing::error!(step = done, "workers {outvoted:?} hold another state: repairing them");
+                if outvoted.contains(&self.side.id) {
+                    let fingerprint = lock_write(&self.held).fingerprint();
+                    next.extend(self.worker.on_corrupted(now, fingerprint));
+                } else {
+                    next.extend(self.worker.on_peer_lost(now, outvoted[0]));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The protocol's `Fetch`: the state of `step` from `sources`.
+    fn fetch(&mut self, epoch: u64, step: u64, fingerprint: u64, sources: &[WorkerId]) -> Result<(), TrainError> {
+        let want = Want { step, fingerprint, layout: self.layout.0, elements: self.layout.1 };
+        let side = &self.side;
+        let got = held::fetch(&side.port, &self.held, &side.book, sources, want, side.d.timeout, &self.hooks, side.id);
+        self.sum_step = None;
+        let got = match got {
+            Ok(stats) => {
+                tracing::info!(
+                    step,
+                    bytes = stats.bytes,
+                    seconds = stats.elapsed.as_secs_f64(),
+                    chunks = ?stats.chunks,
+                    retried = stats.retried,
+                    "fetched the state"
+                );
+                self.side.metrics.write(json!({
+                    "kind": "fetch", "step": step, "bytes": stats.bytes,
+                    "seconds": stats.elapsed.as_secs_f64(), "sources": sources, "retried": stats.retried,
+                }))?;
+                self.copy.keep(&mut self.worker, step, &self.held);
+                Some((step, fingerprint))
+            }
+            Err((e, holds)) => {
+                tracing::warn!(step, "cannot fetch the state: {e}");
+                holds
+            }
+        };
+        self.queue.extend(self.worker.on_fetched(Instant::now(), epoch, got));
+        Ok(())
+    }
+
+    /// After the protocol finished: the last evaluation and the summary.
+    pub(super) fn finish(
+        mut self,
+        prepared: &Prepared,
+        parameters: usize,
+    ) -> Result<(Summary, TrainState), TrainError> {
+        if self.side.d.copy_every.is_some() {
+            tracing::info!(seconds = self.copy.spent.as_secs_f64(), "time spent copying the state in memory");
+        }
+        let state = Arc::try_unwrap(self.held)
+            .map_or_else(|h| lock_read(&h).state.clone(), |h| h.into_inner().unwrap_or_else(|e| e.into_inner()).state);
+        let config = self.side.config;
+        let last_eval = match self.last_eval.filter(|e| e.step == state.step) {
+            Some(e) => e,
+            None => {
+                let report = evaluate_state(&mut self.engine, &prepared.data, &state, config.eval_limit);
+                write_eval(&mut self.side.metrics, &report, prepared.unigram_perplexity)?;
+                (self.side.on_event)(Event::Eval(&report));
+                report
+            }
+        };
+        let summary = Summary {
+            steps: config.steps,
+            final_loss: self.side.last_loss,
+            eval: last_eval,
+            unigram_perplexity: prepared.unigram_perplexity,
+            fingerprint: state.fingerprint(),
+            kernels: self.engine.kernels(),
+            train_time: self.side.train_time,
+            optimizer_time: self.driver.update_time(),
+            parameters,
+            resumed_from: 0,
+            checkpoints: ckpt::WriterStats::default(),
+            checkpoints_deferred: 0,
+        };
+        write_summary(&mut self.side.metrics, &summary)?;
+        Ok((summary, state))
+    }
+}
+
+/// A step that stopped where the protocol's shell did not expect it to.
+fn unexpected(stop: Stop, found: Option<Found>) -> TrainError {
+    CommError::Setup(format!("the step stopped at {stop:?} having found {found:?}")).into()
+}

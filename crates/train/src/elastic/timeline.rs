@@ -1,0 +1,51 @@
+//! Worker 0's record of an elastic job's epochs in `metrics.jsonl`.
+
+use comm::protocol::{Phase as Stage, Worker};
+use serde_json::json;
+
+use crate::error::TrainError;
+use crate::metrics::MetricsFile;
+
+/// Worker 0's record of the job's epochs in `metrics.jsonl`, for `steadfast report`: the
+/// epochs it leaves (a failure seen, and why, when this worker knows), the quorums it
+/// joins (who, from which step, who holds the state), and each epoch's first step (the
+/// end of a recovery).
+pub(super) struct Timeline {
+    epoch: u64,
+    phase: Stage,
+    /// Why the current epoch is ending, as the shell saw it.
+    pub(super) why: Option<String>,
+}
+
+impl Timeline {
+    pub(super) fn new(worker: &Worker) -> Timeline {
+        let s = worker.status();
+        Timeline { epoch: s.epoch, phase: s.phase, why: None }
+    }
+
+    /// Writes what changed since the last call.
+    pub(super) fn observe(&mut self, worker: &Worker, metrics: &mut MetricsFile) -> Result<(), TrainError> {
+        let s = worker.status();
+        if (s.epoch, s.phase) == (self.epoch, self.phase) {
+            return Ok(());
+        }
+        let member = |p: Stage| matches!(p, Stage::Syncing | Stage::Synced | Stage::Stepping);
+        // Leaving the epoch for `Done` (the last step applied) or `Finished` is no failure.
+        if member(self.phase) && !member(s.phase) && matches!(s.phase, Stage::Idle | Stage::Stopped) {
+            let why = self.why.take();
+            metrics.write(json!({"kind": "epoch_ended", "epoch": self.epoch, "step": s.step, "why": why}))?;
+        }
+        if let Some(q) = worker.quorum().filter(|q| q.epoch == s.epoch && s.epoch != self.epoch) {
+            self.why = None;
+            metrics.write(json!({
+                "kind": "quorum", "epoch": q.epoch, "members": q.members, "step": q.step,
+                "sources": q.sources, "synced": s.phase == Stage::Synced,
+            }))?;
+        }
+        if s.phase == Stage::Stepping && self.phase != Stage::Stepping {
+            metrics.write(json!({"kind": "epoch_started", "epoch": s.epoch, "step": s.step}))?;
+        }
+        (self.epoch, self.phase) = (s.epoch, s.phase);
+        Ok(())
+    }
+}
