@@ -18,9 +18,9 @@ use repro::rng::Stream;
 use serde::{Deserialize, Serialize};
 use train::TrainConfig;
 use train::data::DataKind;
-use train::driver::{Driver, Flow, Runner};
+use train::driver::{Driver, Flow, Reduction, Runner};
 use train::model::ModelKind;
-use train::step::{At, Engine, GradBuffer, NoHooks};
+use train::step::{At, GradBuffer, NoHooks};
 use train::trainer::Prepared;
 
 use crate::LabError;
@@ -427,19 +427,13 @@ fn train_once(
 struct Accumulate(Accumulation);
 
 impl Runner for Accumulate {
-    fn reduce(
-        &mut self,
-        _at: At,
-        engine: &mut Engine<'_>,
-        parts: &[GradBuffer],
-        sum: &mut GradBuffer,
-    ) -> Result<Flow, train::TrainError> {
+    fn reduce(&mut self, _at: At, r: Reduction<'_, '_>) -> Result<Flow, train::TrainError> {
         match self.0 {
             Accumulation::Atomic => {
-                let parts: Vec<&[f32]> = parts.iter().map(|b| b.as_slice()).collect();
-                sum.as_mut_slice().copy_from_slice(&fpna::racy_sum_parts(&parts));
+                let parts: Vec<&[f32]> = r.parts.iter().map(|b| b.as_slice()).collect();
+                r.sum.as_mut_slice().copy_from_slice(&fpna::racy_sum_parts(&parts));
             }
-            Accumulation::Reproducible => engine.reduce_local(parts, sum),
+            Accumulation::Reproducible => r.local(),
         }
         Ok(Flow::Go)
     }

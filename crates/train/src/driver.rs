@@ -62,27 +62,27 @@ pub enum Stop {
     },
 }
 
-/// What a runner does at the actions that leave the rank. Every method but
-/// [`Runner::reduce`] and [`Runner::vote`] has a default for a runner that has nothing
-/// to do there.
+/// What a runner does at the operations that leave the rank. Every method has a default:
+/// that of one process that holds every replica and no pipeline stage ([`Alone`]).
 pub trait Runner {
     /// The state at rest, after the hooks struck it (the `Load` action).
     fn loaded(&mut self, _at: At, _state: &mut TrainState) -> Result<Flow, TrainError> {
         Ok(Flow::Go)
     }
 
-    /// Sums this rank's micro-batch gradients `parts` (in slot order) and the other
-    /// replicas' into `sum`.
-    fn reduce(
-        &mut self,
-        at: At,
-        engine: &mut Engine<'_>,
-        parts: &[GradBuffer],
-        sum: &mut GradBuffer,
-    ) -> Result<Flow, TrainError>;
+    /// Sums this rank's micro-batch gradients and the other replicas' into the sum. By
+    /// default the rank holds every replica and sums locally.
+    fn reduce(&mut self, _at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
+        r.local();
+        Ok(Flow::Go)
+    }
 
-    /// The vote on `sum`: whether every replica may apply it.
-    fn vote(&mut self, at: At, sum: &GradBuffer) -> Result<Flow, TrainError>;
+    /// The vote on `sum`: whether every replica may apply it. By default the rank votes
+    /// alone ([`vote_alone`]).
+    fn vote(&mut self, at: At, sum: &GradBuffer) -> Result<Flow, TrainError> {
+        vote_alone(at.step, sum)?;
+        Ok(Flow::Go)
+    }
 
     /// Just before the update, after [`Hooks::before_update`]. [`Flow::Pause`] stops the
     /// step before the optimizer runs (a runner that checks every replica before any
@@ -138,6 +138,23 @@ pub trait Runner {
         _data: &mut Vec<f32>,
     ) -> Result<(), TrainError> {
         Err(no_pipeline())
+    }
+}
+
+/// The reduction's inputs and output, lent to [`Runner::reduce`].
+pub struct Reduction<'r, 'a> {
+    /// The engine: its reduce mode and scratch buffers.
+    pub engine: &'r mut Engine<'a>,
+    /// This rank's micro-batch gradients, in slot order.
+    pub parts: &'r [GradBuffer],
+    /// Where the sum goes.
+    pub sum: &'r mut GradBuffer,
+}
+
+impl Reduction<'_, '_> {
+    /// Sums the parts here, in the engine's reduce mode.
+    pub fn local(self) {
+        self.engine.reduce_local(self.parts, self.sum);
     }
 }
 
@@ -282,7 +299,7 @@ impl Driver {
                 }
                 Op::Reduce => {
                     hooks.reached(at, Phase::Allreduce);
-                    let flow = runner.reduce(at, engine, &self.micro, &mut self.sum)?;
+                    let flow = runner.reduce(at, Reduction { engine, parts: &self.micro, sum: &mut self.sum })?;
                     if flow == Flow::Go {
                         hooks.after_reduce(at, &mut self.sum)?;
                         report(hooks, runner)?;
@@ -378,23 +395,7 @@ fn out_of_order(action: Op) -> TrainError {
 /// vote refuses a non-finite sum.
 pub struct Alone;
 
-impl Runner for Alone {
-    fn reduce(
-        &mut self,
-        _at: At,
-        engine: &mut Engine<'_>,
-        parts: &[GradBuffer],
-        sum: &mut GradBuffer,
-    ) -> Result<Flow, TrainError> {
-        engine.reduce_local(parts, sum);
-        Ok(Flow::Go)
-    }
-
-    fn vote(&mut self, at: At, sum: &GradBuffer) -> Result<Flow, TrainError> {
-        vote_alone(at.step, sum)?;
-        Ok(Flow::Go)
-    }
-}
+impl Runner for Alone {}
 
 /// A single process's vote: a non-finite loss or gradient stops the run.
 pub fn vote_alone(step: u64, sum: &GradBuffer) -> Result<(), TrainError> {

@@ -11,16 +11,17 @@ use std::time::{Duration, Instant};
 
 use comm::transport::{CommError, Transport};
 
-use crate::driver::{Flow, Runner, vote_alone};
+use crate::driver::Runner;
 use crate::error::TrainError;
 use crate::schedule::Boundary;
-use crate::step::{At, Engine, GradBuffer};
+use crate::step::At;
 
 /// The frame kind of an activation, and of a gradient.
 const ACTIVATION: u8 = 0x50;
 const GRADIENT: u8 = 0x51;
 
-/// One stage's runner over `T`, whose rank `s` is stage `s`.
+/// One stage's runner over `T`, whose rank `s` is stage `s`. A stage sums its own
+/// micro-batches and refuses a non-finite gradient alone (the driver's defaults).
 pub struct StageLink<T> {
     transport: T,
     timeout: Duration,
@@ -43,23 +44,6 @@ fn kind(tensor: Boundary) -> u8 {
 }
 
 impl<T: Transport> Runner for StageLink<T> {
-    fn reduce(
-        &mut self,
-        _at: At,
-        engine: &mut Engine<'_>,
-        parts: &[GradBuffer],
-        sum: &mut GradBuffer,
-    ) -> Result<Flow, TrainError> {
-        engine.reduce_local(parts, sum);
-        Ok(Flow::Go)
-    }
-
-    /// A stage alone refuses a non-finite gradient; only the last stage has the loss.
-    fn vote(&mut self, at: At, sum: &GradBuffer) -> Result<Flow, TrainError> {
-        vote_alone(at.step, sum)?;
-        Ok(Flow::Go)
-    }
-
     fn send(&mut self, _at: At, peer: usize, _micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
         self.bytes.clear();
         self.bytes.extend(data.iter().flat_map(|v| v.to_le_bytes()));

@@ -29,7 +29,7 @@ use crate::config::TrainConfig;
 use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataSpec, Dataset, Modality, Split};
-use crate::driver::{self, Driver, Flow, Runner};
+use crate::driver::{self, Driver, Flow, Reduction, Runner};
 use crate::error::{ConfigError, TrainError};
 use crate::failpoint::ProcessFaults;
 use crate::job::Job;
@@ -349,16 +349,10 @@ struct Ranks<'c, 'e> {
 }
 
 impl Runner for Ranks<'_, '_> {
-    fn reduce(
-        &mut self,
-        _at: At,
-        engine: &mut Engine<'_>,
-        parts: &[GradBuffer],
-        sum: &mut GradBuffer,
-    ) -> Result<Flow, TrainError> {
+    fn reduce(&mut self, _at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
         match &self.job {
-            Some(j) => j.sum_parts(&mut self.reducer, parts, sum.as_mut_slice(), self.config.reduce)?,
-            None => engine.reduce_local(parts, sum),
+            Some(j) => j.sum_parts(&mut self.reducer, r.parts, r.sum.as_mut_slice(), self.config.reduce)?,
+            None => r.local(),
         }
         Ok(Flow::Go)
     }

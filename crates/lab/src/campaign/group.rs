@@ -25,7 +25,7 @@ use fault::live::StateKind;
 
 use super::detect::{Alarm, Detector, Monitors};
 use train::TrainError;
-use train::driver::{Driver, Flow, Runner, Stop};
+use train::driver::{Driver, Flow, Reduction, Runner, Stop};
 use train::schedule::{self, Op};
 use train::state::Role;
 use train::step::{At, Engine, GradBuffer, Hooks, Injected, LiveFaults, SumCheck, TrainState};
@@ -106,13 +106,7 @@ impl Runner for Lockstep<'_> {
         Ok(Flow::Pause)
     }
 
-    fn reduce(
-        &mut self,
-        _at: At,
-        _engine: &mut Engine<'_>,
-        _parts: &[GradBuffer],
-        _sum: &mut GradBuffer,
-    ) -> Result<Flow, TrainError> {
+    fn reduce(&mut self, _at: At, _r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
         Ok(Flow::Pause)
     }
 

@@ -14,10 +14,10 @@ use comm::transport::{TcpConfig, TcpMesh, Transport};
 use serde_json::json;
 
 use crate::config::{DistConfig, OnDivergence, TrainConfig};
-use crate::driver::{Flow, Runner};
+use crate::driver::{Flow, Reduction, Runner};
 use crate::error::TrainError;
 use crate::metrics::MetricsFile;
-use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
+use crate::step::{At, GradBuffer, Injected, SumCheck, TrainState};
 use crate::trainer::{Event, report_injections};
 
 /// The mesh of the current epoch, shared with the link's thread, which aborts it when a
@@ -174,13 +174,7 @@ impl Runner for Side<'_, '_> {
         }
     }
 
-    fn reduce(
-        &mut self,
-        _at: At,
-        _engine: &mut Engine<'_>,
-        parts: &[GradBuffer],
-        sum: &mut GradBuffer,
-    ) -> Result<Flow, TrainError> {
+    fn reduce(&mut self, _at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
         let mesh = match self.mesh() {
             Ok(m) => m,
             Err(why) => {
@@ -188,9 +182,9 @@ impl Runner for Side<'_, '_> {
                 return Ok(Flow::End);
             }
         };
-        match self.reducer.sum_parts(&*mesh, parts, self.work.as_mut_slice(), self.config.reduce, self.d.timeout) {
+        match self.reducer.sum_parts(&*mesh, r.parts, self.work.as_mut_slice(), self.config.reduce, self.d.timeout) {
             Ok(()) => {
-                std::mem::swap(&mut self.work, sum);
+                std::mem::swap(&mut self.work, r.sum);
                 Ok(Flow::Go)
             }
             Err(e) => {

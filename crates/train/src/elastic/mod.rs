@@ -3,7 +3,7 @@
 //!
 //! The protocol decides; this module carries out its actions on real state and sockets,
 //! the step's own operations through the step [`driver`](crate::driver) (with
-//! [`epoch::Side`] as its runner):
+//! the worker's side of the epoch as its runner):
 //!
 //! - **Compute**: the gradients of the micro-batches this member owns in its epoch
 //!   (`i mod world == rank`), all-reduced over the epoch's mesh, which
