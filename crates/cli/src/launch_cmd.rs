@@ -23,9 +23,10 @@ use std::time::Duration;
 
 use clap::Args;
 
+use launch::OnFailure;
+use launch::static_job::{Meeting, Nodes, StaticJob};
+
 use crate::join_args::EngineArg;
-use crate::restart_policy::OnFailure;
-use crate::static_launch::{Meeting, Nodes, StaticJob, run_static};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -110,7 +111,7 @@ pub struct LaunchArgs {
     max_restarts: Option<u32>,
     /// What an elastic job does when a worker fails [default: replace with --max-restarts,
     /// shrink without].
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = crate::choice::of::<OnFailure>())]
     on_failure: Option<OnFailure>,
     /// The fewest workers an elastic job that shrinks goes on with.
     #[arg(long, default_value_t = 1)]
@@ -206,9 +207,9 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             if args.on_failure == Some(OnFailure::Shrink) {
                 anyhow::bail!("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink");
             }
-            return crate::restart_launch::run(crate::restart_launch::Plan {
+            return Ok(launch::restart::run(launch::restart::Plan {
                 nproc: args.nproc,
-                workers: crate::restart_launch::Workers::Own {
+                workers: launch::restart::Workers::Own {
                     rendezvous_timeout: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
                     heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
                 },
@@ -216,9 +217,9 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
                 save_every: args.save_every,
                 save_dir: args.save_dir,
                 command: args.command,
-            });
+            })?);
         }
-        return crate::elastic_launch::run(crate::elastic_launch::Plan {
+        return Ok(launch::elastic::run(launch::elastic::Plan {
             nproc: args.nproc,
             max_restarts: args.max_restarts.unwrap_or(0),
             on_failure: args.on_failure.unwrap_or(if args.max_restarts.is_some() {
@@ -232,9 +233,9 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             quorum_timeout: seconds(args.quorum_timeout, "quorum-timeout")?,
             copy_every: (recovery == Recovery::Memory).then_some(args.save_every),
             command: args.command,
-        });
+        })?);
     }
-    let failures = run_static(&StaticJob {
+    let failures = launch::static_job::run(&StaticJob {
         nproc: args.nproc,
         nodes,
         command: &args.command,
@@ -261,19 +262,19 @@ fn run_mpi(args: LaunchArgs) -> anyhow::Result<()> {
              --max-restarts restarts it from its last checkpoint (--recovery checkpoint)"
         );
     }
-    let starter = crate::mpi_launch::Starter::parse(&args.mpirun)?;
+    let starter = launch::mpi::Starter::parse(&args.mpirun)?;
     if let Some(max_restarts) = args.max_restarts {
         if args.save_every == 0 {
             anyhow::bail!("--save-every must be at least 1");
         }
-        return crate::restart_launch::run(crate::restart_launch::Plan {
+        return Ok(launch::restart::run(launch::restart::Plan {
             nproc: args.nproc,
-            workers: crate::restart_launch::Workers::Mpi(starter),
+            workers: launch::restart::Workers::Mpi(starter),
             max_restarts,
             save_every: args.save_every,
             save_dir: args.save_dir,
             command: args.command,
-        });
+        })?);
     }
     let failures = starter.run(args.nproc, &args.command, &[])?;
     if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }

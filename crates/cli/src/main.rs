@@ -7,17 +7,11 @@ mod campaign_cmd;
 mod choice;
 mod ckpt_cmd;
 mod coordinator_cmd;
-mod elastic_launch;
 mod fpna_cmd;
 mod inject_cmd;
 mod join_args;
 mod launch_cmd;
-mod mpi_launch;
-mod procs;
 mod report_cmd;
-mod restart_launch;
-mod restart_policy;
-mod static_launch;
 mod train_cmd;
 
 use std::process::ExitCode;

@@ -324,14 +324,11 @@ fn check_faults_fire(c: &TrainConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The environment variable in which a launcher gives its workers its pid.
-pub const LAUNCHER_PID: &str = "STEADFAST_LAUNCHER_PID";
-
 /// A worker started by `launch` ends when its launcher is gone (killed with `kill -9`, it
 /// could not take its workers along): it checks four times a second whether it has been
 /// handed to another parent. A stopped launcher is still its parent: the job waits for it.
 fn exit_with_launcher() {
-    let Some(launcher) = std::env::var(LAUNCHER_PID).ok().and_then(|v| v.parse::<u32>().ok()) else { return };
+    let Some(launcher) = std::env::var(launch::LAUNCHER_PID).ok().and_then(|v| v.parse::<u32>().ok()) else { return };
     if std::os::unix::process::parent_id() != launcher {
         // Started by something else with the variable set by hand: nothing to watch.
         return;

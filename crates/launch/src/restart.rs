@@ -12,10 +12,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-
-use crate::procs::say;
-use crate::static_launch::{Nodes, StaticJob, run_static};
+use crate::static_job::{Nodes, StaticJob};
+use crate::{LaunchError, say};
 
 /// How a checkpoint-restart job is run.
 pub struct Plan {
@@ -43,14 +41,16 @@ pub enum Workers {
         heartbeat_timeout: Duration,
     },
     /// The MPI starter of `--engine mpi`.
-    Mpi(crate::mpi_launch::Starter),
+    Mpi(crate::mpi::Starter),
 }
 
 /// Runs the job; fails unless it finished within its restarts.
-pub fn run(plan: Plan) -> anyhow::Result<()> {
+pub fn run(plan: Plan) -> Result<(), LaunchError> {
     let taken = ["--checkpoint-dir", "--checkpoint-every", "--resume"];
     if let Some(flag) = plan.command.iter().find(|a| taken.iter().any(|t| a.split('=').next() == Some(*t))) {
-        anyhow::bail!("--recovery checkpoint sets the workers' {flag}: give the launcher --save-dir and --save-every");
+        return Err(LaunchError::Config(format!(
+            "--recovery checkpoint sets the workers' {flag}: give the launcher --save-dir and --save-every"
+        )));
     }
     let (dir, temporary) = match &plan.save_dir {
         Some(d) => (d.clone(), false),
@@ -60,12 +60,14 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
             (std::env::temp_dir().join(name), true)
         }
     };
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(LaunchError::io(format!("cannot create {}", dir.display())))?;
     let started = Instant::now();
     let mut restarts = 0u32;
     loop {
         let incarnation = u64::from(restarts);
-        let last = ckpt::store::list(&dir).with_context(|| format!("cannot list {}", dir.display()))?.pop();
+        let last = ckpt::store::list(&dir)
+            .map_err(|e| LaunchError::Failed(format!("cannot list the checkpoints in {}: {e}", dir.display())))?
+            .pop();
         let mut command = plan.command.clone();
         command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
         command.extend(["--checkpoint-every".into(), plan.save_every.to_string(), "--keep-last".into(), "2".into()]);
@@ -79,7 +81,7 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         let env = vec![("STEADFAST_INCARNATION".to_owned(), incarnation.to_string())];
         let failures = match &plan.workers {
             Workers::Mpi(starter) => starter.run(plan.nproc, &command, &env)?,
-            &Workers::Own { rendezvous_timeout, heartbeat_timeout } => run_static(&StaticJob {
+            &Workers::Own { rendezvous_timeout, heartbeat_timeout } => crate::static_job::run(&StaticJob {
                 nproc: plan.nproc,
                 nodes: Nodes::single(),
                 command: &command,
@@ -100,7 +102,10 @@ pub fn run(plan: Plan) -> anyhow::Result<()> {
         }
         say!(started, "the job failed: {}", failures.join("; "));
         if restarts >= plan.max_restarts {
-            anyhow::bail!("the job failed after {restarts} restart(s); its checkpoints are in {}", dir.display());
+            return Err(LaunchError::Failed(format!(
+                "the job failed after {restarts} restart(s); its checkpoints are in {}",
+                dir.display()
+            )));
         }
         restarts += 1;
         say!(started, "restarting every worker from the last checkpoint (restart {restarts} of {})", plan.max_restarts);

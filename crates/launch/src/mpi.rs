@@ -4,11 +4,11 @@
 //! one) and its collectives carry the all-reduce; the launcher only builds the command and
 //! reads the starter's exit status. A rank's failure ends an MPI job on every rank, so a
 //! job with `--max-restarts` is restarted whole from its last checkpoint (see
-//! [`crate::restart_launch`]).
+//! [`crate::restart`]).
 
 use std::process::Command;
 
-use anyhow::Context;
+use crate::LaunchError;
 
 /// The MPI starter and its options, as `--mpirun` gives them.
 #[derive(Clone, Debug)]
@@ -18,21 +18,23 @@ pub struct Starter {
 
 impl Starter {
     /// Parses `--mpirun`: a program and its options, separated by spaces.
-    pub fn parse(text: &str) -> anyhow::Result<Starter> {
+    pub fn parse(text: &str) -> Result<Starter, LaunchError> {
         let words: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
         if words.is_empty() {
-            anyhow::bail!("--mpirun is empty: give the MPI starter, e.g. \"mpirun --oversubscribe\"");
+            return Err(LaunchError::Config(
+                "--mpirun is empty: give the MPI starter, e.g. \"mpirun --oversubscribe\"".into(),
+            ));
         }
         if words.iter().any(|w| w == "-n" || w == "-np" || w.starts_with("--np")) {
-            anyhow::bail!("--mpirun must not set the process count: give it as --nproc");
+            return Err(LaunchError::Config("--mpirun must not set the process count: give it as --nproc".into()));
         }
         Ok(Starter { words })
     }
 
     /// The full command of a job of `nproc` ranks running `command` (`train ...`), with
     /// `env` exported to every rank.
-    pub fn command(&self, nproc: usize, command: &[String], env: &[(String, String)]) -> anyhow::Result<Command> {
-        let exe = std::env::current_exe().context("cannot find this executable")?;
+    pub fn command(&self, nproc: usize, command: &[String], env: &[(String, String)]) -> Result<Command, LaunchError> {
+        let exe = std::env::current_exe().map_err(LaunchError::io("cannot find this executable"))?;
         let mut c = Command::new(&self.words[0]);
         c.args(&self.words[1..]).args(["-n", &nproc.to_string()]);
         for (name, value) in env {
@@ -47,15 +49,16 @@ impl Starter {
     }
 
     /// Runs the job once; returns why it failed (empty when it succeeded).
-    pub fn run(&self, nproc: usize, command: &[String], env: &[(String, String)]) -> anyhow::Result<Vec<String>> {
+    pub fn run(&self, nproc: usize, command: &[String], env: &[(String, String)]) -> Result<Vec<String>, LaunchError> {
         let mut c = self.command(nproc, command, env)?;
-        let status = c.status().with_context(|| format!("cannot start {:?} (is MPI installed?)", self.words[0]))?;
+        let status =
+            c.status().map_err(LaunchError::io(format!("cannot start {:?} (is MPI installed?)", self.words[0])))?;
         Ok(if status.success() { Vec::new() } else { vec![format!("{} exited with {status}", self.words[0])] })
     }
 }
 
 /// Whether `command` already selects the MPI engine; an error when it selects another.
-fn has_engine_mpi(command: &[String]) -> anyhow::Result<bool> {
+fn has_engine_mpi(command: &[String]) -> Result<bool, LaunchError> {
     let mut words = command.iter();
     while let Some(w) = words.next() {
         let value = match w.strip_prefix("--engine") {
@@ -64,7 +67,9 @@ fn has_engine_mpi(command: &[String]) -> anyhow::Result<bool> {
             _ => continue,
         };
         if value != "mpi" {
-            anyhow::bail!("launch --engine mpi runs the workers with --engine mpi, not --engine {value}");
+            return Err(LaunchError::Config(format!(
+                "launch --engine mpi runs the workers with --engine mpi, not --engine {value}"
+            )));
         }
         return Ok(true);
     }

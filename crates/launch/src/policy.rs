@@ -1,5 +1,5 @@
 //! What an elastic launcher does when one of its workers exits: the policy alone, a pure
-//! state machine that the launcher's process supervision ([`crate::elastic_launch`])
+//! state machine that the launcher's process supervision ([`crate::elastic`])
 //! feeds with each exit and obeys. It holds no process, clock or output, so each rule is
 //! tested on its own below.
 //!
@@ -18,8 +18,8 @@
 //!
 //! Once the job fails or is stopped, no later exit changes anything.
 
-/// What the launcher does when a worker fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// What the launcher does when a worker fails (`--on-failure`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnFailure {
     /// Start a new process in the failed worker's slot; it fetches the state from the
     /// live replicas.
@@ -27,6 +27,27 @@ pub enum OnFailure {
     /// Go on with the survivors.
     Shrink,
 }
+
+impl repro::words::Word for OnFailure {
+    const KIND: &'static str = "failure policy";
+    const ALL: &'static [Self] = &[OnFailure::Replace, OnFailure::Shrink];
+
+    fn word(self) -> &'static str {
+        match self {
+            OnFailure::Replace => "replace",
+            OnFailure::Shrink => "shrink",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            OnFailure::Replace => "start a new process in the slot; it fetches the state from the live replicas",
+            OnFailure::Shrink => "go on with the survivors",
+        }
+    }
+}
+
+repro::text_form!(OnFailure);
 
 /// How a worker's process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,85 @@
+//! # launch: the supervision of a job's worker processes
+//!
+//! `steadfast launch` starts a job's workers (copies of the `steadfast` binary running
+//! `train`), forwards their output, watches them and ends them. This crate is that
+//! supervision, apart from the command line:
+//!
+//! - [`workers`]: starting a worker with its place in the job in its environment,
+//!   forwarding its output line by line, and hearing of its exit as an event (a thread per
+//!   worker waits for the end of its output, then reaps it): no loop polls the children;
+//! - [`policy`]: what an elastic job does when a worker exits, a pure function of the exit
+//!   and the job's state ([`RestartPolicy::on_exit`]), tested rule by rule;
+//! - [`static_job`]: a static job on one node or several, which fails when any worker
+//!   fails (node 0 serves the rendezvous and the heartbeat membership);
+//! - [`elastic`]: an elastic job on one host, which replaces or sheds lost workers, with
+//!   the step protocol's coordinator;
+//! - [`restart`]: the checkpoint-restart baseline, which starts every worker again from
+//!   the last checkpoint (and the way an MPI job survives a failure);
+//! - [`mpi`]: one run of a job under the system's MPI starter.
+//!
+//! Every launcher waits on events (a worker's exit, the coordinator's word) with a
+//! deadline, never on a timer that polls.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use std::time::Duration;
+
+pub mod elastic;
+pub mod mpi;
+pub mod policy;
+pub mod restart;
+pub mod static_job;
+pub mod workers;
+
+pub use policy::{Decision, Exit, OnFailure, RestartPolicy};
+
+/// The environment variable in which a launcher gives its workers its pid, so that a
+/// worker ends when its launcher is gone.
+pub const LAUNCHER_PID: &str = "STEADFAST_LAUNCHER_PID";
+
+/// How long workers may outlive the end of a job (the coordinator's last member, or the
+/// loss bound after a failure) before they are killed.
+pub const KILL_GRACE: Duration = Duration::from_secs(3);
+
+/// Why a job could not be run, or did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// An operating-system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The job's settings cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// The job ran and did not finish.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl LaunchError {
+    /// An I/O error while doing `what`.
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
+        let what = what.into();
+        move |source| LaunchError::Io { what, source }
+    }
+}
+
+/// One line of the launcher's, timed from the start of the job like the coordinator's.
+#[macro_export]
+macro_rules! say {
+    ($started:expr, $($arg:tt)*) => {
+        println!("[launcher]    {:>7.2} s  {}", $started.elapsed().as_secs_f64(), format!($($arg)*))
+    };
+}
+
+/// A fresh random secret for a job, as hex.
+pub fn job_secret() -> Result<String, LaunchError> {
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| LaunchError::Config(format!("cannot draw the job secret: {e}")))?;
+    Ok(secret.iter().map(|b| format!("{b:02x}")).collect())
+}
