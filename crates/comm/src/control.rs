@@ -153,18 +153,7 @@ pub fn coordinate(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<Stage, CommError> {
     let (shutdown, stop_request) = (&requests.shutdown, &requests.stop);
-    let secret = secret.to_vec();
-    let gate = Gate::open(listener, Limits::default(), move |stream| {
-        crate::transport::keepalive(stream).map_err(|e| e.to_string())?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
-        let id = handshake(stream, &secret, COORDINATOR_RANK).map_err(|e| e.to_string())?;
-        let f = read_frame(stream, MAX_CONTROL_FRAME).map_err(|e| e.to_string())?;
-        if f.kind != wire::KIND_HELLO {
-            return Err(format!("worker {id} sent a frame of kind {:#x} instead of its hello", f.kind));
-        }
-        Ok((id, wire::decode_hello(&f.payload).map_err(|e| e.to_string())?))
-    })
-    .map_err(|e| CommError::Setup(format!("coordinator listener: {e}")))?;
+    let gate = open_gate(listener, secret)?;
     let (tx, rx) = mpsc::channel();
     let stop_admitting = Arc::new(AtomicBool::new(false));
     let admitter = {
@@ -224,37 +213,12 @@ pub fn coordinate(
             Err(RecvTimeoutError::Disconnected) => unreachable!("the loop holds a sender"),
         };
         perform(&mut conns, actions);
-        // What changed, told once. (A worker that finished or stopped may close its
-        // connection: that is no loss.)
-        for (id, status, is_lost) in machine.workers() {
-            let over = matches!(status.phase, Phase::Finished | Phase::Stopped);
-            if !is_lost || over {
-                told_lost.remove(&id);
-            } else if told_lost.insert(id) {
-                let reason = if conns.contains_key(&id) {
-                    format!("silent for {:.1} s", timing.lost_after.as_secs_f64())
-                } else {
-                    "its connection closed".to_owned()
-                };
-                on_event(Event::Lost { id, incarnation: status.incarnation, reason });
-            }
-        }
-        if let Some(q) = machine.quorum()
-            && last_epoch != Some(q.epoch)
-        {
-            last_epoch = Some(q.epoch);
-            on_event(quorum_event(&machine, q));
-        }
-        let stage = machine.stage().clone();
-        if stage != last_stage {
-            match &stage {
-                Stage::Running => on_event(Event::Started { epoch: last_epoch.unwrap_or_default() }),
-                Stage::Finished => on_event(Event::Finished),
-                Stage::Stopped { reason } => on_event(Event::Stopped { reason: reason.clone() }),
-                Stage::Gathering { .. } | Stage::Syncing { .. } => {}
-            }
-            last_stage = stage.clone();
-        }
+        let stage = Told { lost: &mut told_lost, epoch: &mut last_epoch, stage: &mut last_stage }.tell(
+            &machine,
+            &conns,
+            timing.lost_after,
+            on_event,
+        );
         let over = matches!(stage, Stage::Finished | Stage::Stopped { .. })
             && machine.workers().all(|(_, s, l)| l || matches!(s.phase, Phase::Finished | Phase::Stopped));
         if over || shutdown.load(Ordering::Relaxed) {
@@ -266,6 +230,74 @@ pub fn coordinate(
             let _ = admitter.join();
             return Ok(stage);
         }
+    }
+}
+
+/// The coordinator's gate: a worker is admitted once it has proved the secret and sent
+/// its hello.
+fn open_gate(listener: TcpListener, secret: &[u8]) -> Result<Gate<(WorkerId, Hello)>, CommError> {
+    let secret = secret.to_vec();
+    Gate::open(listener, Limits::default(), move |stream| {
+        crate::transport::keepalive(stream).map_err(|e| e.to_string())?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let id = handshake(stream, &secret, COORDINATOR_RANK).map_err(|e| e.to_string())?;
+        let f = read_frame(stream, MAX_CONTROL_FRAME).map_err(|e| e.to_string())?;
+        if f.kind != wire::KIND_HELLO {
+            return Err(format!("worker {id} sent a frame of kind {:#x} instead of its hello", f.kind));
+        }
+        Ok((id, wire::decode_hello(&f.payload).map_err(|e| e.to_string())?))
+    })
+    .map_err(|e| CommError::Setup(format!("coordinator listener: {e}")))
+}
+
+/// What the coordinator has told of the job so far: the workers whose loss was told (until
+/// they report again), the last quorum's epoch, the last stage.
+struct Told<'t> {
+    lost: &'t mut BTreeSet<WorkerId>,
+    epoch: &'t mut Option<u64>,
+    stage: &'t mut Stage,
+}
+
+impl Told<'_> {
+    /// Tells what changed, once each; returns the stage now. (A worker that finished or
+    /// stopped may close its connection: that is no loss.)
+    fn tell(
+        self,
+        machine: &Coordinator,
+        conns: &BTreeMap<WorkerId, Conn>,
+        lost_after: Duration,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Stage {
+        for (id, status, is_lost) in machine.workers() {
+            let over = matches!(status.phase, Phase::Finished | Phase::Stopped);
+            if !is_lost || over {
+                self.lost.remove(&id);
+            } else if self.lost.insert(id) {
+                let reason = if conns.contains_key(&id) {
+                    format!("silent for {:.1} s", lost_after.as_secs_f64())
+                } else {
+                    "its connection closed".to_owned()
+                };
+                on_event(Event::Lost { id, incarnation: status.incarnation, reason });
+            }
+        }
+        if let Some(q) = machine.quorum()
+            && *self.epoch != Some(q.epoch)
+        {
+            *self.epoch = Some(q.epoch);
+            on_event(quorum_event(machine, q));
+        }
+        let stage = machine.stage().clone();
+        if stage != *self.stage {
+            match &stage {
+                Stage::Running => on_event(Event::Started { epoch: self.epoch.unwrap_or_default() }),
+                Stage::Finished => on_event(Event::Finished),
+                Stage::Stopped { reason } => on_event(Event::Stopped { reason: reason.clone() }),
+                Stage::Gathering { .. } | Stage::Syncing { .. } => {}
+            }
+            *self.stage = stage.clone();
+        }
+        stage
     }
 }
 

@@ -123,8 +123,10 @@ pub fn run(plan: Plan) -> Result<(), LaunchError> {
             let _ = tx.send(Heard::CoordinatorDone);
             stage
         });
-        job.supervise(&rx, requests)?;
+        let supervised = job.supervise(&rx, requests);
+        // Also when supervision failed: the coordinator's thread must end.
         requests.shutdown.store(true, Ordering::Relaxed);
+        supervised?;
         let stage = match coordinator.join() {
             Ok(stage) => stage.map_err(|e| LaunchError::Failed(format!("the coordinator failed: {e}")))?,
             Err(_) => return Err(LaunchError::Failed("the coordinator thread panicked".into())),
@@ -211,7 +213,8 @@ impl Supervisor<'_> {
         let (slot, started) = (e.slot, self.started);
         let status = e.status.map_err(|why| LaunchError::Failed(format!("cannot reap worker {slot}: {why}")))?;
         let exit = Exit::of(status);
-        if exit != Exit::Success {
+        // (A worker killed after the end of the job was said to be.)
+        if exit != Exit::Success && !self.killed {
             say!(started, "worker {slot} (process {}) exited with {status}", e.incarnation + 1);
         }
         let over = self.over_since.is_some() || self.finished;

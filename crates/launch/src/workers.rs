@@ -3,10 +3,12 @@
 //! `[slot]` prefix, and its exit heard as an event.
 //!
 //! No loop polls the children. For each worker a thread waits until both of its output
-//! pipes close (which happens when the process exits; a stopped process keeps them open),
-//! then reaps it and sends an [`Exited`] event into the launcher's channel, where it
-//! arrives among the coordinator's events. Killing goes through the same handle, so a
-//! signal never reaches a process that was already reaped (whose pid may be reused).
+//! pipes close, then reaps it and sends an [`Exited`] event into the launcher's channel,
+//! where it arrives among the coordinator's events. The pipes close when the worker exits
+//! (a stopped worker keeps them open), unless a process the worker started outlives it
+//! with them: a `steadfast train` worker starts none that lives on. Killing goes through
+//! the same handle, so a signal never reaches a process that was already reaped (whose
+//! pid may be reused).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -130,23 +132,37 @@ impl<T: Send + 'static> Workers<T> {
 }
 
 /// Forwards a worker's standard output and error (piped) to ours, each line prefixed with
-/// `[slot]` and written whole.
+/// `[slot]` and written whole, to the end of each pipe (bytes that are not UTF-8 are
+/// replaced, not a reason to stop).
 fn forward_output(slot: usize, child: &mut Child) -> [JoinHandle<()>; 2] {
     let out = child.stdout.take().expect("piped");
     let err = child.stderr.take().expect("piped");
     [
         std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let text = format!("[{slot}] {line}");
-                println!("{text}");
-            }
+            each_line(out, |line| println!("[{slot}] {line}"));
         }),
         std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
+            each_line(err, |line| {
                 // One write per line: unbuffered, a formatted line goes out in pieces.
                 let text = format!("[{slot}] {line}\n");
                 let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
-            }
+            });
         }),
     ]
+}
+
+/// Calls `f` with each line of `pipe` until it closes (or cannot be read).
+fn each_line(pipe: impl std::io::Read, mut f: impl FnMut(&str)) {
+    let mut reader = BufReader::new(pipe);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                f(text.trim_end_matches(['\n', '\r']));
+            }
+        }
+    }
 }

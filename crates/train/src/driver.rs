@@ -21,8 +21,9 @@
 //! | `Update` | [`Hooks::before_update`], then the `update` phase |
 //! | `Checkpoint` (when due) | the `checkpoint` phase before |
 //!
-//! Every bit flip the hooks make is handed to [`Runner::injected`] after the action that
-//! made it.
+//! The bit flips the hooks make are handed to [`Runner::injected`] after the load, after a
+//! reduction that went on (with those of the layer taps) and before the update. Every hook
+//! is told the step the call of [`Driver::run`] began at.
 
 use std::time::{Duration, Instant};
 
@@ -298,6 +299,10 @@ impl Driver {
                     Flow::Go
                 }
                 Op::Reduce => {
+                    if self.micro.is_empty() {
+                        // A rank that owns no micro-batch still passes its forward phase.
+                        begin_compute(engine, state, at, hooks, &mut first_forward);
+                    }
                     hooks.reached(at, Phase::Allreduce);
                     let flow = runner.reduce(at, Reduction { engine, parts: &self.micro, sum: &mut self.sum })?;
                     if flow == Flow::Go {

@@ -162,7 +162,11 @@ fn backward(stage: usize, stages: usize, m: usize) -> impl Iterator<Item = Op> {
 /// GPipe's step on `stage` of `stages`: every micro-batch's forward pass, then every
 /// backward pass in reverse order, then the tail. Each stage keeps all `micro_batches`
 /// micro-batches' activations at once.
+///
+/// # Panics
+/// If `stage` is not below `stages`.
 pub fn gpipe(stages: usize, stage: usize, micro_batches: usize) -> Vec<Op> {
+    assert!(stage < stages, "stage {stage} of {stages}");
     let forwards = (0..micro_batches).flat_map(|m| forward(stage, stages, m));
     let backwards = (0..micro_batches).rev().flat_map(|m| backward(stage, stages, m));
     std::iter::once(Op::Load).chain(forwards).chain(backwards).chain(TAIL).collect()
@@ -172,7 +176,11 @@ pub fn gpipe(stages: usize, stage: usize, micro_batches: usize) -> Vec<Op> {
 /// forward passes to fill the pipeline, then one forward and one backward in turn, then
 /// the remaining backward passes. A stage keeps at most `stages - stage` micro-batches'
 /// activations at once.
+///
+/// # Panics
+/// If `stage` is not below `stages`.
 pub fn one_f_one_b(stages: usize, stage: usize, micro_batches: usize) -> Vec<Op> {
+    assert!(stage < stages, "stage {stage} of {stages}");
     let warmup = (stages - stage - 1).min(micro_batches);
     let mut actions = vec![Op::Load];
     actions.extend((0..warmup).flat_map(|m| forward(stage, stages, m)));

@@ -1,13 +1,14 @@
 //! The trainer: the step loop, periodic evaluation, checkpoints and metrics, in one
 //! process or as one rank of a data-parallel job.
 //!
-//! Each step is [`crate::step`]'s sequence of phases: the hooks of `--inject` faults, the
-//! compute phase on the micro-batches this rank owns (`i mod world == rank`), the
-//! reduction (locally, or one all-reduce across the job through [`crate::job`]), the vote
-//! (a job votes with [`comm::commit`]; a single process refuses a non-finite sum by
-//! itself), and the update. After it: every `fingerprint_every` steps the replicas are
-//! compared, checkpoints are written (every rank writes its own part), and every
-//! `eval_every` steps the model is scored on the held-out split.
+//! Each step is the data-parallel [`schedule`](crate::schedule) of this rank, run by the
+//! step [`driver`](crate::driver) with this module's runner: the hooks of `--inject`
+//! faults, the compute phase on the micro-batches this rank owns (`i mod world == rank`),
+//! the reduction (locally, or one all-reduce across the job through [`crate::job`]), the
+//! vote (a job votes with [`comm::commit`]; a single process refuses a non-finite sum by
+//! itself), and the update; then every `fingerprint_every` steps the replicas are
+//! compared and checkpoints are written (every rank writes its own part). After the step,
+//! every `eval_every` steps the model is scored on the held-out split.
 //!
 //! In a job, a heartbeat thread ([`comm::supervisor::Heartbeat`]) listens to the
 //! coordinator; when it reports a lost member, the transport is aborted, so that the step

@@ -187,6 +187,9 @@ impl Shell<'_, '_, '_> {
             .into());
         }
         let update = schedule::update_index(&self.ops).expect("a data-parallel step has an update");
+        // The members of the epoch that applies: a worker that rolls forward applies in a
+        // later epoch than the one it computed in.
+        self.side.members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
         let stop = self.step_ops(update)?;
         self.sum_step = None;
         let found = self.side.found.take();
