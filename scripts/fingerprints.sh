@@ -32,19 +32,18 @@
 #                 and `launch` jobs of 1, 2 and 4 workers
 #   docs/recovery.md:325  bb5563f964cde29d  scripts/chaos.sh's reference: one process and a
 #                 `launch --nproc 3 --max-restarts 2` job (undisturbed)
+#   docs/benchmarks.md:655  dbd33490bfc45348 (reproducible, 2 and 4 ranks), d81ec76a545f6181 and
+#                 2cc492b65f9cc4a7 (fast, 2 and 4 ranks): the engines table's runs today
 #
 # Skipped:
 #   docs/benchmarks.md:470-472  c66b2b0f7e5086f3, 8d633670f4414ce6, d7f9f4717ea307d5: SHA-256
 #       prefixes of PyTorch DDP's final weights (needs PyTorch; not a Steadfast fingerprint).
 #   docs/benchmarks.md:650-653  the engines table: its MPI column needs MPI, its DDP column
 #       (6c9dbf8c57c25511, 675608151aa23a39, c6922b404ef1981e) PyTorch; and its Steadfast
-#       column (2d27caa5ea681bfe, 0e73f0b1aa54501b, 25e92ccf41d45514, a953b8ae65088e32) is stale:
+#       column (2d27caa5ea681bfe, 0e73f0b1aa54501b, 25e92ccf41d45514, a953b8ae65088e32) was
 #       recorded 2026-11-23 on an Intel Xeon (commit 2b58ab3) before the fixed-order kernels
 #       became the MLP's default (38ac3f9), i.e. with the framework's kernels, whose bits depend
-#       on the CPU. The same commands (bench/engines.py: train --model mlp --data fashion-mnist
-#       --steps 300 --batch 128 --micro-batch 32 --eval-every 0, under launch --nproc 2|4) print
-#       today, with the fixed kernels: reproducible dbd33490bfc45348 for 1, 2 and 4 ranks; fast
-#       876a29d43247f5c8 (1 process), d81ec76a545f6181 (2 ranks), 2cc492b65f9cc4a7 (4 ranks).
+#       on the CPU; the table's note gives today's values, which are checked above.
 #   docs/checkpoint-study.md:340  f28b9b437bef7304, b94062c8c82ea9f0: checksums of one tensor
 #       of a checkpoint shard (a damaged-checkpoint trial of the Python study), not fingerprints.
 #   docs/determinism.md:105  04aa6be4b11e1abe, 2d25dbd79a004c85; :118 f1d6fc0467948685: the
@@ -84,6 +83,7 @@ add() { cases+=("$1|$2|$3|$4"); }
 ddp='train --model mlp --data fashion-mnist --steps 1000 --batch 128 --micro-batch 32 --reduce reproducible --eval-every 0'
 demo='train --model mlp --data fashion-mnist --micro-batch 32 --reduce reproducible'
 chaos='train --model mlp --data synthetic --batch 48 --micro-batch 16 --eval-every 0 --reduce reproducible --steps 300'
+engines='train --model mlp --data fashion-mnist --steps 300 --batch 128 --micro-batch 32 --eval-every 0'
 
 add 9a1bbcea6ca95d75 docs/determinism.md:105 1 '@ISA $BIN train --model mlp --data synthetic --steps 20 --eval-every 0'
 add a1fca554858829e8 docs/determinism.md:105 1 '@ISA $BIN train --model cnn --data synthetic --steps 20 --eval-every 0'
@@ -96,6 +96,10 @@ add b4ef702b0c1afffe docs/benchmarks.md:470 1 "\$BIN $ddp"
 add b4ef702b0c1afffe docs/benchmarks.md:470 1 "\$BIN launch --nproc 1 -- $ddp"
 add b4ef702b0c1afffe docs/benchmarks.md:471 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $ddp"
 add b4ef702b0c1afffe docs/benchmarks.md:472 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $ddp"
+add dbd33490bfc45348 docs/benchmarks.md:655 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $engines --reduce reproducible"
+add dbd33490bfc45348 docs/benchmarks.md:655 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $engines --reduce reproducible"
+add d81ec76a545f6181 docs/benchmarks.md:655 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $engines --reduce fast"
+add 2cc492b65f9cc4a7 docs/benchmarks.md:655 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $engines --reduce fast"
 add 4f23aca6bf562476 docs/benchmarks.md:156 1 'RAYON_NUM_THREADS=1 $BIN train --model gpt --data fortunes --steps 40 --batch 32 --lr 2e-3 --eval-every 0 --eval-limit 1'
 add 86d83b830b7b2b3e docs/benchmarks.md:156 1 'RAYON_NUM_THREADS=1 $BIN train --model gpt --data fortunes --steps 60 --batch 32 --lr 2e-3 --eval-every 0 --eval-limit 1'
 add d6a2bc595108f44d docs/determinism.md:107 1 'qemu-x86_64 -cpu qemu64 $BIN train --model mlp --data synthetic --steps 20 --eval-every 0 --kernels framework'

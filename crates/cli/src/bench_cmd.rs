@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::choice;
-use crate::join_args::{EngineArg, JoinArgs};
+use crate::join_args::{JoinArgs, Meet};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -170,20 +170,14 @@ fn collective(b: &CollectiveArgs) -> anyhow::Result<()> {
         .join
         .place(false)?
         .context("bench collective runs one process per rank: start it with `steadfast launch`, `mpirun` or `srun`")?;
-    let d = train::DistConfig {
-        rank: place.rank,
-        world: place.world,
-        engine: place.engine,
-        timeout: place.timeout,
-        fingerprint_every: 0,
-        elastic: None,
-        incarnation: 0,
-        copy_every: None,
-        on_divergence: train::OnDivergence::Stop,
-    };
-    let (job, engine) = match b.join.engine {
-        EngineArg::Mpi => (train::job::Job::start_mpi(&d)?, "mpi"),
-        EngineArg::Steadfast => (train::job::Job::connect(&d)?, "steadfast"),
+    let settings = train::JobSettings { timeout: place.timeout, fingerprint_every: 0, incarnation: 0 };
+    let (job, engine) = match place.meet {
+        Meet::Mpi => (train::job::Job::start_mpi(&settings)?, "mpi"),
+        Meet::Mesh { rendezvous, secret, bind } => {
+            let rank =
+                train::MeshRank { rank: place.rank, world: place.world, rendezvous, secret, bind, job: settings };
+            (train::job::Job::connect(&rank)?, "steadfast")
+        }
     };
     let (rank, world) = job.place();
     let mut reducer = comm::collective::Reducer::default();

@@ -119,8 +119,8 @@ fn elastic(args: &CoordinatorArgs, listener: TcpListener, secret: &[u8], lost_af
         println!("{:>7.2} s  {event}", started.elapsed().as_secs_f64());
     })?;
     match stage {
-        comm::protocol::coordinator::Stage::Finished => Ok(()),
-        comm::protocol::coordinator::Stage::Stopped { reason } => anyhow::bail!("the job stopped: {reason}"),
+        comm::protocol::coordinator::JobState::Finished => Ok(()),
+        comm::protocol::coordinator::JobState::Stopped { reason } => anyhow::bail!("the job stopped: {reason}"),
         other => anyhow::bail!("the coordinator ended while {other:?}"),
     }
 }

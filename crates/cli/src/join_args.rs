@@ -49,14 +49,30 @@ pub enum EngineArg {
 /// Where a process stands in its job, once its flags and environment are read.
 #[derive(Debug)]
 pub struct Place {
-    /// This process's rank (0 for MPI until MPI says otherwise).
+    /// This worker's rank (an elastic worker's slot).
     pub rank: usize,
-    /// The job's size (1 for MPI until MPI says otherwise).
+    /// The number of ranks (an elastic job's initial size).
     pub world: usize,
     /// How the ranks reach each other.
-    pub engine: train::Engine,
+    pub meet: Meet,
     /// Bound on every collective step.
     pub timeout: Duration,
+}
+
+/// How the ranks of a job reach each other.
+#[derive(Debug)]
+pub enum Meet {
+    /// Through MPI, which gives the rank and size when the job starts.
+    Mpi,
+    /// On Steadfast's mesh.
+    Mesh {
+        /// Where the ranks meet.
+        rendezvous: train::Rendezvous,
+        /// The job's shared secret.
+        secret: Vec<u8>,
+        /// Address this worker listens on for its peers.
+        bind: std::net::IpAddr,
+    },
 }
 
 /// The first of the environment variables `names` that is set and not empty.
@@ -81,7 +97,7 @@ impl JoinArgs {
                 );
             }
             // MPI's rank and size replace these when the job starts.
-            return Ok(Some(Place { rank: 0, world: 1, engine: train::Engine::Mpi, timeout }));
+            return Ok(Some(Place { rank: 0, world: 1, meet: Meet::Mpi, timeout }));
         }
         let parse = |v: String, what: &str| v.parse::<usize>().map_err(|e| anyhow::anyhow!("bad {what} {v:?}: {e}"));
         let world = match self.world_size {
@@ -145,7 +161,7 @@ impl JoinArgs {
         let secret = env_first(&["STEADFAST_SECRET"])
             .ok_or_else(|| anyhow::anyhow!("STEADFAST_SECRET is not set (the launcher sets it for its workers)"))?
             .into_bytes();
-        Ok(Some(Place { rank, world, engine: train::Engine::Steadfast { rendezvous, secret, bind }, timeout }))
+        Ok(Some(Place { rank, world, meet: Meet::Mesh { rendezvous, secret, bind }, timeout }))
     }
 }
 

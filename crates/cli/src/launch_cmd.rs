@@ -207,7 +207,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
             if args.on_failure == Some(OnFailure::Shrink) {
                 anyhow::bail!("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink");
             }
-            return Ok(launch::restart::run(launch::restart::Plan {
+            return Ok(launch::restart::run(launch::restart::RestartJob {
                 nproc: args.nproc,
                 workers: launch::restart::Workers::Own {
                     rendezvous_timeout: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
@@ -219,7 +219,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
                 command: args.command,
             })?);
         }
-        return Ok(launch::elastic::run(launch::elastic::Plan {
+        return Ok(launch::elastic::run(launch::elastic::ElasticJob {
             nproc: args.nproc,
             max_restarts: args.max_restarts.unwrap_or(0),
             on_failure: args.on_failure.unwrap_or(if args.max_restarts.is_some() {
@@ -267,7 +267,7 @@ fn run_mpi(args: LaunchArgs) -> anyhow::Result<()> {
         if args.save_every == 0 {
             anyhow::bail!("--save-every must be at least 1");
         }
-        return Ok(launch::restart::run(launch::restart::Plan {
+        return Ok(launch::restart::run(launch::restart::RestartJob {
             nproc: args.nproc,
             workers: launch::restart::Workers::Mpi(starter),
             max_restarts,

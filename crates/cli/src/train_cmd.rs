@@ -6,14 +6,14 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::choice;
-use crate::join_args::{JoinArgs, env_first};
+use crate::join_args::{JoinArgs, Meet, env_first};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use train::CheckpointConfig;
 use train::data::DataKind;
 use train::model::ModelKind;
 use train::optim::OptimKind;
-use train::{Event, TrainConfig};
+use train::{Progress, TrainConfig};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -201,16 +201,32 @@ fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
     if copy_every.is_some() && !elastic {
         anyhow::bail!("--copy-every goes with --elastic (the rollback baseline of an elastic job)");
     }
-    Ok(Some(train::DistConfig {
-        rank: place.rank,
-        world: place.world,
-        engine: place.engine,
-        timeout: place.timeout,
-        fingerprint_every: args.fingerprint_every,
-        elastic: elastic.then_some(incarnation),
-        incarnation,
-        copy_every,
-        on_divergence: args.on_divergence,
+    let job = train::JobSettings { timeout: place.timeout, fingerprint_every: args.fingerprint_every, incarnation };
+    Ok(Some(match place.meet {
+        Meet::Mpi => train::DistConfig::Mpi(job),
+        Meet::Mesh { rendezvous: train::Rendezvous::Coordinator(coordinator), secret, bind } if elastic => {
+            train::DistConfig::Elastic(train::ElasticWorker {
+                slot: place.rank,
+                world: place.world,
+                coordinator,
+                secret,
+                bind,
+                job,
+                copy_every,
+                on_divergence: args.on_divergence,
+            })
+        }
+        Meet::Mesh { .. } if elastic => {
+            anyhow::bail!("an elastic job's membership is kept by its coordinator (--coordinator), not in etcd")
+        }
+        Meet::Mesh { rendezvous, secret, bind } => train::DistConfig::Mesh(train::MeshRank {
+            rank: place.rank,
+            world: place.world,
+            rendezvous,
+            secret,
+            bind,
+            job,
+        }),
     }))
 }
 
@@ -277,7 +293,7 @@ impl TrainArgs {
         if self.checkpoint_every == Some(0) {
             anyhow::bail!("--checkpoint-every must be at least 1");
         }
-        if self.on_divergence == train::OnDivergence::Repair && c.dist.as_ref().is_none_or(|d| d.elastic.is_none()) {
+        if self.on_divergence == train::OnDivergence::Repair && !matches!(c.dist, Some(train::DistConfig::Elastic(_))) {
             anyhow::bail!(
                 "--on-divergence repair needs an elastic job, whose replicas can fetch the state from one another: \
                  add --max-restarts K to its `launch` (or run `train --elastic` workers); a static job can only stop"
@@ -300,8 +316,7 @@ impl TrainArgs {
 fn check_faults_fire(c: &TrainConfig) -> anyhow::Result<()> {
     let world = match &c.dist {
         None => Some(1),
-        Some(d) if d.engine == train::Engine::Mpi => None,
-        Some(d) => Some(d.world),
+        Some(d) => d.world(),
     };
     let mut at: Vec<(String, u64, usize)> = c.inject.iter().map(|f| ("--inject".to_owned(), f.step, f.rank)).collect();
     for f in &c.faults {
@@ -357,15 +372,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             .expect("valid template"),
     );
     bar.enable_steady_tick(Duration::from_millis(250));
-    let mut on_event = |event: Event| match event {
-        Event::Started { parameters, .. } => {
+    let mut on_event = |event: Progress| match event {
+        Progress::Started { parameters, .. } => {
             tracing::info!(parameters, "training started");
         }
-        Event::Step { step, loss } => {
+        Progress::Step { step, loss } => {
             bar.set_position(step);
             bar.set_message(format!("loss {loss:.4}"));
         }
-        Event::Eval(r) => {
+        Progress::Eval(r) => {
             let ppl = r.perplexity.map(|p| format!(", perplexity {p:.3}")).unwrap_or_default();
             let line = format!("step {:>6}  test loss {:.4}, accuracy {:.2}%{ppl}", r.step, r.loss, 100.0 * r.accuracy);
             if bar.is_hidden() {

@@ -24,9 +24,9 @@ use crate::awake::AwakeClock;
 use crate::frame::{FrameError, read_frame, write_frame};
 use crate::gate::{Gate, Limits};
 use crate::handshake::handshake;
-use crate::protocol::coordinator::{Admission, Stage};
+use crate::protocol::coordinator::{Admission, JobState};
 use crate::protocol::wire::{self, Hello};
-use crate::protocol::{Action, Coordinator, Msg, Node, Phase, Quorum, Timing, WorkerId};
+use crate::protocol::{Action, Coordinator, Msg, Node, Quorum, Timing, WorkerId, WorkerState};
 use crate::rendezvous::COORDINATOR_RANK;
 use crate::transport::{CommError, DialError, dial};
 
@@ -151,7 +151,7 @@ pub fn coordinate(
     timing: Timing,
     requests: &Requests,
     on_event: &mut dyn FnMut(Event),
-) -> Result<Stage, CommError> {
+) -> Result<JobState, CommError> {
     let (shutdown, stop_request) = (&requests.shutdown, &requests.stop);
     let gate = open_gate(listener, secret)?;
     let (tx, rx) = mpsc::channel();
@@ -219,8 +219,8 @@ pub fn coordinate(
             timing.lost_after,
             on_event,
         );
-        let over = matches!(stage, Stage::Finished | Stage::Stopped { .. })
-            && machine.workers().all(|(_, s, l)| l || matches!(s.phase, Phase::Finished | Phase::Stopped));
+        let over = matches!(stage, JobState::Finished | JobState::Stopped { .. })
+            && machine.workers().all(|(_, s, l)| l || matches!(s.phase, WorkerState::Finished | WorkerState::Stopped));
         if over || shutdown.load(Ordering::Relaxed) {
             stop_admitting.store(true, Ordering::Relaxed);
             for c in conns.values_mut() {
@@ -255,7 +255,7 @@ fn open_gate(listener: TcpListener, secret: &[u8]) -> Result<Gate<(WorkerId, Hel
 struct Told<'t> {
     lost: &'t mut BTreeSet<WorkerId>,
     epoch: &'t mut Option<u64>,
-    stage: &'t mut Stage,
+    stage: &'t mut JobState,
 }
 
 impl Told<'_> {
@@ -267,9 +267,9 @@ impl Told<'_> {
         conns: &BTreeMap<WorkerId, Conn>,
         lost_after: Duration,
         on_event: &mut dyn FnMut(Event),
-    ) -> Stage {
+    ) -> JobState {
         for (id, status, is_lost) in machine.workers() {
-            let over = matches!(status.phase, Phase::Finished | Phase::Stopped);
+            let over = matches!(status.phase, WorkerState::Finished | WorkerState::Stopped);
             if !is_lost || over {
                 self.lost.remove(&id);
             } else if self.lost.insert(id) {
@@ -290,10 +290,10 @@ impl Told<'_> {
         let stage = machine.stage().clone();
         if stage != *self.stage {
             match &stage {
-                Stage::Running => on_event(Event::Started { epoch: self.epoch.unwrap_or_default() }),
-                Stage::Finished => on_event(Event::Finished),
-                Stage::Stopped { reason } => on_event(Event::Stopped { reason: reason.clone() }),
-                Stage::Gathering { .. } | Stage::Syncing { .. } => {}
+                JobState::Running => on_event(Event::Started { epoch: self.epoch.unwrap_or_default() }),
+                JobState::Finished => on_event(Event::Finished),
+                JobState::Stopped { reason } => on_event(Event::Stopped { reason: reason.clone() }),
+                JobState::Gathering { .. } | JobState::Syncing { .. } => {}
             }
             *self.stage = stage.clone();
         }

@@ -2,7 +2,7 @@
 //!
 //! This module is the protocol alone, a state machine with no sockets, threads or clock:
 //! the caller feeds it what happened ([`Membership::heartbeat`], [`Membership::left`]) and
-//! the current time ([`Membership::tick`]), and acts on the [`Event`]s it returns. The
+//! the current time ([`Membership::tick`]), and acts on the [`Lost`] members it returns. The
 //! socket glue lives in [`supervisor`](crate::supervisor).
 //!
 //! Rules, in order:
@@ -37,23 +37,18 @@ impl std::fmt::Display for LossReason {
     }
 }
 
-/// What the caller must act on.
+/// What the caller must act on: a member is gone, and the survivors must abort the step.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// A member is gone; the survivors must abort the step.
-    Lost {
-        /// Its rank.
-        rank: usize,
-        /// Why.
-        reason: LossReason,
-    },
+pub struct Lost {
+    /// Its rank.
+    pub rank: usize,
+    /// Why.
+    pub reason: LossReason,
 }
 
-impl std::fmt::Display for Event {
+impl std::fmt::Display for Lost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Event::Lost { rank, reason } => write!(f, "rank {rank} lost: {reason}"),
-        }
+        write!(f, "rank {} lost: {}", self.rank, self.reason)
     }
 }
 
@@ -100,7 +95,7 @@ impl Membership {
     }
 
     /// `rank`'s connection ended: cleanly after a goodbye (`finished`), or not.
-    pub fn left(&mut self, rank: usize, finished: bool) -> Vec<Event> {
+    pub fn left(&mut self, rank: usize, finished: bool) -> Vec<Lost> {
         match self.members.get_mut(rank) {
             Some(s @ State::Alive { .. }) if finished => {
                 *s = State::Finished;
@@ -108,14 +103,14 @@ impl Membership {
             }
             Some(s @ State::Alive { .. }) => {
                 *s = State::Lost(LossReason::Disconnected);
-                vec![Event::Lost { rank, reason: LossReason::Disconnected }]
+                vec![Lost { rank, reason: LossReason::Disconnected }]
             }
             _ => Vec::new(),
         }
     }
 
     /// Declares lost every member silent for longer than the timeout at `now`.
-    pub fn tick(&mut self, now: Instant) -> Vec<Event> {
+    pub fn tick(&mut self, now: Instant) -> Vec<Lost> {
         let mut events = Vec::new();
         for (rank, s) in self.members.iter_mut().enumerate() {
             if let State::Alive { last } = *s {
@@ -123,7 +118,7 @@ impl Membership {
                 if silent > self.timeout {
                     let reason = LossReason::Silent(silent);
                     *s = State::Lost(reason.clone());
-                    events.push(Event::Lost { rank, reason });
+                    events.push(Lost { rank, reason });
                 }
             }
         }
@@ -184,7 +179,7 @@ mod tests {
         m.heartbeat(2, at(t0, 900));
         assert!(m.tick(at(t0, 1000)).is_empty(), "exactly the timeout is not yet a loss");
         let events = m.tick(at(t0, 1001));
-        assert_eq!(events, vec![Event::Lost { rank: 1, reason: LossReason::Silent(Duration::from_millis(1001)) }]);
+        assert_eq!(events, vec![Lost { rank: 1, reason: LossReason::Silent(Duration::from_millis(1001)) }]);
         assert!(m.tick(at(t0, 1500)).is_empty(), "reported once");
         // A late heartbeat does not bring it back.
         m.heartbeat(1, at(t0, 1600));
@@ -197,7 +192,7 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Membership::new(2, T, t0);
         assert!(m.left(0, true).is_empty());
-        assert_eq!(m.left(1, false), vec![Event::Lost { rank: 1, reason: LossReason::Disconnected }]);
+        assert_eq!(m.left(1, false), vec![Lost { rank: 1, reason: LossReason::Disconnected }]);
         assert!(m.tick(at(t0, 10_000)).is_empty(), "finished members never time out");
         assert!(m.is_over());
         assert_eq!(m.lost(), vec![(1, LossReason::Disconnected)]);
@@ -231,7 +226,7 @@ mod tests {
         m.heartbeat(0, at(t0, 9995));
         assert_eq!(
             m.tick(at(t0, 10_010)),
-            vec![Event::Lost { rank: 1, reason: LossReason::Silent(Duration::from_millis(1010)) }]
+            vec![Lost { rank: 1, reason: LossReason::Silent(Duration::from_millis(1010)) }]
         );
     }
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use repro::rng::Stream;
 
-use crate::protocol::{Action, Coordinator, Msg, Node, Phase, Timing, Worker, WorkerId};
+use crate::protocol::{Action, Coordinator, Msg, Node, Timing, Worker, WorkerId, WorkerState};
 
 /// A fault at a moment of simulated time.
 #[derive(Clone, Debug, PartialEq)]
@@ -206,7 +206,7 @@ pub enum End {
     /// Killed, or hung for good.
     Dead,
     /// Still running when the simulation ended (a stuck run).
-    Running(Phase),
+    Running(WorkerState),
 }
 
 /// What a simulated run did.
@@ -275,7 +275,7 @@ struct Proc {
     end: Option<End>,
 }
 
-enum Event {
+enum Scheduled {
     Deliver { to: Node, to_proc: Option<usize>, from: Node, msg: Msg },
     Tick(Node, Option<usize>),
     CollectiveDeadline { epoch: u64, step: u64 },
@@ -300,7 +300,7 @@ struct Sim<'a> {
     base: Instant,
     now: Duration,
     seq: u64,
-    queue: BTreeMap<(Duration, u64), Event>,
+    queue: BTreeMap<(Duration, u64), Scheduled>,
     rng: Stream,
     procs: Vec<Proc>,
     coordinator: Option<Coordinator>,
@@ -354,7 +354,7 @@ pub fn run(c: &Config) -> Report {
         sim.start_worker(id);
     }
     for (i, f) in c.faults.iter().enumerate() {
-        sim.at(f.at(), Event::Fault(i));
+        sim.at(f.at(), Scheduled::Fault(i));
     }
     while let Some(((t, _), event)) = sim.queue.pop_first() {
         if t > c.limit {
@@ -376,7 +376,7 @@ impl Sim<'_> {
         self.base + self.now
     }
 
-    fn at(&mut self, t: Duration, e: Event) {
+    fn at(&mut self, t: Duration, e: Scheduled) {
         self.seq += 1;
         self.scheduled += u64::from(Self::scheduled(&e));
         self.queue.insert((t, self.seq), e);
@@ -384,11 +384,11 @@ impl Sim<'_> {
 
     /// Whether the event is a fault or a start still to come (the run is not over while
     /// one is pending).
-    fn scheduled(e: &Event) -> bool {
-        matches!(e, Event::Fault(_) | Event::Start(_) | Event::RestartCoordinator | Event::Resume(_))
+    fn scheduled(e: &Scheduled) -> bool {
+        matches!(e, Scheduled::Fault(_) | Scheduled::Start(_) | Scheduled::RestartCoordinator | Scheduled::Resume(_))
     }
 
-    fn after(&mut self, d: Duration, e: Event) {
+    fn after(&mut self, d: Duration, e: Scheduled) {
         self.at(self.now + d, e);
     }
 
@@ -408,7 +408,7 @@ impl Sim<'_> {
         self.coordinator =
             Some(Coordinator::new(generation, self.c.workers as usize, self.c.min_world, self.c.timing, now));
         self.coordinator_life += 1;
-        self.after(self.tick_every(), Event::Tick(Node::Coordinator, None));
+        self.after(self.tick_every(), Scheduled::Tick(Node::Coordinator, None));
     }
 
     fn start_worker(&mut self, id: WorkerId) {
@@ -433,7 +433,7 @@ impl Sim<'_> {
         });
         let p = self.procs.len() - 1;
         self.perform(Node::Worker(id), Some(p), actions);
-        self.after(self.tick_every(), Event::Tick(Node::Worker(id), Some(p)));
+        self.after(self.tick_every(), Scheduled::Tick(Node::Worker(id), Some(p)));
     }
 
     /// The live (not dead) process of a slot.
@@ -520,7 +520,7 @@ impl Sim<'_> {
         let last = self.links.entry((from, to, to_proc)).or_default();
         let arrive = (self.now + d).max(*last);
         *last = arrive;
-        self.at(arrive, Event::Deliver { to, to_proc, from, msg });
+        self.at(arrive, Scheduled::Deliver { to, to_proc, from, msg });
     }
 
     fn join_collective(&mut self, p: usize, epoch: u64, step: u64, members: Vec<WorkerId>) {
@@ -533,14 +533,14 @@ impl Sim<'_> {
         });
         if col.resolved {
             // Joined after the others gave up: it fails too.
-            self.after(Duration::from_micros(1), Event::Reduced { proc: p, epoch, step, sum: None });
+            self.after(Duration::from_micros(1), Scheduled::Reduced { proc: p, epoch, step, sum: None });
             return;
         }
         col.joined.push(p);
         let ids: Vec<WorkerId> = col.joined.iter().map(|&j| self.procs[j].id).collect();
         let everyone = col.members.iter().all(|m| ids.contains(m));
         if fresh {
-            self.after(timeout, Event::CollectiveDeadline { epoch, step });
+            self.after(timeout, Scheduled::CollectiveDeadline { epoch, step });
         }
         if everyone {
             self.resolve(epoch, step, false);
@@ -565,7 +565,7 @@ impl Sim<'_> {
         let delay = if complete { self.c.compute } else { Duration::from_micros(1) };
         for j in joined {
             let d = delay + self.latency();
-            self.after(d, Event::Reduced { proc: j, epoch, step, sum });
+            self.after(d, Scheduled::Reduced { proc: j, epoch, step, sum });
         }
     }
 
@@ -580,7 +580,7 @@ impl Sim<'_> {
             proc.id
         );
         assert_eq!(sum, digest(seed, step), "worker {} applies a wrong sum", proc.id);
-        let rolling = proc.machine.status().phase == Phase::Syncing;
+        let rolling = proc.machine.status().phase == WorkerState::Syncing;
         proc.step += 1;
         proc.fingerprint = mix(proc.fingerprint, sum);
         proc.held = None;
@@ -617,24 +617,26 @@ impl Sim<'_> {
             .collect();
         if reachable.is_empty() {
             let t = self.c.collective_timeout;
-            self.after(t, Event::FetchFailed { proc: p, epoch });
+            self.after(t, Scheduled::FetchFailed { proc: p, epoch });
             return;
         }
         let source = reachable[self.rng.below(reachable.len() as u64) as usize];
         let t = self.c.transfer + self.latency();
-        self.after(t, Event::Fetched { proc: p, epoch, source, step });
+        self.after(t, Scheduled::Fetched { proc: p, epoch, source, step });
     }
 
     /// The worker process an event is for, if any.
-    fn target(event: &Event) -> Option<usize> {
+    fn target(event: &Scheduled) -> Option<usize> {
         match event {
-            Event::Deliver { to_proc, .. } => *to_proc,
-            Event::Reduced { proc, .. } | Event::Fetched { proc, .. } | Event::FetchFailed { proc, .. } => Some(*proc),
+            Scheduled::Deliver { to_proc, .. } => *to_proc,
+            Scheduled::Reduced { proc, .. } | Scheduled::Fetched { proc, .. } | Scheduled::FetchFailed { proc, .. } => {
+                Some(*proc)
+            }
             _ => None,
         }
     }
 
-    fn handle(&mut self, event: Event) {
+    fn handle(&mut self, event: Scheduled) {
         let now = self.instant();
         if let Some(p) = Self::target(&event) {
             if self.procs[p].dead {
@@ -650,28 +652,28 @@ impl Sim<'_> {
             }
         }
         match event {
-            Event::Deliver { to: Node::Coordinator, from, msg, .. } => {
+            Scheduled::Deliver { to: Node::Coordinator, from, msg, .. } => {
                 if let Some(c) = self.coordinator.as_mut() {
                     let actions = c.on_message(now, from, msg);
                     self.perform(Node::Coordinator, None, actions);
                 }
             }
-            Event::Deliver { to, to_proc: Some(p), from, msg } => {
+            Scheduled::Deliver { to, to_proc: Some(p), from, msg } => {
                 let actions = self.procs[p].machine.on_message(now, from, msg);
                 self.perform(to, Some(p), actions);
             }
-            Event::Deliver { to_proc: None, .. } => {}
-            Event::Tick(Node::Coordinator, _) => {
+            Scheduled::Deliver { to_proc: None, .. } => {}
+            Scheduled::Tick(Node::Coordinator, _) => {
                 let life = self.coordinator_life;
                 if let Some(c) = self.coordinator.as_mut() {
                     let actions = c.tick(now);
                     self.perform(Node::Coordinator, None, actions);
                     if life == self.coordinator_life {
-                        self.after(self.tick_every(), Event::Tick(Node::Coordinator, None));
+                        self.after(self.tick_every(), Scheduled::Tick(Node::Coordinator, None));
                     }
                 }
             }
-            Event::Tick(node, Some(p)) => {
+            Scheduled::Tick(node, Some(p)) => {
                 if self.procs[p].dead || self.procs[p].end.is_some() {
                     return;
                 }
@@ -679,11 +681,11 @@ impl Sim<'_> {
                     let actions = self.procs[p].machine.tick(now);
                     self.perform(node, Some(p), actions);
                 }
-                self.after(self.tick_every(), Event::Tick(node, Some(p)));
+                self.after(self.tick_every(), Scheduled::Tick(node, Some(p)));
             }
-            Event::Tick(_, None) => {}
-            Event::CollectiveDeadline { epoch, step } => self.resolve(epoch, step, true),
-            Event::Reduced { proc, epoch, step, sum } => {
+            Scheduled::Tick(_, None) => {}
+            Scheduled::CollectiveDeadline { epoch, step } => self.resolve(epoch, step, true),
+            Scheduled::Reduced { proc, epoch, step, sum } => {
                 if !self.usable(proc) {
                     return;
                 }
@@ -701,7 +703,7 @@ impl Sim<'_> {
                 let id = p.id;
                 self.perform(Node::Worker(id), Some(proc), actions);
             }
-            Event::Fetched { proc, epoch, source, step } => {
+            Scheduled::Fetched { proc, epoch, source, step } => {
                 if !self.usable(proc) {
                     return;
                 }
@@ -715,7 +717,7 @@ impl Sim<'_> {
                 if let Some((s, f)) = state
                     && (st.step, st.fingerprint) == (s, f)
                 {
-                    if st.phase == Phase::Synced {
+                    if st.phase == WorkerState::Synced {
                         self.report.rolled_back += u64::from(s < p.step);
                         self.report.fetched += 1;
                     }
@@ -725,20 +727,20 @@ impl Sim<'_> {
                 let id = self.procs[proc].id;
                 self.perform(Node::Worker(id), Some(proc), actions);
             }
-            Event::FetchFailed { proc, epoch } => {
+            Scheduled::FetchFailed { proc, epoch } => {
                 if self.usable(proc) {
                     let actions = self.procs[proc].machine.on_fetched(now, epoch, None);
                     let id = self.procs[proc].id;
                     self.perform(Node::Worker(id), Some(proc), actions);
                 }
             }
-            Event::Fault(i) => self.fault(i),
-            Event::Resume(p) => {
+            Scheduled::Fault(i) => self.fault(i),
+            Scheduled::Resume(p) => {
                 self.procs[p].hung_until = None;
             }
-            Event::Start(id) => self.start_worker(id),
-            Event::RestartCoordinator => self.start_coordinator(),
-            Event::Disconnected { proc } => {
+            Scheduled::Start(id) => self.start_worker(id),
+            Scheduled::RestartCoordinator => self.start_coordinator(),
+            Scheduled::Disconnected { proc } => {
                 let id = self.procs[proc].id;
                 if let Some(c) = self.coordinator.as_mut() {
                     let actions = c.on_disconnect(now, id);
@@ -765,9 +767,9 @@ impl Sim<'_> {
                 self.procs[p].dead = true;
                 // A dead process's sockets close: the others notice after a latency.
                 let d = self.latency();
-                self.after(d, Event::Disconnected { proc: p });
+                self.after(d, Scheduled::Disconnected { proc: p });
                 if let Some(after) = replace_after {
-                    self.after(after, Event::Start(worker));
+                    self.after(after, Scheduled::Start(worker));
                 }
             }
             Fault::Hang { worker, span, .. } => {
@@ -778,7 +780,7 @@ impl Sim<'_> {
                 let until = span.map(|s| self.now + s);
                 self.procs[p].hung_until = Some(until);
                 if let Some(t) = until {
-                    self.at(t, Event::Resume(p));
+                    self.at(t, Scheduled::Resume(p));
                 }
             }
             Fault::Cut { a, b, span, .. } => {
@@ -787,7 +789,7 @@ impl Sim<'_> {
             Fault::KillCoordinator { restart_after, .. } => {
                 self.coordinator = None;
                 self.coordinator_life += 1;
-                self.after(restart_after, Event::RestartCoordinator);
+                self.after(restart_after, Scheduled::RestartCoordinator);
             }
             Fault::Join { worker, .. } => {
                 if self.proc_of(worker).is_none() {

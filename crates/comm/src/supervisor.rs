@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use crate::awake::AwakeClock;
 use crate::frame::{FrameError, read_frame, write_frame};
-use crate::membership::{Event, Membership};
+use crate::membership::{Lost, Membership};
 
 const KIND_PING: u8 = 0xB3;
 const KIND_BYE: u8 = 0xB4;
@@ -47,7 +47,7 @@ enum Msg {
 
 /// Coordinator side: supervises the members connected by `streams` (indexed by rank)
 /// until none is alive, calling `on_event` for each loss. Returns the final membership.
-pub fn supervise(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn FnMut(&Event)) -> Membership {
+pub fn supervise(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn FnMut(&Lost)) -> Membership {
     let interval = ping_interval(timeout);
     let (tx, rx) = mpsc::channel();
     let mut readers = Vec::new();
@@ -111,7 +111,7 @@ pub fn supervise(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn 
         events.extend(membership.tick(Instant::now()));
         for event in &events {
             on_event(event);
-            let Event::Lost { rank, reason } = event;
+            let Lost { rank, reason } = event;
             let text = format!("{rank}\n{reason}");
             for r in membership.alive() {
                 if let Some(w) = writers[r].as_mut() {

@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use comm::protocol::coordinator::Stage;
-use comm::protocol::{Action, Coordinator, Msg, Node, Phase, Quorum, Status, Timing, Worker};
+use comm::protocol::coordinator::JobState;
+use comm::protocol::{Action, Coordinator, Msg, Node, Quorum, Status, Timing, Worker, WorkerState};
 
 fn timing() -> Timing {
     Timing {
@@ -45,7 +45,7 @@ fn synced_worker(c: &Clock) -> Worker {
     assert_eq!(sent(&first)[0].0, Node::Coordinator);
     let a = w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(1, &[0, 1], 0, 100, None)));
     assert!(others(&a).is_empty(), "{a:?}");
-    assert_eq!(w.status().phase, Phase::Synced);
+    assert_eq!(w.status().phase, WorkerState::Synced);
     w
 }
 
@@ -71,7 +71,7 @@ fn worker_a_quorum_at_its_own_state_syncs_it_at_once_and_a_stale_one_is_ignored(
     let a = w.on_message(c.at(5), Node::Coordinator, Msg::Quorum(quorum(1, &[1], 0, 999, None)));
     assert!(a.is_empty(), "an epoch already seen changes nothing: {a:?}");
     let a = w.on_message(c.at(6), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 2], 0, 100, None)));
-    assert_eq!((w.status().phase, w.status().epoch), (Phase::Idle, 2), "left out of epoch 2: {a:?}");
+    assert_eq!((w.status().phase, w.status().epoch), (WorkerState::Idle, 2), "left out of epoch 2: {a:?}");
     assert!(w.quorum().is_none());
 }
 
@@ -81,12 +81,12 @@ fn worker_one_step_behind_with_the_committed_sum_rolls_forward() {
     let mut w = voting_worker(&c);
     // The vote times out: the worker leaves the epoch, keeping the sum.
     let a = w.tick(c.at(60));
-    assert_eq!((w.status().phase, w.status().unapplied), (Phase::Idle, Some(7)), "{a:?}");
+    assert_eq!((w.status().phase, w.status().unapplied), (WorkerState::Idle, Some(7)), "{a:?}");
     let a = w.on_message(c.at(61), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 555, Some(7))));
     assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
-    assert_eq!(w.status().phase, Phase::Syncing);
+    assert_eq!(w.status().phase, WorkerState::Syncing);
     w.on_applied(c.at(62), 0, Some(555));
-    assert_eq!((w.status().phase, w.status().step, w.status().last_commit), (Phase::Synced, 1, Some(7)));
+    assert_eq!((w.status().phase, w.status().step, w.status().last_commit), (WorkerState::Synced, 1, Some(7)));
 }
 
 #[test]
@@ -98,13 +98,13 @@ fn worker_with_another_sum_or_state_fetches_and_a_bad_fetch_leaves_the_epoch() {
     assert_eq!(others(&a), vec![Action::Fetch { epoch: 2, step: 1, fingerprint: 555, sources: vec![0] }]);
     assert_eq!(w.status().unapplied, None, "a sum nobody committed is dropped");
     w.on_fetched(c.at(70), 2, Some((1, 556)));
-    assert_eq!(w.status().phase, Phase::Idle, "a state with the wrong fingerprint is refused");
+    assert_eq!(w.status().phase, WorkerState::Idle, "a state with the wrong fingerprint is refused");
     assert_eq!((w.status().step, w.status().fingerprint), (1, 556), "and reported as what it is");
     let a = w.on_message(c.at(71), Node::Coordinator, Msg::Quorum(quorum(3, &[0, 1], 1, 555, Some(8))));
     assert!(matches!(others(&a)[..], [Action::Fetch { .. }]));
     w.on_fetched(c.at(80), 3, Some((1, 555)));
     let s = w.status();
-    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (Phase::Synced, 1, 555, Some(8)));
+    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (WorkerState::Synced, 1, 555, Some(8)));
 }
 
 #[test]
@@ -114,7 +114,7 @@ fn worker_whose_state_is_corrupted_leaves_the_epoch_and_reports_it_as_it_is() {
     let a = w.on_corrupted(c.at(4), 999);
     assert!(others(&a).is_empty(), "{a:?}");
     let s = w.status();
-    assert_eq!((s.phase, s.step, s.fingerprint, s.unapplied, s.last_commit), (Phase::Idle, 0, 999, None, None));
+    assert_eq!((s.phase, s.step, s.fingerprint, s.unapplied, s.last_commit), (WorkerState::Idle, 0, 999, None, None));
     assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(_))]));
     // The next quorum, whose majority holds the state at step 0 with fingerprint 100,
     // makes it fetch rather than start.
@@ -135,12 +135,12 @@ fn worker_applies_only_a_unanimous_vote_and_steps_on_to_done() {
     let a = w.on_reduced(c.at(7), 1, 1, Some((true, 9)));
     assert_eq!(others(&a), vec![Action::Apply { step: 1 }], "the early ballot was kept");
     let a = w.on_applied(c.at(8), 1, Some(102));
-    assert_eq!(w.status().phase, Phase::Done);
-    assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(Status { phase: Phase::Done, .. }))]));
+    assert_eq!(w.status().phase, WorkerState::Done);
+    assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(Status { phase: WorkerState::Done, .. }))]));
     let a = w.on_message(c.at(9), Node::Coordinator, Msg::Finish);
     assert_eq!(others(&a), vec![Action::Finished]);
     let a = w.on_message(c.at(10), Node::Coordinator, Msg::Finish);
-    assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(Status { phase: Phase::Finished, .. }))]));
+    assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(Status { phase: WorkerState::Finished, .. }))]));
 }
 
 #[test]
@@ -148,28 +148,28 @@ fn worker_leaves_the_epoch_on_a_disagreeing_vote_a_failed_reduce_a_lost_peer_or_
     let c = Clock(Instant::now());
     let mut w = voting_worker(&c);
     w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 8 });
-    assert_eq!((w.status().phase, w.status().unapplied, w.status().step), (Phase::Idle, None, 0));
+    assert_eq!((w.status().phase, w.status().unapplied, w.status().step), (WorkerState::Idle, None, 0));
 
     let mut w = voting_worker(&c);
     w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: false, digest: 7 });
-    assert_eq!(w.status().phase, Phase::Idle, "a veto");
+    assert_eq!(w.status().phase, WorkerState::Idle, "a veto");
 
     let mut w = synced_worker(&c);
     w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
     w.on_reduced(c.at(3), 1, 0, None);
-    assert_eq!((w.status().phase, w.status().unapplied), (Phase::Idle, None));
+    assert_eq!((w.status().phase, w.status().unapplied), (WorkerState::Idle, None));
 
     let mut w = voting_worker(&c);
     w.on_peer_lost(c.at(4), 0);
-    assert_eq!((w.status().phase, w.status().unapplied), (Phase::Idle, Some(7)));
+    assert_eq!((w.status().phase, w.status().unapplied), (WorkerState::Idle, Some(7)));
 
     let mut w = voting_worker(&c);
     w.on_message(c.at(4), Node::Coordinator, Msg::Reconfigure { epoch: 1 });
-    assert_eq!(w.status().phase, Phase::Idle);
+    assert_eq!(w.status().phase, WorkerState::Idle);
     // A reconfigure for an epoch it never heard of voids that epoch's quorum in flight.
     w.on_message(c.at(5), Node::Coordinator, Msg::Reconfigure { epoch: 4 });
     let a = w.on_message(c.at(6), Node::Coordinator, Msg::Quorum(quorum(4, &[0, 1], 0, 100, None)));
-    assert!(a.is_empty() && w.status().phase == Phase::Idle && w.status().epoch == 4);
+    assert!(a.is_empty() && w.status().phase == WorkerState::Idle && w.status().epoch == 4);
 }
 
 #[test]
@@ -183,13 +183,13 @@ fn worker_asks_for_the_fingerprint_of_an_unhashed_update_only_when_it_needs_it()
     // Leaving the epoch does: the report waits for it.
     let a = w.on_peer_lost(c.at(6), 0);
     assert_eq!(a, vec![Action::Hash], "no report pairs step 1 with step 0's fingerprint");
-    assert_eq!(w.status().phase, Phase::Idle);
+    assert_eq!(w.status().phase, WorkerState::Idle);
     let a = w.on_hashed(c.at(7), 101);
     let Some((Node::Coordinator, Msg::Report(s))) = sent(&a).pop() else { panic!("{a:?}") };
-    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (Phase::Idle, 1, 101, Some(7)));
+    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (WorkerState::Idle, 1, 101, Some(7)));
     // Known now: the next quorum is joined at once.
     let a = w.on_message(c.at(8), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 101, None)));
-    assert!(others(&a).is_empty() && w.status().phase == Phase::Synced, "{a:?}");
+    assert!(others(&a).is_empty() && w.status().phase == WorkerState::Synced, "{a:?}");
 
     // A quorum that reaches a worker whose fingerprint is unknown waits for it.
     let mut w = voting_worker(&c);
@@ -206,9 +206,9 @@ fn worker_asks_for_the_fingerprint_of_an_unhashed_update_only_when_it_needs_it()
     w.tick(c.at(60));
     w.on_message(c.at(61), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 555, Some(7))));
     assert_eq!(w.on_applied(c.at(62), 0, None), vec![Action::Hash]);
-    assert_eq!(w.status().phase, Phase::Syncing);
+    assert_eq!(w.status().phase, WorkerState::Syncing);
     w.on_hashed(c.at(63), 555);
-    assert_eq!((w.status().phase, w.status().step), (Phase::Synced, 1));
+    assert_eq!((w.status().phase, w.status().step), (WorkerState::Synced, 1));
 
     // The last step's report (done) carries the fingerprint of the final state.
     let mut w = voting_worker(&c);
@@ -220,7 +220,7 @@ fn worker_asks_for_the_fingerprint_of_an_unhashed_update_only_when_it_needs_it()
     let a = w.on_hashed(c.at(9), 303);
     assert!(matches!(
         &sent(&a)[..],
-        [(Node::Coordinator, Msg::Report(Status { phase: Phase::Done, step: 2, fingerprint: 303, .. }))]
+        [(Node::Coordinator, Msg::Report(Status { phase: WorkerState::Done, step: 2, fingerprint: 303, .. }))]
     ));
 }
 
@@ -232,7 +232,7 @@ fn worker_with_a_copy_puts_it_back_when_it_leaves_an_epoch_and_reports_the_copy(
     // A copy of the state it holds: nothing to put back.
     let a = w.on_peer_lost(c.at(4), 0);
     assert!(others(&a).is_empty(), "{a:?}");
-    assert_eq!((w.status().phase, w.status().unapplied), (Phase::Idle, Some(7)));
+    assert_eq!((w.status().phase, w.status().unapplied), (WorkerState::Idle, Some(7)));
 
     // After an update, leaving the epoch goes back to the copy, before the report.
     let mut w = voting_worker(&c);
@@ -243,7 +243,7 @@ fn worker_with_a_copy_puts_it_back_when_it_leaves_an_epoch_and_reports_the_copy(
     let a = w.on_message(c.at(6), Node::Coordinator, Msg::Reconfigure { epoch: 1 });
     assert_eq!(a[0], Action::Restore { step: 0, fingerprint: 100 }, "{a:?}");
     let Some((_, Msg::Report(status))) = sent(&a).pop() else { panic!("{a:?}") };
-    assert_eq!((status.phase, status.step, status.fingerprint), (Phase::Idle, 0, 100));
+    assert_eq!((status.phase, status.step, status.fingerprint), (WorkerState::Idle, 0, 100));
     assert_eq!((status.last_commit, status.unapplied), (None, None));
 
     // An update not hashed, of the copy's step, is the copy: nothing to put back or hash.
@@ -276,7 +276,7 @@ fn report(c: &mut Coordinator, at: Instant, id: u32, status: Status) -> Vec<Acti
 }
 
 fn idle(step: u64, fingerprint: u64, last_commit: Option<u64>) -> Status {
-    Status { incarnation: 0, phase: Phase::Idle, epoch: 0, step, fingerprint, last_commit, unapplied: None }
+    Status { incarnation: 0, phase: WorkerState::Idle, epoch: 0, step, fingerprint, last_commit, unapplied: None }
 }
 
 fn quorum_sent(actions: &[Action]) -> Option<Quorum> {
@@ -291,10 +291,10 @@ fn running(c: &Clock) -> Coordinator {
     }
     assert_eq!(co.quorum().map(|q| q.epoch), Some(1));
     for id in 0..3 {
-        let s = Status { phase: Phase::Synced, epoch: 1, ..idle(0, 100, None) };
+        let s = Status { phase: WorkerState::Synced, epoch: 1, ..idle(0, 100, None) };
         report(&mut co, c.at(2), id, s);
     }
-    assert_eq!(*co.stage(), Stage::Running);
+    assert_eq!(*co.stage(), JobState::Running);
     co
 }
 
@@ -332,36 +332,36 @@ fn coordinator_starts_the_epoch_when_every_member_is_synced() {
     let mut co = Coordinator::new(0, 2, 1, timing(), c.at(0));
     report(&mut co, c.at(1), 0, idle(0, 100, None));
     report(&mut co, c.at(1), 1, idle(0, 100, None));
-    let a = report(&mut co, c.at(2), 0, Status { phase: Phase::Synced, epoch: 1, ..idle(0, 100, None) });
+    let a = report(&mut co, c.at(2), 0, Status { phase: WorkerState::Synced, epoch: 1, ..idle(0, 100, None) });
     assert!(sent(&a).is_empty());
-    let a = report(&mut co, c.at(3), 1, Status { phase: Phase::Synced, epoch: 1, ..idle(0, 100, None) });
+    let a = report(&mut co, c.at(3), 1, Status { phase: WorkerState::Synced, epoch: 1, ..idle(0, 100, None) });
     assert_eq!(sent(&a).iter().filter(|(_, m)| *m == Msg::Start { epoch: 1 }).count(), 2);
 }
 
 #[test]
 fn coordinator_ends_the_epoch_on_a_silent_a_disconnected_or_an_aborting_member_and_on_a_newcomer() {
     let c = Clock(Instant::now());
-    let stepping = |e| Status { phase: Phase::Stepping, epoch: e, ..idle(0, 100, None) };
+    let stepping = |e| Status { phase: WorkerState::Stepping, epoch: e, ..idle(0, 100, None) };
     // Silence: workers 0 and 1 report, 2 does not.
     let mut co = running(&c);
     report(&mut co, c.at(90), 0, stepping(1));
     report(&mut co, c.at(90), 1, stepping(1));
     let a = co.tick(c.at(103));
-    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    assert!(matches!(co.stage(), JobState::Gathering { .. }));
     let told: Vec<Node> = sent(&a).iter().filter(|(_, m)| *m == Msg::Reconfigure { epoch: 1 }).map(|x| x.0).collect();
     assert_eq!(told, vec![Node::Worker(0), Node::Worker(1)]);
     // A closed connection.
     let mut co = running(&c);
     co.on_disconnect(c.at(5), 1);
-    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    assert!(matches!(co.stage(), JobState::Gathering { .. }));
     // A member that left its epoch.
     let mut co = running(&c);
     report(&mut co, c.at(5), 2, Status { epoch: 1, ..idle(0, 100, None) });
-    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    assert!(matches!(co.stage(), JobState::Gathering { .. }));
     // A worker joining the running job.
     let mut co = running(&c);
     report(&mut co, c.at(5), 7, idle(0, 100, None));
-    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    assert!(matches!(co.stage(), JobState::Gathering { .. }));
 }
 
 #[test]
@@ -383,15 +383,15 @@ fn coordinator_waits_for_a_member_to_acknowledge_its_newest_epoch_before_countin
 fn coordinator_finishes_when_every_member_is_done_then_sends_the_rest_away() {
     let c = Clock(Instant::now());
     let mut co = running(&c);
-    let done = Status { phase: Phase::Done, epoch: 1, ..idle(2, 300, Some(9)) };
+    let done = Status { phase: WorkerState::Done, epoch: 1, ..idle(2, 300, Some(9)) };
     report(&mut co, c.at(5), 0, done.clone());
     report(&mut co, c.at(5), 1, done.clone());
     let a = report(&mut co, c.at(5), 2, done.clone());
     assert_eq!(sent(&a).iter().filter(|(_, m)| *m == Msg::Finish).count(), 3);
-    assert_eq!(*co.stage(), Stage::Finished);
+    assert_eq!(*co.stage(), JobState::Finished);
     let a = report(&mut co, c.at(6), 8, idle(0, 100, None));
     assert!(sent(&a).is_empty(), "nobody is sent away before a member has the result");
-    report(&mut co, c.at(7), 0, Status { phase: Phase::Finished, ..done });
+    report(&mut co, c.at(7), 0, Status { phase: WorkerState::Finished, ..done });
     let a = co.tick(c.at(30));
     assert!(sent(&a).iter().any(|(to, m)| *to == Node::Worker(8) && matches!(m, Msg::Stop { .. })));
 }
@@ -406,7 +406,7 @@ fn coordinator_stops_the_job_when_too_few_workers_remain() {
         report(&mut co, c.at(t), 0, idle(0, 100, None));
     }
     let a = co.tick(c.at(1000));
-    let Stage::Stopped { reason } = co.stage() else { panic!("{:?}", co.stage()) };
+    let JobState::Stopped { reason } = co.stage() else { panic!("{:?}", co.stage()) };
     assert!(reason.contains("too few workers remain: 1 ready, at least 2"), "{reason}");
     assert!(matches!(&sent(&a)[..], [(Node::Worker(0), Msg::Stop { .. })]));
 }
@@ -418,7 +418,7 @@ fn a_restarted_coordinator_ignores_replaced_processes_and_never_reuses_an_epoch(
     let mut replaced = idle(0, 100, None);
     replaced.incarnation = 1;
     report(&mut co, c.at(1), 0, replaced);
-    let stale = Status { phase: Phase::Stepping, epoch: 5, ..idle(4, 400, None) };
+    let stale = Status { phase: WorkerState::Stepping, epoch: 5, ..idle(4, 400, None) };
     report(&mut co, c.at(2), 0, stale);
     assert_eq!(co.worker(0).map(|(s, _)| s.incarnation), Some(1), "the old process's report is ignored");
     let a = report(&mut co, c.at(3), 1, Status { epoch: 7, ..idle(3, 300, None) });
@@ -429,7 +429,7 @@ fn a_restarted_coordinator_ignores_replaced_processes_and_never_reuses_an_epoch(
 #[test]
 fn coordinator_a_pause_of_its_own_is_not_the_members_silence() {
     let c = Clock(Instant::now());
-    let stepping = |e| Status { phase: Phase::Stepping, epoch: e, ..idle(0, 100, None) };
+    let stepping = |e| Status { phase: WorkerState::Stepping, epoch: e, ..idle(0, 100, None) };
     let mut co = running(&c);
     for id in 0..3 {
         report(&mut co, c.at(50), id, stepping(1));
@@ -437,18 +437,18 @@ fn coordinator_a_pause_of_its_own_is_not_the_members_silence() {
     // Stopped from 50 ms to 8050 ms: its shell says so before its first tick.
     co.paused(Duration::from_millis(8000));
     let a = co.tick(c.at(8055));
-    assert_eq!(*co.stage(), Stage::Running, "{a:?}");
+    assert_eq!(*co.stage(), JobState::Running, "{a:?}");
     assert!(co.workers().all(|(_, _, lost)| !lost));
     // The heartbeats that waited in its sockets arrive; worker 2's never do (it died
     // during the pause): it is lost one timeout of running time later, and only it.
     report(&mut co, c.at(8060), 0, stepping(1));
     report(&mut co, c.at(8060), 1, stepping(1));
     co.tick(c.at(8140));
-    assert_eq!(*co.stage(), Stage::Running);
+    assert_eq!(*co.stage(), JobState::Running);
     report(&mut co, c.at(8145), 0, stepping(1));
     report(&mut co, c.at(8145), 1, stepping(1));
     co.tick(c.at(8151));
-    assert!(matches!(co.stage(), Stage::Gathering { .. }));
+    assert!(matches!(co.stage(), JobState::Gathering { .. }));
     let lost: Vec<u32> = co.workers().filter(|(_, _, lost)| *lost).map(|(id, _, _)| id).collect();
     assert_eq!(lost, vec![2]);
 }

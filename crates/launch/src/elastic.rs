@@ -15,14 +15,14 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use comm::control::{Event, Requests};
-use comm::protocol::coordinator::Stage;
+use comm::protocol::coordinator::JobState;
 use comm::protocol::{Coordinator, Timing};
 
 use crate::workers::{Exited, Workers};
 use crate::{Decision, Exit, KILL_GRACE, LaunchError, OnFailure, RestartPolicy, job_secret, say};
 
 /// How an elastic job is run.
-pub struct Plan {
+pub struct ElasticJob {
     /// Workers at the start.
     pub nproc: usize,
     /// Replacement processes allowed, in all.
@@ -58,7 +58,7 @@ enum Heard {
 
 /// The launcher's side of the job while it runs.
 struct Supervisor<'p> {
-    plan: &'p Plan,
+    plan: &'p ElasticJob,
     started: Instant,
     workers: Workers<Heard>,
     incarnations: Vec<u64>,
@@ -72,7 +72,7 @@ struct Supervisor<'p> {
 }
 
 /// Runs the job; fails unless it finished.
-pub fn run(plan: Plan) -> Result<(), LaunchError> {
+pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     let secret = job_secret()?;
     let listener = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::io("cannot listen for the coordinator"))?;
     let coordinator = listener.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
@@ -108,7 +108,7 @@ pub fn run(plan: Plan) -> Result<(), LaunchError> {
         job.start(slot)?;
     }
     let started = job.started;
-    let stage = std::thread::scope(|s| -> Result<Stage, LaunchError> {
+    let stage = std::thread::scope(|s| -> Result<JobState, LaunchError> {
         let requests = &requests;
         let key = secret.as_bytes();
         let coordinator = s.spawn(move || {
@@ -133,7 +133,7 @@ pub fn run(plan: Plan) -> Result<(), LaunchError> {
         };
         // A job the coordinator stopped says why; one a worker's error ended points at it.
         if let Some(i) = job.stopped_on_error
-            && matches!(stage, Stage::Gathering { .. } | Stage::Syncing { .. } | Stage::Running)
+            && matches!(stage, JobState::Gathering { .. } | JobState::Syncing { .. } | JobState::Running)
         {
             return Err(LaunchError::Failed(format!("worker {i} stopped on an error (above)")));
         }
@@ -142,14 +142,14 @@ pub fn run(plan: Plan) -> Result<(), LaunchError> {
     let restarts = job.policy.restarts();
     job.workers.join();
     match stage {
-        Stage::Finished => {
+        JobState::Finished => {
             println!(
                 "[launcher] the job finished in {:.1} s with {restarts} replacement(s)",
                 started.elapsed().as_secs_f64()
             );
             Ok(())
         }
-        Stage::Stopped { reason } => Err(LaunchError::Failed(format!("the job stopped: {reason}"))),
+        JobState::Stopped { reason } => Err(LaunchError::Failed(format!("the job stopped: {reason}"))),
         _ => Err(LaunchError::Failed("every worker exited before the job finished".into())),
     }
 }

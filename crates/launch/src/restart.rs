@@ -16,7 +16,7 @@ use crate::static_job::{Nodes, StaticJob};
 use crate::{LaunchError, say};
 
 /// How a checkpoint-restart job is run.
-pub struct Plan {
+pub struct RestartJob {
     /// Workers.
     pub nproc: usize,
     /// Who starts the workers.
@@ -45,7 +45,7 @@ pub enum Workers {
 }
 
 /// Runs the job; fails unless it finished within its restarts.
-pub fn run(plan: Plan) -> Result<(), LaunchError> {
+pub fn run(plan: RestartJob) -> Result<(), LaunchError> {
     let taken = ["--checkpoint-dir", "--checkpoint-every", "--resume"];
     if let Some(flag) = plan.command.iter().find(|a| taken.iter().any(|t| a.split('=').next() == Some(*t))) {
         return Err(LaunchError::Config(format!(

@@ -58,50 +58,73 @@ pub struct TrainConfig {
     pub faults: Vec<fault::crash::ProcessFault>,
 }
 
-/// This process's place in a data-parallel job.
+/// This process's place in a data-parallel job. Each kind of job carries its own settings,
+/// so that a setting one kind cannot use cannot be given to it.
 #[derive(Clone, Debug)]
-pub struct DistConfig {
-    /// This worker's rank.
-    pub rank: usize,
-    /// Number of workers.
-    pub world: usize,
-    /// How the ranks reach each other.
-    pub engine: Engine,
+pub enum DistConfig {
+    /// A rank of a static job on Steadfast's authenticated TCP mesh: every rank lives to
+    /// the end, or the job fails (a launcher may then restart it whole from its last
+    /// checkpoint).
+    Mesh(MeshRank),
+    /// A rank of a job on the system's MPI library (`mpirun` or `srun` starts the ranks):
+    /// rank and size come from MPI, and the collectives run on MPI's (feature `mpi`; see
+    /// `comm::mpi`). Static too.
+    Mpi(JobSettings),
+    /// A worker of an elastic job on Steadfast's mesh, which survives the loss of workers.
+    Elastic(ElasticWorker),
+}
+
+/// What every kind of job has.
+#[derive(Clone, Debug)]
+pub struct JobSettings {
     /// Bound on every collective step; a dead or hung peer surfaces within it.
     pub timeout: Duration,
     /// Compare the replicas' fingerprints every this many steps (0: only at the end).
     pub fingerprint_every: u64,
-    /// In an elastic job (one that survives the loss of workers), which process of its
-    /// slot this is; `rank` is then the slot, and `world` the job's initial size.
-    pub elastic: Option<u64>,
-    /// Which process of its slot this is when the launcher restarts a static job from its
-    /// last checkpoint: named faults strike only the first, random ones draw again.
+    /// Which process of its slot this is (0: the first; the launcher counts the processes
+    /// it started there, and restarts a static job whole): named faults strike only the
+    /// first, random ones draw again.
     pub incarnation: u64,
-    /// The rollback baseline of an elastic job: copy the state in memory every this many
-    /// steps and go back to the copy when a member is lost, instead of recovering from
-    /// the live replicas' current state.
-    pub copy_every: Option<u64>,
-    /// What an elastic job does when its replicas disagree.
-    pub on_divergence: OnDivergence,
 }
 
-/// How the ranks of a data-parallel job reach each other.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Engine {
-    /// Steadfast's authenticated TCP mesh, whose ranks meet through a coordinator (the
-    /// launcher's) or in etcd: the default, and the only engine of elastic jobs.
-    Steadfast {
-        /// Where the ranks meet.
-        rendezvous: Rendezvous,
-        /// The job's shared secret.
-        secret: Vec<u8>,
-        /// Address this worker listens on for its peers (port chosen by the system).
-        bind: std::net::IpAddr,
-    },
-    /// The system's MPI library (`mpirun` or `srun` starts the ranks): rank and size come
-    /// from MPI, and the collectives run on MPI's (feature `mpi`; see `comm::mpi`). The
-    /// `rank` and `world` of the [`DistConfig`] are replaced by MPI's.
-    Mpi,
+/// A rank of a static job on Steadfast's mesh.
+#[derive(Clone, Debug)]
+pub struct MeshRank {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Where the ranks meet.
+    pub rendezvous: Rendezvous,
+    /// The job's shared secret.
+    pub secret: Vec<u8>,
+    /// Address this rank listens on for its peers (port chosen by the system).
+    pub bind: std::net::IpAddr,
+    /// The job's settings.
+    pub job: JobSettings,
+}
+
+/// A worker of an elastic job: its membership is kept by the job's coordinator.
+#[derive(Clone, Debug)]
+pub struct ElasticWorker {
+    /// This worker's slot (its id in the job).
+    pub slot: usize,
+    /// The job's initial size.
+    pub world: usize,
+    /// The coordinator's address.
+    pub coordinator: std::net::SocketAddr,
+    /// The job's shared secret.
+    pub secret: Vec<u8>,
+    /// Address this worker listens on for its peers (port chosen by the system).
+    pub bind: std::net::IpAddr,
+    /// The job's settings.
+    pub job: JobSettings,
+    /// The rollback baseline: copy the state in memory every this many steps and go back
+    /// to the copy when a member is lost, instead of recovering from the live replicas'
+    /// current state.
+    pub copy_every: Option<u64>,
+    /// What the job does when its replicas disagree.
+    pub on_divergence: OnDivergence,
 }
 
 /// Where the ranks of a job on Steadfast's mesh meet, and who keeps their membership.
@@ -127,6 +150,27 @@ pub enum OnDivergence {
 }
 
 impl DistConfig {
+    /// The settings every kind of job has.
+    pub fn settings(&self) -> &JobSettings {
+        match self {
+            DistConfig::Mesh(m) => &m.job,
+            DistConfig::Mpi(s) => s,
+            DistConfig::Elastic(e) => &e.job,
+        }
+    }
+
+    /// The number of ranks, when it is known before the job starts (an MPI job learns it
+    /// from MPI).
+    pub fn world(&self) -> Option<usize> {
+        match self {
+            DistConfig::Mesh(m) => Some(m.world),
+            DistConfig::Mpi(_) => None,
+            DistConfig::Elastic(e) => Some(e.world),
+        }
+    }
+}
+
+impl JobSettings {
     /// Whether the replicas are compared after step `done`: every `fingerprint_every`
     /// steps, and after the last (`last`).
     pub fn checks_after(&self, done: u64, last: u64) -> bool {

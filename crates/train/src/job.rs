@@ -1,8 +1,8 @@
 //! A rank's membership in a data-parallel job: connecting (through the coordinator to
 //! Steadfast's mesh, or through MPI), the heartbeat whose notices abort the mesh, and the
 //! collectives of a step (the all-reduce, the commit vote and the replica comparison).
-//! The step's phases are in [`crate::step`]; this module is the communicating side of the
-//! reduce, vote and check phases.
+//! The step's order is in [`crate::schedule`]; this module is the communicating side of
+//! the reduce, vote and check operations of a static job.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,14 +12,16 @@ use comm::collective::Reducer;
 use comm::commit::{Ballot, Decision};
 use comm::transport::{CommError, TcpMesh};
 
-use crate::config::{DistConfig, Engine, Rendezvous};
+use crate::config::{JobSettings, MeshRank, Rendezvous};
 use crate::error::{ConfigError, TrainError};
 use crate::step::SumCheck;
 
 /// This rank's connections to a job.
 pub struct Job {
     link: Link,
-    config: DistConfig,
+    rank: usize,
+    world: usize,
+    settings: JobSettings,
 }
 
 enum Link {
@@ -49,14 +51,12 @@ impl Job {
     /// Joins the job: listen, meet the others (through the coordinator or in etcd),
     /// connect to all, and start the heartbeat (or the etcd lease and watch), whose
     /// notices abort the mesh. An MPI job is joined by [`Job::start_mpi`] instead.
-    pub fn connect(d: &DistConfig) -> Result<Job, TrainError> {
-        let Engine::Steadfast { rendezvous, secret, bind } = &d.engine else {
-            return Err(ConfigError::Invalid("an MPI job is joined through MPI".into()).into());
-        };
+    pub fn connect(d: &MeshRank) -> Result<Job, TrainError> {
+        let MeshRank { rendezvous, secret, bind, .. } = d;
         let listener = std::net::TcpListener::bind((*bind, 0))
             .map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
         let me = listener.local_addr().map_err(|e| CommError::Setup(e.to_string()))?;
-        let setup_time = d.timeout.max(Duration::from_secs(30));
+        let setup_time = d.job.timeout.max(Duration::from_secs(30));
         // The mesh exists only once the table is known; a notice that comes before it
         // (a member lost while the others connect) waits in the slot for it.
         let slot: Arc<std::sync::Mutex<MeshSlot>> = Arc::new(std::sync::Mutex::new(MeshSlot::Waiting(None)));
@@ -95,7 +95,7 @@ impl Job {
             secret: secret.clone(),
             max_frame: comm::frame::DEFAULT_MAX_FRAME,
             connect_timeout: setup_time,
-            write_timeout: d.timeout,
+            write_timeout: d.job.timeout,
             // A peer's death reaches the coordinator at once: wait briefly for its verdict
             // so the error names the rank that failed, not a neighbour that aborted first.
             abort_grace: lost_after.min(Duration::from_secs(1)),
@@ -107,28 +107,27 @@ impl Job {
         }
         *slot = MeshSlot::Ready(Arc::clone(&mesh));
         drop(slot);
-        Ok(Job { link: Link::Tcp { mesh, watch }, config: d.clone() })
+        Ok(Job { link: Link::Tcp { mesh, watch }, rank: d.rank, world: d.world, settings: d.job.clone() })
     }
 
-    /// Joins an MPI job: initializes MPI, and returns the job with `d`'s rank and world
-    /// replaced by MPI's. Call [`Job::barrier`] before any rank persists a checkpoint
+    /// Joins an MPI job: initializes MPI, whose rank and world are the job's. Call [`Job::barrier`] before any rank persists a checkpoint
     /// part, so that rank 0 has cleared crashed writers' leftovers first.
     #[cfg(feature = "mpi")]
-    pub fn start_mpi(d: &DistConfig) -> Result<Job, TrainError> {
+    pub fn start_mpi(settings: &JobSettings) -> Result<Job, TrainError> {
         let world = comm::mpi::MpiWorld::init()?;
-        let config = DistConfig { rank: world.rank(), world: world.world(), ..d.clone() };
-        Ok(Job { link: Link::Mpi(std::cell::RefCell::new(world)), config })
+        let (rank, size) = (world.rank(), world.world());
+        Ok(Job { link: Link::Mpi(std::cell::RefCell::new(world)), rank, world: size, settings: settings.clone() })
     }
 
     /// Without the `mpi` feature an MPI job cannot start.
     #[cfg(not(feature = "mpi"))]
-    pub fn start_mpi(_: &DistConfig) -> Result<Job, TrainError> {
+    pub fn start_mpi(_: &JobSettings) -> Result<Job, TrainError> {
         Err(ConfigError::Invalid("this steadfast was built without MPI (cargo feature `mpi`)".into()).into())
     }
 
     /// This rank, and the number of ranks.
     pub fn place(&self) -> (usize, usize) {
-        (self.config.rank, self.config.world)
+        (self.rank, self.world)
     }
 
     /// The step's all-reduce: the sum over every rank of every rank's `parts`, into `out`.
@@ -140,7 +139,7 @@ impl Job {
         mode: ReduceMode,
     ) -> Result<(), TrainError> {
         match &self.link {
-            Link::Tcp { mesh, .. } => reducer.sum_parts(&**mesh, parts, out, mode, self.config.timeout)?,
+            Link::Tcp { mesh, .. } => reducer.sum_parts(&**mesh, parts, out, mode, self.settings.timeout)?,
             #[cfg(feature = "mpi")]
             Link::Mpi(world) => world.borrow_mut().sum_parts(parts, out, mode)?,
         }
@@ -150,7 +149,7 @@ impl Job {
     /// Every rank's `words`, indexed by rank.
     fn all_gather_words(&self, words: &[u64]) -> Result<Vec<Vec<u64>>, TrainError> {
         Ok(match &self.link {
-            Link::Tcp { mesh, .. } => comm::collective::all_gather_words(&**mesh, words, self.config.timeout)?,
+            Link::Tcp { mesh, .. } => comm::collective::all_gather_words(&**mesh, words, self.settings.timeout)?,
             #[cfg(feature = "mpi")]
             Link::Mpi(world) => world.borrow().all_gather_words(words),
         })
@@ -159,7 +158,7 @@ impl Job {
     /// Waits until every rank has called it.
     pub fn barrier(&self) -> Result<(), TrainError> {
         match &self.link {
-            Link::Tcp { mesh, .. } => comm::collective::barrier(&**mesh, self.config.timeout)?,
+            Link::Tcp { mesh, .. } => comm::collective::barrier(&**mesh, self.settings.timeout)?,
             #[cfg(feature = "mpi")]
             Link::Mpi(world) => world.borrow().barrier(),
         }
@@ -181,7 +180,7 @@ impl Job {
     /// Whether the replicas are compared after step `done`: every `fingerprint_every`
     /// steps, and after the last (`last`).
     pub fn checks_after(&self, done: u64, last: u64) -> bool {
-        self.config.checks_after(done, last)
+        self.settings.checks_after(done, last)
     }
 
     /// Compares every replica's fingerprint; fails naming the ranks outvoted by the

@@ -59,21 +59,23 @@ pub mod step;
 pub mod trainer;
 pub mod vocabulary;
 
-pub use config::{CheckpointConfig, DistConfig, Engine, OnDivergence, Rendezvous, TrainConfig, WhenBusy};
+pub use config::{
+    CheckpointConfig, DistConfig, ElasticWorker, JobSettings, MeshRank, OnDivergence, Rendezvous, TrainConfig, WhenBusy,
+};
 pub use error::{ConfigError, DataError, TrainError};
 pub use step::TrainState;
-pub use trainer::{EvalReport, Event, Summary};
+pub use trainer::{EvalReport, Progress, Summary};
 pub use vocabulary::{UnknownWord, Word};
 
 /// Runs training as configured, reporting progress to `on_event`: in one process, as a
 /// rank of a static job ([`trainer::run`]), or as a worker of an elastic one
 /// ([`elastic::run`]). Returns the summary and the final state.
-pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Summary, TrainState), TrainError> {
+pub fn train(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(Summary, TrainState), TrainError> {
     if config.steps == 0 {
         return Err(ConfigError::Invalid("--steps must be at least 1".into()).into());
     }
     match &config.dist {
-        Some(d) if d.elastic.is_some() => elastic::run(config, d, d.elastic.unwrap_or_default(), on_event),
+        Some(DistConfig::Elastic(worker)) => elastic::run(config, worker, on_event),
         _ => trainer::run(config, on_event),
     }
 }

@@ -26,7 +26,7 @@ use burn::prelude::Device;
 use serde_json::json;
 
 use crate::checkpointing;
-use crate::config::TrainConfig;
+use crate::config::{DistConfig, TrainConfig};
 use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataSpec, Dataset, Modality, Split};
@@ -90,7 +90,7 @@ pub struct Summary {
 
 /// Progress reported while training.
 #[derive(Clone, Debug)]
-pub enum Event<'a> {
+pub enum Progress<'a> {
     /// Training starts.
     Started {
         /// Steps to run.
@@ -177,7 +177,7 @@ impl Prepared {
 
 /// Runs training in one process or as a rank of a static job (not an elastic one: see
 /// [`crate::train`], which picks). Returns the summary and the final state.
-pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Summary, TrainState), TrainError> {
+pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(Summary, TrainState), TrainError> {
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
@@ -185,7 +185,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
     let first_step = state.step;
     // An MPI job learns its rank and size from MPI, so it joins first.
     let mpi_job = match &config.dist {
-        Some(d) if d.engine == crate::config::Engine::Mpi => Some(Job::start_mpi(d)?),
+        Some(DistConfig::Mpi(settings)) => Some(Job::start_mpi(settings)?),
         _ => None,
     };
     // In a data-parallel job the replicas are equal: rank 0 alone writes metrics, and
@@ -194,10 +194,13 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
     // leftovers before anyone writes.
     let (rank, world) = match (&mpi_job, &config.dist) {
         (Some(j), _) => j.place(),
-        (None, Some(d)) => (d.rank, d.world),
-        (None, None) => (0, 1),
+        (None, Some(DistConfig::Mesh(m))) => (m.rank, m.world),
+        (None, Some(DistConfig::Elastic(_))) => {
+            return Err(ConfigError::Invalid("an elastic worker is run by `train::elastic`".into()).into());
+        }
+        (None, _) => (0, 1),
     };
-    let incarnation = config.dist.as_ref().map_or(0, |d| d.incarnation);
+    let incarnation = config.dist.as_ref().map_or(0, |d| d.settings().incarnation);
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == 0), first_step > 0)?;
     if let Some(r) = &restored {
         record_resume(&mut metrics, r)?;
@@ -208,10 +211,10 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
             j.barrier()?;
             Some(j)
         }
-        (None, Some(d)) => Some(Job::connect(d)?),
-        (None, None) => None,
+        (None, Some(DistConfig::Mesh(m))) => Some(Job::connect(m)?),
+        (None, _) => None,
     };
-    on_event(Event::Started { steps: config.steps, parameters });
+    on_event(Progress::Started { steps: config.steps, parameters });
 
     let mut hooks = LiveFaults::new(config.inject.iter().cloned())
         .with_process(ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation));
@@ -242,7 +245,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Event)) -> Result<(Sum
         if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
             let report = evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit);
             write_eval(&mut runner.metrics, &report, prepared.unigram_perplexity)?;
-            (runner.on_event)(Event::Eval(&report));
+            (runner.on_event)(Progress::Eval(&report));
             last_eval = Some(report);
         }
     }
@@ -340,7 +343,7 @@ struct Ranks<'c, 'e> {
     /// The all-reduce's working space.
     reducer: comm::collective::Reducer,
     metrics: MetricsFile,
-    on_event: &'e mut dyn FnMut(Event),
+    on_event: &'e mut dyn FnMut(Progress),
     /// When the step in progress started.
     started: Instant,
     /// Time spent in steps, up to each one's update (evaluation and checkpoints excluded).
@@ -383,7 +386,7 @@ impl Runner for Ranks<'_, '_> {
         let (step, loss) = (state.step, sum.loss());
         self.last_loss = loss;
         self.metrics.write(json!({"kind": "train", "step": step, "loss": loss}))?;
-        (self.on_event)(Event::Step { step, loss });
+        (self.on_event)(Progress::Step { step, loss });
         Ok(())
     }
 

@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::{Action, Msg, Node, Phase, Quorum, Status, Timing, WorkerId, send};
+use super::{Action, Msg, Node, Quorum, Status, Timing, WorkerId, WorkerState, send};
 
 /// What the coordinator is doing.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Stage {
+pub enum JobState {
     /// Waiting for the workers to go idle before forming a quorum.
     Gathering {
         /// Since when.
@@ -91,7 +91,7 @@ pub struct Coordinator {
     workers: BTreeMap<WorkerId, Seen>,
     /// The newest epoch issued or reported.
     epoch: u64,
-    stage: Stage,
+    stage: JobState,
     quorum: Option<Quorum>,
     formed: bool,
     holders: BTreeMap<WorkerId, Holder>,
@@ -112,7 +112,7 @@ impl Coordinator {
             min_world: min_world.max(1),
             workers: BTreeMap::new(),
             epoch: generation << 40,
-            stage: Stage::Gathering { since: now },
+            stage: JobState::Gathering { since: now },
             quorum: None,
             formed: false,
             holders: BTreeMap::new(),
@@ -176,13 +176,13 @@ impl Coordinator {
             holder.heard += paused;
         }
         match &mut self.stage {
-            Stage::Gathering { since } | Stage::Syncing { since } => *since += paused,
-            Stage::Running | Stage::Finished | Stage::Stopped { .. } => {}
+            JobState::Gathering { since } | JobState::Syncing { since } => *since += paused,
+            JobState::Running | JobState::Finished | JobState::Stopped { .. } => {}
         }
     }
 
     /// What it is doing.
-    pub fn stage(&self) -> &Stage {
+    pub fn stage(&self) -> &JobState {
         &self.stage
     }
 
@@ -243,10 +243,10 @@ impl Coordinator {
     /// Its owner stops the job (it knows that the job can never again have the workers
     /// it needs): every live worker is told why, as when too few remain.
     pub fn stop(&mut self, now: Instant, reason: String) -> Vec<Action> {
-        if matches!(self.stage, Stage::Finished | Stage::Stopped { .. }) {
+        if matches!(self.stage, JobState::Finished | JobState::Stopped { .. }) {
             return Vec::new();
         }
-        self.stage = Stage::Stopped { reason };
+        self.stage = JobState::Stopped { reason };
         self.drive(now)
     }
 
@@ -278,11 +278,11 @@ impl Coordinator {
             }
         }
         match self.stage.clone() {
-            Stage::Gathering { since } => self.gathering(now, since, &mut out),
-            Stage::Syncing { since } => self.syncing(now, since, &mut out),
-            Stage::Running => self.running(now, &mut out),
-            Stage::Finished => self.finished(now, &mut out),
-            Stage::Stopped { reason } => self.stop_all(now, &reason, &mut out),
+            JobState::Gathering { since } => self.gathering(now, since, &mut out),
+            JobState::Syncing { since } => self.syncing(now, since, &mut out),
+            JobState::Running => self.running(now, &mut out),
+            JobState::Finished => self.finished(now, &mut out),
+            JobState::Stopped { reason } => self.stop_all(now, &reason, &mut out),
         }
         out
     }
@@ -293,10 +293,10 @@ impl Coordinator {
     fn finished(&mut self, now: Instant, out: &mut Vec<Action>) {
         let members = self.quorum.as_ref().map(|q| q.members.clone()).unwrap_or_default();
         let acknowledged =
-            members.iter().any(|m| self.workers.get(m).is_some_and(|s| s.status.phase == Phase::Finished));
-        let waiting: Vec<(WorkerId, Phase, u64)> = self
+            members.iter().any(|m| self.workers.get(m).is_some_and(|s| s.status.phase == WorkerState::Finished));
+        let waiting: Vec<(WorkerId, WorkerState, u64)> = self
             .live()
-            .filter(|(_, s)| !matches!(s.status.phase, Phase::Finished | Phase::Stopped))
+            .filter(|(_, s)| !matches!(s.status.phase, WorkerState::Finished | WorkerState::Stopped))
             .map(|(id, s)| (id, s.status.phase, s.status.epoch))
             .collect();
         if !acknowledged {
@@ -307,9 +307,9 @@ impl Coordinator {
         }
         for (id, phase, epoch) in waiting {
             let msg = match phase {
-                Phase::Done if members.contains(&id) => Msg::Finish,
+                WorkerState::Done if members.contains(&id) => Msg::Finish,
                 _ if acknowledged => Msg::Stop { reason: "the job has finished without this worker".into() },
-                Phase::Syncing | Phase::Synced | Phase::Stepping => Msg::Reconfigure { epoch },
+                WorkerState::Syncing | WorkerState::Synced | WorkerState::Stepping => Msg::Reconfigure { epoch },
                 _ => continue,
             };
             self.nudge(now, id, msg, out);
@@ -318,7 +318,7 @@ impl Coordinator {
 
     fn stop_all(&mut self, now: Instant, reason: &str, out: &mut Vec<Action>) {
         let waiting: Vec<WorkerId> =
-            self.live().filter(|(_, s)| s.status.phase != Phase::Stopped).map(|(id, _)| id).collect();
+            self.live().filter(|(_, s)| s.status.phase != WorkerState::Stopped).map(|(id, _)| id).collect();
         for id in waiting {
             self.nudge(now, id, Msg::Stop { reason: reason.to_owned() }, out);
         }
@@ -326,17 +326,20 @@ impl Coordinator {
 
     /// Step 2: ends the running epoch.
     fn gather(&mut self, now: Instant, out: &mut Vec<Action>) {
-        self.stage = Stage::Gathering { since: now };
+        self.stage = JobState::Gathering { since: now };
         self.gathering(now, now, out);
     }
 
     fn gathering(&mut self, now: Instant, since: Instant, out: &mut Vec<Action>) {
         // Running an epoch, or not yet heard of the newest one it was put in (its report
         // may predate a roll-forward or a fetch): not ready.
-        let current = |s: &Seen| s.status.epoch >= s.sent && matches!(s.status.phase, Phase::Idle | Phase::Done);
+        let current =
+            |s: &Seen| s.status.epoch >= s.sent && matches!(s.status.phase, WorkerState::Idle | WorkerState::Done);
         let busy: Vec<(WorkerId, u64)> = self
             .live()
-            .filter(|(_, s)| !current(s) && s.status.phase != Phase::Finished && s.status.phase != Phase::Stopped)
+            .filter(|(_, s)| {
+                !current(s) && s.status.phase != WorkerState::Finished && s.status.phase != WorkerState::Stopped
+            })
             .map(|(id, s)| (id, s.status.epoch.max(s.sent)))
             .collect();
         for (id, epoch) in busy.iter().copied() {
@@ -357,7 +360,7 @@ impl Coordinator {
                 self.min_world,
                 waited.as_secs_f64()
             );
-            self.stage = Stage::Stopped { reason: reason.clone() };
+            self.stage = JobState::Stopped { reason: reason.clone() };
             self.stop_all(now, &reason, out);
         }
     }
@@ -389,7 +392,7 @@ impl Coordinator {
         }
         self.quorum = Some(q);
         self.formed = true;
-        self.stage = Stage::Syncing { since: now };
+        self.stage = JobState::Syncing { since: now };
     }
 
     /// Step 4: start when every member holds the quorum's state.
@@ -399,13 +402,13 @@ impl Coordinator {
         for &m in &q.members {
             let seen = &self.workers[&m];
             let s = &seen.status;
-            if seen.lost || (s.epoch == q.epoch && matches!(s.phase, Phase::Idle | Phase::Stopped)) {
+            if seen.lost || (s.epoch == q.epoch && matches!(s.phase, WorkerState::Idle | WorkerState::Stopped)) {
                 return self.gather(now, out);
             }
             if s.epoch < q.epoch {
                 self.nudge(now, m, Msg::Quorum(q.clone()), out);
             } else if s.epoch == q.epoch
-                && s.phase == Phase::Synced
+                && s.phase == WorkerState::Synced
                 && s.step == q.step
                 && s.fingerprint == q.fingerprint
             {
@@ -419,7 +422,7 @@ impl Coordinator {
                 }
                 out.push(send(Node::Worker(m), Msg::Start { epoch: q.epoch }));
             }
-            self.stage = Stage::Running;
+            self.stage = JobState::Running;
         } else if now.saturating_duration_since(since) >= self.timing.sync_timeout {
             self.gather(now, out);
         }
@@ -433,23 +436,24 @@ impl Coordinator {
         for &m in &q.members {
             let seen = &self.workers[&m];
             let s = &seen.status;
-            if seen.lost || (s.epoch == q.epoch && matches!(s.phase, Phase::Idle | Phase::Stopped)) {
+            if seen.lost || (s.epoch == q.epoch && matches!(s.phase, WorkerState::Idle | WorkerState::Stopped)) {
                 return self.gather(now, out);
             }
             match s.phase {
-                Phase::Synced if s.epoch == q.epoch => self.nudge(now, m, Msg::Start { epoch: q.epoch }, out),
-                Phase::Done if s.epoch == q.epoch => done += 1,
+                WorkerState::Synced if s.epoch == q.epoch => self.nudge(now, m, Msg::Start { epoch: q.epoch }, out),
+                WorkerState::Done if s.epoch == q.epoch => done += 1,
                 _ => {}
             }
         }
-        let newcomer = self.live().any(|(id, s)| q.rank_of(id).is_none() && s.status.phase == Phase::Idle);
+        let newcomer = self.live().any(|(id, s)| q.rank_of(id).is_none() && s.status.phase == WorkerState::Idle);
         if newcomer {
             return self.gather(now, out);
         }
         let strays: Vec<(WorkerId, u64)> = self
             .live()
             .filter(|(id, s)| {
-                q.rank_of(*id).is_none() && matches!(s.status.phase, Phase::Syncing | Phase::Synced | Phase::Stepping)
+                q.rank_of(*id).is_none()
+                    && matches!(s.status.phase, WorkerState::Syncing | WorkerState::Synced | WorkerState::Stepping)
             })
             .map(|(id, s)| (id, s.status.epoch))
             .collect();
@@ -463,7 +467,7 @@ impl Coordinator {
                 }
                 out.push(send(Node::Worker(m), Msg::Finish));
             }
-            self.stage = Stage::Finished;
+            self.stage = JobState::Finished;
         }
     }
 }

@@ -140,7 +140,7 @@ impl Timing {
 
 /// What a worker is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub enum WorkerState {
     /// In no epoch: waiting for a quorum.
     Idle,
     /// A member of a new epoch, rolling forward or fetching the state.
@@ -165,7 +165,7 @@ pub struct Status {
     /// replacement started) is ignored.
     pub incarnation: u64,
     /// The phase.
-    pub phase: Phase,
+    pub phase: WorkerState,
     /// The newest epoch the worker has heard of (0: none).
     pub epoch: u64,
     /// The step of the state it holds (0: the initial state).

@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Msg, Phase, Quorum, Status, WorkerId};
+use super::{Msg, Quorum, Status, WorkerId, WorkerState};
 
 /// Frame kind of a protocol [`Msg`].
 pub const KIND_MSG: u8 = 0xC1;
@@ -120,8 +120,15 @@ impl<'a> In<'a> {
     }
 }
 
-const PHASES: [Phase; 7] =
-    [Phase::Idle, Phase::Syncing, Phase::Synced, Phase::Stepping, Phase::Done, Phase::Finished, Phase::Stopped];
+const PHASES: [WorkerState; 7] = [
+    WorkerState::Idle,
+    WorkerState::Syncing,
+    WorkerState::Synced,
+    WorkerState::Stepping,
+    WorkerState::Done,
+    WorkerState::Finished,
+    WorkerState::Stopped,
+];
 
 /// `msg` as a payload of kind [`KIND_MSG`].
 pub fn encode(msg: &Msg) -> Vec<u8> {
@@ -250,7 +257,7 @@ mod tests {
         vec![
             Msg::Report(Status {
                 incarnation: 3,
-                phase: Phase::Syncing,
+                phase: WorkerState::Syncing,
                 epoch: 1 << 40 | 7,
                 step: 12,
                 fingerprint: 0xdead_beef,

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{Action, Msg, Node, Phase, Quorum, Status, Timing, WorkerId, send};
+use super::{Action, Msg, Node, Quorum, Status, Timing, WorkerId, WorkerState, send};
 use crate::commit::{Ballot, Decision, decide};
 
 /// One worker's protocol state.
@@ -41,8 +41,15 @@ impl Worker {
         timing: Timing,
         now: Instant,
     ) -> (Worker, Vec<Action>) {
-        let status =
-            Status { incarnation, phase: Phase::Idle, epoch: 0, step, fingerprint, last_commit: None, unapplied: None };
+        let status = Status {
+            incarnation,
+            phase: WorkerState::Idle,
+            epoch: 0,
+            step,
+            fingerprint,
+            last_commit: None,
+            unapplied: None,
+        };
         let mut w = Worker {
             id,
             total,
@@ -83,7 +90,7 @@ impl Worker {
         let mut out = Vec::new();
         if self.is_over() {
             // A finished worker acknowledges every finish: the first answer may be lost.
-            if self.status.phase == Phase::Finished && msg == Msg::Finish {
+            if self.status.phase == WorkerState::Finished && msg == Msg::Finish {
                 self.report(now, &mut out);
             }
             return out;
@@ -94,7 +101,7 @@ impl Worker {
         match msg {
             Msg::Quorum(q) => self.on_quorum(now, q, &mut out),
             Msg::Start { epoch } => {
-                if self.status.phase == Phase::Synced && self.status.epoch == epoch {
+                if self.status.phase == WorkerState::Synced && self.status.epoch == epoch {
                     self.begin_step(now, &mut out);
                 }
             }
@@ -106,15 +113,17 @@ impl Worker {
                     self.quorum = None;
                 }
                 match self.status.phase {
-                    Phase::Syncing | Phase::Synced | Phase::Stepping if self.status.epoch == epoch => {
+                    WorkerState::Syncing | WorkerState::Synced | WorkerState::Stepping
+                        if self.status.epoch == epoch =>
+                    {
                         self.go_idle(now, &mut out)
                     }
                     _ => self.report(now, &mut out),
                 }
             }
             Msg::Finish => {
-                if self.status.phase == Phase::Done {
-                    self.status.phase = Phase::Finished;
+                if self.status.phase == WorkerState::Done {
+                    self.status.phase = WorkerState::Finished;
                     self.report(now, &mut out);
                     out.push(Action::Finished);
                 } else {
@@ -131,7 +140,7 @@ impl Worker {
                 }
                 let world = q.members.len();
                 self.ballots.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((ok, digest));
-                if self.status.phase == Phase::Stepping && step == self.status.step {
+                if self.status.phase == WorkerState::Stepping && step == self.status.step {
                     self.check_vote(now, &mut out);
                 }
             }
@@ -145,7 +154,7 @@ impl Worker {
     /// of the sum, or `None` when the all-reduce failed (a member was lost).
     pub fn on_reduced(&mut self, now: Instant, epoch: u64, step: u64, sum: Option<(bool, u64)>) -> Vec<Action> {
         let mut out = Vec::new();
-        if self.status.phase != Phase::Stepping || self.status.epoch != epoch || self.status.step != step {
+        if self.status.phase != WorkerState::Stepping || self.status.epoch != epoch || self.status.step != step {
             return out;
         }
         let Some((ok, digest)) = sum else {
@@ -182,9 +191,9 @@ impl Worker {
         self.vote_deadline = None;
         self.ballots.retain(|&s, _| s >= self.status.step);
         match self.status.phase {
-            Phase::Stepping => self.begin_step(now, &mut out),
-            Phase::Syncing if self.fresh => self.check_rolled(now, &mut out),
-            Phase::Syncing => {
+            WorkerState::Stepping => self.begin_step(now, &mut out),
+            WorkerState::Syncing if self.fresh => self.check_rolled(now, &mut out),
+            WorkerState::Syncing => {
                 self.after_hash.check_rolled = true;
                 self.ask_hash(&mut out);
             }
@@ -200,7 +209,7 @@ impl Worker {
         self.status.fingerprint = fingerprint;
         self.fresh = true;
         let after = std::mem::take(&mut self.after_hash);
-        if after.check_rolled && self.status.phase == Phase::Syncing {
+        if after.check_rolled && self.status.phase == WorkerState::Syncing {
             self.check_rolled(now, &mut out);
         }
         if let Some(q) = after.quorum {
@@ -219,7 +228,7 @@ impl Worker {
     /// is never a source.
     pub fn on_fetched(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action> {
         let mut out = Vec::new();
-        if self.status.phase != Phase::Syncing || self.status.epoch != epoch {
+        if self.status.phase != WorkerState::Syncing || self.status.epoch != epoch {
             return out;
         }
         let q = self.quorum.as_ref().expect("a syncing worker is a member");
@@ -230,7 +239,7 @@ impl Worker {
                 self.fresh = true;
                 self.status.last_commit = q.commit;
                 self.status.unapplied = None;
-                self.status.phase = Phase::Synced;
+                self.status.phase = WorkerState::Synced;
                 self.report(now, &mut out);
             }
             Some((step, fingerprint)) => {
@@ -274,7 +283,7 @@ impl Worker {
     pub fn on_peer_lost(&mut self, now: Instant, peer: WorkerId) -> Vec<Action> {
         let mut out = Vec::new();
         let member = self.quorum.as_ref().is_some_and(|q| q.rank_of(peer).is_some());
-        if member && matches!(self.status.phase, Phase::Syncing | Phase::Synced | Phase::Stepping) {
+        if member && matches!(self.status.phase, WorkerState::Syncing | WorkerState::Synced | WorkerState::Stepping) {
             self.go_idle(now, &mut out);
         }
         out
@@ -286,10 +295,13 @@ impl Worker {
         if self.is_over() {
             return out;
         }
-        if self.status.phase == Phase::Stepping && self.vote_deadline.is_some_and(|d| now >= d) {
+        if self.status.phase == WorkerState::Stepping && self.vote_deadline.is_some_and(|d| now >= d) {
             self.go_idle(now, &mut out);
         }
-        let waiting = matches!(self.status.phase, Phase::Idle | Phase::Syncing | Phase::Synced | Phase::Done);
+        let waiting = matches!(
+            self.status.phase,
+            WorkerState::Idle | WorkerState::Syncing | WorkerState::Synced | WorkerState::Done
+        );
         let silence = now.saturating_duration_since(self.heard_coordinator);
         // A live coordinator speaks to every worker within a sync timeout (it gives up on a
         // slow quorum and gathers) plus a quorum timeout (it forms one or stops the job):
@@ -306,7 +318,7 @@ impl Worker {
     }
 
     fn is_over(&self) -> bool {
-        matches!(self.status.phase, Phase::Finished | Phase::Stopped)
+        matches!(self.status.phase, WorkerState::Finished | WorkerState::Stopped)
     }
 
     /// Reports the status; when the fingerprint is unknown, asks for it first, and
@@ -330,7 +342,7 @@ impl Worker {
     }
 
     fn stop(&mut self, now: Instant, reason: String, out: &mut Vec<Action>) {
-        self.status.phase = Phase::Stopped;
+        self.status.phase = WorkerState::Stopped;
         self.quorum = None;
         self.report(now, out);
         out.push(Action::Stopped { reason });
@@ -361,7 +373,7 @@ impl Worker {
             self.status.unapplied = None;
             out.push(Action::Restore { step, fingerprint });
         }
-        self.status.phase = if self.status.step >= self.total { Phase::Done } else { Phase::Idle };
+        self.status.phase = if self.status.step >= self.total { WorkerState::Done } else { WorkerState::Idle };
         self.report(now, out);
     }
 
@@ -385,16 +397,16 @@ impl Worker {
         }
         let s = self.status.clone();
         if s.step == q.step && s.fingerprint == q.fingerprint {
-            self.status.phase = Phase::Synced;
+            self.status.phase = WorkerState::Synced;
         } else if s.step + 1 == q.step && s.unapplied.is_some() && s.unapplied == q.commit {
             // Step 4: the others applied the sum this worker holds; apply it too.
-            self.status.phase = Phase::Syncing;
+            self.status.phase = WorkerState::Syncing;
             self.quorum = Some(q);
             self.report(now, out);
             out.push(Action::Apply { step: s.step });
             return;
         } else {
-            self.status.phase = Phase::Syncing;
+            self.status.phase = WorkerState::Syncing;
             self.status.unapplied = None;
             out.push(fetch_from(&q));
         }
@@ -406,7 +418,7 @@ impl Worker {
     fn check_rolled(&mut self, now: Instant, out: &mut Vec<Action>) {
         let q = self.quorum.as_ref().expect("a syncing worker is a member");
         if self.status.step == q.step && self.status.fingerprint == q.fingerprint {
-            self.status.phase = Phase::Synced;
+            self.status.phase = WorkerState::Synced;
             self.report(now, out);
         } else {
             // Rolled forward to a state that is not the sources': take theirs.
@@ -417,12 +429,12 @@ impl Worker {
     fn begin_step(&mut self, now: Instant, out: &mut Vec<Action>) {
         let q = self.quorum.as_ref().expect("a synced worker is a member");
         if self.status.step >= self.total {
-            self.status.phase = Phase::Done;
+            self.status.phase = WorkerState::Done;
             self.report(now, out);
             return;
         }
-        let first = self.status.phase != Phase::Stepping;
-        self.status.phase = Phase::Stepping;
+        let first = self.status.phase != WorkerState::Stepping;
+        self.status.phase = WorkerState::Stepping;
         self.vote_deadline = None;
         out.push(Action::Compute {
             epoch: q.epoch,

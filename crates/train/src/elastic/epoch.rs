@@ -13,12 +13,12 @@ use comm::protocol::WorkerId;
 use comm::transport::{TcpConfig, TcpMesh, Transport};
 use serde_json::json;
 
-use crate::config::{DistConfig, OnDivergence, TrainConfig};
+use crate::config::{ElasticWorker, OnDivergence, TrainConfig};
 use crate::driver::{Flow, Reduction, Runner};
 use crate::error::TrainError;
 use crate::metrics::MetricsFile;
 use crate::step::{At, GradBuffer, Injected, SumCheck, TrainState};
-use crate::trainer::{Event, report_injections};
+use crate::trainer::{Progress, report_injections};
 
 /// The mesh of the current epoch, shared with the link's thread, which aborts it when a
 /// message from the coordinator ends the epoch while the loop is blocked in a collective.
@@ -70,7 +70,7 @@ pub(super) enum Found {
 /// The worker's side of its steps.
 pub(super) struct Side<'c, 'e> {
     pub config: &'c TrainConfig,
-    pub d: &'c DistConfig,
+    pub d: &'c ElasticWorker,
     pub id: WorkerId,
     pub port: Port,
     pub book: BTreeMap<WorkerId, SocketAddr>,
@@ -81,7 +81,7 @@ pub(super) struct Side<'c, 'e> {
     /// succeeded, so a failed step never spoils the sum a late member rolls forward with.
     pub work: GradBuffer,
     pub metrics: MetricsFile,
-    pub on_event: &'e mut dyn FnMut(Event),
+    pub on_event: &'e mut dyn FnMut(Progress),
     /// The epoch of the step in progress, and its members in rank order.
     pub epoch: u64,
     pub members: Vec<WorkerId>,
@@ -138,7 +138,7 @@ impl Side<'_, '_> {
 
     /// Compares this member's `fingerprint` with every other member's.
     fn compare_replicas(&self, mesh: &TcpMesh, fingerprint: u64) -> ReplicaCheck {
-        match comm::collective::all_gather_u64(mesh, fingerprint, self.d.timeout) {
+        match comm::collective::all_gather_u64(mesh, fingerprint, self.d.job.timeout) {
             Ok(all) => match comm::majority::compare(&all) {
                 comm::majority::Comparison::Agree => ReplicaCheck::Agree,
                 comm::majority::Comparison::Diverged { outvoted, majority } => {
@@ -182,7 +182,8 @@ impl Runner for Side<'_, '_> {
                 return Ok(Flow::End);
             }
         };
-        match self.reducer.sum_parts(&*mesh, r.parts, self.work.as_mut_slice(), self.config.reduce, self.d.timeout) {
+        match self.reducer.sum_parts(&*mesh, r.parts, self.work.as_mut_slice(), self.config.reduce, self.d.job.timeout)
+        {
             Ok(()) => {
                 std::mem::swap(&mut self.work, r.sum);
                 Ok(Flow::Go)
@@ -222,12 +223,12 @@ impl Runner for Side<'_, '_> {
         self.train_time += self.step_started.elapsed();
         self.last_loss = sum.loss();
         self.metrics.write(json!({"kind": "train", "step": state.step, "loss": self.last_loss}))?;
-        (self.on_event)(Event::Step { step: state.step, loss: self.last_loss });
+        (self.on_event)(Progress::Step { step: state.step, loss: self.last_loss });
         Ok(())
     }
 
     fn check_replicas(&mut self, _at: At, state: &TrainState) -> Result<Flow, TrainError> {
-        if !self.d.checks_after(state.step, self.config.steps) {
+        if !self.d.job.checks_after(state.step, self.config.steps) {
             return Ok(Flow::Go);
         }
         let fingerprint = *self.committed.get_or_insert_with(|| state.fingerprint());

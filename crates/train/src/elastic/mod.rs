@@ -40,13 +40,13 @@ use comm::protocol::{Msg, Timing, Worker, WorkerId};
 use comm::transport::{CommError, TcpConfig};
 use serde_json::json;
 
-use crate::config::{DistConfig, TrainConfig};
+use crate::config::{ElasticWorker, TrainConfig};
 use crate::driver::Driver;
 use crate::error::{ConfigError, TrainError};
 use crate::failpoint::ProcessFaults;
 use crate::metrics::MetricsFile;
 use crate::step::{LiveFaults, TrainState};
-use crate::trainer::{Event, Prepared, Summary};
+use crate::trainer::{Prepared, Progress, Summary};
 
 mod epoch;
 mod held;
@@ -58,15 +58,20 @@ use held::{Held, MemoryCopy};
 use shell::Shell;
 use timeline::Timeline;
 
-/// Runs worker `d.rank` (its slot), process `incarnation`, of an elastic job.
+/// Runs worker `d.slot` (process `d.job.incarnation` of the slot) of an elastic job.
 pub(crate) fn run(
     config: &TrainConfig,
-    d: &DistConfig,
-    incarnation: u64,
-    on_event: &mut dyn FnMut(Event),
+    d: &ElasticWorker,
+    on_event: &mut dyn FnMut(Progress),
 ) -> Result<(Summary, TrainState), TrainError> {
-    let (coordinator, secret, bind) = endpoints(config, d)?;
-    let id = d.rank as WorkerId;
+    if config.checkpoint.is_some() || config.resume.is_some() {
+        return Err(ConfigError::Invalid(
+            "an elastic job recovers from its live replicas: it neither writes nor resumes checkpoints".into(),
+        )
+        .into());
+    }
+    let (coordinator, secret, bind, incarnation) = (d.coordinator, &d.secret, d.bind, d.job.incarnation);
+    let id = d.slot as WorkerId;
     let prepared = Prepared::load(config)?;
     let (state, engine) = prepared.start(config);
     let parameters = state.parameters();
@@ -81,7 +86,7 @@ pub(crate) fn run(
     let mut port = Port::open(listener, secret, id)?;
     held::spawn_server(&mut port, Arc::clone(&held), layout, faults.clone(), id)?;
     // The worker's own clocks: how often it reports, and how long it waits for ballots.
-    let timing = Timing { vote_timeout: d.timeout, ..Timing::default() };
+    let timing = Timing { vote_timeout: d.job.timeout, ..Timing::default() };
     let current = Current::default();
     let interrupt = {
         let current = current.clone();
@@ -95,7 +100,7 @@ pub(crate) fn run(
         })
     };
     let hello = Hello { incarnation, addr: port.addr() };
-    let deadline = Instant::now() + d.timeout.max(Duration::from_secs(30));
+    let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
     let (link, incoming) = Link::connect(coordinator, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
     {
@@ -107,14 +112,14 @@ pub(crate) fn run(
             }
         }));
     }
-    on_event(Event::Started { steps: config.steps, parameters });
+    on_event(Progress::Started { steps: config.steps, parameters });
     metrics.write(json!({"kind": "process", "worker": id, "incarnation": incarnation}))?;
 
     let tcp = TcpConfig {
         secret: secret.clone(),
         max_frame: comm::frame::DEFAULT_MAX_FRAME,
-        connect_timeout: d.timeout,
-        write_timeout: d.timeout,
+        connect_timeout: d.job.timeout,
+        write_timeout: d.job.timeout,
         abort_grace: Duration::ZERO,
     };
     let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
@@ -168,31 +173,4 @@ pub(crate) fn run(
     }
     outcome?;
     shell.finish(&prepared, parameters)
-}
-
-/// The coordinator's address, the job's secret and the address to listen on, of an
-/// elastic job's configuration.
-fn endpoints<'d>(
-    config: &TrainConfig,
-    d: &'d DistConfig,
-) -> Result<(std::net::SocketAddr, &'d Vec<u8>, std::net::IpAddr), TrainError> {
-    if config.checkpoint.is_some() || config.resume.is_some() {
-        return Err(ConfigError::Invalid(
-            "an elastic job recovers from its live replicas: it neither writes nor resumes checkpoints".into(),
-        )
-        .into());
-    }
-    let crate::config::Engine::Steadfast { rendezvous, secret, bind } = &d.engine else {
-        return Err(ConfigError::Invalid(
-            "an elastic job runs on Steadfast's engine: MPI ends a job when a rank fails".into(),
-        )
-        .into());
-    };
-    let crate::config::Rendezvous::Coordinator(coordinator) = rendezvous else {
-        return Err(ConfigError::Invalid(
-            "an elastic job's membership is kept by its coordinator (--coordinator), not in etcd".into(),
-        )
-        .into());
-    };
-    Ok((*coordinator, secret, *bind))
 }

@@ -21,7 +21,7 @@ use crate::driver::{Driver, Stop};
 use crate::error::TrainError;
 use crate::schedule::{self, Op};
 use crate::step::{Engine, LiveFaults, TrainState};
-use crate::trainer::{EvalReport, Event, Prepared, Summary, evaluate_state, write_eval, write_summary};
+use crate::trainer::{EvalReport, Prepared, Progress, Summary, evaluate_state, write_eval, write_summary};
 
 /// The worker's loop: the protocol's actions, carried out on the state, the engine and
 /// the sockets.
@@ -123,7 +123,7 @@ impl Shell<'_, '_, '_> {
         let Some((e, mesh)) = self.side.current.get().filter(|(e, _)| *e == epoch) else { return };
         let members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
         let id = self.side.id;
-        match comm::collective::all_gather_words(&*mesh, &[u64::from(ok), digest], self.side.d.timeout) {
+        match comm::collective::all_gather_words(&*mesh, &[u64::from(ok), digest], self.side.d.job.timeout) {
             Ok(all) => {
                 for (r, words) in all.iter().enumerate() {
                     let Some(&peer) = members.get(r).filter(|&&p| p != id) else { continue };
@@ -208,7 +208,7 @@ impl Shell<'_, '_, '_> {
             let report =
                 evaluate_state(&mut self.engine, &prepared.data, &lock_read(&self.held).state, config.eval_limit);
             write_eval(&mut self.side.metrics, &report, prepared.unigram_perplexity)?;
-            (self.side.on_event)(Event::Eval(&report));
+            (self.side.on_event)(Progress::Eval(&report));
             self.last_eval = Some(report);
         }
         self.side.step_started = Instant::now();
@@ -246,7 +246,7 @@ impl Shell<'_, '_, '_> {
                     // closed its connections early could make a peer's comparison fail,
                     // and that peer take it for a lost worker.
                     if let Some((_, mesh)) = self.side.current.get() {
-                        let _ = comm::collective::barrier(&*mesh, self.side.d.timeout);
+                        let _ = comm::collective::barrier(&*mesh, self.side.d.job.timeout);
                     }
                     let ranks = outvoted.iter().map(|&w| w as usize).collect();
                     return Err(TrainError::ReplicasDiverged { step: done, ranks });
@@ -267,7 +267,8 @@ impl Shell<'_, '_, '_> {
     fn fetch(&mut self, epoch: u64, step: u64, fingerprint: u64, sources: &[WorkerId]) -> Result<(), TrainError> {
         let want = Want { step, fingerprint, layout: self.layout.0, elements: self.layout.1 };
         let side = &self.side;
-        let got = held::fetch(&side.port, &self.held, &side.book, sources, want, side.d.timeout, &self.hooks, side.id);
+        let got =
+            held::fetch(&side.port, &self.held, &side.book, sources, want, side.d.job.timeout, &self.hooks, side.id);
         self.sum_step = None;
         let got = match got {
             Ok(stats) => {
@@ -312,7 +313,7 @@ impl Shell<'_, '_, '_> {
             None => {
                 let report = evaluate_state(&mut self.engine, &prepared.data, &state, config.eval_limit);
                 write_eval(&mut self.side.metrics, &report, prepared.unigram_perplexity)?;
-                (self.side.on_event)(Event::Eval(&report));
+                (self.side.on_event)(Progress::Eval(&report));
                 report
             }
         };

@@ -1,6 +1,6 @@
 //! Worker 0's record of an elastic job's epochs in `metrics.jsonl`.
 
-use comm::protocol::{Phase as Stage, Worker};
+use comm::protocol::{Worker, WorkerState};
 use serde_json::json;
 
 use crate::error::TrainError;
@@ -12,7 +12,7 @@ use crate::metrics::MetricsFile;
 /// end of a recovery).
 pub(super) struct Timeline {
     epoch: u64,
-    phase: Stage,
+    phase: WorkerState,
     /// Why the current epoch is ending, as the shell saw it.
     pub(super) why: Option<String>,
 }
@@ -29,9 +29,9 @@ impl Timeline {
         if (s.epoch, s.phase) == (self.epoch, self.phase) {
             return Ok(());
         }
-        let member = |p: Stage| matches!(p, Stage::Syncing | Stage::Synced | Stage::Stepping);
+        let member = |p: WorkerState| matches!(p, WorkerState::Syncing | WorkerState::Synced | WorkerState::Stepping);
         // Leaving the epoch for `Done` (the last step applied) or `Finished` is no failure.
-        if member(self.phase) && !member(s.phase) && matches!(s.phase, Stage::Idle | Stage::Stopped) {
+        if member(self.phase) && !member(s.phase) && matches!(s.phase, WorkerState::Idle | WorkerState::Stopped) {
             let why = self.why.take();
             metrics.write(json!({"kind": "epoch_ended", "epoch": self.epoch, "step": s.step, "why": why}))?;
         }
@@ -39,10 +39,10 @@ impl Timeline {
             self.why = None;
             metrics.write(json!({
                 "kind": "quorum", "epoch": q.epoch, "members": q.members, "step": q.step,
-                "sources": q.sources, "synced": s.phase == Stage::Synced,
+                "sources": q.sources, "synced": s.phase == WorkerState::Synced,
             }))?;
         }
-        if s.phase == Stage::Stepping && self.phase != Stage::Stepping {
+        if s.phase == WorkerState::Stepping && self.phase != WorkerState::Stepping {
             metrics.write(json!({"kind": "epoch_started", "epoch": s.epoch, "step": s.step}))?;
         }
         (self.epoch, self.phase) = (s.epoch, s.phase);
