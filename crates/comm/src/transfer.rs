@@ -5,10 +5,11 @@
 //! in registry order). The fetcher asks for it by what it must be ([`Want`]: the step, the
 //! fingerprint, a digest of the tensors' names and shapes, and the element count), one
 //! chunk at a time; a source answers with the optimizer's update count, the xxh3-64 of the
-//! chunk's bytes and the bytes, or refuses when it no longer holds that state. One thread
-//! per source takes chunks from a shared queue, so a faster source serves more of them; a
-//! source that fails (it died, refused, or sent a chunk whose checksum is wrong) puts its
-//! chunk back for the others. The fetcher writes each verified chunk into its own state as
+//! chunk's bytes and the bytes, or refuses when it no longer holds that state. Which
+//! source fetches which chunk is a state machine without I/O ([`Chunks`]): one thread per
+//! source asks it for the next chunk, so a faster source serves more of them; a source that
+//! fails (it died, refused, or sent a chunk whose checksum is wrong) puts its chunk back
+//! for the others, and a source with nothing to take waits for news rather than polling. The fetcher writes each verified chunk into its own state as
 //! it arrives (no second copy of the model is made on either side) and checks the whole
 //! against the fingerprint at the end.
 
@@ -16,9 +17,7 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::ops::Range;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::{Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::frame::{read_frame_into, write_frame};
@@ -116,12 +115,121 @@ pub struct Fetched {
     pub elapsed: Duration,
 }
 
+/// What a source does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Fetch this chunk.
+    Fetch(Range<usize>),
+    /// Nothing is left to take now, but a chunk another source is fetching may come back
+    /// (if that source fails): wait for news.
+    Wait,
+    /// The fetch is over, for this source at least.
+    Stop,
+}
+
+/// The chunk schedule of one fetch, without I/O: which chunk each source fetches next,
+/// what a source's failure puts back for the others, whether the sources agree on the
+/// state they hold, and when the fetch is done or lost. [`fetch`] is its shell over TCP,
+/// one thread a source; the tests below drive it by hand.
+#[derive(Clone, Debug)]
+pub struct Chunks {
+    pending: VecDeque<Range<usize>>,
+    in_flight: Vec<Option<Range<usize>>>,
+    failed: Vec<bool>,
+    total: usize,
+    received: usize,
+    updates: Option<u64>,
+    per_source: Vec<u64>,
+    retried: u64,
+    failures: Vec<String>,
+    disagree: bool,
+}
+
+impl Chunks {
+    /// `elements` cut into chunks of `chunk`, for `sources` sources.
+    pub fn new(elements: usize, chunk: usize, sources: usize) -> Chunks {
+        let pending: VecDeque<_> = (0..elements).step_by(chunk.max(1)).map(|s| s..(s + chunk).min(elements)).collect();
+        Chunks {
+            total: pending.len(),
+            pending,
+            in_flight: vec![None; sources],
+            failed: vec![false; sources],
+            received: 0,
+            updates: None,
+            per_source: vec![0; sources],
+            retried: 0,
+            failures: Vec::new(),
+            disagree: false,
+        }
+    }
+
+    /// What `source` does next.
+    pub fn next(&mut self, source: usize) -> Next {
+        if self.over() || self.failed[source] {
+            return Next::Stop;
+        }
+        if let Some(range) = self.pending.pop_front() {
+            self.in_flight[source] = Some(range.clone());
+            return Next::Fetch(range);
+        }
+        if self.in_flight.iter().any(Option::is_some) { Next::Wait } else { Next::Stop }
+    }
+
+    /// `source` received its chunk, verified, from a state of `updates` optimizer updates.
+    /// An error when the sources do not hold one state: nothing fetched can be trusted.
+    pub fn received(&mut self, source: usize, updates: u64) -> Result<(), String> {
+        self.in_flight[source] = None;
+        if *self.updates.get_or_insert(updates) != updates {
+            let why = format!("source {source}: update count {updates}, not {:?}", self.updates);
+            self.failures.push(why.clone());
+            self.disagree = true;
+            return Err(why);
+        }
+        self.received += 1;
+        self.per_source[source] += 1;
+        Ok(())
+    }
+
+    /// `source` failed (it died, refused, or sent a chunk whose checksum is wrong): its
+    /// chunk goes back for the others, and it gets no other.
+    pub fn failed(&mut self, source: usize, why: String) {
+        if let Some(range) = self.in_flight[source].take() {
+            self.pending.push_front(range);
+        }
+        self.failed[source] = true;
+        self.retried += 1;
+        self.failures.push(why);
+    }
+
+    /// Whether nothing more will happen: every chunk received, the sources disagree, or
+    /// chunks are left and no source is.
+    pub fn over(&self) -> bool {
+        self.disagree || self.received == self.total || self.failed.iter().all(|&f| f)
+    }
+
+    /// Chunks received from each source, in the order of the sources.
+    pub fn per_source(&self) -> &[u64] {
+        &self.per_source
+    }
+
+    /// The outcome once [`Chunks::over`]: the sources' update count, or why the fetch failed.
+    pub fn outcome(&self) -> Result<u64, String> {
+        if !self.disagree && self.received == self.total {
+            return Ok(self.updates.unwrap_or(0));
+        }
+        if self.failures.is_empty() {
+            return Err("no source answered".into());
+        }
+        Err(self.failures.join("; "))
+    }
+}
+
 /// Fetches `want` from `sources` in chunks of [`chunk_for`] elements, opening one
-/// connection to each source with `connect`, and
-/// hands each verified chunk (its element range and little-endian bytes) to `on_chunk`,
-/// on the calling thread. A source that fails (it died, refused, or sent a chunk whose
-/// checksum is wrong) is dropped and its chunk fetched from another; the fetch fails when
-/// no source is left for a chunk, or when two sources report different update counts.
+/// connection to each source with `connect`, and hands each verified chunk (its element
+/// range and little-endian bytes) to `on_chunk`, on the calling thread. The [`Chunks`]
+/// schedule decides who fetches what: a source that fails is dropped and its chunk fetched
+/// from another; the fetch fails when no source is left for a chunk, or when two sources
+/// report different update counts.
 pub fn fetch(
     sources: &[(WorkerId, SocketAddr)],
     connect: &(dyn Fn(WorkerId, SocketAddr) -> Result<TcpStream, CommError> + Sync),
@@ -130,94 +238,79 @@ pub fn fetch(
     on_chunk: &mut dyn FnMut(Range<usize>, &[u8]),
 ) -> Result<Fetched, CommError> {
     let started = Instant::now();
-    let n = want.elements as usize;
-    let chunk = chunk_for(want.elements);
-    let queue: Mutex<VecDeque<Range<usize>>> =
-        Mutex::new((0..n).step_by(chunk).map(|s| s..(s + chunk).min(n)).collect());
-    let total_chunks = queue.lock().expect("fresh").len();
-    let remaining = AtomicUsize::new(total_chunks);
-    let mut fetched = Fetched { chunks: sources.iter().map(|&(id, _)| (id, 0)).collect(), ..Fetched::default() };
-    let mut failures = Vec::new();
-    let mut received = 0;
+    let schedule = Mutex::new(Chunks::new(want.elements as usize, chunk_for(want.elements), sources.len()));
+    // Rings when a chunk is received or a source fails: a source waiting for a chunk to
+    // come back looks again.
+    let news = Condvar::new();
+    let mut fetched = Fetched::default();
     std::thread::scope(|s| {
-        let (tx, rx) = mpsc::sync_channel::<Result<(usize, Range<usize>, u64, Vec<u8>), (usize, String)>>(
-            2 * sources.len().max(1),
-        );
+        let (tx, rx) = mpsc::sync_channel::<(Range<usize>, Vec<u8>)>(2 * sources.len().max(1));
         for (i, &(id, addr)) in sources.iter().enumerate() {
-            let (tx, queue, remaining) = (tx.clone(), &queue, &remaining);
+            let (tx, schedule, news) = (tx.clone(), &schedule, &news);
             s.spawn(move || {
-                let result = (|| -> Result<(), String> {
-                    let mut stream = connect(id, addr).map_err(|e| e.to_string())?;
-                    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-                    loop {
-                        // Each chunk's buffer goes to the caller whole (no copy of the bytes).
-                        let mut payload = Vec::new();
-                        let Some(range) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
-                            // A chunk another source failed may still come back.
-                            if remaining.load(Ordering::Acquire) == 0 {
-                                return Ok(());
-                            }
-                            std::thread::sleep(Duration::from_millis(1));
-                            continue;
-                        };
-                        let got = get(&mut stream, want, &range, &mut payload);
-                        match got {
-                            Ok(updates) => {
-                                remaining.fetch_sub(1, Ordering::AcqRel);
-                                if tx.send(Ok((i, range, updates, payload))).is_err() {
-                                    return Ok(());
-                                }
-                            }
-                            Err(why) => {
-                                queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(range);
-                                return Err(why);
-                            }
-                        }
+                let lock = || schedule.lock().unwrap_or_else(|e| e.into_inner());
+                let mut stream = match connect(id, addr).and_then(|st| {
+                    st.set_read_timeout(Some(timeout)).map_err(|e| CommError::Setup(e.to_string()))?;
+                    Ok(st)
+                }) {
+                    Ok(st) => st,
+                    Err(e) => {
+                        lock().failed(i, format!("worker {id}: {e}"));
+                        news.notify_all();
+                        return;
                     }
-                })();
-                if let Err(why) = result {
-                    let _ = tx.send(Err((i, why)));
+                };
+                let mut plan = lock();
+                loop {
+                    let range = match plan.next(i) {
+                        Next::Fetch(range) => range,
+                        Next::Wait => {
+                            plan = news.wait(plan).unwrap_or_else(|e| e.into_inner());
+                            continue;
+                        }
+                        Next::Stop => return,
+                    };
+                    drop(plan);
+                    // Each chunk's buffer goes to the caller whole (no copy of the bytes).
+                    let mut payload = Vec::new();
+                    let got = get(&mut stream, want, &range, &mut payload);
+                    plan = lock();
+                    let kept = match got {
+                        Ok(updates) => plan.received(i, updates).map_err(|why| format!("worker {id}: {why}")),
+                        Err(why) => {
+                            plan.failed(i, format!("worker {id}: {why}"));
+                            Err(why)
+                        }
+                    };
+                    news.notify_all();
+                    if kept.is_ok() {
+                        drop(plan);
+                        if tx.send((range, payload)).is_err() {
+                            return;
+                        }
+                        plan = lock();
+                    }
                 }
             });
         }
         drop(tx);
-        let mut updates = None;
-        while received < total_chunks {
-            let Ok(msg) = rx.recv() else { break };
-            match msg {
-                Ok((i, range, u, bytes)) => {
-                    if *updates.get_or_insert(u) != u {
-                        // The sources do not hold one state: nothing fetched can be trusted.
-                        failures.push(format!("worker {}: update count {u}, not {updates:?}", sources[i].0));
-                        break;
-                    }
-                    let bytes = &bytes[16..];
-                    on_chunk(range, bytes);
-                    received += 1;
-                    fetched.bytes += bytes.len() as u64;
-                    fetched.chunks[i].1 += 1;
-                }
-                Err((i, why)) => {
-                    fetched.retried += 1;
-                    failures.push(format!("worker {}: {why}", sources[i].0));
-                }
-            }
+        for (range, bytes) in rx {
+            let bytes = &bytes[16..];
+            on_chunk(range, bytes);
+            fetched.bytes += bytes.len() as u64;
         }
-        fetched.updates = updates.unwrap_or(0);
-        // Stop the other sources' threads: they find the queue empty and nothing to wait for.
-        queue.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        remaining.store(0, Ordering::Release);
-        drop(rx);
     });
+    let schedule = schedule.into_inner().unwrap_or_else(|e| e.into_inner());
     fetched.elapsed = started.elapsed();
-    // A source that failed put its chunk back for the others: only a missing chunk fails.
-    if received == total_chunks {
-        return Ok(fetched);
+    fetched.retried = schedule.retried;
+    fetched.chunks = sources.iter().map(|&(id, _)| id).zip(schedule.per_source().iter().copied()).collect();
+    match schedule.outcome() {
+        Ok(updates) => {
+            fetched.updates = updates;
+            Ok(fetched)
+        }
+        Err(why) => Err(CommError::Setup(format!("state transfer failed: {why}"))),
     }
-    if failures.is_empty() {
-        failures.push("no source answered".into());
-    }
-    Err(CommError::Setup(format!("state transfer failed: {}", failures.join("; "))))
 }
 
 /// One request and its verified answer: the update count, then the checksum, then the
@@ -240,5 +333,74 @@ fn get(stream: &mut TcpStream, want: &Want, range: &Range<usize>, payload: &mut 
         KIND_PART => Err(format!("chunk {range:?} has {} bytes", payload.len())),
         KIND_REFUSE => Err(format!("refused: {}", String::from_utf8_lossy(payload))),
         k => Err(format!("unexpected frame kind {k:#x}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chunks_are_shared_out_in_order_and_the_fetch_ends_when_all_arrived() {
+        let mut c = Chunks::new(10, 4, 2);
+        assert_eq!(c.next(0), Next::Fetch(0..4));
+        assert_eq!(c.next(1), Next::Fetch(4..8));
+        c.received(0, 7).unwrap();
+        // The faster source takes the next chunk.
+        assert_eq!(c.next(0), Next::Fetch(8..10));
+        assert_eq!(c.next(0), Next::Wait, "a chunk is still in flight elsewhere");
+        c.received(1, 7).unwrap();
+        c.received(0, 7).unwrap();
+        assert!(c.over());
+        assert_eq!(c.next(1), Next::Stop);
+        assert_eq!(c.outcome(), Ok(7));
+        assert_eq!(c.per_source(), [2, 1]);
+    }
+
+    #[test]
+    fn a_failed_source_puts_its_chunk_back_for_another_and_gets_no_more() {
+        let mut c = Chunks::new(8, 4, 2);
+        assert_eq!(c.next(0), Next::Fetch(0..4));
+        assert_eq!(c.next(1), Next::Fetch(4..8));
+        c.received(1, 3).unwrap();
+        assert_eq!(c.next(1), Next::Wait, "source 0 may still deliver or fail");
+        c.failed(0, "worker 0: refused".into());
+        assert_eq!(c.next(0), Next::Stop, "a failed source is done");
+        assert_eq!(c.next(1), Next::Fetch(0..4), "its chunk came back");
+        c.received(1, 3).unwrap();
+        assert_eq!(c.outcome(), Ok(3));
+        assert_eq!((c.per_source(), c.retried), (&[0, 2][..], 1));
+    }
+
+    #[test]
+    fn the_fetch_fails_when_no_source_is_left_for_a_chunk() {
+        let mut c = Chunks::new(8, 4, 2);
+        let _ = (c.next(0), c.next(1));
+        c.received(0, 1).unwrap();
+        c.failed(1, "worker 1: died".into());
+        assert_eq!(c.next(0), Next::Fetch(4..8));
+        c.failed(0, "worker 0: chunk 4..8 failed its checksum".into());
+        assert!(c.over());
+        let why = c.outcome().unwrap_err();
+        assert!(why.contains("worker 1: died") && why.contains("checksum"), "{why}");
+        assert_eq!(Chunks::new(8, 4, 0).outcome(), Err("no source answered".into()));
+    }
+
+    #[test]
+    fn sources_that_hold_different_states_end_the_fetch() {
+        let mut c = Chunks::new(12, 4, 2);
+        let _ = (c.next(0), c.next(1));
+        c.received(0, 5).unwrap();
+        assert!(c.received(1, 6).is_err());
+        assert!(c.over());
+        assert_eq!(c.next(0), Next::Stop);
+        assert!(c.outcome().unwrap_err().contains("update count 6"));
+    }
+
+    #[test]
+    fn an_empty_state_is_fetched_at_once() {
+        let mut c = Chunks::new(0, 4, 3);
+        assert_eq!(c.next(2), Next::Stop);
+        assert_eq!(c.outcome(), Ok(0));
     }
 }
