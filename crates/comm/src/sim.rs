@@ -494,6 +494,10 @@ impl Sim<'_> {
                 Action::Stopped { reason } => {
                     self.procs[proc.expect("only workers stop")].end = Some(End::Stopped(reason));
                 }
+                Action::Diverged { step, outvoted } => {
+                    let reason = format!("replicas diverged at step {step}: {outvoted:?}");
+                    self.procs[proc.expect("only workers check replicas")].end = Some(End::Stopped(reason));
+                }
             }
         }
     }

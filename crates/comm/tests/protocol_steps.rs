@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use comm::protocol::coordinator::JobState;
-use comm::protocol::{Action, Coordinator, Msg, Node, Quorum, Status, Timing, Worker, WorkerState};
+use comm::protocol::{Action, Compared, Coordinator, Msg, Node, Quorum, Status, Timing, Worker, WorkerState};
 
 fn timing() -> Timing {
     Timing {
@@ -120,6 +120,59 @@ fn worker_whose_state_is_corrupted_leaves_the_epoch_and_reports_it_as_it_is() {
     // makes it fetch rather than start.
     let a = w.on_message(c.at(5), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 0, 100, None)));
     assert!(matches!(others(&a)[..], [Action::Fetch { step: 0, fingerprint: 100, .. }]), "{a:?}");
+}
+
+/// The worker of [`voting_worker`] once both ballots agreed: it applies, and the shell
+/// then compares the replicas and reports what it found.
+fn checked_worker(c: &Clock, repair: bool, compared: Compared) -> (Worker, Vec<Action>) {
+    let mut w = voting_worker(c);
+    w.repairs(repair);
+    let a = w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
+    let a = w.on_checked(c.at(5), 0, 101, compared);
+    (w, a)
+}
+
+#[test]
+fn worker_whose_replicas_agree_after_an_update_steps_on() {
+    let c = Clock(Instant::now());
+    let (w, a) = checked_worker(&c, false, Compared::Agree);
+    assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 1, rank: 1, members: vec![0, 1] }]);
+    let s = w.status();
+    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (WorkerState::Stepping, 1, 101, Some(7)));
+}
+
+#[test]
+fn worker_that_loses_a_member_during_the_check_leaves_the_epoch_with_the_step_counted() {
+    let c = Clock(Instant::now());
+    let (w, a) = checked_worker(&c, true, Compared::Lost(0));
+    assert!(others(&a).is_empty(), "no next step: {a:?}");
+    let s = w.status();
+    assert_eq!((s.phase, s.step, s.last_commit), (WorkerState::Idle, 1, Some(7)));
+    assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(_))]));
+}
+
+#[test]
+fn worker_outvoted_by_a_strict_majority_reports_its_state_as_it_is_when_the_job_repairs() {
+    let c = Clock(Instant::now());
+    let outvoted = Compared::Diverged { outvoted: vec![1], majority: true };
+    let (w, a) = checked_worker(&c, true, outvoted);
+    assert!(others(&a).is_empty(), "{a:?}");
+    let s = w.status();
+    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (WorkerState::Idle, 1, 101, None));
+    // A member of the majority leaves the epoch too, keeping its commit.
+    let (w, a) = checked_worker(&c, true, Compared::Diverged { outvoted: vec![0], majority: true });
+    assert!(others(&a).is_empty(), "{a:?}");
+    assert_eq!((w.status().phase, w.status().last_commit), (WorkerState::Idle, Some(7)));
+}
+
+#[test]
+fn worker_ends_the_job_on_a_divergence_it_does_not_repair_or_cannot_attribute() {
+    let c = Clock(Instant::now());
+    let (_, a) = checked_worker(&c, false, Compared::Diverged { outvoted: vec![0], majority: true });
+    assert_eq!(others(&a), vec![Action::Diverged { step: 1, outvoted: vec![0] }], "the job does not repair");
+    let (_, a) = checked_worker(&c, true, Compared::Diverged { outvoted: vec![0, 1], majority: false });
+    assert_eq!(others(&a), vec![Action::Diverged { step: 1, outvoted: vec![0, 1] }], "no strict majority");
 }
 
 #[test]

@@ -299,6 +299,33 @@ pub enum Action {
         /// Why.
         reason: String,
     },
+    /// Worker: the replicas' states diverged after the update of step `step - 1`, and the
+    /// job does not repair them (or cannot tell who is right): end with that error, once
+    /// every member holds the verdict.
+    Diverged {
+        /// The step the states are at.
+        step: u64,
+        /// The members outvoted (every member when there is no strict majority).
+        outvoted: Vec<WorkerId>,
+    },
+}
+
+/// What a replica check after an update found: the shell compares the members'
+/// fingerprints over the epoch's mesh with the one majority rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Compared {
+    /// Every member holds the same state.
+    Agree,
+    /// The check failed: this member was lost during it.
+    Lost(WorkerId),
+    /// The members `outvoted` hold another state than the others; `majority` says whether
+    /// the others are a strict majority (otherwise every member is outvoted).
+    Diverged {
+        /// The members to distrust.
+        outvoted: Vec<WorkerId>,
+        /// Whether the rest are a strict majority, so that repair is safe.
+        majority: bool,
+    },
 }
 
 fn send(to: Node, msg: Msg) -> Action {

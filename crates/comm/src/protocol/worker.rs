@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{Action, Msg, Node, Quorum, Status, Timing, WorkerId, WorkerState, send};
+use super::{Action, Compared, Msg, Node, Quorum, Status, Timing, WorkerId, WorkerState, send};
 use crate::commit::{Ballot, Decision, decide};
 
 /// One worker's protocol state.
@@ -28,6 +28,8 @@ pub struct Worker {
     after_hash: AfterHash,
     next_report: Instant,
     heard_coordinator: Instant,
+    /// Whether a divergence of the replicas is repaired.
+    repair: bool,
 }
 
 impl Worker {
@@ -63,6 +65,7 @@ impl Worker {
             after_hash: AfterHash::default(),
             next_report: now,
             heard_coordinator: now,
+            repair: false,
         };
         let mut out = Vec::new();
         w.report(now, &mut out);
@@ -181,15 +184,9 @@ impl Worker {
     /// join a quorum. An epoch without failures hashes the state once, at its end.
     pub fn on_applied(&mut self, now: Instant, step: u64, fingerprint: Option<u64>) -> Vec<Action> {
         let mut out = Vec::new();
-        if step != self.status.step || self.status.unapplied.is_none() {
+        if !self.applied(step, fingerprint) {
             return out;
         }
-        self.status.step += 1;
-        self.fresh = fingerprint.is_some();
-        self.status.fingerprint = fingerprint.unwrap_or_default();
-        self.status.last_commit = self.status.unapplied.take();
-        self.vote_deadline = None;
-        self.ballots.retain(|&s, _| s >= self.status.step);
         match self.status.phase {
             WorkerState::Stepping => self.begin_step(now, &mut out),
             WorkerState::Syncing if self.fresh => self.check_rolled(now, &mut out),
@@ -200,6 +197,59 @@ impl Worker {
             _ => {}
         }
         out
+    }
+
+    /// The shell applied the held sum of `step`, then compared the replicas (a check was
+    /// due after this update): the state has `fingerprint`, and the check found `compared`.
+    /// When the members agree, this is [`Worker::on_applied`]. Otherwise the step counts,
+    /// but the epoch ends here:
+    /// - a member lost during the check ends it as [`Worker::on_peer_lost`] does;
+    /// - a divergence the job repairs (see [`Worker::repairs`]) with a strict majority
+    ///   makes an outvoted worker report its state as it is ([`Worker::on_corrupted`]),
+    ///   and the others leave the epoch: the next quorum's majority decides who fetches;
+    /// - any other divergence ends the job with [`Action::Diverged`].
+    pub fn on_checked(&mut self, now: Instant, step: u64, fingerprint: u64, compared: Compared) -> Vec<Action> {
+        if compared == Compared::Agree {
+            return self.on_applied(now, step, Some(fingerprint));
+        }
+        let mut out = Vec::new();
+        if !self.applied(step, Some(fingerprint)) {
+            return out;
+        }
+        match compared {
+            Compared::Agree => {}
+            Compared::Lost(peer) => out.extend(self.on_peer_lost(now, peer)),
+            Compared::Diverged { outvoted, majority: true } if self.repair => {
+                if outvoted.contains(&self.id) {
+                    out.extend(self.on_corrupted(now, fingerprint));
+                } else if let Some(&other) = outvoted.first() {
+                    out.extend(self.on_peer_lost(now, other));
+                }
+            }
+            Compared::Diverged { outvoted, .. } => out.push(Action::Diverged { step: self.status.step, outvoted }),
+        }
+        out
+    }
+
+    /// Whether a divergence of the replicas is repaired (`--on-divergence repair`) rather
+    /// than the end of the job.
+    pub fn repairs(&mut self, repair: bool) {
+        self.repair = repair;
+    }
+
+    /// The bookkeeping of an applied update of `step`, whose state has `fingerprint` when
+    /// the shell hashed it; false when no such update was due.
+    fn applied(&mut self, step: u64, fingerprint: Option<u64>) -> bool {
+        if step != self.status.step || self.status.unapplied.is_none() {
+            return false;
+        }
+        self.status.step += 1;
+        self.fresh = fingerprint.is_some();
+        self.status.fingerprint = fingerprint.unwrap_or_default();
+        self.status.last_commit = self.status.unapplied.take();
+        self.vote_deadline = None;
+        self.ballots.retain(|&s, _| s >= self.status.step);
+        true
     }
 
     /// The shell hashed the state it holds, as asked by [`Action::Hash`]: it has

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use comm::port::Port;
-use comm::protocol::WorkerId;
+use comm::protocol::{Compared, WorkerId};
 use comm::transport::{TcpConfig, TcpMesh, Transport};
 use serde_json::json;
 
@@ -41,19 +41,6 @@ impl Current {
     }
 }
 
-/// What the replica check after an update found.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum ReplicaCheck {
-    /// Every member holds the same state.
-    Agree,
-    /// A member was lost during the check.
-    Lost(WorkerId),
-    /// The members `outvoted` hold another state than the others; `majority` says whether
-    /// the others are a strict majority (otherwise nobody can tell who is right, and every
-    /// member is in `outvoted`).
-    Diverged { outvoted: Vec<WorkerId>, majority: bool },
-}
-
 /// What a step found that the protocol must hear.
 #[derive(Debug)]
 pub(super) enum Found {
@@ -64,7 +51,7 @@ pub(super) enum Found {
     /// The state changed since its commit: `(committed, found)`.
     Corrupted { changed: (u64, u64) },
     /// After an update: what the replica check found, when one was due.
-    Checked(ReplicaCheck),
+    Checked(Compared),
 }
 
 /// The worker's side of its steps.
@@ -137,19 +124,19 @@ impl Side<'_, '_> {
     }
 
     /// Compares this member's `fingerprint` with every other member's.
-    fn compare_replicas(&self, mesh: &TcpMesh, fingerprint: u64) -> ReplicaCheck {
+    fn compare_replicas(&self, mesh: &TcpMesh, fingerprint: u64) -> Compared {
         match comm::collective::all_gather_u64(mesh, fingerprint, self.d.job.timeout) {
             Ok(all) => match comm::majority::compare(&all) {
-                comm::majority::Comparison::Agree => ReplicaCheck::Agree,
+                comm::majority::Comparison::Agree => Compared::Agree,
                 comm::majority::Comparison::Diverged { outvoted, majority } => {
-                    ReplicaCheck::Diverged { outvoted: outvoted.iter().map(|&r| self.members[r]).collect(), majority }
+                    Compared::Diverged { outvoted: outvoted.iter().map(|&r| self.members[r]).collect(), majority }
                 }
             },
             Err(e) => {
                 tracing::warn!("the replica check failed: {e}");
                 let me = mesh.rank();
                 let other = self.members.iter().enumerate().find(|(r, _)| *r != me).map_or(0, |(_, &m)| m);
-                ReplicaCheck::Lost(other)
+                Compared::Lost(other)
             }
         }
     }
@@ -234,7 +221,7 @@ impl Runner for Side<'_, '_> {
         let fingerprint = *self.committed.get_or_insert_with(|| state.fingerprint());
         let check = match self.current.get() {
             Some((_, mesh)) => self.compare_replicas(&mesh, fingerprint),
-            None => ReplicaCheck::Agree,
+            None => Compared::Agree,
         };
         self.found = Some(Found::Checked(check));
         Ok(Flow::Go)

@@ -123,6 +123,7 @@ pub(crate) fn run(
         abort_grace: Duration::ZERO,
     };
     let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
+    worker.repairs(d.on_divergence == crate::config::OnDivergence::Repair);
     // The rollback baseline: a copy of the state every `copy_every` steps.
     let mut copy = MemoryCopy::new(d.copy_every);
     copy.keep(&mut worker, 0, &held);

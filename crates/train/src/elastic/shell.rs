@@ -8,12 +8,12 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::control::{Incoming, Link};
-use comm::protocol::{Action, Msg, Node, Worker, WorkerId};
+use comm::protocol::{Action, Compared, Msg, Node, Worker, WorkerId};
 use comm::transfer::Want;
 use comm::transport::CommError;
 use serde_json::json;
 
-use super::epoch::{Found, ReplicaCheck, Side};
+use super::epoch::{Found, Side};
 use super::held::{self, Held, MemoryCopy, lock_read, lock_write};
 use super::timeline::Timeline;
 use crate::config::OnDivergence;
@@ -86,6 +86,7 @@ impl Shell<'_, '_, '_> {
                     tracing::warn!(step, "went back to the copy of step {step}");
                     self.side.metrics.write(json!({"kind": "restore", "step": step, "worker": self.side.id}))?;
                 }
+                Action::Diverged { step, outvoted } => return Err(self.diverged(step, &outvoted)),
                 Action::Finished => return Ok(()),
                 Action::Stopped { reason } => return Err(TrainError::JobStopped(reason)),
             }
@@ -213,54 +214,48 @@ impl Shell<'_, '_, '_> {
         }
         self.side.step_started = Instant::now();
         self.copy.keep(&mut self.worker, done, &self.held);
-        let repairs = self.side.d.on_divergence == OnDivergence::Repair;
-        let mut next = self.worker.on_applied(Instant::now(), step, self.side.committed.filter(|_| repairs));
-        if let Some(check) = check {
-            self.replicas_checked(check, done, &mut next)?;
-        }
+        let next = match check {
+            Some(check) => self.replicas_checked(step, check)?,
+            None => {
+                let repairs = self.side.d.on_divergence == OnDivergence::Repair;
+                self.worker.on_applied(Instant::now(), step, self.side.committed.filter(|_| repairs))
+            }
+        };
         self.queue.extend(next);
         Ok(())
     }
 
-    /// Acts on the replica check after the update of step `done - 1`: a member lost or
-    /// outvoted leaves the epoch (the next quorum's majority decides who fetches), or
-    /// the job stops.
-    fn replicas_checked(&mut self, check: ReplicaCheck, done: u64, next: &mut Vec<Action>) -> Result<(), TrainError> {
-        if check == ReplicaCheck::Agree {
-            return Ok(());
-        }
-        next.retain(|a| !matches!(a, Action::Compute { .. }));
-        let now = Instant::now();
-        match check {
-            ReplicaCheck::Agree => {}
-            ReplicaCheck::Lost(other) => {
-                self.timeline.why = Some("the replica check failed".into());
-                next.extend(self.worker.on_peer_lost(now, other))
-            }
-            ReplicaCheck::Diverged { outvoted, majority } => {
+    /// Tells the protocol of the update of `step` and of the replica check after it, and
+    /// records what the check found; the protocol decides what follows.
+    fn replicas_checked(&mut self, step: u64, check: Compared) -> Result<Vec<Action>, TrainError> {
+        let done = step + 1;
+        match &check {
+            Compared::Agree => {}
+            Compared::Lost(_) => self.timeline.why = Some("the replica check failed".into()),
+            Compared::Diverged { outvoted, .. } => {
                 self.side.metrics.write(json!({
                     "kind": "divergence", "step": done, "workers": outvoted, "found": "replica check",
                 }))?;
-                if self.side.d.on_divergence == OnDivergence::Stop || !majority {
-                    // Every member holds the verdict before any exits: a member that
-                    // closed its connections early could make a peer's comparison fail,
-                    // and that peer take it for a lost worker.
-                    if let Some((_, mesh)) = self.side.current.get() {
-                        let _ = comm::collective::barrier(&*mesh, self.side.d.job.timeout);
-                    }
-                    let ranks = outvoted.iter().map(|&w| w as usize).collect();
-                    return Err(TrainError::ReplicasDiverged { step: done, ranks });
-                }
-                tracing::error!(step = done, "workers {outvoted:?} hold another state: repairing them");
-                if outvoted.contains(&self.side.id) {
-                    let fingerprint = lock_write(&self.held).fingerprint();
-                    next.extend(self.worker.on_corrupted(now, fingerprint));
-                } else {
-                    next.extend(self.worker.on_peer_lost(now, outvoted[0]));
-                }
             }
         }
-        Ok(())
+        let fingerprint = lock_write(&self.held).fingerprint();
+        let next = self.worker.on_checked(Instant::now(), step, fingerprint, check.clone());
+        if let Compared::Diverged { outvoted, .. } = check
+            && !next.iter().any(|a| matches!(a, Action::Diverged { .. }))
+        {
+            tracing::error!(step = done, "workers {outvoted:?} hold another state: repairing them");
+        }
+        Ok(next)
+    }
+
+    /// The protocol's `Diverged`: every member holds the verdict before any exits (a
+    /// member that closed its connections early could make a peer's comparison fail, and
+    /// that peer take it for a lost worker); then the job ends with the error.
+    fn diverged(&self, step: u64, outvoted: &[WorkerId]) -> TrainError {
+        if let Some((_, mesh)) = self.side.current.get() {
+            let _ = comm::collective::barrier(&*mesh, self.side.d.job.timeout);
+        }
+        TrainError::ReplicasDiverged { step, ranks: outvoted.iter().map(|&w| w as usize).collect() }
     }
 
     /// The protocol's `Fetch`: the state of `step` from `sources`.
