@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use repro::rng::Stream;
 
-use crate::protocol::{Action, Coordinator, Msg, Node, Timing, Worker, WorkerId, WorkerState};
+use crate::protocol::{Action, Compared, Coordinator, Msg, Node, Timing, Worker, WorkerId, WorkerState};
 
 /// A fault at a moment of simulated time.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,6 +75,22 @@ pub enum Fault {
         /// Its id.
         worker: WorkerId,
     },
+    /// A worker's state changes at rest (a memory fault between steps): it no longer has
+    /// the fingerprint it committed.
+    Corrupt {
+        /// When.
+        at: Duration,
+        /// Which.
+        worker: WorkerId,
+    },
+    /// A worker's next update goes wrong (a fault inside the update): its state after it
+    /// is not the other replicas'.
+    CorruptUpdate {
+        /// When.
+        at: Duration,
+        /// Which.
+        worker: WorkerId,
+    },
 }
 
 impl Fault {
@@ -84,7 +100,9 @@ impl Fault {
             | Fault::Hang { at, .. }
             | Fault::Cut { at, .. }
             | Fault::KillCoordinator { at, .. }
-            | Fault::Join { at, .. } => *at,
+            | Fault::Join { at, .. }
+            | Fault::Corrupt { at, .. }
+            | Fault::CorruptUpdate { at, .. } => *at,
         }
     }
 }
@@ -119,6 +137,12 @@ pub struct Config {
     /// Keep a copy of the state every this many steps, and go back to it on leaving an
     /// epoch (the rollback baseline of [`crate::protocol`]).
     pub copy_every: Option<u64>,
+    /// Compare the replicas after every this many updates and after the last (`None`:
+    /// never), as the shells of a job with `--fingerprint-every` do.
+    pub check_every: Option<u64>,
+    /// The job repairs divergence (`--on-divergence repair`): a worker checks its state at
+    /// rest before each step, and an outvoted replica fetches the majority's state.
+    pub repair: bool,
     /// Print every action to standard error (for reading a failing schedule).
     pub trace: bool,
 }
@@ -148,6 +172,8 @@ impl Config {
             faults: Vec::new(),
             limit: Duration::from_secs(600),
             copy_every: None,
+            check_every: None,
+            repair: false,
             trace: false,
         }
     }
@@ -253,6 +279,9 @@ pub fn reference(seed: u64, steps: u64) -> u64 {
     (0..steps).fold(initial(seed), |f, s| mix(f, digest(seed, s)))
 }
 
+/// What a corrupting fault mixes into a state.
+const CORRUPTION: u64 = 0xbad_c0ffee;
+
 fn mix(a: u64, b: u64) -> u64 {
     let mut z = a.rotate_left(29) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -273,6 +302,13 @@ struct Proc {
     dead: bool,
     hung_until: Option<Option<Duration>>,
     end: Option<End>,
+    /// Its state changed at rest since its last update or fetch.
+    corrupt: bool,
+    /// Its next update goes wrong.
+    corrupt_update: bool,
+    /// It compares its state with the others' after an update: its shell is blocked in
+    /// that collective, and hears nothing else until it ends.
+    checking: bool,
 }
 
 enum Scheduled {
@@ -280,6 +316,8 @@ enum Scheduled {
     Tick(Node, Option<usize>),
     CollectiveDeadline { epoch: u64, step: u64 },
     Reduced { proc: usize, epoch: u64, step: u64, sum: Option<(bool, u64)> },
+    CheckDeadline { epoch: u64, step: u64 },
+    Checked { proc: usize, step: u64, compared: Compared },
     Fetched { proc: usize, epoch: u64, source: usize, step: u64 },
     FetchFailed { proc: usize, epoch: u64 },
     Fault(usize),
@@ -293,6 +331,9 @@ struct Collective {
     members: Vec<WorkerId>,
     joined: Vec<usize>,
     resolved: bool,
+    /// In a replica check, each joined worker's fingerprint when it joined (the one its
+    /// shell took right after the update).
+    prints: Vec<u64>,
 }
 
 struct Sim<'a> {
@@ -311,10 +352,14 @@ struct Sim<'a> {
     /// TCP connection, which delivers in order.
     links: BTreeMap<(Node, Node, Option<usize>), Duration>,
     collectives: BTreeMap<(u64, u64), Collective>,
+    /// The replica checks after the updates of `(epoch, step)`.
+    checks: BTreeMap<(u64, u64), Collective>,
     /// Pending events that [`Sim::scheduled`] counts.
     scheduled: u64,
     /// Epochs of the quorums the coordinators sent.
     quorums: std::collections::BTreeSet<u64>,
+    /// A worker ended the job on an error (its launcher stops the rest).
+    failed: bool,
     report: Report,
 }
 
@@ -333,8 +378,10 @@ pub fn run(c: &Config) -> Report {
         cuts: Vec::new(),
         links: BTreeMap::new(),
         collectives: BTreeMap::new(),
+        checks: BTreeMap::new(),
         scheduled: 0,
         quorums: std::collections::BTreeSet::new(),
+        failed: false,
         report: Report {
             workers: Vec::new(),
             time: Duration::ZERO,
@@ -430,7 +477,12 @@ impl Sim<'_> {
             dead: false,
             hung_until: None,
             end: None,
+            corrupt: false,
+            corrupt_update: false,
+            checking: false,
         });
+        let last = self.procs.len() - 1;
+        self.procs[last].machine.repairs(self.c.repair);
         let p = self.procs.len() - 1;
         self.perform(Node::Worker(id), Some(p), actions);
         self.after(self.tick_every(), Scheduled::Tick(Node::Worker(id), Some(p)));
@@ -463,6 +515,13 @@ impl Sim<'_> {
                 Action::Send { to, msg } => self.send(node, to, msg),
                 Action::Compute { epoch, step, members, .. } => {
                     let p = proc.expect("only workers compute");
+                    if self.c.repair && std::mem::take(&mut self.procs[p].corrupt) {
+                        // The shell's check at rest: the state is not the one committed.
+                        let (id, fingerprint, now) = (self.procs[p].id, self.procs[p].fingerprint, self.instant());
+                        let actions = self.procs[p].machine.on_corrupted(now, fingerprint);
+                        self.perform(Node::Worker(id), Some(p), actions);
+                        continue;
+                    }
                     self.join_collective(p, epoch, step, members);
                 }
                 Action::Apply { step } => {
@@ -484,7 +543,7 @@ impl Sim<'_> {
                 Action::Restore { step, fingerprint } => {
                     let p = &mut self.procs[proc.expect("only workers restore")];
                     assert_eq!(p.copy, Some((step, fingerprint)), "worker {} restores a copy it does not keep", p.id);
-                    (p.step, p.fingerprint, p.held) = (step, fingerprint, None);
+                    (p.step, p.fingerprint, p.held, p.corrupt) = (step, fingerprint, None, false);
                     self.report.restored += 1;
                 }
                 Action::Finished => {
@@ -495,8 +554,15 @@ impl Sim<'_> {
                     self.procs[proc.expect("only workers stop")].end = Some(End::Stopped(reason));
                 }
                 Action::Diverged { step, outvoted } => {
+                    // The worker ends on the error, and its launcher ends the job: every
+                    // other process is stopped, and nobody is started any more.
                     let reason = format!("replicas diverged at step {step}: {outvoted:?}");
-                    self.procs[proc.expect("only workers check replicas")].end = Some(End::Stopped(reason));
+                    for q in &mut self.procs {
+                        if !q.dead && q.end.is_none() {
+                            q.end = Some(End::Stopped(reason.clone()));
+                        }
+                    }
+                    self.failed = true;
                 }
             }
         }
@@ -534,6 +600,7 @@ impl Sim<'_> {
             members,
             joined: Vec::new(),
             resolved: false,
+            prints: Vec::new(),
         });
         if col.resolved {
             // Joined after the others gave up: it fails too.
@@ -574,6 +641,17 @@ impl Sim<'_> {
     }
 
     fn apply(&mut self, p: usize, step: u64) {
+        let pair = self.procs[p].machine.quorum().is_some_and(|q| q.members.len() == 2);
+        if self.c.repair && pair && self.procs[p].corrupt {
+            // The shell's check before the update in an epoch of two: no majority could
+            // name this replica afterwards, so it names itself now.
+            self.procs[p].corrupt = false;
+            let (id, fingerprint, now) = (self.procs[p].id, self.procs[p].fingerprint, self.instant());
+            self.procs[p].held = None;
+            let actions = self.procs[p].machine.on_corrupted(now, fingerprint);
+            self.perform(Node::Worker(id), Some(p), actions);
+            return;
+        }
         let seed = self.c.seed;
         let proc = &mut self.procs[p];
         let (held_step, sum) = proc.held.expect("a worker applies only a sum it holds");
@@ -586,7 +664,8 @@ impl Sim<'_> {
         assert_eq!(sum, digest(seed, step), "worker {} applies a wrong sum", proc.id);
         let rolling = proc.machine.status().phase == WorkerState::Syncing;
         proc.step += 1;
-        proc.fingerprint = mix(proc.fingerprint, sum);
+        let wrong = std::mem::take(&mut proc.corrupt_update);
+        proc.fingerprint = mix(proc.fingerprint, if wrong { sum ^ CORRUPTION } else { sum });
         proc.held = None;
         self.report.applied += 1;
         self.report.rolled_forward += u64::from(rolling);
@@ -594,11 +673,75 @@ impl Sim<'_> {
         let proc = &self.procs[p];
         let (fp, id) = (proc.fingerprint, proc.id);
         let now = self.instant();
+        let due = self.c.check_every.is_some_and(|k| (step + 1).is_multiple_of(k) || step + 1 == self.c.steps);
+        if due
+            && !rolling
+            && let Some(q) = proc.machine.quorum()
+        {
+            let (epoch, members) = (q.epoch, q.members.clone());
+            self.procs[p].checking = true;
+            self.join_check(p, epoch, step, members);
+            return;
+        }
         // Half the updates are not hashed: the worker asks for the fingerprint when it
         // needs it (`Action::Hash`).
         let hashed = (step + u64::from(id)).is_multiple_of(2).then_some(fp);
         let actions = self.procs[p].machine.on_applied(now, step, hashed);
         self.perform(Node::Worker(id), Some(p), actions);
+    }
+
+    /// A worker applied the update of `step` and compares its state with the other
+    /// members' (over the epoch's mesh, in a real job): a collective like the all-reduce.
+    fn join_check(&mut self, p: usize, epoch: u64, step: u64, members: Vec<WorkerId>) {
+        let fresh = !self.checks.contains_key(&(epoch, step));
+        let col = self.checks.entry((epoch, step)).or_insert(Collective {
+            members,
+            joined: Vec::new(),
+            resolved: false,
+            prints: Vec::new(),
+        });
+        if col.resolved {
+            let other = col.members.iter().copied().find(|&m| m != self.procs[p].id).unwrap_or_default();
+            self.after(Duration::from_micros(1), Scheduled::Checked { proc: p, step, compared: Compared::Lost(other) });
+            return;
+        }
+        col.joined.push(p);
+        col.prints.push(self.procs[p].fingerprint);
+        let ids: Vec<WorkerId> = col.joined.iter().map(|&j| self.procs[j].id).collect();
+        let everyone = col.members.iter().all(|m| ids.contains(m));
+        if fresh {
+            self.after(self.c.collective_timeout, Scheduled::CheckDeadline { epoch, step });
+        }
+        if everyone {
+            self.resolve_check(epoch, step, false);
+        }
+    }
+
+    /// Every member of a check joined it, or its deadline passed: what each finds.
+    fn resolve_check(&mut self, epoch: u64, step: u64, deadline: bool) {
+        let Some(col) = self.checks.get_mut(&(epoch, step)) else { return };
+        if col.resolved {
+            return;
+        }
+        col.resolved = true;
+        let (joined, members, taken) = (col.joined.clone(), col.members.clone(), col.prints.clone());
+        let complete = !deadline && joined.iter().all(|&j| self.usable(j));
+        let prints: Vec<u64> = members
+            .iter()
+            .filter_map(|&m| joined.iter().position(|&j| self.procs[j].id == m).map(|k| taken[k]))
+            .collect();
+        for j in joined {
+            let me = self.procs[j].id;
+            let compared = match crate::majority::compare(&prints) {
+                _ if !complete => Compared::Lost(members.iter().copied().find(|&m| m != me).unwrap_or(me)),
+                crate::majority::Comparison::Agree => Compared::Agree,
+                crate::majority::Comparison::Diverged { outvoted, majority } => {
+                    Compared::Diverged { outvoted: outvoted.iter().map(|&i| members[i]).collect(), majority }
+                }
+            };
+            let d = self.latency();
+            self.after(d, Scheduled::Checked { proc: j, step, compared });
+        }
     }
 
     /// The rollback baseline: a worker whose state reached a multiple of the copy
@@ -633,11 +776,39 @@ impl Sim<'_> {
     fn target(event: &Scheduled) -> Option<usize> {
         match event {
             Scheduled::Deliver { to_proc, .. } => *to_proc,
-            Scheduled::Reduced { proc, .. } | Scheduled::Fetched { proc, .. } | Scheduled::FetchFailed { proc, .. } => {
-                Some(*proc)
-            }
+            Scheduled::Reduced { proc, .. }
+            | Scheduled::Fetched { proc, .. }
+            | Scheduled::FetchFailed { proc, .. }
+            | Scheduled::Checked { proc, .. } => Some(*proc),
             _ => None,
         }
+    }
+
+    /// A fetch from `source` of the state of `step` ended.
+    fn fetched(&mut self, proc: usize, epoch: u64, source: usize, step: u64) {
+        let now = self.instant();
+        if !self.usable(proc) {
+            return;
+        }
+        let ok = self.usable(source) && self.procs[source].step == step;
+        let state = ok.then(|| (self.procs[source].step, self.procs[source].fingerprint));
+        let actions = self.procs[proc].machine.on_fetched(now, epoch, state);
+        // The shell installs the state only if the machine took it (as the
+        // quorum's, or as what it now holds).
+        let p = &mut self.procs[proc];
+        let st = p.machine.status();
+        if let Some((s, f)) = state
+            && (st.step, st.fingerprint) == (s, f)
+        {
+            if st.phase == WorkerState::Synced {
+                self.report.rolled_back += u64::from(s < p.step);
+                self.report.fetched += 1;
+            }
+            (p.step, p.fingerprint, p.held, p.corrupt) = (s, f, None, false);
+            self.keep_copy(proc);
+        }
+        let id = self.procs[proc].id;
+        self.perform(Node::Worker(id), Some(proc), actions);
     }
 
     fn handle(&mut self, event: Scheduled) {
@@ -652,6 +823,11 @@ impl Sim<'_> {
                 if let Some(t) = until {
                     self.at(t.max(self.now), event);
                 }
+                return;
+            }
+            if self.procs[p].checking && !matches!(event, Scheduled::Checked { .. }) {
+                // Taken in once the shell's replica check is over.
+                self.after(Duration::from_micros(100), event);
                 return;
             }
         }
@@ -681,7 +857,11 @@ impl Sim<'_> {
                 if self.procs[p].dead || self.procs[p].end.is_some() {
                     return;
                 }
-                if self.procs[p].hung_until.is_none() {
+                if self.procs[p].checking {
+                    // Blocked in the check, the shell's link still repeats its report.
+                    let report = Msg::Report(self.procs[p].machine.status().clone());
+                    self.send(node, Node::Coordinator, report);
+                } else if self.procs[p].hung_until.is_none() {
                     let actions = self.procs[p].machine.tick(now);
                     self.perform(node, Some(p), actions);
                 }
@@ -707,29 +887,15 @@ impl Sim<'_> {
                 let id = p.id;
                 self.perform(Node::Worker(id), Some(proc), actions);
             }
-            Scheduled::Fetched { proc, epoch, source, step } => {
-                if !self.usable(proc) {
-                    return;
+            Scheduled::Fetched { proc, epoch, source, step } => self.fetched(proc, epoch, source, step),
+            Scheduled::CheckDeadline { epoch, step } => self.resolve_check(epoch, step, true),
+            Scheduled::Checked { proc, step, compared } => {
+                self.procs[proc].checking = false;
+                if self.usable(proc) {
+                    let (id, fingerprint) = (self.procs[proc].id, self.procs[proc].fingerprint);
+                    let actions = self.procs[proc].machine.on_checked(now, step, fingerprint, compared);
+                    self.perform(Node::Worker(id), Some(proc), actions);
                 }
-                let ok = self.usable(source) && self.procs[source].step == step;
-                let state = ok.then(|| (self.procs[source].step, self.procs[source].fingerprint));
-                let actions = self.procs[proc].machine.on_fetched(now, epoch, state);
-                // The shell installs the state only if the machine took it (as the
-                // quorum's, or as what it now holds).
-                let p = &mut self.procs[proc];
-                let st = p.machine.status();
-                if let Some((s, f)) = state
-                    && (st.step, st.fingerprint) == (s, f)
-                {
-                    if st.phase == WorkerState::Synced {
-                        self.report.rolled_back += u64::from(s < p.step);
-                        self.report.fetched += 1;
-                    }
-                    (p.step, p.fingerprint, p.held) = (s, f, None);
-                    self.keep_copy(proc);
-                }
-                let id = self.procs[proc].id;
-                self.perform(Node::Worker(id), Some(proc), actions);
             }
             Scheduled::FetchFailed { proc, epoch } => {
                 if self.usable(proc) {
@@ -742,7 +908,8 @@ impl Sim<'_> {
             Scheduled::Resume(p) => {
                 self.procs[p].hung_until = None;
             }
-            Scheduled::Start(id) => self.start_worker(id),
+            Scheduled::Start(id) if !self.failed => self.start_worker(id),
+            Scheduled::Start(_) => {}
             Scheduled::RestartCoordinator => self.start_coordinator(),
             Scheduled::Disconnected { proc } => {
                 let id = self.procs[proc].id;
@@ -798,6 +965,17 @@ impl Sim<'_> {
             Fault::Join { worker, .. } => {
                 if self.proc_of(worker).is_none() {
                     self.start_worker(worker);
+                }
+            }
+            Fault::Corrupt { worker, .. } => {
+                let Some(p) = self.proc_of(worker).filter(|&p| self.procs[p].end.is_none()) else { return };
+                let proc = &mut self.procs[p];
+                proc.fingerprint = mix(proc.fingerprint, CORRUPTION);
+                proc.corrupt = true;
+            }
+            Fault::CorruptUpdate { worker, .. } => {
+                if let Some(p) = self.proc_of(worker) {
+                    self.procs[p].corrupt_update = true;
                 }
             }
         }

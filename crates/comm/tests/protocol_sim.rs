@@ -21,7 +21,8 @@ fn check(c: &Config, r: &Report) -> bool {
             }
             End::Stopped(reason) => {
                 assert!(!reason.is_empty(), "{}", context());
-                // Once the job has finished, a worker that missed it is told so.
+                // Once the job has finished, a worker that missed it is told so. (A
+                // divergence nobody can attribute ends the whole job.)
                 assert!(
                     finished.is_empty() || reason.contains("finished without"),
                     "a stop beside finished workers: {reason}: {}",
@@ -76,6 +77,67 @@ fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
     assert!(recovered > n / 10, "the schedules exercise recovery: {recovered}");
     assert!(rolled > 0, "some schedule leaves ranks one step apart");
     assert!(hashed > n / 2, "the workers ask for fingerprints of updates not hashed: {hashed}");
+}
+
+/// A job of `workers` in which one replica's state is corrupted, at rest or inside an
+/// update, at a moment and on a worker drawn from `seed`; it repairs divergence and
+/// compares the replicas after every update.
+fn corrupted(seed: u64, workers: u32) -> Config {
+    let mut c = Config::new(seed, workers, 12);
+    let mut r = repro::rng::Stream::for_purpose(seed, "sim.corrupt", &[]);
+    let span = (c.compute.as_micros() as u64 + 2_000) * c.steps;
+    let (at, worker) = (Duration::from_micros(r.below(span)), r.below(u64::from(workers)) as WorkerId);
+    c.faults.push(if r.below(2) == 0 { Fault::Corrupt { at, worker } } else { Fault::CorruptUpdate { at, worker } });
+    c.check_every = Some(1);
+    c.repair = true;
+    c.trace = std::env::var("STEADFAST_SIM_TRACE").is_ok_and(|v| v == seed.to_string());
+    c
+}
+
+#[test]
+fn random_corruptions_at_rest_and_in_updates_are_repaired_and_end_with_the_reference_state() {
+    let (mut repaired, mut at_rest) = (0, 0);
+    // STEADFAST_SIM_SCHEDULES=1000000 for a soak run.
+    let n: u64 = std::env::var("STEADFAST_SIM_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
+    for seed in 0..n {
+        let c = corrupted(seed, 2 + (seed % 4) as u32);
+        let r = sim::run(&c);
+        let pair_update = c.workers == 2 && matches!(c.faults[0], Fault::CorruptUpdate { .. });
+        if pair_update {
+            // Two replicas that disagree after an update: nobody can tell which is
+            // right, and the job ends on the divergence rather than go on with either.
+            let stopped = r.workers.iter().all(|(_, e)| matches!(e, End::Stopped(why) if why.contains("diverged")));
+            assert!(stopped || check(&c, &r), "seed {seed}: {r:#?}");
+            continue;
+        }
+        assert!(check(&c, &r), "seed {seed}: the job did not finish: {:?} {r:#?}", c.faults);
+        repaired += u64::from(r.fetched > 0);
+        at_rest += u64::from(matches!(c.faults[0], Fault::Corrupt { .. }));
+    }
+    println!("{n} schedules with a corruption each: {repaired} repaired by a fetch, {at_rest} at rest");
+    assert!(repaired > n / 2, "the corrupted replicas fetched the state: {repaired}");
+}
+
+#[test]
+fn a_corrupted_update_stops_a_job_that_does_not_repair_and_is_repaired_in_one_that_does() {
+    let mut c = Config::new(5, 3, 12);
+    c.faults.push(Fault::CorruptUpdate { at: Duration::from_millis(40), worker: 2 });
+    c.check_every = Some(1);
+    let r = sim::run(&c);
+    assert!(!check(&c, &r), "without repair the job cannot finish");
+    let stopped = r.workers.iter().filter(|(_, e)| matches!(e, End::Stopped(why) if why.contains("diverged"))).count();
+    assert_eq!(stopped, 3, "every member ends on the divergence: {r:#?}");
+    c.repair = true;
+    let r = sim::run(&c);
+    assert!(check(&c, &r), "with repair the job finishes with the reference state: {r:#?}");
+    assert_eq!(r.fetched, 1, "the outvoted replica fetched the state once");
+    // A state corrupted at rest is found by its own check before the next step.
+    let mut c = Config::new(6, 3, 12);
+    c.faults.push(Fault::Corrupt { at: Duration::from_millis(40), worker: 1 });
+    c.repair = true;
+    let r = sim::run(&c);
+    assert!(check(&c, &r), "{r:#?}");
+    assert_eq!(r.fetched, 1);
 }
 
 #[test]

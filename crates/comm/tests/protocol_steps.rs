@@ -329,7 +329,16 @@ fn report(c: &mut Coordinator, at: Instant, id: u32, status: Status) -> Vec<Acti
 }
 
 fn idle(step: u64, fingerprint: u64, last_commit: Option<u64>) -> Status {
-    Status { incarnation: 0, phase: WorkerState::Idle, epoch: 0, step, fingerprint, last_commit, unapplied: None }
+    Status {
+        incarnation: 0,
+        phase: WorkerState::Idle,
+        epoch: 0,
+        step,
+        fingerprint,
+        last_commit,
+        unapplied: None,
+        suspect: false,
+    }
 }
 
 fn quorum_sent(actions: &[Action]) -> Option<Quorum> {

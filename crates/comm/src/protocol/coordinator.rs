@@ -371,10 +371,14 @@ impl Coordinator {
         let status = |id: WorkerId| &self.workers[&id].status;
         let step = ready.iter().map(|&id| status(id).step).max().expect("at least one ready worker");
         let newest: Vec<WorkerId> = ready.iter().copied().filter(|&id| status(id).step == step).collect();
+        // A worker that found its own state changed since its commit is no source, unless
+        // nobody else holds the newest step.
+        let trusted: Vec<WorkerId> = newest.iter().copied().filter(|&id| !status(id).suspect).collect();
+        let newest = if trusted.is_empty() { newest } else { trusted };
         let fingerprints: Vec<u64> = newest.iter().map(|&id| status(id).fingerprint).collect();
-        // Without a strict majority (two replicas that disagree) nobody can tell which
-        // state is right; the lowest id's is kept, so that the choice is the same on every
-        // run. (Telling them apart needs the checksums of the stored state.)
+        // Without a strict majority (two replicas that disagree, neither of which found
+        // itself changed) nobody can tell which state is right; the lowest id's is kept, so
+        // that the choice is the same on every run.
         let dissenters = crate::majority::dissenters(&fingerprints)
             .unwrap_or_else(|| (0..newest.len()).filter(|&i| fingerprints[i] != fingerprints[0]).collect());
         let sources: Vec<WorkerId> =

@@ -177,6 +177,10 @@ pub struct Status {
     pub last_commit: Option<u64>,
     /// The digest of the sum of step `step` that it holds and has not applied.
     pub unapplied: Option<u64>,
+    /// The worker found its state changed since its commit (corrupted at rest, or
+    /// outvoted by a replica check), until it holds a state it fetched: it cannot be a
+    /// source.
+    pub suspect: bool,
 }
 
 /// The coordinator's decision for an epoch.

@@ -143,6 +143,7 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             o.u64(s.fingerprint);
             o.opt(s.last_commit);
             o.opt(s.unapplied);
+            o.u8(u8::from(s.suspect));
         }
         Msg::Quorum(q) => {
             o.u8(1);
@@ -192,6 +193,11 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, WireError> {
                 fingerprint: i.u64()?,
                 last_commit: i.opt()?,
                 unapplied: i.opt()?,
+                suspect: match i.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(WireError("a suspect flag is 0 or 1".into())),
+                },
             })
         }
         1 => Msg::Quorum(Quorum {
@@ -263,6 +269,7 @@ mod tests {
                 fingerprint: 0xdead_beef,
                 last_commit: Some(5),
                 unapplied: None,
+                suspect: true,
             }),
             Msg::Quorum(Quorum {
                 epoch: 9,

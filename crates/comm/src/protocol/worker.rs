@@ -51,6 +51,7 @@ impl Worker {
             fingerprint,
             last_commit: None,
             unapplied: None,
+            suspect: false,
         };
         let mut w = Worker {
             id,
@@ -289,6 +290,7 @@ impl Worker {
                 self.fresh = true;
                 self.status.last_commit = q.commit;
                 self.status.unapplied = None;
+                self.status.suspect = false;
                 self.status.phase = WorkerState::Synced;
                 self.report(now, &mut out);
             }
@@ -319,6 +321,7 @@ impl Worker {
         self.fresh = true;
         self.status.last_commit = None;
         self.status.unapplied = None;
+        self.status.suspect = true;
         self.go_idle(now, &mut out);
         out
     }
@@ -447,6 +450,8 @@ impl Worker {
         }
         let s = self.status.clone();
         if s.step == q.step && s.fingerprint == q.fingerprint {
+            // The quorum's state, held: whatever this worker found of it before.
+            self.status.suspect = false;
             self.status.phase = WorkerState::Synced;
         } else if s.step + 1 == q.step && s.unapplied.is_some() && s.unapplied == q.commit {
             // Step 4: the others applied the sum this worker holds; apply it too.
