@@ -233,47 +233,6 @@ pub fn parse(bytes: &[u8]) -> Result<Value, String> {
             } // FRAME
             b'.' => return m.pop().map(|n| n.v),
             b'(' => m.marks.push(m.stack.len()),
-            b'}' => m.push(Value::Dict(Vec::new())),
-            b']' => m.push(Value::List(Vec::new())),
-            b')' => m.push(Value::Tuple(Vec::new())),
-            b'N' => m.push(Value::None),
-            0x88 => m.push(Value::Bool(true)),
-            0x89 => m.push(Value::Bool(false)),
-            b'J' => m.push(Value::Int(i64::from(r.u32()? as i32))),
-            b'K' => m.push(Value::Int(i64::from(r.u8()?))),
-            b'M' => {
-                let b = r.take(2)?;
-                m.push(Value::Int(i64::from(u16::from_le_bytes([b[0], b[1]]))))
-            }
-            0x8a => {
-                let n = r.u8()? as usize;
-                m.push(long(r.take(n)?)?)
-            }
-            0x8b => {
-                let n = r.u32()? as usize;
-                m.push(long(r.take(n)?)?)
-            }
-            b'G' => m.push(Value::Float(f64::from_be_bytes(r.array8()?))),
-            b'X' => {
-                let n = r.u32()? as usize;
-                m.push(r.string(n)?)
-            }
-            0x8c => {
-                let n = r.u8()? as usize;
-                m.push(r.string(n)?)
-            }
-            0x8d => {
-                let n = usize::try_from(r.u64()?).map_err(|e| e.to_string())?;
-                m.push(r.string(n)?)
-            }
-            b'C' => {
-                let n = r.u8()? as usize;
-                m.push(Value::Bytes(r.take(n)?.to_vec()))
-            }
-            b'B' => {
-                let n = r.u32()? as usize;
-                m.push(Value::Bytes(r.take(n)?.to_vec()))
-            }
             b'q' => {
                 let k = u64::from(r.u8()?);
                 m.memoize(k)?;
@@ -290,39 +249,102 @@ pub fn parse(bytes: &[u8]) -> Result<Value, String> {
                 let k = if op == b'h' { u64::from(r.u8()?) } else { u64::from(r.u32()?) };
                 m.recall(k)?;
             }
-            b'c' => {
-                let module = r.line()?;
-                let name = r.line()?;
-                m.push(Value::Global(module, name));
-            }
+            _ => match literal(op, &mut r)? {
+                Some(v) => m.push(v),
+                None => m.build(op, r.at - 1)?,
+            },
+        }
+    }
+}
+
+/// The value an opcode that reads only its own arguments pushes (a constant, a number, a
+/// string, bytes, an empty container, a global by name), or `None` for any other opcode.
+fn literal(op: u8, r: &mut Reader<'_>) -> Result<Option<Value>, String> {
+    Ok(Some(match op {
+        b'}' => Value::Dict(Vec::new()),
+        b']' | 0x8f => Value::List(Vec::new()), // 0x8f: EMPTY_SET, as a list
+        b')' => Value::Tuple(Vec::new()),
+        b'N' => Value::None,
+        0x88 => Value::Bool(true),
+        0x89 => Value::Bool(false),
+        b'J' => Value::Int(i64::from(r.u32()? as i32)),
+        b'K' => Value::Int(i64::from(r.u8()?)),
+        b'M' => {
+            let b = r.take(2)?;
+            Value::Int(i64::from(u16::from_le_bytes([b[0], b[1]])))
+        }
+        0x8a => {
+            let n = r.u8()? as usize;
+            long(r.take(n)?)?
+        }
+        0x8b => {
+            let n = r.u32()? as usize;
+            long(r.take(n)?)?
+        }
+        b'G' => Value::Float(f64::from_be_bytes(r.array8()?)),
+        b'X' => {
+            let n = r.u32()? as usize;
+            r.string(n)?
+        }
+        0x8c => {
+            let n = r.u8()? as usize;
+            r.string(n)?
+        }
+        0x8d => {
+            let n = usize::try_from(r.u64()?).map_err(|e| e.to_string())?;
+            r.string(n)?
+        }
+        b'C' => {
+            let n = r.u8()? as usize;
+            Value::Bytes(r.take(n)?.to_vec())
+        }
+        b'B' => {
+            let n = r.u32()? as usize;
+            Value::Bytes(r.take(n)?.to_vec())
+        }
+        b'c' => {
+            let module = r.line()?;
+            let name = r.line()?;
+            Value::Global(module, name)
+        }
+        _ => return Ok(None),
+    }))
+}
+
+impl Machine {
+    /// An opcode that builds from what is on the stack (a tuple, a call, a dict's or list's
+    /// items, a global named by two strings); `at` is its offset, for the error of an
+    /// opcode this reader does not know.
+    fn build(&mut self, op: u8, at: usize) -> Result<(), String> {
+        match op {
             0x93 => {
-                let name = m.pop()?.v;
-                let module = m.pop()?.v;
+                let name = self.pop()?.v;
+                let module = self.pop()?.v;
                 match (module, name) {
-                    (Value::Str(module), Value::Str(name)) => m.push(Value::Global(module, name)),
+                    (Value::Str(module), Value::Str(name)) => self.push(Value::Global(module, name)),
                     _ => return Err("STACK_GLOBAL needs two strings".into()),
                 }
             }
             b't' => {
-                let items = m.pop_mark("TUPLE")?;
-                m.stack.push(Node::of(items, Value::Tuple)?);
+                let items = self.pop_mark("TUPLE")?;
+                self.stack.push(Node::of(items, Value::Tuple)?);
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
-                if m.stack.len() < n {
+                if self.stack.len() < n {
                     return Err("pickle stack underflow".into());
                 }
-                let items = m.stack.split_off(m.stack.len() - n);
-                m.stack.push(Node::of(items, Value::Tuple)?);
+                let items = self.stack.split_off(self.stack.len() - n);
+                self.stack.push(Node::of(items, Value::Tuple)?);
             }
             b'Q' => {
-                let id = m.pop()?;
-                m.stack.push(Node::of(vec![id], |mut v| Value::PersId(Box::new(v.remove(0))))?);
+                let id = self.pop()?;
+                self.stack.push(Node::of(vec![id], |mut v| Value::PersId(Box::new(v.remove(0))))?);
             }
             b'R' | 0x81 => {
-                let args = m.pop()?;
-                let func = m.pop()?;
-                m.stack.push(Node::of(vec![func, args], |mut v| {
+                let args = self.pop()?;
+                let func = self.pop()?;
+                self.stack.push(Node::of(vec![func, args], |mut v| {
                     let args = v.pop().unwrap_or(Value::None);
                     let func = v.pop().unwrap_or(Value::None);
                     Value::Call(Box::new(func), Box::new(args))
@@ -330,39 +352,36 @@ pub fn parse(bytes: &[u8]) -> Result<Value, String> {
             }
             b'b' => {
                 // BUILD sets state on an object; the object keeps its place.
-                m.pop()?;
-                if m.stack.is_empty() {
+                self.pop()?;
+                if self.stack.is_empty() {
                     return Err("BUILD on an empty stack".into());
                 }
             }
             b's' | b'u' => {
                 let items = if op == b's' {
-                    let v = m.pop()?;
-                    let k = m.pop()?;
+                    let v = self.pop()?;
+                    let k = self.pop()?;
                     vec![k, v]
                 } else {
-                    m.pop_mark("SETITEMS")?
+                    self.pop_mark("SETITEMS")?
                 };
                 if !items.len().is_multiple_of(2) {
                     return Err("SETITEMS with an odd number of values".into());
                 }
-                m.extend_top(items, "SETITEMS")?;
+                self.extend_top(items, "SETITEMS")?;
             }
             b'a' => {
-                let item = m.pop()?;
-                m.extend_top(vec![item], "APPEND")?;
+                let item = self.pop()?;
+                self.extend_top(vec![item], "APPEND")?;
             }
-            b'e' => {
-                let items = m.pop_mark("APPENDS")?;
-                m.extend_top(items, "APPENDS")?;
+            b'e' | 0x90 => {
+                let what = if op == b'e' { "APPENDS" } else { "ADDITEMS" };
+                let items = self.pop_mark(what)?;
+                self.extend_top(items, what)?;
             }
-            0x8f => m.push(Value::List(Vec::new())), // EMPTY_SET, as a list
-            0x90 => {
-                let items = m.pop_mark("ADDITEMS")?;
-                m.extend_top(items, "ADDITEMS")?;
-            }
-            other => return Err(format!("unsupported pickle opcode 0x{other:02x} at offset {}", r.at - 1)),
+            other => return Err(format!("unsupported pickle opcode 0x{other:02x} at offset {at}")),
         }
+        Ok(())
     }
 }
 
