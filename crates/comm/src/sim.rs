@@ -279,6 +279,28 @@ pub fn reference(seed: u64, steps: u64) -> u64 {
     (0..steps).fold(initial(seed), |f, s| mix(f, digest(seed, s)))
 }
 
+/// Process `p` joins the collective `key` of `members` (created by the first to join), with
+/// its fingerprint of now. `None` when it was already resolved (the others gave up);
+/// else whether `p` is the first to join, and whether every member has joined.
+fn enter(
+    procs: &[Proc],
+    cols: &mut BTreeMap<(u64, u64), Collective>,
+    key: (u64, u64),
+    members: Vec<WorkerId>,
+    p: usize,
+) -> Option<(bool, bool)> {
+    let fresh = !cols.contains_key(&key);
+    let col =
+        cols.entry(key).or_insert(Collective { members, joined: Vec::new(), resolved: false, prints: Vec::new() });
+    if col.resolved {
+        return None;
+    }
+    col.joined.push(p);
+    col.prints.push(procs[p].fingerprint);
+    let everyone = col.members.iter().all(|m| col.joined.iter().any(|&j| procs[j].id == *m));
+    Some((fresh, everyone))
+}
+
 /// What a corrupting fault mixes into a state.
 const CORRUPTION: u64 = 0xbad_c0ffee;
 
@@ -331,7 +353,7 @@ struct Collective {
     members: Vec<WorkerId>,
     joined: Vec<usize>,
     resolved: bool,
-    /// In a replica check, each joined worker's fingerprint when it joined (the one its
+    /// Each joined worker's fingerprint when it joined (in a replica check: the one its
     /// shell took right after the update).
     prints: Vec<u64>,
 }
@@ -594,27 +616,17 @@ impl Sim<'_> {
     }
 
     fn join_collective(&mut self, p: usize, epoch: u64, step: u64, members: Vec<WorkerId>) {
-        let timeout = self.c.collective_timeout;
-        let fresh = !self.collectives.contains_key(&(epoch, step));
-        let col = self.collectives.entry((epoch, step)).or_insert(Collective {
-            members,
-            joined: Vec::new(),
-            resolved: false,
-            prints: Vec::new(),
-        });
-        if col.resolved {
+        match enter(&self.procs, &mut self.collectives, (epoch, step), members, p) {
             // Joined after the others gave up: it fails too.
-            self.after(Duration::from_micros(1), Scheduled::Reduced { proc: p, epoch, step, sum: None });
-            return;
-        }
-        col.joined.push(p);
-        let ids: Vec<WorkerId> = col.joined.iter().map(|&j| self.procs[j].id).collect();
-        let everyone = col.members.iter().all(|m| ids.contains(m));
-        if fresh {
-            self.after(timeout, Scheduled::CollectiveDeadline { epoch, step });
-        }
-        if everyone {
-            self.resolve(epoch, step, false);
+            None => self.after(Duration::from_micros(1), Scheduled::Reduced { proc: p, epoch, step, sum: None }),
+            Some((fresh, everyone)) => {
+                if fresh {
+                    self.after(self.c.collective_timeout, Scheduled::CollectiveDeadline { epoch, step });
+                }
+                if everyone {
+                    self.resolve(epoch, step, false);
+                }
+            }
         }
     }
 
@@ -693,27 +705,20 @@ impl Sim<'_> {
     /// A worker applied the update of `step` and compares its state with the other
     /// members' (over the epoch's mesh, in a real job): a collective like the all-reduce.
     fn join_check(&mut self, p: usize, epoch: u64, step: u64, members: Vec<WorkerId>) {
-        let fresh = !self.checks.contains_key(&(epoch, step));
-        let col = self.checks.entry((epoch, step)).or_insert(Collective {
-            members,
-            joined: Vec::new(),
-            resolved: false,
-            prints: Vec::new(),
-        });
-        if col.resolved {
-            let other = col.members.iter().copied().find(|&m| m != self.procs[p].id).unwrap_or_default();
-            self.after(Duration::from_micros(1), Scheduled::Checked { proc: p, step, compared: Compared::Lost(other) });
-            return;
-        }
-        col.joined.push(p);
-        col.prints.push(self.procs[p].fingerprint);
-        let ids: Vec<WorkerId> = col.joined.iter().map(|&j| self.procs[j].id).collect();
-        let everyone = col.members.iter().all(|m| ids.contains(m));
-        if fresh {
-            self.after(self.c.collective_timeout, Scheduled::CheckDeadline { epoch, step });
-        }
-        if everyone {
-            self.resolve_check(epoch, step, false);
+        let other = members.iter().copied().find(|&m| m != self.procs[p].id).unwrap_or_default();
+        match enter(&self.procs, &mut self.checks, (epoch, step), members, p) {
+            None => {
+                let lost = Scheduled::Checked { proc: p, step, compared: Compared::Lost(other) };
+                self.after(Duration::from_micros(1), lost);
+            }
+            Some((fresh, everyone)) => {
+                if fresh {
+                    self.after(self.c.collective_timeout, Scheduled::CheckDeadline { epoch, step });
+                }
+                if everyone {
+                    self.resolve_check(epoch, step, false);
+                }
+            }
         }
     }
 

@@ -206,11 +206,6 @@ impl Driver {
         }
     }
 
-    /// The rank the hooks are told.
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
     /// The micro-batch gradients of the current step, in slot order.
     pub fn micro(&self) -> &[GradBuffer] {
         &self.micro
@@ -270,7 +265,8 @@ impl Driver {
                 Op::Forward { micro, slot } => {
                     begin_compute(engine, state, at, hooks, &mut first_forward);
                     let s = &mut self.slots[slot];
-                    s.kept = Some(engine.forward(state, at, micro, &s.activation, hooks)?);
+                    let input = std::mem::take(&mut s.activation);
+                    s.kept = Some(engine.forward(state, at, micro, input, hooks)?);
                     Flow::Go
                 }
                 Op::Backward { slot, .. } => {

@@ -314,11 +314,6 @@ impl<'a> Engine<'a> {
         self
     }
 
-    /// The pipeline stage this engine computes, if it computes one.
-    pub fn stage(&self) -> Option<&Stage> {
-        self.stage.as_ref()
-    }
-
     /// The kernels that compute the model.
     pub fn kernels(&self) -> Kernels {
         self.kernels
@@ -358,11 +353,6 @@ impl<'a> Engine<'a> {
         self.model = Some(model);
     }
 
-    /// The micro-batch size in examples.
-    pub fn micro_batch(&self) -> usize {
-        self.micro_batch
-    }
-
     /// The examples of micro-batch `micro` of the step `state` is at.
     fn batch(&mut self, state: &TrainState, micro: usize) -> Batch {
         self.data.batch(Split::Train, &self.sampler.micro_batch(state.step, micro))
@@ -398,7 +388,7 @@ impl<'a> Engine<'a> {
         state: &TrainState,
         at: At,
         micro: usize,
-        input: &[f32],
+        input: Vec<f32>,
         hooks: &mut dyn Hooks,
     ) -> Result<Kept, TrainError> {
         let batch = self.batch(state, micro);

@@ -216,6 +216,9 @@ impl Group {
 
     /// Runs every replica's step on from `from` (the same operation for each, all
     /// schedules having the same shape) until each stops for the group.
+    /// With `own`, through the update: replica `r` applies its own copy of the sum when
+    /// `own[r]`, else the shared one, lent to its driver for the while (swapped in and
+    /// out, not copied).
     fn advance(
         &mut self,
         engine: &mut Engine<'_>,
@@ -223,13 +226,22 @@ impl Group {
         faults: &mut LiveFaults,
         report: &mut StepReport,
         from: &mut [usize],
+        own: Option<&[bool]>,
     ) -> Result<(), TrainError> {
+        let Buffers { ops, drivers, shared, own: copies } = bufs;
         for (r, replica) in self.replicas.iter_mut().enumerate() {
+            let mut sum = own.map(|own| if own[r] { &mut copies[r] } else { &mut *shared });
+            if let Some(s) = sum.as_deref_mut() {
+                std::mem::swap(drivers[r].sum_mut(), s);
+            }
             let mut runner = Lockstep { flips: &mut report.flips };
-            let stop = bufs.drivers[r].run(&bufs.ops[r], from[r], engine, &mut replica.state, faults, &mut runner)?;
-            from[r] = match stop {
+            let stop = drivers[r].run(&ops[r], from[r], engine, &mut replica.state, faults, &mut runner);
+            if let Some(s) = sum {
+                std::mem::swap(drivers[r].sum_mut(), s);
+            }
+            from[r] = match stop? {
                 Stop::Paused { next } => next,
-                Stop::Done => bufs.ops[r].len(),
+                Stop::Done => ops[r].len(),
                 Stop::Ended { at } => unreachable!("a lockstep replica never ends its step ({at:?})"),
             };
         }
@@ -247,19 +259,19 @@ impl Group {
         let mut report = StepReport::default();
         let mut from = vec![0; self.world()];
         // 1. Memory faults in parameters, caught (or not) by the checksums.
-        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        self.advance(engine, bufs, faults, &mut report, &mut from, None)?;
         if let Some(v) = self.check_stored(env, &mut report, Role::Model) {
             report.verdict = v;
             return Ok(report);
         }
         // 2. Forward and backward: micro-batch i on replica i mod W, up to the reduction.
-        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        self.advance(engine, bufs, faults, &mut report, &mut from, None)?;
         // 3. The reduction every replica receives, over the micro-batches in index order.
         let (world, micro_batches) = (self.world(), engine.sampler().micro_batches());
         let parts: Vec<&GradBuffer> = (0..micro_batches).map(|i| &bufs.drivers[i % world].micro()[i / world]).collect();
         engine.reduce_local(&parts, &mut bufs.shared);
         // 4. Up to the vote: gradient faults, the vote and the numeric checks.
-        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        self.advance(engine, bufs, faults, &mut report, &mut from, None)?;
         let own = match self.check_sums(env, bufs, faults, &mut report)? {
             Ok(own) => own,
             Err(v) => {
@@ -268,15 +280,12 @@ impl Group {
             }
         };
         // 5. Optimizer faults, slot checksums, the update, fresh checksums, fingerprints.
-        for (r, driver) in bufs.drivers.iter_mut().enumerate() {
-            driver.sum_mut().copy_from(if own[r] { &bufs.own[r] } else { &bufs.shared });
-        }
-        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        self.advance(engine, bufs, faults, &mut report, &mut from, None)?;
         if let Some(v) = self.check_stored(env, &mut report, Role::Optim) {
             report.verdict = v;
             return Ok(report);
         }
-        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        self.advance(engine, bufs, faults, &mut report, &mut from, Some(&own))?;
         for replica in &mut self.replicas {
             replica.sums = replica.checksums();
         }
@@ -291,7 +300,7 @@ impl Group {
                 }
             }
         }
-        self.advance(engine, bufs, faults, &mut report, &mut from)?;
+        self.advance(engine, bufs, faults, &mut report, &mut from, None)?;
         Ok(report)
     }
 

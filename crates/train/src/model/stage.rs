@@ -81,20 +81,20 @@ impl Stage {
     }
 
     /// The forward pass of `batch` (the first stage) or of `input` (the previous stage's
-    /// output) with the stage's `params`.
+    /// output, kept for the backward pass) with the stage's `params`.
     pub(crate) fn forward(
         &self,
         kernels: Kernels,
         params: &[NamedTensor],
         batch: Batch,
-        input: &[f32],
+        input: Vec<f32>,
         taps: &mut Taps,
     ) -> Result<Kept, ConfigError> {
         let isa = self.isa(kernels)?;
         let Batch::Images { n, x, .. } = &batch else {
             return Err(ConfigError::Invalid("the MLP's stages take images".into()));
         };
-        let (n, input) = (*n, if self.is_first() { Vec::new() } else { input.to_vec() });
+        let (n, input) = (*n, if self.is_first() { Vec::new() } else { input });
         let x = if self.is_first() { x.as_slice() } else { &input };
         let forward = mlp::forward_layers(isa, params, self.layers.clone(), x, n, taps);
         Ok(Kept { batch, input, forward })
