@@ -49,6 +49,29 @@ pub struct TensorDiff {
     pub status: DiffStatus,
 }
 
+impl TensorDiff {
+    /// The comparison as a JSON row (`steadfast ckpt diff --json`): the tensor, its
+    /// status word, and for differing elements their count, the largest differences
+    /// (`"inf"` where infinite) and the bit positions that differ, with their counts.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let finite = |x: Option<f64>| x.map(|v| if v.is_finite() { json!(v) } else { json!("inf") });
+        let name = &self.name;
+        match &self.status {
+            DiffStatus::OnlyInA => json!({"tensor": name, "status": "only_in_a"}),
+            DiffStatus::OnlyInB => json!({"tensor": name, "status": "only_in_b"}),
+            DiffStatus::Incompatible { a, b } => json!({"tensor": name, "status": "incompatible", "a": a, "b": b}),
+            DiffStatus::Equal => json!({"tensor": name, "status": "equal"}),
+            DiffStatus::Differs(e) => json!({
+                "tensor": name, "status": "differs", "elements": e.elements, "total": e.total,
+                "max_abs": finite(e.max_abs), "max_rel": finite(e.max_rel),
+                "bits": e.bit_counts.iter().enumerate().filter(|(_, c)| **c > 0)
+                    .map(|(b, c)| json!({"bit": b, "count": c})).collect::<Vec<_>>(),
+            }),
+        }
+    }
+}
+
 /// Compares two lists of tensors by name: A's order first, then B's extras.
 pub fn diff(a: &[LoadedTensor], b: &[LoadedTensor]) -> Vec<TensorDiff> {
     let mut out = Vec::new();

@@ -59,7 +59,7 @@ impl LoadedTensor {
 }
 
 /// One problem found by [`Checkpoint::verify`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Problem {
     /// The file concerned.
     pub file: String,
@@ -67,6 +67,63 @@ pub struct Problem {
     pub tensor: Option<String>,
     /// What is wrong.
     pub reason: String,
+}
+
+/// Every problem of one checkpoint directory: its manifest's (one that cannot be opened),
+/// or each file's and tensor's.
+pub fn check(dir: &Path) -> Vec<Problem> {
+    match open(dir) {
+        Ok(c) => c.verify(),
+        Err(e) => vec![Problem { file: MANIFEST_FILE.into(), tensor: None, reason: e.to_string() }],
+    }
+}
+
+/// One committed checkpoint of a root, as `steadfast ckpt ls` lists it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Listed {
+    /// Its step.
+    pub step: u64,
+    /// Its directory's name.
+    pub dir: String,
+    /// Whether `LATEST` names it.
+    pub latest: bool,
+    /// Whether its manifest opens.
+    pub valid_manifest: bool,
+    /// Tensors in the manifest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<usize>,
+    /// Files in the manifest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<usize>,
+    /// Bytes of those files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Why the manifest does not open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The committed checkpoints of `root`, oldest first, each opened (not verified).
+pub fn listing(root: &Path) -> Result<Vec<Listed>> {
+    let latest = std::fs::read_to_string(root.join(LATEST_FILE)).ok().map(|s| s.trim().to_owned());
+    let mut rows = Vec::new();
+    for (step, path) in list(root)? {
+        let dir = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let latest = latest.as_deref() == Some(dir.as_str());
+        let mut row =
+            Listed { step, dir, latest, valid_manifest: false, tensors: None, files: None, bytes: None, error: None };
+        match open(&path) {
+            Ok(c) => {
+                row.valid_manifest = true;
+                row.tensors = Some(c.manifest.tensors.len());
+                row.files = Some(c.manifest.files.len());
+                row.bytes = Some(c.manifest.files.iter().map(|f| f.length).sum());
+            }
+            Err(e) => row.error = Some(e.to_string()),
+        }
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 /// What a path resolved to ([`resolve_reporting`]), and what was passed over on the way.

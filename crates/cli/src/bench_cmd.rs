@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use serde_json::json;
+use train::model::ModelKind;
 
 use crate::choice;
-use crate::join_args::{JoinArgs, Meet};
+use crate::join_args::JoinArgs;
+use launch::place::Meet;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -49,10 +50,10 @@ enum BenchCommand {
     Collective(CollectiveArgs),
     /// The initial weights of `train --model M --width W --seed S` as a safetensors file,
     /// for other systems to start from.
-    Init(crate::bench_export::InitArgs),
+    Init(InitArgs),
     /// The data order of `train --seed S` (one permutation per epoch) as a safetensors
     /// file, for other systems to train on.
-    Order(crate::bench_export::OrderArgs),
+    Order(OrderArgs),
 }
 
 #[derive(Args, Debug)]
@@ -61,8 +62,8 @@ struct CollectiveArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
     mb: Vec<u64>,
     /// Summation modes, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = choice::of::<comm::ReduceMode>(), default_value = "fast,reproducible")]
-    reduce: Vec<comm::ReduceMode>,
+    #[arg(long, value_delimiter = ',', value_parser = choice::of::<train::ReduceMode>(), default_value = "fast,reproducible")]
+    reduce: Vec<train::ReduceMode>,
     /// Repetitions per size and mode (the median is reported), after one untimed warm-up.
     #[arg(long, default_value_t = 5)]
     repeats: usize,
@@ -96,8 +97,8 @@ struct AllreduceArgs {
     repeats: usize,
     /// Reduce modes to time, taking turns repetition by repetition (one mode alone, under
     /// `perf stat`, gives that mode's CPU time).
-    #[arg(long, value_delimiter = ',', value_parser = choice::of::<comm::ReduceMode>(), default_value = "fast,reproducible,reproducible32")]
-    modes: Vec<comm::ReduceMode>,
+    #[arg(long, value_delimiter = ',', value_parser = choice::of::<train::ReduceMode>(), default_value = "fast,reproducible,reproducible32")]
+    modes: Vec<train::ReduceMode>,
 }
 
 #[derive(Args, Debug)]
@@ -145,8 +146,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Collective(b) => collective(&b),
-        BenchCommand::Init(b) => crate::bench_export::init(&b),
-        BenchCommand::Order(b) => crate::bench_export::order(&b),
+        BenchCommand::Init(b) => {
+            println!("{}", lab::export::init(b.model, b.width, b.seed, &b.to)?);
+            Ok(())
+        }
+        BenchCommand::Order(b) => {
+            println!("{}", lab::export::order(b.examples, b.epochs, b.seed, &b.to)?);
+            Ok(())
+        }
         BenchCommand::Allreduce(b) => {
             let bench = lab::bench::AllreduceBench { world: b.world, mb: b.mb, repeats: b.repeats, modes: b.modes };
             for row in lab::bench::allreduce(&bench)? {
@@ -157,18 +164,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Rank `rank`'s input to the all-reduce of `n` elements: values of many magnitudes and
-/// both signs, so that a float sum depends on its order. `bench/torch_collective.py`
-/// builds the same bits.
-pub fn collective_input(rank: usize, n: usize) -> Vec<f32> {
-    let stride = (2 * rank as u64 + 1) * 7919;
-    (0..n as u64).map(|i| ((i * stride) % 2001) as f32 - 1000.0).map(|x| x * 1.1e-3).collect()
-}
-
+/// The job of `bench collective`, on the engine its flags name.
 fn collective(b: &CollectiveArgs) -> anyhow::Result<()> {
-    let place = b
-        .join
-        .place(false)?
+    let place = launch::place::place(&b.join.flags(), false)?
         .context("bench collective runs one process per rank: start it with `steadfast launch`, `mpirun` or `srun`")?;
     let settings = train::JobSettings { timeout: place.timeout, fingerprint_every: 0, incarnation: 0 };
     let (job, engine) = match place.meet {
@@ -179,37 +177,41 @@ fn collective(b: &CollectiveArgs) -> anyhow::Result<()> {
             (train::job::Job::connect(&rank)?, "steadfast")
         }
     };
-    let (rank, world) = job.place();
-    let mut reducer = comm::collective::Reducer::default();
-    for &mb in &b.mb {
-        let n = usize::try_from(mb * 1_000_000 / 4).context("message too large")?;
-        let input = collective_input(rank, n);
-        let mut out = vec![0.0f32; n];
-        for &mode in &b.reduce {
-            let mut times = Vec::with_capacity(b.repeats);
-            for i in 0..=b.repeats.max(1) {
-                job.barrier()?;
-                let t = std::time::Instant::now();
-                job.sum_parts(&mut reducer, &[&input[..]], &mut out, mode)?;
-                if i > 0 {
-                    times.push(t.elapsed().as_secs_f64());
-                }
-            }
-            times.sort_by(f64::total_cmp);
-            let seconds = times[times.len() / 2];
-            if rank == 0 {
-                // Bus bandwidth as NCCL defines it: 2(W-1)/W of the message per second.
-                let bus = 2.0 * (world as f64 - 1.0) / world as f64 * mb as f64 / seconds;
-                let row = json!({
-                    "engine": engine, "world": world, "mb": mb, "mode": mode.to_string(),
-                    "seconds": seconds, "bus_mb_per_s": bus,
-                    "sum_fingerprint": repro::fingerprint::hex(repro::fingerprint::fingerprint([("sum", &out[..])])),
-                });
-                println!("{row}");
-            }
-        }
-    }
-    job.barrier()?;
-    job.finish();
-    Ok(())
+    let bench =
+        lab::bench::collective::CollectiveBench { mb: b.mb.clone(), modes: b.reduce.clone(), repeats: b.repeats };
+    Ok(lab::bench::collective::collective(job, engine, &bench, &mut |row| println!("{row}"))?)
+}
+
+#[derive(Args, Debug)]
+struct InitArgs {
+    /// The model (the MLP or LeNet-5: `cnn`).
+    #[arg(long, value_parser = choice::of::<ModelKind>(), default_value = "mlp")]
+    model: ModelKind,
+    /// The MLP's first hidden width, as `train --width`.
+    #[arg(long, default_value_t = train::model::Mlp::DEFAULT_WIDTH)]
+    width: usize,
+    /// The seed, as `train --seed`.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The safetensors file to write (tensors named as in a checkpoint: `model.fc1.weight`).
+    #[arg(long)]
+    to: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct OrderArgs {
+    /// Training examples in the data set (Fashion-MNIST: 60000).
+    #[arg(long, default_value_t = 60_000)]
+    examples: usize,
+    /// Epochs to write.
+    #[arg(long, default_value_t = 2)]
+    epochs: u64,
+    /// The seed, as `train --seed`.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The safetensors file to write: one U32 tensor `order` of shape [epochs, examples];
+    /// row `e` is epoch `e`'s permutation, and step `s` of the epoch takes its elements
+    /// `s*B .. (s+1)*B` for a batch of `B`.
+    #[arg(long)]
+    to: PathBuf,
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lab::campaign::{Campaign, Detector, TrialResult};
+use lab::campaign::{Campaign, TrialResult};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -84,7 +84,7 @@ pub fn run(args: CampaignArgs) -> anyhow::Result<()> {
     if !args.replay.is_empty() {
         let (_, results) = pool.install(|| campaign.run(Some(&args.replay), &|_| {}))?;
         for r in &results {
-            print_trial(r);
+            print!("{}", lab::campaign::output::trial(r));
         }
         return Ok(());
     }
@@ -112,37 +112,4 @@ pub fn run(args: CampaignArgs) -> anyhow::Result<()> {
     println!("Tables in {} (trials.csv, steps.csv, propagation.csv, detectors.csv, ...).", out.display());
     println!("Render them with: steadfast report {}", out.display());
     Ok(())
-}
-
-fn print_trial(r: &TrialResult) {
-    let t = &r.trial;
-    println!(
-        "trial {} [{}]: {} of rank {} at step {} (flip seed {}) -> {}",
-        t.index,
-        r.reduce,
-        t.fault.state.name(),
-        t.fault.rank,
-        t.fault.step,
-        t.fault.flips.seed,
-        r.outcome.name()
-    );
-    for (rank, f) in &r.flips {
-        println!("  flipped {}[{}] bits {:?} on rank {rank}: {} -> {}", f.tensor, f.element, f.bits, f.old, f.new);
-    }
-    for d in Detector::ALL {
-        if let Some(step) = r.first_alarm[d.index()] {
-            println!("  {} fired at step {step} ({} after the fault)", d, step - t.fault.step);
-        }
-    }
-    if let Some((loss, acc)) = r.quality {
-        println!("  final test loss {loss:.6}, accuracy {acc:.4}; bitwise golden: {}", r.evidence.bitwise_golden);
-    }
-    if let Some(s) = r.rejoined {
-        println!("  state equal to golden again after step {s}");
-    }
-    let most = r.replica_differing.iter().flatten().max().copied().unwrap_or(0);
-    println!("  at most {most} elements differed from golden in one replica");
-    if let Some(e) = &r.error {
-        println!("  error: {e}");
-    }
 }

@@ -95,41 +95,26 @@ fn open(path: &std::path::Path) -> anyhow::Result<(ckpt::Checkpoint, Vec<serde_j
 }
 
 fn ls(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let latest = std::fs::read_to_string(dir.join(ckpt::store::LATEST_FILE)).ok().map(|s| s.trim().to_owned());
-    let mut rows = Vec::new();
-    for (step, path) in ckpt::store::list(dir)? {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let is_latest = latest.as_deref() == Some(name.as_str());
-        let row = match ckpt::reader::open(&path) {
-            Ok(c) => json!({
-                "step": step, "dir": name, "latest": is_latest, "valid_manifest": true,
-                "tensors": c.manifest.tensors.len(), "files": c.manifest.files.len(),
-                "bytes": c.manifest.files.iter().map(|f| f.length).sum::<u64>(),
-            }),
-            Err(e) => {
-                json!({"step": step, "dir": name, "latest": is_latest, "valid_manifest": false, "error": e.to_string()})
-            }
-        };
-        rows.push(row);
-    }
+    let rows = ckpt::reader::listing(dir)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else {
-        println!("{:<16} {:>10} {:>8} {:>14}  note", "checkpoint", "step", "tensors", "bytes");
-        for r in &rows {
-            let note = match (r["latest"].as_bool(), r["error"].as_str()) {
-                (_, Some(e)) => format!("INVALID: {e}"),
-                (Some(true), _) => "LATEST".to_owned(),
-                _ => String::new(),
-            };
-            println!(
-                "{:<16} {:>10} {:>8} {:>14}  {note}",
-                r["dir"].as_str().unwrap_or(""),
-                r["step"],
-                r["tensors"].as_u64().map(|n| n.to_string()).unwrap_or_default(),
-                r["bytes"].as_u64().map(|n| n.to_string()).unwrap_or_default()
-            );
-        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<16} {:>10} {:>8} {:>14}  note", "checkpoint", "step", "tensors", "bytes");
+    for r in &rows {
+        let note = match (&r.error, r.latest) {
+            (Some(e), _) => format!("INVALID: {e}"),
+            (None, true) => "LATEST".to_owned(),
+            (None, false) => String::new(),
+        };
+        let number = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+        println!(
+            "{:<16} {:>10} {:>8} {:>14}  {note}",
+            r.dir,
+            r.step,
+            number(r.tensors.map(|n| n as u64)),
+            number(r.bytes)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -187,32 +172,16 @@ fn verify(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
     if !path.join(ckpt::manifest::MANIFEST_FILE).exists() && path.is_dir() {
         return verify_root(path, json);
     }
-    let problems = check(path);
+    let problems = ckpt::reader::check(path);
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(
-                &json!({"dir": path, "ok": problems.is_empty(), "problems": problem_rows(&problems)})
-            )?
+            serde_json::to_string_pretty(&json!({"dir": path, "ok": problems.is_empty(), "problems": problems}))?
         );
     } else {
         print_problems(path, &problems);
     }
     Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
-}
-
-/// Every problem of one checkpoint directory (its manifest's, or each file's and tensor's).
-fn check(dir: &std::path::Path) -> Vec<ckpt::Problem> {
-    match ckpt::reader::open(dir) {
-        Ok(c) => c.verify(),
-        Err(e) => {
-            vec![ckpt::Problem { file: ckpt::manifest::MANIFEST_FILE.into(), tensor: None, reason: e.to_string() }]
-        }
-    }
-}
-
-fn problem_rows(problems: &[ckpt::Problem]) -> Vec<serde_json::Value> {
-    problems.iter().map(|p| json!({"file": p.file, "tensor": p.tensor, "reason": p.reason})).collect()
 }
 
 fn print_problems(dir: &std::path::Path, problems: &[ckpt::Problem]) {
@@ -239,14 +208,14 @@ fn verify_root(root: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     let mut bad = 0;
     for (step, dir) in &checkpoints {
-        let problems = check(dir);
+        let problems = ckpt::reader::check(dir);
         if !problems.is_empty() {
             bad += 1;
         }
         if !json {
             print_problems(dir, &problems);
         }
-        rows.push(json!({"step": step, "dir": dir, "ok": problems.is_empty(), "problems": problem_rows(&problems)}));
+        rows.push(json!({"step": step, "dir": dir, "ok": problems.is_empty(), "problems": problems}));
     }
     let ok = bad == 0 && latest.is_none();
     if json {
@@ -273,24 +242,8 @@ fn diff(a: &std::path::Path, b: &std::path::Path, json: bool) -> anyhow::Result<
     let tb = cb.load().with_context(|| format!("loading {}", cb.dir.display()))?;
     let diffs = ckpt::diff::diff(&ta, &tb);
     let same = diffs.iter().all(|d| d.status == ckpt::diff::DiffStatus::Equal);
-    let finite = |x: Option<f64>| x.map(|v| if v.is_finite() { json!(v) } else { json!("inf") });
     if json {
-        use ckpt::diff::DiffStatus::*;
-        let rows: Vec<_> = diffs
-            .iter()
-            .map(|d| match &d.status {
-                OnlyInA => json!({"tensor": d.name, "status": "only_in_a"}),
-                OnlyInB => json!({"tensor": d.name, "status": "only_in_b"}),
-                Incompatible { a, b } => json!({"tensor": d.name, "status": "incompatible", "a": a, "b": b}),
-                Equal => json!({"tensor": d.name, "status": "equal"}),
-                Differs(e) => json!({
-                    "tensor": d.name, "status": "differs", "elements": e.elements, "total": e.total,
-                    "max_abs": finite(e.max_abs), "max_rel": finite(e.max_rel),
-                    "bits": e.bit_counts.iter().enumerate().filter(|(_, c)| **c > 0)
-                        .map(|(b, c)| json!({"bit": b, "count": c})).collect::<Vec<_>>(),
-                }),
-            })
-            .collect();
+        let rows: Vec<_> = diffs.iter().map(ckpt::diff::TensorDiff::to_json).collect();
         println!("{}", serde_json::to_string_pretty(&json!({"identical": same, "tensors": rows}))?);
     } else {
         for d in &diffs {

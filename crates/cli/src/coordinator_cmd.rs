@@ -1,10 +1,10 @@
 //! `steadfast coordinator`: the rendezvous point of a job whose workers run on several
-//! hosts. It waits for `--world-size` workers that know the job secret, hands each the
+//! hosts ([`launch::coordinator`]). It waits for `--world-size` workers that know the job secret, hands each the
 //! address table, then keeps membership by heartbeat until every worker has finished or
 //! been lost; it exits with 1 if any was lost.
 //!
 //! With `--elastic` it coordinates a job that survives the loss of workers (the step
-//! protocol of [`comm::protocol`]) until the job finishes or stops. It keeps nothing on
+//! protocol of `comm::protocol`) until the job finishes or stops. It keeps nothing on
 //! disk: killed and started again on the same address with a higher `--generation`, it
 //! rebuilds the membership from the workers' reports, and the job goes on.
 
@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use launch::coordinator::{ElasticSettings, Standalone};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -62,65 +63,23 @@ pub struct CoordinatorArgs {
 
 /// Runs `steadfast coordinator`.
 pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
-    if args.world_size == 0 {
-        anyhow::bail!("--world-size must be at least 1");
+    if !(args.quorum_timeout.is_finite() && args.quorum_timeout > 0.0) {
+        anyhow::bail!("--quorum-timeout must be a positive number of seconds");
     }
+    let job = Standalone {
+        world: args.world_size,
+        join_timeout: Duration::from_secs_f64(args.timeout.max(1.0)),
+        heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout.max(0.05)),
+        elastic: args.elastic.then(|| ElasticSettings {
+            min_world: args.min_world,
+            generation: args.generation,
+            quorum_timeout: Duration::from_secs_f64(args.quorum_timeout),
+        }),
+    };
     let secret = std::env::var("STEADFAST_SECRET").context("STEADFAST_SECRET must hold the job secret")?;
     let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
     // The first line of output, always: who started the coordinator on port 0 reads the
     // port here.
     println!("coordinator listening on {}", listener.local_addr()?);
-    let heartbeat = Duration::from_secs_f64(args.heartbeat_timeout.max(0.05));
-    if args.elastic {
-        return elastic(&args, listener, secret.as_bytes(), heartbeat);
-    }
-    let job = comm::rendezvous::serve(
-        &listener,
-        args.world_size,
-        secret.as_bytes(),
-        Duration::from_secs_f64(args.timeout.max(1.0)),
-        heartbeat,
-    )?;
-    for (rank, addr) in job.table.iter().enumerate() {
-        println!("rank {rank} at {addr}");
-    }
-    let membership = comm::supervisor::supervise(job.streams, heartbeat, &mut |event| println!("{event}"));
-    let lost = membership.lost();
-    if lost.is_empty() {
-        println!("all {} workers finished", args.world_size);
-        Ok(())
-    } else {
-        anyhow::bail!("{} of {} workers were lost", lost.len(), args.world_size)
-    }
-}
-
-fn elastic(args: &CoordinatorArgs, listener: TcpListener, secret: &[u8], lost_after: Duration) -> anyhow::Result<()> {
-    if args.generation >= 1 << 24 {
-        anyhow::bail!("--generation must be below 2^24");
-    }
-    if !(args.quorum_timeout.is_finite() && args.quorum_timeout > 0.0) {
-        anyhow::bail!("--quorum-timeout must be a positive number of seconds");
-    }
-    let timing = comm::protocol::Timing::for_coordinator(
-        lost_after,
-        Duration::from_secs_f64(args.timeout.max(1.0)),
-        Duration::from_secs_f64(args.quorum_timeout),
-    );
-    let machine = comm::protocol::Coordinator::new(
-        args.generation,
-        args.world_size,
-        args.min_world,
-        timing,
-        std::time::Instant::now(),
-    );
-    let started = std::time::Instant::now();
-    let requests = comm::control::Requests::default();
-    let stage = comm::control::coordinate(listener, secret, machine, timing, &requests, &mut |event| {
-        println!("{:>7.2} s  {event}", started.elapsed().as_secs_f64());
-    })?;
-    match stage {
-        comm::protocol::coordinator::JobState::Finished => Ok(()),
-        comm::protocol::coordinator::JobState::Stopped { reason } => anyhow::bail!("the job stopped: {reason}"),
-        other => anyhow::bail!("the coordinator ended while {other:?}"),
-    }
+    Ok(launch::coordinator::serve(listener, secret.as_bytes(), &job, &mut |line| println!("{line}"))?)
 }

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use fault::inject::{InjectError, InjectOptions, InjectionLog};
 use fault::plan::{Amount, FlipSpec, Target};
@@ -84,33 +83,11 @@ pub struct InjectArgs {
     list: bool,
 }
 
-fn read_log(path: &PathBuf) -> anyhow::Result<InjectionLog> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the log {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not an injection log", path.display()))
-}
-
 /// Adds the way around a refusal to alter a corrupt input.
 fn hint(e: InjectError) -> anyhow::Error {
     let corrupt = matches!(e, InjectError::CorruptInput { .. });
     let e = anyhow::Error::new(e);
     if corrupt { e.context("refused (pass --allow-corrupt-input to alter it anyway)") } else { e }
-}
-
-/// Writes `log` to `path` durably: a temporary file, fsynced, renamed into place.
-fn save_log(path: &std::path::Path, log: &InjectionLog) -> Result<(), InjectError> {
-    let io = |source| InjectError::Io { path: path.to_owned(), source };
-    let text =
-        serde_json::to_string_pretty(log).map_err(|e| InjectError::Mismatch(format!("cannot encode the log: {e}")))?;
-    let name = path.file_name().map_or_else(|| "log".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    std::io::Write::write_all(&mut f, text.as_bytes()).and_then(|()| f.sync_all()).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
-}
-
-fn default_log_path(altered: &std::path::Path) -> PathBuf {
-    let name = altered.file_name().map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned());
-    altered.with_file_name(format!("{name}.inject.json"))
 }
 
 /// Runs `steadfast inject`.
@@ -133,7 +110,7 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
         allow_corrupt_input: args.allow_corrupt_input,
     };
     if let Some(path) = &args.undo {
-        let log = read_log(path)?;
+        let log = InjectionLog::read(path)?;
         fault::inject::undo(&log, Some(&args.file), &options).map_err(hint)?;
         let target = args.out.as_ref().unwrap_or(&args.file);
         println!("restored {} element(s) of {} in {}", log.flips.len(), args.file.display(), target.display());
@@ -141,10 +118,11 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
     }
     // The log is written (and fsynced) before an altered copy at --out is put in place, so
     // that a copy never exists without its log. Its path is known before the log is.
-    let log_path = args.log.clone().unwrap_or_else(|| default_log_path(args.out.as_deref().unwrap_or(&args.file)));
-    let save_log = |log: &InjectionLog| save_log(&log_path, log);
+    let log_path =
+        args.log.clone().unwrap_or_else(|| InjectionLog::default_path(args.out.as_deref().unwrap_or(&args.file)));
+    let save_log = |log: &InjectionLog| log.save(&log_path);
     let log = if let Some(path) = &args.replay {
-        fault::inject::replay_logged(&read_log(path)?, Some(&args.file), &options, save_log).map_err(hint)?
+        fault::inject::replay_logged(&InjectionLog::read(path)?, Some(&args.file), &options, save_log).map_err(hint)?
     } else {
         let role = match args.role.as_str() {
             "any" => None,

@@ -1,4 +1,5 @@
-//! `steadfast launch`: an embedded coordinator and N worker processes per node.
+//! `steadfast launch`: an embedded coordinator and N worker processes per node (the
+//! arguments; [`launch::request`] chooses and runs the job).
 //!
 //! On one node (the default) the launcher draws a random secret for the job, listens for
 //! the rendezvous on a loopback port, starts `--nproc-per-node` copies of this binary
@@ -19,12 +20,11 @@
 //! process, say) are killed.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use clap::Args;
 
 use launch::OnFailure;
-use launch::static_job::{Meeting, Nodes, StaticJob};
+use launch::request::{LaunchRequest, Recovery};
 
 use crate::join_args::EngineArg;
 
@@ -126,7 +126,7 @@ pub struct LaunchArgs {
     /// and `checkpoint` (every worker restarts from the last checkpoint on disk, written
     /// every --save-every steps) are there to compare with.
     /// [default: live; checkpoint with --engine mpi, the only one it has]
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = crate::choice::of::<Recovery>())]
     recovery: Option<Recovery>,
     /// Steps between the copies (`--recovery memory`) or checkpoints (`checkpoint`).
     #[arg(long, value_name = "K", default_value_t = 50)]
@@ -150,136 +150,30 @@ pub struct LaunchArgs {
     command: Vec<String>,
 }
 
-/// How a job recovers a lost worker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Recovery {
-    /// From the live replicas' current state, with no rollback.
-    Live,
-    /// Every survivor goes back to its in-memory copy of the state; a replacement fetches
-    /// the copy's state.
-    Memory,
-    /// Every worker is restarted from the last checkpoint on disk.
-    Checkpoint,
-}
-
 /// Runs `steadfast launch`.
 pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
-    if args.nproc == 0 {
-        anyhow::bail!("--nproc-per-node must be at least 1");
-    }
-    let words: Vec<&str> = args.command.iter().take(2).map(String::as_str).collect();
-    let trains = words.first() == Some(&"train");
-    if !trains && words != ["bench", "collective"] {
-        anyhow::bail!("the worker command must be `train ...` or `bench collective ...`, got {:?}", args.command);
-    }
-    if (args.max_restarts.is_some() || args.on_failure.is_some()) && !trains {
-        anyhow::bail!("--max-restarts and --on-failure restart training, not a benchmark");
-    }
-    if args.engine == EngineArg::Mpi {
-        return run_mpi(args);
-    }
-    let nodes = nodes_from_args(&args)?;
-    if args.max_restarts.is_some() || args.on_failure.is_some() {
-        if matches!(nodes.meeting, Meeting::Etcd(_)) {
-            anyhow::bail!("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://");
-        }
-        if nodes.nnodes > 1 {
-            anyhow::bail!(
-                "--max-restarts and --on-failure run on one node: a job of several nodes is static \
-                 (the loss of any worker fails it on every node)"
-            );
-        }
-        let seconds = |v: f64, what: &str| {
-            if v.is_finite() && v > 0.0 {
-                Ok(Duration::from_secs_f64(v))
-            } else {
-                Err(anyhow::anyhow!("--{what} must be a positive number of seconds"))
-            }
-        };
-        if args.min_nproc == 0 || args.min_nproc > args.nproc {
-            anyhow::bail!("--min-nproc must be between 1 and --nproc ({})", args.nproc);
-        }
-        if args.save_every == 0 {
-            anyhow::bail!("--save-every must be at least 1");
-        }
-        let recovery = args.recovery.unwrap_or(Recovery::Live);
-        if recovery == Recovery::Checkpoint {
-            if args.on_failure == Some(OnFailure::Shrink) {
-                anyhow::bail!("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink");
-            }
-            return Ok(launch::restart::run(launch::restart::RestartJob {
-                nproc: args.nproc,
-                workers: launch::restart::Workers::Own {
-                    rendezvous_timeout: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
-                    heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
-                },
-                max_restarts: args.max_restarts.unwrap_or(0),
-                save_every: args.save_every,
-                save_dir: args.save_dir,
-                command: args.command,
-            })?);
-        }
-        return Ok(launch::elastic::run(launch::elastic::ElasticJob {
-            nproc: args.nproc,
-            max_restarts: args.max_restarts.unwrap_or(0),
-            on_failure: args.on_failure.unwrap_or(if args.max_restarts.is_some() {
-                OnFailure::Replace
-            } else {
-                OnFailure::Shrink
-            }),
-            min_nproc: args.min_nproc,
-            heartbeat_timeout: seconds(args.heartbeat_timeout, "heartbeat-timeout")?,
-            settle: seconds(args.rendezvous_timeout, "rendezvous-timeout")?,
-            quorum_timeout: seconds(args.quorum_timeout, "quorum-timeout")?,
-            copy_every: (recovery == Recovery::Memory).then_some(args.save_every),
-            command: args.command,
-        })?);
-    }
-    let failures = launch::static_job::run(&StaticJob {
+    Ok(launch::request::run(LaunchRequest {
         nproc: args.nproc,
-        nodes,
-        command: &args.command,
-        env: Vec::new(),
-        rendezvous_timeout: Duration::from_secs_f64(args.rendezvous_timeout.max(1.0)),
-        heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout.max(0.05)),
-    })?;
-    if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }
+        nnodes: args.nnodes,
+        node_rank: args.node_rank,
+        coordinator: args.coordinator,
+        rendezvous: args.rendezvous,
+        local_addr: args.local_addr,
+        rendezvous_timeout: args.rendezvous_timeout,
+        heartbeat_timeout: args.heartbeat_timeout,
+        quorum_timeout: args.quorum_timeout,
+        max_restarts: args.max_restarts,
+        on_failure: args.on_failure,
+        min_nproc: args.min_nproc,
+        recovery: args.recovery,
+        save_every: args.save_every,
+        save_dir: args.save_dir,
+        mpirun: (args.engine == EngineArg::Mpi).then_some(args.mpirun),
+        command: args.command,
+    })?)
 }
 
 /// `--nproc-per-node`: a number, or `auto`/`cpu` for the CPUs this process may use.
-/// `launch --engine mpi`: the job under the MPI starter, restarted whole from its last
-/// checkpoint with --max-restarts.
-fn run_mpi(args: LaunchArgs) -> anyhow::Result<()> {
-    if args.nnodes > 1 || args.coordinator.is_some() || args.rendezvous.is_some() || args.local_addr.is_some() {
-        anyhow::bail!(
-            "MPI places the ranks of --engine mpi and they meet through MPI: \
-             give hosts in --mpirun's options (e.g. --hostfile), not --nnodes, --coordinator, --rendezvous or --local-addr"
-        );
-    }
-    if args.on_failure.is_some() || matches!(args.recovery, Some(Recovery::Live | Recovery::Memory)) {
-        anyhow::bail!(
-            "an MPI job is not elastic (a rank's failure ends every rank): \
-             --max-restarts restarts it from its last checkpoint (--recovery checkpoint)"
-        );
-    }
-    let starter = launch::mpi::Starter::parse(&args.mpirun)?;
-    if let Some(max_restarts) = args.max_restarts {
-        if args.save_every == 0 {
-            anyhow::bail!("--save-every must be at least 1");
-        }
-        return Ok(launch::restart::run(launch::restart::RestartJob {
-            nproc: args.nproc,
-            workers: launch::restart::Workers::Mpi(starter),
-            max_restarts,
-            save_every: args.save_every,
-            save_dir: args.save_dir,
-            command: args.command,
-        })?);
-    }
-    let failures = starter.run(args.nproc, &args.command, &[])?;
-    if failures.is_empty() { Ok(()) } else { anyhow::bail!("the job failed: {}", failures.join("; ")) }
-}
-
 fn parse_nproc(text: &str) -> Result<usize, String> {
     match text {
         "auto" | "cpu" => std::thread::available_parallelism()
@@ -297,39 +191,4 @@ fn parse_nnodes(text: &str) -> Result<usize, String> {
         Some((low, high)) if number(low)? == number(high)? => number(low),
         Some(_) => Err(format!("{text:?} is a range of nodes, but a job of several nodes is static: give one count")),
     }
-}
-
-/// Where this node's workers sit, from the arguments (and torchrun's `PET_*` variables).
-fn nodes_from_args(args: &LaunchArgs) -> anyhow::Result<Nodes> {
-    if args.nnodes == 0 {
-        anyhow::bail!("--nnodes must be at least 1");
-    }
-    if args.node_rank >= args.nnodes {
-        anyhow::bail!(
-            "--node-rank {} is not one of the {} nodes (0 to {})",
-            args.node_rank,
-            args.nnodes,
-            args.nnodes - 1
-        );
-    }
-    let pet = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let coordinator = args
-        .coordinator
-        .clone()
-        .or_else(|| pet("PET_RDZV_ENDPOINT"))
-        .or_else(|| Some(format!("{}:{}", pet("PET_MASTER_ADDR")?, pet("PET_MASTER_PORT")?)));
-    let meeting = match (&args.rendezvous, coordinator) {
-        (Some(_), _) if args.coordinator.is_some() => {
-            anyhow::bail!("--rendezvous and --coordinator are two ways to meet: give one")
-        }
-        (Some(url), _) => Meeting::Etcd(url.parse().map_err(|e| anyhow::anyhow!("--rendezvous: {e}"))?),
-        (None, Some(address)) => Meeting::Coordinator(address),
-        (None, None) if args.nnodes == 1 => Meeting::Loopback,
-        (None, None) => anyhow::bail!(
-            "a job of {} nodes needs the coordinator's address: --coordinator HOST:PORT \
-             (or PET_MASTER_ADDR and PET_MASTER_PORT), the same on every node",
-            args.nnodes
-        ),
-    };
-    Ok(Nodes { nnodes: args.nnodes, node_rank: args.node_rank, meeting, local_addr: args.local_addr })
 }

@@ -2,7 +2,6 @@
 #![forbid(unsafe_code)]
 
 mod bench_cmd;
-mod bench_export;
 mod campaign_cmd;
 mod choice;
 mod ckpt_cmd;

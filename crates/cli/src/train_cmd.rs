@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::choice;
-use crate::join_args::{JoinArgs, Meet, env_first};
+use crate::join_args::JoinArgs;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use train::CheckpointConfig;
@@ -90,8 +90,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// How micro-batch gradients are summed.
-    #[arg(long, value_parser = choice::of::<comm::ReduceMode>(), default_value = "deterministic")]
-    reduce: comm::ReduceMode,
+    #[arg(long, value_parser = choice::of::<train::ReduceMode>(), default_value = "deterministic")]
+    reduce: train::ReduceMode,
     /// Which kernels compute the model [default: fixed where the model has them]. The
     /// fixed-order kernels give the same bits on every CPU; STEADFAST_ISA=scalar|avx2|avx512
     /// picks their instruction set (speed only).
@@ -173,61 +173,16 @@ pub struct TrainArgs {
     fault: Vec<fault::crash::ProcessFault>,
 }
 
-/// The environment variable `name` as a number, when set.
-fn env_u64(name: &str) -> anyhow::Result<Option<u64>> {
-    env_first(&[name]).map(|v| v.parse::<u64>().map_err(|e| anyhow::anyhow!("bad {name} {v:?}: {e}"))).transpose()
-}
-
-/// Which process of its slot this is (`--incarnation`, or the launcher's environment).
-fn incarnation(args: &TrainArgs) -> anyhow::Result<u64> {
-    Ok(match args.incarnation {
-        Some(n) => n,
-        None => env_u64("STEADFAST_INCARNATION")?.unwrap_or(0),
-    })
-}
-
 /// The data-parallel settings from flags, then the environment (ours, torchrun's, Slurm's).
 fn dist_config(args: &TrainArgs) -> anyhow::Result<Option<train::DistConfig>> {
-    let elastic = args.elastic || env_first(&["STEADFAST_ELASTIC"]).is_some_and(|v| v == "1");
-    let Some(place) = args.join.place(elastic)? else { return Ok(None) };
-    let incarnation = incarnation(args)?;
-    let copy_every = match args.copy_every {
-        Some(k) => Some(k),
-        None => env_u64("STEADFAST_COPY_EVERY")?,
-    };
-    if copy_every == Some(0) {
-        anyhow::bail!("--copy-every must be at least 1");
-    }
-    if copy_every.is_some() && !elastic {
-        anyhow::bail!("--copy-every goes with --elastic (the rollback baseline of an elastic job)");
-    }
-    let job = train::JobSettings { timeout: place.timeout, fingerprint_every: args.fingerprint_every, incarnation };
-    Ok(Some(match place.meet {
-        Meet::Mpi => train::DistConfig::Mpi(job),
-        Meet::Mesh { rendezvous: train::Rendezvous::Coordinator(coordinator), secret, bind } if elastic => {
-            train::DistConfig::Elastic(train::ElasticWorker {
-                slot: place.rank,
-                world: place.world,
-                coordinator,
-                secret,
-                bind,
-                job,
-                copy_every,
-                on_divergence: args.on_divergence,
-            })
-        }
-        Meet::Mesh { .. } if elastic => {
-            anyhow::bail!("an elastic job's membership is kept by its coordinator (--coordinator), not in etcd")
-        }
-        Meet::Mesh { rendezvous, secret, bind } => train::DistConfig::Mesh(train::MeshRank {
-            rank: place.rank,
-            world: place.world,
-            rendezvous,
-            secret,
-            bind,
-            job,
-        }),
-    }))
+    Ok(launch::place::dist_config(&launch::place::WorkerFlags {
+        join: args.join.flags(),
+        elastic: args.elastic,
+        incarnation: args.incarnation,
+        copy_every: args.copy_every,
+        fingerprint_every: args.fingerprint_every,
+        on_divergence: args.on_divergence,
+    })?)
 }
 
 impl TrainArgs {
@@ -293,78 +248,14 @@ impl TrainArgs {
         if self.checkpoint_every == Some(0) {
             anyhow::bail!("--checkpoint-every must be at least 1");
         }
-        if self.on_divergence == train::OnDivergence::Repair && !matches!(c.dist, Some(train::DistConfig::Elastic(_))) {
-            anyhow::bail!(
-                "--on-divergence repair needs an elastic job, whose replicas can fetch the state from one another: \
-                 add --max-restarts K to its `launch` (or run `train --elastic` workers); a static job can only stop"
-            );
-        }
-        if self.keep_last == Some(0) {
-            anyhow::bail!("--keep-last must be at least 1: the newest checkpoint is always kept");
-        }
-        check_faults_fire(&c)?;
-        if !(c.optim.lr.is_finite() && c.optim.lr > 0.0) {
-            anyhow::bail!("--lr must be a positive number, not {}", c.optim.lr);
-        }
+        c.validate()?;
         Ok(c)
     }
 }
 
-/// Refuses an `--inject` or `--fault` that could never fire: at a step past the run's
-/// last, or on a rank outside its world (the world of an MPI job is known only once it
-/// runs, so its ranks are not checked here).
-fn check_faults_fire(c: &TrainConfig) -> anyhow::Result<()> {
-    let world = match &c.dist {
-        None => Some(1),
-        Some(d) => d.world(),
-    };
-    let mut at: Vec<(String, u64, usize)> = c.inject.iter().map(|f| ("--inject".to_owned(), f.step, f.rank)).collect();
-    for f in &c.faults {
-        if let fault::crash::When::At { rank, step, .. } = f.when {
-            at.push((format!("--fault {}", f.kind.name()), step, rank));
-        }
-    }
-    for (flag, step, rank) in at {
-        if step >= c.steps {
-            anyhow::bail!(
-                "{flag} at step {step} would never fire: the run's steps are 0 to {} (--steps {})",
-                c.steps.saturating_sub(1),
-                c.steps
-            );
-        }
-        if let Some(world) = world.filter(|&w| rank >= w) {
-            anyhow::bail!("{flag} on rank {rank} would never fire: the job's ranks are 0 to {}", world - 1);
-        }
-    }
-    Ok(())
-}
-
-/// A worker started by `launch` ends when its launcher is gone (killed with `kill -9`, it
-/// could not take its workers along): it checks four times a second whether it has been
-/// handed to another parent. A stopped launcher is still its parent: the job waits for it.
-fn exit_with_launcher() {
-    let Some(launcher) = std::env::var(launch::LAUNCHER_PID).ok().and_then(|v| v.parse::<u32>().ok()) else { return };
-    if std::os::unix::process::parent_id() != launcher {
-        // Started by something else with the variable set by hand: nothing to watch.
-        return;
-    }
-    std::thread::spawn(move || {
-        loop {
-            std::thread::sleep(Duration::from_millis(250));
-            if std::os::unix::process::parent_id() != launcher {
-                // Not `eprintln!`: stderr was a pipe to the launcher, and writing to it now
-                // fails, which would panic this thread instead of ending the process.
-                let text = format!("error: the launcher (pid {launcher}) is gone: this worker ends\n");
-                let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
-                std::process::exit(3);
-            }
-        }
-    });
-}
-
 /// Runs `steadfast train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
-    exit_with_launcher();
+    launch::launcher_gone::exit_with_launcher();
     let config = args.into_config()?;
     let bar = ProgressBar::new(config.steps);
     bar.set_style(

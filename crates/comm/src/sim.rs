@@ -535,6 +535,11 @@ impl Sim<'_> {
             }
             match a {
                 Action::Send { to, msg } => self.send(node, to, msg),
+                Action::Vote { epoch, step, ok, digest, to } => {
+                    for m in to {
+                        self.send(node, Node::Worker(m), Msg::Ballot { epoch, step, ok, digest });
+                    }
+                }
                 Action::Compute { epoch, step, members, .. } => {
                     let p = proc.expect("only workers compute");
                     if self.c.repair && std::mem::take(&mut self.procs[p].corrupt) {
@@ -883,9 +888,7 @@ impl Sim<'_> {
                 let p = &mut self.procs[proc];
                 if let Some((_, d)) = sum
                     && p.machine.status().step == step
-                    && actions.iter().any(|a| {
-                        matches!(a, Action::Send { msg: Msg::Ballot { .. }, .. }) || *a == Action::Apply { step }
-                    })
+                    && actions.iter().any(|a| matches!(a, Action::Vote { .. }) || *a == Action::Apply { step })
                 {
                     p.held = Some((step, d));
                 }

@@ -24,15 +24,24 @@ impl Clock {
     }
 }
 
+/// The messages sent, a vote as a ballot to each member it names.
 fn sent(actions: &[Action]) -> Vec<(Node, Msg)> {
-    actions
-        .iter()
-        .filter_map(|a| if let Action::Send { to, msg } = a { Some((*to, msg.clone())) } else { None })
-        .collect()
+    let mut out = Vec::new();
+    for a in actions {
+        match a {
+            Action::Send { to, msg } => out.push((*to, msg.clone())),
+            Action::Vote { epoch, step, ok, digest, to } => out.extend(
+                to.iter()
+                    .map(|&m| (Node::Worker(m), Msg::Ballot { epoch: *epoch, step: *step, ok: *ok, digest: *digest })),
+            ),
+            _ => {}
+        }
+    }
+    out
 }
 
 fn others(actions: &[Action]) -> Vec<Action> {
-    actions.iter().filter(|a| !matches!(a, Action::Send { .. })).cloned().collect()
+    actions.iter().filter(|a| !matches!(a, Action::Send { .. } | Action::Vote { .. })).cloned().collect()
 }
 
 fn quorum(epoch: u64, members: &[u32], step: u64, fingerprint: u64, commit: Option<u64>) -> Quorum {
@@ -60,6 +69,7 @@ fn voting_worker(c: &Clock) -> Worker {
         vec![(Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 })],
         "the ballot goes to the other member"
     );
+    assert_eq!(a.iter().filter(|a| matches!(a, Action::Vote { .. })).count(), 1, "one vote action: {a:?}");
     assert_eq!(w.status().unapplied, Some(7));
     w
 }

@@ -108,6 +108,34 @@ pub struct InjectionLog {
     pub flips: Vec<FlipRecord>,
 }
 
+impl InjectionLog {
+    /// Reads a log written by [`InjectionLog::save`].
+    pub fn read(path: &Path) -> Result<InjectionLog, InjectError> {
+        let text = std::fs::read_to_string(path).map_err(|source| InjectError::Io { path: path.to_owned(), source })?;
+        serde_json::from_str(&text)
+            .map_err(|e| InjectError::Mismatch(format!("{} is not an injection log: {e}", path.display())))
+    }
+
+    /// Writes the log to `path` durably: a temporary file, fsynced, renamed into place.
+    pub fn save(&self, path: &Path) -> Result<(), InjectError> {
+        let io = |source| InjectError::Io { path: path.to_owned(), source };
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| InjectError::Mismatch(format!("cannot encode the log: {e}")))?;
+        let name = path.file_name().map_or_else(|| "log".into(), |n| n.to_string_lossy().into_owned());
+        let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        std::io::Write::write_all(&mut f, text.as_bytes()).and_then(|()| f.sync_all()).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Where the log of an injection into `altered` goes unless told otherwise:
+    /// `<altered>.inject.json` beside it.
+    pub fn default_path(altered: &Path) -> PathBuf {
+        let name = altered.file_name().map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned());
+        altered.with_file_name(format!("{name}.inject.json"))
+    }
+}
+
 /// How to inject.
 #[derive(Clone, Debug, Default)]
 pub struct InjectOptions {

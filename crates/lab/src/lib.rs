@@ -14,7 +14,8 @@
 //!   reproducible reductions, and training runs under atomic and reproducible gradient
 //!   accumulation;
 //! - [`bench`]: the measurements behind `docs/benchmarks.md` (checkpoint cost, all-reduce
-//!   bandwidth).
+//!   bandwidth, the training step's all-reduce in a job of processes);
+//! - [`export`]: a run's starting weights and data order, for other systems to train on.
 //!
 //! The binary (`steadfast campaign`, `fpna`, `report`, `bench`) parses arguments, shows
 //! progress and prints; every experiment's logic and outputs live here.
@@ -31,6 +32,7 @@
 pub mod bench;
 pub mod campaign;
 pub mod error;
+pub mod export;
 pub mod fpna;
 pub mod report;
 pub mod run_report;

@@ -15,7 +15,13 @@
 //!   the step protocol's coordinator;
 //! - [`restart`]: the checkpoint-restart baseline, which starts every worker again from
 //!   the last checkpoint (and the way an MPI job survives a failure);
-//! - [`mpi`]: one run of a job under the system's MPI starter.
+//! - [`mpi`]: one run of a job under the system's MPI starter;
+//! - [`request`]: what `steadfast launch` was asked for, refused when it cannot work, and
+//!   the job it makes;
+//! - [`coordinator`]: a coordinator on its own, for workers that something else started;
+//! - [`place`]: the worker's side: where it stands in its job, from its flags and the
+//!   environment a launcher set (ours, torchrun's, Slurm's), and
+//!   [`launcher_gone`]: its end when its launcher is gone.
 //!
 //! Every launcher waits on events (a worker's exit, the coordinator's word) with a
 //! deadline, never on a timer that polls.
@@ -24,9 +30,13 @@
 
 use std::time::Duration;
 
+pub mod coordinator;
 pub mod elastic;
+pub mod launcher_gone;
 pub mod mpi;
+pub mod place;
 pub mod policy;
+pub mod request;
 pub mod restart;
 pub mod static_job;
 pub mod workers;
@@ -53,6 +63,9 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
+    /// The network failed (a rendezvous, a coordinator).
+    #[error(transparent)]
+    Comm(#[from] comm::transport::CommError),
     /// The job's settings cannot work.
     #[error("{0}")]
     Config(String),

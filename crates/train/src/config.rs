@@ -185,6 +185,58 @@ impl TrainConfig {
         self.kernels.unwrap_or_default()
     }
 
+    /// Refuses settings that cannot work or could never take effect (each message names
+    /// the `train` flag that sets the value): a checkpoint interval or `keep_last` of 0, a
+    /// learning rate that is not a positive number, and an injection or fault at a step
+    /// past the run's last or on a rank outside its world (the world of an MPI job is
+    /// known only once it runs, so its ranks are not checked here).
+    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+        let invalid = |text: String| Err(crate::ConfigError::Invalid(text));
+        if let Some(c) = &self.checkpoint {
+            if c.every == 0 {
+                return invalid("--checkpoint-every must be at least 1".into());
+            }
+            if c.retention.keep_last == Some(0) {
+                return invalid("--keep-last must be at least 1: the newest checkpoint is always kept".into());
+            }
+        }
+        self.check_faults_fire()?;
+        if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
+            return invalid(format!("--lr must be a positive number, not {}", self.optim.lr));
+        }
+        Ok(())
+    }
+
+    fn check_faults_fire(&self) -> Result<(), crate::ConfigError> {
+        let world = match &self.dist {
+            None => Some(1),
+            Some(d) => d.world(),
+        };
+        let mut at: Vec<(String, u64, usize)> =
+            self.inject.iter().map(|f| ("--inject".to_owned(), f.step, f.rank)).collect();
+        for f in &self.faults {
+            if let fault::crash::When::At { rank, step, .. } = f.when {
+                at.push((format!("--fault {}", f.kind.name()), step, rank));
+            }
+        }
+        for (flag, step, rank) in at {
+            if step >= self.steps {
+                return Err(crate::ConfigError::Invalid(format!(
+                    "{flag} at step {step} would never fire: the run's steps are 0 to {} (--steps {})",
+                    self.steps.saturating_sub(1),
+                    self.steps
+                )));
+            }
+            if let Some(world) = world.filter(|&w| rank >= w) {
+                return Err(crate::ConfigError::Invalid(format!(
+                    "{flag} on rank {rank} would never fire: the job's ranks are 0 to {}",
+                    world - 1
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The defaults for a model: sizes and schedules that reach the documented quality
     /// within a few minutes on two cores.
     pub fn defaults(model: ModelKind) -> Self {

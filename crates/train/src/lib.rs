@@ -67,6 +67,9 @@ pub use step::TrainState;
 pub use trainer::{EvalReport, Progress, Summary};
 pub use vocabulary::{UnknownWord, Word};
 
+/// The reduce mode of the gradient sums (`comm`'s), a setting of every run.
+pub use comm::ReduceMode;
+
 /// Runs training as configured, reporting progress to `on_event`: in one process, as a
 /// rank of a static job ([`trainer::run`]), or as a worker of an elastic one
 /// ([`elastic::run`]). Returns the summary and the final state.

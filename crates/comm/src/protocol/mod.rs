@@ -254,6 +254,22 @@ pub enum Action {
         /// What.
         msg: Msg,
     },
+    /// Worker: cast this worker's ballot for `step` to the other members `to`. The shell
+    /// carries every member's ballot to every other at once (one collective over the
+    /// epoch's mesh) and hands each it receives to [`Worker::on_message`] as a
+    /// [`Msg::Ballot`] from that member.
+    Vote {
+        /// The epoch.
+        epoch: u64,
+        /// The step.
+        step: u64,
+        /// Whether this worker's sum is finite.
+        ok: bool,
+        /// Its sum's digest.
+        digest: u64,
+        /// The other members, in rank order.
+        to: Vec<WorkerId>,
+    },
     /// Worker: compute the gradients of the micro-batches `i` with `i mod world == rank`
     /// for `step`, all-reduce them with `members`, and answer with
     /// [`Worker::on_reduced`].

@@ -171,8 +171,9 @@ impl Worker {
         self.status.unapplied = ok.then_some(digest);
         let world = q.members.len();
         self.ballots.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((ok, digest));
-        for &m in q.members.iter().filter(|&&m| m != self.id) {
-            out.push(send(Node::Worker(m), Msg::Ballot { epoch, step, ok, digest }));
+        let to: Vec<WorkerId> = q.members.iter().copied().filter(|&m| m != self.id).collect();
+        if !to.is_empty() {
+            out.push(Action::Vote { epoch, step, ok, digest, to });
         }
         self.vote_deadline = Some(now + self.timing.vote_timeout);
         self.check_vote(now, &mut out);

@@ -13,7 +13,7 @@ use std::path::Path;
 use fault::campaign::Outcome;
 
 use super::rows::{SensitivityRow, Tables, sensitivity_rows};
-use super::{Campaign, Golden, Spec, TrialResult};
+use super::{Campaign, Detector, Golden, Spec, TrialResult};
 use crate::LabError;
 
 /// Writes every table of a finished campaign, its spec and its summary into `dir`;
@@ -132,4 +132,50 @@ fn summary_md(spec: &Spec, tables: &Tables, elapsed: f64, golden_time: f64) -> S
         );
     }
     s
+}
+
+/// One trial in a few lines (what `steadfast campaign --replay` prints): its fault, the
+/// flips, which detectors fired when, and how it ended.
+pub fn trial(r: &TrialResult) -> String {
+    let mut out = String::new();
+    let t = &r.trial;
+    let _ = writeln!(
+        out,
+        "trial {} [{}]: {} of rank {} at step {} (flip seed {}) -> {}",
+        t.index,
+        r.reduce,
+        t.fault.state.name(),
+        t.fault.rank,
+        t.fault.step,
+        t.fault.flips.seed,
+        r.outcome.name()
+    );
+    for (rank, f) in &r.flips {
+        let _ = writeln!(
+            out,
+            "  flipped {}[{}] bits {:?} on rank {rank}: {} -> {}",
+            f.tensor, f.element, f.bits, f.old, f.new
+        );
+    }
+    for d in Detector::ALL {
+        if let Some(step) = r.first_alarm[d.index()] {
+            let _ = writeln!(out, "  {} fired at step {step} ({} after the fault)", d, step - t.fault.step);
+        }
+    }
+    if let Some((loss, acc)) = r.quality {
+        let _ = writeln!(
+            out,
+            "  final test loss {loss:.6}, accuracy {acc:.4}; bitwise golden: {}",
+            r.evidence.bitwise_golden
+        );
+    }
+    if let Some(s) = r.rejoined {
+        let _ = writeln!(out, "  state equal to golden again after step {s}");
+    }
+    let most = r.replica_differing.iter().flatten().max().copied().unwrap_or(0);
+    let _ = writeln!(out, "  at most {most} elements differed from golden in one replica");
+    if let Some(e) = &r.error {
+        let _ = writeln!(out, "  error: {e}");
+    }
+    out
 }

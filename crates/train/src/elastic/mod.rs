@@ -10,8 +10,9 @@
 //!   [`Port::mesh`] builds when the epoch's first step begins. The sum is computed into a
 //!   working buffer and becomes the *held* sum only when the all-reduce succeeded, so a
 //!   failed step never spoils the sum a late member rolls forward with.
-//! - **Ballots**: one all-gather of `(finite, digest)` over the mesh carries every
-//!   member's ballot to every other; each arrives at the protocol as a message.
+//! - **Vote**: the protocol casts a ballot once per step ([`Action::Vote`](comm::protocol::Action::Vote));
+//!   one all-gather of `(finite, digest)` over the mesh carries every member's ballot to
+//!   every other, and each arrives at the protocol as a message.
 //! - **Apply**: the optimizer update with the held sum; the protocol hears the new
 //!   fingerprint.
 //! - **Fetch**: the state of the quorum's step, from its sources, in checksummed chunks
@@ -160,7 +161,6 @@ pub(crate) fn run(
         layout,
         copy,
         sum_step: None,
-        voted: None,
         last_eval: None,
         side,
     };

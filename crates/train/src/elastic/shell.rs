@@ -40,8 +40,6 @@ pub(super) struct Shell<'c, 'e, 'a> {
     pub(super) copy: MemoryCopy,
     /// The step whose sum the driver holds.
     pub(super) sum_step: Option<u64>,
-    /// The last `(epoch, step)` this worker cast its ballot for.
-    pub(super) voted: Option<(u64, u64)>,
     pub(super) last_eval: Option<EvalReport>,
     pub(super) timeline: Timeline,
     pub(super) side: Side<'c, 'e>,
@@ -64,9 +62,7 @@ impl Shell<'_, '_, '_> {
             };
             match action {
                 Action::Send { to: Node::Coordinator, msg } => link.report(&msg),
-                Action::Send { to: Node::Worker(_), msg: Msg::Ballot { epoch, step, ok, digest } } => {
-                    self.ballot(epoch, step, ok, digest)
-                }
+                Action::Vote { epoch, step, ok, digest, to } => self.vote(epoch, step, ok, digest, &to),
                 Action::Send { .. } => {}
                 Action::Compute { epoch, step, rank, members } => self.compute(epoch, step, rank, members)?,
                 Action::Apply { step } => self.apply(step, prepared)?,
@@ -114,29 +110,26 @@ impl Shell<'_, '_, '_> {
     }
 
     /// Casts this worker's ballot: one all-gather over the epoch's mesh carries every
-    /// member's to every other, and each reaches the protocol as a message.
-    fn ballot(&mut self, epoch: u64, step: u64, ok: bool, digest: u64) {
-        if self.voted == Some((epoch, step)) {
-            return;
-        }
-        self.voted = Some((epoch, step));
+    /// member's to every other (`to`, the other members in rank order), and each reaches
+    /// the protocol as a message.
+    fn vote(&mut self, epoch: u64, step: u64, ok: bool, digest: u64, to: &[u32]) {
         let now = Instant::now();
-        let Some((e, mesh)) = self.side.current.get().filter(|(e, _)| *e == epoch) else { return };
-        let members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
+        let Some((_, mesh)) = self.side.current.get().filter(|(e, _)| *e == epoch) else { return };
         let id = self.side.id;
         match comm::collective::all_gather_words(&*mesh, &[u64::from(ok), digest], self.side.d.job.timeout) {
             Ok(all) => {
+                // The gathered ballots are in rank order, this worker's among them.
+                let members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
                 for (r, words) in all.iter().enumerate() {
                     let Some(&peer) = members.get(r).filter(|&&p| p != id) else { continue };
-                    let ballot = Msg::Ballot { epoch: e, step, ok: words[0] == 1, digest: words[1] };
+                    let ballot = Msg::Ballot { epoch, step, ok: words[0] == 1, digest: words[1] };
                     self.queue.extend(self.worker.on_message(now, Node::Worker(peer), ballot));
                 }
             }
             Err(err) => {
                 tracing::warn!(epoch, step, "the vote failed: {err}");
                 self.timeline.why = Some(format!("the vote failed: {err}"));
-                let other = members.iter().copied().find(|&m| m != id).unwrap_or(id);
-                self.queue.extend(self.worker.on_peer_lost(now, other));
+                self.queue.extend(self.worker.on_peer_lost(now, to[0]));
             }
         }
     }

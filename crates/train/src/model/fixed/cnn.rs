@@ -26,9 +26,9 @@ use kernels::rows::relu;
 use rayon::prelude::*;
 
 use super::{loss_gradient, mlp, score};
+use crate::grad::GradBuffer;
 use crate::model::{EvalSums, Taps};
 use crate::state::NamedTensor;
-use crate::step::GradBuffer;
 
 const CONV1: ConvShape = ConvShape { channels: 1, height: 28, width: 28, kernel: 5, padding: 2 };
 const CONV2: ConvShape = ConvShape { channels: 6, height: 14, width: 14, kernel: 5, padding: 0 };

@@ -25,9 +25,9 @@ use kernels::{gelu, norm};
 use rayon::prelude::*;
 
 use super::{linear, linear_backward, loss_gradient, score};
+use crate::grad::GradBuffer;
 use crate::model::EvalSums;
 use crate::state::NamedTensor;
-use crate::step::GradBuffer;
 
 /// A block's tensors, in registry order.
 const BLOCK: [&str; 12] = [

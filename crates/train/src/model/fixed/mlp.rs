@@ -12,9 +12,9 @@ use kernels::Isa;
 use kernels::rows::{relu, relu_backward};
 
 use super::{linear, linear_backward, loss_gradient, score};
+use crate::grad::GradBuffer;
 use crate::model::{EvalSums, Taps};
 use crate::state::NamedTensor;
-use crate::step::GradBuffer;
 
 const LAYERS: [&str; 3] = ["fc1", "fc2", "fc3"];
 

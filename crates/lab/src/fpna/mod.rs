@@ -8,6 +8,8 @@
 //! only the local reduction: racing atomic adds ([`repro::fpna::racy_sum_parts`]), the
 //! kernel GPU frameworks use, which the training runtime itself does not offer.
 
+pub mod text;
+
 use std::path::Path;
 use std::time::Instant;
 

@@ -2,6 +2,8 @@
 //! bench`): checkpoint cost and all-reduce bandwidth. Each yields JSON rows, one per
 //! configuration; the scripts put them side by side with the peers' figures.
 
+pub mod collective;
+
 use std::time::{Duration, Instant};
 
 use serde_json::json;

@@ -1,0 +1,330 @@
+//! What `steadfast launch` was asked for, and which job that makes: a static job on one
+//! node or several ([`static_job`](crate::static_job)), an elastic job
+//! ([`elastic`](crate::elastic)), the checkpoint-restart baseline
+//! ([`restart`](crate::restart)), or a job under MPI ([`mpi`](crate::mpi)). Each
+//! combination that cannot work is refused here with the flag to change, before any
+//! process starts.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::static_job::{Meeting, Nodes, StaticJob};
+use crate::{LaunchError, OnFailure};
+
+/// How a job with restarts recovers a lost worker (`--recovery`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// From the live replicas' current state, with no rollback.
+    Live,
+    /// Every survivor goes back to its in-memory copy of the state; a replacement fetches
+    /// the copy's state.
+    Memory,
+    /// Every worker is restarted from the last checkpoint on disk.
+    Checkpoint,
+}
+
+impl repro::words::Word for Recovery {
+    const KIND: &'static str = "recovery";
+    const ALL: &'static [Self] = &[Recovery::Live, Recovery::Memory, Recovery::Checkpoint];
+
+    fn word(self) -> &'static str {
+        match self {
+            Recovery::Live => "live",
+            Recovery::Memory => "memory",
+            Recovery::Checkpoint => "checkpoint",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            Recovery::Live => "from the live replicas' current state, with no rollback",
+            Recovery::Memory => "every survivor goes back to its in-memory copy of the state",
+            Recovery::Checkpoint => "every worker restarts from the last checkpoint on disk",
+        }
+    }
+}
+
+repro::text_form!(Recovery);
+
+/// The launcher's settings, as given (flags and `PET_*` variables).
+#[derive(Clone, Debug)]
+pub struct LaunchRequest {
+    /// Workers on this node.
+    pub nproc: usize,
+    /// Nodes in the job.
+    pub nnodes: usize,
+    /// This node's index.
+    pub node_rank: usize,
+    /// The coordinator's `HOST:PORT`, when given.
+    pub coordinator: Option<String>,
+    /// `etcd://HOST:PORT/JOB`, when the workers meet in etcd.
+    pub rendezvous: Option<String>,
+    /// Where this node's workers listen.
+    pub local_addr: Option<IpAddr>,
+    /// Seconds to wait for every worker to join.
+    pub rendezvous_timeout: f64,
+    /// Seconds of silence after which a worker is lost.
+    pub heartbeat_timeout: f64,
+    /// Seconds an elastic job waits for enough workers.
+    pub quorum_timeout: f64,
+    /// Restarts allowed (makes the job elastic, or restartable under MPI).
+    pub max_restarts: Option<u32>,
+    /// What an elastic job does when a worker fails.
+    pub on_failure: Option<OnFailure>,
+    /// The fewest workers an elastic job that shrinks goes on with.
+    pub min_nproc: usize,
+    /// How a lost worker is recovered.
+    pub recovery: Option<Recovery>,
+    /// Steps between the copies or checkpoints of the baselines.
+    pub save_every: u64,
+    /// Where the checkpoint baseline writes.
+    pub save_dir: Option<PathBuf>,
+    /// The MPI starter and its options, for a job under MPI.
+    pub mpirun: Option<String>,
+    /// The worker command.
+    pub command: Vec<String>,
+}
+
+fn bad(text: impl Into<String>) -> LaunchError {
+    LaunchError::Config(text.into())
+}
+
+fn seconds(v: f64, flag: &str) -> Result<Duration, LaunchError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(bad(format!("--{flag} must be a positive number of seconds")))
+    }
+}
+
+/// Runs the job that `r` asks for; fails unless it finished.
+pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
+    if r.nproc == 0 {
+        return Err(bad("--nproc-per-node must be at least 1"));
+    }
+    let words: Vec<&str> = r.command.iter().take(2).map(String::as_str).collect();
+    let trains = words.first() == Some(&"train");
+    if !trains && words != ["bench", "collective"] {
+        return Err(bad(format!(
+            "the worker command must be `train ...` or `bench collective ...`, got {:?}",
+            r.command
+        )));
+    }
+    let restarts = r.max_restarts.is_some() || r.on_failure.is_some();
+    if restarts && !trains {
+        return Err(bad("--max-restarts and --on-failure restart training, not a benchmark"));
+    }
+    if r.save_every == 0 && restarts {
+        return Err(bad("--save-every must be at least 1"));
+    }
+    if r.mpirun.is_some() {
+        return run_mpi(r);
+    }
+    let nodes = nodes(&r)?;
+    if !restarts {
+        let failures = crate::static_job::run(&StaticJob {
+            nproc: r.nproc,
+            nodes,
+            command: &r.command,
+            env: Vec::new(),
+            rendezvous_timeout: Duration::from_secs_f64(r.rendezvous_timeout.max(1.0)),
+            heartbeat_timeout: Duration::from_secs_f64(r.heartbeat_timeout.max(0.05)),
+        })?;
+        return failed_if_any(failures);
+    }
+    if matches!(nodes.meeting, Meeting::Etcd(_)) {
+        return Err(bad("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://"));
+    }
+    if nodes.nnodes > 1 {
+        return Err(bad("--max-restarts and --on-failure run on one node: a job of several nodes is static \
+             (the loss of any worker fails it on every node)"));
+    }
+    if r.min_nproc == 0 || r.min_nproc > r.nproc {
+        return Err(bad(format!("--min-nproc must be between 1 and --nproc ({})", r.nproc)));
+    }
+    let recovery = r.recovery.unwrap_or(Recovery::Live);
+    if recovery == Recovery::Checkpoint {
+        if r.on_failure == Some(OnFailure::Shrink) {
+            return Err(bad("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink"));
+        }
+        return crate::restart::run(crate::restart::RestartJob {
+            nproc: r.nproc,
+            workers: crate::restart::Workers::Own {
+                rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
+                heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
+            },
+            max_restarts: r.max_restarts.unwrap_or(0),
+            save_every: r.save_every,
+            save_dir: r.save_dir,
+            command: r.command,
+        });
+    }
+    crate::elastic::run(crate::elastic::ElasticJob {
+        nproc: r.nproc,
+        max_restarts: r.max_restarts.unwrap_or(0),
+        on_failure: r.on_failure.unwrap_or(if r.max_restarts.is_some() {
+            OnFailure::Replace
+        } else {
+            OnFailure::Shrink
+        }),
+        min_nproc: r.min_nproc,
+        heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
+        settle: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
+        quorum_timeout: seconds(r.quorum_timeout, "quorum-timeout")?,
+        copy_every: (recovery == Recovery::Memory).then_some(r.save_every),
+        command: r.command,
+    })
+}
+
+fn failed_if_any(failures: Vec<String>) -> Result<(), LaunchError> {
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(LaunchError::Failed(format!("the job failed: {}", failures.join("; "))))
+    }
+}
+
+/// A job under the MPI starter, restarted whole from its last checkpoint with
+/// `max_restarts`.
+fn run_mpi(r: LaunchRequest) -> Result<(), LaunchError> {
+    if r.nnodes > 1 || r.coordinator.is_some() || r.rendezvous.is_some() || r.local_addr.is_some() {
+        return Err(bad("MPI places the ranks of --engine mpi and they meet through MPI: \
+             give hosts in --mpirun's options (e.g. --hostfile), not --nnodes, --coordinator, --rendezvous or --local-addr"));
+    }
+    if r.on_failure.is_some() || matches!(r.recovery, Some(Recovery::Live | Recovery::Memory)) {
+        return Err(bad("an MPI job is not elastic (a rank's failure ends every rank): \
+             --max-restarts restarts it from its last checkpoint (--recovery checkpoint)"));
+    }
+    let starter = crate::mpi::Starter::parse(r.mpirun.as_deref().unwrap_or_default())?;
+    if let Some(max_restarts) = r.max_restarts {
+        return crate::restart::run(crate::restart::RestartJob {
+            nproc: r.nproc,
+            workers: crate::restart::Workers::Mpi(starter),
+            max_restarts,
+            save_every: r.save_every,
+            save_dir: r.save_dir,
+            command: r.command,
+        });
+    }
+    failed_if_any(starter.run(r.nproc, &r.command, &[])?)
+}
+
+/// Where this node's workers sit, from the request and torchrun's `PET_*` variables.
+fn nodes(r: &LaunchRequest) -> Result<Nodes, LaunchError> {
+    if r.nnodes == 0 {
+        return Err(bad("--nnodes must be at least 1"));
+    }
+    if r.node_rank >= r.nnodes {
+        return Err(bad(format!(
+            "--node-rank {} is not one of the {} nodes (0 to {})",
+            r.node_rank,
+            r.nnodes,
+            r.nnodes - 1
+        )));
+    }
+    let pet = |name: &str| crate::place::env_first(&[name]);
+    let coordinator = r
+        .coordinator
+        .clone()
+        .or_else(|| pet("PET_RDZV_ENDPOINT"))
+        .or_else(|| Some(format!("{}:{}", pet("PET_MASTER_ADDR")?, pet("PET_MASTER_PORT")?)));
+    let meeting = match (&r.rendezvous, coordinator) {
+        (Some(_), _) if r.coordinator.is_some() => {
+            return Err(bad("--rendezvous and --coordinator are two ways to meet: give one"));
+        }
+        (Some(url), _) => Meeting::Etcd(url.parse().map_err(|e| bad(format!("--rendezvous: {e}")))?),
+        (None, Some(address)) => Meeting::Coordinator(address),
+        (None, None) if r.nnodes == 1 => Meeting::Loopback,
+        (None, None) => {
+            return Err(bad(format!(
+                "a job of {} nodes needs the coordinator's address: --coordinator HOST:PORT \
+                 (or PET_MASTER_ADDR and PET_MASTER_PORT), the same on every node",
+                r.nnodes
+            )));
+        }
+    };
+    Ok(Nodes { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> LaunchRequest {
+        LaunchRequest {
+            nproc: 2,
+            nnodes: 1,
+            node_rank: 0,
+            coordinator: None,
+            rendezvous: None,
+            local_addr: None,
+            rendezvous_timeout: 5.0,
+            heartbeat_timeout: 1.0,
+            quorum_timeout: 5.0,
+            max_restarts: Some(1),
+            on_failure: None,
+            min_nproc: 1,
+            recovery: None,
+            save_every: 10,
+            save_dir: None,
+            mpirun: None,
+            command: vec!["train".into()],
+        }
+    }
+
+    /// Runs `r`, which must be refused before any process starts, and returns the reason.
+    fn refused(r: LaunchRequest) -> String {
+        match run(r) {
+            Err(LaunchError::Config(why)) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_combination_that_cannot_work_is_refused_naming_the_flag() {
+        let cases: Vec<(LaunchRequest, &str)> = vec![
+            (LaunchRequest { nproc: 0, ..request() }, "--nproc-per-node must be at least 1"),
+            (LaunchRequest { command: vec!["ckpt".into()], ..request() }, "must be `train ...`"),
+            (
+                LaunchRequest { command: vec!["bench".into(), "collective".into()], ..request() },
+                "restart training, not a benchmark",
+            ),
+            (LaunchRequest { save_every: 0, ..request() }, "--save-every must be at least 1"),
+            (LaunchRequest { nnodes: 2, node_rank: 2, ..request() }, "--node-rank 2 is not one of the 2 nodes"),
+            (LaunchRequest { nnodes: 2, coordinator: Some("h:1".into()), ..request() }, "run on one node"),
+            (LaunchRequest { rendezvous: Some("etcd://h:2379/j".into()), ..request() }, "not --rendezvous etcd://"),
+            (
+                LaunchRequest {
+                    rendezvous: Some("etcd://h:2379/j".into()),
+                    coordinator: Some("h:1".into()),
+                    ..request()
+                },
+                "two ways to meet",
+            ),
+            (LaunchRequest { min_nproc: 3, ..request() }, "--min-nproc must be between 1 and --nproc (2)"),
+            (
+                LaunchRequest {
+                    recovery: Some(Recovery::Checkpoint),
+                    on_failure: Some(OnFailure::Shrink),
+                    ..request()
+                },
+                "does not go with --on-failure shrink",
+            ),
+            (LaunchRequest { heartbeat_timeout: 0.0, ..request() }, "--heartbeat-timeout must be a positive number"),
+            (
+                LaunchRequest { mpirun: Some("mpirun".into()), nnodes: 2, max_restarts: None, ..request() },
+                "MPI places the ranks",
+            ),
+            (
+                LaunchRequest { mpirun: Some("mpirun".into()), recovery: Some(Recovery::Live), ..request() },
+                "an MPI job is not elastic",
+            ),
+            (LaunchRequest { nnodes: 2, max_restarts: None, ..request() }, "needs the coordinator's address"),
+        ];
+        for (r, want) in cases {
+            let why = refused(r);
+            assert!(why.contains(want), "{why:?} does not say {want:?}");
+        }
+    }
+}
