@@ -12,7 +12,9 @@
 //! runs on each node: node 0's serves the coordinator on the port of `--coordinator`, and
 //! every node starts its workers with the ranks `I*N .. I*N+N-1` of a world of `M*N`.
 //! The job secret then comes from `STEADFAST_SECRET`, the same on every node. A
-//! multi-node job is static: the loss of any worker fails the job on every node.
+//! multi-node job is static (the loss of any worker fails it on every node) unless
+//! `--max-restarts` or `--on-failure` makes it elastic: then each node replaces its own
+//! workers, the job goes on without a lost node, and a node started again joins it.
 //!
 //! After the rendezvous the coordinator keeps membership by heartbeat: a worker that
 //! dies, hangs or is cut off is reported to the others, which abort at once. When no
@@ -54,6 +56,11 @@ Examples:
   steadfast launch --nnodes 2 --node-rank I --nproc-per-node 4 --coordinator 10.0.0.1:29500 \\
       -- train --reduce reproducible
 
+  # An elastic job of three nodes (run on each, I = 0, 1, 2): it goes on without a lost
+  # node, and the node started again with the same command joins it
+  steadfast launch --nnodes 3 --node-rank I --nproc-per-node 2 --coordinator 10.0.0.1:29500 \\
+      --max-restarts 2 --min-nproc 2 -- train --reduce reproducible
+
   # Four ranks on the system's MPI library (mpirun starts them); if one fails, run the
   # whole job again from the checkpoint written every 20 steps, at most twice
   steadfast launch --engine mpi --nproc 4 --max-restarts 2 --save-every 20 -- train --reduce reproducible
@@ -77,10 +84,11 @@ pub struct LaunchArgs {
         value_name = "N|auto"
     )]
     nproc: usize,
-    /// Nodes in the job, each running one launcher; torchrun's `M:M` form is taken too,
-    /// but not a range (a job of several nodes is static) [env: PET_NNODES].
-    #[arg(long, default_value = "1", env = "PET_NNODES", value_parser = parse_nnodes, value_name = "M")]
-    nnodes: usize,
+    /// Nodes in the job, each running one launcher; torchrun's `MIN:MAX` form makes an
+    /// elastic job (--max-restarts or --on-failure) start with MIN nodes and take up to MAX
+    /// [env: PET_NNODES].
+    #[arg(long, default_value = "1", env = "PET_NNODES", value_parser = parse_nnodes, value_name = "M|MIN:MAX")]
+    nnodes: (usize, usize),
     /// This node's index, 0 to --nnodes - 1; node 0 serves the coordinator [env:
     /// PET_NODE_RANK].
     #[arg(long, alias = "node_rank", default_value_t = 0, env = "PET_NODE_RANK")]
@@ -154,7 +162,8 @@ pub struct LaunchArgs {
 pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
     Ok(launch::request::run(LaunchRequest {
         nproc: args.nproc,
-        nnodes: args.nnodes,
+        nnodes: args.nnodes.0,
+        max_nnodes: args.nnodes.1,
         node_rank: args.node_rank,
         coordinator: args.coordinator,
         rendezvous: args.rendezvous,
@@ -183,12 +192,11 @@ fn parse_nproc(text: &str) -> Result<usize, String> {
     }
 }
 
-/// `--nnodes`: `M`, or `M:M` as torchrun writes a fixed count.
-fn parse_nnodes(text: &str) -> Result<usize, String> {
+/// `--nnodes`: `M`, or `MIN:MAX` as torchrun writes it.
+fn parse_nnodes(text: &str) -> Result<(usize, usize), String> {
     let number = |t: &str| t.parse::<usize>().map_err(|_| format!("{text:?} is not a number of nodes"));
     match text.split_once(':') {
-        None => number(text),
-        Some((low, high)) if number(low)? == number(high)? => number(low),
-        Some(_) => Err(format!("{text:?} is a range of nodes, but a job of several nodes is static: give one count")),
+        None => number(text).map(|n| (n, n)),
+        Some((low, high)) => Ok((number(low)?, number(high)?)),
     }
 }

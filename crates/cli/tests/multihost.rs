@@ -1,8 +1,10 @@
 //! Hosts as network namespaces on one machine (`scripts/netns-hosts.sh`): one training job
 //! across three hosts, one host's link cut in the middle, the survivors reporting the
-//! failure within the bound; and a two-node `launch` as torchrun users run it, giving the
-//! single-process bits. Skipped where namespaces cannot be made (not root, or a sandbox
-//! without them).
+//! failure within the bound; a two-node `launch` as torchrun users run it, giving the
+//! single-process bits; and an elastic job of three nodes that loses a node (killed, then
+//! started again) or a node's link, and ends with the single-process bits. Skipped where
+//! namespaces cannot be made (not root, or a sandbox without them). The scripts run one at
+//! a time: each times heartbeats, which a neighbour's load would only blur.
 
 use std::process::Command;
 
@@ -11,6 +13,8 @@ mod common;
 /// Runs `scripts/NAME` on the built binary; its output when it passed, `None` when it
 /// cannot run here (skipped); panics when it failed.
 fn run_script(name: &str) -> Option<String> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
     let has_ip = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
@@ -46,5 +50,15 @@ fn a_two_node_launch_gives_the_single_process_bits_and_fails_together() {
     if let Some(text) = run_script("netns-launch-test.sh") {
         assert_eq!(text.matches("printed the single-process fingerprint").count(), 4, "{text}");
         assert!(text.contains("ok: rank 3's crash failed both nodes"), "{text}");
+    }
+}
+
+#[test]
+fn an_elastic_job_of_three_nodes_survives_a_lost_node_and_a_cut_link_with_the_single_process_bits() {
+    if let Some(text) = run_script("netns-elastic-test.sh") {
+        // Host 2 killed and started again: all six workers; host 1 cut off: the four others.
+        assert_eq!(text.matches("ok: kill: worker").count(), 6, "{text}");
+        assert_eq!(text.matches("fetched the state from the live replicas").count(), 2, "{text}");
+        assert_eq!(text.matches("ok: cut: worker").count(), 4, "{text}");
     }
 }

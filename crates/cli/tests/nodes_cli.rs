@@ -56,7 +56,28 @@ fn bad_node_settings_are_refused_before_any_worker_starts() {
         (
             &["--nnodes", "2", "--nproc-per-node", "1", "--coordinator", "127.0.0.1:1", "--max-restarts", "1"],
             &[],
-            "run on one node",
+            "needs STEADFAST_SECRET",
+        ),
+        (
+            &[
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--max-restarts",
+                "1",
+                "--recovery",
+                "checkpoint",
+            ],
+            &[("STEADFAST_SECRET", "s")],
+            "restarts the job on one node",
+        ),
+        (
+            &["--nnodes", "2:1", "--nproc-per-node", "1", "--coordinator", "127.0.0.1:1", "--max-restarts", "1"],
+            &[("STEADFAST_SECRET", "s")],
+            "the most nodes are fewer than the least",
         ),
         (
             &["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--coordinator", "127.0.0.1:1"],

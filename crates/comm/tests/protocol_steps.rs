@@ -552,4 +552,8 @@ fn coordinator_admits_one_process_per_slot_and_refuses_a_superseded_one() {
     assert!(
         matches!(co.admit(c.at(6), 2, 0, addr(1002)), Admission::Refuse { reason } if reason.contains("given to a replacement"))
     );
+    // Once the replacement is lost too (its whole node, say), a process of any
+    // incarnation takes the slot: a node's launcher started again counts from 0.
+    co.on_disconnect(c.at(7), 2);
+    assert_eq!(co.admit(c.at(8), 2, 0, addr(4002)), Admission::Admit { superseded: Some(addr(3002)) });
 }

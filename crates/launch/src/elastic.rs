@@ -1,15 +1,23 @@
-//! An elastic job on this host, which survives the loss of workers
-//! (`steadfast launch --max-restarts K`, or `--on-failure shrink`).
+//! An elastic job, which survives the loss of workers (`steadfast launch --max-restarts
+//! K`, or `--on-failure shrink`), on this host or on several.
 //!
-//! The launcher runs the step protocol's coordinator ([`comm::control::coordinate`]) on
-//! a loopback port and starts `nproc` workers in slots `0..nproc`. When a worker's
-//! process exits with an error, or the coordinator declares it lost (a hung or cut-off
-//! process, which the launcher then kills), the [`RestartPolicy`] says whether a new
-//! process takes the slot (`replace`, at most K times in all), which fetches the state
-//! from the live replicas, or the survivors go on without it (`shrink`), or the job ends.
-//! Survivors never restart. Every failure and recovery is one line of output.
+//! The launcher runs the step protocol's coordinator ([`comm::control::coordinate`]) and
+//! starts `nproc` workers in its slots. When a worker's process exits with an error, or
+//! the coordinator declares it lost (a hung or cut-off process, which the launcher then
+//! kills), the [`RestartPolicy`] says whether a new process takes the slot (`replace`, at
+//! most K times in all), which fetches the state from the live replicas, or the survivors
+//! go on without it (`shrink`), or the job ends. Survivors never restart. Every failure
+//! and recovery is one line of output.
+//!
+//! On several nodes ([`Span`]) one launcher runs on each, as for a static job: node `I`
+//! starts the slots `I*N .. I*N+N-1`, and node 0's launcher also serves the coordinator
+//! on the port of `--coordinator`. Each launcher replaces its own workers; the
+//! coordinator's quorum decides whether the job goes on without a lost node (down to
+//! `--min-nproc` workers in all), and a node whose launcher is started again (or a new
+//! node, up to the range's maximum) joins the running job, its workers fetching the
+//! state from the live replicas.
 
-use std::net::TcpListener;
+use std::net::{IpAddr, TcpListener};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -23,13 +31,13 @@ use crate::{Decision, Exit, KILL_GRACE, LaunchError, OnFailure, RestartPolicy, j
 
 /// How an elastic job is run.
 pub struct ElasticJob {
-    /// Workers at the start.
+    /// Workers at the start (on this node).
     pub nproc: usize,
-    /// Replacement processes allowed, in all.
+    /// Replacement processes allowed, in all (on this node).
     pub max_restarts: u32,
     /// Replace or shrink.
     pub on_failure: OnFailure,
-    /// The fewest workers the job goes on with.
+    /// The fewest workers the job goes on with (in all).
     pub min_nproc: usize,
     /// Silence after which a worker is lost.
     pub heartbeat_timeout: Duration,
@@ -40,8 +48,23 @@ pub struct ElasticJob {
     /// The rollback baseline: workers copy their state every this many steps and go
     /// back to the copy when a member is lost.
     pub copy_every: Option<u64>,
+    /// The nodes of a job of several (`None`: this host alone).
+    pub span: Option<Span>,
     /// The worker command (`train ...`).
     pub command: Vec<String>,
+}
+
+/// The nodes of an elastic job of several.
+#[derive(Clone, Debug)]
+pub struct Span {
+    /// Nodes at the start: the coordinator's first quorum waits for their workers.
+    pub nnodes: usize,
+    /// This node's index (below the range's maximum).
+    pub node_rank: usize,
+    /// The coordinator, `HOST:PORT`: node 0 serves it on that port.
+    pub coordinator: String,
+    /// Where this node's workers listen (`None`: the address that reaches the coordinator).
+    pub local_addr: Option<IpAddr>,
 }
 
 /// What the launcher hears.
@@ -61,8 +84,13 @@ struct Supervisor<'p> {
     plan: &'p ElasticJob,
     started: Instant,
     workers: Workers<Heard>,
+    /// This node's first slot.
+    first: usize,
+    /// Processes started so far, by slot of this node (from `first`).
     incarnations: Vec<u64>,
     policy: RestartPolicy,
+    /// Whether this launcher serves the coordinator (one node, or node 0 of several).
+    serves: bool,
     finished: bool,
     /// Since when the job is over (a worker still running then is killed after a grace).
     over_since: Option<Instant>,
@@ -71,95 +99,149 @@ struct Supervisor<'p> {
     stopped_on_error: Option<usize>,
 }
 
-/// Runs the job; fails unless it finished.
+/// Where the workers meet: the coordinator's listener if this launcher serves it, and the
+/// address the workers dial.
+fn meeting(span: Option<&Span>) -> Result<(Option<TcpListener>, String), LaunchError> {
+    match span {
+        None => {
+            let l = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::io("cannot listen for the coordinator"))?;
+            let address = l.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
+            Ok((Some(l), address.to_string()))
+        }
+        Some(span) if span.node_rank == 0 => {
+            let port = crate::static_job::port_of(&span.coordinator)?;
+            let l = TcpListener::bind(("0.0.0.0", port))
+                .map_err(LaunchError::io(format!("cannot serve the coordinator on port {port}")))?;
+            Ok((Some(l), span.coordinator.clone()))
+        }
+        Some(span) => Ok((None, span.coordinator.clone())),
+    }
+}
+
+/// Runs the job (this node's part of it); fails unless it finished.
 pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
-    let secret = job_secret()?;
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::io("cannot listen for the coordinator"))?;
-    let coordinator = listener.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
-    let timing = Timing::for_coordinator(plan.heartbeat_timeout, plan.settle, plan.quorum_timeout);
-    let min_world = match plan.on_failure {
-        // A replaced worker is waited for: the job keeps its world size (and, in the
-        // `deterministic` mode, its bits).
-        OnFailure::Replace => plan.nproc,
-        OnFailure::Shrink => plan.min_nproc,
+    let span = plan.span.as_ref();
+    let secret = match (span, std::env::var("STEADFAST_SECRET").ok().filter(|s| !s.is_empty())) {
+        (_, Some(s)) => s,
+        (None, None) => job_secret()?,
+        (Some(_), None) => {
+            return Err(LaunchError::Config(
+                "a job of several nodes needs STEADFAST_SECRET, the same on every node".into(),
+            ));
+        }
     };
-    let machine = Coordinator::new(0, plan.nproc, min_world, timing, Instant::now());
+    let (listener, coordinator) = meeting(span)?;
+    let world = plan.nproc * span.map_or(1, |s| s.nnodes);
+    let first = plan.nproc * span.map_or(0, |s| s.node_rank);
+    let timing = Timing::for_coordinator(plan.heartbeat_timeout, plan.settle, plan.quorum_timeout);
+    let min_world = match (span, plan.on_failure) {
+        // On one host a replaced worker is waited for: the job keeps its world size (and,
+        // in the `deterministic` mode, its bits).
+        (None, OnFailure::Replace) => plan.nproc,
+        // Across nodes the quorum goes on without a lost node, down to the fewest workers.
+        (None, OnFailure::Shrink) | (Some(_), _) => plan.min_nproc,
+    };
     let requests = Requests::default();
     let (tx, rx) = mpsc::channel();
     let mut env = vec![
-        ("STEADFAST_WORLD_SIZE".to_owned(), plan.nproc.to_string()),
-        ("STEADFAST_COORDINATOR".to_owned(), coordinator.to_string()),
+        ("STEADFAST_WORLD_SIZE".to_owned(), world.to_string()),
+        ("STEADFAST_COORDINATOR".to_owned(), coordinator),
         ("STEADFAST_SECRET".to_owned(), secret.clone()),
         ("STEADFAST_ELASTIC".to_owned(), "1".to_owned()),
+        ("LOCAL_WORLD_SIZE".to_owned(), plan.nproc.to_string()),
     ];
     env.extend(plan.copy_every.map(|k| ("STEADFAST_COPY_EVERY".to_owned(), k.to_string())));
+    env.extend(span.and_then(|s| s.local_addr).map(|ip| ("STEADFAST_BIND".to_owned(), ip.to_string())));
+    // A node of several never stops the job on its own count: the coordinator's quorum,
+    // which sees every node, decides.
+    let local_min = if span.is_some() { 0 } else { min_world };
     let mut job = Supervisor {
         plan: &plan,
         started: Instant::now(),
         workers: Workers::new(&plan.command, env, tx.clone(), Heard::Exited)?,
+        first,
         incarnations: vec![0; plan.nproc],
-        policy: RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, min_world),
+        policy: RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, local_min),
+        serves: listener.is_some(),
         finished: false,
         over_since: None,
         killed: false,
         stopped_on_error: None,
     };
-    for slot in 0..plan.nproc {
+    for slot in first..first + plan.nproc {
         job.start(slot)?;
     }
     let started = job.started;
-    let stage = std::thread::scope(|s| -> Result<JobState, LaunchError> {
+    let state = std::thread::scope(|s| -> Result<Option<JobState>, LaunchError> {
         let requests = &requests;
         let key = secret.as_bytes();
-        let coordinator = s.spawn(move || {
-            let stage = comm::control::coordinate(listener, key, machine, timing, requests, &mut |event| {
-                println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
-                let _ = match event {
-                    Event::Lost { id, incarnation, .. } => tx.send(Heard::Lost { slot: id as usize, incarnation }),
-                    Event::Finished => tx.send(Heard::Finished),
-                    _ => Ok(()),
-                };
-            });
-            let _ = tx.send(Heard::CoordinatorDone);
-            stage
+        let coordinator = listener.map(|listener| {
+            let machine = Coordinator::new(0, world, min_world, timing, Instant::now());
+            s.spawn(move || {
+                let state = comm::control::coordinate(listener, key, machine, timing, requests, &mut |event| {
+                    println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
+                    let _ = match event {
+                        Event::Lost { id, incarnation, .. } => tx.send(Heard::Lost { slot: id as usize, incarnation }),
+                        Event::Finished => tx.send(Heard::Finished),
+                        _ => Ok(()),
+                    };
+                });
+                let _ = tx.send(Heard::CoordinatorDone);
+                state
+            })
         });
         let supervised = job.supervise(&rx, requests);
         // Also when supervision failed: the coordinator's thread must end.
         requests.shutdown.store(true, Ordering::Relaxed);
         supervised?;
-        let stage = match coordinator.join() {
-            Ok(stage) => stage.map_err(|e| LaunchError::Failed(format!("the coordinator failed: {e}")))?,
+        let Some(coordinator) = coordinator else { return Ok(None) };
+        let state = match coordinator.join() {
+            Ok(state) => state.map_err(|e| LaunchError::Failed(format!("the coordinator failed: {e}")))?,
             Err(_) => return Err(LaunchError::Failed("the coordinator thread panicked".into())),
         };
         // A job the coordinator stopped says why; one a worker's error ended points at it.
         if let Some(i) = job.stopped_on_error
-            && matches!(stage, JobState::Gathering { .. } | JobState::Syncing { .. } | JobState::Running)
+            && matches!(state, JobState::Gathering { .. } | JobState::Syncing { .. } | JobState::Running)
         {
             return Err(LaunchError::Failed(format!("worker {i} stopped on an error (above)")));
         }
-        Ok(stage)
+        Ok(Some(state))
     })?;
     let restarts = job.policy.restarts();
     job.workers.join();
-    match stage {
-        JobState::Finished => {
+    match state {
+        Some(JobState::Finished) => {
             println!(
                 "[launcher] the job finished in {:.1} s with {restarts} replacement(s)",
                 started.elapsed().as_secs_f64()
             );
             Ok(())
         }
-        JobState::Stopped { reason } => Err(LaunchError::Failed(format!("the job stopped: {reason}"))),
-        _ => Err(LaunchError::Failed("every worker exited before the job finished".into())),
+        Some(JobState::Stopped { reason }) => Err(LaunchError::Failed(format!("the job stopped: {reason}"))),
+        Some(_) => Err(LaunchError::Failed("every worker exited before the job finished".into())),
+        // A node without the coordinator hears the end from its workers.
+        None if job.stopped_on_error.is_some() => {
+            Err(LaunchError::Failed("a worker of this node stopped on an error".into()))
+        }
+        None if job.finished => {
+            println!(
+                "[launcher] this node's part of the job finished in {:.1} s with {restarts} replacement(s)",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        None => Err(LaunchError::Failed("every worker of this node exited before the job finished".into())),
     }
 }
 
 impl Supervisor<'_> {
     /// Starts the slot's next process.
     fn start(&mut self, slot: usize) -> Result<(), LaunchError> {
-        let incarnation = self.incarnations[slot];
+        let local = slot - self.first;
+        let incarnation = self.incarnations[local];
         let env = [
             ("STEADFAST_RANK".to_owned(), slot.to_string()),
+            ("LOCAL_RANK".to_owned(), local.to_string()),
             ("STEADFAST_INCARNATION".to_owned(), incarnation.to_string()),
         ];
         let pid = self.workers.start(slot, incarnation, &env)?;
@@ -167,13 +249,22 @@ impl Supervisor<'_> {
         Ok(())
     }
 
+    /// How long workers may outlive the end of the job. A node without the coordinator
+    /// learns of the end from its first worker that finished, so the others get the
+    /// time to hear it from the coordinator as well.
+    fn grace(&self) -> Duration {
+        if self.serves { KILL_GRACE } else { KILL_GRACE + 2 * self.plan.heartbeat_timeout }
+    }
+
     /// Handles what the launcher hears until no worker runs.
     fn supervise(&mut self, rx: &Receiver<Heard>, requests: &Requests) -> Result<(), LaunchError> {
-        while self.workers.any_running() {
+        // The launcher that serves the coordinator stays while the job goes on elsewhere,
+        // even with none of its own workers left.
+        while self.workers.any_running() || (self.serves && self.over_since.is_none()) {
             // Once the job is over, a worker still running after the grace is hung or was
             // never told: it is killed.
             let wait = match self.over_since {
-                Some(t) if !self.killed => KILL_GRACE.saturating_sub(t.elapsed()),
+                Some(t) if !self.killed => self.grace().saturating_sub(t.elapsed()),
                 _ => Duration::from_secs(3600),
             };
             match rx.recv_timeout(wait) {
@@ -217,11 +308,19 @@ impl Supervisor<'_> {
         if exit != Exit::Success && !self.killed {
             say!(started, "worker {slot} (process {}) exited with {status}", e.incarnation + 1);
         }
+        if exit == Exit::Success {
+            // A worker exits with success only once the job has finished. A node without
+            // the coordinator hears it so: the rest of its workers have a grace to end.
+            self.finished = true;
+            if !self.serves {
+                self.over_since.get_or_insert_with(Instant::now);
+            }
+        }
         let over = self.over_since.is_some() || self.finished;
         match self.policy.on_exit(exit, over) {
             Decision::Nothing | Decision::Shrink => {}
             Decision::Replace { restart } => {
-                self.incarnations[slot] += 1;
+                self.incarnations[slot - self.first] += 1;
                 say!(started, "replacing worker {slot} (restart {restart} of {})", self.plan.max_restarts);
                 self.start(slot)?;
             }

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::elastic::Span;
 use crate::static_job::{Meeting, Nodes, StaticJob};
 use crate::{LaunchError, OnFailure};
 
@@ -52,8 +53,10 @@ repro::text_form!(Recovery);
 pub struct LaunchRequest {
     /// Workers on this node.
     pub nproc: usize,
-    /// Nodes in the job.
+    /// Nodes in the job (at the start, for an elastic job).
     pub nnodes: usize,
+    /// The most nodes an elastic job takes (`--nnodes MIN:MAX`; `nnodes` when fixed).
+    pub max_nnodes: usize,
     /// This node's index.
     pub node_rank: usize,
     /// The coordinator's `HOST:PORT`, when given.
@@ -121,6 +124,13 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
     if r.mpirun.is_some() {
         return run_mpi(r);
     }
+    if !restarts && r.max_nnodes != r.nnodes {
+        return Err(bad(format!(
+            "--nnodes {}:{} is a range of nodes, but a job without --max-restarts or --on-failure is static: \
+             give one count, or make it elastic",
+            r.nnodes, r.max_nnodes
+        )));
+    }
     let nodes = nodes(&r)?;
     if !restarts {
         let failures = crate::static_job::run(&StaticJob {
@@ -136,17 +146,27 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
     if matches!(nodes.meeting, Meeting::Etcd(_)) {
         return Err(bad("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://"));
     }
-    if nodes.nnodes > 1 {
-        return Err(bad("--max-restarts and --on-failure run on one node: a job of several nodes is static \
-             (the loss of any worker fails it on every node)"));
-    }
-    if r.min_nproc == 0 || r.min_nproc > r.nproc {
-        return Err(bad(format!("--min-nproc must be between 1 and --nproc ({})", r.nproc)));
+    let span = match &nodes.meeting {
+        Meeting::Coordinator(address) if r.max_nnodes > 1 => Some(Span {
+            nnodes: r.nnodes,
+            node_rank: r.node_rank,
+            coordinator: address.clone(),
+            local_addr: r.local_addr,
+        }),
+        _ => None,
+    };
+    let world = r.nproc * r.nnodes;
+    if r.min_nproc == 0 || r.min_nproc > world {
+        return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
     if recovery == Recovery::Checkpoint {
         if r.on_failure == Some(OnFailure::Shrink) {
             return Err(bad("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink"));
+        }
+        if span.is_some() {
+            return Err(bad("--recovery checkpoint restarts the job on one node: across nodes, recover from the \
+                 live replicas (--recovery live) or the in-memory copies (memory)"));
         }
         return crate::restart::run(crate::restart::RestartJob {
             nproc: r.nproc,
@@ -173,6 +193,7 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         settle: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
         quorum_timeout: seconds(r.quorum_timeout, "quorum-timeout")?,
         copy_every: (recovery == Recovery::Memory).then_some(r.save_every),
+        span,
         command: r.command,
     })
 }
@@ -188,7 +209,7 @@ fn failed_if_any(failures: Vec<String>) -> Result<(), LaunchError> {
 /// A job under the MPI starter, restarted whole from its last checkpoint with
 /// `max_restarts`.
 fn run_mpi(r: LaunchRequest) -> Result<(), LaunchError> {
-    if r.nnodes > 1 || r.coordinator.is_some() || r.rendezvous.is_some() || r.local_addr.is_some() {
+    if r.max_nnodes > 1 || r.coordinator.is_some() || r.rendezvous.is_some() || r.local_addr.is_some() {
         return Err(bad("MPI places the ranks of --engine mpi and they meet through MPI: \
              give hosts in --mpirun's options (e.g. --hostfile), not --nnodes, --coordinator, --rendezvous or --local-addr"));
     }
@@ -215,12 +236,15 @@ fn nodes(r: &LaunchRequest) -> Result<Nodes, LaunchError> {
     if r.nnodes == 0 {
         return Err(bad("--nnodes must be at least 1"));
     }
-    if r.node_rank >= r.nnodes {
+    if r.max_nnodes < r.nnodes {
+        return Err(bad(format!("--nnodes {}:{}: the most nodes are fewer than the least", r.nnodes, r.max_nnodes)));
+    }
+    if r.node_rank >= r.max_nnodes {
         return Err(bad(format!(
             "--node-rank {} is not one of the {} nodes (0 to {})",
             r.node_rank,
-            r.nnodes,
-            r.nnodes - 1
+            r.max_nnodes,
+            r.max_nnodes - 1
         )));
     }
     let pet = |name: &str| crate::place::env_first(&[name]);
@@ -235,12 +259,12 @@ fn nodes(r: &LaunchRequest) -> Result<Nodes, LaunchError> {
         }
         (Some(url), _) => Meeting::Etcd(url.parse().map_err(|e| bad(format!("--rendezvous: {e}")))?),
         (None, Some(address)) => Meeting::Coordinator(address),
-        (None, None) if r.nnodes == 1 => Meeting::Loopback,
+        (None, None) if r.max_nnodes == 1 => Meeting::Loopback,
         (None, None) => {
             return Err(bad(format!(
                 "a job of {} nodes needs the coordinator's address: --coordinator HOST:PORT \
                  (or PET_MASTER_ADDR and PET_MASTER_PORT), the same on every node",
-                r.nnodes
+                r.max_nnodes
             )));
         }
     };
@@ -255,6 +279,7 @@ mod tests {
         LaunchRequest {
             nproc: 2,
             nnodes: 1,
+            max_nnodes: 1,
             node_rank: 0,
             coordinator: None,
             rendezvous: None,
@@ -291,8 +316,31 @@ mod tests {
                 "restart training, not a benchmark",
             ),
             (LaunchRequest { save_every: 0, ..request() }, "--save-every must be at least 1"),
-            (LaunchRequest { nnodes: 2, node_rank: 2, ..request() }, "--node-rank 2 is not one of the 2 nodes"),
-            (LaunchRequest { nnodes: 2, coordinator: Some("h:1".into()), ..request() }, "run on one node"),
+            (
+                LaunchRequest { nnodes: 2, max_nnodes: 2, node_rank: 2, ..request() },
+                "--node-rank 2 is not one of the 2 nodes",
+            ),
+            (
+                LaunchRequest {
+                    nnodes: 2,
+                    max_nnodes: 3,
+                    max_restarts: None,
+                    coordinator: Some("h:1".into()),
+                    ..request()
+                },
+                "is a range of nodes, but a job without --max-restarts",
+            ),
+            (LaunchRequest { nnodes: 3, max_nnodes: 2, ..request() }, "the most nodes are fewer than the least"),
+            (
+                LaunchRequest {
+                    nnodes: 2,
+                    max_nnodes: 2,
+                    coordinator: Some("h:1".into()),
+                    recovery: Some(Recovery::Checkpoint),
+                    ..request()
+                },
+                "restarts the job on one node",
+            ),
             (LaunchRequest { rendezvous: Some("etcd://h:2379/j".into()), ..request() }, "not --rendezvous etcd://"),
             (
                 LaunchRequest {
@@ -302,7 +350,10 @@ mod tests {
                 },
                 "two ways to meet",
             ),
-            (LaunchRequest { min_nproc: 3, ..request() }, "--min-nproc must be between 1 and --nproc (2)"),
+            (
+                LaunchRequest { min_nproc: 3, ..request() },
+                "--min-nproc must be between 1 and the job's workers at the start (2)",
+            ),
             (
                 LaunchRequest {
                     recovery: Some(Recovery::Checkpoint),
@@ -313,14 +364,23 @@ mod tests {
             ),
             (LaunchRequest { heartbeat_timeout: 0.0, ..request() }, "--heartbeat-timeout must be a positive number"),
             (
-                LaunchRequest { mpirun: Some("mpirun".into()), nnodes: 2, max_restarts: None, ..request() },
+                LaunchRequest {
+                    mpirun: Some("mpirun".into()),
+                    nnodes: 2,
+                    max_nnodes: 2,
+                    max_restarts: None,
+                    ..request()
+                },
                 "MPI places the ranks",
             ),
             (
                 LaunchRequest { mpirun: Some("mpirun".into()), recovery: Some(Recovery::Live), ..request() },
                 "an MPI job is not elastic",
             ),
-            (LaunchRequest { nnodes: 2, max_restarts: None, ..request() }, "needs the coordinator's address"),
+            (
+                LaunchRequest { nnodes: 2, max_nnodes: 2, max_restarts: None, ..request() },
+                "needs the coordinator's address",
+            ),
         ];
         for (r, want) in cases {
             let why = refused(r);

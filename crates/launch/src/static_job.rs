@@ -61,7 +61,7 @@ pub struct StaticJob<'a> {
 }
 
 /// The port of a `HOST:PORT` address.
-fn port_of(address: &str) -> Result<u16, LaunchError> {
+pub(crate) fn port_of(address: &str) -> Result<u16, LaunchError> {
     let bad = |why: String| LaunchError::Config(format!("the coordinator {address:?} {why}"));
     let (_, port) = address.rsplit_once(':').ok_or_else(|| bad("is not HOST:PORT".into()))?;
     port.parse().map_err(|e| bad(format!("has a bad port: {e}")))

@@ -122,12 +122,12 @@ impl Coordinator {
     /// A process connects for slot `id`, as process `incarnation` of it, listening at
     /// `addr`. The rules, in order:
     /// 1. a slot nobody holds is taken;
-    /// 2. a newer incarnation (the launcher's replacement) takes the slot; an older one is
-    ///    refused: it was replaced;
+    /// 2. a newer incarnation (the launcher's replacement) takes the slot;
     /// 3. the holder itself (same incarnation and address) reconnecting is admitted;
-    /// 4. another process with the holder's incarnation (started by hand with the same
-    ///    `--rank`) takes the slot only if the holder is lost; while the holder is
-    ///    alive it is refused.
+    /// 4. any other process (an older incarnation, or another with the holder's: started
+    ///    by hand with the same `--rank`, or by a node's launcher started again, which
+    ///    counts its processes from 0) takes the slot only if the holder is lost; while
+    ///    the holder is alive it is refused.
     ///
     /// So a stopped worker that wakes after its replacement took its slot is refused, told
     /// why, and exits, instead of taking the slot back and being displaced in turn.
@@ -137,11 +137,9 @@ impl Coordinator {
             self.holders.insert(id, new);
             return Admission::Admit { superseded: None };
         };
-        let admit = if incarnation != old.incarnation {
-            incarnation > old.incarnation
-        } else {
-            addr == old.addr || old.lost(now, self.timing.lost_after)
-        };
+        let admit = incarnation > old.incarnation
+            || (incarnation == old.incarnation && addr == old.addr)
+            || old.lost(now, self.timing.lost_after);
         if !admit {
             let reason = if incarnation < old.incarnation {
                 format!(

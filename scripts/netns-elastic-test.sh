@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# An elastic job across hosts on one machine: three hosts as network namespaces, one
+# `steadfast launch --nnodes 3 --node-rank I --nproc-per-node 2 --coordinator HOST0:PORT
+# --max-restarts 1` on each (node 0's launcher serves the coordinator), reproducible sums.
+#  1. Host 2's launcher and workers are killed with SIGKILL in the middle of training; the
+#     four survivors go on, then host 2's launcher is started again with the same command:
+#     its workers join the running job and fetch the state from the live replicas. All six
+#     workers end with single-process `train`'s fingerprint.
+#  2. Host 1's link is cut in the middle of training; the workers of hosts 0 and 2 go on
+#     without it and end with that fingerprint.
+#
+# Needs root and iproute2. Usage: scripts/netns-elastic-test.sh path/to/steadfast
+# Exit status: 0 pass, 1 fail, 77 cannot run here (no namespaces).
+set -uo pipefail
+bin=${1:?usage: netns-elastic-test.sh path/to/steadfast}
+. "$(dirname "$0")/netns-hosts.sh"
+make_hosts 3
+
+export STEADFAST_SECRET=netns-elastic-secret
+steps=600
+job=(train --model mlp --data synthetic --steps "$steps" --batch 96 --micro-batch 16 --reduce reproducible
+     --eval-every 0 --comm-timeout 3)
+reference=$("$bin" "${job[@]}" --out "$work/single" 2>"$work/single.log" | sed -n 's/^fingerprint: \([0-9a-f]*\).*/\1/p')
+[ -n "$reference" ] || { echo "FAIL: single-process train printed no fingerprint"; exit 1; }
+status=0
+
+# Starts host i's launcher for run $1; its output goes to $work/$1-node$i.log.
+start_node() {
+  local run=$1 i=$2
+  on_host "$i" "$bin" launch --nnodes 3 --node-rank "$i" --nproc-per-node 2 --coordinator "$net.10:29500" \
+    --max-restarts 1 --min-nproc 2 --rendezvous-timeout 30 --heartbeat-timeout 1.5 --quorum-timeout 30 \
+    -- "${job[@]}" --out "$work/$run-out$i" >>"$work/$run-node$i.log" 2>&1 &
+  eval "pid$i=$!"
+}
+
+# The steps worker 0 (on host 0) has logged in run $1.
+steps_logged() {
+  local f="$work/$1-out0/metrics.jsonl"
+  if [ -f "$f" ]; then grep -c '"kind":"train"' "$f"; else echo 0; fi
+}
+
+# Waits (bounded, 60 s) until worker 0 of run $1 has logged $2 steps.
+wait_steps() {
+  for _ in $(seq 1 600); do
+    [ "$(steps_logged "$1")" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  echo "FAIL: run $1 did not reach step $2"; cat "$work/$1"-node*.log; exit 1
+}
+
+# Kills every process in host i's namespace with SIGKILL: its launcher and its workers.
+kill_host() { ip netns pids "$tag-h$1" | xargs -r kill -9; }
+
+# Checks that each of run $1's workers on the hosts given printed the reference.
+check_workers() {
+  local run=$1; shift
+  for i in "$@"; do
+    for rank in $((2 * i)) $((2 * i + 1)); do
+      got=$(sed -n "s/^\[$rank\] fingerprint: \([0-9a-f]*\).*/\1/p" "$work/$run-node$i.log" | tail -1)
+      if [ "$got" = "$reference" ]; then
+        echo "ok: $run: worker $rank on host $i ended with the single-process fingerprint $got"
+      else
+        echo "FAIL: $run: worker $rank on host $i printed '$got', single-process train $reference"; status=1
+      fi
+    done
+  done
+}
+
+# Waits (bounded, 120 s) for host i's launcher; its exit status in rc$i.
+wait_node() {
+  local i=$1 pid_var="pid$1"
+  for _ in $(seq 1 1200); do kill -0 "${!pid_var}" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "${!pid_var}" 2>/dev/null; then
+    echo "FAIL: host $i's launcher still runs 120 s on"; kill -9 "${!pid_var}"; status=1
+  fi
+  wait "${!pid_var}"; eval "rc$i=$?"
+}
+
+# 1. Host 2 killed, then started again.
+for i in 0 1 2; do start_node kill "$i"; done
+wait_steps kill 60
+kill_host 2
+echo "ok: killed host 2 (its launcher and workers) at step $(steps_logged kill)"
+before=$(steps_logged kill)
+wait_steps kill $((before + 40))
+echo "ok: the survivors went on to step $(steps_logged kill) without host 2"
+start_node kill 2
+for i in 0 1 2; do wait_node "$i"; done
+for i in 0 1 2; do
+  rc_var="rc$i"
+  [ "${!rc_var}" = 0 ] || { echo "FAIL: kill: host $i's launcher exited with ${!rc_var}"; status=1; }
+done
+# The coordinator's account: host 2's workers lost, a quorum of the four survivors, then
+# the returning workers fetching the state from live replicas.
+grep -E "worker [45] lost|workers \[0, 1, 2, 3\] from|fetch the state" "$work/kill-node0.log" | sed 's/^/    /'
+for w in 4 5; do
+  if grep -qE "; \[([0-9]+, )*$w(, [0-9]+)*\] fetch the state from \[[0-9, ]+\]" "$work/kill-node0.log"; then
+    echo "ok: host 2's new worker $w fetched the state from the live replicas"
+  else
+    echo "FAIL: host 2's new worker $w did not fetch the state from the live replicas"; status=1
+  fi
+done
+check_workers kill 0 1 2
+[ "$status" = 0 ] || { cat "$work"/kill-node*.log; }
+
+# 2. Host 1's link cut.
+for i in 0 1 2; do start_node cut "$i"; done
+wait_steps cut 60
+cut_host 1
+echo "ok: cut host 1's link at step $(steps_logged cut)"
+for i in 0 2; do wait_node "$i"; done
+for i in 0 2; do
+  rc_var="rc$i"
+  [ "${!rc_var}" = 0 ] || { echo "FAIL: cut: host $i's launcher exited with ${!rc_var}"; status=1; }
+done
+check_workers cut 0 2
+grep -E "worker [23] lost|workers \[0, 1, 4, 5\] from" "$work/cut-node0.log" | sed 's/^/    /'
+kill_host 1
+[ "$status" = 0 ] || { cat "$work"/cut-node*.log; }
+exit $status
