@@ -282,7 +282,10 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
 }
 
 /// Restores `state` from `--resume`, if asked: the checkpoint it came from.
-fn restore(config: &TrainConfig, state: &mut TrainState) -> Result<Option<checkpointing::Restored>, TrainError> {
+pub(crate) fn restore(
+    config: &TrainConfig,
+    state: &mut TrainState,
+) -> Result<Option<checkpointing::Restored>, TrainError> {
     let Some(path) = &config.resume else { return Ok(None) };
     let restored = checkpointing::restore(path, config, state)?;
     if state.step > config.steps {
@@ -298,7 +301,7 @@ fn restore(config: &TrainConfig, state: &mut TrainState) -> Result<Option<checkp
 }
 
 /// Logs a resumption and records it in `metrics.jsonl`, with every checkpoint passed over.
-fn record_resume(metrics: &mut MetricsFile, r: &checkpointing::Restored) -> Result<(), TrainError> {
+pub(crate) fn record_resume(metrics: &mut MetricsFile, r: &checkpointing::Restored) -> Result<(), TrainError> {
     tracing::info!(step = r.step, dir = %r.dir.display(), "resumed");
     metrics.write(json!({"kind": "resumed", "step": r.step, "from": r.dir.display().to_string()}))?;
     for (dir, reason) in &r.skipped {

@@ -13,12 +13,15 @@ use comm::protocol::{Compared, WorkerId};
 use comm::transport::{TcpConfig, TcpMesh, Transport};
 use serde_json::json;
 
+use crate::checkpointing;
 use crate::config::{ElasticWorker, OnDivergence, TrainConfig};
 use crate::driver::{Flow, Reduction, Runner};
 use crate::error::TrainError;
 use crate::metrics::MetricsFile;
-use crate::step::{At, GradBuffer, Injected, SumCheck, TrainState};
+use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
 use crate::trainer::{Progress, report_injections};
+
+use super::saving::Saving;
 
 /// The mesh of the current epoch, shared with the link's thread, which aborts it when a
 /// message from the coordinator ends the epoch while the loop is blocked in a collective.
@@ -80,6 +83,10 @@ pub(super) struct Side<'c, 'e> {
     pub step_started: Instant,
     pub train_time: Duration,
     pub last_loss: f32,
+    /// The job's checkpoints, if it takes any.
+    pub saving: Option<Saving>,
+    /// The step of the checkpoint this worker resumed from (0: none).
+    pub resumed_from: u64,
 }
 
 impl Side<'_, '_> {
@@ -225,6 +232,21 @@ impl Runner for Side<'_, '_> {
         };
         self.found = Some(Found::Checked(check));
         Ok(Flow::Go)
+    }
+
+    /// The member ranked first in the epoch writes the checkpoints ([`Saving`]).
+    fn checkpoint_due(&mut self, _at: At, state: &TrainState) -> Result<bool, TrainError> {
+        let rank = self.members.iter().position(|&m| m == self.id).unwrap_or(usize::MAX);
+        match self.saving.as_mut() {
+            Some(s) => s.due(rank, state.step),
+            None => Ok(false),
+        }
+    }
+
+    fn checkpoint(&mut self, _at: At, state: &TrainState, engine: &Engine<'_>) -> Result<(), TrainError> {
+        let Some(saving) = self.saving.as_mut() else { return Ok(()) };
+        let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), self.members.len());
+        saving.write(state, meta, &mut self.metrics)
     }
 
     fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {

@@ -43,7 +43,7 @@ use serde_json::json;
 
 use crate::config::{ElasticWorker, TrainConfig};
 use crate::driver::Driver;
-use crate::error::{ConfigError, TrainError};
+use crate::error::TrainError;
 use crate::failpoint::ProcessFaults;
 use crate::metrics::MetricsFile;
 use crate::step::{LiveFaults, TrainState};
@@ -51,11 +51,13 @@ use crate::trainer::{Prepared, Progress, Summary};
 
 mod epoch;
 mod held;
+mod saving;
 mod shell;
 mod timeline;
 
 use epoch::{Current, Side};
 use held::{Held, MemoryCopy};
+use saving::Saving;
 use shell::Shell;
 use timeline::Timeline;
 
@@ -65,22 +67,24 @@ pub(crate) fn run(
     d: &ElasticWorker,
     on_event: &mut dyn FnMut(Progress),
 ) -> Result<(Summary, TrainState), TrainError> {
-    if config.checkpoint.is_some() || config.resume.is_some() {
-        return Err(ConfigError::Invalid(
-            "an elastic job recovers from its live replicas: it neither writes nor resumes checkpoints".into(),
-        )
-        .into());
-    }
     let (coordinator, secret, bind, incarnation) = (d.coordinator, &d.secret, d.bind, d.job.incarnation);
     let id = d.slot as WorkerId;
     let prepared = Prepared::load(config)?;
-    let (state, engine) = prepared.start(config);
+    let (mut state, engine) = prepared.start(config);
+    // After a total loss the job starts again from its newest valid checkpoint, on any
+    // number of workers; a worker that joins a running job fetches a newer state anyway.
+    let restored = crate::trainer::restore(config, &mut state)?;
+    let resumed_from = state.step;
     let parameters = state.parameters();
     let layout = held::layout_of(&state);
     let fingerprint = state.fingerprint();
     let held = Arc::new(RwLock::new(Held { state, fingerprint: Some(fingerprint) }));
     let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
-    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0)?;
+    let mut metrics =
+        MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0 || resumed_from > 0)?;
+    if let Some(r) = &restored {
+        crate::trainer::record_resume(&mut metrics, r)?;
+    }
 
     let listener =
         TcpListener::bind((bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
@@ -123,10 +127,12 @@ pub(crate) fn run(
         write_timeout: d.job.timeout,
         abort_grace: Duration::ZERO,
     };
-    let (mut worker, first) = Worker::new((id, incarnation), config.steps, (0, fingerprint), timing, Instant::now());
+    let (mut worker, first) =
+        Worker::new((id, incarnation), config.steps, (resumed_from, fingerprint), timing, Instant::now());
     worker.repairs(d.on_divergence == crate::config::OnDivergence::Repair);
     // The rollback baseline: a copy of the state every `copy_every` steps.
     let mut copy = MemoryCopy::new(d.copy_every);
+    // (Step 0 here: the first copy is kept whatever step the state starts at.)
     copy.keep(&mut worker, 0, &held);
     let side = Side {
         config,
@@ -147,6 +153,8 @@ pub(crate) fn run(
         step_started: Instant::now(),
         train_time: Duration::ZERO,
         last_loss: f32::NAN,
+        saving: Saving::new(config),
+        resumed_from,
     };
     let mut shell = Shell {
         driver: Driver::new(&engine, id as usize),

@@ -296,6 +296,11 @@ impl Shell<'_, '_, '_> {
         let state = Arc::try_unwrap(self.held)
             .map_or_else(|h| lock_read(&h).state.clone(), |h| h.into_inner().unwrap_or_else(|e| e.into_inner()).state);
         let config = self.side.config;
+        // The last checkpoint, the final step's, is committed before the summary.
+        let (checkpoints, checkpoints_deferred) = match self.side.saving.take() {
+            Some(saving) => saving.finish()?,
+            None => (ckpt::WriterStats::default(), 0),
+        };
         let last_eval = match self.last_eval.filter(|e| e.step == state.step) {
             Some(e) => e,
             None => {
@@ -315,9 +320,9 @@ impl Shell<'_, '_, '_> {
             train_time: self.side.train_time,
             optimizer_time: self.driver.update_time(),
             parameters,
-            resumed_from: 0,
-            checkpoints: ckpt::WriterStats::default(),
-            checkpoints_deferred: 0,
+            resumed_from: self.side.resumed_from,
+            checkpoints,
+            checkpoints_deferred,
         };
         write_summary(&mut self.side.metrics, &summary)?;
         Ok((summary, state))

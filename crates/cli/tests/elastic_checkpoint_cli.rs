@@ -1,0 +1,112 @@
+//! Checkpoints in an elastic job: live replicas recover a partial loss, checkpoints a total
+//! one. Every process of a running elastic job (its launcher and all its workers) is
+//! killed with SIGKILL at a step drawn at random; every checkpoint left verifies, and the
+//! job started again with `--resume latest` on another number of workers ends with the
+//! bits of the run that never stopped.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{SMALL_MLP, fingerprint, fingerprints_in, steadfast, steps_recorded};
+
+const STEPS: u64 = 400;
+
+/// The training command of each run here, checkpointing every 20 steps into `ckpt`.
+fn train_args(out: &Path, ckpt: &Path) -> Vec<String> {
+    let (steps, out, ckpt) = (STEPS.to_string(), out.to_str().unwrap(), ckpt.to_str().unwrap());
+    let extra = ["--reduce", "reproducible", "--steps", &steps, "--out", out, "--checkpoint-dir", ckpt];
+    [SMALL_MLP, &extra, &["--checkpoint-every", "20", "--keep-last", "3"]]
+        .concat()
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+fn launch_args(nproc: usize, out: &Path, ckpt: &Path, extra: &[&str]) -> Vec<String> {
+    let nproc = nproc.to_string();
+    let mut args: Vec<String> =
+        ["launch", "--nproc", &nproc, "--max-restarts", "1", "--heartbeat-timeout", "1"].map(String::from).to_vec();
+    args.push("--".into());
+    args.extend(train_args(out, ckpt));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// The pids of the children of `parent` (from `/proc`).
+fn children(parent: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // The parent's pid is the second field after the command's closing parenthesis.
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A step between 60 and 339 drawn from the clock: the kill lands anywhere in the run.
+fn random_step() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
+    60 + (nanos.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) % 280
+}
+
+#[test]
+fn an_elastic_job_killed_whole_resumes_from_its_checkpoint_on_another_worker_count_with_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ckpt, out) = (tmp.path().join("ckpt"), tmp.path().join("out"));
+    let reference = {
+        let args = train_args(&tmp.path().join("ref"), &tmp.path().join("ref-ckpt"));
+        fingerprint(&steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+    };
+
+    // Three workers, all killed with their launcher at a random step.
+    let kill_at = random_step();
+    let args = launch_args(3, &out, &ckpt, &[]);
+    let mut job = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while steps_recorded(&out).last().copied().unwrap_or(0) < kill_at {
+        assert!(job.try_wait().unwrap().is_none(), "the job ended before step {kill_at}");
+        assert!(Instant::now() < deadline, "the job did not reach step {kill_at}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let workers = children(job.id());
+    assert_eq!(workers.len(), 3, "the launcher's workers: {workers:?}");
+    let _ = Command::new("kill").arg("-9").arg(job.id().to_string()).args(workers.iter().map(u32::to_string)).status();
+    job.wait().unwrap();
+    let killed_at = steps_recorded(&out).last().copied().unwrap();
+    assert!(killed_at < STEPS, "the job finished before it was killed");
+
+    // Every checkpoint left verifies; there is one, from before the kill.
+    let verify = steadfast(&["ckpt", "verify", ckpt.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&verify.stdout);
+    assert!(verify.status.success(), "killed at step {killed_at}: {text}");
+    let listed = steadfast(&["ckpt", "ls", "--json", ckpt.to_str().unwrap()]);
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    let newest = rows.iter().filter_map(|r| r["step"].as_u64()).max().expect("a checkpoint before the kill");
+    assert!(newest <= killed_at && newest + 40 >= killed_at.min(STEPS), "newest {newest}, killed at {killed_at}");
+
+    // Two workers go on from it and end with the bits of the run that never stopped.
+    let args = launch_args(2, &out, &ckpt, &["--resume", "latest"]);
+    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(fingerprints_in(&stdout), vec![reference.clone(); 2], "killed at {killed_at}, resumed at {newest}");
+    assert!(stdout.contains(&format!("resumed from: step {newest}")), "{stdout}");
+    // The job's own checkpoints went on: the final step's is the newest, and verifies.
+    let verify = steadfast(&["ckpt", "verify", ckpt.to_str().unwrap()]);
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    let listed = steadfast(&["ckpt", "ls", "--json", ckpt.to_str().unwrap()]);
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(rows.iter().filter_map(|r| r["step"].as_u64()).max(), Some(STEPS));
+}
