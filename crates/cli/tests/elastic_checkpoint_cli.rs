@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SMALL_MLP, fingerprint, fingerprints_in, steadfast, steps_recorded};
+use common::{SMALL_MLP, children, fingerprint, fingerprints_in, steadfast, steps_recorded};
 
 const STEPS: u64 = 400;
 
@@ -33,21 +33,6 @@ fn launch_args(nproc: usize, out: &Path, ckpt: &Path, extra: &[&str]) -> Vec<Str
     args.extend(train_args(out, ckpt));
     args.extend(extra.iter().map(|a| a.to_string()));
     args
-}
-
-/// The pids of the children of `parent` (from `/proc`).
-fn children(parent: u32) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        // The parent's pid is the second field after the command's closing parenthesis.
-        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-        if ppid == Some(parent) {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 /// A step between 60 and 339 drawn from the clock: the kill lands anywhere in the run.

@@ -1,7 +1,9 @@
-//! The Slurm example for real: a one-host cluster (Debian's slurm-wlm and munge, started
+//! The Slurm examples for real: a one-host cluster (Debian's slurm-wlm and munge, started
 //! by `scripts/slurm-one-host.sh` as root) runs `examples/slurm/train.sbatch`, whose `srun`
 //! starts the workers, in each of its modes; then a worker is killed with SIGKILL in the
 //! middle of training, and the job still ends with the bits of a run that lost no one.
+//! It also runs `examples/slurm/elastic.sbatch`, whose `srun` starts one launcher per
+//! task (each standing for a node), and kills a worker, which its launcher replaces.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,11 +56,13 @@ fn start_cluster() -> Option<Cluster> {
     }
 }
 
-/// Submits the example in `mode` with 3 tasks and `train` arguments; returns the job id.
-fn submit(cluster: &Cluster, mode: &str, output: &Path, env: &[(&str, &str)], train: &[&str]) -> String {
-    let sbatch = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/slurm/train.sbatch");
+/// Submits `examples/slurm/SCRIPT` with 3 tasks on the cluster's one node and `args` (a
+/// mode and `train` arguments); returns the job id.
+fn submit_script(cluster: &Cluster, script: &str, output: &Path, env: &[(&str, &str)], args: &[&str]) -> String {
+    let sbatch = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/slurm").join(script);
     let mut c = cluster.command("sbatch");
-    c.args(["--parsable", "--ntasks", "3", "--output"]).arg(output).arg(sbatch).arg(mode).args(train);
+    // (`--ntasks-per-node` overrides the one launcher per node of `elastic.sbatch`.)
+    c.args(["--parsable", "--ntasks", "3", "--ntasks-per-node", "3", "--output"]).arg(output).arg(sbatch).args(args);
     c.env("STEADFAST_BIN", env!("CARGO_BIN_EXE_steadfast")).current_dir(cluster.dir.path());
     for (k, v) in env {
         c.env(k, v);
@@ -66,6 +70,11 @@ fn submit(cluster: &Cluster, mode: &str, output: &Path, env: &[(&str, &str)], tr
     let out = c.output().unwrap();
     assert!(out.status.success(), "sbatch failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap().to_owned()
+}
+
+/// Submits `train.sbatch` in `mode` with 3 tasks and `train` arguments; returns the job id.
+fn submit(cluster: &Cluster, mode: &str, output: &Path, env: &[(&str, &str)], train: &[&str]) -> String {
+    submit_script(cluster, "train.sbatch", output, env, &[&[mode], train].concat())
 }
 
 /// Waits for the job to end; returns its state (`COMPLETED`, `FAILED`, ...).
@@ -85,6 +94,12 @@ fn wait_for(cluster: &Cluster, job: &str) -> String {
 
 /// Sends SIGKILL to the task of global rank `rank` in the job's newest step.
 fn kill_task(cluster: &Cluster, job: &str, rank: u32) {
+    let pid = task_pid(cluster, job, rank);
+    assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+}
+
+/// The pid of the task of global rank `rank` in the job's newest step.
+fn task_pid(cluster: &Cluster, job: &str, rank: u32) -> u32 {
     let out = cluster.command("scontrol").args(["listpids", job]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     // PID JOBID STEPID LOCALID GLOBALID: the tasks of numbered steps (not the batch script).
@@ -97,7 +112,7 @@ fn kill_task(cluster: &Cluster, job: &str, rank: u32) {
         })
         .max()
         .unwrap_or_else(|| panic!("no task of rank {rank} in job {job}:\n{text}"));
-    assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    pid.parse().unwrap()
 }
 
 /// The fingerprints the job's workers printed.
@@ -157,4 +172,41 @@ fn slurm_runs_the_example_in_every_mode_and_survives_a_killed_worker() {
         };
         assert_eq!(fingerprints(&output), expected, "{mode} with a killed worker:\n{log}");
     }
+
+    // The elastic job of one launcher per task (each task standing for a node, one worker
+    // each): node 1's worker killed in the middle, its launcher replaces it, and the
+    // replacement fetches the state from the live replicas.
+    let output = path("launchers.out");
+    let out_dir = path("run-launchers");
+    let checkpoints = path("ck-launchers");
+    let env = [
+        ("STEADFAST_CHECKPOINT_DIR", checkpoints.to_str().unwrap()),
+        ("STEADFAST_CHECKPOINT_EVERY", "20"),
+        ("STEADFAST_NPROC_PER_NODE", "1"),
+        ("STEADFAST_RESTARTS", "1"),
+    ];
+    let id = submit_script(
+        &cluster,
+        "elastic.sbatch",
+        &output,
+        &env,
+        &[&job[..], &["--out", out_dir.to_str().unwrap()]].concat(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while common::steps_recorded(&out_dir).last().is_none_or(|&s| s < 60) {
+        assert!(Instant::now() < deadline, "launchers: training did not reach step 60");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The task runs `bash`, which runs the launcher, which runs the worker.
+    let task = task_pid(&cluster, &id, 1);
+    let launcher = common::children(task);
+    let worker: Vec<u32> = launcher.iter().flat_map(|&l| common::children(l)).collect();
+    assert_eq!(worker.len(), 1, "node 1's worker under task {task}: {launcher:?} -> {worker:?}");
+    assert!(Command::new("kill").args(["-9", &worker[0].to_string()]).status().unwrap().success());
+    let state = wait_for(&cluster, &id);
+    let log = std::fs::read_to_string(&output).unwrap_or_default();
+    assert_eq!(state, "COMPLETED", "launchers:\n{log}");
+    assert!(log.contains("replacing worker 1 (restart 1 of 1)"), "{log}");
+    assert!(log.contains("[1] fetch the state from"), "{log}");
+    assert_eq!(fingerprints(&output), vec![single.clone(); 3], "launchers with a killed worker:\n{log}");
 }

@@ -151,3 +151,18 @@ pub fn launch_pet_nodes<S: AsRef<std::ffi::OsStr>>(
         .collect();
     nodes.into_iter().map(|n| n.wait_with_output().unwrap()).collect()
 }
+
+/// The pids of the children of `parent` (read from `/proc`).
+pub fn children(parent: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // The parent's pid is the second field after the command's closing parenthesis.
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
