@@ -2,8 +2,9 @@
 //! JobSet and a Kubeflow TrainJob need to start a working job (the headless service and
 //! the pod DNS name of the coordinator agree, the PET_* variables agree with the job's
 //! shape), and then the pods' command is run here, one launcher per pod with the
-//! environment the manifest gives it: its workers print the single-process bits. No
-//! Kubernetes cluster is involved.
+//! environment the manifest gives it: its workers print the single-process bits. The
+//! elastic JobSet's coordinator and workers run here the same way, one of the workers
+//! killed and started again as its kubelet would. No Kubernetes cluster is involved.
 
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -140,4 +141,120 @@ fn the_trainjob_manifest_uses_the_torch_runtime_and_a_command_launch_runs() {
     // Without the secret the runtime's pods would fail at once, saying why.
     let refused = common::launch_pet_nodes(&command, 2, "1", None);
     assert!(String::from_utf8_lossy(&refused[1].stderr).contains("needs STEADFAST_SECRET"));
+}
+
+/// The elastic JobSet: a coordinator pod and indexed worker pods whose dead containers the
+/// kubelet starts again. Checked for consistency, then run here: the coordinator's command,
+/// and one worker per pod with the manifest's variables; a worker is killed with SIGKILL in
+/// the middle and its command started again (as the kubelet would), and every worker ends
+/// with the single-process bits.
+#[test]
+fn the_elastic_jobset_is_consistent_and_survives_a_worker_its_kubelet_restarts() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    let docs = load("elastic.yaml");
+    let service = docs.iter().find(|d| d["kind"].as_str() == Some("Service")).expect("a Service");
+    let jobset = docs.iter().find(|d| d["kind"].as_str() == Some("JobSet")).expect("a JobSet");
+    let name = jobset["metadata"]["name"].as_str().unwrap();
+    let subdomain = jobset["spec"]["network"]["subdomain"].as_str().unwrap();
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    assert_eq!(service["spec"]["selector"]["jobset.sigs.k8s.io/jobset-name"].as_str(), Some(name));
+    assert_eq!(service["metadata"]["name"].as_str(), Some(subdomain));
+    let jobs = jobset["spec"]["replicatedJobs"].as_vec().unwrap();
+    let by_name = |n: &str| jobs.iter().find(|j| j["name"].as_str() == Some(n)).unwrap_or_else(|| panic!("no {n}"));
+    let (coordinator, workers) = (by_name("coordinator"), by_name("workers"));
+    // The set succeeds with its coordinator, which exits 0 once the job has finished.
+    assert_eq!(jobset["spec"]["successPolicy"]["targetReplicatedJobs"][0].as_str(), Some("coordinator"));
+
+    let co_container = &coordinator["template"]["spec"]["template"]["spec"]["containers"][0];
+    let co_command: Vec<String> = co_container["command"].as_vec().unwrap().iter().map(text).collect();
+    assert_eq!(co_command[..3], ["steadfast", "coordinator", "--elastic"]);
+    let flag = |command: &[String], f: &str| {
+        command[command.iter().position(|w| w == f).unwrap_or_else(|| panic!("no {f}")) + 1].clone()
+    };
+    let port = flag(&co_command, "--bind").rsplit_once(':').unwrap().1.to_owned();
+    assert_eq!(text(&service["spec"]["ports"][0]["port"]), port);
+    assert_eq!(text(&co_container["ports"][0]["containerPort"]), port);
+
+    let job = &workers["template"]["spec"];
+    assert_eq!(job["completionMode"].as_str(), Some("Indexed"));
+    let pods = job["parallelism"].as_i64().unwrap();
+    assert_eq!(job["completions"].as_i64(), Some(pods));
+    assert_eq!(job["template"]["spec"]["restartPolicy"].as_str(), Some("OnFailure"));
+    let container = &job["template"]["spec"]["containers"][0];
+    let env = &container["env"];
+    assert_eq!(
+        env_var(env, "STEADFAST_RANK")["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.annotations['batch.kubernetes.io/job-completion-index']")
+    );
+    assert!(env_var(env, "STEADFAST_SECRET")["secretKeyRef"]["key"].as_str().is_some());
+    let command: Vec<String> = container["command"].as_vec().unwrap().iter().map(text).collect();
+    assert_eq!(command[..3], ["steadfast", "train", "--elastic"]);
+    // The coordinator pod's DNS name under the service, on its port; the world is the pods.
+    assert_eq!(flag(&command, "--coordinator"), format!("{name}-coordinator-0-0.{subdomain}:{port}"));
+    assert_eq!(flag(&command, "--world-size"), pods.to_string());
+    assert_eq!(flag(&co_command, "--world-size"), pods.to_string());
+
+    // Run it here: loopback for the pods' addresses, generated data, 300 steps.
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = dir.path().to_str().unwrap();
+    let mount = container["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    let port = common::free_port().to_string();
+    let command: Vec<String> = command[1..]
+        .iter()
+        .map(|w| if w.starts_with(mount) { w.replacen(mount, scratch, 1) } else { w.clone() })
+        .collect();
+    let command = with_value(command, "--coordinator", &format!("127.0.0.1:{port}"));
+    let command = with_value(with_value(command, "--data", "synthetic"), "--steps", "300");
+    let co_command = with_value(co_command[1..].to_vec(), "--bind", &format!("127.0.0.1:{port}"));
+    let secret = "from-the-kubernetes-secret";
+    let start = |args: &[String], rank: Option<i64>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+        c.args(args).env("STEADFAST_SECRET", secret).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(r) = rank {
+            c.env("STEADFAST_RANK", r.to_string());
+        }
+        c.spawn().unwrap()
+    };
+    let co = start(&co_command, None);
+    let mut pods_running: Vec<_> = (0..pods).map(|r| start(&command, Some(r))).collect();
+    let out = std::path::Path::new(scratch).join(flag(&command, "--out").rsplit('/').next().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while common::steps_recorded(&out).last().is_none_or(|&s| s < 60) {
+        assert!(Instant::now() < deadline, "training did not reach step 60");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The kubelet's restart of a dead container: the same command, in the same pod.
+    let victim = pods_running.remove(2);
+    assert!(Command::new("kill").args(["-9", &victim.id().to_string()]).status().unwrap().success());
+    let _ = victim.wait_with_output();
+    pods_running.push(start(&command, Some(2)));
+
+    let co_out = co.wait_with_output().unwrap();
+    let co_text = String::from_utf8_lossy(&co_out.stdout).into_owned();
+    assert!(co_out.status.success(), "the coordinator: {co_text}");
+    assert!(co_text.contains("[2] fetch the state from"), "the restarted worker fetched: {co_text}");
+    let mut prints = Vec::new();
+    for p in pods_running {
+        prints.extend(common::fingerprints_in(&common::ok(p.wait_with_output().unwrap())));
+    }
+    // Single-process `train` of the same flags, without the job's.
+    let mut reference = vec!["train".to_owned()];
+    let mut rest = command[1..].iter();
+    while let Some(w) = rest.next() {
+        match w.as_str() {
+            "--elastic" => {}
+            "--coordinator" | "--world-size" | "--resume" | "--checkpoint-dir" | "--checkpoint-every" => {
+                rest.next();
+            }
+            "--out" => {
+                rest.next();
+                reference.extend(["--out".to_owned(), format!("{scratch}/single")]);
+            }
+            _ => reference.push(w.clone()),
+        }
+    }
+    let single = common::fingerprint(&common::steadfast(&reference.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert_eq!(prints, vec![single; pods as usize], "{co_text}");
 }
