@@ -13,6 +13,7 @@
 #   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (2, 4 ranks)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
+#   bench/run.sh recovery-hosts  # the recovery timeline across namespace hosts over tc-shaped links (root)
 #   bench/run.sh study [--quick]  # the checkpoint/restart study across systems (docs/checkpoint-study.md)
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
@@ -44,6 +45,7 @@ case "$which" in
   kernels) python3 bench/kernels.py ;;
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   recovery) "$venv/bin/python" bench/recovery.py ;;
+  recovery-hosts) python3 bench/recovery_hosts.py ;;
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
@@ -56,7 +58,8 @@ case "$which" in
     python3 bench/kernels.py
     "$venv/bin/python" bench/campaign_speed.py
     "$venv/bin/python" bench/recovery.py
+    python3 bench/recovery_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, kernels, campaign, recovery, study)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, kernels, campaign, recovery, recovery-hosts, study)" >&2; exit 2 ;;
 esac
