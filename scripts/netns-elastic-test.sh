@@ -101,6 +101,15 @@ for w in 4 5; do
   fi
 done
 check_workers kill 0 1 2
+# Every launcher's output says the changes of membership, once per node.
+for i in 0 1; do
+  if [ "$(grep -c "workers \[4, 5\] left at step" "$work/kill-node$i.log")" = 1 ] &&
+     grep -q "workers \[[45]\] joined at step\|workers \[4, 5\] joined at step" "$work/kill-node$i.log"; then
+    echo "ok: host $i's launcher says: $(grep -m1 "left at step" "$work/kill-node$i.log")"
+  else
+    echo "FAIL: host $i's launcher does not say once that workers 4 and 5 left and came back"; status=1
+  fi
+done
 [ "$status" = 0 ] || { cat "$work"/kill-node*.log; }
 
 # 2. Host 1's link cut.

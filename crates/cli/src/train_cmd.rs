@@ -263,23 +263,23 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             .expect("valid template"),
     );
     bar.enable_steady_tick(Duration::from_millis(250));
-    let mut on_event = |event: Progress| match event {
-        Progress::Started { parameters, .. } => {
-            tracing::info!(parameters, "training started");
-        }
-        Progress::Step { step, loss } => {
-            bar.set_position(step);
-            bar.set_message(format!("loss {loss:.4}"));
-        }
-        Progress::Eval(r) => {
-            let ppl = r.perplexity.map(|p| format!(", perplexity {p:.3}")).unwrap_or_default();
-            let line = format!("step {:>6}  test loss {:.4}, accuracy {:.2}%{ppl}", r.step, r.loss, 100.0 * r.accuracy);
-            if bar.is_hidden() {
-                eprintln!("{line}");
-            } else {
-                bar.println(line);
+    // Under a launcher, the first worker of each node says the notes (membership, resume).
+    let quiet = std::env::var("LOCAL_RANK").is_ok_and(|r| r != "0");
+    let mut on_event = |event: Progress| {
+        let line = match event {
+            Progress::Started { parameters, .. } => return tracing::info!(parameters, "training started"),
+            Progress::Step { step, loss } => {
+                bar.set_position(step);
+                return bar.set_message(format!("loss {loss:.4}"));
             }
-        }
+            Progress::Note(_) if quiet => return,
+            Progress::Note(text) => text,
+            Progress::Eval(r) => {
+                let ppl = r.perplexity.map(|p| format!(", perplexity {p:.3}")).unwrap_or_default();
+                format!("step {:>6}  test loss {:.4}, accuracy {:.2}%{ppl}", r.step, r.loss, 100.0 * r.accuracy)
+            }
+        };
+        if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) }
     };
     let (summary, _) = train::train(&config, &mut on_event).context("training failed")?;
     bar.finish_and_clear();

@@ -60,5 +60,7 @@ fn an_elastic_job_of_three_nodes_survives_a_lost_node_and_a_cut_link_with_the_si
         assert_eq!(text.matches("ok: kill: worker").count(), 6, "{text}");
         assert_eq!(text.matches("fetched the state from the live replicas").count(), 2, "{text}");
         assert_eq!(text.matches("ok: cut: worker").count(), 4, "{text}");
+        // Each node's launcher says, once, that host 2's workers left and came back.
+        assert_eq!(text.matches("launcher says: ").count(), 2, "{text}");
     }
 }

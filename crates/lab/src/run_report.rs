@@ -18,13 +18,16 @@ use crate::LabError;
 use crate::report::escape;
 
 /// The kinds of line that mark an event, with their colour and what the legend calls them.
-const EVENTS: [(&str, RGBColor, &str); 9] = [
+const EVENTS: [(&str, RGBColor, &str); 12] = [
     ("process", RGBColor(120, 120, 120), "a worker process started"),
     ("epoch_ended", RGBColor(215, 50, 40), "an epoch ended (a failure seen)"),
+    ("members_left", RGBColor(150, 20, 20), "workers left the job (a node lost, say)"),
     ("quorum", RGBColor(240, 150, 40), "a quorum formed"),
+    ("members_joined", RGBColor(30, 130, 130), "workers joined (a node back, say)"),
     ("fetch", RGBColor(60, 110, 200), "the state fetched from live replicas"),
     ("restore", RGBColor(150, 90, 190), "back to the in-memory copy"),
     ("resumed", RGBColor(140, 80, 40), "resumed from a checkpoint"),
+    ("checkpoint_skipped", RGBColor(190, 190, 40), "a checkpoint passed over (its writer's lock held)"),
     ("epoch_started", RGBColor(60, 160, 80), "an epoch's first step"),
     ("divergence", RGBColor(0, 0, 0), "replicas diverged"),
     ("inject", RGBColor(230, 60, 160), "a bit flipped"),
@@ -226,6 +229,7 @@ mod tests {
             r#"{"kind":"epoch_started","epoch":1,"step":0,"time":100.1}"#,
             r#"{"kind":"train","step":1,"loss":1.0,"time":100.2}"#,
             r#"{"kind":"epoch_ended","epoch":1,"step":1,"why":"lost <1>","time":100.5}"#,
+            r#"{"kind":"members_left","workers":[1],"epoch":2,"step":1,"time":100.7}"#,
             r#"{"kind":"epoch_started","epoch":2,"step":1,"time":100.75}"#,
             r#"{"kind":"train","step":2,"loss":0.5,"time":100.8}"#,
             r#"{"kind":"summary","steps":2,"fingerprint":"00ff","time":101.0}"#,
@@ -236,6 +240,9 @@ mod tests {
         assert!(page.contains("<td>0.500</td><td>1</td><td>0.250</td><td>lost &lt;1&gt;</td>"), "{page}");
         assert!(page.contains("2 steps in 1.00 s; fingerprint <code>00ff</code>; 1 recovery(ies)"), "{page}");
         assert!(page.contains("<svg"));
+        // A change of membership is an event of its own, in the table and the legend.
+        assert!(page.contains("<td>members_left</td><td><code>{&quot;epoch&quot;:2"), "{page}");
+        assert!(page.contains("workers left the job"), "{page}");
     }
 
     #[test]

@@ -107,6 +107,9 @@ pub enum Progress<'a> {
     },
     /// An evaluation finished.
     Eval(&'a EvalReport),
+    /// A line for whoever watches the run: a change in an elastic job's membership, a
+    /// resumption from a checkpoint.
+    Note(String),
 }
 
 /// A run's data and the shapes that follow from it.
@@ -204,6 +207,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == 0), first_step > 0)?;
     if let Some(r) = &restored {
         record_resume(&mut metrics, r)?;
+        on_event(Progress::Note(resumed_note(r)));
     }
     let writer = open_writer(config, ckpt::Part { index: rank, count: world }, &state)?;
     let job = match (mpi_job, &config.dist) {
@@ -298,6 +302,15 @@ pub(crate) fn restore(
         .into());
     }
     Ok(Some(restored))
+}
+
+/// The line that says where a run resumed from.
+pub(crate) fn resumed_note(r: &checkpointing::Restored) -> String {
+    let skipped = match r.skipped.len() {
+        0 => String::new(),
+        n => format!(", passing over {n} newer that did not check out"),
+    };
+    format!("resumed from the checkpoint of step {} ({}{skipped})", r.step, r.dir.display())
 }
 
 /// Logs a resumption and records it in `metrics.jsonl`, with every checkpoint passed over.

@@ -84,6 +84,7 @@ pub(crate) fn run(
         MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0 || resumed_from > 0)?;
     if let Some(r) = &restored {
         crate::trainer::record_resume(&mut metrics, r)?;
+        on_event(Progress::Note(crate::trainer::resumed_note(r)));
     }
 
     let listener =

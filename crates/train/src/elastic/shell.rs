@@ -55,7 +55,9 @@ impl Shell<'_, '_, '_> {
         prepared: &Prepared,
     ) -> Result<(), TrainError> {
         loop {
-            self.timeline.observe(&self.worker, &mut self.side.metrics)?;
+            if let Some(note) = self.timeline.observe(&self.worker, &mut self.side.metrics)? {
+                (self.side.on_event)(Progress::Note(note));
+            }
             let Some(action) = self.queue.pop_front() else {
                 self.listen(incoming, heartbeat);
                 continue;

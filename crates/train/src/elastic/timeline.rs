@@ -1,6 +1,6 @@
 //! Worker 0's record of an elastic job's epochs in `metrics.jsonl`.
 
-use comm::protocol::{Worker, WorkerState};
+use comm::protocol::{Worker, WorkerId, WorkerState};
 use serde_json::json;
 
 use crate::error::TrainError;
@@ -8,11 +8,14 @@ use crate::metrics::MetricsFile;
 
 /// Worker 0's record of the job's epochs in `metrics.jsonl`, for `steadfast report`: the
 /// epochs it leaves (a failure seen, and why, when this worker knows), the quorums it
-/// joins (who, from which step, who holds the state), and each epoch's first step (the
-/// end of a recovery).
+/// joins (who, from which step, who holds the state), the workers each quorum lost or
+/// gained against the one before, and each epoch's first step (the end of a recovery).
+/// Every worker also says the changes of membership in a line.
 pub(super) struct Timeline {
     epoch: u64,
     phase: WorkerState,
+    /// The members of the last quorum this worker joined.
+    members: Vec<WorkerId>,
     /// Why the current epoch is ending, as the shell saw it.
     pub(super) why: Option<String>,
 }
@@ -20,15 +23,17 @@ pub(super) struct Timeline {
 impl Timeline {
     pub(super) fn new(worker: &Worker) -> Timeline {
         let s = worker.status();
-        Timeline { epoch: s.epoch, phase: s.phase, why: None }
+        Timeline { epoch: s.epoch, phase: s.phase, members: Vec::new(), why: None }
     }
 
-    /// Writes what changed since the last call.
-    pub(super) fn observe(&mut self, worker: &Worker, metrics: &mut MetricsFile) -> Result<(), TrainError> {
+    /// Writes what changed since the last call; returns the line that says a change of
+    /// membership, if there was one.
+    pub(super) fn observe(&mut self, worker: &Worker, metrics: &mut MetricsFile) -> Result<Option<String>, TrainError> {
         let s = worker.status();
         if (s.epoch, s.phase) == (self.epoch, self.phase) {
-            return Ok(());
+            return Ok(None);
         }
+        let mut note = None;
         let member = |p: WorkerState| matches!(p, WorkerState::Syncing | WorkerState::Synced | WorkerState::Stepping);
         // Leaving the epoch for `Done` (the last step applied) or `Finished` is no failure.
         if member(self.phase) && !member(s.phase) && matches!(s.phase, WorkerState::Idle | WorkerState::Stopped) {
@@ -41,11 +46,27 @@ impl Timeline {
                 "kind": "quorum", "epoch": q.epoch, "members": q.members, "step": q.step,
                 "sources": q.sources, "synced": s.phase == WorkerState::Synced,
             }))?;
+            let left: Vec<WorkerId> = self.members.iter().copied().filter(|m| !q.members.contains(m)).collect();
+            let joined: Vec<WorkerId> = q.members.iter().copied().filter(|m| !self.members.contains(m)).collect();
+            let mut said = Vec::new();
+            if !self.members.is_empty() {
+                for (kind, workers, verb) in [("members_left", &left, "left"), ("members_joined", &joined, "joined")] {
+                    if !workers.is_empty() {
+                        metrics.write(json!({"kind": kind, "workers": workers, "epoch": q.epoch, "step": q.step}))?;
+                        said.push(format!("workers {workers:?} {verb}"));
+                    }
+                }
+            }
+            if !said.is_empty() {
+                let n = q.members.len();
+                note = Some(format!("{} at step {} (epoch {}: {n} workers)", said.join(", "), q.step, q.epoch));
+            }
+            self.members.clone_from(&q.members);
         }
         if s.phase == WorkerState::Stepping && self.phase != WorkerState::Stepping {
             metrics.write(json!({"kind": "epoch_started", "epoch": s.epoch, "step": s.step}))?;
         }
         (self.epoch, self.phase) = (s.epoch, s.phase);
-        Ok(())
+        Ok(note)
     }
 }
