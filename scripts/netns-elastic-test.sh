@@ -8,6 +8,10 @@
 #     workers end with single-process `train`'s fingerprint.
 #  2. Host 1's link is cut in the middle of training; the workers of hosts 0 and 2 go on
 #     without it and end with that fingerprint.
+#  3. No launcher: a standalone coordinator on host 0 and one worker on each of hosts 1 and
+#     2, told of a standby address on host 1 (`--coordinator H0:P,H1:P`). Host 0 is killed
+#     in the middle of training; a coordinator started on host 1 one generation on rebuilds
+#     the membership from the workers' reports, and both end with that fingerprint.
 #
 # Needs root and iproute2. Usage: scripts/netns-elastic-test.sh path/to/steadfast
 # Exit status: 0 pass, 1 fail, 77 cannot run here (no namespaces).
@@ -125,5 +129,37 @@ done
 check_workers cut 0 2
 grep -E "worker [23] lost|workers \[0, 1, 4, 5\] from" "$work/cut-node0.log" | sed 's/^/    /'
 kill_host 1
+ip link set "$tag-v1" up # host 1's link back, for what follows
 [ "$status" = 0 ] || { cat "$work"/cut-node*.log; }
+
+# 3. The coordinator's host lost; a coordinator started again on another host.
+co=(coordinator --elastic --world-size 2 --heartbeat-timeout 1.5 --quorum-timeout 30)
+on_host 0 "$bin" "${co[@]}" --bind "$net.10:29500" >"$work/failover-co0.log" 2>&1 &
+for i in 1 2; do
+  on_host "$i" "$bin" "${job[@]}" --elastic --rank "$((i - 1))" --world-size 2 \
+    --coordinator "$net.10:29500,$net.11:29501" --out "$work/failover-out$((i - 1))" >"$work/failover-w$i.log" 2>&1 &
+  eval "pid$i=$!"
+done
+f="$work/failover-out0/metrics.jsonl"
+for _ in $(seq 1 600); do [ -f "$f" ] && [ "$(grep -c '"kind":"train"' "$f")" -ge 60 ] && break; sleep 0.1; done
+kill_host 0
+echo "ok: killed host 0 (the coordinator) at step $(grep -c '"kind":"train"' "$f")"
+on_host 1 "$bin" "${co[@]}" --bind "$net.11:29501" --generation 1 >"$work/failover-co1.log" 2>&1 &
+co1=$!
+for i in 1 2; do wait_node "$i"; done
+for i in 1 2; do
+  rc_var="rc$i"
+  got=$(sed -n 's/^fingerprint: \([0-9a-f]*\).*/\1/p' "$work/failover-w$i.log")
+  if [ "${!rc_var}" = 0 ] && [ "$got" = "$reference" ]; then
+    echo "ok: failover: the worker on host $i ended with the single-process fingerprint $got"
+  else
+    echo "FAIL: failover: the worker on host $i exited with ${!rc_var}, printed '$got'"; status=1
+  fi
+done
+if wait "$co1"; then
+  echo "ok: failover: the coordinator on host 1 saw the job finish: $(grep -m1 'epoch' "$work/failover-co1.log")"
+else
+  echo "FAIL: failover: the coordinator on host 1 failed"; status=1
+fi
+[ "$status" = 0 ] || { cat "$work"/failover-*.log; }
 exit $status

@@ -171,7 +171,7 @@ fn collective(b: &CollectiveArgs) -> anyhow::Result<()> {
     let settings = train::JobSettings { timeout: place.timeout, fingerprint_every: 0, incarnation: 0 };
     let (job, engine) = match place.meet {
         Meet::Mpi => (train::job::Job::start_mpi(&settings)?, "mpi"),
-        Meet::Mesh { rendezvous, secret, bind } => {
+        Meet::Mesh { rendezvous, secret, bind, .. } => {
             let rank =
                 train::MeshRank { rank: place.rank, world: place.world, rendezvous, secret, bind, job: settings };
             (train::job::Job::connect(&rank)?, "steadfast")

@@ -2,7 +2,8 @@
 //! across three hosts, one host's link cut in the middle, the survivors reporting the
 //! failure within the bound; a two-node `launch` as torchrun users run it, giving the
 //! single-process bits; and an elastic job of three nodes that loses a node (killed, then
-//! started again) or a node's link, and ends with the single-process bits. Skipped where
+//! started again) or a node's link, or the host of its coordinator (a coordinator started
+//! on another host takes over), and ends with the single-process bits. Skipped where
 //! namespaces cannot be made (not root, or a sandbox without them). The scripts run one at
 //! a time: each times heartbeats, which a neighbour's load would only blur.
 
@@ -62,5 +63,8 @@ fn an_elastic_job_of_three_nodes_survives_a_lost_node_and_a_cut_link_with_the_si
         assert_eq!(text.matches("ok: cut: worker").count(), 4, "{text}");
         // Each node's launcher says, once, that host 2's workers left and came back.
         assert_eq!(text.matches("launcher says: ").count(), 2, "{text}");
+        // The coordinator's host lost and a coordinator started on another: both workers.
+        assert_eq!(text.matches("ok: failover: the worker").count(), 2, "{text}");
+        assert!(text.contains("ok: failover: the coordinator on host 1 saw the job finish"), "{text}");
     }
 }

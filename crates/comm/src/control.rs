@@ -450,12 +450,15 @@ pub struct Link {
 }
 
 impl Link {
-    /// Connects worker `id` (process `hello.incarnation`) to the coordinator at `addr`,
-    /// trying until `deadline`. Messages arrive on the returned receiver; `interrupt` is
-    /// called with each one first, on the link's thread (to abort a collective that a
-    /// message makes moot while the training loop is blocked in it).
+    /// Connects worker `id` (process `hello.incarnation`) to the coordinator at one of
+    /// `addrs`, trying until `deadline`. Messages arrive on the returned receiver;
+    /// `interrupt` is called with each one first, on the link's thread (to abort a
+    /// collective that a message makes moot while the training loop is blocked in it).
+    ///
+    /// When the connection is lost the link dials `addrs` again in turn, so a coordinator
+    /// started again on another host (with a higher generation) is found there.
     pub fn connect(
-        addr: SocketAddr,
+        addrs: &[SocketAddr],
         secret: &[u8],
         id: WorkerId,
         hello: Hello,
@@ -463,7 +466,8 @@ impl Link {
         deadline: Instant,
         interrupt: Box<dyn Fn(&Msg) + Send>,
     ) -> Result<(Link, Receiver<Incoming>), CommError> {
-        let first = dial_coordinator(addr, secret, id, &hello, deadline)?;
+        let first = dial_any(addrs, secret, id, &hello, deadline)?;
+        let addrs = addrs.to_vec();
         let shared = Arc::new(LinkShared {
             writer: Mutex::new(Some(first.try_clone().map_err(|e| CommError::Setup(e.to_string()))?)),
             report: Mutex::new(None),
@@ -488,8 +492,8 @@ impl Link {
                         if shared.closed.load(Ordering::Relaxed) {
                             return;
                         }
-                        let soon = Instant::now() + Duration::from_millis(500);
-                        match dial_coordinator(addr, &secret, id, &hello, soon) {
+                        let soon = Instant::now() + Duration::from_millis(500) * addrs.len() as u32;
+                        match dial_any(&addrs, &secret, id, &hello, soon) {
                             Ok(s) => break s,
                             Err(e) => tracing::debug!("the coordinator is not back yet: {e}"),
                         }
@@ -560,6 +564,34 @@ fn write_to(shared: &LinkShared, payload: &[u8]) {
         && write_frame(s, wire::KIND_MSG, payload).and_then(|()| s.flush().map_err(Into::into)).is_err()
     {
         let _ = s.shutdown(Shutdown::Both);
+    }
+}
+
+/// Dials the coordinators `addrs` in turn, half a second each, until one answers or
+/// `deadline` passes (one address: until the deadline); returns the last error.
+fn dial_any(
+    addrs: &[SocketAddr],
+    secret: &[u8],
+    id: WorkerId,
+    hello: &Hello,
+    deadline: Instant,
+) -> Result<TcpStream, CommError> {
+    match addrs {
+        [] => Err(CommError::Setup("no coordinator address".into())),
+        [addr] => dial_coordinator(*addr, secret, id, hello, deadline),
+        _ => loop {
+            let mut last = None;
+            for &addr in addrs {
+                let soon = (Instant::now() + Duration::from_millis(500)).min(deadline);
+                match dial_coordinator(addr, secret, id, hello, soon) {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => last = Some(e),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(last.expect("two addresses or more were tried"));
+            }
+        },
     }
 }
 

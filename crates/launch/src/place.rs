@@ -62,6 +62,9 @@ pub enum Meet {
     Mesh {
         /// Where the ranks meet.
         rendezvous: Rendezvous,
+        /// An elastic job's other coordinators (`--coordinator A,B`): where one started
+        /// again on another host is found.
+        standby: Vec<SocketAddr>,
         /// The job's shared secret.
         secret: Vec<u8>,
         /// Address this worker listens on for its peers.
@@ -127,11 +130,11 @@ pub fn dist_config(flags: &WorkerFlags) -> Result<Option<DistConfig>, LaunchErro
     let job = JobSettings { timeout: place.timeout, fingerprint_every: flags.fingerprint_every, incarnation };
     Ok(Some(match place.meet {
         Meet::Mpi => DistConfig::Mpi(job),
-        Meet::Mesh { rendezvous: Rendezvous::Coordinator(coordinator), secret, bind } if elastic => {
+        Meet::Mesh { rendezvous: Rendezvous::Coordinator(first), standby, secret, bind } if elastic => {
             DistConfig::Elastic(ElasticWorker {
                 slot: place.rank,
                 world: place.world,
-                coordinator,
+                coordinators: std::iter::once(first).chain(standby).collect(),
                 secret,
                 bind,
                 job,
@@ -140,7 +143,7 @@ pub fn dist_config(flags: &WorkerFlags) -> Result<Option<DistConfig>, LaunchErro
             })
         }
         Meet::Mesh { .. } if elastic => return Err(etcd_not_elastic()),
-        Meet::Mesh { rendezvous, secret, bind } => {
+        Meet::Mesh { rendezvous, secret, bind, .. } => {
             DistConfig::Mesh(MeshRank { rank: place.rank, world: place.world, rendezvous, secret, bind, job })
         }
     }))
@@ -186,7 +189,7 @@ pub fn place(flags: &JoinFlags, elastic: bool) -> Result<Option<Place>, LaunchEr
     if world == 0 || (rank >= world && !elastic) {
         return Err(bad(format!("rank {rank} is not in a world of {world}")));
     }
-    let rendezvous = rendezvous(flags, elastic)?;
+    let (rendezvous, standby) = rendezvous(flags, elastic)?;
     // Listen where the peers can dial: on the interface that reaches the rendezvous.
     let towards = match &rendezvous {
         Rendezvous::Coordinator(a) => *a,
@@ -205,11 +208,12 @@ pub fn place(flags: &JoinFlags, elastic: bool) -> Result<Option<Place>, LaunchEr
     let secret = env_first(&["STEADFAST_SECRET"])
         .ok_or_else(|| bad("STEADFAST_SECRET is not set (the launcher sets it for its workers)"))?
         .into_bytes();
-    Ok(Some(Place { rank, world, meet: Meet::Mesh { rendezvous, secret, bind }, timeout }))
+    Ok(Some(Place { rank, world, meet: Meet::Mesh { rendezvous, standby, secret, bind }, timeout }))
 }
 
-/// Where the ranks meet: etcd, or a coordinator.
-fn rendezvous(flags: &JoinFlags, elastic: bool) -> Result<Rendezvous, LaunchError> {
+/// Where the ranks meet: etcd, or a coordinator (with an elastic job's standby
+/// coordinators, when `--coordinator` lists several: `A,B`).
+fn rendezvous(flags: &JoinFlags, elastic: bool) -> Result<(Rendezvous, Vec<SocketAddr>), LaunchError> {
     if let Some(url) = flags.rendezvous.clone().or_else(|| env_first(&["STEADFAST_RENDEZVOUS"])) {
         if flags.coordinator.is_some() {
             return Err(bad("--rendezvous and --coordinator are two ways to meet: give one"));
@@ -217,7 +221,7 @@ fn rendezvous(flags: &JoinFlags, elastic: bool) -> Result<Rendezvous, LaunchErro
         if elastic {
             return Err(etcd_not_elastic());
         }
-        return Ok(Rendezvous::Etcd(url.parse().map_err(|e| bad(format!("--rendezvous: {e}")))?));
+        return Ok((Rendezvous::Etcd(url.parse().map_err(|e| bad(format!("--rendezvous: {e}")))?), Vec::new()));
     }
     let coordinator = flags
         .coordinator
@@ -227,7 +231,17 @@ fn rendezvous(flags: &JoinFlags, elastic: bool) -> Result<Rendezvous, LaunchErro
         .ok_or_else(|| {
             bad("no coordinator address (--coordinator, or MASTER_ADDR and MASTER_PORT) and no --rendezvous")
         })?;
-    Ok(Rendezvous::Coordinator(resolve(&coordinator, "the coordinator")?))
+    let mut addrs = Vec::new();
+    for address in coordinator.split(',').map(str::trim) {
+        addrs.push(resolve(address, "the coordinator")?);
+    }
+    if addrs.len() > 1 && !elastic {
+        return Err(bad(format!(
+            "--coordinator {coordinator}: a static job has one coordinator; standby coordinators go with --elastic"
+        )));
+    }
+    let first = addrs.remove(0);
+    Ok((Rendezvous::Coordinator(first), addrs))
 }
 
 /// The first address `host_port` resolves to.
@@ -282,6 +296,8 @@ mod tests {
         assert_eq!(refused(place(&outside, false)), "rank 2 is not in a world of 2");
         let both = JoinFlags { rendezvous: Some("etcd://h:2379/j".into()), ..flags() };
         assert!(refused(place(&both, false)).contains("two ways to meet"));
+        let standby = JoinFlags { coordinator: Some("127.0.0.1:29500,127.0.0.1:29501".into()), ..flags() };
+        assert!(refused(place(&standby, false)).contains("a static job has one coordinator"));
     }
 
     #[test]

@@ -111,8 +111,9 @@ pub struct ElasticWorker {
     pub slot: usize,
     /// The job's initial size.
     pub world: usize,
-    /// The coordinator's address.
-    pub coordinator: std::net::SocketAddr,
+    /// The coordinator's address, then those where a coordinator started again on
+    /// another host may be found (the worker dials them in turn when it loses its own).
+    pub coordinators: Vec<std::net::SocketAddr>,
     /// The job's shared secret.
     pub secret: Vec<u8>,
     /// Address this worker listens on for its peers (port chosen by the system).

@@ -67,7 +67,7 @@ pub(crate) fn run(
     d: &ElasticWorker,
     on_event: &mut dyn FnMut(Progress),
 ) -> Result<(Summary, TrainState), TrainError> {
-    let (coordinator, secret, bind, incarnation) = (d.coordinator, &d.secret, d.bind, d.job.incarnation);
+    let (coordinators, secret, bind, incarnation) = (&d.coordinators, &d.secret, d.bind, d.job.incarnation);
     let id = d.slot as WorkerId;
     let prepared = Prepared::load(config)?;
     let (mut state, engine) = prepared.start(config);
@@ -107,7 +107,7 @@ pub(crate) fn run(
     };
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
-    let (link, incoming) = Link::connect(coordinator, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
+    let (link, incoming) = Link::connect(coordinators, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
     {
         let (current, sever) = (current.clone(), link.severer());
