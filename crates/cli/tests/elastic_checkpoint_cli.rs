@@ -95,3 +95,41 @@ fn an_elastic_job_killed_whole_resumes_from_its_checkpoint_on_another_worker_cou
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(rows.iter().filter_map(|r| r["step"].as_u64()).max(), Some(STEPS));
 }
+
+/// `args` with 60 steps instead of [`STEPS`].
+fn sixty_steps(mut args: Vec<String>) -> Vec<String> {
+    let i = args.iter().position(|a| a == "--steps").unwrap();
+    args[i + 1] = "60".into();
+    args
+}
+
+/// A checkpoint root whose writer's lock another process holds (another job writing
+/// there, or a former writer not yet gone): the elastic job writes beside it nothing,
+/// says so at each checkpoint, and trains on to the same bits.
+#[test]
+fn an_elastic_job_never_writes_beside_a_writer_that_holds_the_roots_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ckpt, out) = (tmp.path().join("ckpt"), tmp.path().join("out"));
+    std::fs::create_dir_all(&ckpt).unwrap();
+    // This test process holds the lock of the writer that commits (part 0).
+    let lock = std::fs::File::create(ckpt.join(".writer-0000.lock")).unwrap();
+    lock.try_lock().unwrap();
+    let args = sixty_steps(launch_args(2, &out, &ckpt, &[]));
+    let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    let reference = {
+        let args = sixty_steps(train_args(&tmp.path().join("ref"), &tmp.path().join("ref-ckpt")));
+        fingerprint(&steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+    };
+    assert_eq!(fingerprints_in(&stdout), vec![reference; 2]);
+    // Nothing written: no checkpoint, no temporary; every due one said and recorded.
+    let names: Vec<String> =
+        std::fs::read_dir(&ckpt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, [".writer-0000.lock"], "{names:?}");
+    assert!(stderr.contains("no checkpoint of step 20"), "{stderr}");
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let skipped = metrics.lines().filter(|l| l.contains("\"checkpoint_skipped\"")).count();
+    assert_eq!(skipped, 3, "steps 20, 40 and 60:\n{metrics}");
+    drop(lock);
+}
