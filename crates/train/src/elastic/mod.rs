@@ -94,17 +94,7 @@ pub(crate) fn run(
     // The worker's own clocks: how often it reports, and how long it waits for ballots.
     let timing = Timing { vote_timeout: d.job.timeout, ..Timing::default() };
     let current = Current::default();
-    let interrupt = {
-        let current = current.clone();
-        Box::new(move |m: &Msg| {
-            let Some((epoch, mesh)) = current.get() else { return };
-            match m {
-                Msg::Reconfigure { epoch: e } if *e >= epoch => mesh.abort(format!("the coordinator ended epoch {e}")),
-                Msg::Stop { reason } => mesh.abort(format!("the coordinator stopped the job: {reason}")),
-                _ => {}
-            }
-        })
-    };
+    let interrupt = aborts_moot_collectives(current.clone());
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
     let (link, incoming) = Link::connect(coordinators, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
@@ -183,4 +173,18 @@ pub(crate) fn run(
     }
     outcome?;
     shell.finish(&prepared, parameters)
+}
+
+/// What the link does with each message from the coordinator before the training loop
+/// hears it: a message that makes the collective in progress moot (the epoch ended, the
+/// job stopped) aborts it, so that a loop blocked in it hears the message at once.
+fn aborts_moot_collectives(current: Current) -> Box<dyn Fn(&Msg) + Send> {
+    Box::new(move |m: &Msg| {
+        let Some((epoch, mesh)) = current.get() else { return };
+        match m {
+            Msg::Reconfigure { epoch: e } if *e >= epoch => mesh.abort(format!("the coordinator ended epoch {e}")),
+            Msg::Stop { reason } => mesh.abort(format!("the coordinator stopped the job: {reason}")),
+            _ => {}
+        }
+    })
 }
