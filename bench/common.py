@@ -53,3 +53,35 @@ def publish(name, lines):
     print(section)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     write_section(os.path.join(root, "docs", "benchmarks.md"), name, section)
+
+
+def recovery_stamps(lines, worker=0):
+    """The times (s, as the launcher and the coordinator print them) of a worker's crash and
+    recovery in an elastic job's output: `crash` (its process exited), `lost` (the
+    coordinator lost it), `replacement` (its next process started), `quorum` (the first
+    quorum in which a worker fetches the state) and `stepping` (that epoch's first step)."""
+    import re
+    stamps = {}
+    for line in lines:
+        m = re.match(r"\[(coordinator|launcher)\]\s+([\d.]+) s\s+(.*)", line)
+        if not m:
+            continue
+        t, what = float(m.group(2)), m.group(3)
+        if what.startswith(f"worker {worker} (process 1) exited") and "crash" not in stamps:
+            stamps["crash"] = t
+        elif what.startswith(f"worker {worker} lost") and "lost" not in stamps:
+            stamps["lost"] = t
+        elif what.startswith(f"worker {worker} started: process 2"):
+            stamps["replacement"] = t
+        elif "fetch the state" in what and "quorum" not in stamps:
+            stamps["quorum"] = t
+        elif what.endswith(" steps") and "quorum" in stamps and "stepping" not in stamps:
+            stamps["stepping"] = t
+    return stamps
+
+
+def first_fetch(metrics_path):
+    """The first `fetch` event of a `metrics.jsonl` (bytes, seconds, sources), or {}."""
+    import json
+    with open(metrics_path) as f:
+        return next((json.loads(l) for l in f if '"kind":"fetch"' in l), {})

@@ -18,7 +18,7 @@ import datetime, json, os, re, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, publish  # noqa: E402
+from common import cpu_name, first_fetch, publish, recovery_stamps  # noqa: E402
 
 # STEADFAST_BIN: a copy of the binary, so that a build during the run does not change it.
 BIN = os.environ.get("STEADFAST_BIN") or os.path.join(ROOT, "target", "release", "steadfast")
@@ -45,23 +45,10 @@ def timeline(tmp, width):
                           "--eval-every", "0", "--steps", str(steps), "--out", out_dir,
                           "--fault", f"crash:rank=0,step={steps // 2},phase=update"],
                          check=True, capture_output=True, text=True)
-    stamps = {}
-    for line in run.stdout.splitlines():
-        m = re.match(r"\[(coordinator|launcher)\]\s+([\d.]+) s\s+(.*)", line)
-        if not m:
-            continue
-        t, what = float(m.group(2)), m.group(3)
-        if what.startswith("worker 0 lost") and "lost" not in stamps:
-            stamps["lost"] = t
-        elif what.startswith("worker 0 started: process 2"):
-            stamps["replacement"] = t
-        elif "fetch the state" in what and "quorum" not in stamps:
-            stamps["quorum"] = t
-        elif what.endswith(" steps") and "quorum" in stamps and "stepping" not in stamps:
-            stamps["stepping"] = t
-    fetch = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl")) if '"fetch"' in l]
-    stamps["fetch_seconds"] = fetch[0]["seconds"] if fetch else float("nan")
-    stamps["fetch_bytes"] = fetch[0]["bytes"] if fetch else 0
+    stamps = recovery_stamps(run.stdout.splitlines())
+    fetch = first_fetch(os.path.join(out_dir, "metrics.jsonl"))
+    stamps["fetch_seconds"] = fetch.get("seconds", float("nan"))
+    stamps["fetch_bytes"] = fetch.get("bytes", 0)
     return stamps
 
 

@@ -6,29 +6,53 @@ docs/benchmarks.md. Needs root (namespaces, tc); says so and writes nothing othe
 
 Usage: python3 bench/recovery_hosts.py   (bench/run.sh recovery-hosts does this)
 """
-import datetime, json, os, subprocess, sys
+import datetime, json, os, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, publish  # noqa: E402
+from common import cpu_name, first_fetch, publish, recovery_stamps  # noqa: E402
 
 BIN = os.environ.get("STEADFAST_BIN") or os.path.join(ROOT, "target", "release", "steadfast")
 RATE_MBIT = 1000
-WIDTHS = "800 3300 12000"  # about 10 MB, 100 MB and 1 GB of state (AdamW: 12 bytes per parameter)
+WIDTHS = [800, 3300, 12000]  # about 10 MB, 100 MB and 1 GB of state (AdamW: 12 bytes per parameter)
+
+
+def row(out, width, link):
+    """One state size's timeline, from node 0's output and worker 0's metrics."""
+    with open(os.path.join(out, f"node0-{width}.log")) as f:
+        st = recovery_stamps(f)
+    fetch = first_fetch(os.path.join(out, f"out-{width}", "metrics.jsonl"))
+    with open(os.path.join(out, f"out-{width}", "metrics.jsonl")) as f:
+        steps = [json.loads(l)["step"] for l in f if '"kind":"train"' in l]
+    start = min(st.get("crash", float("inf")), st.get("lost", float("inf")))
+    rate = fetch["bytes"] * 8 / 1e6 / fetch["seconds"]
+    return {
+        "state_mb": fetch["bytes"] / 1e6,
+        "lost": st["lost"] - start,
+        "quorum": st["quorum"] - start,
+        "fetch": fetch["seconds"],
+        "stepping": st["stepping"] - start,
+        "rate": rate,
+        "of_link": rate / link["mbit_s"],
+        "sources": len(fetch.get("sources") or []),
+        "again": len(steps) - len(set(steps)),
+    }
 
 
 def main():
     if os.geteuid() != 0:
         print("recovery across hosts needs root (network namespaces and tc): skipped")
         return
-    run = subprocess.run(["bash", os.path.join(ROOT, "bench", "recovery_hosts.sh"), BIN, str(RATE_MBIT), WIDTHS],
-                         capture_output=True, text=True)
-    if run.returncode == 77:
-        print("network namespaces or tc are not available here: skipped")
-        return
-    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    if run.returncode != 0 or not rows:
-        sys.exit(f"recovery_hosts.sh failed:\n{run.stdout}\n{run.stderr}")
+    with tempfile.TemporaryDirectory() as out:
+        run = subprocess.run(["bash", os.path.join(ROOT, "bench", "recovery_hosts.sh"), BIN, out, str(RATE_MBIT),
+                              " ".join(map(str, WIDTHS))], capture_output=True, text=True)
+        if run.returncode == 77:
+            print("network namespaces or tc are not available here: skipped")
+            return
+        if run.returncode != 0:
+            sys.exit(f"recovery_hosts.sh failed:\n{run.stdout}\n{run.stderr}")
+        link = json.load(open(os.path.join(out, "link.json")))
+        rows = [row(out, w, link) for w in WIDTHS]
     lines = [
         "<!-- recovery-hosts:start -->",
         "## Recovery across hosts over shaped links",
@@ -46,14 +70,17 @@ def main():
         " 1 and 2, through host 0's shaped link. Seconds from the crash (the launcher's line for the worker's"
         " exit); one run per size.",
         "",
+        f"*Link* is one raw TCP stream of 200 MB from host 1 to host 0 through the same shaped links, measured in the"
+        f" same run: {link['mbit_s']:.0f} Mbit/s. It is the fetch's peer: the most one receiving link carries.",
+        "",
         "| state | loss seen | quorum formed | transfer | stepping again | transfer rate | / link | sources |"
         " steps computed again |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['state_mb']:.0f} MB | {r['to_lost_s']:.2f} | {r['to_quorum_s']:.2f} | {r['fetch_s']:.2f} |"
-                     f" {r['to_stepping_s']:.2f} | {r['fetch_mbit_s']:.0f} Mbit/s | {r['of_link']:.2f} |"
-                     f" {len(r['sources'] or [])} | {r['steps_again']} |")
+        lines.append(f"| {r['state_mb']:.0f} MB | {r['lost']:.2f} | {r['quorum']:.2f} | {r['fetch']:.2f} |"
+                     f" {r['stepping']:.2f} | {r['rate']:.0f} Mbit/s | {r['of_link']:.2f} | {r['sources']} |"
+                     f" {r['again']} |")
     lines += [
         "",
         "A crashed process's connection closes at once, so the loss is seen at once (a hung or cut-off worker would"

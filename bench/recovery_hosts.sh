@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# The recovery timeline of an elastic job across hosts whose links are shaped with `tc`:
-# three hosts as network namespaces (scripts/netns-hosts.sh), one worker each, every link
-# limited to RATE both ways; the worker on host 0 crashes in the update of the middle step,
-# its launcher starts a replacement, which fetches the state from the two live replicas on
-# hosts 1 and 2 through host 0's shaped link. Prints one JSON line per state size: the
-# seconds from the crash to the loss being seen, to the quorum, to the state fetched, and to
-# stepping again; the bytes fetched and the fetch's rate against the link's; and the steps
-# computed twice (the job's steps against the steps it recorded).
+# The recovery of an elastic job across hosts whose links are shaped with `tc`: three hosts
+# as network namespaces (scripts/netns-hosts.sh), one worker each, every link limited to
+# RATE Mbit/s both ways. First one raw TCP stream from host 1 to host 0 measures what the
+# shaped link carries (OUT/link.json); then, for each MLP width, the worker on host 0
+# crashes in the update of the middle step, its launcher starts a replacement, and that
+# fetches the state from the live replicas on hosts 1 and 2 through host 0's link. Each
+# job leaves node 0's output in OUT/node0-WIDTH.log and worker 0's metrics in
+# OUT/out-WIDTH/metrics.jsonl; bench/recovery_hosts.py reads them.
 #
-# Needs root, iproute2 and tc. Usage (bench/recovery.py runs it):
-#   bench/recovery_hosts.sh path/to/steadfast [RATE_MBIT] [WIDTHS]
+# Needs root, iproute2 and tc (exit status 77 without them). Usage:
+#   bench/recovery_hosts.sh path/to/steadfast OUT [RATE_MBIT] [WIDTHS]
 set -uo pipefail
-bin=${1:?usage: recovery_hosts.sh path/to/steadfast [RATE_MBIT] [WIDTHS]}
-rate=${2:-1000}
-widths=${3:-800 3300 12000}
+bin=${1:?usage: recovery_hosts.sh path/to/steadfast OUT [RATE_MBIT] [WIDTHS]}
+out=${2:?usage: recovery_hosts.sh path/to/steadfast OUT [RATE_MBIT] [WIDTHS]}
+rate=${3:-1000}
+widths=${4:-800 3300 12000}
+mkdir -p "$out"
 . "$(dirname "$0")/../scripts/netns-hosts.sh"
 make_hosts 3
 for i in 0 1 2; do
@@ -22,6 +24,32 @@ for i in 0 1 2; do
   tc qdisc add dev "$tag-v$i" root tbf rate "${rate}mbit" burst 1mb latency 100ms || exit 77
 done
 export STEADFAST_SECRET=recovery-hosts
+
+# The peer of the fetch: one raw TCP stream of 200 MB through the same shaped links.
+on_host 0 python3 - "$net.10" "$out/link.json" <<'PY' &
+import json, socket, sys, time
+s = socket.create_server((sys.argv[1], 29600))
+c, _ = s.accept()
+got, start = 0, None
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    start = start or time.perf_counter()
+    got += len(b)
+seconds = time.perf_counter() - start
+json.dump({"bytes": got, "seconds": seconds, "mbit_s": got * 8 / 1e6 / seconds}, open(sys.argv[2], "w"))
+PY
+sink=$!
+sleep 0.5
+on_host 1 python3 -c "
+import socket, sys
+c = socket.create_connection(('$net.10', 29600))
+chunk = bytes(1 << 20)
+for _ in range(200):
+    c.sendall(chunk)
+c.close()"
+wait "$sink"
 
 for width in $widths; do
   steps=$([ "$width" -le 800 ] && echo 200 || echo 8)
@@ -33,44 +61,8 @@ for width in $widths; do
     [ "$i" = 0 ] && extra=(--fault "crash:rank=0,step=$crash,phase=update")
     on_host "$i" "$bin" launch --nnodes 3 --node-rank "$i" --nproc-per-node 1 --coordinator "$net.10:29500" \
       --max-restarts 1 --min-nproc 2 --rendezvous-timeout 120 --heartbeat-timeout 2 --quorum-timeout 300 \
-      -- "${job[@]}" --out "$work/out-$width" "${extra[@]}" >"$work/node$i-$width.log" 2>&1 &
+      -- "${job[@]}" --out "$out/out-$width" "${extra[@]}" >"$out/node$i-$width.log" 2>&1 &
     eval "pid$i=$!"
   done
-  wait "$pid0" "$pid1" "$pid2"
-  python3 - "$work/node0-$width.log" "$work/out-$width/metrics.jsonl" "$width" "$steps" "$rate" <<'PY'
-import json, re, sys
-log, metrics, width, steps, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-stamps = {}
-for line in open(log):
-    m = re.match(r"\[(coordinator|launcher)\]\s+([\d.]+) s\s+(.*)", line)
-    if not m:
-        continue
-    t, what = float(m.group(2)), m.group(3)
-    if what.startswith("worker 0 (process 1) exited") and "crash" not in stamps:
-        stamps["crash"] = t
-    elif what.startswith("worker 0 lost") and "lost" not in stamps:
-        stamps["lost"] = t
-    elif "[0] fetch the state" in what and "quorum" not in stamps:
-        stamps["quorum"] = t
-    elif what.endswith(" steps") and "quorum" in stamps and "stepping" not in stamps:
-        stamps["stepping"] = t
-lines = [json.loads(l) for l in open(metrics) if l.strip()]
-fetch = next((l for l in lines if l.get("kind") == "fetch"), {})
-recorded = [l["step"] for l in lines if l.get("kind") == "train"]
-start = min(stamps.get("crash", 1e9), stamps.get("lost", 1e9))
-row = {
-    "width": width,
-    "state_mb": round(fetch.get("bytes", 0) / 1e6, 1),
-    "link_mbit": rate,
-    "to_lost_s": round(stamps.get("lost", float("nan")) - start, 3),
-    "to_quorum_s": round(stamps.get("quorum", float("nan")) - start, 3),
-    "fetch_s": round(fetch.get("seconds", float("nan")), 3),
-    "to_stepping_s": round(stamps.get("stepping", float("nan")) - start, 3),
-    "fetch_mbit_s": round(fetch.get("bytes", 0) * 8 / 1e6 / fetch["seconds"], 1) if fetch.get("seconds") else None,
-    "sources": fetch.get("sources"),
-    "steps_again": len(recorded) - len(set(recorded)),
-}
-row["of_link"] = round(row["fetch_mbit_s"] / rate, 3) if row["fetch_mbit_s"] else None
-print(json.dumps(row))
-PY
+  wait "$pid0" "$pid1" "$pid2" || exit 1
 done

@@ -75,6 +75,20 @@ pub struct WriterStats {
     pub persist_nice: Option<i32>,
 }
 
+impl WriterStats {
+    /// Adds `other`'s totals to these (the writers of one process, one after another).
+    pub fn absorb(&mut self, other: &WriterStats) {
+        self.snapshots += other.snapshots;
+        self.committed += other.committed;
+        self.stall += other.stall;
+        self.max_stall = self.max_stall.max(other.max_stall);
+        self.backpressure += other.backpressure;
+        self.persist += other.persist;
+        self.bytes += other.bytes;
+        self.persist_nice = other.persist_nice.or(self.persist_nice);
+    }
+}
+
 /// Writes checkpoints in the background.
 pub struct AsyncWriter {
     root: PathBuf,

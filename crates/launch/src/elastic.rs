@@ -27,7 +27,7 @@ use comm::protocol::coordinator::JobState;
 use comm::protocol::{Coordinator, Timing};
 
 use crate::workers::{Exited, Workers};
-use crate::{Decision, Exit, KILL_GRACE, LaunchError, OnFailure, RestartPolicy, job_secret, say};
+use crate::{Decision, Exit, KILL_GRACE, LaunchError, OnFailure, RestartPolicy, say};
 
 /// How an elastic job is run.
 pub struct ElasticJob {
@@ -103,16 +103,9 @@ struct Supervisor<'p> {
 /// address the workers dial.
 fn meeting(span: Option<&Span>) -> Result<(Option<TcpListener>, String), LaunchError> {
     match span {
-        None => {
-            let l = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::io("cannot listen for the coordinator"))?;
-            let address = l.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
-            Ok((Some(l), address.to_string()))
-        }
+        None => crate::coordinator_listener(None).map(|(l, a)| (Some(l), a)),
         Some(span) if span.node_rank == 0 => {
-            let port = crate::static_job::port_of(&span.coordinator)?;
-            let l = TcpListener::bind(("0.0.0.0", port))
-                .map_err(LaunchError::io(format!("cannot serve the coordinator on port {port}")))?;
-            Ok((Some(l), span.coordinator.clone()))
+            crate::coordinator_listener(Some(&span.coordinator)).map(|(l, a)| (Some(l), a))
         }
         Some(span) => Ok((None, span.coordinator.clone())),
     }
@@ -121,15 +114,7 @@ fn meeting(span: Option<&Span>) -> Result<(Option<TcpListener>, String), LaunchE
 /// Runs the job (this node's part of it); fails unless it finished.
 pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     let span = plan.span.as_ref();
-    let secret = match (span, std::env::var("STEADFAST_SECRET").ok().filter(|s| !s.is_empty())) {
-        (_, Some(s)) => s,
-        (None, None) => job_secret()?,
-        (Some(_), None) => {
-            return Err(LaunchError::Config(
-                "a job of several nodes needs STEADFAST_SECRET, the same on every node".into(),
-            ));
-        }
-    };
+    let secret = crate::shared_secret(span.is_some())?;
     let (listener, coordinator) = meeting(span)?;
     let world = plan.nproc * span.map_or(1, |s| s.nnodes);
     let first = plan.nproc * span.map_or(0, |s| s.node_rank);

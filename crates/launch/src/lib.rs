@@ -96,3 +96,35 @@ pub fn job_secret() -> Result<String, LaunchError> {
     getrandom::fill(&mut secret).map_err(|e| LaunchError::Config(format!("cannot draw the job secret: {e}")))?;
     Ok(secret.iter().map(|b| format!("{b:02x}")).collect())
 }
+
+/// The job's secret: `STEADFAST_SECRET` when set; otherwise a fresh one on one node, and an
+/// error on several, whose launchers must share it.
+pub(crate) fn shared_secret(several_nodes: bool) -> Result<String, LaunchError> {
+    match std::env::var("STEADFAST_SECRET").ok().filter(|s| !s.is_empty()) {
+        Some(s) => Ok(s),
+        None if !several_nodes => job_secret(),
+        None => {
+            Err(LaunchError::Config("a job of several nodes needs STEADFAST_SECRET, the same on every node".into()))
+        }
+    }
+}
+
+/// The listener of the coordinator this launcher serves, and the address its workers dial:
+/// on the port of `address` (`HOST:PORT`, the job's coordinator), on every interface; or,
+/// with no address, on a free loopback port.
+pub(crate) fn coordinator_listener(address: Option<&str>) -> Result<(std::net::TcpListener, String), LaunchError> {
+    use std::net::TcpListener;
+    match address {
+        Some(address) => {
+            let port = static_job::port_of(address)?;
+            let l = TcpListener::bind(("0.0.0.0", port))
+                .map_err(LaunchError::io(format!("cannot serve the coordinator on port {port}")))?;
+            Ok((l, address.to_owned()))
+        }
+        None => {
+            let l = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::io("cannot listen for the coordinator"))?;
+            let local = l.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
+            Ok((l, local.to_string()))
+        }
+    }
+}

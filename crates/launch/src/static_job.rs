@@ -11,7 +11,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use crate::workers::{Exited, Workers};
-use crate::{KILL_GRACE, LaunchError, job_secret};
+use crate::{KILL_GRACE, LaunchError};
 
 /// Where this launcher's workers sit in a job of one or several nodes.
 pub struct Nodes {
@@ -83,15 +83,7 @@ pub fn run(job: &StaticJob<'_>) -> Result<Vec<String>, LaunchError> {
     let first_rank = nodes.node_rank * job.nproc;
     // On one node the secret is the launcher's to draw; the nodes of a larger job must
     // share it.
-    let secret = match std::env::var("STEADFAST_SECRET").ok().filter(|s| !s.is_empty()) {
-        Some(s) => s,
-        None if nodes.nnodes == 1 => job_secret()?,
-        None => {
-            return Err(LaunchError::Config(
-                "a job of several nodes needs STEADFAST_SECRET, the same on every node".into(),
-            ));
-        }
-    };
+    let secret = crate::shared_secret(nodes.nnodes > 1)?;
     let (listener, meet) = meeting_point(nodes)?;
     let (tx, rx) = mpsc::channel();
     let mut env = vec![
@@ -157,15 +149,12 @@ fn meeting_point(nodes: &Nodes) -> Result<(Option<TcpListener>, (&'static str, S
     Ok(match (&nodes.meeting, nodes.node_rank) {
         (Meeting::Etcd(target), _) => (None, ("STEADFAST_RENDEZVOUS", target.to_string())),
         (Meeting::Loopback, _) => {
-            let l = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::io("cannot listen for the rendezvous"))?;
-            let address = l.local_addr().map_err(LaunchError::io("cannot read the rendezvous address"))?.to_string();
+            let (l, address) = crate::coordinator_listener(None)?;
             (Some(l), ("STEADFAST_COORDINATOR", address))
         }
         (Meeting::Coordinator(address), 0) => {
-            let port = port_of(address)?;
-            let l = TcpListener::bind(("0.0.0.0", port))
-                .map_err(LaunchError::io(format!("cannot serve the coordinator on port {port}")))?;
-            (Some(l), ("STEADFAST_COORDINATOR", address.clone()))
+            let (l, address) = crate::coordinator_listener(Some(address))?;
+            (Some(l), ("STEADFAST_COORDINATOR", address))
         }
         (Meeting::Coordinator(address), _) => (None, ("STEADFAST_COORDINATOR", address.clone())),
     })

@@ -86,15 +86,7 @@ impl Saving {
     pub fn release(&mut self) -> Result<(), TrainError> {
         if let Some(mut w) = self.writer.take() {
             w.finish()?;
-            let s = w.stats();
-            self.done.snapshots += s.snapshots;
-            self.done.committed += s.committed;
-            self.done.stall += s.stall;
-            self.done.max_stall = self.done.max_stall.max(s.max_stall);
-            self.done.backpressure += s.backpressure;
-            self.done.persist += s.persist;
-            self.done.bytes += s.bytes;
-            self.done.persist_nice = s.persist_nice.or(self.done.persist_nice);
+            self.done.absorb(w.stats());
         }
         Ok(())
     }
