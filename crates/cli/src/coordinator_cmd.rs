@@ -27,7 +27,10 @@ Examples:
   STEADFAST_SECRET=... steadfast coordinator --elastic --bind 10.0.0.1:29500 --world-size 2
   STEADFAST_SECRET=... steadfast train --elastic --rank 0 --world-size 2 --coordinator 10.0.0.1:29500 --bind 10.0.0.1
   # The coordinator itself may be killed and started again, one generation on:
-  STEADFAST_SECRET=... steadfast coordinator --elastic --bind 10.0.0.1:29500 --world-size 2 --generation 1";
+  STEADFAST_SECRET=... steadfast coordinator --elastic --bind 10.0.0.1:29500 --world-size 2 --generation 1
+  # Or elected in etcd: standbys on other hosts take the role when the holder is lost
+  STEADFAST_SECRET=... steadfast coordinator --elastic --bind 10.0.0.1:0 --world-size 2 --rendezvous etcd://e:2379/j
+  STEADFAST_SECRET=... steadfast train --elastic --rank 0 --world-size 2 --rendezvous etcd://e:2379/j";
 
 /// Arguments of `steadfast coordinator`.
 #[derive(Args, Debug)]
@@ -59,6 +62,10 @@ pub struct CoordinatorArgs {
     /// Elastic: seconds the job waits for enough workers before it stops.
     #[arg(long, default_value_t = 60.0)]
     quorum_timeout: f64,
+    /// Elastic: campaign for the coordinator role in etcd (`etcd://HOST:PORT/JOB`) and
+    /// serve once elected; the election's count replaces --generation.
+    #[arg(long, value_name = "etcd://HOST:PORT/JOB")]
+    rendezvous: Option<launch::Target>,
 }
 
 /// Runs `steadfast coordinator`.
@@ -74,6 +81,7 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
             min_world: args.min_world,
             generation: args.generation,
             quorum_timeout: Duration::from_secs_f64(args.quorum_timeout),
+            rendezvous: args.rendezvous,
         }),
     };
     let secret = std::env::var("STEADFAST_SECRET").context("STEADFAST_SECRET must hold the job secret")?;

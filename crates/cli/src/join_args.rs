@@ -23,10 +23,10 @@ pub struct JoinArgs {
     /// The job's coordinator, HOST:PORT [env: STEADFAST_COORDINATOR, or MASTER_ADDR and MASTER_PORT].
     #[arg(long)]
     pub coordinator: Option<String>,
-    /// Meet the other workers in etcd instead of at a coordinator, and keep the
-    /// membership there: `etcd://HOST:PORT/JOB[?ttl=SECONDS]` (a worker whose lease
-    /// outlives its keep-alives by the ttl, 10 s by default, is lost). Static jobs only
-    /// [env: STEADFAST_RENDEZVOUS].
+    /// Meet in etcd instead of at a coordinator, and keep the membership there:
+    /// `etcd://HOST:PORT/JOB[?ttl=SECONDS]` (a worker whose lease outlives its keep-alives
+    /// by the ttl, 10 s by default, is lost); an elastic worker dials the coordinator
+    /// elected there [env: STEADFAST_RENDEZVOUS].
     #[arg(long, value_name = "etcd://HOST:PORT/JOB")]
     pub rendezvous: Option<String>,
     /// Address this worker listens on for its peers [env: STEADFAST_BIND; default: the

@@ -1,25 +1,14 @@
 //! `steadfast launch`: an embedded coordinator and N worker processes per node (the
 //! arguments; [`launch::request`] chooses and runs the job).
 //!
-//! On one node (the default) the launcher draws a random secret for the job, listens for
-//! the rendezvous on a loopback port, starts `--nproc-per-node` copies of this binary
-//! running the given `train` command with their rank, the world size, the coordinator's
-//! address and the secret in the environment, streams their output with rank prefixes,
-//! and fails if any worker fails.
-//!
-//! On several nodes (`--nnodes M --node-rank I --coordinator HOST:PORT`, as torchrun
-//! takes them, or from the `PET_*` variables that Kubeflow's trainer sets), one launcher
-//! runs on each node: node 0's serves the coordinator on the port of `--coordinator`, and
-//! every node starts its workers with the ranks `I*N .. I*N+N-1` of a world of `M*N`.
-//! The job secret then comes from `STEADFAST_SECRET`, the same on every node. A
-//! multi-node job is static (the loss of any worker fails it on every node) unless
-//! `--max-restarts` or `--on-failure` makes it elastic: then each node replaces its own
-//! workers, the job goes on without a lost node, and a node started again joins it.
-//!
-//! After the rendezvous the coordinator keeps membership by heartbeat: a worker that
-//! dies, hangs or is cut off is reported to the others, which abort at once. When no
-//! member is left alive, workers that have not exited within a grace period (a stopped
-//! process, say) are killed.
+//! On one node the launcher draws the job's secret, serves the coordinator on a loopback
+//! port and starts `--nproc-per-node` workers, streaming their output with rank prefixes.
+//! On several (`--nnodes M --node-rank I --coordinator HOST:PORT`, as torchrun takes them,
+//! or from Kubeflow's `PET_*` variables) one launcher runs on each node with the secret
+//! from `STEADFAST_SECRET`; node 0's serves the coordinator, or with `--rendezvous
+//! etcd://...` the workers meet in etcd. `--max-restarts` or `--on-failure` makes the job
+//! elastic: each node replaces its own workers, the job goes on without a lost node, a
+//! node started again joins it, and in etcd the launchers elect the coordinator.
 
 use std::net::IpAddr;
 
@@ -60,6 +49,9 @@ Examples:
   # node, and the node started again with the same command joins it
   steadfast launch --nnodes 3 --node-rank I --nproc-per-node 2 --coordinator 10.0.0.1:29500 \\
       --max-restarts 2 --min-nproc 2 -- train --reduce reproducible
+  # The same with the coordinator elected in etcd: no node is a single point of failure
+  steadfast launch --nnodes 3 --node-rank I --nproc-per-node 2 --rendezvous etcd://10.0.0.9:2379/job \
+      --max-restarts 2 --min-nproc 2 -- train --reduce reproducible
 
   # Four ranks on the system's MPI library (mpirun starts them); if one fails, run the
   # whole job again from the checkpoint written every 20 steps, at most twice
@@ -98,9 +90,9 @@ pub struct LaunchArgs {
     /// PET_MASTER_PORT; default on one node: a free loopback port].
     #[arg(long, visible_alias = "rdzv-endpoint", alias = "rdzv_endpoint", value_name = "HOST:PORT")]
     coordinator: Option<String>,
-    /// Meet in etcd instead, `etcd://HOST:PORT/JOB[?ttl=SECONDS]`: no coordinator is
-    /// served, and membership is kept in etcd leases (static jobs only) [env:
-    /// STEADFAST_RENDEZVOUS].
+    /// Meet in etcd instead, `etcd://HOST:PORT/JOB[?ttl=SECONDS]`: a static job keeps its
+    /// membership in etcd leases; an elastic one elects its coordinator there among the
+    /// launchers [env: STEADFAST_RENDEZVOUS].
     #[arg(long, value_name = "etcd://HOST:PORT/JOB", env = "STEADFAST_RENDEZVOUS")]
     rendezvous: Option<String>,
     /// Address this node's workers listen on for their peers [default: the local

@@ -1,8 +1,11 @@
 //! Jobs that meet in etcd (`--rendezvous etcd://HOST:PORT/JOB`), against Debian's
-//! `etcd-server` started by the test: no coordinator process; the loss and return of the
-//! etcd server in the middle of training changes nothing; a worker whose lease expires
-//! (stopped, so its keep-alives stop) is reported lost by the others; bad addresses and a
-//! rank already taken are refused.
+//! `etcd-server` started by the test. A static job: no coordinator process; the loss and
+//! return of the etcd server in the middle of training changes nothing; a worker whose
+//! lease expires (stopped, so its keep-alives stop) is reported lost by the others; bad
+//! addresses and a rank already taken are refused. An elastic job: its coordinator is
+//! elected among the launchers (or standalone coordinators); etcd killed and restarted,
+//! the process holding the role killed, a node brought back, and a worker stopped until
+//! its lease expired and then continued: every worker ends with single-process bits.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -210,7 +213,6 @@ fn bad_rendezvous_settings_and_a_rank_already_taken_are_refused() {
             ][..],
             "give one",
         ),
-        (&["--rank", "0", "--world-size", "2", "--elastic", "--rendezvous", "etcd://127.0.0.1:1/j"][..], "not in etcd"),
     ] {
         let r = train(extra, &[]);
         assert!(!r.status.success(), "{extra:?} was accepted");
@@ -235,4 +237,180 @@ fn bad_rendezvous_settings_and_a_rank_already_taken_are_refused() {
     let _ = first.wait();
     assert!(!second.status.success());
     assert!(text(&second).contains("rank 0 of job \"taken\" is already taken in etcd"), "{}", text(&second));
+}
+
+/// A process whose output goes to a file, so that a test can read it while it runs.
+struct Logged {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Logged {
+    fn start(command: &mut Command, log: PathBuf) -> Logged {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command.stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap();
+        Logged { child, log }
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (bounded) until the output contains `what`.
+    fn wait_for(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !self.text().contains(what) {
+            assert!(Instant::now() < deadline, "no {what:?} in:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the end; true on success.
+    fn wait(mut self) -> (bool, String) {
+        let status = self.child.wait().unwrap();
+        (status.success(), self.text())
+    }
+
+    /// SIGKILL of the process and its children (a launcher and its workers: a node lost).
+    fn kill_with_children(&mut self) {
+        let kids = common::children(self.child.id());
+        let _ = self.child.kill();
+        for pid in kids {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill_with_children();
+        }
+    }
+}
+
+const ELASTIC_STEPS: &str = "2000";
+
+fn single_process_fingerprint(dir: &Path) -> String {
+    let out = dir.join("single");
+    common::fingerprint(&common::steadfast(
+        &[
+            common::SMALL_MLP,
+            &["--reduce", "reproducible", "--steps", ELASTIC_STEPS],
+            &["--out", out.to_str().unwrap()],
+        ]
+        .concat(),
+    ))
+}
+
+/// `launch` of node `node` of two (two workers each), electing the coordinator in etcd.
+fn elastic_node(url: &str, node: usize, dir: &Path, log: &str) -> Logged {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+    c.args(["launch", "--nnodes", "2", "--node-rank", &node.to_string(), "--nproc-per-node", "2"])
+        .args(["--rendezvous", url, "--heartbeat-timeout", "2", "--max-restarts", "2", "--min-nproc", "2", "--"])
+        .args(common::SMALL_MLP)
+        .args(["--reduce", "reproducible", "--steps", ELASTIC_STEPS, "--out"])
+        .arg(dir.join(format!("node{node}")))
+        .env("STEADFAST_SECRET", "elastic-etcd");
+    Logged::start(&mut c, dir.join(log))
+}
+
+#[test]
+fn an_elastic_job_elects_its_coordinator_in_etcd_and_outlives_etcd_and_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut etcd) = Etcd::start(dir.path()) else { return };
+    let single = single_process_fingerprint(dir.path());
+    let url = etcd.url("elastic-nodes");
+    // Node 1 starts first and takes the coordinator role; node 0's worker 0 logs the steps.
+    let mut holder = elastic_node(&url, 1, dir.path(), "node1.log");
+    holder.wait_for("holds the coordinator role (generation 0)");
+    let node0 = elastic_node(&url, 0, dir.path(), "node0.log");
+    let steps = dir.path().join("node0");
+    wait_for_step(&steps, 40);
+    // etcd goes away for longer than the leases' time to live, and comes back: nobody
+    // can be elected meanwhile, so the holder keeps the role and the job goes on.
+    etcd.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    etcd.restart();
+    let now = common::steps_recorded(&steps).last().copied().unwrap_or(0);
+    wait_for_step(&steps, now + 40);
+    // The holder's node is lost (its launcher and workers killed): node 0's launcher is
+    // elected, and the job goes on with node 0's two workers.
+    holder.kill_with_children();
+    node0.wait_for("holds the coordinator role (generation 1)");
+    node0.wait_for("workers [2, 3] left");
+    let now = common::steps_recorded(&steps).last().copied().unwrap_or(0);
+    wait_for_step(&steps, now + 40);
+    // The node comes back with the same command, joins, and fetches the state.
+    let back = elastic_node(&url, 1, dir.path(), "node1-again.log");
+    let (ok0, log0) = node0.wait();
+    let (ok1, log1) = back.wait();
+    let first = holder.text();
+    assert!(ok0 && ok1, "{log0}\n{log1}");
+    assert!(!first.contains("lost the coordinator role"), "etcd's absence cost no role:\n{first}");
+    // (The returning workers may join one epoch each.)
+    let joined = log0.lines().rfind(|l| l.contains("joined at step")).unwrap_or_default();
+    assert!(joined.contains(": 4 workers)"), "both returned:\n{log0}");
+    assert_eq!(common::fingerprints_in(&log0), vec![single.clone(); 2], "{log0}");
+    assert_eq!(common::fingerprints_in(&log1), vec![single; 2], "{log1}");
+}
+
+#[test]
+fn standby_coordinators_take_over_in_etcd_and_a_worker_stopped_past_its_lease_rejoins() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = Etcd::start(dir.path()) else { return };
+    let single = single_process_fingerprint(dir.path());
+    let url = etcd.url("elastic-standby");
+    let coordinator = |log: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+        c.args(["coordinator", "--elastic", "--world-size", "3", "--bind", "127.0.0.1:0", "--rendezvous", &url])
+            .args(["--heartbeat-timeout", "2", "--timeout", "60"])
+            .env("STEADFAST_SECRET", "standby");
+        Logged::start(&mut c, dir.path().join(log))
+    };
+    let mut first = coordinator("first.log");
+    first.wait_for("holds the coordinator role (generation 0)");
+    let standby = coordinator("standby.log");
+    standby.wait_for("campaigning");
+    let workers: Vec<Logged> = (0..3)
+        .map(|rank| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+            c.args(common::SMALL_MLP)
+                .args(["--reduce", "reproducible", "--steps", ELASTIC_STEPS, "--elastic", "--world-size", "3"])
+                .args(["--rank", &rank.to_string(), "--rendezvous", &url, "--out"])
+                .arg(dir.path().join(format!("w{rank}")))
+                .env("STEADFAST_SECRET", "standby");
+            Logged::start(&mut c, dir.path().join(format!("w{rank}.log")))
+        })
+        .collect();
+    let steps = dir.path().join("w0");
+    wait_for_step(&steps, 40);
+    // The holder of the role is killed: the standby is elected and rebuilds the
+    // membership from the workers' reports; no worker is lost.
+    first.kill_with_children();
+    standby.wait_for("holds the coordinator role (generation 1)");
+    standby.wait_for("workers [0, 1, 2] from step");
+    let now = common::steps_recorded(&steps).last().copied().unwrap_or(0);
+    wait_for_step(&steps, now + 40);
+    // Worker 2 is stopped past its lease and continued: the job went on without it, and
+    // it finds itself out of the membership and rejoins, fetching the state.
+    let pid = workers[2].child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    standby.wait_for("worker 2 lost");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    let mut logs = Vec::new();
+    for w in workers {
+        let (ok, log) = w.wait();
+        assert!(ok, "{log}");
+        logs.push(log);
+    }
+    let (ok, said) = standby.wait();
+    assert!(ok, "{said}");
+    assert!(said.contains("[2] fetch the state"), "worker 2 rejoined:\n{said}");
+    assert!(logs[2].contains("lease in etcd expired while it was not running"), "{}", logs[2]);
+    for log in &logs {
+        assert_eq!(common::fingerprints_in(log), vec![single.clone()], "{log}");
+    }
 }

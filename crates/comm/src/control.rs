@@ -14,13 +14,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::awake::AwakeClock;
+use crate::directory::Directory;
 use crate::frame::{FrameError, read_frame, write_frame};
 use crate::gate::{Gate, Limits};
 use crate::handshake::handshake;
@@ -115,7 +116,7 @@ impl std::fmt::Display for Event {
 }
 
 /// An epoch as `generation.counter` when a restarted coordinator issued it.
-fn epoch_text(epoch: u64) -> String {
+pub fn epoch_text(epoch: u64) -> String {
     let (generation, counter) = (epoch >> 40, epoch & ((1 << 40) - 1));
     if generation == 0 { counter.to_string() } else { format!("{generation}.{counter}") }
 }
@@ -140,6 +141,9 @@ pub struct Requests {
     /// Set: stop the job, telling every worker this reason (the launcher knows that the
     /// job can never again have the workers it needs).
     pub stop: Mutex<Option<String>>,
+    /// Worker processes `(id, incarnation)` whose lease in etcd expired: each is lost, as
+    /// if its connection had closed.
+    pub expired: Mutex<Vec<(WorkerId, u64)>>,
 }
 
 /// Runs the coordinator on `listener` until the job is over (finished or stopped, and no
@@ -173,6 +177,8 @@ pub fn coordinate(
     let mut serial = 0u64;
     // The workers whose loss was told (until they report again).
     let mut told_lost: BTreeSet<WorkerId> = BTreeSet::new();
+    // Why a worker was lost, when the machine did not see it for itself.
+    let mut why_lost: BTreeMap<WorkerId, String> = BTreeMap::new();
     let mut last_epoch = None;
     let mut last_stage = machine.stage().clone();
     let tick = (timing.heartbeat / 2).max(Duration::from_millis(5));
@@ -189,6 +195,10 @@ pub fn coordinate(
         }
         if let Some(reason) = stop_request.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let actions = machine.stop(Instant::now(), reason);
+            perform(&mut conns, actions);
+        }
+        for (id, incarnation) in std::mem::take(&mut *requests.expired.lock().unwrap_or_else(|e| e.into_inner())) {
+            let actions = expire(&mut machine, &mut conns, id, incarnation, &mut why_lost);
             perform(&mut conns, actions);
         }
         let actions = match received {
@@ -213,12 +223,8 @@ pub fn coordinate(
             Err(RecvTimeoutError::Disconnected) => unreachable!("the loop holds a sender"),
         };
         perform(&mut conns, actions);
-        let stage = Told { lost: &mut told_lost, epoch: &mut last_epoch, stage: &mut last_stage }.tell(
-            &machine,
-            &conns,
-            timing.lost_after,
-            on_event,
-        );
+        let stage = Told { lost: &mut told_lost, why: &mut why_lost, epoch: &mut last_epoch, stage: &mut last_stage }
+            .tell(&machine, &conns, timing.lost_after, on_event);
         let over = matches!(stage, JobState::Finished | JobState::Stopped { .. })
             && machine.workers().all(|(_, s, l)| l || matches!(s.phase, WorkerState::Finished | WorkerState::Stopped));
         if over || shutdown.load(Ordering::Relaxed) {
@@ -254,6 +260,7 @@ fn open_gate(listener: TcpListener, secret: &[u8]) -> Result<Gate<(WorkerId, Hel
 /// they report again), the last quorum's epoch, the last stage.
 struct Told<'t> {
     lost: &'t mut BTreeSet<WorkerId>,
+    why: &'t mut BTreeMap<WorkerId, String>,
     epoch: &'t mut Option<u64>,
     stage: &'t mut JobState,
 }
@@ -273,7 +280,9 @@ impl Told<'_> {
             if !is_lost || over {
                 self.lost.remove(&id);
             } else if self.lost.insert(id) {
-                let reason = if conns.contains_key(&id) {
+                let reason = if let Some(why) = self.why.remove(&id) {
+                    why
+                } else if conns.contains_key(&id) {
                     format!("silent for {:.1} s", lost_after.as_secs_f64())
                 } else {
                     "its connection closed".to_owned()
@@ -316,6 +325,28 @@ fn quorum_event(machine: &Coordinator, q: &Quorum) -> Event {
         }
     }
     Event::Quorum { quorum: q.clone(), rolling, fetching }
+}
+
+/// Worker `id`'s process `incarnation` lost its lease in etcd: if it still holds its slot
+/// and has not finished, it is lost and its connection closed.
+fn expire(
+    machine: &mut Coordinator,
+    conns: &mut BTreeMap<WorkerId, Conn>,
+    id: WorkerId,
+    incarnation: u64,
+    why: &mut BTreeMap<WorkerId, String>,
+) -> Vec<Action> {
+    let holds = machine.worker(id).is_some_and(|(s, lost)| {
+        !lost && s.incarnation == incarnation && !matches!(s.phase, WorkerState::Finished | WorkerState::Stopped)
+    });
+    if !holds {
+        return Vec::new();
+    }
+    if let Some(c) = conns.remove(&id) {
+        let _ = c.writer.shutdown(Shutdown::Both);
+    }
+    why.insert(id, "its lease in etcd expired".into());
+    machine.on_disconnect(Instant::now(), id)
 }
 
 /// A process that passed the gate, asking for a slot.
@@ -441,6 +472,8 @@ struct LinkShared {
     writer: Mutex<Option<TcpStream>>,
     report: Mutex<Option<Vec<u8>>>,
     closed: AtomicBool,
+    /// The directory's version when the connection was made.
+    dialled: AtomicU64,
 }
 
 /// A worker's connection to the coordinator, kept up until [`Link::close`].
@@ -450,15 +483,17 @@ pub struct Link {
 }
 
 impl Link {
-    /// Connects worker `id` (process `hello.incarnation`) to the coordinator at one of
-    /// `addrs`, trying until `deadline`. Messages arrive on the returned receiver;
-    /// `interrupt` is called with each one first, on the link's thread (to abort a
-    /// collective that a message makes moot while the training loop is blocked in it).
+    /// Connects worker `id` (process `hello.incarnation`) to the coordinator at one of the
+    /// `directory`'s addresses, trying until `deadline`. Messages arrive on the returned
+    /// receiver; `interrupt` is called with each one first, on the link's thread (to abort
+    /// a collective that a message makes moot while the training loop is blocked in it).
     ///
-    /// When the connection is lost the link dials `addrs` again in turn, so a coordinator
-    /// started again on another host (with a higher generation) is found there.
+    /// When the connection is lost the link dials the directory's addresses again in turn,
+    /// so a coordinator started again on another host (with a higher generation) is found
+    /// there; when the directory changes, the link leaves the coordinator it has for the
+    /// new one.
     pub fn connect(
-        addrs: &[SocketAddr],
+        directory: &Directory,
         secret: &[u8],
         id: WorkerId,
         hello: Hello,
@@ -466,17 +501,18 @@ impl Link {
         deadline: Instant,
         interrupt: Box<dyn Fn(&Msg) + Send>,
     ) -> Result<(Link, Receiver<Incoming>), CommError> {
-        let first = dial_any(addrs, secret, id, &hello, deadline)?;
-        let addrs = addrs.to_vec();
+        let (version, first) = dial_from(directory, secret, id, &hello, deadline)?;
         let shared = Arc::new(LinkShared {
             writer: Mutex::new(Some(first.try_clone().map_err(|e| CommError::Setup(e.to_string()))?)),
             report: Mutex::new(None),
             closed: AtomicBool::new(false),
+            dialled: AtomicU64::new(version),
         });
         let (tx, rx) = mpsc::channel();
         let reader = {
             let shared = Arc::clone(&shared);
             let secret = secret.to_vec();
+            let directory = directory.clone();
             std::thread::spawn(move || {
                 let mut stream = first;
                 loop {
@@ -492,9 +528,12 @@ impl Link {
                         if shared.closed.load(Ordering::Relaxed) {
                             return;
                         }
-                        let soon = Instant::now() + Duration::from_millis(500) * addrs.len() as u32;
-                        match dial_any(&addrs, &secret, id, &hello, soon) {
-                            Ok(s) => break s,
+                        let soon = Instant::now() + Duration::from_millis(500);
+                        match dial_from(&directory, &secret, id, &hello, soon) {
+                            Ok((version, s)) => {
+                                shared.dialled.store(version, Ordering::Relaxed);
+                                break s;
+                            }
                             Err(e) => tracing::debug!("the coordinator is not back yet: {e}"),
                         }
                     };
@@ -509,9 +548,19 @@ impl Link {
         };
         let pinger = {
             let shared = Arc::clone(&shared);
+            let directory = directory.clone();
             std::thread::spawn(move || {
                 while !shared.closed.load(Ordering::Relaxed) {
                     std::thread::sleep(heartbeat);
+                    if directory.version() != shared.dialled.load(Ordering::Relaxed) {
+                        // Another coordinator holds the role now: leave this one (the
+                        // reader dials the new one).
+                        tracing::info!("the coordinator moved: dialling the new one");
+                        if let Some(s) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                            let _ = s.shutdown(Shutdown::Both);
+                        }
+                        continue;
+                    }
                     if let Some(r) = shared.report.lock().unwrap_or_else(|e| e.into_inner()).clone() {
                         write_to(&shared, &r);
                     }
@@ -564,6 +613,35 @@ fn write_to(shared: &LinkShared, payload: &[u8]) {
         && write_frame(s, wire::KIND_MSG, payload).and_then(|()| s.flush().map_err(Into::into)).is_err()
     {
         let _ = s.shutdown(Shutdown::Both);
+    }
+}
+
+/// Dials the directory's addresses until one answers or `deadline` passes, reading the
+/// directory again after each round (it may be empty while a coordinator is elected);
+/// returns the version of the addresses that answered.
+fn dial_from(
+    directory: &Directory,
+    secret: &[u8],
+    id: WorkerId,
+    hello: &Hello,
+    deadline: Instant,
+) -> Result<(u64, TcpStream), CommError> {
+    loop {
+        let (version, addrs) = directory.get();
+        let round = (Instant::now() + Duration::from_secs(2)).min(deadline);
+        let error = match addrs.as_slice() {
+            [] => {
+                std::thread::sleep(Duration::from_millis(100).min(deadline.saturating_duration_since(Instant::now())));
+                CommError::Setup("no coordinator is known yet".into())
+            }
+            addrs => match dial_any(addrs, secret, id, hello, round) {
+                Ok(stream) => return Ok((version, stream)),
+                Err(e) => e,
+            },
+        };
+        if Instant::now() >= deadline {
+            return Err(error);
+        }
     }
 }
 

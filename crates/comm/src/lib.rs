@@ -20,7 +20,8 @@
 //! - [`collective`]: abortable ring all-reduce in every mode, all-gather, broadcast,
 //!   barrier;
 //! - [`rendezvous`]: how workers find each other through the coordinator; [`etcd`]: or
-//!   in etcd, whose leases and watch then keep the membership (feature `etcd`);
+//!   in etcd, whose leases and watch then keep the membership (feature `etcd`), and where
+//!   an elastic job elects its coordinator and keeps its workers' leases;
 //! - [`membership`] (the protocol, no I/O) and [`supervisor`] (its socket shell):
 //!   heartbeats, and the coordinator's reports of lost members;
 //! - [`commit`]: the per-step vote that decides whether anyone applies an update, by the
@@ -30,7 +31,7 @@
 //!   [`sim`], a seeded simulated network that runs them under kills, hangs, cut links,
 //!   lost messages and coordinator restarts;
 //! - the protocol's socket shells: [`control`] (the coordinator, and a worker's link to
-//!   it), [`port`] (a worker's listening port: the mesh of each epoch, and transfers) and
+//!   it, which dials the coordinator its [`directory`] names), [`port`] (a worker's listening port: the mesh of each epoch, and transfers) and
 //!   [`transfer`] (chunked, checksummed state transfer from several replicas at once);
 //! - `mpi` (feature `mpi`): the step's collectives on the system's MPI library.
 //!
@@ -49,6 +50,7 @@ pub mod awake;
 pub mod collective;
 pub mod commit;
 pub mod control;
+pub mod directory;
 pub mod etcd;
 pub mod frame;
 pub mod gate;

@@ -16,16 +16,25 @@
 //! `--min-nproc` workers in all), and a node whose launcher is started again (or a new
 //! node, up to the range's maximum) joins the running job, its workers fetching the
 //! state from the live replicas.
+//!
+//! A job that meets in etcd (`--rendezvous etcd://...`) has no fixed coordinator: every
+//! node's launcher is a candidate for the role ([`comm::etcd::elastic::campaign`]), the
+//! one elected serves it on a port of its own, and when it is lost another launcher is
+//! elected and rebuilds the membership from the workers' reports. The elected one also
+//! watches the workers' leases: an expired lease is a lost worker.
 
-use std::net::{IpAddr, TcpListener};
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use comm::control::{Event, Requests};
+use comm::etcd::elastic::Campaign;
 use comm::protocol::coordinator::JobState;
 use comm::protocol::{Coordinator, Timing};
 
+use crate::static_job::Meeting;
 use crate::workers::{Exited, Workers};
 use crate::{Decision, Exit, KILL_GRACE, LaunchError, OnFailure, RestartPolicy, say};
 
@@ -61,8 +70,9 @@ pub struct Span {
     pub nnodes: usize,
     /// This node's index (below the range's maximum).
     pub node_rank: usize,
-    /// The coordinator, `HOST:PORT`: node 0 serves it on that port.
-    pub coordinator: String,
+    /// Where the workers meet: at the coordinator `HOST:PORT`, which node 0 serves on
+    /// that port, or in etcd, where the launchers elect the one that serves it.
+    pub meeting: Meeting,
     /// Where this node's workers listen (`None`: the address that reaches the coordinator).
     pub local_addr: Option<IpAddr>,
 }
@@ -77,6 +87,10 @@ enum Heard {
     Finished,
     /// The coordinator returned: the job is over.
     CoordinatorDone,
+    /// This launcher was elected to the coordinator role (generation).
+    Elected(u64),
+    /// This launcher lost the coordinator role (why): another serves it now.
+    RoleLost(String),
 }
 
 /// The launcher's side of the job while it runs.
@@ -89,7 +103,8 @@ struct Supervisor<'p> {
     /// Processes started so far, by slot of this node (from `first`).
     incarnations: Vec<u64>,
     policy: RestartPolicy,
-    /// Whether this launcher serves the coordinator (one node, or node 0 of several).
+    /// Whether this launcher serves the coordinator (one node, node 0 of several, or the
+    /// holder of the role in etcd).
     serves: bool,
     finished: bool,
     /// Since when the job is over (a worker still running then is killed after a grace).
@@ -99,15 +114,43 @@ struct Supervisor<'p> {
     stopped_on_error: Option<usize>,
 }
 
-/// Where the workers meet: the coordinator's listener if this launcher serves it, and the
-/// address the workers dial.
-fn meeting(span: Option<&Span>) -> Result<(Option<TcpListener>, String), LaunchError> {
-    match span {
-        None => crate::coordinator_listener(None).map(|(l, a)| (Some(l), a)),
-        Some(span) if span.node_rank == 0 => {
-            crate::coordinator_listener(Some(&span.coordinator)).map(|(l, a)| (Some(l), a))
+/// How this launcher takes part in coordinating the job.
+enum Role {
+    /// It serves the coordinator on this listener from the start.
+    Serves(TcpListener),
+    /// It is a candidate for the role in etcd, and would serve it on this listener.
+    Candidate(TcpListener, comm::etcd::Target),
+    /// Another node serves it.
+    Not,
+}
+
+/// Where the workers meet: how this launcher takes part, and the variable (and value)
+/// that tells the workers.
+fn meeting(span: Option<&Span>) -> Result<(Role, (&'static str, String)), LaunchError> {
+    let at = |a: String| ("STEADFAST_COORDINATOR", a);
+    match span.map(|s| (s, &s.meeting)) {
+        None => crate::coordinator_listener(None).map(|(l, a)| (Role::Serves(l), at(a))),
+        Some((span, Meeting::Coordinator(address))) if span.node_rank == 0 => {
+            crate::coordinator_listener(Some(address)).map(|(l, a)| (Role::Serves(l), at(a)))
         }
-        Some(span) => Ok((None, span.coordinator.clone())),
+        Some((_, Meeting::Coordinator(address))) => Ok((Role::Not, at(address.clone()))),
+        Some((span, Meeting::Etcd(target))) => {
+            let ip = match span.local_addr {
+                Some(ip) => ip,
+                None => {
+                    let etcd = crate::place::resolve(&target.endpoint, "etcd")?;
+                    comm::rendezvous::local_address_towards(etcd)
+                        .map_err(LaunchError::io(format!("no local address reaches etcd at {etcd}")))?
+                }
+            };
+            let l = TcpListener::bind((ip, 0)).map_err(LaunchError::io("cannot listen for the coordinator"))?;
+            Ok((Role::Candidate(l, target.clone()), ("STEADFAST_RENDEZVOUS", target.to_string())))
+        }
+        Some((_, Meeting::Loopback)) => Err(LaunchError::Config(
+            "an elastic job of several nodes meets at a \
+             coordinator (--coordinator) or in etcd (--rendezvous)"
+                .into(),
+        )),
     }
 }
 
@@ -115,7 +158,7 @@ fn meeting(span: Option<&Span>) -> Result<(Option<TcpListener>, String), LaunchE
 pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     let span = plan.span.as_ref();
     let secret = crate::shared_secret(span.is_some())?;
-    let (listener, coordinator) = meeting(span)?;
+    let (role, meet_at) = meeting(span)?;
     let world = plan.nproc * span.map_or(1, |s| s.nnodes);
     let first = plan.nproc * span.map_or(0, |s| s.node_rank);
     let timing = Timing::for_coordinator(plan.heartbeat_timeout, plan.settle, plan.quorum_timeout);
@@ -126,11 +169,11 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         // Across nodes the quorum goes on without a lost node, down to the fewest workers.
         (None, OnFailure::Shrink) | (Some(_), _) => plan.min_nproc,
     };
-    let requests = Requests::default();
+    let requests = Arc::new(Requests::default());
     let (tx, rx) = mpsc::channel();
     let mut env = vec![
         ("STEADFAST_WORLD_SIZE".to_owned(), world.to_string()),
-        ("STEADFAST_COORDINATOR".to_owned(), coordinator),
+        (meet_at.0.to_owned(), meet_at.1),
         ("STEADFAST_SECRET".to_owned(), secret.clone()),
         ("STEADFAST_ELASTIC".to_owned(), "1".to_owned()),
         ("LOCAL_WORLD_SIZE".to_owned(), plan.nproc.to_string()),
@@ -147,7 +190,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         first,
         incarnations: vec![0; plan.nproc],
         policy: RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, local_min),
-        serves: listener.is_some(),
+        serves: matches!(role, Role::Serves(_)),
         finished: false,
         over_since: None,
         killed: false,
@@ -157,32 +200,32 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         job.start(slot)?;
     }
     let started = job.started;
+    let give_up = Arc::new(AtomicBool::new(false));
     let state = std::thread::scope(|s| -> Result<Option<JobState>, LaunchError> {
-        let requests = &requests;
-        let key = secret.as_bytes();
-        let coordinator = listener.map(|listener| {
-            let machine = Coordinator::new(0, world, min_world, timing, Instant::now());
-            s.spawn(move || {
-                let state = comm::control::coordinate(listener, key, machine, timing, requests, &mut |event| {
-                    println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
-                    let _ = match event {
-                        Event::Lost { id, incarnation, .. } => tx.send(Heard::Lost { slot: id as usize, incarnation }),
-                        Event::Finished => tx.send(Heard::Finished),
-                        _ => Ok(()),
-                    };
-                });
-                let _ = tx.send(Heard::CoordinatorDone);
-                state
-            })
-        });
-        let supervised = job.supervise(&rx, requests);
-        // Also when supervision failed: the coordinator's thread must end.
+        let serving = Serving {
+            key: secret.as_bytes(),
+            world,
+            min_world,
+            timing,
+            requests: &requests,
+            started,
+            tx: tx.clone(),
+            give_up: Arc::clone(&give_up),
+        };
+        let coordinator = match role {
+            Role::Not => None,
+            role => Some(s.spawn(move || serving.serve(role))),
+        };
+        let supervised = job.supervise(&rx, &requests);
+        // Also when supervision failed: the coordinator's thread (or campaign) must end.
+        give_up.store(true, Ordering::Relaxed);
         requests.shutdown.store(true, Ordering::Relaxed);
         supervised?;
         let Some(coordinator) = coordinator else { return Ok(None) };
-        let state = match coordinator.join() {
-            Ok(state) => state.map_err(|e| LaunchError::Failed(format!("the coordinator failed: {e}")))?,
-            Err(_) => return Err(LaunchError::Failed("the coordinator thread panicked".into())),
+        let Some(state) =
+            coordinator.join().map_err(|_| LaunchError::Failed("the coordinator thread panicked".into()))??
+        else {
+            return Ok(None);
         };
         // A job the coordinator stopped says why; one a worker's error ended points at it.
         if let Some(i) = job.stopped_on_error
@@ -217,6 +260,105 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         }
         None => Err(LaunchError::Failed("every worker of this node exited before the job finished".into())),
     }
+}
+
+/// What the coordinator's thread needs to serve the job.
+struct Serving<'a> {
+    key: &'a [u8],
+    world: usize,
+    min_world: usize,
+    timing: Timing,
+    requests: &'a Arc<Requests>,
+    started: Instant,
+    tx: Sender<Heard>,
+    give_up: Arc<AtomicBool>,
+}
+
+impl Serving<'_> {
+    /// Serves the coordinator (once elected, for a candidate) until the job is over or
+    /// the role is lost; `None` when this launcher never served it or lost it.
+    fn serve(self, role: Role) -> Result<Option<JobState>, LaunchError> {
+        let (listener, generation, elected) = match role {
+            Role::Not => return Ok(None),
+            Role::Serves(listener) => (listener, 0, None),
+            Role::Candidate(listener, target) => match self.elect(&listener, &target)? {
+                Some((generation, held)) => (listener, generation, Some(held)),
+                None => return Ok(None),
+            },
+        };
+        let machine = Coordinator::new(generation, self.world, self.min_world, self.timing, Instant::now());
+        let (tx, started) = (&self.tx, self.started);
+        let state = comm::control::coordinate(listener, self.key, machine, self.timing, self.requests, &mut |event| {
+            println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
+            let _ = match event {
+                Event::Lost { id, incarnation, .. } => tx.send(Heard::Lost { slot: id as usize, incarnation }),
+                Event::Finished => tx.send(Heard::Finished),
+                _ => Ok(()),
+            };
+        })
+        .map_err(|e| LaunchError::Failed(format!("the coordinator failed: {e}")))?;
+        if let Some(Elected { role, lost, .. }) = elected {
+            if lost.load(Ordering::Relaxed) {
+                // Another launcher serves the job now: this one's workers go on.
+                return Ok(None);
+            }
+            let over = match &state {
+                JobState::Finished => Some("finished".to_owned()),
+                JobState::Stopped { reason } => Some(format!("stopped: {reason}")),
+                _ => None,
+            };
+            role.resign(over);
+        }
+        let _ = self.tx.send(Heard::CoordinatorDone);
+        Ok(Some(state))
+    }
+
+    /// Campaigns for the coordinator role in etcd; once elected, watches the workers'
+    /// leases. `None`: the job is over, or the launcher gave up (its workers are gone).
+    fn elect(
+        &self,
+        listener: &TcpListener,
+        target: &comm::etcd::Target,
+    ) -> Result<Option<(u64, Elected)>, LaunchError> {
+        let addr: SocketAddr =
+            listener.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
+        let lost = Arc::new(AtomicBool::new(false));
+        let on_lost = {
+            let (lost, requests, tx) = (Arc::clone(&lost), Arc::clone(self.requests), Mutex::new(self.tx.clone()));
+            move |why: String| {
+                lost.store(true, Ordering::Relaxed);
+                requests.shutdown.store(true, Ordering::Relaxed);
+                let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(Heard::RoleLost(why));
+            }
+        };
+        let failed = |e: comm::transport::CommError| LaunchError::Failed(format!("the coordinator role in etcd: {e}"));
+        let role =
+            match comm::etcd::elastic::campaign(target, addr, Arc::clone(&self.give_up), on_lost).map_err(failed)? {
+                Campaign::Won(role) => role,
+                Campaign::Over(how) => {
+                    say!(self.started, "the job is over in etcd ({how}): nothing to coordinate");
+                    return Ok(None);
+                }
+                Campaign::GaveUp => return Ok(None),
+            };
+        let generation = role.generation();
+        let _ = self.tx.send(Heard::Elected(generation));
+        let requests = Arc::clone(self.requests);
+        let leases = comm::etcd::elastic::watch_workers(target, move |id, incarnation| {
+            requests.expired.lock().unwrap_or_else(|e| e.into_inner()).push((id, incarnation));
+        })
+        .map_err(failed)?;
+        Ok(Some((generation, Elected { role, lost, _leases: leases })))
+    }
+}
+
+/// The coordinator role held in etcd: given back when dropped.
+struct Elected {
+    role: comm::etcd::elastic::Role,
+    /// Set when the role was lost.
+    lost: Arc<AtomicBool>,
+    /// The watch on the workers' leases, for as long as the role is held.
+    _leases: comm::etcd::elastic::Background,
 }
 
 impl Supervisor<'_> {
@@ -264,6 +406,14 @@ impl Supervisor<'_> {
                 Ok(Heard::Finished) => self.finished = true,
                 Ok(Heard::CoordinatorDone) => {
                     self.over_since.get_or_insert_with(Instant::now);
+                }
+                Ok(Heard::Elected(generation)) => {
+                    self.serves = true;
+                    say!(self.started, "this launcher holds the coordinator role (generation {generation})");
+                }
+                Ok(Heard::RoleLost(why)) => {
+                    self.serves = false;
+                    say!(self.started, "this launcher lost the coordinator role: {why}");
                 }
                 Err(RecvTimeoutError::Timeout) if self.over_since.is_none() || self.killed => {}
                 Err(RecvTimeoutError::Timeout) => {

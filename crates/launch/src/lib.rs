@@ -41,6 +41,7 @@ pub mod restart;
 pub mod static_job;
 pub mod workers;
 
+pub use comm::etcd::Target;
 pub use policy::{Decision, Exit, OnFailure, RestartPolicy};
 
 /// The environment variable in which a launcher gives its workers its pid, so that a
@@ -103,9 +104,11 @@ pub(crate) fn shared_secret(several_nodes: bool) -> Result<String, LaunchError> 
     match std::env::var("STEADFAST_SECRET").ok().filter(|s| !s.is_empty()) {
         Some(s) => Ok(s),
         None if !several_nodes => job_secret(),
-        None => {
-            Err(LaunchError::Config("a job of several nodes needs STEADFAST_SECRET, the same on every node".into()))
-        }
+        None => Err(LaunchError::Config(
+            "a job of several nodes (or an elastic one that meets in etcd) needs STEADFAST_SECRET, \
+                 the same on every node"
+                .into(),
+        )),
     }
 }
 

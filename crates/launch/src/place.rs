@@ -8,7 +8,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use train::{DistConfig, ElasticWorker, JobSettings, MeshRank, OnDivergence, Rendezvous};
+use train::{CoordinatorAt, DistConfig, ElasticWorker, JobSettings, MeshRank, OnDivergence, Rendezvous};
 
 use crate::LaunchError;
 
@@ -130,11 +130,17 @@ pub fn dist_config(flags: &WorkerFlags) -> Result<Option<DistConfig>, LaunchErro
     let job = JobSettings { timeout: place.timeout, fingerprint_every: flags.fingerprint_every, incarnation };
     Ok(Some(match place.meet {
         Meet::Mpi => DistConfig::Mpi(job),
-        Meet::Mesh { rendezvous: Rendezvous::Coordinator(first), standby, secret, bind } if elastic => {
+        Meet::Mesh { rendezvous, standby, secret, bind } if elastic => {
+            let coordinator = match rendezvous {
+                Rendezvous::Coordinator(first) => {
+                    CoordinatorAt::Listed(std::iter::once(first).chain(standby).collect())
+                }
+                Rendezvous::Etcd(target) => CoordinatorAt::Etcd(target),
+            };
             DistConfig::Elastic(ElasticWorker {
                 slot: place.rank,
                 world: place.world,
-                coordinators: std::iter::once(first).chain(standby).collect(),
+                coordinator,
                 secret,
                 bind,
                 job,
@@ -142,7 +148,6 @@ pub fn dist_config(flags: &WorkerFlags) -> Result<Option<DistConfig>, LaunchErro
                 on_divergence: flags.on_divergence,
             })
         }
-        Meet::Mesh { .. } if elastic => return Err(etcd_not_elastic()),
         Meet::Mesh { rendezvous, secret, bind, .. } => {
             DistConfig::Mesh(MeshRank { rank: place.rank, world: place.world, rendezvous, secret, bind, job })
         }
@@ -152,10 +157,6 @@ pub fn dist_config(flags: &WorkerFlags) -> Result<Option<DistConfig>, LaunchErro
 fn repair_needs_elastic() -> LaunchError {
     bad("--on-divergence repair needs an elastic job, whose replicas can fetch the state from one another: \
          add --max-restarts K to its `launch` (or run `train --elastic` workers); a static job can only stop")
-}
-
-fn etcd_not_elastic() -> LaunchError {
-    bad("an elastic job's membership is kept by its coordinator (--coordinator), not in etcd")
 }
 
 /// This process's place, or `None` when nothing names a world size (a single process on
@@ -217,9 +218,6 @@ fn rendezvous(flags: &JoinFlags, elastic: bool) -> Result<(Rendezvous, Vec<Socke
     if let Some(url) = flags.rendezvous.clone().or_else(|| env_first(&["STEADFAST_RENDEZVOUS"])) {
         if flags.coordinator.is_some() {
             return Err(bad("--rendezvous and --coordinator are two ways to meet: give one"));
-        }
-        if elastic {
-            return Err(etcd_not_elastic());
         }
         return Ok((Rendezvous::Etcd(url.parse().map_err(|e| bad(format!("--rendezvous: {e}")))?), Vec::new()));
     }
@@ -308,8 +306,5 @@ mod tests {
         assert!(refused(dist_config(&copies)).contains("--copy-every goes with --elastic"));
         let zero = WorkerFlags { copy_every: Some(0), elastic: true, ..worker(flags()) };
         assert_eq!(refused(dist_config(&zero)), "--copy-every must be at least 1");
-        let etcd = JoinFlags { coordinator: None, rendezvous: Some("etcd://h:2379/j".into()), ..flags() };
-        let elastic_etcd = WorkerFlags { elastic: true, ..worker(etcd) };
-        assert!(refused(dist_config(&elastic_etcd)).contains("kept by its coordinator"));
     }
 }

@@ -143,17 +143,12 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         })?;
         return failed_if_any(failures);
     }
-    if matches!(nodes.meeting, Meeting::Etcd(_)) {
-        return Err(bad("--max-restarts and --on-failure need the launcher's coordinator, not --rendezvous etcd://"));
-    }
-    let span = match &nodes.meeting {
-        Meeting::Coordinator(address) if r.max_nnodes > 1 => Some(Span {
-            nnodes: r.nnodes,
-            node_rank: r.node_rank,
-            coordinator: address.clone(),
-            local_addr: r.local_addr,
-        }),
-        _ => None,
+    // Across nodes, or with the coordinator elected in etcd, the job spans (perhaps one)
+    // nodes; otherwise it is this host's alone.
+    let span = match nodes.meeting {
+        Meeting::Coordinator(_) if r.max_nnodes == 1 => None,
+        Meeting::Loopback => None,
+        meeting => Some(Span { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr }),
     };
     let world = r.nproc * r.nnodes;
     if r.min_nproc == 0 || r.min_nproc > world {
@@ -341,7 +336,14 @@ mod tests {
                 },
                 "restarts the job on one node",
             ),
-            (LaunchRequest { rendezvous: Some("etcd://h:2379/j".into()), ..request() }, "not --rendezvous etcd://"),
+            (
+                LaunchRequest {
+                    rendezvous: Some("etcd://h:2379/j".into()),
+                    recovery: Some(Recovery::Checkpoint),
+                    ..request()
+                },
+                "restarts the job on one node",
+            ),
             (
                 LaunchRequest {
                     rendezvous: Some("etcd://h:2379/j".into()),

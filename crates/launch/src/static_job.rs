@@ -26,7 +26,8 @@ pub struct Nodes {
     pub local_addr: Option<IpAddr>,
 }
 
-/// Where a static job's workers meet.
+/// Where a job's workers meet.
+#[derive(Clone, Debug)]
 pub enum Meeting {
     /// At the launcher's coordinator on a free loopback port (one node only).
     Loopback,

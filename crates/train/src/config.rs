@@ -111,9 +111,8 @@ pub struct ElasticWorker {
     pub slot: usize,
     /// The job's initial size.
     pub world: usize,
-    /// The coordinator's address, then those where a coordinator started again on
-    /// another host may be found (the worker dials them in turn when it loses its own).
-    pub coordinators: Vec<std::net::SocketAddr>,
+    /// Where the job's coordinator is found.
+    pub coordinator: CoordinatorAt,
     /// The job's shared secret.
     pub secret: Vec<u8>,
     /// Address this worker listens on for its peers (port chosen by the system).
@@ -126,6 +125,17 @@ pub struct ElasticWorker {
     pub copy_every: Option<u64>,
     /// What the job does when its replicas disagree.
     pub on_divergence: OnDivergence,
+}
+
+/// Where an elastic job's coordinator is found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CoordinatorAt {
+    /// At the first address, or at the others, where a coordinator started again on
+    /// another host may be (the worker dials them in turn when it loses its own).
+    Listed(Vec<std::net::SocketAddr>),
+    /// Wherever the holder of the coordinator role in etcd says; the worker keeps its
+    /// liveness there too (a lease of its own).
+    Etcd(comm::etcd::Target),
 }
 
 /// Where the ranks of a job on Steadfast's mesh meet, and who keeps their membership.

@@ -346,7 +346,12 @@ impl Coordinator {
         let ready: Vec<WorkerId> = self.live().filter(|(_, s)| current(s)).map(|(id, _)| id).collect();
         let waited = now.saturating_duration_since(since);
         let all_here = busy.is_empty() && (self.formed || ready.len() >= self.expected);
-        if !(all_here || waited >= self.timing.settle) {
+        // A coordinator that took over a running job (its workers report epochs of an
+        // earlier one) waits one loss bound for their reports, not for the job's size:
+        // a worker alive reports within it, and one that does not is lost.
+        let took_over = !self.formed && self.live().any(|(_, s)| s.status.epoch > 0);
+        let settle = if took_over { self.timing.settle.min(self.timing.lost_after) } else { self.timing.settle };
+        if !(all_here || waited >= settle) {
             return;
         }
         if ready.len() >= self.min_world {

@@ -35,13 +35,14 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::control::Link;
+use comm::directory::Directory;
 use comm::port::Port;
 use comm::protocol::wire::Hello;
 use comm::protocol::{Msg, Timing, Worker, WorkerId};
 use comm::transport::{CommError, TcpConfig};
 use serde_json::json;
 
-use crate::config::{ElasticWorker, TrainConfig};
+use crate::config::{CoordinatorAt, ElasticWorker, TrainConfig};
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::failpoint::ProcessFaults;
@@ -67,7 +68,7 @@ pub(crate) fn run(
     d: &ElasticWorker,
     on_event: &mut dyn FnMut(Progress),
 ) -> Result<(Summary, TrainState), TrainError> {
-    let (coordinators, secret, bind, incarnation) = (&d.coordinators, &d.secret, d.bind, d.job.incarnation);
+    let (secret, bind, incarnation) = (&d.secret, d.bind, d.job.incarnation);
     let id = d.slot as WorkerId;
     let prepared = Prepared::load(config)?;
     let (mut state, engine) = prepared.start(config);
@@ -97,7 +98,8 @@ pub(crate) fn run(
     let interrupt = aborts_moot_collectives(current.clone());
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
-    let (link, incoming) = Link::connect(coordinators, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
+    let (directory, in_etcd) = find_coordinator(&d.coordinator, id, incarnation)?;
+    let (link, incoming) = Link::connect(&directory, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
     {
         let (current, sever) = (current.clone(), link.severer());
@@ -171,8 +173,30 @@ pub(crate) fn run(
     if matches!(outcome, Ok(()) | Err(TrainError::JobStopped(_))) {
         link.close();
     }
+    for thread in in_etcd {
+        thread.finish(outcome.is_ok());
+    }
     outcome?;
     shell.finish(&prepared, parameters)
+}
+
+/// Where the coordinator is found, and the threads that keep this worker's part in etcd
+/// (where the coordinator role is followed, and the worker's lease kept).
+fn find_coordinator(
+    at: &CoordinatorAt,
+    id: WorkerId,
+    incarnation: u64,
+) -> Result<(Directory, Vec<comm::etcd::elastic::Background>), CommError> {
+    match at {
+        CoordinatorAt::Listed(addrs) => Ok((Directory::fixed(addrs.clone()), Vec::new())),
+        CoordinatorAt::Etcd(target) => {
+            let directory = Directory::default();
+            let follower = comm::etcd::elastic::follow(target, directory.clone())?;
+            // (A warning: it happens on the lease's thread, at any moment.)
+            let lease = comm::etcd::elastic::keep_worker(target, id, incarnation, |note| tracing::warn!("{note}"))?;
+            Ok((directory, vec![lease, follower]))
+        }
+    }
 }
 
 /// What the link does with each message from the coordinator before the training loop

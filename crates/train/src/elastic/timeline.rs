@@ -59,7 +59,8 @@ impl Timeline {
             }
             if !said.is_empty() {
                 let n = q.members.len();
-                note = Some(format!("{} at step {} (epoch {}: {n} workers)", said.join(", "), q.step, q.epoch));
+                let epoch = comm::control::epoch_text(q.epoch);
+                note = Some(format!("{} at step {} (epoch {epoch}: {n} workers)", said.join(", "), q.step));
             }
             self.members.clone_from(&q.members);
         }

@@ -17,6 +17,29 @@
 //!   the watch resumes from the last revision seen, so no deletion is missed. A loss that
 //!   happens while etcd is down is noticed by the collectives' deadlines instead.
 //!
+//! An elastic job (`launch --rendezvous etcd://... --max-restarts K`, `train --elastic
+//! --rendezvous ...`) keeps its step protocol's coordinator, and etcd keeps what would
+//! otherwise make that coordinator a single point of failure ([`elastic`] holds the client):
+//!
+//! - **the coordinator role**, held under a lease: every launcher of the job (and every
+//!   `steadfast coordinator --rendezvous`) is a candidate; one transaction creates
+//!   `/steadfast/JOB/coordinator` (its listening address) under the candidate's lease if
+//!   the key is absent, and counts the election in `/steadfast/JOB/generations`, whose
+//!   version before the transaction is the winner's *generation* (its epochs are numbered
+//!   above every earlier coordinator's). When the holder dies, is stopped or cut off, its
+//!   lease expires, the key goes, and a waiting candidate wins; it rebuilds the membership
+//!   from the workers' reports. A holder that finds its key gone or another's stops
+//!   serving. While etcd itself is down nobody can be elected, so the holder goes on.
+//! - **where the coordinator is**: each worker watches the role's key and dials the
+//!   address it names, leaving the old coordinator for the new one when it changes;
+//! - **the workers' liveness**: each worker process keeps `/steadfast/JOB/workers/ID/INC`
+//!   under a lease of its own; the coordinator watches them, and an expired lease is a
+//!   lost worker, as a silent connection is. A worker whose lease expired while it was
+//!   stopped learns it when it runs again, takes a new lease, and rejoins the job (it
+//!   fetches the state from the live replicas, like any returning worker);
+//! - **the end**: the last coordinator writes `/steadfast/JOB/over` (for a minute), so
+//!   that no standby takes the role of a finished job.
+//!
 //! Nothing here is needed by the coordinator's path; the crate feature `etcd` (on the
 //! `etcd-client` crate, which needs `protoc` to build) turns it on.
 
@@ -98,8 +121,129 @@ fn rank_of(job: &str, key: &[u8]) -> Option<usize> {
 #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 const DONE: &[u8] = b"done";
 
+/// Where an elastic job's coordinator listens, under its holder's lease.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn coordinator_key(job: &str) -> String {
+    format!("/steadfast/{job}/coordinator")
+}
+
+/// The key whose version counts the elections of a job's coordinator.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn generations_key(job: &str) -> String {
+    format!("/steadfast/{job}/generations")
+}
+
+/// The key that says an elastic job is over, and how.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn over_key(job: &str) -> String {
+    format!("/steadfast/{job}/over")
+}
+
+/// The prefix of an elastic job's workers' keys.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn workers(job: &str) -> String {
+    format!("/steadfast/{job}/workers/")
+}
+
+/// Worker `id`'s process `incarnation`'s key.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn worker_key(job: &str, id: crate::protocol::WorkerId, incarnation: u64) -> String {
+    format!("{}{id:06}/{incarnation}", workers(job))
+}
+
+/// The worker and process a worker key names, if it is one of `job`'s.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn worker_of(job: &str, key: &[u8]) -> Option<(crate::protocol::WorkerId, u64)> {
+    let (id, incarnation) = std::str::from_utf8(key).ok()?.strip_prefix(&workers(job))?.split_once('/')?;
+    Some((id.parse().ok()?, incarnation.parse().ok()?))
+}
+
 #[cfg(feature = "etcd")]
 pub use client::{Membership, join};
+
+#[cfg(feature = "etcd")]
+pub mod elastic;
+
+/// Without the `etcd` feature: the same functions, each refusing.
+#[cfg(not(feature = "etcd"))]
+pub mod elastic {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use super::Target;
+    use crate::directory::Directory;
+    use crate::protocol::WorkerId;
+    use crate::transport::CommError;
+
+    fn missing(target: &Target) -> CommError {
+        CommError::Setup(format!("cannot use {target}: this steadfast was built without etcd (cargo feature `etcd`)"))
+    }
+
+    /// How a campaign ended (none without etcd).
+    pub enum Campaign {
+        /// This process holds the role.
+        Won(Role),
+        /// The job is over.
+        Over(String),
+        /// The candidate gave up.
+        GaveUp,
+    }
+
+    /// The coordinator role (never held without etcd).
+    pub struct Role;
+
+    impl Role {
+        /// The elections before this one.
+        pub fn generation(&self) -> u64 {
+            0
+        }
+
+        /// Gives the role back.
+        pub fn resign(self, _over: Option<String>) {}
+    }
+
+    /// A background thread (none without etcd).
+    pub struct Background;
+
+    impl Background {
+        /// Stops the thread.
+        pub fn finish(self, _finished: bool) {}
+    }
+
+    /// Refuses: no etcd client.
+    pub fn campaign(
+        target: &Target,
+        _addr: SocketAddr,
+        _give_up: Arc<AtomicBool>,
+        _on_lost: impl FnOnce(String) + Send + 'static,
+    ) -> Result<Campaign, CommError> {
+        Err(missing(target))
+    }
+
+    /// Refuses: no etcd client.
+    pub fn follow(target: &Target, _directory: Directory) -> Result<Background, CommError> {
+        Err(missing(target))
+    }
+
+    /// Refuses: no etcd client.
+    pub fn keep_worker(
+        target: &Target,
+        _id: WorkerId,
+        _incarnation: u64,
+        _on_note: impl Fn(String) + Send + 'static,
+    ) -> Result<Background, CommError> {
+        Err(missing(target))
+    }
+
+    /// Refuses: no etcd client.
+    pub fn watch_workers(
+        target: &Target,
+        _on_expired: impl Fn(WorkerId, u64) + Send + 'static,
+    ) -> Result<Background, CommError> {
+        Err(missing(target))
+    }
+}
 
 #[cfg(not(feature = "etcd"))]
 /// Without the `etcd` feature there is no etcd client: the job cannot meet there.
@@ -496,5 +640,15 @@ mod tests {
         assert_eq!(rank_of("j", member_key("j", 12).as_bytes()), Some(12));
         assert_eq!(rank_of("j", member_key("k", 12).as_bytes()), None);
         assert_eq!(rank_of("j", b"/steadfast/j/members/x"), None);
+    }
+
+    #[test]
+    fn worker_keys_name_the_worker_and_its_process() {
+        assert_eq!(worker_key("j", 3, 2), "/steadfast/j/workers/000003/2");
+        assert_eq!(worker_of("j", worker_key("j", 3, 2).as_bytes()), Some((3, 2)));
+        assert_eq!(worker_of("k", worker_key("j", 3, 2).as_bytes()), None);
+        assert_eq!(worker_of("j", b"/steadfast/j/workers/000003"), None);
+        assert!(!coordinator_key("j").starts_with(&workers("j")));
+        assert!(!over_key("j").starts_with(&workers("j")));
     }
 }
