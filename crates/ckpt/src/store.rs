@@ -131,16 +131,44 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
 /// Removes temporary directories left by writers that crashed. Only the owner of part 0
 /// ([`Owner`](crate::Owner)) may call it: then no other writer is alive to own them.
 pub fn remove_stale_temporaries(root: &Path) -> Result<()> {
+    remove_temporaries_but(root, None)
+}
+
+/// Removes the temporaries in `root` except the parts of writers' group `keep` (whose
+/// other writers may be writing now). A temporary of another group that a writer of it
+/// still writes makes that writer fail, never a checkpoint commit: only the holder of
+/// the root's lock commits.
+fn remove_temporaries_but(root: &Path, keep: Option<u64>) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(root) else { return Ok(()) };
+    let kept = keep.map(group_suffix);
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
+        if kept.as_ref().is_some_and(|k| name.starts_with(TEMP_PREFIX) && name.ends_with(k.as_str())) {
+            continue;
+        }
         if name == LATEST_TEMP {
             std::fs::remove_file(entry.path()).map_err(CkptError::io("cannot remove", entry.path()))?;
         } else if name.starts_with(TEMP_PREFIX) {
-            std::fs::remove_dir_all(entry.path()).map_err(CkptError::io("cannot remove", entry.path()))?;
+            // (Another group's writer may finish and remove it first.)
+            match std::fs::remove_dir_all(entry.path()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(CkptError::io("cannot remove", entry.path())(e));
+                }
+                _ => {}
+            }
         }
     }
     Ok(())
+}
+
+/// Removes the temporaries that writer 0 of `part`'s group may remove when it starts: all
+/// of them for a fixed group, all but the group's own parts for an elastic one.
+pub(crate) fn remove_stale_temporaries_for(root: &Path, part: Part) -> Result<()> {
+    remove_temporaries_but(root, (part.group != 0).then_some(part.group))
+}
+
+fn group_suffix(group: u64) -> String {
+    format!("-parts-g{group}")
 }
 
 /// Splits tensors into at most `shards` contiguous groups of roughly equal byte size,
@@ -342,11 +370,21 @@ pub struct Part {
     pub index: usize,
     /// Number of writers.
     pub count: usize,
+    /// The writers' group: 0 for a job whose writers never change; otherwise the epoch of
+    /// an elastic job's membership. A group's parts go into a directory of their own, so
+    /// the writers of two memberships never write into one, and only writer 0 of a group
+    /// takes the root's lock (see [`AsyncWriter::for_part`](crate::AsyncWriter::for_part)).
+    pub group: u64,
 }
 
 impl Part {
     /// The only writer: the whole checkpoint.
-    pub const WHOLE: Part = Part { index: 0, count: 1 };
+    pub const WHOLE: Part = Part { index: 0, count: 1, group: 0 };
+
+    /// Writer `index` of `count`, in a job whose writers never change.
+    pub const fn of(index: usize, count: usize) -> Part {
+        Part { index, count, group: 0 }
+    }
 
     /// The shards this writer writes, as `(shard index, tensor index range)`, when every
     /// writer splits `sizes` (bytes per tensor, in registry order) into
@@ -370,9 +408,12 @@ struct PartRecord {
     tensors: Vec<TensorEntry>,
 }
 
-/// The temporary directory that all writers of a parted checkpoint share.
-fn parts_dir(root: &Path, step: u64) -> PathBuf {
-    root.join(format!("{TEMP_PREFIX}{}-parts", step_dir_name(step)))
+/// The temporary directory that all writers of a parted checkpoint share (of one group).
+fn parts_dir(root: &Path, step: u64, group: u64) -> PathBuf {
+    match group {
+        0 => root.join(format!("{TEMP_PREFIX}{}-parts", step_dir_name(step))),
+        g => root.join(format!("{TEMP_PREFIX}{}{}", step_dir_name(step), group_suffix(g))),
+    }
 }
 
 fn part_record_path(dir: &Path, index: usize) -> PathBuf {
@@ -387,7 +428,7 @@ pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<Ten
     for (_, tensors) in shards {
         check_shapes(tensors)?;
     }
-    let dir = parts_dir(root, meta.step);
+    let dir = parts_dir(root, meta.step, part.group);
     std::fs::create_dir_all(&dir).map_err(CkptError::io("cannot create", &dir))?;
     let (files, tensors) = write_shards(&dir, meta, shards)?;
     failpoint::hit("after_shard_write")?;
@@ -414,9 +455,10 @@ pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<Ten
 /// durable: gathers the `count` part records, checks that they cover every shard exactly
 /// once, and commits the checkpoint of `meta.step` with steps 2 to 5 of the protocol.
 /// Until this returns, the checkpoint does not exist for readers.
-pub fn commit_parts(root: &Path, meta: &Meta, count: usize, retention: Retention) -> Result<SaveReport> {
+pub fn commit_parts(root: &Path, meta: &Meta, parts: Part, retention: Retention) -> Result<SaveReport> {
     let started = Instant::now();
-    let dir = parts_dir(root, meta.step);
+    let count = parts.count;
+    let dir = parts_dir(root, meta.step, parts.group);
     let mut shards: Vec<(usize, FileEntry, Vec<TensorEntry>)> = Vec::new();
     for index in 0..count {
         let path = part_record_path(&dir, index);

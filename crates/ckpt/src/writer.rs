@@ -33,7 +33,9 @@ use crate::Role;
 use crate::error::{CkptError, Result};
 use crate::manifest::Meta;
 use crate::owner::Owner;
-use crate::store::{Part, SaveOptions, SaveReport, TensorRef, commit_parts, remove_stale_temporaries, save, save_part};
+use crate::store::{
+    Part, SaveOptions, SaveReport, TensorRef, commit_parts, remove_stale_temporaries_for, save, save_part,
+};
 
 /// An owned copy of one tensor (a reusable snapshot buffer).
 #[derive(Debug)]
@@ -105,7 +107,7 @@ pub struct AsyncWriter {
     last: Option<SaveReport>,
     /// The lock of this writer's part, held while the writer lives (declared last: it is
     /// released after `Drop` has waited for the persists).
-    _owner: Owner,
+    _owner: Option<Owner>,
 }
 
 impl AsyncWriter {
@@ -119,16 +121,31 @@ impl AsyncWriter {
         Self::for_part(root, options, Part::WHOLE)
     }
 
-    /// One of the writers of parted checkpoints. Each takes the lock of its part (see
-    /// [`owner`](crate::owner)); writer 0 then removes the temporaries of crashed writers,
-    /// so it must be created before any other writer starts to persist.
+    /// One of the writers of parted checkpoints. In a job whose writers never change
+    /// (group 0) each takes the lock of its part (see [`owner`](crate::owner)); writer 0
+    /// then removes the temporaries of crashed writers, so it must be created before any
+    /// other writer starts to persist.
+    ///
+    /// In an elastic job (the group is the membership's epoch) a process writes part 2 in
+    /// one epoch and part 0 in the next, so only writer 0, the one that commits, takes the
+    /// root's lock: a former committer still finishing makes it [`CkptError::Busy`]. It
+    /// removes every temporary but its own group's, whose other writers may be persisting
+    /// already; a part of another group being written then fails its writer, and is never
+    /// committed.
     pub fn for_part(root: &Path, options: SaveOptions, part: Part) -> Result<Self> {
         if part.count == 0 || part.index >= part.count {
             return Err(CkptError::Mismatch(format!("writer {} of {} does not exist", part.index, part.count)));
         }
-        let owner = Owner::acquire(root, part.index)?;
+        let owner = match (part.group, part.index) {
+            (0, index) => Some(Owner::acquire(root, index)?),
+            (_, 0) => Some(Owner::acquire(root, 0)?),
+            _ => {
+                std::fs::create_dir_all(root).map_err(CkptError::io("cannot create", root))?;
+                None
+            }
+        };
         if part.index == 0 {
-            remove_stale_temporaries(root)?;
+            remove_stale_temporaries_for(root, part)?;
         }
         Ok(AsyncWriter {
             root: root.to_owned(),
@@ -304,9 +321,9 @@ impl AsyncWriter {
         self.wait_committing()?;
         let ready: Vec<Meta> = self.pending.iter().filter(|m| m.step <= step).cloned().collect();
         self.pending.retain(|m| m.step > step);
-        let (root, count, retention) = (self.root.clone(), self.part.count, self.options.retention);
+        let (root, parts, retention) = (self.root.clone(), self.part, self.options.retention);
         self.committing = Some(std::thread::spawn(move || {
-            ready.iter().map(|meta| commit_parts(&root, meta, count, retention)).collect()
+            ready.iter().map(|meta| commit_parts(&root, meta, parts, retention)).collect()
         }));
         Ok(())
     }

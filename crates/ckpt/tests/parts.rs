@@ -12,7 +12,7 @@ const SIZES: &[usize] = &[300, 20, 4000, 7, 900, 64, 1, 2500];
 
 fn writers(root: &std::path::Path, count: usize) -> Vec<AsyncWriter> {
     let options = SaveOptions { shards: 2, retention: Retention::default() };
-    (0..count).map(|index| AsyncWriter::for_part(root, options, Part { index, count }).unwrap()).collect()
+    (0..count).map(|index| AsyncWriter::for_part(root, options, Part::of(index, count)).unwrap()).collect()
 }
 
 #[test]
@@ -38,7 +38,7 @@ fn three_writers_produce_the_same_checkpoint_as_one() {
     let c = ckpt::reader::open(&report.dir).unwrap();
     assert!(c.verify().is_empty());
     let sizes: Vec<u64> = SIZES.iter().map(|&n| n as u64 * 4).collect();
-    let planned: usize = (0..3).map(|index| Part { index, count: 3 }.shards(&sizes, 2).len()).sum();
+    let planned: usize = (0..3).map(|index| Part::of(index, 3).shards(&sizes, 2).len()).sum();
     assert_eq!(c.manifest.files.len(), planned);
     assert!(planned > 3, "several shards per writer");
 
@@ -69,7 +69,7 @@ fn a_missing_part_is_never_committed() {
         w.snapshot(meta(4), &refs(&s)).unwrap();
         w.wait_persisted().unwrap();
     }
-    let err = commit_parts(root.path(), &meta(4), 3, Retention::default()).unwrap_err();
+    let err = commit_parts(root.path(), &meta(4), Part::of(0, 3), Retention::default()).unwrap_err();
     assert!(err.to_string().contains("part-0002.json"), "{err}");
     assert!(ckpt::store::list(root.path()).unwrap().is_empty());
     assert!(ckpt::reader::resolve(root.path()).is_err());
@@ -94,11 +94,11 @@ fn a_part_record_from_another_step_or_job_shape_is_refused() {
         w.wait_persisted().unwrap();
     }
     // Committing as if the job had three writers, or another step, fails clearly.
-    let err = commit_parts(root.path(), &meta(4), 3, Retention::default()).unwrap_err();
+    let err = commit_parts(root.path(), &meta(4), Part::of(0, 3), Retention::default()).unwrap_err();
     assert!(err.to_string().contains("part 0/2, expected step 4 part 0/3"), "{err}");
-    assert!(commit_parts(root.path(), &meta(5), 2, Retention::default()).is_err());
+    assert!(commit_parts(root.path(), &meta(5), Part::of(0, 2), Retention::default()).is_err());
     // The real commit still works afterwards.
-    let report = commit_parts(root.path(), &meta(4), 2, Retention::default()).unwrap();
+    let report = commit_parts(root.path(), &meta(4), Part::of(0, 2), Retention::default()).unwrap();
     assert_eq!(assert_holds_step(&report.dir, SIZES), 4);
 }
 
@@ -107,7 +107,7 @@ fn each_writer_copies_only_its_own_shards() {
     let sizes: Vec<u64> = SIZES.iter().map(|&n| n as u64 * 4).collect();
     let mut covered = Vec::new();
     for index in 0..3 {
-        let shards = Part { index, count: 3 }.shards(&sizes, 2);
+        let shards = Part::of(index, 3).shards(&sizes, 2);
         assert!(shards.iter().all(|(i, _)| i % 3 == index));
         covered.extend(shards.into_iter().flat_map(|(_, r)| r));
     }
@@ -127,7 +127,7 @@ fn a_part_has_one_writer_and_a_second_one_is_refused_without_touching_anything()
     ws[1].wait_persisted().unwrap();
     let before: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     let options = SaveOptions::default();
-    for part in [Part { index: 0, count: 2 }, Part { index: 1, count: 2 }, Part::WHOLE] {
+    for part in [Part::of(0, 2), Part::of(1, 2), Part::WHOLE] {
         let err = AsyncWriter::for_part(root.path(), options, part).err().expect("a second writer of an owned part");
         assert!(matches!(err, ckpt::CkptError::Busy { .. }), "{err}");
         assert!(err.to_string().contains(&format!("pid {}", std::process::id())), "{err}");
@@ -136,4 +136,51 @@ fn a_part_has_one_writer_and_a_second_one_is_refused_without_touching_anything()
     assert_eq!(before, after, "a refused writer removed or added something");
     drop(ws);
     AsyncWriter::new(root.path(), options).unwrap();
+}
+
+/// The writers of an elastic job's membership (`group`, its epoch).
+fn group(root: &std::path::Path, count: usize, group: u64) -> Vec<AsyncWriter> {
+    let options = SaveOptions { shards: 2, retention: Retention::default() };
+    (0..count).map(|index| AsyncWriter::for_part(root, options, Part { index, count, group }).unwrap()).collect()
+}
+
+#[test]
+fn the_memberships_of_an_elastic_job_write_apart_and_only_a_committer_locks() {
+    let root = tempfile::tempdir().unwrap();
+    let s = state(8, SIZES);
+    // Epoch 1 of three writers snapshots step 8; its writer 2 never persists (lost).
+    let mut first = group(root.path(), 3, 1);
+    for w in first.iter_mut().take(2) {
+        w.snapshot(meta(8), &refs(&s)).unwrap();
+        w.wait_persisted().unwrap();
+    }
+    // Writer 1 of epoch 2 starts while epoch 1's writers live: no lock stops it (a
+    // process may hold another index in each epoch); its committer waits for the lock.
+    let options = SaveOptions { shards: 2, retention: Retention::default() };
+    let mut second = vec![AsyncWriter::for_part(root.path(), options, Part { index: 1, count: 2, group: 2 }).unwrap()];
+    second[0].snapshot(meta(8), &refs(&s)).unwrap();
+    second[0].wait_persisted().unwrap();
+    let busy = AsyncWriter::for_part(root.path(), options, Part { index: 0, count: 2, group: 2 });
+    assert!(matches!(busy, Err(ckpt::CkptError::Busy { .. })), "epoch 1's committer holds the lock");
+    // Epoch 1's committer never commits step 8 (a part is missing) and lets go.
+    first[0].finish().unwrap();
+    drop(first);
+    assert!(ckpt::reader::resolve(root.path()).is_err());
+    // Epoch 2's committer clears epoch 1's parts, keeps its own group's, and commits.
+    second.insert(0, AsyncWriter::for_part(root.path(), options, Part { index: 0, count: 2, group: 2 }).unwrap());
+    let temporaries = || -> Vec<String> {
+        std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".tmp-"))
+            .collect()
+    };
+    assert_eq!(temporaries(), vec![format!(".tmp-{}-parts-g2", ckpt::store::step_dir_name(8))]);
+    second[0].snapshot(meta(8), &refs(&s)).unwrap();
+    second[0].wait_persisted().unwrap();
+    second[0].commit_through(8).unwrap();
+    let report = second[0].finish().unwrap().expect("committed");
+    assert_eq!(assert_holds_step(&report.dir, SIZES), 8);
+    assert!(ckpt::reader::open(&report.dir).unwrap().verify().is_empty());
+    assert!(temporaries().is_empty());
 }

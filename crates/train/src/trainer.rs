@@ -209,7 +209,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         record_resume(&mut metrics, r)?;
         on_event(Progress::Note(resumed_note(r)));
     }
-    let writer = open_writer(config, ckpt::Part { index: rank, count: world }, &state)?;
+    let writer = open_writer(config, ckpt::Part::of(rank, world), &state)?;
     let job = match (mpi_job, &config.dist) {
         (Some(j), _) => {
             j.barrier()?;

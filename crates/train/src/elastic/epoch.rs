@@ -90,6 +90,12 @@ pub(super) struct Side<'c, 'e> {
 }
 
 impl Side<'_, '_> {
+    /// This member's part of the epoch's checkpoints: its rank among the members.
+    pub(super) fn part(&self) -> ckpt::Part {
+        let index = self.members.iter().position(|&m| m == self.id).unwrap_or(0);
+        ckpt::Part { index, count: self.members.len().max(1), group: self.epoch }
+    }
+
     fn repairs(&self) -> bool {
         self.d.on_divergence == OnDivergence::Repair
     }
@@ -234,19 +240,19 @@ impl Runner for Side<'_, '_> {
         Ok(Flow::Go)
     }
 
-    /// The member ranked first in the epoch writes the checkpoints ([`Saving`]).
+    /// The members share each checkpoint, a part each ([`Saving`]).
     fn checkpoint_due(&mut self, _at: At, state: &TrainState) -> Result<bool, TrainError> {
-        let rank = self.members.iter().position(|&m| m == self.id).unwrap_or(usize::MAX);
         match self.saving.as_mut() {
-            Some(s) => s.due(rank, state.step),
+            Some(s) => s.due(state.step),
             None => Ok(false),
         }
     }
 
     fn checkpoint(&mut self, _at: At, state: &TrainState, engine: &Engine<'_>) -> Result<(), TrainError> {
+        let part = self.part();
         let Some(saving) = self.saving.as_mut() else { return Ok(()) };
         let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), self.members.len());
-        saving.write(state, meta, &mut self.metrics)
+        saving.write(part, state, meta, &mut self.metrics)
     }
 
     fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {

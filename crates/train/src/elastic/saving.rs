@@ -1,18 +1,35 @@
 //! The checkpoints of an elastic job: live replicas recover a partial loss, checkpoints a
 //! total one.
 //!
-//! The members of an epoch hold equal replicas, so one of them writes each checkpoint
-//! whole: the member ranked first in the epoch that applied the step. The writer's lock
-//! ([`ckpt::owner`]) keeps it the only writer of the root. A member that is no longer
-//! ranked first finishes its checkpoints and lets the lock go. A member ranked first that
-//! cannot take the lock yet (a former writer still finishing, or stopped and not yet
-//! gone) passes over that checkpoint, with a warning and a `checkpoint_skipped` event,
-//! rather than write beside it. So a membership change never leaves two writers, and a
-//! `kill -9` at any instant leaves the newest committed checkpoint valid (the store's
-//! atomic commit); `--resume latest` starts the job again from it on any number of
-//! workers.
+//! The members of an epoch hold equal replicas, so they share each checkpoint's writing:
+//! the member ranked `r` of `n` writes part `r` of `n` ([`ckpt::Part`], its group the
+//! epoch), and the member ranked first commits once every part is durable. Each member's
+//! newest durable step travels in the step's vote (one more word of its ballot), so every
+//! member learns the minimum at once, and the committer commits every pending checkpoint
+//! that all parts have reached. The last step's checkpoint is committed at the end, after
+//! one all-gather of the durable steps.
+//!
+//! The committer takes the root's lock before it votes, and its ballot says whether it
+//! holds it: the members write their parts of a checkpoint only when it does, so that a
+//! root locked by another writer gets nothing from this job, not even temporaries.
+//!
+//! A membership change between a snapshot and its commit leaves that checkpoint
+//! uncommitted: its parts lie in a directory of the old epoch's own, which the next
+//! epoch's committer removes; the parts of two epochs never share a directory, and a part
+//! record is created once, so no part ever has two writers. Only the committer takes the
+//! root's lock ([`ckpt::owner`]); one that cannot take it yet (a former committer still
+//! finishing, or stopped and not yet gone) passes over its checkpoints, with a warning and
+//! a `checkpoint_skipped` event, rather than commit beside it. A `kill -9` at any instant
+//! leaves the newest committed checkpoint valid (the store's atomic commit), and
+//! `--resume latest` starts the job again from it on any number of workers.
+//!
+//! Every member takes the same checkpoints: the schedule's "are the writers idle" (for
+//! `--checkpoint-when-busy defer`) is read from the minimum durable step of the vote,
+//! never from a member's own writer.
 
-use ckpt::{AsyncWriter, CkptError, WriterStats};
+use std::time::{Duration, Instant};
+
+use ckpt::{AsyncWriter, Part, WriterStats};
 use serde_json::json;
 
 use crate::checkpointing::{self, Schedule};
@@ -24,9 +41,17 @@ use crate::step::TrainState;
 /// One worker's share of the job's checkpoints.
 pub(super) struct Saving {
     config: CheckpointConfig,
-    /// Every member advances the schedule alike; only the writer acts on it.
     schedule: Schedule,
-    writer: Option<AsyncWriter>,
+    /// This member's writer in its epoch, and its part.
+    writer: Option<(Part, AsyncWriter)>,
+    /// The committer: why it could not take the root's lock, and when it last tried.
+    busy: Option<(String, Instant)>,
+    /// Whether the epoch's committer holds the root's lock (its last ballot said).
+    committer_ready: bool,
+    /// The newest step whose checkpoint the members wrote in this epoch (0: none).
+    written: u64,
+    /// The newest step every member of the epoch has made durable (the last vote's).
+    durable_everywhere: u64,
     /// The totals of the writers this worker has let go.
     done: WriterStats,
 }
@@ -39,61 +64,133 @@ impl Saving {
             config: c.clone(),
             schedule: Schedule::new(c, config.steps),
             writer: None,
+            busy: None,
+            committer_ready: false,
+            written: 0,
+            durable_everywhere: 0,
             done: WriterStats::default(),
         })
     }
 
-    /// After step `done`, as the member of rank `rank`: whether this worker writes a
-    /// checkpoint now. A worker no longer ranked first lets its writer go.
-    pub fn due(&mut self, rank: usize, done: u64) -> Result<bool, TrainError> {
-        if rank != 0 {
-            self.release()?;
-        }
-        let writer = &mut self.writer;
-        let take = self.schedule.take(done, || match writer.as_mut() {
-            Some(w) => w.busy().map(|busy| !busy),
-            None => Ok(true),
-        })?;
-        Ok(take && rank == 0)
+    /// After step `done`: whether to write a checkpoint now (every member answers alike).
+    pub fn due(&mut self, done: u64) -> Result<bool, TrainError> {
+        // Idle: every member's part of the newest checkpoint of this epoch is durable.
+        let idle = self.durable_everywhere >= self.written;
+        self.schedule.take(done, || Ok(idle))
     }
 
-    /// Writes the checkpoint of `state` (in the background), taking the root's lock first
-    /// if this worker does not hold it yet.
-    pub fn write(&mut self, state: &TrainState, meta: ckpt::Meta, metrics: &mut MetricsFile) -> Result<(), TrainError> {
+    /// This member's words in the step's ballot, as writer `part` of the epoch: the newest
+    /// step of its part made durable, and (the committer) whether it holds the root's
+    /// lock, which it tries to take first (at most once a second while another holds it).
+    /// A writer of another epoch is let go first.
+    pub fn ballot(&mut self, part: Part) -> [u64; 2] {
+        if self.writer.as_ref().is_some_and(|(p, _)| *p != part) {
+            self.release();
+        }
+        let retry = self.busy.as_ref().is_none_or(|(_, at)| at.elapsed() >= Duration::from_secs(1));
+        if self.writer.is_none() && part.index == 0 && retry {
+            let c = &self.config;
+            let options = ckpt::SaveOptions { shards: c.shards, retention: c.retention };
+            match AsyncWriter::for_part(&c.dir, options, part) {
+                Ok(mut w) => {
+                    w.set_persist_nice(c.persist_nice);
+                    self.writer = Some((part, w));
+                    self.busy = None;
+                }
+                Err(why) => self.busy = Some((why.to_string(), Instant::now())),
+            }
+        }
+        match self.writer.as_mut() {
+            Some((_, w)) => {
+                // (A failed persist is said when the writer is let go.)
+                let _ = w.poll();
+                [w.durable(), 1]
+            }
+            None => [0, 0],
+        }
+    }
+
+    /// Writes this member's part of the checkpoint of `state` (in the background), if the
+    /// committer holds the root's lock.
+    pub fn write(
+        &mut self,
+        part: Part,
+        state: &TrainState,
+        meta: ckpt::Meta,
+        metrics: &mut MetricsFile,
+    ) -> Result<(), TrainError> {
+        if !self.committer_ready {
+            if part.index != 0 {
+                return Ok(());
+            }
+            let why = self.busy.as_ref().map_or("no writer", |(why, _)| why.as_str());
+            tracing::warn!(step = state.step, "no checkpoint of step {}: {why}", state.step);
+            return metrics.write(json!({"kind": "checkpoint_skipped", "step": state.step, "reason": why}));
+        }
+        self.written = state.step;
         if self.writer.is_none() {
             let c = &self.config;
             let options = ckpt::SaveOptions { shards: c.shards, retention: c.retention };
-            match AsyncWriter::new(&c.dir, options) {
-                Ok(mut w) => {
-                    w.set_persist_nice(c.persist_nice);
-                    self.writer = Some(w);
-                }
-                Err(why @ CkptError::Busy { .. }) => {
-                    tracing::warn!(step = state.step, "no checkpoint of step {}: {why}", state.step);
-                    let event = json!({"kind": "checkpoint_skipped", "step": state.step, "reason": why.to_string()});
-                    return metrics.write(event);
-                }
-                Err(e) => return Err(e.into()),
-            }
+            let mut w = AsyncWriter::for_part(&c.dir, options, part)?;
+            w.set_persist_nice(c.persist_nice);
+            self.writer = Some((part, w));
         }
-        let writer = self.writer.as_mut().expect("taken above");
+        let (_, writer) = self.writer.as_mut().expect("made above");
         let stall = writer.snapshot(meta, &checkpointing::tensor_refs(state))?;
         metrics.write(json!({"kind": "checkpoint", "step": state.step, "stall_seconds": stall.as_secs_f64()}))
     }
 
-    /// Finishes this worker's checkpoints (the last persist and its commit) and lets the
-    /// root's lock go.
-    pub fn release(&mut self) -> Result<(), TrainError> {
-        if let Some(mut w) = self.writer.take() {
+    /// The vote's ballots, in rank order (their words from [`ballot`](Saving::ballot)):
+    /// the committer commits what all parts have reached.
+    pub fn heard(&mut self, ballots: &[[u64; 2]]) {
+        self.committer_ready = ballots.first().is_some_and(|b| b[1] == 1);
+        self.commit_through(ballots.iter().map(|b| b[0]).min().unwrap_or(0));
+    }
+
+    fn commit_through(&mut self, durable_everywhere: u64) {
+        self.durable_everywhere = durable_everywhere;
+        if let Some((_, w)) = self.writer.as_mut()
+            && let Err(e) = w.commit_through(durable_everywhere)
+        {
+            tracing::warn!("a checkpoint was not committed: {e}");
+        }
+    }
+
+    /// Lets this epoch's writer go once its persist (and, for the committer, its commits)
+    /// ended. A part of an epoch that ended may have been removed under it by the next
+    /// epoch's committer: the checkpoint is then not committed, which is said, not fatal.
+    fn release(&mut self) {
+        (self.durable_everywhere, self.committer_ready, self.written) = (0, false, 0);
+        if let Some((part, mut w)) = self.writer.take() {
+            if let Err(e) = w.finish() {
+                tracing::warn!(epoch = part.group, "a checkpoint of an earlier epoch was not committed: {e}");
+            }
+            self.done.absorb(w.stats());
+        }
+    }
+
+    /// At the end: this member's part of the last checkpoint made durable, then, once
+    /// `gather` (an all-gather of the members' durable steps) says every part is, its
+    /// commit; returns this worker's totals and the due steps passed over.
+    pub fn finish(
+        mut self,
+        gather: impl FnOnce(u64) -> Result<u64, TrainError>,
+    ) -> Result<(WriterStats, u64), TrainError> {
+        let own = match self.writer.as_mut() {
+            Some((_, w)) => {
+                w.wait_persisted()?;
+                w.durable()
+            }
+            None => 0,
+        };
+        match gather(own) {
+            Ok(everywhere) => self.commit_through(everywhere),
+            Err(e) => tracing::warn!("the last checkpoint was not committed: the members could not agree: {e}"),
+        }
+        if let Some((_, mut w)) = self.writer.take() {
             w.finish()?;
             self.done.absorb(w.stats());
         }
-        Ok(())
-    }
-
-    /// Lets the writer go and returns this worker's totals, and the due steps passed over.
-    pub fn finish(mut self) -> Result<(WriterStats, u64), TrainError> {
-        self.release()?;
         Ok((self.done, self.schedule.deferred()))
     }
 }

@@ -118,8 +118,15 @@ impl Shell<'_, '_, '_> {
         let now = Instant::now();
         let Some((_, mesh)) = self.side.current.get().filter(|(e, _)| *e == epoch) else { return };
         let id = self.side.id;
-        match comm::collective::all_gather_words(&*mesh, &[u64::from(ok), digest], self.side.d.job.timeout) {
+        // The ballot's last words are the checkpoints' ([`Saving::ballot`]).
+        let part = self.side.part();
+        let [durable, ready] = self.side.saving.as_mut().map_or([0, 0], |s| s.ballot(part));
+        let words = [u64::from(ok), digest, durable, ready];
+        match comm::collective::all_gather_words(&*mesh, &words, self.side.d.job.timeout) {
             Ok(all) => {
+                if let Some(s) = self.side.saving.as_mut() {
+                    s.heard(&all.iter().map(|w| [w[2], w[3]]).collect::<Vec<_>>());
+                }
                 // The gathered ballots are in rank order, this worker's among them.
                 let members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
                 for (r, words) in all.iter().enumerate() {
@@ -300,7 +307,14 @@ impl Shell<'_, '_, '_> {
         let config = self.side.config;
         // The last checkpoint, the final step's, is committed before the summary.
         let (checkpoints, checkpoints_deferred) = match self.side.saving.take() {
-            Some(saving) => saving.finish()?,
+            Some(saving) => {
+                let (current, timeout) = (self.side.current.get(), self.side.d.job.timeout);
+                saving.finish(|own| {
+                    let (_, mesh) = current.ok_or_else(|| CommError::Setup("no epoch's mesh".into()))?;
+                    let all = comm::collective::all_gather_words(&*mesh, &[own], timeout)?;
+                    Ok(all.iter().map(|w| w[0]).min().unwrap_or(0))
+                })?
+            }
             None => (ckpt::WriterStats::default(), 0),
         };
         let last_eval = match self.last_eval.filter(|e| e.step == state.step) {
