@@ -386,6 +386,30 @@ fn coordinator_forms_the_first_quorum_when_the_expected_workers_are_idle_or_afte
 }
 
 #[test]
+fn a_coordinator_that_takes_over_a_running_job_waits_one_loss_bound_not_for_the_jobs_size() {
+    let c = Clock(Instant::now());
+    // Generation 1 of a job of four, two of whose workers are alive: they report the
+    // epoch of the coordinator before (lost_after 100 ms, settle 200 ms).
+    let mut co = Coordinator::new(1, 4, 1, timing(), c.at(0));
+    for id in [0, 3] {
+        report(&mut co, c.at(1), id, Status { epoch: 1, ..idle(40, 100, Some(1)) });
+    }
+    assert!(quorum_sent(&co.tick(c.at(99))).is_none(), "within the loss bound");
+    let q = quorum_sent(&co.tick(c.at(100))).expect("formed after one loss bound");
+    assert_eq!((q.epoch, q.members.clone(), q.step), ((1 << 40) + 1, vec![0, 3], 40));
+    // A fresh job's coordinator waits the whole settle for the workers it expects.
+    let mut fresh = Coordinator::new(1, 4, 1, timing(), c.at(0));
+    for id in [0, 3] {
+        report(&mut fresh, c.at(1), id, idle(0, 100, None));
+    }
+    for id in [0, 3] {
+        report(&mut fresh, c.at(150), id, idle(0, 100, None));
+    }
+    assert!(quorum_sent(&fresh.tick(c.at(199))).is_none(), "waits the settle");
+    assert!(quorum_sent(&fresh.tick(c.at(200))).is_some());
+}
+
+#[test]
 fn coordinator_picks_the_newest_step_and_its_most_common_fingerprint() {
     let c = Clock(Instant::now());
     let mut co = Coordinator::new(0, 4, 1, timing(), c.at(0));
