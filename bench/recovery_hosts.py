@@ -1,8 +1,10 @@
 """Recovery of an elastic job across hosts over links shaped with `tc`: runs
 `bench/recovery_hosts.sh` (three network-namespace hosts, one worker each, every link at
 1 Gbit/s both ways; worker 0 crashes and its replacement fetches the state from the two
-live replicas) for states of about 10 MB, 100 MB and 1 GB, and writes the timeline into
-docs/benchmarks.md. Needs root (namespaces, tc); says so and writes nothing otherwise.
+live replicas) for states of about 10 MB, 100 MB and 1 GB, then the failure-rate sweep
+across the same hosts (`bench/recovery_sweep_hosts.sh`: live replicas, in-memory copies and
+checkpoint restart under random crashes), and writes both into docs/benchmarks.md. Needs
+root (namespaces, tc); says so and writes nothing otherwise.
 
 Usage: python3 bench/recovery_hosts.py   (bench/run.sh recovery-hosts does this)
 """
@@ -15,6 +17,37 @@ from common import cpu_name, first_fetch, publish, recovery_stamps  # noqa: E402
 BIN = os.environ.get("STEADFAST_BIN") or os.path.join(ROOT, "target", "release", "steadfast")
 RATE_MBIT = 1000
 WIDTHS = [800, 3300, 12000]  # about 10 MB, 100 MB and 1 GB of state (AdamW: 12 bytes per parameter)
+SWEEP_MTBF = [0, 120, 60, 30]  # seconds per worker process; 0: no failures
+SWEEP_SEEDS = [1, 2]
+SWEEP_STEPS = 1500
+METHODS = {
+    "live": "live replicas",
+    "memory": "in-memory copy every 100 steps",
+    "checkpoint": "checkpoint every 100 steps, job restarted whole",
+}
+
+
+def sweep():
+    """The sweep's runs, averaged over seeds per (mtbf, method); every run's workers must
+    print one fingerprint, the same for all."""
+    with tempfile.TemporaryDirectory() as out:
+        run = subprocess.run(["bash", os.path.join(ROOT, "bench", "recovery_sweep_hosts.sh"), BIN, out,
+                              str(RATE_MBIT), " ".join(map(str, SWEEP_MTBF)), " ".join(map(str, SWEEP_SEEDS)),
+                              str(SWEEP_STEPS)], capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"recovery_sweep_hosts.sh failed:\n{run.stdout}\n{run.stderr}")
+        runs = [json.loads(l) for l in open(os.path.join(out, "runs.jsonl"))]
+    prints = {f for r in runs for f in r["fingerprints"]}
+    if len(prints) != 1 or any(sum(r["fingerprints"].values()) != 3 for r in runs):
+        sys.exit(f"the runs' fingerprints differ: {runs}")
+    rows = []
+    for mtbf in SWEEP_MTBF:
+        for method in METHODS:
+            mine = [r for r in runs if r["mtbf"] == mtbf and r["method"] == method]
+            rows.append({"mtbf": mtbf, "method": method,
+                         "seconds": sum(r["seconds"] for r in mine) / len(mine),
+                         "failures": sum(r["failures"] for r in mine) / len(mine)})
+    return rows, prints.pop()
 
 
 def row(out, width, link):
@@ -53,6 +86,7 @@ def main():
             sys.exit(f"recovery_hosts.sh failed:\n{run.stdout}\n{run.stderr}")
         link = json.load(open(os.path.join(out, "link.json")))
         rows = [row(out, w, link) for w in WIDTHS]
+    swept, fingerprint = sweep()
     lines = [
         "<!-- recovery-hosts:start -->",
         "## Recovery across hosts over shaped links",
@@ -88,6 +122,30 @@ def main():
         " its model, which grows with the state. The fetch takes chunks from both sources at once; with one"
         " receiving link, its rate is bounded by that link. No step is computed twice: the job goes on from the"
         " survivors' current state. (Times are the coordinator's and the launcher's, printed to 10 ms.)",
+        "",
+        "### Under a sweep of failure rates, across hosts",
+        "",
+        f"The same three hosts and links; the MLP on Fashion-MNIST (batch 128 as micro-batches of 32,"
+        f" `reproducible`) for {SWEEP_STEPS} steps, one worker per host, each worker process crashing at a random"
+        " moment drawn from an exponential distribution of the given mean (`--fault crash:mtbf=S,seed=N`; every"
+        " process draws its own). Recovered three ways: from the live replicas (an elastic job of three nodes,"
+        " `--max-restarts 100 --min-nproc 2`: each node replaces its worker, the survivors go on meanwhile); by"
+        " going back to an in-memory copy kept every 100 steps (`--recovery memory`); by restarting the whole"
+        " static job from its checkpoint of every 100 steps (`--resume auto`, as a scheduler requeues a job; each"
+        f" start's processes draw new moments). Wall seconds of the whole job, mean of {len(SWEEP_SEEDS)} seeds;"
+        f" every run's three workers end with the same fingerprint, `{fingerprint}`. Failures are the crashes that"
+        " happened (the live and memory jobs' replacements, the checkpoint job's restarts).",
+        "",
+        "| mean time between failures, per worker | method | failures | seconds | / failure-free | / live replicas |",
+        "|---|---|---|---|---|---|",
+    ]
+    base = {r["method"]: r["seconds"] for r in swept if r["mtbf"] == 0}
+    live = {r["mtbf"]: r["seconds"] for r in swept if r["method"] == "live"}
+    for r in swept:
+        mtbf = "none" if r["mtbf"] == 0 else f"{r['mtbf']} s"
+        lines.append(f"| {mtbf} | {METHODS[r['method']]} | {r['failures']:.1f} | {r['seconds']:.2f} |"
+                     f" {r['seconds'] / base[r['method']]:.3f}x | {r['seconds'] / live[r['mtbf']]:.3f}x |")
+    lines += [
         "<!-- recovery-hosts:end -->",
     ]
     publish("recovery-hosts", lines)
