@@ -454,10 +454,22 @@ fn coordinator_ends_the_epoch_on_a_silent_a_disconnected_or_an_aborting_member_a
     let mut co = running(&c);
     report(&mut co, c.at(5), 2, Status { epoch: 1, ..idle(0, 100, None) });
     assert!(matches!(co.stage(), JobState::Gathering { .. }));
-    // A worker joining the running job.
+    // Workers joining the running job: taken in together, a join window (10 ms here)
+    // after the first was seen, while the members step on.
     let mut co = running(&c);
     report(&mut co, c.at(5), 7, idle(0, 100, None));
+    assert_eq!(*co.stage(), JobState::Running);
+    report(&mut co, c.at(9), 8, idle(0, 100, None));
+    for id in 0..3 {
+        report(&mut co, c.at(9), id, stepping(1));
+    }
+    assert_eq!(*co.stage(), JobState::Running);
+    co.tick(c.at(15));
     assert!(matches!(co.stage(), JobState::Gathering { .. }));
+    let a: Vec<Action> =
+        (0..3).flat_map(|id| report(&mut co, c.at(16), id, Status { epoch: 1, ..idle(0, 100, None) })).collect();
+    let q = quorum_sent(&a).expect("one epoch for both newcomers");
+    assert_eq!(q.members, vec![0, 1, 2, 7, 8]);
 }
 
 #[test]

@@ -95,6 +95,8 @@ pub struct Coordinator {
     quorum: Option<Quorum>,
     formed: bool,
     holders: BTreeMap<WorkerId, Holder>,
+    /// Since when a worker outside the running epoch waits to join it.
+    newcomers_since: Option<Instant>,
 }
 
 impl Coordinator {
@@ -116,6 +118,7 @@ impl Coordinator {
             quorum: None,
             formed: false,
             holders: BTreeMap::new(),
+            newcomers_since: None,
         }
     }
 
@@ -452,8 +455,14 @@ impl Coordinator {
                 _ => {}
             }
         }
+        // Newcomers join together: the epoch ends a join window after the first was seen,
+        // so that the workers of a node started again (which come up within moments of each
+        // other) form one epoch, not one each. The members step on meanwhile.
         let newcomer = self.live().any(|(id, s)| q.rank_of(id).is_none() && s.status.phase == WorkerState::Idle);
-        if newcomer {
+        if !newcomer {
+            self.newcomers_since = None;
+        } else if now.saturating_duration_since(*self.newcomers_since.get_or_insert(now)) >= self.timing.join_window() {
+            self.newcomers_since = None;
             return self.gather(now, out);
         }
         let strays: Vec<(WorkerId, u64)> = self

@@ -123,6 +123,12 @@ impl Default for Timing {
 }
 
 impl Timing {
+    /// How long a running job waits after a newcomer for others before it takes them in
+    /// (a tenth of the loss bound: 200 ms at 2 s).
+    pub fn join_window(&self) -> Duration {
+        self.lost_after / 10
+    }
+
     /// A coordinator's clocks: a worker is lost after `lost_after` of silence, the first
     /// quorum waits at most `settle` for every worker, and the job stops after
     /// `quorum_timeout` with too few. Messages that have not taken effect are repeated
