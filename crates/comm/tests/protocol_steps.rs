@@ -483,8 +483,22 @@ fn coordinator_waits_for_a_member_to_acknowledge_its_newest_epoch_before_countin
     let a = report(&mut co, c.at(7), 1, Status { epoch: 1, ..idle(0, 100, None) });
     assert!(quorum_sent(&a).is_none());
     let a = report(&mut co, c.at(8), 0, Status { epoch: 1, ..idle(0, 100, None) });
+    assert!(quorum_sent(&a).is_none(), "within the join window after the loss (10 ms here)");
+    let a = co.tick(c.at(15));
     let q = quorum_sent(&a).expect("both acknowledged epoch 1");
     assert_eq!((q.epoch, q.members), (2, vec![0, 1]));
+}
+
+#[test]
+fn the_losses_of_one_node_that_arrive_moments_apart_are_one_change() {
+    let c = Clock(Instant::now());
+    let mut co = running(&c);
+    co.on_disconnect(c.at(5), 1);
+    report(&mut co, c.at(6), 0, Status { epoch: 1, ..idle(0, 100, None) });
+    co.on_disconnect(c.at(9), 2);
+    let a = co.tick(c.at(15));
+    let q = quorum_sent(&a).expect("one quorum after the window");
+    assert_eq!((q.epoch, q.members), (2, vec![0]));
 }
 
 #[test]

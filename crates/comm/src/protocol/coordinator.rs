@@ -97,6 +97,9 @@ pub struct Coordinator {
     holders: BTreeMap<WorkerId, Holder>,
     /// Since when a worker outside the running epoch waits to join it.
     newcomers_since: Option<Instant>,
+    /// A running epoch ended by a loss: the next quorum forms no sooner than this, so that
+    /// the workers of one node, whose losses arrive moments apart, leave in one change.
+    quiet_until: Option<Instant>,
 }
 
 impl Coordinator {
@@ -119,6 +122,7 @@ impl Coordinator {
             formed: false,
             holders: BTreeMap::new(),
             newcomers_since: None,
+            quiet_until: None,
         }
     }
 
@@ -346,6 +350,9 @@ impl Coordinator {
         for (id, epoch) in busy.iter().copied() {
             self.nudge(now, id, Msg::Reconfigure { epoch }, out);
         }
+        if self.quiet_until.is_some_and(|t| now < t) {
+            return;
+        }
         let ready: Vec<WorkerId> = self.live().filter(|(_, s)| current(s)).map(|(id, _)| id).collect();
         let waited = now.saturating_duration_since(since);
         let all_here = busy.is_empty() && (self.formed || ready.len() >= self.expected);
@@ -413,6 +420,7 @@ impl Coordinator {
             let seen = &self.workers[&m];
             let s = &seen.status;
             if seen.lost || (s.epoch == q.epoch && matches!(s.phase, WorkerState::Idle | WorkerState::Stopped)) {
+                self.quiet_until = Some(now + self.timing.join_window());
                 return self.gather(now, out);
             }
             if s.epoch < q.epoch {
@@ -447,6 +455,7 @@ impl Coordinator {
             let seen = &self.workers[&m];
             let s = &seen.status;
             if seen.lost || (s.epoch == q.epoch && matches!(s.phase, WorkerState::Idle | WorkerState::Stopped)) {
+                self.quiet_until = Some(now + self.timing.join_window());
                 return self.gather(now, out);
             }
             match s.phase {

@@ -123,8 +123,9 @@ impl Default for Timing {
 }
 
 impl Timing {
-    /// How long a running job waits after a newcomer for others before it takes them in
-    /// (a tenth of the loss bound: 200 ms at 2 s).
+    /// How long a running job waits after a newcomer for others before it takes them in,
+    /// and after a loss for others before it forms the next quorum (a tenth of the loss
+    /// bound: 200 ms at 2 s): changes that arrive together are one change.
     pub fn join_window(&self) -> Duration {
         self.lost_after / 10
     }
