@@ -38,6 +38,10 @@ use crate::static_job::Meeting;
 use crate::workers::{Exited, Workers};
 use crate::{Decision, Exit, KILL_GRACE, LaunchError, OnFailure, RestartPolicy, say};
 
+/// How long a launcher elected in etcd waits before it kills a worker its coordinator lost:
+/// time for the role's thread to find out whether the role is still held.
+const ROLE_CONFIRMED: Duration = Duration::from_secs(1);
+
 /// How an elastic job is run.
 pub struct ElasticJob {
     /// Workers at the start (on this node).
@@ -106,6 +110,12 @@ struct Supervisor<'p> {
     /// Whether this launcher serves the coordinator (one node, node 0 of several, or the
     /// holder of the role in etcd).
     serves: bool,
+    /// Whether it holds the role by election (in etcd), and the workers its coordinator
+    /// lost, to kill once the role is confirmed: a holder stopped past its lease and
+    /// continued first sees its workers' connections to it closed (they moved to the new
+    /// holder), and must not kill them for that.
+    elected: bool,
+    doomed: Vec<(Instant, usize, u64)>,
     finished: bool,
     /// Since when the job is over (a worker still running then is killed after a grace).
     over_since: Option<Instant>,
@@ -191,6 +201,8 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         incarnations: vec![0; plan.nproc],
         policy: RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, local_min),
         serves: matches!(role, Role::Serves(_)),
+        elected: matches!(role, Role::Candidate(..)),
+        doomed: Vec::new(),
         finished: false,
         over_since: None,
         killed: false,
@@ -394,15 +406,19 @@ impl Supervisor<'_> {
                 Some(t) if !self.killed => self.grace().saturating_sub(t.elapsed()),
                 _ => Duration::from_secs(3600),
             };
+            let wait = self
+                .doomed
+                .iter()
+                .map(|(at, ..)| at.saturating_duration_since(Instant::now()))
+                .fold(wait, Duration::min);
             match rx.recv_timeout(wait) {
                 Ok(Heard::Exited(e)) => self.on_exit(e, requests)?,
                 // A worker the coordinator lost may still run (hung, or cut off): end it.
                 // (Only the process lost: its replacement may have started already.)
-                Ok(Heard::Lost { slot, incarnation }) => {
-                    if let Some(pid) = self.workers.kill(slot, Some(incarnation)) {
-                        say!(self.started, "killing worker {slot} (pid {pid}): the coordinator lost it");
-                    }
+                Ok(Heard::Lost { slot, incarnation }) if self.elected => {
+                    self.doomed.push((Instant::now() + ROLE_CONFIRMED, slot, incarnation));
                 }
+                Ok(Heard::Lost { slot, incarnation }) => self.kill_lost(slot, incarnation),
                 Ok(Heard::Finished) => self.finished = true,
                 Ok(Heard::CoordinatorDone) => {
                     self.over_since.get_or_insert_with(Instant::now);
@@ -429,8 +445,27 @@ impl Supervisor<'_> {
             if self.stopped_on_error.is_some() {
                 requests.shutdown.store(true, Ordering::Relaxed);
             }
+            let now = Instant::now();
+            for (_, slot, incarnation) in self.doomed.extract_if(.., |(at, ..)| *at <= now).collect::<Vec<_>>() {
+                if self.serves {
+                    self.kill_lost(slot, incarnation);
+                } else {
+                    say!(
+                        self.started,
+                        "worker {slot} goes on: this launcher's coordinator lost it after losing the role"
+                    );
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Kills process `incarnation` of `slot`, which the coordinator lost (hung, or cut off);
+    /// its replacement may have started already, and lives.
+    fn kill_lost(&mut self, slot: usize, incarnation: u64) {
+        if let Some(pid) = self.workers.kill(slot, Some(incarnation)) {
+            say!(self.started, "killing worker {slot} (pid {pid}): the coordinator lost it");
+        }
     }
 
     /// A worker's process exited: the policy decides.
