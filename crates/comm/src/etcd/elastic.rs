@@ -34,15 +34,28 @@ async fn connect(target: &Target, give_up: &AtomicBool) -> Option<Client> {
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(target.ttl.max(Duration::from_secs(2)));
     loop {
-        match Client::connect([target.endpoint.as_str()], Some(options.clone())).await {
-            Ok(c) => return Some(c),
-            Err(e) => tracing::debug!("etcd at {} not reachable yet: {e}", target.endpoint),
+        // (The client may retry inside `connect` for as long as etcd is down.)
+        let connecting = Client::connect([target.endpoint.as_str()], Some(options.clone()));
+        match tokio::time::timeout(Duration::from_secs(3), connecting).await {
+            Ok(Ok(c)) => return Some(c),
+            Ok(Err(e)) => tracing::debug!("etcd at {} not reachable yet: {e}", target.endpoint),
+            Err(_) => tracing::debug!("etcd at {} does not answer", target.endpoint),
         }
         if give_up.load(Ordering::Relaxed) {
             return None;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// An etcd call bounded by the lease's time to live (at least 2 s): while etcd is down a
+/// request waits as the client reconnects, and no step here may wait for it forever (a
+/// launcher whose job is over must be able to give up, a holder to resign).
+async fn bounded<T>(
+    target: &Target,
+    call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Option<T> {
+    tokio::time::timeout(target.ttl.max(Duration::from_secs(2)), call).await.ok()?.ok()
 }
 
 fn etcd_error(target: &Target, what: &str, e: etcd_client::Error) -> CommError {
@@ -116,6 +129,9 @@ pub fn campaign(
             runtime.block_on(async move {
                 // etcd may go away during the campaign: the candidate connects again.
                 let won = loop {
+                    if give_up.load(Ordering::Relaxed) {
+                        break Won::GaveUp;
+                    }
                     let Some(client) = connect(&target, &give_up).await else { break Won::GaveUp };
                     match run_for(&target, client, addr, &give_up).await {
                         Ok(won) => break won,
@@ -163,25 +179,23 @@ async fn run_for(
     give_up: &AtomicBool,
 ) -> Result<Won, CommError> {
     let job = &target.job;
-    let lease = client
-        .lease_grant(target.ttl.as_secs() as i64, None)
-        .await
-        .map_err(|e| etcd_error(target, "cannot grant a lease", e))?
-        .id();
-    let (mut keeper, mut acks) =
-        client.lease_keep_alive(lease).await.map_err(|e| etcd_error(target, "cannot keep the lease alive", e))?;
+    let unreachable = || setup(format!("etcd at {} does not answer", target.endpoint));
+    let lease =
+        bounded(target, client.lease_grant(target.ttl.as_secs() as i64, None)).await.ok_or_else(unreachable)?.id();
+    let (mut keeper, mut acks) = bounded(target, client.lease_keep_alive(lease)).await.ok_or_else(unreachable)?;
     let mut tick = tokio::time::interval(target.ttl / 3);
     loop {
         if give_up.load(Ordering::Relaxed) {
-            let _ = client.lease_revoke(lease).await;
+            let _ = bounded(target, client.lease_revoke(lease)).await;
             return Ok(Won::GaveUp);
         }
-        let over = client.get(over_key(job), None).await.map_err(|e| etcd_error(target, "cannot read", e))?;
+        let unreachable = || setup(format!("etcd at {} does not answer", target.endpoint));
+        let over = bounded(target, client.get(over_key(job), None)).await.ok_or_else(unreachable)?;
         if let Some(kv) = over.kvs().first() {
-            let _ = client.lease_revoke(lease).await;
+            let _ = bounded(target, client.lease_revoke(lease)).await;
             return Ok(Won::Over(String::from_utf8_lossy(kv.value()).into_owned()));
         }
-        let count = client.get(generations_key(job), None).await.map_err(|e| etcd_error(target, "cannot read", e))?;
+        let count = bounded(target, client.get(generations_key(job), None)).await.ok_or_else(unreachable)?;
         let elections = count.kvs().first().map_or(0, |kv| kv.version());
         let take = Txn::new()
             .when([
@@ -193,7 +207,7 @@ async fn run_for(
                 TxnOp::put(coordinator_key(job), addr.to_string(), Some(PutOptions::new().with_lease(lease))),
                 TxnOp::put(generations_key(job), "", None),
             ]);
-        let taken = client.txn(take).await.map_err(|e| etcd_error(target, "cannot campaign", e))?;
+        let taken = bounded(target, client.txn(take)).await.ok_or_else(unreachable)?;
         if taken.succeeded() {
             let held = Held { client, lease, addr, keeper: Some((keeper, acks)) };
             return Ok(Won::Role(Box::new(held), elections as u64));
@@ -201,10 +215,8 @@ async fn run_for(
         // Another holds the role: wait for its key to go (or a while, to look again).
         let revision = taken.header().map_or(0, |h| h.revision());
         let options = WatchOptions::new().with_start_revision(revision + 1);
-        let mut watch = client
-            .watch(coordinator_key(job), Some(options))
-            .await
-            .map_err(|e| etcd_error(target, "cannot watch", e))?;
+        let mut watch =
+            bounded(target, client.watch(coordinator_key(job), Some(options))).await.ok_or_else(unreachable)?;
         let wait = tokio::time::sleep(Duration::from_millis(500));
         tokio::pin!(wait);
         loop {
@@ -258,14 +270,14 @@ async fn hold(
     loop {
         let mut broken = false;
         if held.keeper.is_none() {
-            match held.client.lease_keep_alive(held.lease).await {
-                Ok(k) => held.keeper = Some(k),
-                Err(_) => broken = true,
+            match bounded(target, held.client.lease_keep_alive(held.lease)).await {
+                Some(k) => held.keeper = Some(k),
+                None => broken = true,
             }
         }
         if watch.is_none() && !broken {
-            match held.client.get(key.clone(), None).await {
-                Ok(got) => {
+            match bounded(target, held.client.get(key.clone(), None)).await {
+                Some(got) => {
                     match got.kvs().first() {
                         Some(kv) if kv.value() == mine.as_bytes() && kv.lease() == held.lease => {}
                         Some(_) => lose("another process holds the role".into()),
@@ -273,12 +285,12 @@ async fn hold(
                     }
                     let revision = got.header().map_or(0, |h| h.revision());
                     let options = WatchOptions::new().with_start_revision(revision + 1);
-                    match held.client.watch(key.clone(), Some(options)).await {
-                        Ok(w) => watch = Some(w),
-                        Err(_) => broken = true,
+                    match bounded(target, held.client.watch(key.clone(), Some(options))).await {
+                        Some(w) => watch = Some(w),
+                        None => broken = true,
                     }
                 }
-                Err(_) => broken = true,
+                None => broken = true,
             }
         }
         if broken != unreachable {
@@ -330,15 +342,16 @@ async fn resign(target: &Target, held: &mut Held, over: Option<String>) {
     let job = &target.job;
     if let Some(outcome) = over {
         let ttl = (target.ttl.as_secs() * 6).max(60) as i64;
-        if let Ok(g) = held.client.lease_grant(ttl, None).await {
-            let _ = held.client.put(over_key(job), outcome, Some(PutOptions::new().with_lease(g.id()))).await;
+        if let Some(g) = bounded(target, held.client.lease_grant(ttl, None)).await {
+            let put = held.client.put(over_key(job), outcome, Some(PutOptions::new().with_lease(g.id())));
+            let _ = bounded(target, put).await;
         }
     }
     let mine = Txn::new()
         .when([Compare::value(coordinator_key(job), CompareOp::Equal, held.addr.to_string())])
         .and_then([TxnOp::delete(coordinator_key(job), None)]);
-    let _ = held.client.txn(mine).await;
-    let _ = held.client.lease_revoke(held.lease).await;
+    let _ = bounded(target, held.client.txn(mine)).await;
+    let _ = bounded(target, held.client.lease_revoke(held.lease)).await;
 }
 
 async fn next_ack(
@@ -473,9 +486,9 @@ pub fn keep_worker(
             let Some(c) = client.as_mut() else { return };
             if lease.is_none() {
                 let granted = async {
-                    let id = c.lease_grant(target.ttl.as_secs() as i64, None).await.ok()?.id();
-                    c.put(key.clone(), "", Some(PutOptions::new().with_lease(id))).await.ok()?;
-                    let (k, s) = c.lease_keep_alive(id).await.ok()?;
+                    let id = bounded(&target, c.lease_grant(target.ttl.as_secs() as i64, None)).await?.id();
+                    bounded(&target, c.put(key.clone(), "", Some(PutOptions::new().with_lease(id)))).await?;
+                    let (k, s) = bounded(&target, c.lease_keep_alive(id)).await?;
                     Some((id, k, s))
                 };
                 lease = granted.await;
@@ -491,8 +504,8 @@ pub fn keep_worker(
             tokio::select! {
                 finished = &mut stop => {
                     if let (Ok(true), Some((l, _, _)), Some(c)) = (finished, lease.as_ref(), client.as_mut()) {
-                        let _ = c.put(key.clone(), DONE, Some(PutOptions::new().with_lease(*l))).await;
-                        let _ = c.lease_revoke(*l).await;
+                        let _ = bounded(&target, c.put(key.clone(), DONE, Some(PutOptions::new().with_lease(*l)))).await;
+                        let _ = bounded(&target, c.lease_revoke(*l)).await;
                     }
                     return;
                 }
