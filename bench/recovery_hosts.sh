@@ -16,13 +16,7 @@ out=${2:?usage: recovery_hosts.sh path/to/steadfast OUT [RATE_MBIT] [WIDTHS]}
 rate=${3:-1000}
 widths=${4:-800 3300 12000}
 mkdir -p "$out"
-. "$(dirname "$0")/../scripts/netns-hosts.sh"
-make_hosts 3
-for i in 0 1 2; do
-  # Both directions: the host's end (what it sends) and the bridge's end (what it receives).
-  on_host "$i" tc qdisc add dev "$tag-p$i" root tbf rate "${rate}mbit" burst 1mb latency 100ms || exit 77
-  tc qdisc add dev "$tag-v$i" root tbf rate "${rate}mbit" burst 1mb latency 100ms || exit 77
-done
+. "$(dirname "$0")/shaped_hosts.sh" "$rate"
 export STEADFAST_SECRET=recovery-hosts
 
 # The peer of the fetch: one raw TCP stream of 200 MB through the same shaped links.

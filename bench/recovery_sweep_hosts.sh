@@ -26,12 +26,7 @@ mtbfs=${4:-0 120 60 30}
 seeds=${5:-1 2}
 steps=${6:-1500}
 mkdir -p "$out"
-. "$(dirname "$0")/../scripts/netns-hosts.sh"
-make_hosts 3
-for i in 0 1 2; do
-  on_host "$i" tc qdisc add dev "$tag-p$i" root tbf rate "${rate}mbit" burst 1mb latency 100ms || exit 77
-  tc qdisc add dev "$tag-v$i" root tbf rate "${rate}mbit" burst 1mb latency 100ms || exit 77
-done
+. "$(dirname "$0")/shaped_hosts.sh" "$rate"
 export STEADFAST_SECRET=recovery-sweep
 job=(train --model mlp --data fashion-mnist --micro-batch 32 --reduce reproducible --eval-every 0 --steps "$steps"
      --comm-timeout 60)
