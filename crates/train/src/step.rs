@@ -314,6 +314,17 @@ impl<'a> Engine<'a> {
         self
     }
 
+    /// Stage `index` of this engine's model cut into `count` stages (see [`Stage::of`]).
+    pub fn stage(&self, count: usize, index: usize) -> Result<Stage, ConfigError> {
+        let model = self.model.as_ref().expect("the model is put back after every use");
+        Stage::of(model, self.kernels, count, index)
+    }
+
+    /// The pipeline stage this engine computes, if it computes one.
+    pub fn stage_computed(&self) -> Option<&Stage> {
+        self.stage.as_ref()
+    }
+
     /// The kernels that compute the model.
     pub fn kernels(&self) -> Kernels {
         self.kernels

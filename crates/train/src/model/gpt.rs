@@ -99,6 +99,11 @@ impl Gpt {
         self.heads
     }
 
+    /// Blocks.
+    pub(crate) fn layers(&self) -> usize {
+        self.blocks.len()
+    }
+
     /// Logits `[n * t, vocab]` for token ids `[n, t]`.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<2> {
         let [n, t] = tokens.dims();

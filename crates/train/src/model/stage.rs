@@ -1,18 +1,27 @@
-//! A model cut into pipeline stages: which layers (and so which parameters) a stage
-//! holds, and its forward and backward passes on its own.
+//! A model cut into pipeline stages: which of its units (and so which parameters) a
+//! stage holds, and its forward and backward passes on its own.
 //!
-//! A stage's passes are the whole model's passes restricted to its layers, operation for
-//! operation: the last stage starts its backward pass from the loss, every other stage
-//! from the gradient of its output that the next stage sends back, taken through its own
-//! rectifier. So a model run as stages computes the bits it computes whole.
+//! Each model is a chain of units, the places where it can be cut:
 //!
-//! Today the MLP on the fixed-order kernels can be cut (at any of its layer
-//! boundaries); other models and the framework's kernels are refused with a clear error.
+//! | model | units |
+//! |---|---|
+//! | MLP | `fc1`, `fc2`, `fc3` |
+//! | LeNet-5 | `conv1`, `conv2` (each with its rectifier and pooling), `fc1`, `fc2`, `fc3` |
+//! | GPT | the embeddings, each block, the final norm with the head |
+//!
+//! A stage's passes are the whole model's passes restricted to its units, operation for
+//! operation (the whole model's passes are these same functions over every unit): the
+//! last stage starts its backward pass from the loss, every other stage from the
+//! gradient of its output that the next stage sends back. So a model run as stages
+//! computes the bits it computes whole, for every cut.
+//!
+//! Stages run on the fixed-order kernels; the framework's kernels are refused with a
+//! clear error.
 
 use std::ops::Range;
 
-use super::fixed::mlp;
-use super::{Kernels, ModelKind, Taps};
+use super::fixed::{cnn, gpt, mlp};
+use super::{Kernels, Model, Taps};
 use crate::data::Batch;
 use crate::error::ConfigError;
 use crate::grad::GradBuffer;
@@ -25,44 +34,87 @@ pub struct Stage {
     pub index: usize,
     /// How many stages the model is cut into.
     pub count: usize,
-    /// The model's layers this stage holds.
-    pub layers: Range<usize>,
+    /// The model's units this stage holds.
+    pub units: Range<usize>,
+    arch: Arch,
+}
+
+/// The model's architecture, as far as cutting it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arch {
+    Mlp,
+    Cnn,
+    Gpt { layers: usize, heads: usize },
+}
+
+impl Arch {
+    fn units(self) -> usize {
+        match self {
+            Arch::Mlp => mlp::LAYER_COUNT,
+            Arch::Cnn => cnn::UNITS,
+            Arch::Gpt { layers, .. } => gpt::unit_count(layers),
+        }
+    }
+
+    /// The index of unit `u`'s first tensor in the registry (`units()` for the end).
+    fn tensor(self, u: usize) -> usize {
+        match self {
+            Arch::Mlp | Arch::Cnn => 2 * u,
+            Arch::Gpt { layers, .. } => gpt::unit_tensor(layers, u),
+        }
+    }
 }
 
 /// What a stage's forward pass of one micro-batch keeps for its backward pass.
 pub struct Kept {
     batch: Batch,
-    /// The input the first layer saw (empty on the first stage, which reads the batch).
+    /// The input the first unit saw (empty on the first stage, which reads the batch, and
+    /// on a GPT's stages, which keep what they need in the pass).
     input: Vec<f32>,
-    forward: mlp::Forward,
+    pass: Pass,
+}
+
+enum Pass {
+    Mlp(mlp::Forward),
+    Cnn(cnn::Units),
+    Gpt(gpt::Units),
 }
 
 impl Kept {
-    /// The stage's output: the next stage's input.
+    /// The stage's output: the next stage's input (the logits on the last stage).
     pub fn output(&self) -> &[f32] {
-        self.forward.last()
+        match &self.pass {
+            Pass::Mlp(f) => f.last(),
+            Pass::Cnn(u) => u.output(),
+            Pass::Gpt(u) => u.output(),
+        }
     }
 }
 
 impl Stage {
-    /// Stage `index` of `model` cut into `count` stages of consecutive layers, the
-    /// earlier stages holding one layer more when they cannot be equal.
-    pub fn of(model: ModelKind, kernels: Kernels, count: usize, index: usize) -> Result<Stage, ConfigError> {
-        if model != ModelKind::Mlp || !matches!(kernels, Kernels::Fixed(_)) {
+    /// Stage `index` of `model` cut into `count` stages of consecutive units, the
+    /// earlier stages holding one unit more when they cannot be equal.
+    pub fn of(model: &Model, kernels: Kernels, count: usize, index: usize) -> Result<Stage, ConfigError> {
+        if !matches!(kernels, Kernels::Fixed(_)) {
             return Err(ConfigError::Invalid(
-                "pipeline stages are written for the MLP on the fixed-order kernels".into(),
+                "pipeline stages run on the fixed-order kernels (--kernels fixed)".into(),
             ));
         }
-        let layers = mlp::LAYER_COUNT;
-        if count == 0 || count > layers || index >= count {
+        let (arch, name) = match model {
+            Model::Mlp(_) => (Arch::Mlp, "MLP"),
+            Model::Cnn(_) => (Arch::Cnn, "LeNet-5"),
+            Model::Gpt(g) => (Arch::Gpt { layers: g.layers(), heads: g.heads() }, "GPT"),
+        };
+        let units = arch.units();
+        if count == 0 || count > units || index >= count {
             return Err(ConfigError::Invalid(format!(
-                "stage {index} of {count}: the MLP's {layers} layers make 1 to {layers} stages"
+                "stage {index} of {count}: the {name}'s {units} units make 1 to {units} stages"
             )));
         }
-        let (base, extra) = (layers / count, layers % count);
+        let (base, extra) = (units / count, units % count);
         let start = index * base + index.min(extra);
         let end = start + base + usize::from(index < extra);
-        Ok(Stage { index, count, layers: start..end })
+        Ok(Stage { index, count, units: start..end, arch })
     }
 
     /// Whether the stage reads the micro-batch's examples.
@@ -75,9 +127,14 @@ impl Stage {
         self.index + 1 == self.count
     }
 
-    /// The stage's parameters out of the whole model's (two tensors a layer).
+    /// The indices of the stage's tensors in the whole model's registry order.
+    pub fn tensors(&self) -> Range<usize> {
+        self.arch.tensor(self.units.start)..self.arch.tensor(self.units.end)
+    }
+
+    /// The stage's parameters out of the whole model's.
     pub fn params(&self, all: &[NamedTensor]) -> Vec<NamedTensor> {
-        all[2 * self.layers.start..2 * self.layers.end].to_vec()
+        all[self.tensors()].to_vec()
     }
 
     /// The forward pass of `batch` (the first stage) or of `input` (the previous stage's
@@ -90,14 +147,26 @@ impl Stage {
         input: Vec<f32>,
         taps: &mut Taps,
     ) -> Result<Kept, ConfigError> {
-        let isa = self.isa(kernels)?;
-        let Batch::Images { n, x, .. } = &batch else {
-            return Err(ConfigError::Invalid("the MLP's stages take images".into()));
+        let isa = isa(kernels)?;
+        let units = self.units.clone();
+        let input = if self.is_first() { Vec::new() } else { input };
+        let pass = match (self.arch, &batch) {
+            (Arch::Mlp | Arch::Cnn, Batch::Images { n, x, .. }) => {
+                let x = if self.is_first() { x.as_slice() } else { &input };
+                check_input(x.len(), *n, "images")?;
+                if self.arch == Arch::Mlp {
+                    Pass::Mlp(mlp::forward_layers(isa, params, units, x, *n, taps))
+                } else {
+                    Pass::Cnn(cnn::forward_units(isa, params, units, x, *n, taps))
+                }
+            }
+            (Arch::Gpt { layers, heads }, Batch::Tokens { n, x, .. }) => {
+                let gpt = gpt::forward_units(isa, params, (layers, heads), units, (*n, x), input);
+                return Ok(Kept { batch, input: Vec::new(), pass: Pass::Gpt(gpt) });
+            }
+            _ => return Err(ConfigError::Invalid("a stage was given a batch of another kind".into())),
         };
-        let (n, input) = (*n, if self.is_first() { Vec::new() } else { input });
-        let x = if self.is_first() { x.as_slice() } else { &input };
-        let forward = mlp::forward_layers(isa, params, self.layers.clone(), x, n, taps);
-        Ok(Kept { batch, input, forward })
+        Ok(Kept { batch, input, pass })
     }
 
     /// The backward pass of what `kept` kept, from the gradient of the stage's output
@@ -113,44 +182,90 @@ impl Stage {
         denominator: usize,
         grads: &mut GradBuffer,
     ) -> Result<Vec<f32>, ConfigError> {
-        let isa = self.isa(kernels)?;
-        let Batch::Images { n, x, y } = &kept.batch else {
-            return Err(ConfigError::Invalid("the MLP's stages take images".into()));
-        };
+        let isa = isa(kernels)?;
         let dy = if self.is_last() {
-            let (total, dy) = super::fixed::loss_gradient(kept.forward.last(), *n, y, denominator);
+            let y = match &kept.batch {
+                Batch::Images { y, .. } | Batch::Tokens { y, .. } => y,
+            };
+            let (total, dy) = super::fixed::loss_gradient(kept.output(), y.len(), y, denominator);
             grads.set_loss(total / denominator as f32);
             dy
         } else {
-            mlp::through_rectifier(&kept.forward, upstream.to_vec())
+            if upstream.len() != kept.output().len() {
+                return Err(ConfigError::Invalid(format!(
+                    "the gradient received for stage {}'s output has {} values, the output {}",
+                    self.index,
+                    upstream.len(),
+                    kept.output().len()
+                )));
+            }
+            upstream.to_vec()
         };
-        let x = if self.is_first() { x.as_slice() } else { &kept.input };
-        Ok(mlp::backward_layers(isa, params, (*n, x), &kept.forward, dy, (grads, 0), !self.is_first()))
+        let wants_input = !self.is_first();
+        let units = self.units.clone();
+        Ok(match (&kept.pass, &kept.batch) {
+            (Pass::Mlp(f), Batch::Images { n, x, .. }) => {
+                let x = if self.is_first() { x.as_slice() } else { &kept.input };
+                let dy = if self.is_last() { dy } else { mlp::through_rectifier(f, dy) };
+                mlp::backward_layers(isa, params, (*n, x), f, dy, (grads, 0), wants_input)
+            }
+            (Pass::Cnn(u), Batch::Images { n, x, .. }) => {
+                let x = if self.is_first() { x.as_slice() } else { &kept.input };
+                cnn::backward_units(isa, params, units, (*n, x), u, dy, grads, wants_input)
+            }
+            (Pass::Gpt(u), _) => gpt::backward_units(isa, params, u, &dy, grads),
+            _ => return Err(ConfigError::Invalid("a stage's pass does not match its batch".into())),
+        })
     }
+}
 
-    fn isa(&self, kernels: Kernels) -> Result<kernels::Isa, ConfigError> {
-        match kernels {
-            Kernels::Fixed(isa) => Ok(isa),
-            Kernels::Framework => Err(ConfigError::Invalid("pipeline stages run on the fixed-order kernels".into())),
-        }
+/// The fixed-order kernels' instruction set.
+fn isa(kernels: Kernels) -> Result<kernels::Isa, ConfigError> {
+    match kernels {
+        Kernels::Fixed(isa) => Ok(isa),
+        Kernels::Framework => Err(ConfigError::Invalid("pipeline stages run on the fixed-order kernels".into())),
     }
+}
+
+/// A stage's input must hold whole examples.
+fn check_input(len: usize, n: usize, what: &str) -> Result<(), ConfigError> {
+    if n == 0 || !len.is_multiple_of(n) {
+        return Err(ConfigError::Invalid(format!("a stage's input of {len} values is not {n} {what}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use burn::prelude::Device;
+
     use super::*;
+    use crate::model::{GptConfig, ModelKind};
+
+    fn cuts(kind: ModelKind, count: usize) -> Vec<Range<usize>> {
+        let gpt = GptConfig { layers: 2, ..GptConfig::small(10) };
+        let model = Model::new(kind, 1, gpt, 16, &Device::flex().autodiff());
+        let fixed = Kernels::Fixed(kernels::Isa::Scalar);
+        (0..count).map(|i| Stage::of(&model, fixed, count, i).unwrap().tensors()).collect()
+    }
 
     #[test]
-    fn the_layers_are_shared_out_in_order() {
+    fn the_units_are_shared_out_in_order() {
+        assert_eq!(cuts(ModelKind::Mlp, 1), vec![0..6]);
+        assert_eq!(cuts(ModelKind::Mlp, 2), [0..4, 4..6]);
+        assert_eq!(cuts(ModelKind::Mlp, 3), [0..2, 2..4, 4..6]);
+        assert_eq!(cuts(ModelKind::Cnn, 2), [0..6, 6..10]);
+        // Embeddings and block 0 | block 1 and the head.
+        assert_eq!(cuts(ModelKind::Gpt, 2), [0..14, 14..30]);
+        assert_eq!(cuts(ModelKind::Gpt, 4), [0..2, 2..14, 14..26, 26..30]);
+    }
+
+    #[test]
+    fn impossible_cuts_are_refused() {
+        let model = Model::new(ModelKind::Mlp, 1, GptConfig::small(10), 16, &Device::flex().autodiff());
         let fixed = Kernels::Fixed(kernels::Isa::Scalar);
-        let layers = |count| -> Vec<Range<usize>> {
-            (0..count).map(|i| Stage::of(ModelKind::Mlp, fixed, count, i).unwrap().layers).collect()
-        };
-        assert_eq!(layers(1), vec![0..3]);
-        assert_eq!(layers(2), [0..2, 2..3]);
-        assert_eq!(layers(3), [0..1, 1..2, 2..3]);
-        assert!(Stage::of(ModelKind::Mlp, fixed, 4, 0).is_err());
-        assert!(Stage::of(ModelKind::Cnn, fixed, 2, 0).is_err());
-        assert!(Stage::of(ModelKind::Mlp, Kernels::Framework, 2, 0).is_err());
+        assert!(Stage::of(&model, fixed, 4, 0).unwrap_err().to_string().contains("1 to 3 stages"));
+        assert!(Stage::of(&model, fixed, 2, 2).is_err());
+        assert!(Stage::of(&model, Kernels::Framework, 2, 0).unwrap_err().to_string().contains("fixed-order"));
     }
 }

@@ -18,6 +18,8 @@
 //!   depend on the batch size alone, so the threads that compute them change no bit.
 //! - The input gradient is, per image, `col2im(Wᵀ · dy)`.
 
+use std::ops::Range;
+
 use kernels::Isa;
 use kernels::conv::{ConvShape, col2im, im2col, im2row};
 use kernels::gemm::{MatRef, matmul, matmul_add};
@@ -46,12 +48,6 @@ struct Stage {
     flipped: Vec<usize>,
 }
 
-struct Forward {
-    conv1: Stage,
-    conv2: Stage,
-    dense: mlp::Forward,
-}
-
 /// Convolution, tap, rectifier and pooling of the `n` images `x` with the filters
 /// `params[0]` and bias `params[1]`.
 fn stage(
@@ -74,11 +70,92 @@ fn stage(
     s
 }
 
-fn forward(isa: Isa, params: &[NamedTensor], x: &[f32], n: usize, taps: &mut Taps) -> Forward {
-    let conv1 = stage(isa, CONV1, &params[0..2], "conv1", x, n, taps);
-    let conv2 = stage(isa, CONV2, &params[2..4], "conv2", &conv1.pooled, n, taps);
-    let dense = mlp::forward(isa, &params[4..], &conv2.pooled, n, taps);
-    Forward { conv1, conv2, dense }
+/// LeNet's units, the places where it can be cut into pipeline stages: the two
+/// convolutions (each with its rectifier and pooling), then the MLP's three layers.
+pub(in crate::model) const UNITS: usize = 2 + mlp::LAYER_COUNT;
+const CONVS: [(ConvShape, &str); 2] = [(CONV1, "conv1"), (CONV2, "conv2")];
+
+/// What a forward pass through consecutive units keeps for the backward pass.
+pub(in crate::model) struct Units {
+    /// The convolution units run, in order.
+    convs: Vec<Stage>,
+    /// The linear layers run, if any.
+    dense: Option<mlp::Forward>,
+}
+
+impl Units {
+    /// The last unit's output: the logits, a linear layer's output after its rectifier,
+    /// or a convolution's pooled output.
+    pub(in crate::model) fn output(&self) -> &[f32] {
+        match (&self.dense, self.convs.last()) {
+            (Some(d), _) => d.last(),
+            (None, Some(c)) => &c.pooled,
+            (None, None) => &[],
+        }
+    }
+}
+
+/// The units `units` on `n` inputs `x` (the images, or the output of the unit before
+/// them), with `params` their tensors (two a unit, in order).
+pub(in crate::model) fn forward_units(
+    isa: Isa,
+    params: &[NamedTensor],
+    units: Range<usize>,
+    x: &[f32],
+    n: usize,
+    taps: &mut Taps,
+) -> Units {
+    let mut out = Units { convs: Vec::new(), dense: None };
+    for u in units.start..units.end.min(CONVS.len()) {
+        let j = u - units.start;
+        let input = out.convs.last().map_or(x, |s| s.pooled.as_slice());
+        let (shape, name) = CONVS[u];
+        let s = stage(isa, shape, &params[2 * j..2 * j + 2], name, input, n, taps);
+        out.convs.push(s);
+    }
+    if units.end > CONVS.len() {
+        let first = units.start.max(CONVS.len());
+        let input = out.convs.last().map_or(x, |s| s.pooled.as_slice());
+        let layers = first - CONVS.len()..units.end - CONVS.len();
+        out.dense = Some(mlp::forward_layers(isa, &params[2 * (first - units.start)..], layers, input, n, taps));
+    }
+    out
+}
+
+/// The backward pass of [`forward_units`] for `dy`, the gradient of the logits when the
+/// last unit is the network's, otherwise of the last unit's output (after its rectifier
+/// and pooling): the units' gradients go into `grads` (two a unit, in order), and the
+/// gradient of the input `x` is returned when `input_grad` asks for it.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::model) fn backward_units(
+    isa: Isa,
+    params: &[NamedTensor],
+    units: Range<usize>,
+    (n, x): (usize, &[f32]),
+    fwd: &Units,
+    dy: Vec<f32>,
+    grads: &mut GradBuffer,
+    input_grad: bool,
+) -> Vec<f32> {
+    let mut d = dy;
+    if let Some(dense) = &fwd.dense {
+        let first = 2 * (units.start.max(CONVS.len()) - units.start);
+        let dy = if units.end == UNITS { d } else { mlp::through_rectifier(dense, d) };
+        let input = fwd.convs.last().map_or(x, |s| s.pooled.as_slice());
+        let want = !fwd.convs.is_empty() || input_grad;
+        d = mlp::backward_layers(isa, &params[first..], (n, input), dense, dy, (grads, first), want);
+    }
+    for (j, s) in fwd.convs.iter().enumerate().rev() {
+        let dconv = unpool(s, &d);
+        let input = if j == 0 { x } else { fwd.convs[j - 1].pooled.as_slice() };
+        let want = j > 0 || input_grad;
+        let mut dx = if want { vec![0.0f32; input.len()] } else { Vec::new() };
+        let (dw, db) = grads.grad_pair_mut(2 * j);
+        let shape = CONVS[units.start + j].0;
+        conv_backward(isa, shape, &params[2 * j], (n, input), &dconv, dw, db, want.then_some(dx.as_mut_slice()));
+        d = dx;
+    }
+    d
 }
 
 /// The gradient of a stage's convolution output from the gradient `dpooled` of its
@@ -107,22 +184,15 @@ pub(in crate::model) fn loss_and_grads(
     taps: &mut Taps,
     grads: &mut GradBuffer,
 ) {
-    let fwd = forward(isa, params, x, n, taps);
-    let (total, dy) = loss_gradient(fwd.dense.logits(), n, y, denominator);
-    let dpooled2 = mlp::backward(isa, &params[4..], (n, &fwd.conv2.pooled), &fwd.dense, dy, grads, 4, true);
-    let d2 = unpool(&fwd.conv2, &dpooled2);
-    let mut dpooled1 = vec![0.0f32; fwd.conv1.pooled.len()];
-    let (dw, db) = grads.grad_pair_mut(2);
-    conv_backward(isa, CONV2, &params[2], (n, &fwd.conv1.pooled), &d2, dw, db, Some(&mut dpooled1));
-    let d1 = unpool(&fwd.conv1, &dpooled1);
-    let (dw, db) = grads.grad_pair_mut(0);
-    conv_backward(isa, CONV1, &params[0], (n, x), &d1, dw, db, None);
+    let fwd = forward_units(isa, params, 0..UNITS, x, n, taps);
+    let (total, dy) = loss_gradient(fwd.output(), n, y, denominator);
+    backward_units(isa, params, 0..UNITS, (n, x), &fwd, dy, grads, false);
     grads.set_loss(total / denominator as f32);
 }
 
 /// Loss sum and correct arg-max predictions on `n` images (no gradient).
 pub(in crate::model) fn evaluate(isa: Isa, params: &[NamedTensor], (n, x, y): (usize, &[f32], &[i64])) -> EvalSums {
-    score(forward(isa, params, x, n, &mut Taps::none()).dense.logits(), n, y)
+    score(forward_units(isa, params, 0..UNITS, x, n, &mut Taps::none()).output(), n, y)
 }
 
 /// `y[i] = w · im2col(x[i]) + b` for each of the `n` images of `x`, into `y` (NCHW).

@@ -19,6 +19,8 @@
 //! - a residual stream's gradient is the gradient from above plus the branch's, one
 //!   addition per element.
 
+use std::ops::Range;
+
 use kernels::Isa;
 use kernels::attention::{self, Heads};
 use kernels::{gelu, norm};
@@ -71,33 +73,55 @@ impl Dims {
     fn rows(&self) -> usize {
         self.n * self.t
     }
+}
 
-    /// Index of the first tensor of block `b`.
-    fn block(&self, b: usize) -> usize {
-        2 + BLOCK.len() * b
-    }
+/// The GPT's units, the places where it can be cut into pipeline stages: the
+/// embeddings (unit 0), each block (units 1 to `layers`), and the final layer norm with
+/// the head and the loss (unit `layers + 1`).
+pub(in crate::model) fn unit_count(layers: usize) -> usize {
+    layers + 2
+}
 
-    /// Index of `ln_f.gamma`; `ln_f.beta`, `head.weight` and `head.bias` follow.
-    fn last(&self) -> usize {
-        self.block(self.layers)
+/// The index of unit `u`'s first tensor in the whole model's registry order.
+pub(in crate::model) fn unit_tensor(layers: usize, u: usize) -> usize {
+    match u {
+        0 => 0,
+        u if u <= layers + 1 => 2 + BLOCK.len() * (u - 1),
+        _ => 2 + BLOCK.len() * layers + 4,
     }
 }
 
-/// Checks the parameters' names and reads the sizes from their shapes.
-fn dims(params: &[NamedTensor], heads: usize, n: usize, tokens: usize) -> Dims {
-    let layers = params.len().saturating_sub(6) / BLOCK.len();
-    let mut expected = vec!["model.tok.weight".to_owned(), "model.pos.weight".to_owned()];
-    for b in 0..layers {
-        expected.extend(BLOCK.iter().map(|p| format!("model.blocks.{b}.{p}")));
+/// The names the tensors of `units` have, in order.
+fn unit_names(layers: usize, units: Range<usize>) -> Vec<String> {
+    let mut names = Vec::new();
+    for u in units {
+        match u {
+            0 => names.extend(["model.tok.weight".to_owned(), "model.pos.weight".to_owned()]),
+            u if u <= layers => names.extend(BLOCK.iter().map(|p| format!("model.blocks.{}.{p}", u - 1))),
+            _ => names.extend(["ln_f.gamma", "ln_f.beta", "head.weight", "head.bias"].map(|p| format!("model.{p}"))),
+        }
     }
-    expected.extend(["ln_f.gamma", "ln_f.beta", "head.weight", "head.bias"].map(|p| format!("model.{p}")));
+    names
+}
+
+/// Checks the names of the tensors of `units` of a GPT of `layers` blocks, and reads the
+/// sizes from their shapes and the batch's (`n` sequences of `tokens` tokens in all).
+fn dims(params: &[NamedTensor], layers: usize, units: &Range<usize>, heads: usize, n: usize, tokens: usize) -> Dims {
     let names: Vec<&str> = params.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, expected, "the GPT's parameters are not in the expected order");
-    let w = params[0].shape[1];
+    assert_eq!(names, unit_names(layers, units.clone()), "the GPT's parameters are not in the expected order");
+    // The embedding table is [vocab, width]; every other unit starts with a norm's [width].
+    let w = if units.start == 0 { params[0].shape[1] } else { params[0].shape[0] };
     assert!(n > 0 && tokens.is_multiple_of(n), "{tokens} tokens are not {n} sequences");
     let t = tokens / n;
-    assert!(t <= params[1].shape[0], "{t} tokens per sequence exceed the context of {}", params[1].shape[0]);
+    if units.start == 0 {
+        assert!(t <= params[1].shape[0], "{t} tokens per sequence exceed the context of {}", params[1].shape[0]);
+    }
     Dims { n, t, w, layers, heads: Heads { tokens: t, heads, head_dim: w / heads } }
+}
+
+/// The number of blocks of the whole model whose tensors are `params`.
+fn layers_of(params: &[NamedTensor]) -> usize {
+    params.len().saturating_sub(6) / BLOCK.len()
 }
 
 /// A layer norm's output and what its backward pass needs.
@@ -125,10 +149,24 @@ struct BlockCache {
     slope: Vec<f32>,
 }
 
-struct Forward {
+/// What a forward pass through consecutive units keeps for the backward pass.
+pub(in crate::model) struct Units {
+    units: Range<usize>,
+    d: Dims,
+    /// The token ids as table rows (the embedding unit's input).
+    tokens: Vec<usize>,
     blocks: Vec<BlockCache>,
-    ln_f: Normed,
-    logits: Vec<f32>,
+    /// The final unit's layer norm, if it ran.
+    ln_f: Option<Normed>,
+    /// The residual stream after the last unit, or the logits after the final unit.
+    out: Vec<f32>,
+}
+
+impl Units {
+    /// The last unit's output: the residual stream, or the logits.
+    pub(in crate::model) fn output(&self) -> &[f32] {
+        &self.out
+    }
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {
@@ -147,43 +185,69 @@ fn token_rows(tokens: &[i64], vocab: usize) -> Vec<usize> {
         .collect()
 }
 
-fn forward(isa: Isa, params: &[NamedTensor], d: Dims, tokens: &[usize]) -> Forward {
+/// The units `units` of a GPT of `layers` blocks with `heads` heads, on `n` sequences of
+/// `tokens` (the embedding unit's input) or on `input` (the residual stream of the unit
+/// before them), with `params` their tensors in order.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::model) fn forward_units(
+    isa: Isa,
+    params: &[NamedTensor],
+    (layers, heads): (usize, usize),
+    units: Range<usize>,
+    (n, tokens): (usize, &[i64]),
+    input: Vec<f32>,
+) -> Units {
+    let d = dims(params, layers, &units, heads, n, tokens.len());
+    let at = |u: usize| unit_tensor(layers, u) - unit_tensor(layers, units.start);
     let (rows, w) = (d.rows(), d.w);
-    let (tok, pos) = (&params[0].data, &params[1].data);
-    let mut x = vec![0.0f32; rows * w];
-    for (r, (row, &id)) in x.chunks_exact_mut(w).zip(tokens).enumerate() {
-        let p = r % d.t;
-        for ((v, &a), &b) in row.iter_mut().zip(&tok[id * w..(id + 1) * w]).zip(&pos[p * w..(p + 1) * w]) {
-            *v = a + b;
+    let token_ids = if units.start == 0 { token_rows(tokens, params[0].shape[0]) } else { Vec::new() };
+    let mut x = input;
+    if units.start == 0 {
+        let (tok, pos) = (&params[0].data, &params[1].data);
+        x = vec![0.0f32; rows * w];
+        for (r, (row, &id)) in x.chunks_exact_mut(w).zip(&token_ids).enumerate() {
+            let p = r % d.t;
+            for ((v, &a), &b) in row.iter_mut().zip(&tok[id * w..(id + 1) * w]).zip(&pos[p * w..(p + 1) * w]) {
+                *v = a + b;
+            }
         }
     }
-    let mut blocks = Vec::with_capacity(d.layers);
-    for b in 0..d.layers {
-        let p = &params[d.block(b)..d.block(b + 1)];
-        let ln1 = normed(isa, &x, &p[LN1], &p[LN1 + 1]);
-        let mut qkv = Vec::new();
-        linear(isa, &ln1.out, rows, &p[QKV], &p[QKV + 1], &mut qkv);
-        let (mut attended, mut probs) = (vec![0.0; rows * w], vec![0.0; d.n * d.heads.heads * d.t * d.t]);
-        attention::forward(isa, d.heads, &qkv, &mut attended, &mut probs);
-        let mut branch = Vec::new();
-        linear(isa, &attended, rows, &p[PROJ], &p[PROJ + 1], &mut branch);
-        add_into(&mut x, &branch);
-        let ln2 = normed(isa, &x, &p[LN2], &p[LN2 + 1]);
-        let mut hidden = Vec::new();
-        linear(isa, &ln2.out, rows, &p[FC], &p[FC + 1], &mut hidden);
-        let (mut activated, mut slope) = (vec![0.0; hidden.len()], vec![0.0; hidden.len()]);
-        (hidden.par_chunks(GELU_CHUNK), activated.par_chunks_mut(GELU_CHUNK), slope.par_chunks_mut(GELU_CHUNK))
-            .into_par_iter()
-            .for_each(|(h, a, s)| gelu::gelu_with_slope(isa, h, a, s));
-        linear(isa, &activated, rows, &p[OUT], &p[OUT + 1], &mut branch);
-        add_into(&mut x, &branch);
-        blocks.push(BlockCache { ln1, qkv, probs, attended, ln2, activated, slope });
+    let mut blocks = Vec::with_capacity(layers);
+    for u in units.start.max(1)..units.end.min(layers + 1) {
+        blocks.push(block_forward(isa, &params[at(u)..at(u + 1)], d, &mut x));
     }
-    let last = d.last();
-    let ln_f = normed(isa, &x, &params[last], &params[last + 1]);
-    let mut logits = Vec::new();
-    linear(isa, &ln_f.out, rows, &params[last + 2], &params[last + 3], &mut logits);
-    Forward { blocks, ln_f, logits }
+    let mut ln_f = None;
+    if units.end == unit_count(layers) {
+        let last = at(layers + 1);
+        let normed = normed(isa, &x, &params[last], &params[last + 1]);
+        let mut logits = Vec::new();
+        linear(isa, &normed.out, rows, &params[last + 2], &params[last + 3], &mut logits);
+        (x, ln_f) = (logits, Some(normed));
+    }
+    Units { units, d, tokens: token_ids, blocks, ln_f, out: x }
+}
+
+/// One block on the residual stream `x` (changed in place), with `p` its tensors.
+fn block_forward(isa: Isa, p: &[NamedTensor], d: Dims, x: &mut [f32]) -> BlockCache {
+    let (rows, w) = (d.rows(), d.w);
+    let ln1 = normed(isa, x, &p[LN1], &p[LN1 + 1]);
+    let mut qkv = Vec::new();
+    linear(isa, &ln1.out, rows, &p[QKV], &p[QKV + 1], &mut qkv);
+    let (mut attended, mut probs) = (vec![0.0; rows * w], vec![0.0; d.n * d.heads.heads * d.t * d.t]);
+    attention::forward(isa, d.heads, &qkv, &mut attended, &mut probs);
+    let mut branch = Vec::new();
+    linear(isa, &attended, rows, &p[PROJ], &p[PROJ + 1], &mut branch);
+    add_into(x, &branch);
+    let ln2 = normed(isa, x, &p[LN2], &p[LN2 + 1]);
+    let mut hidden = Vec::new();
+    linear(isa, &ln2.out, rows, &p[FC], &p[FC + 1], &mut hidden);
+    let (mut activated, mut slope) = (vec![0.0; hidden.len()], vec![0.0; hidden.len()]);
+    (hidden.par_chunks(GELU_CHUNK), activated.par_chunks_mut(GELU_CHUNK), slope.par_chunks_mut(GELU_CHUNK))
+        .into_par_iter()
+        .for_each(|(h, a, s)| gelu::gelu_with_slope(isa, h, a, s));
+    linear(isa, &activated, rows, &p[OUT], &p[OUT + 1], &mut branch);
+    add_into(x, &branch);
+    BlockCache { ln1, qkv, probs, attended, ln2, activated, slope }
 }
 
 /// The backward pass of a layer norm whose gamma is tensor `index`: its input's gradient
@@ -219,38 +283,40 @@ fn dense_backward(
     dx
 }
 
-fn backward(
+/// The backward pass of [`forward_units`] for `dy`, the gradient of the logits when the
+/// final unit ran, otherwise of the residual stream it left: the units' gradients go into
+/// `grads` (their tensors in order), and the residual stream's gradient at the units'
+/// input is returned (empty when the embedding unit ran).
+pub(in crate::model) fn backward_units(
     isa: Isa,
     params: &[NamedTensor],
-    d: Dims,
-    tokens: &[usize],
-    fwd: &Forward,
-    dlogits: &[f32],
+    fwd: &Units,
+    dy: &[f32],
     grads: &mut GradBuffer,
-) {
-    let (rows, w) = (d.rows(), d.w);
-    let last = d.last();
-    let d_final = dense_backward(isa, params, last + 2, &fwd.ln_f.out, dlogits, grads);
-    // The residual stream's gradient, from the top block down.
-    let mut dx = vec![0.0; rows * w];
-    norm_backward(isa, params, last, &fwd.ln_f, &d_final, grads, &mut dx);
-    for (b, c) in fwd.blocks.iter().enumerate().rev() {
-        let first = d.block(b);
-        let mut dhidden = dense_backward(isa, params, first + OUT, &c.activated, &dx, grads);
-        for (g, &s) in dhidden.iter_mut().zip(&c.slope) {
-            *g *= s;
-        }
-        let dln2 = dense_backward(isa, params, first + FC, &c.ln2.out, &dhidden, grads);
-        norm_backward(isa, params, first + LN2, &c.ln2, &dln2, grads, &mut dx);
-        let dattended = dense_backward(isa, params, first + PROJ, &c.attended, &dx, grads);
-        let mut dqkv = vec![0.0; c.qkv.len()];
-        attention::backward(isa, d.heads, &c.qkv, &c.probs, &dattended, &mut dqkv);
-        let dln1 = dense_backward(isa, params, first + QKV, &c.ln1.out, &dqkv, grads);
-        norm_backward(isa, params, first + LN1, &c.ln1, &dln1, grads, &mut dx);
+) -> Vec<f32> {
+    let (d, units) = (fwd.d, &fwd.units);
+    let at = |u: usize| unit_tensor(d.layers, u) - unit_tensor(d.layers, units.start);
+    // The residual stream's gradient, from the top down.
+    let mut dx;
+    if let Some(ln_f) = &fwd.ln_f {
+        let last = at(d.layers + 1);
+        let d_final = dense_backward(isa, params, last + 2, &ln_f.out, dy, grads);
+        dx = vec![0.0; d.rows() * d.w];
+        norm_backward(isa, params, last, ln_f, &d_final, grads, &mut dx);
+    } else {
+        dx = dy.to_vec();
     }
+    let first_block = units.start.max(1);
+    for (j, c) in fwd.blocks.iter().enumerate().rev() {
+        block_backward(isa, params, at(first_block + j), d, c, grads, &mut dx);
+    }
+    if units.start > 0 {
+        return dx;
+    }
+    let w = d.w;
     let dtok = grads.grad_mut(0);
     dtok.fill(0.0);
-    for (row, &id) in dx.chunks_exact(w).zip(tokens) {
+    for (row, &id) in dx.chunks_exact(w).zip(&fwd.tokens) {
         add_into(&mut dtok[id * w..(id + 1) * w], row);
     }
     let dpos = grads.grad_mut(1);
@@ -259,6 +325,31 @@ fn backward(
         let p = r % d.t;
         add_into(&mut dpos[p * w..(p + 1) * w], row);
     }
+    Vec::new()
+}
+
+/// The backward pass of the block whose first tensor is `first`, with `dx` the residual
+/// stream's gradient above it (changed in place to the gradient below it).
+fn block_backward(
+    isa: Isa,
+    params: &[NamedTensor],
+    first: usize,
+    d: Dims,
+    c: &BlockCache,
+    grads: &mut GradBuffer,
+    dx: &mut [f32],
+) {
+    let mut dhidden = dense_backward(isa, params, first + OUT, &c.activated, dx, grads);
+    for (g, &s) in dhidden.iter_mut().zip(&c.slope) {
+        *g *= s;
+    }
+    let dln2 = dense_backward(isa, params, first + FC, &c.ln2.out, &dhidden, grads);
+    norm_backward(isa, params, first + LN2, &c.ln2, &dln2, grads, dx);
+    let dattended = dense_backward(isa, params, first + PROJ, &c.attended, dx, grads);
+    let mut dqkv = vec![0.0; c.qkv.len()];
+    attention::backward(isa, d.heads, &c.qkv, &c.probs, &dattended, &mut dqkv);
+    let dln1 = dense_backward(isa, params, first + QKV, &c.ln1.out, &dqkv, grads);
+    norm_backward(isa, params, first + LN1, &c.ln1, &dln1, grads, dx);
 }
 
 /// Forward and backward on `n` sequences of tokens `x` with targets `y`: the loss (sum of
@@ -271,11 +362,10 @@ pub(in crate::model) fn loss_and_grads(
     denominator: usize,
     grads: &mut GradBuffer,
 ) {
-    let d = dims(params, heads, n, x.len());
-    let tokens = token_rows(x, params[0].shape[0]);
-    let fwd = forward(isa, params, d, &tokens);
-    let (total, dlogits) = loss_gradient(&fwd.logits, d.rows(), y, denominator);
-    backward(isa, params, d, &tokens, &fwd, &dlogits, grads);
+    let layers = layers_of(params);
+    let fwd = forward_units(isa, params, (layers, heads), 0..unit_count(layers), (n, x), Vec::new());
+    let (total, dlogits) = loss_gradient(fwd.output(), fwd.d.rows(), y, denominator);
+    backward_units(isa, params, &fwd, &dlogits, grads);
     grads.set_loss(total / denominator as f32);
 }
 
@@ -286,7 +376,7 @@ pub(in crate::model) fn evaluate(
     heads: usize,
     (n, x, y): (usize, &[i64], &[i64]),
 ) -> EvalSums {
-    let d = dims(params, heads, n, x.len());
-    let fwd = forward(isa, params, d, &token_rows(x, params[0].shape[0]));
-    score(&fwd.logits, d.rows(), y)
+    let layers = layers_of(params);
+    let fwd = forward_units(isa, params, (layers, heads), 0..unit_count(layers), (n, x), Vec::new());
+    score(fwd.output(), fwd.d.rows(), y)
 }
