@@ -45,6 +45,9 @@ Examples:
   # In a 3-worker job, crash rank 1 during the commit vote of step 40
   steadfast launch --nproc 3 -- train --model mlp --fault 'crash:rank=1,step=40,phase=vote'
 
+  # 2 replicas of a 3-stage pipeline of the GPT (1F1B): the bits of the single-process run
+  steadfast launch --nproc 6 -- train --model gpt --pipeline-stages 3 --reduce reproducible --micro-batch 8
+
   # 4 ranks on the system's MPI library; reproducible sums give single-process train's bits
   mpirun -n 4 steadfast train --model mlp --engine mpi --reduce reproducible --micro-batch 32";
 
@@ -158,6 +161,13 @@ pub struct TrainArgs {
     /// after every update and again before the next step).
     #[arg(long, value_parser = choice::of::<train::OnDivergence>(), default_value = "stop")]
     on_divergence: train::OnDivergence,
+    /// Cut the model into S pipeline stages (by layers; the GPT by blocks): a job of D x S
+    /// ranks runs D replicas of an S-stage pipeline.
+    #[arg(long, value_name = "S", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pipeline_stages: u64,
+    /// The order of a pipeline stage's passes.
+    #[arg(long, value_parser = choice::of::<train::PipeSchedule>(), default_value = "1f1b")]
+    schedule: train::PipeSchedule,
     /// Compare the replicas' fingerprints every K steps (and always at the end).
     #[arg(long, value_name = "K", default_value_t = 0)]
     fingerprint_every: u64,
@@ -225,23 +235,8 @@ impl TrainArgs {
                 persist_nice: self.checkpoint_nice,
             });
         }
-        c.resume = match self.resume {
-            Some(p) if p.as_os_str() == "latest" => match &self.checkpoint_dir {
-                Some(dir) => Some(dir.clone()),
-                None => anyhow::bail!("--resume latest needs --checkpoint-dir"),
-            },
-            // A job that a scheduler restarts or requeues runs one command every time.
-            Some(p) if p.as_os_str() == "auto" => match &self.checkpoint_dir {
-                Some(dir) if dir.is_dir() => {
-                    let any =
-                        !ckpt::store::list(dir).with_context(|| format!("cannot list {}", dir.display()))?.is_empty();
-                    any.then(|| dir.clone())
-                }
-                Some(_) => None,
-                None => anyhow::bail!("--resume auto needs --checkpoint-dir"),
-            },
-            other => other,
-        };
+        c.resume = train::checkpointing::resume_from(self.resume, self.checkpoint_dir.as_deref())?;
+        c.pipeline = train::Pipeline { stages: self.pipeline_stages as usize, schedule: self.schedule };
         c.dist = dist;
         c.inject = self.inject;
         c.faults = self.fault;

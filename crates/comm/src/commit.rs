@@ -47,9 +47,24 @@ pub enum Decision {
 
 /// The decision for a full set of ballots, indexed by rank.
 pub fn decide(ballots: &[Ballot]) -> Decision {
+    decide_in_groups(ballots, &vec![0; ballots.len()])
+}
+
+/// The decision for a job whose ranks hold different sums by group (`group_of[rank]`; the
+/// stages of a pipeline, each with its own parameters): every ballot must be ok, and the
+/// digests are compared within each group only.
+pub fn decide_in_groups(ballots: &[Ballot], group_of: &[usize]) -> Decision {
     let vetoed: Vec<usize> = (0..ballots.len()).filter(|&r| !ballots[r].ok).collect();
-    let digests: Vec<u64> = ballots.iter().map(|b| b.digest).collect();
-    let disagreeing = crate::majority::suspects(&digests);
+    let mut disagreeing = Vec::new();
+    let mut groups: Vec<usize> = group_of.to_vec();
+    groups.sort_unstable();
+    groups.dedup();
+    for g in groups {
+        let members: Vec<usize> = (0..ballots.len()).filter(|&r| group_of.get(r) == Some(&g)).collect();
+        let digests: Vec<u64> = members.iter().map(|&r| ballots[r].digest).collect();
+        disagreeing.extend(crate::majority::suspects(&digests).into_iter().map(|i| members[i]));
+    }
+    disagreeing.sort_unstable();
     if vetoed.is_empty() && disagreeing.is_empty() { Decision::Commit } else { Decision::Abort { vetoed, disagreeing } }
 }
 
@@ -74,6 +89,11 @@ impl Ballot {
 /// The ballots of every rank, gathered as [`Ballot::words`] by any collective, and the
 /// decision.
 pub fn tally(words: &[Vec<u64>]) -> (Decision, Vec<Ballot>) {
+    tally_in_groups(words, &vec![0; words.len()])
+}
+
+/// [`tally`] by [`decide_in_groups`].
+pub fn tally_in_groups(words: &[Vec<u64>], group_of: &[usize]) -> (Decision, Vec<Ballot>) {
     let ballots: Vec<Ballot> = words
         .iter()
         .map(|w| Ballot {
@@ -82,7 +102,7 @@ pub fn tally(words: &[Vec<u64>]) -> (Decision, Vec<Ballot>) {
             durable: w.get(2).copied().unwrap_or(0),
         })
         .collect();
-    (decide(&ballots), ballots)
+    (decide_in_groups(&ballots, group_of), ballots)
 }
 
 #[cfg(test)]
@@ -91,6 +111,22 @@ mod tests {
 
     fn ok(digest: u64) -> Ballot {
         Ballot { ok: true, digest, durable: 0 }
+    }
+
+    #[test]
+    fn groups_compare_digests_among_themselves() {
+        // Two stages of two replicas: ranks 0 and 2 hold one sum, 1 and 3 another.
+        let groups = [0, 1, 0, 1];
+        assert_eq!(decide_in_groups(&[ok(7), ok(9), ok(7), ok(9)], &groups), Decision::Commit);
+        assert_eq!(decide(&[ok(7), ok(9), ok(7), ok(9)]), Decision::Abort { vetoed: vec![], disagreeing: vec![0, 1, 2, 3] });
+        // Three replicas of two stages: rank 3 is outvoted within its stage.
+        let groups = [0, 1, 0, 1, 0, 1];
+        let d = decide_in_groups(&[ok(7), ok(9), ok(7), ok(8), ok(7), ok(9)], &groups);
+        assert_eq!(d, Decision::Abort { vetoed: vec![], disagreeing: vec![3] });
+        let mut veto = ok(9);
+        veto.ok = false;
+        let d = decide_in_groups(&[ok(7), veto, ok(7), ok(9)], &[0, 1, 0, 1]);
+        assert_eq!(d, Decision::Abort { vetoed: vec![1], disagreeing: vec![] });
     }
 
     #[test]

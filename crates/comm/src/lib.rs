@@ -18,7 +18,8 @@
 //! - [`transport`]: an authenticated TCP mesh that can be aborted from another thread,
 //!   and an in-process network whose ranks tests can kill;
 //! - [`collective`]: abortable ring all-reduce in every mode, all-gather, broadcast,
-//!   barrier;
+//!   barrier; [`group`]: some of a job's ranks as a job of their own, for collectives
+//!   among them (one pipeline stage's replicas);
 //! - [`rendezvous`]: how workers find each other through the coordinator; [`etcd`]: or
 //!   in etcd, whose leases and watch then keep the membership (feature `etcd`), and where
 //!   an elastic job elects its coordinator and keeps its workers' leases;
@@ -54,6 +55,7 @@ pub mod directory;
 pub mod etcd;
 pub mod frame;
 pub mod gate;
+pub mod group;
 pub mod handshake;
 pub mod majority;
 pub mod membership;

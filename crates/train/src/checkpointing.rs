@@ -148,6 +148,27 @@ pub fn tensor_refs(state: &TrainState) -> Vec<TensorRef<'_>> {
     state.tensors().map(|t| TensorRef { name: &t.name, role: t.role, shape: &t.shape, data: &t.data }).collect()
 }
 
+/// The checkpoint that `--resume` names: `latest`, the newest under the checkpoint root
+/// `root`; `auto`, the same if the root holds any checkpoint and a fresh start (`None`)
+/// otherwise (a job that a scheduler restarts or requeues runs one command every time);
+/// anything else, that path.
+pub fn resume_from(arg: Option<PathBuf>, root: Option<&Path>) -> Result<Option<PathBuf>, crate::ConfigError> {
+    let needs_root = |word: &str| crate::ConfigError::Invalid(format!("--resume {word} needs --checkpoint-dir"));
+    Ok(match arg {
+        Some(p) if p.as_os_str() == "latest" => Some(root.ok_or_else(|| needs_root("latest"))?.to_path_buf()),
+        Some(p) if p.as_os_str() == "auto" => {
+            let root = root.ok_or_else(|| needs_root("auto"))?;
+            if !root.is_dir() {
+                return Ok(None);
+            }
+            let listed = ckpt::store::list(root)
+                .map_err(|e| crate::ConfigError::Invalid(format!("cannot list {}: {e}", root.display())))?;
+            (!listed.is_empty()).then(|| root.to_path_buf())
+        }
+        other => other,
+    })
+}
+
 /// Where a run resumed from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Restored {

@@ -52,10 +52,39 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Data-parallel training across processes; `None` trains in this process alone.
     pub dist: Option<DistConfig>,
+    /// The model cut into pipeline stages across a job's ranks (one stage: not cut).
+    pub pipeline: Pipeline,
     /// Bit flips to inject into live state (`--inject`).
     pub inject: Vec<fault::live::LiveFault>,
     /// Crashes, hangs and cut links at named phases of a step (`--fault`).
     pub faults: Vec<fault::crash::ProcessFault>,
+}
+
+/// A model cut into pipeline stages (`--pipeline-stages`, `--schedule`): a job of `D * S`
+/// ranks runs `D` data-parallel replicas of an `S`-stage pipeline, rank `d * S + s`
+/// holding stage `s` of replica `d` (see [`crate::pipeline`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pipeline {
+    /// Stages (1: the model is not cut).
+    pub stages: usize,
+    /// The order of each stage's forward and backward passes.
+    pub schedule: PipeSchedule,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Pipeline { stages: 1, schedule: PipeSchedule::OneFOneB }
+    }
+}
+
+/// The order of a pipeline stage's passes in a step (see [`crate::schedule`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PipeSchedule {
+    /// Every forward pass, then every backward pass.
+    GPipe,
+    /// One forward, one backward, once the pipeline is full (less memory).
+    #[default]
+    OneFOneB,
 }
 
 /// This process's place in a data-parallel job. Each kind of job carries its own settings,
@@ -212,8 +241,46 @@ impl TrainConfig {
             }
         }
         self.check_faults_fire()?;
+        self.check_pipeline()?;
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return invalid(format!("--lr must be a positive number, not {}", self.optim.lr));
+        }
+        Ok(())
+    }
+
+    /// What a pipeline job needs: a static job on the mesh whose ranks are whole
+    /// pipelines, and no feature that pipeline stages do not have yet.
+    fn check_pipeline(&self) -> Result<(), crate::ConfigError> {
+        let stages = self.pipeline.stages;
+        let invalid = |text: String| Err(crate::ConfigError::Invalid(text));
+        if stages == 0 {
+            return invalid("--pipeline-stages must be at least 1".into());
+        }
+        if stages == 1 {
+            return Ok(());
+        }
+        let world = match &self.dist {
+            Some(DistConfig::Mesh(m)) => m.world,
+            Some(DistConfig::Mpi(_)) => return invalid("pipeline stages run on Steadfast's mesh, not MPI's".into()),
+            Some(DistConfig::Elastic(_)) => return invalid("an elastic job's workers are not pipeline stages".into()),
+            None => {
+                return invalid(format!(
+                    "--pipeline-stages {stages} needs a job of D x {stages} ranks: \
+                     steadfast launch --nproc {stages} -- train --pipeline-stages {stages} ..."
+                ));
+            }
+        };
+        if !world.is_multiple_of(stages) {
+            return invalid(format!("a job of {world} ranks is not whole pipelines of {stages} stages"));
+        }
+        if self.checkpoint.is_some() || self.resume.is_some() {
+            return invalid("a pipeline job does not write or resume checkpoints yet".into());
+        }
+        let replicas = world / stages;
+        if self.micro_batch == 0 || self.batch / self.micro_batch.max(1) < replicas {
+            return invalid(format!(
+                "{replicas} replicas of the pipeline need at least {replicas} micro-batches a step (--micro-batch)"
+            ));
         }
         Ok(())
     }
@@ -276,6 +343,7 @@ impl TrainConfig {
             checkpoint: None,
             resume: None,
             dist: None,
+            pipeline: Pipeline::default(),
             inject: Vec::new(),
             faults: Vec::new(),
         }

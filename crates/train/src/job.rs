@@ -14,6 +14,7 @@ use comm::transport::{CommError, TcpMesh};
 
 use crate::config::{JobSettings, MeshRank, Rendezvous};
 use crate::error::{ConfigError, TrainError};
+use crate::pipeline::Layout;
 use crate::step::SumCheck;
 
 /// This rank's connections to a job.
@@ -22,6 +23,11 @@ pub struct Job {
     rank: usize,
     world: usize,
     settings: JobSettings,
+    /// The ranks this rank sums its gradient with (`None`: every rank).
+    reduce_among: Option<Vec<usize>>,
+    /// Every rank's group: ranks whose sums and states must agree (all one group but in
+    /// a pipeline job, where each stage is one).
+    group_of: Vec<usize>,
 }
 
 enum Link {
@@ -107,7 +113,7 @@ impl Job {
         }
         *slot = MeshSlot::Ready(Arc::clone(&mesh));
         drop(slot);
-        Ok(Job { link: Link::Tcp { mesh, watch }, rank: d.rank, world: d.world, settings: d.job.clone() })
+        Ok(Job::new(Link::Tcp { mesh, watch }, d.rank, d.world, d.job.clone()))
     }
 
     /// Joins an MPI job: initializes MPI, whose rank and world are the job's. Call [`Job::barrier`] before any rank persists a checkpoint
@@ -116,13 +122,33 @@ impl Job {
     pub fn start_mpi(settings: &JobSettings) -> Result<Job, TrainError> {
         let world = comm::mpi::MpiWorld::init()?;
         let (rank, size) = (world.rank(), world.world());
-        Ok(Job { link: Link::Mpi(std::cell::RefCell::new(world)), rank, world: size, settings: settings.clone() })
+        Ok(Job::new(Link::Mpi(std::cell::RefCell::new(world)), rank, size, settings.clone()))
     }
 
     /// Without the `mpi` feature an MPI job cannot start.
     #[cfg(not(feature = "mpi"))]
     pub fn start_mpi(_: &JobSettings) -> Result<Job, TrainError> {
         Err(ConfigError::Invalid("this steadfast was built without MPI (cargo feature `mpi`)".into()).into())
+    }
+
+    fn new(link: Link, rank: usize, world: usize, settings: JobSettings) -> Job {
+        Job { link, rank, world, settings, reduce_among: None, group_of: vec![0; world] }
+    }
+
+    /// Makes this a rank of the pipeline job `layout`: it sums with its stage's replicas,
+    /// and sums and states are compared within each stage.
+    pub fn pipelined(&mut self, layout: &Layout) {
+        self.reduce_among = Some(layout.replicas_of(layout.place(self.rank).1));
+        self.group_of = layout.stage_of();
+    }
+
+    /// The job's point-to-point transport (Steadfast's mesh; MPI's has none here).
+    pub fn transport(&self) -> Result<&dyn comm::transport::Transport, TrainError> {
+        match &self.link {
+            Link::Tcp { mesh, .. } => Ok(&**mesh),
+            #[cfg(feature = "mpi")]
+            Link::Mpi(_) => Err(ConfigError::Invalid("an MPI job has no point-to-point link here".into()).into()),
+        }
     }
 
     /// This rank, and the number of ranks.
@@ -139,7 +165,13 @@ impl Job {
         mode: ReduceMode,
     ) -> Result<(), TrainError> {
         match &self.link {
-            Link::Tcp { mesh, .. } => reducer.sum_parts(&**mesh, parts, out, mode, self.settings.timeout)?,
+            Link::Tcp { mesh, .. } => match &self.reduce_among {
+                Some(members) => {
+                    let group = comm::group::Group::new(&**mesh, members.clone())?;
+                    reducer.sum_parts(&group, parts, out, mode, self.settings.timeout)?
+                }
+                None => reducer.sum_parts(&**mesh, parts, out, mode, self.settings.timeout)?,
+            },
             #[cfg(feature = "mpi")]
             Link::Mpi(world) => world.borrow_mut().sum_parts(parts, out, mode)?,
         }
@@ -169,7 +201,7 @@ impl Job {
     /// durable checkpoint step); the step goes on only if all commit. Returns the ballots.
     pub fn vote(&self, step: u64, check: &SumCheck, durable: u64) -> Result<Vec<Ballot>, TrainError> {
         let ballot = Ballot { ok: check.finite, digest: check.digest, durable };
-        let (decision, ballots) = comm::commit::tally(&self.all_gather_words(&ballot.words())?);
+        let (decision, ballots) = comm::commit::tally_in_groups(&self.all_gather_words(&ballot.words())?, &self.group_of);
         match decision {
             Decision::Commit => Ok(ballots),
             Decision::Abort { .. } if !check.loss.is_finite() => Err(TrainError::Diverged { step, loss: check.loss }),
@@ -183,16 +215,19 @@ impl Job {
         self.settings.checks_after(done, last)
     }
 
-    /// Compares every replica's fingerprint; fails naming the ranks outvoted by the
-    /// [`majority`](comm::majority) rule.
+    /// Compares every replica's fingerprint (within each stage, in a pipeline job); fails
+    /// naming the ranks outvoted by the [`majority`](comm::majority) rule.
     pub fn check_replicas(&self, step: u64, fingerprint: u64) -> Result<(), TrainError> {
         let all: Vec<u64> = self.all_gather_words(&[fingerprint])?.into_iter().map(|w| w[0]).collect();
-        match comm::majority::compare(&all) {
-            comm::majority::Comparison::Agree => Ok(()),
-            comm::majority::Comparison::Diverged { outvoted, .. } => {
-                Err(TrainError::ReplicasDiverged { step, ranks: outvoted })
+        let mut ranks = Vec::new();
+        for group in 0..=self.group_of.iter().copied().max().unwrap_or(0) {
+            let members: Vec<usize> = (0..all.len()).filter(|&r| self.group_of[r] == group).collect();
+            let fingerprints: Vec<u64> = members.iter().map(|&r| all[r]).collect();
+            if let comm::majority::Comparison::Diverged { outvoted, .. } = comm::majority::compare(&fingerprints) {
+                ranks.extend(outvoted.into_iter().map(|i| members[i]));
             }
         }
+        if ranks.is_empty() { Ok(()) } else { Err(TrainError::ReplicasDiverged { step, ranks }) }
     }
 
     /// The newest step whose checkpoint every rank has made durable, once this rank's own

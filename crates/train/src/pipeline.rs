@@ -1,38 +1,77 @@
-//! A pipeline stage's side of a step, as the step driver's [`Runner`]: the boundary
-//! tensors go to and come from the neighbouring stages over any [`Transport`] (one rank
-//! a stage), and the stage's gradient sum is its own (one replica a stage).
+//! Pipeline stages across a job's ranks: where each rank sits ([`Layout`]), the boundary
+//! tensors on the wire, a stage's runner over any transport ([`StageLink`]), and the
+//! stages' states put back together ([`gather`]).
 //!
-//! With a [`schedule::gpipe`](crate::schedule::gpipe) or
-//! [`schedule::one_f_one_b`](crate::schedule::one_f_one_b) schedule and an engine
-//! [`for_stage`](crate::step::Engine::for_stage), each stage steps its own parameters, and
-//! the stages together compute the bits of the whole model in one process.
+//! A job of `D * S` ranks runs `D` data-parallel replicas of an `S`-stage pipeline: rank
+//! `d * S + s` holds stage `s` of replica `d`, so one replica's stages are neighbours
+//! in rank order. Each replica takes the micro-batches `i` with `i mod D == d`
+//! ([`schedule::pipeline`](crate::schedule::pipeline)); stage `s`'s replicas sum their
+//! gradients among themselves (a [`comm::group::Group`]), vote with the whole job, and
+//! compare digests and fingerprints within the stage. With a reproducible reduction
+//! the sum of every stage's gradient is the single process's, whatever `D`, `S` and the
+//! schedule, so the job ends with the bits of `steadfast train` on the whole model.
+//!
+//! The last stage of replica 0 (the *collector*) holds the summed loss; it writes the
+//! metrics, and at each evaluation and at the end it gathers replica 0's stages into the
+//! whole state, scores it and shares the result with every rank.
 
 use std::time::{Duration, Instant};
 
 use comm::transport::{CommError, Transport};
 
 use crate::driver::Runner;
-use crate::error::TrainError;
+use crate::error::{ConfigError, TrainError};
 use crate::schedule::Boundary;
-use crate::step::At;
+use crate::step::{At, TrainState};
+use crate::trainer::EvalReport;
 
-/// The frame kind of an activation, and of a gradient.
+/// The frame kinds of an activation, a gradient, and a tensor of a stage's state.
 const ACTIVATION: u8 = 0x50;
 const GRADIENT: u8 = 0x51;
+const STATE: u8 = 0x52;
 
-/// One stage's runner over `T`, whose rank `s` is stage `s`. A stage sums its own
-/// micro-batches and refuses a non-finite gradient alone (the driver's defaults).
-pub struct StageLink<T> {
-    transport: T,
-    timeout: Duration,
-    bytes: Vec<u8>,
+/// Where the ranks of a pipeline job sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Stages of each pipeline.
+    pub stages: usize,
+    /// Data-parallel copies of the pipeline.
+    pub replicas: usize,
 }
 
-impl<T: Transport> StageLink<T> {
-    /// The stage whose transport is `transport`; a boundary tensor not received within
-    /// `timeout` fails the step.
-    pub fn new(transport: T, timeout: Duration) -> Self {
-        StageLink { transport, timeout, bytes: Vec::new() }
+impl Layout {
+    /// The layout of `stages` stages on a job of `world` ranks.
+    pub fn of(stages: usize, world: usize) -> Result<Layout, ConfigError> {
+        if stages == 0 || world == 0 || !world.is_multiple_of(stages) {
+            return Err(ConfigError::Invalid(format!("a job of {world} ranks is not whole pipelines of {stages} stages")));
+        }
+        Ok(Layout { stages, replicas: world / stages })
+    }
+
+    /// The replica and the stage of `rank`.
+    pub fn place(&self, rank: usize) -> (usize, usize) {
+        (rank / self.stages, rank % self.stages)
+    }
+
+    /// The rank of `stage` of `replica`.
+    pub fn rank(&self, replica: usize, stage: usize) -> usize {
+        replica * self.stages + stage
+    }
+
+    /// Every rank's stage, indexed by rank: the groups whose sums agree.
+    pub fn stage_of(&self) -> Vec<usize> {
+        (0..self.stages * self.replicas).map(|r| r % self.stages).collect()
+    }
+
+    /// The ranks that hold `stage`, replica by replica.
+    pub fn replicas_of(&self, stage: usize) -> Vec<usize> {
+        (0..self.replicas).map(|d| self.rank(d, stage)).collect()
+    }
+
+    /// The rank that holds the loss, writes the metrics and puts the state together: the
+    /// last stage of replica 0.
+    pub fn collector(&self) -> usize {
+        self.rank(0, self.stages - 1)
     }
 }
 
@@ -43,12 +82,71 @@ fn kind(tensor: Boundary) -> u8 {
     }
 }
 
+/// Sends `data`, micro-batch `micro`'s boundary `tensor`, to rank `to`, as little-endian
+/// f32 through `bytes`.
+pub fn send_tensor(
+    t: &dyn Transport,
+    to: usize,
+    tensor: Boundary,
+    data: &[f32],
+    bytes: &mut Vec<u8>,
+) -> Result<(), TrainError> {
+    bytes.clear();
+    bytes.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+    t.send(to, kind(tensor), bytes)?;
+    Ok(())
+}
+
+/// Receives micro-batch `micro`'s boundary `tensor` from rank `from` into `data`, within
+/// `timeout`; anything else is a protocol error that names what was expected.
+pub fn recv_tensor(
+    t: &dyn Transport,
+    (from, micro, tensor): (usize, usize, Boundary),
+    timeout: Duration,
+    bytes: &mut Vec<u8>,
+    data: &mut Vec<f32>,
+) -> Result<(), TrainError> {
+    let got = t.recv_into(from, Instant::now() + timeout, bytes)?;
+    if got != kind(tensor) || !bytes.len().is_multiple_of(4) {
+        return Err(CommError::Protocol {
+            peer: from,
+            reason: format!(
+                "expected the {tensor:?} of micro-batch {micro} (kind {:#x}), got kind {got:#x} of {} bytes",
+                kind(tensor),
+                bytes.len()
+            ),
+        }
+        .into());
+    }
+    data.clear();
+    data.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    Ok(())
+}
+
+/// One stage's runner over `T`, whose rank `ranks[s]` holds stage `s` of its pipeline. A
+/// stage sums its own micro-batches and refuses a non-finite gradient alone (the
+/// driver's defaults): with an engine [`for_stage`](crate::step::Engine::for_stage), the
+/// stages of one pipeline step their own parameters and together compute the bits of
+/// the whole model.
+pub struct StageLink<T> {
+    transport: T,
+    ranks: Vec<usize>,
+    timeout: Duration,
+    bytes: Vec<u8>,
+}
+
+impl<T: Transport> StageLink<T> {
+    /// The stage whose transport is `transport`, stage `s` being its rank `s`; a boundary
+    /// tensor not received within `timeout` fails the step.
+    pub fn new(transport: T, timeout: Duration) -> Self {
+        let ranks = (0..transport.world()).collect();
+        StageLink { transport, ranks, timeout, bytes: Vec::new() }
+    }
+}
+
 impl<T: Transport> Runner for StageLink<T> {
     fn send(&mut self, _at: At, peer: usize, _micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
-        self.bytes.clear();
-        self.bytes.extend(data.iter().flat_map(|v| v.to_le_bytes()));
-        self.transport.send(peer, kind(tensor), &self.bytes)?;
-        Ok(())
+        send_tensor(&self.transport, self.ranks[peer], tensor, data, &mut self.bytes)
     }
 
     fn recv(
@@ -59,20 +157,143 @@ impl<T: Transport> Runner for StageLink<T> {
         tensor: Boundary,
         data: &mut Vec<f32>,
     ) -> Result<(), TrainError> {
-        let got = self.transport.recv_into(peer, Instant::now() + self.timeout, &mut self.bytes)?;
-        if got != kind(tensor) || !self.bytes.len().is_multiple_of(4) {
-            return Err(CommError::Protocol {
-                peer,
-                reason: format!(
-                    "expected the {tensor:?} of micro-batch {micro} (kind {:#x}), got kind {got:#x} of {} bytes",
-                    kind(tensor),
-                    self.bytes.len()
-                ),
-            }
-            .into());
+        recv_tensor(&self.transport, (self.ranks[peer], micro, tensor), self.timeout, &mut self.bytes, data)
+    }
+}
+
+/// Puts replica 0's stages back together on the [`collector`](Layout::collector): every
+/// other stage of replica 0 sends its tensors (parameters, then the optimizer's slots),
+/// each named, and the collector writes them into `whole` (a state of the whole model),
+/// with the step and update count of its own `stage` state. Ranks of other replicas do
+/// nothing. Returns whether `whole` now holds the job's state (on the collector alone).
+pub fn gather(
+    t: &dyn Transport,
+    layout: &Layout,
+    stage: &TrainState,
+    whole: &mut TrainState,
+    timeout: Duration,
+) -> Result<bool, TrainError> {
+    let (rank, collector) = (t.rank(), layout.collector());
+    let (replica, _) = layout.place(rank);
+    if replica != 0 {
+        return Ok(false);
+    }
+    if rank != collector {
+        let mut bytes = Vec::new();
+        for tensor in stage.tensors() {
+            bytes.clear();
+            bytes.extend((tensor.name.len() as u32).to_le_bytes());
+            bytes.extend(tensor.name.as_bytes());
+            bytes.extend(tensor.data.iter().flat_map(|v| v.to_le_bytes()));
+            t.send(collector, STATE, &bytes)?;
         }
-        data.clear();
-        data.extend(self.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-        Ok(())
+        t.send(collector, STATE, &[])?;
+        return Ok(false);
+    }
+    let mut filled = vec![false; whole.params.len() + whole.optimizer.slots().len()];
+    for tensor in stage.tensors() {
+        slot(whole, &mut filled, &tensor.name, collector)?.copy_from_slice(&tensor.data);
+    }
+    let mut bytes = Vec::new();
+    for s in (0..layout.stages).filter(|&s| layout.rank(0, s) != collector) {
+        let from = layout.rank(0, s);
+        loop {
+            let kind = t.recv_into(from, Instant::now() + timeout, &mut bytes)?;
+            if kind != STATE {
+                return Err(protocol(from, format!("expected a tensor of stage {s}'s state, got kind {kind:#x}")));
+            }
+            if bytes.is_empty() {
+                break;
+            }
+            let (name, values) = named(&bytes).ok_or_else(|| protocol(from, "a malformed state tensor".into()))?;
+            let into = slot(whole, &mut filled, name, from)?;
+            if values.len() != 4 * into.len() {
+                return Err(protocol(from, format!("{name}: {} bytes for {} values", values.len(), into.len())));
+            }
+            for (v, b) in into.iter_mut().zip(values.chunks_exact(4)) {
+                *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+    }
+    if let Some(missing) = filled.iter().position(|f| !f) {
+        let name = whole.tensors().nth(missing).map(|t| t.name.clone()).unwrap_or_default();
+        return Err(ConfigError::Invalid(format!("no stage sent {name}")).into());
+    }
+    whole.step = stage.step;
+    whole.optimizer.set_updates(stage.optimizer.updates());
+    Ok(true)
+}
+
+/// The name and the value bytes of a state tensor's frame.
+fn named(bytes: &[u8]) -> Option<(&str, &[u8])> {
+    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let name = std::str::from_utf8(bytes.get(4..4 + len)?).ok()?;
+    Some((name, &bytes[4 + len..]))
+}
+
+/// The values of `whole`'s tensor `name`, to be written once.
+fn slot<'w>(
+    whole: &'w mut TrainState,
+    filled: &mut [bool],
+    name: &str,
+    from: usize,
+) -> Result<&'w mut [f32], TrainError> {
+    let params = whole.params.len();
+    let (index, tensor) = match whole.params.iter().position(|p| p.name == name) {
+        Some(i) => (i, &mut whole.params[i]),
+        None => match whole.optimizer.slots().iter().position(|p| p.name == name) {
+            Some(i) => (params + i, &mut whole.optimizer.slots_mut()[i]),
+            None => return Err(protocol(from, format!("the model has no tensor {name}"))),
+        },
+    };
+    if std::mem::replace(&mut filled[index], true) {
+        return Err(protocol(from, format!("{name} was sent twice")));
+    }
+    Ok(&mut tensor.data)
+}
+
+fn protocol(peer: usize, reason: String) -> TrainError {
+    CommError::Protocol { peer, reason }.into()
+}
+
+/// Shares the collector's evaluation and fingerprint with every rank of the job: the
+/// collector passes `Some`, the others `None`, and every rank gets the collector's.
+pub fn share(
+    t: &dyn Transport,
+    layout: &Layout,
+    mine: Option<(&EvalReport, u64)>,
+    timeout: Duration,
+) -> Result<(EvalReport, u64), TrainError> {
+    let words = match mine {
+        Some((r, fingerprint)) => {
+            [r.step, r.loss.to_bits(), r.accuracy.to_bits(), r.perplexity.unwrap_or(f64::NAN).to_bits(), fingerprint]
+        }
+        None => [0; 5],
+    };
+    let all = comm::collective::all_gather_words(t, &words, timeout)?;
+    let w = &all[layout.collector()];
+    let perplexity = f64::from_bits(w[3]);
+    let report = EvalReport {
+        step: w[0],
+        loss: f64::from_bits(w[1]),
+        accuracy: f64::from_bits(w[2]),
+        perplexity: (!perplexity.is_nan()).then_some(perplexity),
+    };
+    Ok((report, w[4]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_s_stages_are_neighbours_and_a_stage_s_replicas_a_group() {
+        let l = Layout::of(3, 6).unwrap();
+        assert_eq!((l.replicas, l.place(4), l.rank(1, 1)), (2, (1, 1), 4));
+        assert_eq!(l.replicas_of(2), [2, 5]);
+        assert_eq!(l.stage_of(), [0, 1, 2, 0, 1, 2]);
+        assert_eq!(l.collector(), 2);
+        assert!(Layout::of(4, 6).is_err());
+        assert!(Layout::of(0, 6).is_err());
     }
 }

@@ -193,6 +193,49 @@ pub fn one_f_one_b(stages: usize, stage: usize, micro_batches: usize) -> Vec<Op>
     actions
 }
 
+/// The step of `stage` of replica `replica` of `replicas` data-parallel copies of a
+/// pipeline: the replica takes micro-batch `i` when `i mod replicas == replica` (as a
+/// data-parallel rank does), and its stages pass them through `schedule` in that order.
+///
+/// ```
+/// use train::PipeSchedule;
+/// use train::schedule::{Op, pipeline};
+///
+/// // Stage 0 of replica 1 of 2, 5 micro-batches: it takes 1 and 3, in buffers 0 and 1.
+/// let s = pipeline(PipeSchedule::GPipe, 2, 0, 5, 1, 2);
+/// assert_eq!(s[1], Op::Forward { micro: 1, slot: 0 });
+/// assert_eq!(s[3], Op::Forward { micro: 3, slot: 1 });
+/// ```
+///
+/// # Panics
+/// If `stage` is not below `stages` or `replica` not below `replicas`.
+pub fn pipeline(
+    schedule: crate::PipeSchedule,
+    stages: usize,
+    stage: usize,
+    micro_batches: usize,
+    replica: usize,
+    replicas: usize,
+) -> Vec<Op> {
+    assert!(replica < replicas, "replica {replica} of {replicas}");
+    let owned = (replica..micro_batches).step_by(replicas).count();
+    let build = match schedule {
+        crate::PipeSchedule::GPipe => gpipe,
+        crate::PipeSchedule::OneFOneB => one_f_one_b,
+    };
+    let global = |k: usize| replica + k * replicas;
+    build(stages, stage, owned)
+        .into_iter()
+        .map(|op| match op {
+            Op::Forward { micro, slot } => Op::Forward { micro: global(micro), slot },
+            Op::Backward { micro, slot } => Op::Backward { micro: global(micro), slot },
+            Op::Send { micro, slot, tensor, peer } => Op::Send { micro: global(micro), slot, tensor, peer },
+            Op::Recv { micro, slot, tensor, peer } => Op::Recv { micro: global(micro), slot, tensor, peer },
+            other => other,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;

@@ -37,7 +37,8 @@ use crate::job::Job;
 use crate::metrics::MetricsFile;
 use crate::model::{EvalSums, GptConfig, KernelSet, Kernels, Loaded, Model, ModelKind};
 use crate::optim::Optimizer;
-use crate::schedule;
+use crate::pipeline::{self, Layout};
+use crate::schedule::{self, Boundary};
 use crate::step::{At, Engine, GradBuffer, Injected, LiveFaults, SumCheck, TrainState};
 
 /// Text sequences scored per evaluation (the first ones of the held-out split).
@@ -204,19 +205,31 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         (None, _) => (0, 1),
     };
     let incarnation = config.dist.as_ref().map_or(0, |d| d.settings().incarnation);
-    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == 0), first_step > 0)?;
+    let layout = (config.pipeline.stages > 1).then(|| Layout::of(config.pipeline.stages, world)).transpose()?;
+    // The rank that holds the summed loss writes the metrics.
+    let reporter = layout.map_or(0, |l| l.collector());
+    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), first_step > 0)?;
     if let Some(r) = &restored {
         record_resume(&mut metrics, r)?;
         on_event(Progress::Note(resumed_note(r)));
     }
     let writer = open_writer(config, ckpt::Part::of(rank, world), &state)?;
-    let job = match (mpi_job, &config.dist) {
+    let mut job = match (mpi_job, &config.dist) {
         (Some(j), _) => {
             j.barrier()?;
             Some(j)
         }
         (None, Some(DistConfig::Mesh(m))) => Some(Job::connect(m)?),
         (None, _) => None,
+    };
+    let pipe = match (layout, job.as_mut()) {
+        (Some(l), Some(j)) => {
+            j.pipelined(&l);
+            let (staged, for_stage) = Staged::cut(config, l, rank, &mut state, engine)?;
+            engine = for_stage;
+            Some(staged)
+        }
+        _ => None,
     };
     on_event(Progress::Started { steps: config.steps, parameters });
 
@@ -225,12 +238,20 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     if let Some(j) = &job {
         hooks.process_mut().on_cut(j.link_cutter()?);
     }
-    let actions = schedule::data_parallel(engine.sampler().micro_batches(), rank, world);
+    let micro_batches = engine.sampler().micro_batches();
+    let actions = match &pipe {
+        Some(p) => {
+            let (replica, stage) = p.layout.place(rank);
+            schedule::pipeline(config.pipeline.schedule, p.layout.stages, stage, micro_batches, replica, p.layout.replicas)
+        }
+        None => schedule::data_parallel(micro_batches, rank, world),
+    };
     let mut driver = Driver::new(&engine, rank);
     let mut runner = Ranks {
         config,
-        world,
+        shared: world / config.pipeline.stages > 1,
         job,
+        pipe,
         schedule: config.checkpoint.as_ref().map(|c| checkpointing::Schedule::new(c, config.steps)),
         writer,
         writers_idle: true,
@@ -247,13 +268,13 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         driver.run(&actions, 0, &mut engine, &mut state, &mut hooks, &mut runner)?;
         let done = state.step;
         if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
-            let report = evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit);
+            let report = runner.evaluate(&mut engine, &prepared.data, &state)?;
             write_eval(&mut runner.metrics, &report, prepared.unigram_perplexity)?;
             (runner.on_event)(Progress::Eval(&report));
             last_eval = Some(report);
         }
     }
-    let Ranks { mut writer, job, schedule, mut metrics, train_time, last_loss, .. } = runner;
+    let Ranks { mut writer, job, pipe, schedule, mut metrics, train_time, last_loss, .. } = runner;
     if let Some(w) = writer.as_mut() {
         if let Some(j) = &job {
             // The last parts: once every rank's is durable, rank 0 commits.
@@ -272,7 +293,8 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         final_loss: last_loss,
         eval: last_eval,
         unigram_perplexity: prepared.unigram_perplexity,
-        fingerprint: state.fingerprint(),
+        // A pipeline's stages hold parts of the state: the job's is the gathered one's.
+        fingerprint: pipe.and_then(|p| p.fingerprint).unwrap_or_else(|| state.fingerprint()),
         kernels: engine.kernels(),
         train_time,
         optimizer_time: driver.update_time(),
@@ -349,8 +371,11 @@ fn open_writer(
 /// durable.
 struct Ranks<'c, 'e> {
     config: &'c TrainConfig,
-    world: usize,
+    /// Whether other ranks hold the same sum (data-parallel replicas).
+    shared: bool,
     job: Option<Job>,
+    /// In a pipeline job: this rank's stage.
+    pipe: Option<Staged>,
     /// Which steps are checkpointed.
     schedule: Option<checkpointing::Schedule>,
     writer: Option<ckpt::AsyncWriter>,
@@ -385,7 +410,7 @@ impl Runner for Ranks<'_, '_> {
         if let Some(w) = self.writer.as_mut() {
             w.poll()?;
         }
-        let check = if self.world > 1 { SumCheck::of(sum) } else { SumCheck::unshared(sum) };
+        let check = if self.shared { SumCheck::of(sum) } else { SumCheck::unshared(sum) };
         let ballots = j.vote(at.step, &check, self.writer.as_ref().map_or(0, |w| w.durable()))?;
         let durable = comm::commit::durable_everywhere(&ballots);
         // Every rank reads the same ballots, so every rank decides alike whether a
@@ -423,13 +448,100 @@ impl Runner for Ranks<'_, '_> {
 
     fn checkpoint(&mut self, _at: At, state: &TrainState, engine: &Engine<'_>) -> Result<(), TrainError> {
         let Some(w) = self.writer.as_mut() else { return Ok(()) };
-        let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), self.world);
+        let world = self.job.as_ref().map_or(1, |j| j.place().1);
+        let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), world);
         let stall = w.snapshot(meta, &checkpointing::tensor_refs(state))?;
         self.metrics.write(json!({"kind": "checkpoint", "step": state.step, "stall_seconds": stall.as_secs_f64()}))
     }
 
     fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
         report_injections(&mut self.metrics, flips)
+    }
+
+    fn send(&mut self, _at: At, peer: usize, _micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
+        let (job, pipe) = self.staged()?;
+        let to = pipe.layout.rank(pipe.replica, peer);
+        pipeline::send_tensor(job.transport()?, to, tensor, data, &mut pipe.bytes)
+    }
+
+    fn recv(
+        &mut self,
+        _at: At,
+        peer: usize,
+        micro: usize,
+        tensor: Boundary,
+        data: &mut Vec<f32>,
+    ) -> Result<(), TrainError> {
+        let timeout = self.timeout();
+        let (job, pipe) = self.staged()?;
+        let from = pipe.layout.rank(pipe.replica, peer);
+        pipeline::recv_tensor(job.transport()?, (from, micro, tensor), timeout, &mut pipe.bytes, data)
+    }
+}
+
+impl Ranks<'_, '_> {
+    /// The job and this rank's stage, in a pipeline job.
+    fn staged(&mut self) -> Result<(&Job, &mut Staged), TrainError> {
+        match (&self.job, &mut self.pipe) {
+            (Some(j), Some(p)) => Ok((j, p)),
+            _ => Err(ConfigError::Invalid("this rank holds no pipeline stage".into()).into()),
+        }
+    }
+
+    /// The job's bound on a collective step.
+    fn timeout(&self) -> Duration {
+        self.config.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout)
+    }
+
+    /// Scores the state on the held-out split: here, or, in a pipeline job, on the
+    /// collector once it has gathered replica 0's stages (every rank gets its report, and
+    /// the whole state's fingerprint is kept for the summary).
+    fn evaluate(&mut self, engine: &mut Engine<'_>, data: &Dataset, state: &TrainState) -> Result<EvalReport, TrainError> {
+        let limit = self.config.eval_limit;
+        let timeout = self.timeout();
+        let Ok((job, pipe)) = self.staged() else { return Ok(evaluate_state(engine, data, state, limit)) };
+        let t = job.transport()?;
+        let mine = if pipeline::gather(t, &pipe.layout, state, &mut pipe.whole, timeout)? {
+            Some((evaluate_state(engine, data, &pipe.whole, limit), pipe.whole.fingerprint()))
+        } else {
+            None
+        };
+        let (report, fingerprint) = pipeline::share(t, &pipe.layout, mine.as_ref().map(|(r, f)| (r, *f)), timeout)?;
+        pipe.fingerprint = Some(fingerprint);
+        Ok(report)
+    }
+}
+
+/// A rank's stage of a pipeline job.
+struct Staged {
+    layout: Layout,
+    /// The pipeline this rank's stage belongs to.
+    replica: usize,
+    /// The whole model's state, which the collector gathers the stages into.
+    whole: TrainState,
+    /// The wire form of a boundary tensor.
+    bytes: Vec<u8>,
+    /// The whole state's fingerprint at the last evaluation.
+    fingerprint: Option<u64>,
+}
+
+impl Staged {
+    /// Cuts `state` (the whole model's, which it becomes the stage's) and `engine` to the
+    /// stage of `rank`.
+    fn cut<'a>(
+        config: &TrainConfig,
+        layout: Layout,
+        rank: usize,
+        state: &mut TrainState,
+        engine: Engine<'a>,
+    ) -> Result<(Staged, Engine<'a>), TrainError> {
+        let (replica, index) = layout.place(rank);
+        let stage = engine.stage(layout.stages, index)?;
+        let params = stage.params(&state.params);
+        let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
+        let whole = std::mem::replace(state, TrainState::new(params, optimizer));
+        let staged = Staged { layout, replica, whole, bytes: Vec::new(), fingerprint: None };
+        Ok((staged, engine.for_stage(stage)))
     }
 }
 

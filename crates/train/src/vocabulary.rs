@@ -7,7 +7,7 @@
 use repro::text_form;
 pub use repro::words::{UnknownWord, Word};
 
-use crate::config::{OnDivergence, WhenBusy};
+use crate::config::{OnDivergence, PipeSchedule, WhenBusy};
 use crate::data::DataKind;
 use crate::model::{KernelSet, ModelKind};
 use crate::optim::OptimKind;
@@ -31,6 +31,24 @@ impl Word for ModelKind {
     }
 }
 text_form!(ModelKind);
+
+impl Word for PipeSchedule {
+    const KIND: &'static str = "pipeline schedule";
+    const ALL: &'static [Self] = &[PipeSchedule::GPipe, PipeSchedule::OneFOneB];
+    fn word(self) -> &'static str {
+        match self {
+            PipeSchedule::GPipe => "gpipe",
+            PipeSchedule::OneFOneB => "1f1b",
+        }
+    }
+    fn help(self) -> &'static str {
+        match self {
+            PipeSchedule::GPipe => "every forward pass, then every backward pass",
+            PipeSchedule::OneFOneB => "one forward, one backward once the pipeline is full (the default; less memory)",
+        }
+    }
+}
+text_form!(PipeSchedule);
 
 impl Word for KernelSet {
     const KIND: &'static str = "kernel set";
