@@ -118,7 +118,10 @@ mod tests {
         // Two stages of two replicas: ranks 0 and 2 hold one sum, 1 and 3 another.
         let groups = [0, 1, 0, 1];
         assert_eq!(decide_in_groups(&[ok(7), ok(9), ok(7), ok(9)], &groups), Decision::Commit);
-        assert_eq!(decide(&[ok(7), ok(9), ok(7), ok(9)]), Decision::Abort { vetoed: vec![], disagreeing: vec![0, 1, 2, 3] });
+        assert_eq!(
+            decide(&[ok(7), ok(9), ok(7), ok(9)]),
+            Decision::Abort { vetoed: vec![], disagreeing: vec![0, 1, 2, 3] }
+        );
         // Three replicas of two stages: rank 3 is outvoted within its stage.
         let groups = [0, 1, 0, 1, 0, 1];
         let d = decide_in_groups(&[ok(7), ok(9), ok(7), ok(8), ok(7), ok(9)], &groups);

@@ -201,7 +201,8 @@ impl Job {
     /// durable checkpoint step); the step goes on only if all commit. Returns the ballots.
     pub fn vote(&self, step: u64, check: &SumCheck, durable: u64) -> Result<Vec<Ballot>, TrainError> {
         let ballot = Ballot { ok: check.finite, digest: check.digest, durable };
-        let (decision, ballots) = comm::commit::tally_in_groups(&self.all_gather_words(&ballot.words())?, &self.group_of);
+        let (decision, ballots) =
+            comm::commit::tally_in_groups(&self.all_gather_words(&ballot.words())?, &self.group_of);
         match decision {
             Decision::Commit => Ok(ballots),
             Decision::Abort { .. } if !check.loss.is_finite() => Err(TrainError::Diverged { step, loss: check.loss }),

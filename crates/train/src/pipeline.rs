@@ -43,7 +43,9 @@ impl Layout {
     /// The layout of `stages` stages on a job of `world` ranks.
     pub fn of(stages: usize, world: usize) -> Result<Layout, ConfigError> {
         if stages == 0 || world == 0 || !world.is_multiple_of(stages) {
-            return Err(ConfigError::Invalid(format!("a job of {world} ranks is not whole pipelines of {stages} stages")));
+            return Err(ConfigError::Invalid(format!(
+                "a job of {world} ranks is not whole pipelines of {stages} stages"
+            )));
         }
         Ok(Layout { stages, replicas: world / stages })
     }

@@ -242,7 +242,14 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     let actions = match &pipe {
         Some(p) => {
             let (replica, stage) = p.layout.place(rank);
-            schedule::pipeline(config.pipeline.schedule, p.layout.stages, stage, micro_batches, replica, p.layout.replicas)
+            schedule::pipeline(
+                config.pipeline.schedule,
+                p.layout.stages,
+                stage,
+                micro_batches,
+                replica,
+                p.layout.replicas,
+            )
         }
         None => schedule::data_parallel(micro_batches, rank, world),
     };
@@ -496,7 +503,12 @@ impl Ranks<'_, '_> {
     /// Scores the state on the held-out split: here, or, in a pipeline job, on the
     /// collector once it has gathered replica 0's stages (every rank gets its report, and
     /// the whole state's fingerprint is kept for the summary).
-    fn evaluate(&mut self, engine: &mut Engine<'_>, data: &Dataset, state: &TrainState) -> Result<EvalReport, TrainError> {
+    fn evaluate(
+        &mut self,
+        engine: &mut Engine<'_>,
+        data: &Dataset,
+        state: &TrainState,
+    ) -> Result<EvalReport, TrainError> {
         let limit = self.config.eval_limit;
         let timeout = self.timeout();
         let Ok((job, pipe)) = self.staged() else { return Ok(evaluate_state(engine, data, state, limit)) };

@@ -1,0 +1,100 @@
+//! Pipeline jobs through `steadfast launch`: every shape D x S of every model, with both
+//! schedules, ends with the fingerprint of single-process `steadfast train` (reproducible
+//! sums), and what cannot run is refused with a clear error.
+
+use std::process::{Command, Output};
+
+mod common;
+
+fn steadfast(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_steadfast")).args(args).output().expect("run steadfast")
+}
+
+/// Every `fingerprint:` line of a run's output (one per rank under `launch`).
+fn fingerprints(out: &Output) -> Vec<String> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    common::fingerprints_in(&stdout)
+}
+
+fn train_args<'a>(model: &'a str, out: &'a str) -> Vec<&'a str> {
+    let mut v = vec!["train", "--model", model, "--data", "synthetic", "--reduce", "reproducible", "--eval-every", "2"];
+    v.extend(["--out", out, "--steps", "3", "--batch", "16", "--micro-batch", "4"]);
+    v
+}
+
+/// `model` as `stages`-stage pipelines with `replicas` replicas, with `schedule`.
+fn pipelined(model: &str, out: &str, (replicas, stages): (usize, usize), schedule: &str) -> Vec<String> {
+    let (n, s) = ((replicas * stages).to_string(), stages.to_string());
+    let launch = ["launch", "--nproc", &n, "--"];
+    let pipe = ["--pipeline-stages", &s, "--schedule", schedule];
+    let fps = fingerprints(&steadfast(&[&launch[..], &train_args(model, out), &pipe].concat()));
+    assert_eq!(fps.len(), replicas * stages, "{model}: one summary per rank");
+    fps
+}
+
+#[test]
+fn every_pipeline_shape_and_schedule_gives_the_single_process_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    // Every model; for each, stage counts that cut at each kind of boundary.
+    let shapes: [(&str, &[(usize, usize)]); 3] =
+        [("mlp", &[(1, 2), (1, 3), (2, 2)]), ("cnn", &[(1, 2), (2, 3)]), ("gpt", &[(1, 2), (1, 3), (2, 2)])];
+    for (model, shapes) in shapes {
+        let single = fingerprints(&steadfast(&train_args(model, out)));
+        assert_eq!(single.len(), 1);
+        for &shape in shapes {
+            for schedule in ["gpipe", "1f1b"] {
+                for fp in pipelined(model, out, shape, schedule) {
+                    assert_eq!(fp, single[0], "{model}, {shape:?} (replicas, stages), {schedule}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_collector_writes_the_metrics_with_the_loss_of_the_whole_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    fingerprints(&steadfast(&train_args("mlp", one.to_str().unwrap())));
+    pipelined("mlp", two.to_str().unwrap(), (2, 3), "1f1b");
+    let lines = |d: &std::path::Path| -> Vec<String> {
+        let text = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();
+        // Drop the clock: every other field is a function of the configuration.
+        text.lines().map(|l| l.split(",\"time\"").next().unwrap().to_owned()).collect()
+    };
+    let (a, b) = (lines(&one), lines(&two));
+    let kinds = |ls: &[String], k: &str| -> Vec<String> {
+        ls.iter().filter(|l| l.contains(&format!("\"kind\":\"{k}\""))).cloned().collect()
+    };
+    for k in ["train", "eval"] {
+        assert_eq!(kinds(&a, k), kinds(&b, k), "the {k} lines");
+        assert!(!kinds(&a, k).is_empty());
+    }
+}
+
+#[test]
+fn pipelines_that_cannot_run_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let refused = |args: Vec<&str>, expected: &str| {
+        let o = steadfast(&args);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} ran");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    };
+    // Alone: a pipeline needs a job.
+    refused([&train_args("mlp", out)[..], &["--pipeline-stages", "2"]].concat(), "needs a job of D x 2 ranks");
+    // More stages than the MLP's three layers.
+    let launch = ["launch", "--nproc", "4", "--"];
+    refused([&launch[..], &train_args("mlp", out), &["--pipeline-stages", "4"]].concat(), "1 to 3 stages");
+    // Three ranks are not whole pipelines of two stages.
+    let launch = ["launch", "--nproc", "3", "--"];
+    refused([&launch[..], &train_args("mlp", out), &["--pipeline-stages", "2"]].concat(), "not whole pipelines");
+    refused([&train_args("mlp", out)[..], &["--pipeline-stages", "2", "--schedule", "zigzag"]].concat(), "gpipe");
+    // The framework's kernels have no stages.
+    let launch = ["launch", "--nproc", "2", "--"];
+    let framework = ["--pipeline-stages", "2", "--kernels", "framework"];
+    refused([&launch[..], &train_args("mlp", out), &framework].concat(), "fixed-order kernels");
+}
