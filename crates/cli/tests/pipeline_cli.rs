@@ -18,8 +18,12 @@ fn fingerprints(out: &Output) -> Vec<String> {
 }
 
 fn train_args<'a>(model: &'a str, out: &'a str) -> Vec<&'a str> {
+    train_steps(model, out, "3")
+}
+
+fn train_steps<'a>(model: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
     let mut v = vec!["train", "--model", model, "--data", "synthetic", "--reduce", "reproducible", "--eval-every", "2"];
-    v.extend(["--out", out, "--steps", "3", "--batch", "16", "--micro-batch", "4"]);
+    v.extend(["--out", out, "--steps", steps, "--batch", "16", "--micro-batch", "4"]);
     v
 }
 
@@ -97,4 +101,38 @@ fn pipelines_that_cannot_run_are_refused_clearly() {
     let launch = ["launch", "--nproc", "2", "--"];
     let framework = ["--pipeline-stages", "2", "--kernels", "framework"];
     refused([&launch[..], &train_args("mlp", out), &framework].concat(), "fixed-order kernels");
+}
+
+#[test]
+fn a_pipeline_job_restarted_from_its_stages_checkpoints_gives_the_same_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ck) = (dir.path().join("out"), dir.path().join("ck"));
+    let (out, ck) = (out.to_str().unwrap(), ck.to_str().unwrap());
+    let args = train_steps("mlp", out, "8");
+    let single = fingerprints(&steadfast(&args));
+    // Rank 1 (stage 1 of replica 0) crashes; the launcher starts every worker again from the
+    // newest checkpoint that both stages have.
+    let launch = ["launch", "--nproc", "4", "--max-restarts", "1", "--recovery", "checkpoint", "--save-every", "2"];
+    let pipe = ["--pipeline-stages", "2", "--fault", "crash:rank=1,step=5,phase=backward"];
+    let o = steadfast(&[&launch[..], &["--save-dir", ck, "--"], &args, &pipe].concat());
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("from the checkpoint of step"), "{stdout}");
+    let fps = fingerprints(&o);
+    assert_eq!(fps.len(), 4);
+    assert!(fps.iter().all(|f| *f == single[0]), "{fps:?} vs {single:?}");
+
+    // The stages' newest checkpoints differ (stage 1 lost its newest): both resume from the
+    // newest they have in common, and end with the same bits.
+    let stage1 = std::path::Path::new(ck).join("stage-1-of-2");
+    let newest: Vec<_> = std::fs::read_dir(&stage1).unwrap().map(|e| e.unwrap().path()).collect();
+    let newest = newest.iter().filter(|p| p.is_dir()).max().unwrap();
+    std::fs::remove_dir_all(newest).unwrap();
+    let _ = std::fs::remove_file(stage1.join("LATEST"));
+    let longer = train_steps("mlp", out, "10");
+    let single = fingerprints(&steadfast(&longer));
+    let resume = ["--pipeline-stages", "2", "--checkpoint-dir", ck, "--checkpoint-every", "2", "--resume", "latest"];
+    let o = steadfast(&[&["launch", "--nproc", "2", "--"][..], &longer, &resume].concat());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("another stage's newest checkpoint is older"), "{stderr}");
+    assert!(fingerprints(&o).iter().all(|f| *f == single[0]));
 }

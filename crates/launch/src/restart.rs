@@ -65,14 +65,13 @@ pub fn run(plan: RestartJob) -> Result<(), LaunchError> {
     let mut restarts = 0u32;
     loop {
         let incarnation = u64::from(restarts);
-        let last = ckpt::store::list(&dir)
-            .map_err(|e| LaunchError::Failed(format!("cannot list the checkpoints in {}: {e}", dir.display())))?
-            .pop();
+        let last = train::checkpointing::newest_step(&dir)
+            .map_err(|e| LaunchError::Failed(format!("cannot list the checkpoints in {}: {e}", dir.display())))?;
         let mut command = plan.command.clone();
         command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
         command.extend(["--checkpoint-every".into(), plan.save_every.to_string(), "--keep-last".into(), "2".into()]);
         match &last {
-            Some((step, _)) => {
+            Some(step) => {
                 command.extend(["--resume".into(), "latest".into()]);
                 say!(started, "starting {} workers from the checkpoint of step {step}", plan.nproc);
             }

@@ -158,15 +158,43 @@ pub fn resume_from(arg: Option<PathBuf>, root: Option<&Path>) -> Result<Option<P
         Some(p) if p.as_os_str() == "latest" => Some(root.ok_or_else(|| needs_root("latest"))?.to_path_buf()),
         Some(p) if p.as_os_str() == "auto" => {
             let root = root.ok_or_else(|| needs_root("auto"))?;
-            if !root.is_dir() {
-                return Ok(None);
-            }
-            let listed = ckpt::store::list(root)
+            let newest = newest_step(root)
                 .map_err(|e| crate::ConfigError::Invalid(format!("cannot list {}: {e}", root.display())))?;
-            (!listed.is_empty()).then(|| root.to_path_buf())
+            newest.map(|_| root.to_path_buf())
         }
         other => other,
     })
+}
+
+/// The step of the newest checkpoint committed under `root` (`None`: none, or no
+/// directory). A pipeline job's root holds one directory of checkpoints per stage
+/// (`stage-S-of-N`): its newest checkpoint is the newest step that every stage has.
+pub fn newest_step(root: &Path) -> std::io::Result<Option<u64>> {
+    if !root.is_dir() {
+        return Ok(None);
+    }
+    let mut stages = Vec::new();
+    for entry in std::fs::read_dir(root)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with("stage-") && name.contains("-of-") {
+            stages.push(root.join(name));
+        }
+    }
+    let steps = |dir: &Path| -> std::io::Result<Vec<u64>> {
+        Ok(ckpt::store::list(dir).map_err(std::io::Error::other)?.into_iter().map(|(step, _)| step).collect())
+    };
+    if stages.is_empty() {
+        return Ok(steps(root)?.into_iter().max());
+    }
+    let mut common: Option<Vec<u64>> = None;
+    for dir in stages {
+        let mine = steps(&dir)?;
+        common = Some(match common {
+            None => mine,
+            Some(c) => c.into_iter().filter(|s| mine.contains(s)).collect(),
+        });
+    }
+    Ok(common.and_then(|c| c.into_iter().max()))
 }
 
 /// Where a run resumed from.

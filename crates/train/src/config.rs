@@ -273,9 +273,6 @@ impl TrainConfig {
         if !world.is_multiple_of(stages) {
             return invalid(format!("a job of {world} ranks is not whole pipelines of {stages} stages"));
         }
-        if self.checkpoint.is_some() || self.resume.is_some() {
-            return invalid("a pipeline job does not write or resume checkpoints yet".into());
-        }
         let replicas = world / stages;
         if self.micro_batch == 0 || self.batch / self.micro_batch.max(1) < replicas {
             return invalid(format!(

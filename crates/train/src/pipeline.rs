@@ -15,14 +15,19 @@
 //! metrics, and at each evaluation and at the end it gathers replica 0's stages into the
 //! whole state, scores it and shares the result with every rank.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use comm::transport::{CommError, Transport};
 
+use crate::checkpointing::{self, Restored};
+use crate::config::TrainConfig;
 use crate::driver::Runner;
 use crate::error::{ConfigError, TrainError};
+use crate::model::Stage;
+use crate::optim::Optimizer;
 use crate::schedule::Boundary;
-use crate::step::{At, TrainState};
+use crate::step::{At, Engine, TrainState};
 use crate::trainer::EvalReport;
 
 /// The frame kinds of an activation, a gradient, and a tensor of a stage's state.
@@ -258,19 +263,35 @@ fn protocol(peer: usize, reason: String) -> TrainError {
     CommError::Protocol { peer, reason }.into()
 }
 
-/// Shares the collector's evaluation and fingerprint with every rank of the job: the
-/// collector passes `Some`, the others `None`, and every rank gets the collector's.
+/// What the collector tells every rank after an evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shared {
+    /// The whole model's evaluation.
+    pub report: EvalReport,
+    /// The whole state's fingerprint.
+    pub fingerprint: u64,
+    /// The last step's training loss.
+    pub loss: f32,
+}
+
+/// Shares the collector's evaluation, fingerprint and loss with every rank of the job:
+/// the collector passes `Some`, the others `None`, and every rank gets the collector's.
 pub fn share(
     t: &dyn Transport,
     layout: &Layout,
-    mine: Option<(&EvalReport, u64)>,
+    mine: Option<&Shared>,
     timeout: Duration,
-) -> Result<(EvalReport, u64), TrainError> {
+) -> Result<Shared, TrainError> {
     let words = match mine {
-        Some((r, fingerprint)) => {
-            [r.step, r.loss.to_bits(), r.accuracy.to_bits(), r.perplexity.unwrap_or(f64::NAN).to_bits(), fingerprint]
-        }
-        None => [0; 5],
+        Some(Shared { report: r, fingerprint, loss }) => [
+            r.step,
+            r.loss.to_bits(),
+            r.accuracy.to_bits(),
+            r.perplexity.unwrap_or(f64::NAN).to_bits(),
+            *fingerprint,
+            u64::from(loss.to_bits()),
+        ],
+        None => [0; 6],
     };
     let all = comm::collective::all_gather_words(t, &words, timeout)?;
     let w = &all[layout.collector()];
@@ -281,7 +302,95 @@ pub fn share(
         accuracy: f64::from_bits(w[2]),
         perplexity: (!perplexity.is_nan()).then_some(perplexity),
     };
-    Ok((report, w[4]))
+    Ok(Shared { report, fingerprint: w[4], loss: f32::from_bits(w[5] as u32) })
+}
+
+/// A rank's stage of a pipeline job, as the trainer keeps it.
+pub(crate) struct Staged {
+    pub(crate) layout: Layout,
+    /// The pipeline this rank's stage belongs to.
+    pub(crate) replica: usize,
+    /// The stage.
+    stage: Stage,
+    /// The whole model's state, which the collector gathers the stages into (the
+    /// initial state until then).
+    pub(crate) whole: TrainState,
+    /// The wire form of a boundary tensor.
+    pub(crate) bytes: Vec<u8>,
+    /// What the collector shared at the last evaluation.
+    pub(crate) shared: Option<Shared>,
+}
+
+impl Staged {
+    /// Cuts `state` (the whole model's initial state, which it becomes the stage's) and
+    /// `engine` to the stage of `rank`.
+    pub(crate) fn cut<'a>(
+        config: &TrainConfig,
+        layout: Layout,
+        rank: usize,
+        state: &mut TrainState,
+        engine: Engine<'a>,
+    ) -> Result<(Staged, Engine<'a>), TrainError> {
+        let (replica, index) = layout.place(rank);
+        let stage = engine.stage(layout.stages, index)?;
+        let fresh = fresh_stage(config, &stage, state);
+        let whole = std::mem::replace(state, fresh);
+        let staged = Staged { layout, replica, stage: stage.clone(), whole, bytes: Vec::new(), shared: None };
+        Ok((staged, engine.for_stage(stage)))
+    }
+
+    /// The stage's checkpoint root under the job's `root`: each stage's replicas write its
+    /// checkpoints there, in parts.
+    pub(crate) fn root(&self, root: &Path) -> PathBuf {
+        root.join(format!("stage-{}-of-{}", self.stage.index, self.layout.stages))
+    }
+
+    /// This rank's part of its stage's checkpoints.
+    pub(crate) fn part(&self) -> ckpt::Part {
+        ckpt::Part::of(self.replica, self.layout.replicas)
+    }
+
+    /// After every stage resumed from its own newest checkpoint (`restored`, `state`):
+    /// every rank goes to the newest step that every stage has, from that step's
+    /// checkpoint or, when some stage has none, from the start. Returns where it resumed.
+    pub(crate) fn agree_on_resume(
+        &self,
+        t: &dyn Transport,
+        config: &TrainConfig,
+        state: &mut TrainState,
+        restored: Option<Restored>,
+    ) -> Result<Option<Restored>, TrainError> {
+        let timeout = config.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout);
+        let common = comm::collective::all_gather_u64(t, state.step, timeout)?.into_iter().min().unwrap_or(0);
+        if common == state.step {
+            return Ok(restored);
+        }
+        if common == 0 {
+            tracing::warn!(step = state.step, "another stage has no checkpoint: this stage starts from the beginning");
+            *state = fresh_stage(config, &self.stage, &self.whole);
+            return Ok(None);
+        }
+        let Some(newest) = restored else {
+            return Err(ConfigError::Invalid("no checkpoint to go back from".into()).into());
+        };
+        let dir = newest.dir.parent().unwrap_or(&newest.dir).join(ckpt::store::step_dir_name(common));
+        tracing::warn!(
+            step = state.step,
+            common,
+            "another stage's newest checkpoint is older: resuming from {}",
+            dir.display()
+        );
+        let mut again = checkpointing::restore(&dir, config, state)?;
+        again.skipped.push((newest.dir, "newer than another stage's newest checkpoint".into()));
+        Ok(Some(again))
+    }
+}
+
+/// The initial state of `stage`, cut from the whole model's initial state `whole`.
+fn fresh_stage(config: &TrainConfig, stage: &Stage, whole: &TrainState) -> TrainState {
+    let params = stage.params(&whole.params);
+    let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
+    TrainState::new(params, optimizer)
 }
 
 #[cfg(test)]

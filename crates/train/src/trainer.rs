@@ -37,7 +37,7 @@ use crate::job::Job;
 use crate::metrics::MetricsFile;
 use crate::model::{EvalSums, GptConfig, KernelSet, Kernels, Loaded, Model, ModelKind};
 use crate::optim::Optimizer;
-use crate::pipeline::{self, Layout};
+use crate::pipeline::{self, Layout, Staged};
 use crate::schedule::{self, Boundary};
 use crate::step::{At, Engine, GradBuffer, Injected, LiveFaults, SumCheck, TrainState};
 
@@ -185,17 +185,11 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
-    let restored = restore(config, &mut state)?;
-    let first_step = state.step;
     // An MPI job learns its rank and size from MPI, so it joins first.
     let mpi_job = match &config.dist {
         Some(DistConfig::Mpi(settings)) => Some(Job::start_mpi(settings)?),
         _ => None,
     };
-    // In a data-parallel job the replicas are equal: rank 0 alone writes metrics, and
-    // every rank writes its own part of each checkpoint. Writers exist before the job
-    // connects (or, on MPI, before a barrier), so rank 0 has cleared crashed writers'
-    // leftovers before anyone writes.
     let (rank, world) = match (&mpi_job, &config.dist) {
         (Some(j), _) => j.place(),
         (None, Some(DistConfig::Mesh(m))) => (m.rank, m.world),
@@ -205,15 +199,25 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         (None, _) => (0, 1),
     };
     let incarnation = config.dist.as_ref().map_or(0, |d| d.settings().incarnation);
+    // A rank of a pipeline job holds one stage: its state, its engine, its checkpoints.
     let layout = (config.pipeline.stages > 1).then(|| Layout::of(config.pipeline.stages, world)).transpose()?;
-    // The rank that holds the summed loss writes the metrics.
-    let reporter = layout.map_or(0, |l| l.collector());
-    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), first_step > 0)?;
-    if let Some(r) = &restored {
-        record_resume(&mut metrics, r)?;
-        on_event(Progress::Note(resumed_note(r)));
+    let mut pipe = None;
+    if let Some(l) = layout {
+        let (staged, for_stage) = Staged::cut(config, l, rank, &mut state, engine)?;
+        engine = for_stage;
+        pipe = Some(staged);
     }
-    let writer = open_writer(config, ckpt::Part::of(rank, world), &state)?;
+    let resume = config.resume.as_ref().map(|r| pipe.as_ref().map_or_else(|| r.clone(), |p| p.root(r)));
+    let mut restored = restore(config, resume.as_deref(), &mut state)?;
+    // In a data-parallel job the replicas are equal: rank 0 alone writes metrics (in a
+    // pipeline job, the rank that holds the summed loss), and every rank writes its own
+    // part of each checkpoint (of its stage's). Writers exist before the job connects (or,
+    // on MPI, before a barrier), so rank 0 has cleared crashed writers' leftovers before
+    // anyone writes.
+    let reporter = layout.map_or(0, |l| l.collector());
+    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), state.step > 0)?;
+    let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), Staged::part);
+    let writer = open_writer(config, pipe.as_ref(), part, &state)?;
     let mut job = match (mpi_job, &config.dist) {
         (Some(j), _) => {
             j.barrier()?;
@@ -222,15 +226,16 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         (None, Some(DistConfig::Mesh(m))) => Some(Job::connect(m)?),
         (None, _) => None,
     };
-    let pipe = match (layout, job.as_mut()) {
-        (Some(l), Some(j)) => {
-            j.pipelined(&l);
-            let (staged, for_stage) = Staged::cut(config, l, rank, &mut state, engine)?;
-            engine = for_stage;
-            Some(staged)
-        }
-        _ => None,
-    };
+    if let (Some(p), Some(j)) = (pipe.as_mut(), job.as_mut()) {
+        j.pipelined(&p.layout);
+        // Each stage resumed from its own newest checkpoint: all go to the newest in common.
+        restored = p.agree_on_resume(j.transport()?, config, &mut state, restored)?;
+    }
+    let first_step = state.step;
+    if let Some(r) = &restored {
+        record_resume(&mut metrics, r)?;
+        on_event(Progress::Note(resumed_note(r)));
+    }
     on_event(Progress::Started { steps: config.steps, parameters });
 
     let mut hooks = LiveFaults::new(config.inject.iter().cloned())
@@ -297,11 +302,11 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     let last_eval = last_eval.unwrap_or_else(|| evaluate_state(&mut engine, &prepared.data, &state, config.eval_limit));
     let summary = Summary {
         steps: config.steps,
-        final_loss: last_loss,
+        final_loss: pipe.as_ref().and_then(|p| p.shared.as_ref()).map_or(last_loss, |s| s.loss),
         eval: last_eval,
         unigram_perplexity: prepared.unigram_perplexity,
         // A pipeline's stages hold parts of the state: the job's is the gathered one's.
-        fingerprint: pipe.and_then(|p| p.fingerprint).unwrap_or_else(|| state.fingerprint()),
+        fingerprint: pipe.and_then(|p| p.shared).map_or_else(|| state.fingerprint(), |s| s.fingerprint),
         kernels: engine.kernels(),
         train_time,
         optimizer_time: driver.update_time(),
@@ -314,12 +319,13 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     Ok((summary, state))
 }
 
-/// Restores `state` from `--resume`, if asked: the checkpoint it came from.
+/// Restores `state` from `path` (`--resume`, if asked): the checkpoint it came from.
 pub(crate) fn restore(
     config: &TrainConfig,
+    path: Option<&std::path::Path>,
     state: &mut TrainState,
 ) -> Result<Option<checkpointing::Restored>, TrainError> {
-    let Some(path) = &config.resume else { return Ok(None) };
+    let Some(path) = path else { return Ok(None) };
     let restored = checkpointing::restore(path, config, state)?;
     if state.step > config.steps {
         return Err(ConfigError::Invalid(format!(
@@ -355,15 +361,18 @@ pub(crate) fn record_resume(metrics: &mut MetricsFile, r: &checkpointing::Restor
     Ok(())
 }
 
-/// This rank's checkpoint writer, if the run checkpoints.
+/// This rank's checkpoint writer, if the run checkpoints: of the run's root, or of its
+/// stage's directory under it.
 fn open_writer(
     config: &TrainConfig,
+    stage: Option<&Staged>,
     part: ckpt::Part,
     state: &TrainState,
 ) -> Result<Option<ckpt::AsyncWriter>, TrainError> {
     let Some(c) = config.checkpoint.as_ref() else { return Ok(None) };
+    let root = stage.map_or_else(|| c.dir.clone(), |s| s.root(&c.dir));
     let mut w =
-        ckpt::AsyncWriter::for_part(&c.dir, ckpt::SaveOptions { shards: c.shards, retention: c.retention }, part)?;
+        ckpt::AsyncWriter::for_part(&root, ckpt::SaveOptions { shards: c.shards, retention: c.retention }, part)?;
     w.set_persist_nice(c.persist_nice);
     // The snapshot buffers are allocated (and their pages mapped) now, before the
     // training loop, rather than in the first checkpoint's stall.
@@ -510,50 +519,19 @@ impl Ranks<'_, '_> {
         state: &TrainState,
     ) -> Result<EvalReport, TrainError> {
         let limit = self.config.eval_limit;
-        let timeout = self.timeout();
+        let (timeout, loss) = (self.timeout(), self.last_loss);
         let Ok((job, pipe)) = self.staged() else { return Ok(evaluate_state(engine, data, state, limit)) };
         let t = job.transport()?;
         let mine = if pipeline::gather(t, &pipe.layout, state, &mut pipe.whole, timeout)? {
-            Some((evaluate_state(engine, data, &pipe.whole, limit), pipe.whole.fingerprint()))
+            let report = evaluate_state(engine, data, &pipe.whole, limit);
+            Some(pipeline::Shared { report, fingerprint: pipe.whole.fingerprint(), loss })
         } else {
             None
         };
-        let (report, fingerprint) = pipeline::share(t, &pipe.layout, mine.as_ref().map(|(r, f)| (r, *f)), timeout)?;
-        pipe.fingerprint = Some(fingerprint);
+        let shared = pipeline::share(t, &pipe.layout, mine.as_ref(), timeout)?;
+        let report = shared.report.clone();
+        pipe.shared = Some(shared);
         Ok(report)
-    }
-}
-
-/// A rank's stage of a pipeline job.
-struct Staged {
-    layout: Layout,
-    /// The pipeline this rank's stage belongs to.
-    replica: usize,
-    /// The whole model's state, which the collector gathers the stages into.
-    whole: TrainState,
-    /// The wire form of a boundary tensor.
-    bytes: Vec<u8>,
-    /// The whole state's fingerprint at the last evaluation.
-    fingerprint: Option<u64>,
-}
-
-impl Staged {
-    /// Cuts `state` (the whole model's, which it becomes the stage's) and `engine` to the
-    /// stage of `rank`.
-    fn cut<'a>(
-        config: &TrainConfig,
-        layout: Layout,
-        rank: usize,
-        state: &mut TrainState,
-        engine: Engine<'a>,
-    ) -> Result<(Staged, Engine<'a>), TrainError> {
-        let (replica, index) = layout.place(rank);
-        let stage = engine.stage(layout.stages, index)?;
-        let params = stage.params(&state.params);
-        let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
-        let whole = std::mem::replace(state, TrainState::new(params, optimizer));
-        let staged = Staged { layout, replica, whole, bytes: Vec::new(), fingerprint: None };
-        Ok((staged, engine.for_stage(stage)))
     }
 }
 

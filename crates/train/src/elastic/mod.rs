@@ -74,7 +74,7 @@ pub(crate) fn run(
     let (mut state, engine) = prepared.start(config);
     // After a total loss the job starts again from its newest valid checkpoint, on any
     // number of workers; a worker that joins a running job fetches a newer state anyway.
-    let restored = crate::trainer::restore(config, &mut state)?;
+    let restored = crate::trainer::restore(config, config.resume.as_deref(), &mut state)?;
     let resumed_from = state.step;
     let parameters = state.parameters();
     let layout = held::layout_of(&state);
