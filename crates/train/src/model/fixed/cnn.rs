@@ -106,10 +106,9 @@ pub(in crate::model) fn forward_units(
     taps: &mut Taps,
 ) -> Units {
     let mut out = Units { convs: Vec::new(), dense: None };
-    for u in units.start..units.end.min(CONVS.len()) {
-        let j = u - units.start;
+    let convs = units.start.min(CONVS.len())..units.end.min(CONVS.len());
+    for (j, &(shape, name)) in CONVS[convs].iter().enumerate() {
         let input = out.convs.last().map_or(x, |s| s.pooled.as_slice());
-        let (shape, name) = CONVS[u];
         let s = stage(isa, shape, &params[2 * j..2 * j + 2], name, input, n, taps);
         out.convs.push(s);
     }
