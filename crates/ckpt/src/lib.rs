@@ -46,6 +46,7 @@ mod error;
 pub mod export;
 pub mod failpoint;
 pub mod foreign;
+pub mod log;
 pub mod manifest;
 pub mod owner;
 pub mod reader;
