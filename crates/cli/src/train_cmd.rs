@@ -278,44 +278,6 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     };
     let (summary, _) = train::train(&config, &mut on_event).context("training failed")?;
     bar.finish_and_clear();
-    let out = config.out_dir.as_ref().expect("set by into_config");
-    println!("model:        {:?} on {:?}, {} parameters", config.model, config.data, summary.parameters);
-    if summary.resumed_from >= summary.steps {
-        // A resume from the last step: nothing was trained, so there is no loss or speed.
-        println!("steps:        0 (the checkpoint is at step {}: no step left to train)", config.steps);
-    } else {
-        let steps_per_s = summary.steps as f64 / summary.train_time.as_secs_f64();
-        println!(
-            "steps:        {} at {steps_per_s:.1} steps/s (optimizer {:.1}% of step time)",
-            summary.steps,
-            100.0 * summary.optimizer_time.as_secs_f64() / summary.train_time.as_secs_f64()
-        );
-        println!("final loss:   {:.4}", summary.final_loss);
-    }
-    println!("test loss:    {:.4}", summary.eval.loss);
-    println!("test accuracy: {:.2}%", 100.0 * summary.eval.accuracy);
-    if let (Some(p), Some(u)) = (summary.eval.perplexity, summary.unigram_perplexity) {
-        println!("perplexity:   {p:.3} (unigram baseline {u:.3})");
-    }
-    if summary.resumed_from > 0 {
-        println!("resumed from: step {}", summary.resumed_from);
-    }
-    let ck = &summary.checkpoints;
-    if ck.committed > 0 {
-        println!(
-            "checkpoints:  {} committed ({} due steps passed over while the writer was busy), {} MB, training stalled {:.1} ms in all \
-             (max {:.1} ms), persist {:.1} ms in all",
-            ck.committed,
-            summary.checkpoints_deferred,
-            ck.bytes / 1_000_000,
-            ck.stall.as_secs_f64() * 1e3,
-            ck.max_stall.as_secs_f64() * 1e3,
-            ck.persist.as_secs_f64() * 1e3
-        );
-    }
-    println!("metrics:      {}", out.join("metrics.jsonl").display());
-    // The kernels follow the fingerprint on its line: bits computed by another kernel set
-    // differ, and this says so where the fingerprints are compared.
-    println!("fingerprint: {} ({})", repro::fingerprint::hex(summary.fingerprint), summary.kernels);
+    print!("{}", train::summary::text(&config, &summary));
     Ok(())
 }

@@ -25,6 +25,7 @@
 //!   evaluation, checkpoints and `metrics.jsonl` ([`metrics`]); [`job`] is a rank's side
 //!   of the collectives; [`elastic`] is a worker of an elastic job;
 //! - [`checkpointing`]: what a checkpoint of a run holds, and exact resumption;
+//! - [`summary`]: the summary of a run as `steadfast train` prints it;
 //! - [`vocabulary`]: the one text form of each configuration kind ([`Word`]);
 //!
 //! ```no_run
@@ -56,6 +57,7 @@ pub mod pipeline;
 pub mod schedule;
 pub mod state;
 pub mod step;
+pub mod summary;
 pub mod trainer;
 pub mod vocabulary;
 
