@@ -168,6 +168,13 @@ pub struct TrainArgs {
     /// The order of a pipeline stage's passes.
     #[arg(long, value_parser = choice::of::<train::PipeSchedule>(), default_value = "1f1b")]
     schedule: train::PipeSchedule,
+    /// Log what crosses these stage boundaries (`all`, `none`, or numbers such as `0,2`;
+    /// boundary 0 lies between stages 0 and 1), for recovery by replay.
+    #[arg(long, value_name = "all|none|LIST", default_value = "none")]
+    log_boundaries: String,
+    /// Where the boundary logs go (local storage) [default: OUT/boundary-logs].
+    #[arg(long, value_name = "DIR")]
+    log_dir: Option<PathBuf>,
     /// Compare the replicas' fingerprints every K steps (and always at the end).
     #[arg(long, value_name = "K", default_value_t = 0)]
     fingerprint_every: u64,
@@ -224,7 +231,7 @@ impl TrainArgs {
         c.kernels = self.kernels;
         c.eval_every = self.eval_every.unwrap_or(c.eval_every);
         c.eval_limit = self.eval_limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-        c.out_dir = Some(self.out);
+        c.out_dir = Some(self.out.clone());
         if let Some(dir) = &self.checkpoint_dir {
             c.checkpoint = Some(CheckpointConfig {
                 dir: dir.clone(),
@@ -236,6 +243,11 @@ impl TrainArgs {
             });
         }
         c.resume = train::checkpointing::resume_from(self.resume, self.checkpoint_dir.as_deref())?;
+        let stages = self.pipeline_stages as usize;
+        let logged = train::BoundaryLog::parse_boundaries(&self.log_boundaries, stages)?;
+        let dir = self.log_dir.unwrap_or_else(|| self.out.join("boundary-logs"));
+        let memory = train::BoundaryLog::DEFAULT_MEMORY;
+        c.log = (!logged.is_empty()).then_some(train::BoundaryLog { dir, boundaries: logged, memory });
         c.pipeline = train::Pipeline { stages: self.pipeline_stages as usize, schedule: self.schedule };
         c.dist = dist;
         c.inject = self.inject;

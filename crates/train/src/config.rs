@@ -54,6 +54,8 @@ pub struct TrainConfig {
     pub dist: Option<DistConfig>,
     /// The model cut into pipeline stages across a job's ranks (one stage: not cut).
     pub pipeline: Pipeline,
+    /// Which stage boundaries of a pipeline job log what crosses them, and where.
+    pub log: Option<BoundaryLog>,
     /// Bit flips to inject into live state (`--inject`).
     pub inject: Vec<fault::live::LiveFault>,
     /// Crashes, hangs and cut links at named phases of a step (`--fault`).
@@ -74,6 +76,60 @@ pub struct Pipeline {
 impl Default for Pipeline {
     fn default() -> Self {
         Pipeline { stages: 1, schedule: PipeSchedule::OneFOneB }
+    }
+}
+
+/// The boundary logs of a pipeline job (`--log-boundaries`, `--log-dir`; see
+/// `ckpt::log`): on each logged boundary `b` (between stages `b` and `b + 1`), stage `b`
+/// logs the activations it sends and stage `b + 1` the gradients it sends back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoundaryLog {
+    /// The local directory of the logs.
+    pub dir: PathBuf,
+    /// The logged boundaries, in order.
+    pub boundaries: Vec<usize>,
+    /// Bytes of logged values that may wait in memory for the disk.
+    pub memory: u64,
+}
+
+impl BoundaryLog {
+    /// Bytes of logged values that may wait for the disk, unless told otherwise.
+    pub const DEFAULT_MEMORY: u64 = 64 << 20;
+
+    /// The boundaries that `--log-boundaries` names, for a pipeline of `stages` stages:
+    /// `all`, `none`, or a comma-separated list of boundary indices (`0` is the one
+    /// between stages 0 and 1).
+    pub fn parse_boundaries(text: &str, stages: usize) -> Result<Vec<usize>, crate::ConfigError> {
+        let count = stages.saturating_sub(1);
+        match text.trim() {
+            "all" => Ok((0..count).collect()),
+            "none" => Ok(Vec::new()),
+            list => {
+                let mut out = Vec::new();
+                for word in list.split(',') {
+                    let b: usize = word.trim().parse().map_err(|_| {
+                        crate::ConfigError::Invalid(format!(
+                            "--log-boundaries takes all, none or boundary numbers such as 0,2; not {word:?}"
+                        ))
+                    })?;
+                    if count == 0 {
+                        return Err(crate::ConfigError::Invalid(
+                            "a model that is not cut has no boundary to log: give --pipeline-stages".into(),
+                        ));
+                    }
+                    if b >= count {
+                        return Err(crate::ConfigError::Invalid(format!(
+                            "boundary {b} does not exist: {stages} stages have boundaries 0 to {}",
+                            count - 1
+                        )));
+                    }
+                    out.push(b);
+                }
+                out.sort_unstable();
+                out.dedup();
+                Ok(out)
+            }
+        }
     }
 }
 
@@ -257,7 +313,10 @@ impl TrainConfig {
             return invalid("--pipeline-stages must be at least 1".into());
         }
         if stages == 1 {
-            return Ok(());
+            return match &self.log {
+                Some(_) => invalid("--log-boundaries logs the boundaries of a pipeline: give --pipeline-stages".into()),
+                None => Ok(()),
+            };
         }
         let world = match &self.dist {
             Some(DistConfig::Mesh(m)) => m.world,
@@ -341,6 +400,7 @@ impl TrainConfig {
             resume: None,
             dist: None,
             pipeline: Pipeline::default(),
+            log: None,
             inject: Vec::new(),
             faults: Vec::new(),
         }

@@ -319,6 +319,10 @@ pub(crate) struct Staged {
     pub(crate) bytes: Vec<u8>,
     /// What the collector shared at the last evaluation.
     pub(crate) shared: Option<Shared>,
+    /// The logs of the boundary tensors this stage sends, by the stage they go to.
+    logs: Vec<(usize, ckpt::log::LogWriter)>,
+    /// Whether a log's failure was reported.
+    log_failed: bool,
 }
 
 impl Staged {
@@ -335,8 +339,65 @@ impl Staged {
         let stage = engine.stage(layout.stages, index)?;
         let fresh = fresh_stage(config, &stage, state);
         let whole = std::mem::replace(state, fresh);
-        let staged = Staged { layout, replica, stage: stage.clone(), whole, bytes: Vec::new(), shared: None };
+        let logs = open_logs(config, layout, replica, index)?;
+        let staged = Staged {
+            layout,
+            replica,
+            stage: stage.clone(),
+            whole,
+            bytes: Vec::new(),
+            shared: None,
+            logs,
+            log_failed: false,
+        };
         Ok((staged, engine.for_stage(stage)))
+    }
+
+    /// Logs `data`, sent to stage `to` at `step` for micro-batch `micro`, if that boundary
+    /// is logged.
+    pub(crate) fn log_sent(&mut self, to: usize, step: u64, micro: usize, data: &[f32]) {
+        if let Some((_, log)) = self.logs.iter_mut().find(|(peer, _)| *peer == to) {
+            log.record(step, micro as u32, data);
+        }
+    }
+
+    /// Step `step` is over: its logs are completed. Returns a log's failure the first
+    /// time it is seen (the logs lack every step from it on).
+    pub(crate) fn end_step(&mut self, step: u64) -> Option<String> {
+        for (_, log) in &mut self.logs {
+            log.end_step(step);
+        }
+        if self.log_failed {
+            return None;
+        }
+        let failure = self.logs.iter().find_map(|(_, log)| log.failure());
+        self.log_failed = failure.is_some();
+        failure
+    }
+
+    /// Every stage's checkpoint of `step` is committed: the logs of older steps go.
+    pub(crate) fn checkpointed(&mut self, step: u64) {
+        for (_, log) in &mut self.logs {
+            log.prune_before(step);
+        }
+    }
+
+    /// Waits for the logs to be written; their totals.
+    pub(crate) fn finish_logs(&mut self) -> Option<ckpt::log::LogStats> {
+        let mut total: Option<ckpt::log::LogStats> = None;
+        for (_, log) in self.logs.drain(..) {
+            let stats = log.stats().clone();
+            if let Err(e) = log.finish() {
+                tracing::error!("a boundary log failed: {e}");
+            }
+            let t = total.get_or_insert_with(Default::default);
+            t.records += stats.records;
+            t.bytes += stats.bytes;
+            t.steps = t.steps.max(stats.steps);
+            t.stall += stats.stall;
+            t.peak = t.peak.max(stats.peak);
+        }
+        total
     }
 
     /// The stage's checkpoint root under the job's `root`: each stage's replicas write its
@@ -384,6 +445,28 @@ impl Staged {
         again.skipped.push((newest.dir, "newer than another stage's newest checkpoint".into()));
         Ok(Some(again))
     }
+}
+
+/// The log writers of stage `stage` of `replica`: towards each neighbour across a logged
+/// boundary.
+fn open_logs(
+    config: &TrainConfig,
+    layout: Layout,
+    replica: usize,
+    stage: usize,
+) -> Result<Vec<(usize, ckpt::log::LogWriter)>, TrainError> {
+    let Some(log) = &config.log else { return Ok(Vec::new()) };
+    let mut logs = Vec::new();
+    let neighbours = [(stage + 1 < layout.stages).then(|| (stage, stage + 1)), stage.checked_sub(1).map(|b| (b, b))];
+    for (boundary, to) in neighbours.into_iter().flatten() {
+        if log.boundaries.contains(&boundary) {
+            let key = ckpt::log::Boundary { replica: replica as u32, from: stage as u32, to: to as u32 };
+            let writer = ckpt::log::LogWriter::open(&log.dir, key, log.memory)
+                .map_err(|e| ConfigError::Invalid(format!("cannot log boundary {boundary}: {e}")))?;
+            logs.push((to, writer));
+        }
+    }
+    Ok(logs)
 }
 
 /// The initial state of `stage`, cut from the whole model's initial state `whole`.

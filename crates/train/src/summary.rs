@@ -49,6 +49,15 @@ pub fn text(config: &TrainConfig, summary: &Summary) -> String {
             ck.persist.as_secs_f64() * 1e3
         ));
     }
+    if let Some(log) = &summary.boundary_log {
+        line(format!(
+            "boundary log: {:.1} MB in {} tensors over {} steps (this rank's), training stalled {:.1} ms for it",
+            log.bytes as f64 / 1e6,
+            log.records,
+            log.steps,
+            log.stall.as_secs_f64() * 1e3
+        ));
+    }
     if let Some(out) = &config.out_dir {
         line(format!("metrics:      {}", out.join("metrics.jsonl").display()));
     }

@@ -87,6 +87,8 @@ pub struct Summary {
     /// Steps at which a checkpoint fell due but was not taken, the writer being busy
     /// ([`crate::config::WhenBusy::Defer`]; several can end in one later checkpoint).
     pub checkpoints_deferred: u64,
+    /// The totals of this rank's boundary logs (a pipeline job that logs).
+    pub boundary_log: Option<ckpt::log::LogStats>,
 }
 
 /// Progress reported while training.
@@ -286,7 +288,8 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
             last_eval = Some(report);
         }
     }
-    let Ranks { mut writer, job, pipe, schedule, mut metrics, train_time, last_loss, .. } = runner;
+    let Ranks { mut writer, job, mut pipe, schedule, mut metrics, train_time, last_loss, .. } = runner;
+    let boundary_log = pipe.as_mut().and_then(Staged::finish_logs);
     if let Some(w) = writer.as_mut() {
         if let Some(j) = &job {
             // The last parts: once every rank's is durable, rank 0 commits.
@@ -314,6 +317,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         resumed_from: first_step,
         checkpoints: writer.as_ref().map(|w| w.stats().clone()).unwrap_or_default(),
         checkpoints_deferred: schedule.as_ref().map_or(0, checkpointing::Schedule::deferred),
+        boundary_log,
     };
     write_summary(&mut metrics, &summary)?;
     Ok((summary, state))
@@ -435,15 +439,23 @@ impl Runner for Ranks<'_, '_> {
         if let Some(w) = self.writer.as_mut() {
             w.commit_through(durable)?;
         }
+        if let Some(p) = self.pipe.as_mut()
+            && durable > 0
+        {
+            p.checkpointed(durable);
+        }
         Ok(Flow::Go)
     }
 
-    fn updated(&mut self, _at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
+    fn updated(&mut self, at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
         self.train_time += self.started.elapsed();
         let (step, loss) = (state.step, sum.loss());
         self.last_loss = loss;
         self.metrics.write(json!({"kind": "train", "step": step, "loss": loss}))?;
         (self.on_event)(Progress::Step { step, loss });
+        if let Some(failure) = self.pipe.as_mut().and_then(|p| p.end_step(at.step)) {
+            self.metrics.write(json!({"kind": "log_failed", "step": at.step, "reason": failure}))?;
+        }
         Ok(())
     }
 
@@ -474,10 +486,12 @@ impl Runner for Ranks<'_, '_> {
         report_injections(&mut self.metrics, flips)
     }
 
-    fn send(&mut self, _at: At, peer: usize, _micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
+    fn send(&mut self, at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
         let (job, pipe) = self.staged()?;
         let to = pipe.layout.rank(pipe.replica, peer);
-        pipeline::send_tensor(job.transport()?, to, tensor, data, &mut pipe.bytes)
+        pipeline::send_tensor(job.transport()?, to, tensor, data, &mut pipe.bytes)?;
+        pipe.log_sent(peer, at.step, micro, data);
+        Ok(())
     }
 
     fn recv(
@@ -553,6 +567,8 @@ pub(crate) fn write_summary(metrics: &mut MetricsFile, summary: &Summary) -> Res
         "checkpoint_stall_seconds": summary.checkpoints.stall.as_secs_f64(),
         "checkpoint_snapshots": summary.checkpoints.snapshots,
         "checkpoints_deferred": summary.checkpoints_deferred,
+        "log_bytes": summary.boundary_log.as_ref().map(|l| l.bytes),
+        "log_stall_seconds": summary.boundary_log.as_ref().map(|l| l.stall.as_secs_f64()),
     }))
 }
 

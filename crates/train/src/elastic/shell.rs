@@ -339,6 +339,7 @@ impl Shell<'_, '_, '_> {
             resumed_from: self.side.resumed_from,
             checkpoints,
             checkpoints_deferred,
+            boundary_log: None,
         };
         write_summary(&mut self.side.metrics, &summary)?;
         Ok((summary, state))
