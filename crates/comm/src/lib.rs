@@ -92,6 +92,11 @@ impl ReduceMode {
     pub const ALL: [ReduceMode; 4] =
         [ReduceMode::Fast, ReduceMode::Deterministic, ReduceMode::Reproducible, ReduceMode::Reproducible32];
 
+    /// Whether the bits of a sum do not depend on how its parts are grouped or ordered.
+    pub fn is_reproducible(self) -> bool {
+        matches!(self, ReduceMode::Reproducible | ReduceMode::Reproducible32)
+    }
+
     /// The most parts (micro-batches over all workers) one sum may have in this mode.
     pub fn max_parts(self) -> u64 {
         match self {

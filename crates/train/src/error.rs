@@ -71,6 +71,9 @@ pub enum TrainError {
     /// Communication with the other workers failed.
     #[error(transparent)]
     Comm(#[from] comm::transport::CommError),
+    /// A boundary log cannot be written or read.
+    #[error(transparent)]
+    Log(#[from] ckpt::log::LogError),
     /// The replicas' parameters differ.
     #[error("replicas diverged at step {step}: rank(s) {ranks:?} hold different parameters than the others")]
     ReplicasDiverged {

@@ -20,6 +20,8 @@
 //! - [`driver`]: the one executor of schedules, which every runner uses with its own
 //!   [`Runner`](driver::Runner) for the operations that leave the rank; [`pipeline`] is
 //!   a pipeline stage's runner;
+//! - [`replay`]: a lost pipeline stage rebuilt from its checkpoint and its neighbours'
+//!   boundary logs, alone or by several helpers, with the same bits;
 //! - [`config`]: what defines a run ([`TrainConfig`]) and where it runs ([`DistConfig`]);
 //! - [`trainer`]: the step loop of one process or one rank of a static job, with
 //!   evaluation, checkpoints and `metrics.jsonl` ([`metrics`]); [`job`] is a rank's side
@@ -54,6 +56,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod pipeline;
+pub mod replay;
 pub mod schedule;
 pub mod state;
 pub mod step;

@@ -351,6 +351,11 @@ impl<'a> Engine<'a> {
         self.model.as_ref().map(|m| m.activations(n)).unwrap_or_default()
     }
 
+    /// How this engine sums micro-batch gradients.
+    pub fn reduce_mode(&self) -> ReduceMode {
+        self.reduce
+    }
+
     /// The sampler.
     pub fn sampler(&self) -> &Sampler {
         &self.sampler
