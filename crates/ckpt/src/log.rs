@@ -150,6 +150,7 @@ pub struct LogStats {
 enum Msg {
     Record { step: u64, micro: u32, values: Vec<f32> },
     EndStep(u64),
+    Abandon,
     Prune(u64),
 }
 
@@ -236,6 +237,12 @@ impl LogWriter {
         self.send(Msg::EndStep(step));
     }
 
+    /// The step being logged will not end (it failed, and is computed again): what was
+    /// recorded of it is dropped.
+    pub fn abandon(&mut self) {
+        self.send(Msg::Abandon);
+    }
+
     /// Removes the files of the steps before `step` (a checkpoint of every stage at
     /// `step` or later makes them unnecessary).
     pub fn prune_before(&mut self, step: u64) {
@@ -313,6 +320,14 @@ fn background(
                 Some(f) => Err(LogError::Corrupt { path: f.tmp, reason: format!("step {} ended as {step}", f.step) }),
                 // A step that sent nothing across this boundary: an empty file says so.
                 None => StepFile::create(dir, boundary, step).and_then(StepFile::complete),
+            },
+            Msg::Abandon => match open.take() {
+                Some(f) => {
+                    let tmp = f.tmp.clone();
+                    drop(f);
+                    std::fs::remove_file(&tmp).map_err(io("cannot remove", &tmp))
+                }
+                None => Ok(()),
             },
             Msg::Prune(before) if !failed => prune(dir, before),
             _ => Ok(()),
@@ -581,6 +596,19 @@ mod tests {
         assert!(matches!(e, LogError::Busy(_)), "{e}");
         // Another boundary of the same pipeline is another writer.
         LogWriter::open(root.path(), Boundary { replica: 1, from: 1, to: 0 }, 1 << 20).unwrap();
+    }
+
+    #[test]
+    fn an_abandoned_step_is_recorded_again_from_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let mut w = LogWriter::open(root.path(), B, 1 << 20).unwrap();
+        w.record(4, 0, &[1.0]);
+        w.record(4, 1, &[2.0]);
+        w.abandon();
+        w.record(4, 0, &[3.0]);
+        w.end_step(4);
+        w.finish().unwrap();
+        assert_eq!(read_step(root.path(), B, 4).unwrap(), [Record { micro: 0, values: vec![3.0] }]);
     }
 
     #[test]

@@ -35,6 +35,8 @@ Examples:
   # restart every worker from the checkpoint written every 20 steps
   steadfast launch --nproc 3 --max-restarts 3 --recovery memory --save-every 20 -- train --reduce reproducible
   steadfast launch --nproc 3 --max-restarts 3 --recovery checkpoint --save-every 20 -- train --reduce reproducible
+  # A 3-stage pipeline whose lost stage is replayed from its neighbours' logs by 2 ranks
+  steadfast launch --nproc 3 --max-restarts 1 --recovery replay --replay-helpers 2 -- train --pipeline-stages 3
 
   # Go on with the survivors instead (same bits in the reproducible mode)
   steadfast launch --nproc 3 --on-failure shrink --min-nproc 2 -- train --reduce reproducible
@@ -124,7 +126,8 @@ pub struct LaunchArgs {
     /// live replicas' current state (no rollback); the baselines `memory` (every worker
     /// copies its state in memory every --save-every steps and all go back to the copy)
     /// and `checkpoint` (every worker restarts from the last checkpoint on disk, written
-    /// every --save-every steps) are there to compare with.
+    /// every --save-every steps) are there to compare with; `replay` (a pipeline job) rebuilds
+    /// a lost stage from its checkpoint and its neighbours' boundary logs.
     /// [default: live; checkpoint with --engine mpi, the only one it has]
     #[arg(long, value_parser = crate::choice::of::<Recovery>())]
     recovery: Option<Recovery>,
@@ -135,6 +138,9 @@ pub struct LaunchArgs {
     /// under the system's temporary directory, removed when the job succeeds].
     #[arg(long, value_name = "DIR")]
     save_dir: Option<std::path::PathBuf>,
+    /// Ranks that share the replay of a lost pipeline stage (`--recovery replay`).
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    replay_helpers: usize,
     /// How the workers reach each other: `steadfast` (this launcher starts them, and they
     /// meet at its coordinator or in etcd) or `mpi` (the launcher runs them under the MPI
     /// starter of --mpirun, with `--engine mpi`; a job of MPI is restarted whole from its
@@ -169,6 +175,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
         recovery: args.recovery,
         save_every: args.save_every,
         save_dir: args.save_dir,
+        replay_helpers: args.replay_helpers,
         mpirun: (args.engine == EngineArg::Mpi).then_some(args.mpirun),
         command: args.command,
     })?)

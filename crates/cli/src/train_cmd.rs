@@ -168,6 +168,13 @@ pub struct TrainArgs {
     /// The order of a pipeline stage's passes.
     #[arg(long, value_parser = choice::of::<train::PipeSchedule>(), default_value = "1f1b")]
     schedule: train::PipeSchedule,
+    /// Share the replay of a lost pipeline stage among R ranks: its replacement and R - 1
+    /// survivors [env: STEADFAST_REPLAY_HELPERS].
+    #[arg(long, value_name = "R", env = "STEADFAST_REPLAY_HELPERS", default_value_t = 1, hide_env = true)]
+    replay_helpers: usize,
+    /// Join the job again after a lost peer (`launch --recovery replay` sets it).
+    #[arg(long, hide = true, env = "STEADFAST_RECOVER_BY_REPLAY")]
+    recover_by_replay: bool,
     /// Log what crosses these stage boundaries (`all`, `none`, or numbers such as `0,2`;
     /// boundary 0 lies between stages 0 and 1), for recovery by replay.
     #[arg(long, value_name = "all|none|LIST", default_value = "none")]
@@ -248,7 +255,8 @@ impl TrainArgs {
         let dir = self.log_dir.unwrap_or_else(|| self.out.join("boundary-logs"));
         let memory = train::BoundaryLog::DEFAULT_MEMORY;
         c.log = (!logged.is_empty()).then_some(train::BoundaryLog { dir, boundaries: logged, memory });
-        c.pipeline = train::Pipeline { stages: self.pipeline_stages as usize, schedule: self.schedule };
+        let (recover, helpers) = (self.recover_by_replay, self.replay_helpers.max(1));
+        c.pipeline = train::Pipeline { stages, schedule: self.schedule, recover, helpers };
         c.dist = dist;
         c.inject = self.inject;
         c.faults = self.fault;

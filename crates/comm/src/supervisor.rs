@@ -48,6 +48,22 @@ enum Msg {
 /// Coordinator side: supervises the members connected by `streams` (indexed by rank)
 /// until none is alive, calling `on_event` for each loss. Returns the final membership.
 pub fn supervise(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn FnMut(&Lost)) -> Membership {
+    supervise_rounds(streams, timeout, on_event, false)
+}
+
+/// [`supervise`] until every member finished or one is lost: then the survivors are told
+/// of the loss and the connections are closed, for a job whose members meet again
+/// (a pipeline job that goes on with a replacement).
+pub fn supervise_until_loss(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn FnMut(&Lost)) -> Membership {
+    supervise_rounds(streams, timeout, on_event, true)
+}
+
+fn supervise_rounds(
+    streams: Vec<TcpStream>,
+    timeout: Duration,
+    on_event: &mut dyn FnMut(&Lost),
+    until_loss: bool,
+) -> Membership {
     let interval = ping_interval(timeout);
     let (tx, rx) = mpsc::channel();
     let mut readers = Vec::new();
@@ -90,7 +106,8 @@ pub fn supervise(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn 
     // The loop runs at least once an interval; a longer gap is time it was not running.
     let mut awake = AwakeClock::new(2 * interval);
     awake.observe(next_ping);
-    while !membership.is_over() {
+    let mut lost_any = false;
+    while !(membership.is_over() || until_loss && lost_any) {
         let received = rx.recv_timeout(interval);
         // Looked at after the wait, before any input is handled (see `AwakeClock`).
         if let Some(paused) = awake.pause() {
@@ -109,6 +126,7 @@ pub fn supervise(streams: Vec<TcpStream>, timeout: Duration, on_event: &mut dyn 
             }
         };
         events.extend(membership.tick(Instant::now()));
+        lost_any |= !events.is_empty();
         for event in &events {
             on_event(event);
             let Lost { rank, reason } = event;

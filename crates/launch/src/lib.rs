@@ -36,6 +36,7 @@ pub mod launcher_gone;
 pub mod mpi;
 pub mod place;
 pub mod policy;
+pub mod replay_job;
 pub mod request;
 pub mod restart;
 pub mod static_job;

@@ -23,17 +23,21 @@ pub enum Recovery {
     Memory,
     /// Every worker is restarted from the last checkpoint on disk.
     Checkpoint,
+    /// A pipeline job: a lost stage is rebuilt from its checkpoint by replaying its
+    /// neighbours' boundary logs; nobody else rolls back.
+    Replay,
 }
 
 impl repro::words::Word for Recovery {
     const KIND: &'static str = "recovery";
-    const ALL: &'static [Self] = &[Recovery::Live, Recovery::Memory, Recovery::Checkpoint];
+    const ALL: &'static [Self] = &[Recovery::Live, Recovery::Memory, Recovery::Checkpoint, Recovery::Replay];
 
     fn word(self) -> &'static str {
         match self {
             Recovery::Live => "live",
             Recovery::Memory => "memory",
             Recovery::Checkpoint => "checkpoint",
+            Recovery::Replay => "replay",
         }
     }
 
@@ -42,6 +46,7 @@ impl repro::words::Word for Recovery {
             Recovery::Live => "from the live replicas' current state, with no rollback",
             Recovery::Memory => "every survivor goes back to its in-memory copy of the state",
             Recovery::Checkpoint => "every worker restarts from the last checkpoint on disk",
+            Recovery::Replay => "a pipeline's lost stage replays its neighbours' logs from its checkpoint",
         }
     }
 }
@@ -83,6 +88,8 @@ pub struct LaunchRequest {
     pub save_every: u64,
     /// Where the checkpoint baseline writes.
     pub save_dir: Option<PathBuf>,
+    /// Ranks that share the replay of a lost pipeline stage.
+    pub replay_helpers: usize,
     /// The MPI starter and its options, for a job under MPI.
     pub mpirun: Option<String>,
     /// The worker command.
@@ -155,6 +162,24 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
+    if recovery == Recovery::Replay {
+        if span.is_some() || r.on_failure == Some(OnFailure::Shrink) {
+            return Err(bad("--recovery replay replaces a lost stage worker on one node"));
+        }
+        if r.replay_helpers == 0 || r.replay_helpers > world {
+            return Err(bad(format!("--replay-helpers must be between 1 and the job's {world} workers")));
+        }
+        return crate::replay_job::run(crate::replay_job::ReplayJob {
+            nproc: r.nproc,
+            max_restarts: r.max_restarts.unwrap_or(0),
+            save_every: r.save_every,
+            save_dir: r.save_dir,
+            helpers: r.replay_helpers,
+            command: r.command,
+            rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
+            heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
+        });
+    }
     if recovery == Recovery::Checkpoint {
         if r.on_failure == Some(OnFailure::Shrink) {
             return Err(bad("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink"));
@@ -288,6 +313,7 @@ mod tests {
             recovery: None,
             save_every: 10,
             save_dir: None,
+            replay_helpers: 1,
             mpirun: None,
             command: vec!["train".into()],
         }

@@ -71,11 +71,16 @@ pub struct Pipeline {
     pub stages: usize,
     /// The order of each stage's forward and backward passes.
     pub schedule: PipeSchedule,
+    /// Whether a rank whose step fails on a lost peer joins the job again, where a
+    /// replacement is rebuilt by replay (`launch --recovery replay` sets it).
+    pub recover: bool,
+    /// Ranks that share the replay of a lost stage (`--replay-helpers`).
+    pub helpers: usize,
 }
 
 impl Default for Pipeline {
     fn default() -> Self {
-        Pipeline { stages: 1, schedule: PipeSchedule::OneFOneB }
+        Pipeline { stages: 1, schedule: PipeSchedule::OneFOneB, recover: false, helpers: 1 }
     }
 }
 

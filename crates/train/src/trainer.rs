@@ -37,6 +37,7 @@ use crate::job::Job;
 use crate::metrics::MetricsFile;
 use crate::model::{EvalSums, GptConfig, KernelSet, Kernels, Loaded, Model, ModelKind};
 use crate::optim::Optimizer;
+use crate::pipeline::recovery::{self, Standing};
 use crate::pipeline::{self, Layout, Staged};
 use crate::schedule::{self, Boundary};
 use crate::step::{At, Engine, GradBuffer, Injected, LiveFaults, SumCheck, TrainState};
@@ -209,7 +210,14 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         engine = for_stage;
         pipe = Some(staged);
     }
-    let resume = config.resume.as_ref().map(|r| pipe.as_ref().map_or_else(|| r.clone(), |p| p.root(r)));
+    // A replacement in a job that recovers by replay starts from its stage's checkpoint.
+    let replacing = config.pipeline.recover && incarnation > 0 && pipe.is_some();
+    let resume = match (&config.resume, &config.checkpoint) {
+        (Some(r), _) => Some(r.clone()),
+        (None, Some(c)) if replacing => checkpointing::newest_step(&c.dir).ok().flatten().map(|_| c.dir.clone()),
+        _ => None,
+    };
+    let resume = resume.map(|r| pipe.as_ref().map_or_else(|| r.clone(), |p| p.root(&r)));
     let mut restored = restore(config, resume.as_deref(), &mut state)?;
     // In a data-parallel job the replicas are equal: rank 0 alone writes metrics (in a
     // pipeline job, the rank that holds the summed loss), and every rank writes its own
@@ -230,8 +238,11 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     };
     if let (Some(p), Some(j)) = (pipe.as_mut(), job.as_mut()) {
         j.pipelined(&p.layout);
-        // Each stage resumed from its own newest checkpoint: all go to the newest in common.
-        restored = p.agree_on_resume(j.transport()?, config, &mut state, restored)?;
+        // Each stage resumed from its own newest checkpoint: all go to the newest in common
+        // (a replacement goes to the survivors' step instead, below).
+        if !replacing {
+            restored = p.agree_on_resume(j.transport()?, config, &mut state, restored)?;
+        }
     }
     let first_step = state.step;
     if let Some(r) = &restored {
@@ -275,17 +286,25 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         started: Instant::now(),
         train_time: Duration::ZERO,
         last_loss: f32::NAN,
+        reduced: None,
     };
+    if replacing {
+        let me = Standing { replacement: true, held: None, helpers: config.pipeline.helpers };
+        runner.repair(&prepared, &mut engine, &mut state, me)?;
+    }
     let mut last_eval = None;
     while state.step < config.steps {
         runner.started = Instant::now();
-        driver.run(&actions, 0, &mut engine, &mut state, &mut hooks, &mut runner)?;
-        let done = state.step;
-        if done == config.steps || (config.eval_every > 0 && done % config.eval_every == 0) {
-            let report = runner.evaluate(&mut engine, &prepared.data, &state)?;
-            write_eval(&mut runner.metrics, &report, prepared.unigram_perplexity)?;
-            (runner.on_event)(Progress::Eval(&report));
-            last_eval = Some(report);
+        let outcome = driver
+            .run(&actions, 0, &mut engine, &mut state, &mut hooks, &mut runner)
+            .and_then(|_| runner.evaluate_if_due(&mut engine, &prepared, &state));
+        match outcome {
+            Ok(report) => last_eval = report.or(last_eval),
+            Err(e) if runner.recovers(&e) => {
+                let held = (runner.reduced == Some(state.step)).then(|| driver.sum());
+                runner.recover(e, &prepared, &mut engine, &mut state, held)?;
+            }
+            Err(e) => return Err(e),
         }
     }
     let Ranks { mut writer, job, mut pipe, schedule, mut metrics, train_time, last_loss, .. } = runner;
@@ -411,14 +430,17 @@ struct Ranks<'c, 'e> {
     train_time: Duration,
     /// The mean loss of the last step taken.
     last_loss: f32,
+    /// The step whose sum this rank computed in full (until it applies it).
+    reduced: Option<u64>,
 }
 
 impl Runner for Ranks<'_, '_> {
-    fn reduce(&mut self, _at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
+    fn reduce(&mut self, at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
         match &self.job {
             Some(j) => j.sum_parts(&mut self.reducer, r.parts, r.sum.as_mut_slice(), self.config.reduce)?,
             None => r.local(),
         }
+        self.reduced = Some(at.step);
         Ok(Flow::Go)
     }
 
@@ -516,6 +538,76 @@ impl Ranks<'_, '_> {
             (Some(j), Some(p)) => Ok((j, p)),
             _ => Err(ConfigError::Invalid("this rank holds no pipeline stage".into()).into()),
         }
+    }
+
+    /// Scores the state when an evaluation is due after this step (every `eval_every`
+    /// steps, and after the last), and records it.
+    fn evaluate_if_due(
+        &mut self,
+        engine: &mut Engine<'_>,
+        prepared: &Prepared,
+        state: &TrainState,
+    ) -> Result<Option<EvalReport>, TrainError> {
+        let (done, config) = (state.step, self.config);
+        if done != config.steps && (config.eval_every == 0 || done % config.eval_every != 0) {
+            return Ok(None);
+        }
+        let report = self.evaluate(engine, &prepared.data, state)?;
+        write_eval(&mut self.metrics, &report, prepared.unigram_perplexity)?;
+        (self.on_event)(Progress::Eval(&report));
+        Ok(Some(report))
+    }
+
+    /// Whether this rank joins the job again after `e` instead of failing: a pipeline job
+    /// that recovers by replay, whose step failed on a lost link or peer.
+    fn recovers(&self, e: &TrainError) -> bool {
+        self.config.pipeline.recover && self.pipe.is_some() && matches!(e, TrainError::Comm(_))
+    }
+
+    /// After `e`: joins the job again (where a replacement takes the lost worker's place)
+    /// and repairs it; `held` is the sum of the step that failed, if this rank computed
+    /// all of it.
+    fn recover(
+        &mut self,
+        e: TrainError,
+        prepared: &Prepared,
+        engine: &mut Engine<'_>,
+        state: &mut TrainState,
+        held: Option<&GradBuffer>,
+    ) -> Result<(), TrainError> {
+        let (Some(DistConfig::Mesh(m)), Some(pipe)) = (&self.config.dist, &self.pipe) else { return Err(e) };
+        tracing::warn!("{e}: joining the job again, to go on with a replacement");
+        (self.on_event)(Progress::Note(format!("step {} failed ({e}): joining the job again", state.step)));
+        let layout = pipe.layout;
+        drop(self.job.take());
+        let mut job = Job::connect(m)?;
+        job.pipelined(&layout);
+        self.job = Some(job);
+        let me = Standing { replacement: false, held, helpers: self.config.pipeline.helpers };
+        self.repair(prepared, engine, state, me)
+    }
+
+    /// Brings every rank of the job, joined again, to one step ([`recovery::repair`]).
+    fn repair(
+        &mut self,
+        prepared: &Prepared,
+        engine: &mut Engine<'_>,
+        state: &mut TrainState,
+        me: Standing<'_>,
+    ) -> Result<(), TrainError> {
+        let started = Instant::now();
+        let config = self.config;
+        let (job, pipe) = self.staged()?;
+        let done = recovery::repair(job, pipe, (config, prepared), engine, state, me)?;
+        let seconds = started.elapsed().as_secs_f64();
+        self.reduced = None;
+        self.metrics.write(json!({"kind": "recovered", "step": done.step, "how": done.how, "seconds": seconds}))?;
+        let how = if done.how.is_empty() { "as it was".to_owned() } else { done.how };
+        (self.on_event)(Progress::Note(format!(
+            "the job goes on from step {} ({how}) after {seconds:.2} s",
+            done.step
+        )));
+        Ok(())
     }
 
     /// The job's bound on a collective step.

@@ -30,10 +30,14 @@ use crate::schedule::Boundary;
 use crate::step::{At, Engine, TrainState};
 use crate::trainer::EvalReport;
 
-/// The frame kinds of an activation, a gradient, and a tensor of a stage's state.
+pub(crate) mod recovery;
+
+/// The frame kinds of an activation, a gradient, and a named tensor of a stage's state.
 const ACTIVATION: u8 = 0x50;
 const GRADIENT: u8 = 0x51;
 const STATE: u8 = 0x52;
+/// The frame that closes a state: its step and update count.
+const STATE_END: u8 = 0x53;
 
 /// Where the ranks of a pipeline job sit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,41 +190,15 @@ pub fn gather(
         return Ok(false);
     }
     if rank != collector {
-        let mut bytes = Vec::new();
-        for tensor in stage.tensors() {
-            bytes.clear();
-            bytes.extend((tensor.name.len() as u32).to_le_bytes());
-            bytes.extend(tensor.name.as_bytes());
-            bytes.extend(tensor.data.iter().flat_map(|v| v.to_le_bytes()));
-            t.send(collector, STATE, &bytes)?;
-        }
-        t.send(collector, STATE, &[])?;
+        send_state(t, collector, stage)?;
         return Ok(false);
     }
     let mut filled = vec![false; whole.params.len() + whole.optimizer.slots().len()];
     for tensor in stage.tensors() {
         slot(whole, &mut filled, &tensor.name, collector)?.copy_from_slice(&tensor.data);
     }
-    let mut bytes = Vec::new();
     for s in (0..layout.stages).filter(|&s| layout.rank(0, s) != collector) {
-        let from = layout.rank(0, s);
-        loop {
-            let kind = t.recv_into(from, Instant::now() + timeout, &mut bytes)?;
-            if kind != STATE {
-                return Err(protocol(from, format!("expected a tensor of stage {s}'s state, got kind {kind:#x}")));
-            }
-            if bytes.is_empty() {
-                break;
-            }
-            let (name, values) = named(&bytes).ok_or_else(|| protocol(from, "a malformed state tensor".into()))?;
-            let into = slot(whole, &mut filled, name, from)?;
-            if values.len() != 4 * into.len() {
-                return Err(protocol(from, format!("{name}: {} bytes for {} values", values.len(), into.len())));
-            }
-            for (v, b) in into.iter_mut().zip(values.chunks_exact(4)) {
-                *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
+        recv_tensors(t, layout.rank(0, s), whole, &mut filled, timeout)?;
     }
     if let Some(missing) = filled.iter().position(|f| !f) {
         let name = whole.tensors().nth(missing).map(|t| t.name.clone()).unwrap_or_default();
@@ -229,6 +207,71 @@ pub fn gather(
     whole.step = stage.step;
     whole.optimizer.set_updates(stage.optimizer.updates());
     Ok(true)
+}
+
+/// Sends `state` to rank `to`: its step and update count, then each tensor named.
+pub fn send_state(t: &dyn Transport, to: usize, state: &TrainState) -> Result<(), TrainError> {
+    let mut bytes = Vec::new();
+    for tensor in state.tensors() {
+        bytes.clear();
+        bytes.extend((tensor.name.len() as u32).to_le_bytes());
+        bytes.extend(tensor.name.as_bytes());
+        bytes.extend(tensor.data.iter().flat_map(|v| v.to_le_bytes()));
+        t.send(to, STATE, &bytes)?;
+    }
+    bytes.clear();
+    bytes.extend(state.step.to_le_bytes());
+    bytes.extend(state.optimizer.updates().to_le_bytes());
+    t.send(to, STATE_END, &bytes)?;
+    Ok(())
+}
+
+/// Receives into `state` what [`send_state`] sent from rank `from`: every tensor of
+/// `state` must come, once, with its length; the step and update count follow.
+pub fn recv_state(t: &dyn Transport, from: usize, state: &mut TrainState, timeout: Duration) -> Result<(), TrainError> {
+    let mut filled = vec![false; state.params.len() + state.optimizer.slots().len()];
+    let (step, updates) = recv_tensors(t, from, state, &mut filled, timeout)?;
+    if let Some(missing) = filled.iter().position(|f| !f) {
+        let name = state.tensors().nth(missing).map(|t| t.name.clone()).unwrap_or_default();
+        return Err(protocol(from, format!("the state sent lacks {name}")));
+    }
+    state.step = step;
+    state.optimizer.set_updates(updates);
+    Ok(())
+}
+
+/// Receives named tensors from `from` into `state` until the closing frame; returns the
+/// step and update count it carries.
+fn recv_tensors(
+    t: &dyn Transport,
+    from: usize,
+    state: &mut TrainState,
+    filled: &mut [bool],
+    timeout: Duration,
+) -> Result<(u64, u64), TrainError> {
+    let mut bytes = Vec::new();
+    loop {
+        let kind = t.recv_into(from, Instant::now() + timeout, &mut bytes)?;
+        match kind {
+            STATE_END if bytes.len() == 16 => {
+                let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+                return Ok((word(0), word(8)));
+            }
+            STATE => {}
+            _ => {
+                let what = format!("kind {kind:#x} of {} bytes", bytes.len());
+                return Err(protocol(from, format!("expected a tensor of a stage's state, got {what}")));
+            }
+        }
+        let (name, values) = named(&bytes).ok_or_else(|| protocol(from, "a malformed state tensor".into()))?;
+        let into = slot(state, filled, name, from)?;
+        if values.len() != 4 * into.len() {
+            return Err(protocol(from, format!("{name}: {} bytes for {} values", values.len(), into.len())));
+        }
+        for (v, b) in into.iter_mut().zip(values.chunks_exact(4)) {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
 }
 
 /// The name and the value bytes of a state tensor's frame.
@@ -403,7 +446,19 @@ impl Staged {
     /// The stage's checkpoint root under the job's `root`: each stage's replicas write its
     /// checkpoints there, in parts.
     pub(crate) fn root(&self, root: &Path) -> PathBuf {
-        root.join(format!("stage-{}-of-{}", self.stage.index, self.layout.stages))
+        self.root_of(root, self.stage.index)
+    }
+
+    /// Stage `stage`'s checkpoint root under the job's `root`.
+    pub(crate) fn root_of(&self, root: &Path, stage: usize) -> PathBuf {
+        root.join(format!("stage-{stage}-of-{}", self.layout.stages))
+    }
+
+    /// What the logs hold of the step in progress is dropped: it failed, and is sent again.
+    pub(crate) fn abandon_logs(&mut self) {
+        for (_, log) in &mut self.logs {
+            log.abandon();
+        }
     }
 
     /// This rank's part of its stage's checkpoints.
@@ -470,7 +525,7 @@ fn open_logs(
 }
 
 /// The initial state of `stage`, cut from the whole model's initial state `whole`.
-fn fresh_stage(config: &TrainConfig, stage: &Stage, whole: &TrainState) -> TrainState {
+pub(crate) fn fresh_stage(config: &TrainConfig, stage: &Stage, whole: &TrainState) -> TrainState {
     let params = stage.params(&whole.params);
     let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
     TrainState::new(params, optimizer)

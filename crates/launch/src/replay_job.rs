@@ -1,0 +1,204 @@
+//! `steadfast launch --max-restarts K --recovery replay`: a pipeline job that loses a stage
+//! worker and goes on.
+//!
+//! The workers checkpoint every `--save-every` steps (each stage its own) and log every
+//! stage boundary. When one fails, this launcher starts a replacement in its slot (at most
+//! K times in all); the survivors keep their state and meet the replacement again at the
+//! coordinator, which serves one rendezvous after another: each membership lasts until
+//! a member is lost. The replacement restores its stage's newest checkpoint and replays
+//! the steps since on the tensors its neighbours logged, shared with `--replay-helpers`
+//! ranks, while the others wait (see `train::pipeline::recovery`). Nobody else rolls
+//! back, and the job ends with the bits of a run that never failed.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::workers::{Exited, Workers};
+use crate::{KILL_GRACE, LaunchError};
+
+/// A pipeline job that recovers by replay, on one node.
+pub struct ReplayJob {
+    /// Workers.
+    pub nproc: usize,
+    /// Replacements at most, in all.
+    pub max_restarts: u32,
+    /// Steps between checkpoints.
+    pub save_every: u64,
+    /// Where the checkpoints go (a temporary directory when `None`).
+    pub save_dir: Option<PathBuf>,
+    /// Ranks that share a replay.
+    pub helpers: usize,
+    /// The worker command (`train ... --pipeline-stages S`).
+    pub command: Vec<String>,
+    /// How long the workers have to join, each time.
+    pub rendezvous_timeout: Duration,
+    /// Silence after which a worker is lost.
+    pub heartbeat_timeout: Duration,
+}
+
+enum Heard {
+    Exited(Exited),
+    /// The coordinator ended: every member finished, or a rendezvous failed.
+    Over(Result<(), String>),
+}
+
+/// Runs the job; fails unless every worker finished.
+pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
+    let bad = |text: &str| LaunchError::Config(text.to_owned());
+    if !plan.command.iter().any(|a| a == "--pipeline-stages") {
+        return Err(bad("--recovery replay replays the stages of a pipeline: the command needs --pipeline-stages"));
+    }
+    for flag in ["--checkpoint-dir", "--checkpoint-every", "--resume"] {
+        if plan.command.iter().any(|a| a == flag) {
+            return Err(LaunchError::Config(format!(
+                "--recovery replay sets the workers' {flag}: give the launcher --save-dir and --save-every"
+            )));
+        }
+    }
+    let (dir, temporary) = match &plan.save_dir {
+        Some(d) => (d.clone(), false),
+        None => {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            (std::env::temp_dir().join(format!("steadfast-replay-{}-{}", std::process::id(), nanos.as_nanos())), true)
+        }
+    };
+    let mut command = plan.command.clone();
+    command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
+    command.extend(["--checkpoint-every".into(), plan.save_every.to_string(), "--keep-last".into(), "2".into()]);
+    if !command.iter().any(|a| a == "--log-boundaries") {
+        command.extend(["--log-boundaries".into(), "all".into()]);
+    }
+    let secret = crate::shared_secret(false)?;
+    let (listener, address) = crate::coordinator_listener(None)?;
+    let (tx, rx) = mpsc::channel();
+    let env = vec![
+        ("STEADFAST_WORLD_SIZE".to_owned(), plan.nproc.to_string()),
+        ("STEADFAST_COORDINATOR".to_owned(), address),
+        ("STEADFAST_SECRET".to_owned(), secret.clone()),
+        ("LOCAL_WORLD_SIZE".to_owned(), plan.nproc.to_string()),
+        ("GROUP_RANK".to_owned(), "0".to_owned()),
+        ("STEADFAST_RECOVER_BY_REPLAY".to_owned(), "true".to_owned()),
+        ("STEADFAST_REPLAY_HELPERS".to_owned(), plan.helpers.to_string()),
+    ];
+    let mut workers = Workers::new(&command, env, tx.clone(), Heard::Exited)?;
+    let started = Instant::now();
+    for rank in 0..plan.nproc {
+        workers.start(rank, 0, &place(rank, 0))?;
+    }
+    let stop = AtomicBool::new(false);
+    let outcome = std::thread::scope(|s| {
+        let stop = &stop;
+        let secret = secret.into_bytes();
+        s.spawn(move || {
+            let over =
+                serve_rounds(&listener, plan.nproc, &secret, (plan.rendezvous_timeout, plan.heartbeat_timeout), stop);
+            let _ = tx.send(Heard::Over(over));
+        });
+        let outcome = watch(&mut workers, &rx, &plan, started);
+        stop.store(true, Ordering::Relaxed);
+        outcome
+    });
+    workers.join();
+    if outcome.is_ok() && temporary {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    outcome
+}
+
+/// The environment of process `incarnation` of `rank`.
+fn place(rank: usize, incarnation: u64) -> Vec<(String, String)> {
+    vec![
+        ("STEADFAST_RANK".to_owned(), rank.to_string()),
+        ("LOCAL_RANK".to_owned(), rank.to_string()),
+        ("STEADFAST_INCARNATION".to_owned(), incarnation.to_string()),
+    ]
+}
+
+/// The coordinator: one rendezvous after another, each membership supervised until a
+/// member is lost; ends when a membership ends with every member finished.
+fn serve_rounds(
+    listener: &std::net::TcpListener,
+    world: usize,
+    secret: &[u8],
+    (timeout, heartbeat): (Duration, Duration),
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    for round in 0.. {
+        let job = comm::rendezvous::serve_unless(listener, world, secret, timeout, heartbeat, stop)
+            .map_err(|e| format!("rendezvous {round}: {e}"))?;
+        let membership = comm::supervisor::supervise_until_loss(job.streams, heartbeat, &mut |event| {
+            eprintln!("[coordinator] {event}");
+        });
+        if membership.lost().is_empty() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Waits for every worker to finish, starting a replacement for each that fails while
+/// restarts remain; otherwise ends the others. Returns whether the job finished.
+fn watch(
+    workers: &mut Workers<Heard>,
+    rx: &mpsc::Receiver<Heard>,
+    plan: &ReplayJob,
+    started: Instant,
+) -> Result<(), LaunchError> {
+    let mut restarts = 0u32;
+    let mut incarnations = vec![0u64; plan.nproc];
+    let mut failure: Option<String> = None;
+    let mut kill_at: Option<Instant> = None;
+    while workers.any_running() {
+        let wait = kill_at.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
+        match rx.recv_timeout(wait) {
+            Ok(Heard::Exited(e)) => {
+                workers.exited(&e);
+                let ok = matches!(&e.status, Ok(s) if s.success());
+                if ok || failure.is_some() || e.incarnation != incarnations[e.slot] {
+                    continue;
+                }
+                let why = match &e.status {
+                    Ok(s) => format!("rank {} exited with {s}", e.slot),
+                    Err(w) => format!("rank {} could not be reaped: {w}", e.slot),
+                };
+                if restarts < plan.max_restarts {
+                    restarts += 1;
+                    incarnations[e.slot] += 1;
+                    println!(
+                        "[launcher] {:>10.2} s  {why}: starting a replacement (restart {restarts} of {})",
+                        started.elapsed().as_secs_f64(),
+                        plan.max_restarts
+                    );
+                    workers.start(e.slot, incarnations[e.slot], &place(e.slot, incarnations[e.slot]))?;
+                } else {
+                    failure = Some(why);
+                    kill_at = Some(Instant::now() + plan.heartbeat_timeout + KILL_GRACE);
+                }
+            }
+            Ok(Heard::Over(Err(e))) => {
+                failure.get_or_insert(e);
+                kill_at = Some(Instant::now() + KILL_GRACE);
+            }
+            Ok(Heard::Over(Ok(()))) => {}
+            Err(RecvTimeoutError::Timeout) if kill_at.is_some() => {
+                for rank in workers.running() {
+                    workers.kill(rank, None);
+                }
+                kill_at = None;
+            }
+            Err(_) => {}
+        }
+    }
+    match failure {
+        None => {
+            println!(
+                "[launcher] the job finished in {:.1} s with {restarts} replacement(s)",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Some(f) => Err(LaunchError::Failed(format!("the job failed after {restarts} replacement(s): {f}"))),
+    }
+}
