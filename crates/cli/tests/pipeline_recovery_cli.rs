@@ -1,0 +1,165 @@
+//! Pipeline jobs that lose a stage worker (`launch --recovery replay`): the replacement is
+//! rebuilt from its stage's checkpoint by replaying its neighbours' boundary logs (alone or
+//! with helpers), or fetched from a live replica of its stage, and the job ends with the
+//! bits of a run that never failed. The faults strike at steps and phases drawn from a
+//! seed that the test prints (`STEADFAST_PIPELINE_SEED` replays one).
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+const PHASES: [&str; 5] = ["forward", "backward", "allreduce", "vote", "update"];
+
+/// A small deterministic generator for the faults' places.
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+fn seed() -> u64 {
+    let seed = std::env::var("STEADFAST_PIPELINE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos().into()
+    });
+    eprintln!("STEADFAST_PIPELINE_SEED={seed}");
+    seed
+}
+
+fn train_args(model: &str, steps: u64, out: &Path) -> Vec<String> {
+    let (batch, micro) = if model == "gpt" { ("8", "2") } else { ("32", "8") };
+    let words = ["train", "--model", model, "--data", "synthetic", "--reduce", "reproducible", "--eval-every", "0"];
+    let mut v: Vec<String> = words.iter().map(|s| s.to_string()).collect();
+    v.extend(["--steps".into(), steps.to_string(), "--batch".into(), batch.into(), "--micro-batch".into(), micro.into()]);
+    v.extend(["--out".into(), out.display().to_string()]);
+    v
+}
+
+fn run(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_steadfast")).args(args).output().unwrap()
+}
+
+/// The fingerprint of the single process.
+fn reference(model: &str, steps: u64, dir: &Path) -> String {
+    let out = run(&train_args(model, steps, &dir.join("reference")));
+    common::fingerprints_in(&String::from_utf8_lossy(&out.stdout)).remove(0)
+}
+
+/// The launcher's arguments for a pipeline job of `nproc` ranks and `stages` stages that
+/// recovers by replay with `helpers` helpers.
+fn replay_job(model: &str, (nproc, stages, helpers): (usize, usize, usize), steps: u64, dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = ["launch", "--max-restarts", "1", "--recovery", "replay", "--save-every", "3"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.extend(["--nproc".into(), nproc.to_string(), "--replay-helpers".into(), helpers.to_string()]);
+    v.extend(["--save-dir".into(), dir.join("ck").display().to_string(), "--".into()]);
+    v.extend(train_args(model, steps, &dir.join("out")));
+    v.extend(["--pipeline-stages".into(), stages.to_string()]);
+    v
+}
+
+/// Runs `args` and checks that every rank ends with `reference`; returns the recovery's
+/// line of `metrics.jsonl`.
+fn recovered(args: &[String], reference: &str, dir: &Path, context: &str) -> String {
+    let out = run(args);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let context = format!("{context}\n{stdout}\n{stderr}");
+    assert!(out.status.success(), "{context}");
+    assert!(stdout.contains("with 1 replacement(s)"), "{context}");
+    let fps = common::fingerprints_in(&stdout);
+    assert!(!fps.is_empty() && fps.iter().all(|f| f == reference), "expected {reference}: {context}");
+    let metrics = std::fs::read_to_string(dir.join("out").join("metrics.jsonl")).unwrap();
+    metrics.lines().find(|l| l.contains("\"kind\":\"recovered\"")).unwrap_or_else(|| panic!("{context}")).to_owned()
+}
+
+#[test]
+fn a_stage_worker_lost_at_a_random_step_is_replayed_to_the_same_bits_by_one_or_more_helpers() {
+    let mut d = Draw(seed());
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 12;
+    let reference = reference("mlp", steps, tmp.path());
+    for (case, (stages, helpers)) in [(3, 1), (3, 2), (2, 2), (3, 3)].into_iter().enumerate() {
+        let dir = tmp.path().join(format!("case{case}"));
+        let (rank, step, phase) = (d.below(stages as u64), 2 + d.below(steps - 3), PHASES[d.below(5) as usize]);
+        let fault = format!("crash:rank={rank},step={step},phase={phase}");
+        let mut args = replay_job("mlp", (stages, stages, helpers), steps, &dir);
+        args.extend(["--fault".into(), fault.clone()]);
+        let context = format!("{stages} stages, {helpers} helper(s), {fault}");
+        let line = recovered(&args, &reference, &dir, &context);
+        assert!(line.contains(&format!("rank {rank} (stage {rank}) replayed from step")), "{context}: {line}");
+    }
+}
+
+#[test]
+fn the_gpt_s_lost_stage_is_replayed_in_parallel_to_the_same_bits() {
+    let mut d = Draw(seed());
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 8;
+    let reference = reference("gpt", steps, tmp.path());
+    let (rank, step) = (d.below(3), 4 + d.below(3));
+    let fault = format!("crash:rank={rank},step={step},phase=backward");
+    let mut args = replay_job("gpt", (3, 3, 2), steps, tmp.path());
+    args.extend(["--fault".into(), fault.clone()]);
+    let line = recovered(&args, &reference, tmp.path(), &fault);
+    assert!(line.contains("replayed from step"), "{fault}: {line}");
+}
+
+#[test]
+fn a_lost_stage_worker_with_a_live_replica_fetches_its_stage() {
+    let mut d = Draw(seed());
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 10;
+    let reference = reference("mlp", steps, tmp.path());
+    let (rank, step, phase) = (d.below(4), 2 + d.below(6), PHASES[d.below(5) as usize]);
+    let fault = format!("crash:rank={rank},step={step},phase={phase}");
+    let mut args = replay_job("mlp", (4, 2, 1), steps, tmp.path());
+    args.extend(["--fault".into(), fault.clone()]);
+    let line = recovered(&args, &reference, tmp.path(), &fault);
+    // Ranks 0 and 2 hold stage 0, ranks 1 and 3 stage 1.
+    let replica = (rank + 2) % 4;
+    assert!(line.contains(&format!("rank {rank} (stage {}) fetched its state from rank {replica}", rank % 2)), "{line}");
+}
+
+/// The environment variable `name` of process `pid`.
+fn environ(pid: u32, name: &str) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let kv = String::from_utf8_lossy(kv);
+        kv.strip_prefix(&format!("{name}=")).map(str::to_owned)
+    })
+}
+
+#[test]
+fn a_stage_worker_killed_from_outside_is_replayed_to_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 400;
+    let reference = reference("mlp", steps, tmp.path());
+    let args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
+    let job = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The middle stage, once the collector has recorded step 30.
+    let metrics = tmp.path().join("out").join("metrics.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::steps_recorded(&tmp.path().join("out")).last().is_none_or(|&s| s < 30) {
+        assert!(Instant::now() < deadline, "step 30 never came: {}", metrics.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let middle = common::children(job.id()).into_iter().find(|&p| environ(p, "STEADFAST_RANK").as_deref() == Some("1"));
+    let killed = Command::new("kill").args(["-KILL", &middle.expect("rank 1 runs").to_string()]).status().unwrap();
+    assert!(killed.success());
+    let out = job.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("rank 1 exited with signal: 9"), "{stdout}");
+    let fps = common::fingerprints_in(&stdout);
+    assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
+}
