@@ -341,6 +341,14 @@ impl AsyncWriter {
         Ok(())
     }
 
+    /// Forgets the checkpoints snapshotted but not committed: another writer's part of
+    /// them may never come (a job that lost a writer goes on with a replacement, which
+    /// writes only the checkpoints taken after it joined). Their temporary files are left
+    /// for the next start of writer 0 to remove.
+    pub fn forget_pending(&mut self) {
+        self.pending.clear();
+    }
+
     /// Totals so far.
     pub fn stats(&self) -> &WriterStats {
         &self.stats

@@ -34,7 +34,14 @@ fn train_args(model: &str, steps: u64, out: &Path) -> Vec<String> {
     let (batch, micro) = if model == "gpt" { ("8", "2") } else { ("32", "8") };
     let words = ["train", "--model", model, "--data", "synthetic", "--reduce", "reproducible", "--eval-every", "0"];
     let mut v: Vec<String> = words.iter().map(|s| s.to_string()).collect();
-    v.extend(["--steps".into(), steps.to_string(), "--batch".into(), batch.into(), "--micro-batch".into(), micro.into()]);
+    v.extend([
+        "--steps".into(),
+        steps.to_string(),
+        "--batch".into(),
+        batch.into(),
+        "--micro-batch".into(),
+        micro.into(),
+    ]);
     v.extend(["--out".into(), out.display().to_string()]);
     v
 }
@@ -122,7 +129,10 @@ fn a_lost_stage_worker_with_a_live_replica_fetches_its_stage() {
     let line = recovered(&args, &reference, tmp.path(), &fault);
     // Ranks 0 and 2 hold stage 0, ranks 1 and 3 stage 1.
     let replica = (rank + 2) % 4;
-    assert!(line.contains(&format!("rank {rank} (stage {}) fetched its state from rank {replica}", rank % 2)), "{line}");
+    assert!(
+        line.contains(&format!("rank {rank} (stage {}) fetched its state from rank {replica}", rank % 2)),
+        "{line}"
+    );
 }
 
 /// The environment variable `name` of process `pid`.
@@ -162,4 +172,57 @@ fn a_stage_worker_killed_from_outside_is_replayed_to_the_same_bits() {
     assert!(stdout.contains("rank 1 exited with signal: 9"), "{stdout}");
     let fps = common::fingerprints_in(&stdout);
     assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
+}
+
+#[test]
+fn without_logs_every_stage_goes_back_to_the_checkpoint_with_the_same_bits() {
+    let mut d = Draw(seed());
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 12;
+    let reference = reference("mlp", steps, tmp.path());
+    let (rank, step) = (d.below(3), 4 + d.below(7));
+    let fault = format!("crash:rank={rank},step={step},phase=backward");
+    let mut args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
+    args.extend(["--log-boundaries".into(), "none".into(), "--fault".into(), fault.clone()]);
+    let line = recovered(&args, &reference, tmp.path(), &fault);
+    assert!(line.contains("cannot be replayed from its logs: every stage went back to step"), "{fault}: {line}");
+}
+
+#[test]
+fn a_corrupted_log_is_refused_and_every_stage_goes_back_with_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 400;
+    let reference = reference("mlp", steps, tmp.path());
+    // No checkpoint but the last: the replacement replays from step 0, through step 10.
+    let mut args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
+    let at = args.iter().position(|a| a == "--save-every").unwrap();
+    args[at + 1] = "1000".into();
+    let job = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::steps_recorded(&tmp.path().join("out")).last().is_none_or(|&s| s < 30) {
+        assert!(Instant::now() < deadline, "step 30 never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A bit of stage 1's input at step 10 rots on disk; then stage 1 is killed.
+    let file = tmp.path().join("out/boundary-logs/replica-0/0-to-1/step-00000010.log");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[200] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    let middle = common::children(job.id()).into_iter().find(|&p| environ(p, "STEADFAST_RANK").as_deref() == Some("1"));
+    assert!(
+        Command::new("kill").args(["-KILL", &middle.expect("rank 1 runs").to_string()]).status().unwrap().success()
+    );
+    let out = job.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("step-00000010.log is corrupt"), "{stderr}");
+    let fps = common::fingerprints_in(&stdout);
+    assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
+    let metrics = std::fs::read_to_string(tmp.path().join("out/metrics.jsonl")).unwrap();
+    assert!(metrics.contains("every stage went back to step 0"), "{metrics}");
 }

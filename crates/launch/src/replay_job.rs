@@ -40,6 +40,11 @@ pub struct ReplayJob {
 
 enum Heard {
     Exited(Exited),
+    /// A membership formed: every worker running now is in it.
+    Formed,
+    /// The coordinator declared a member of the last membership lost (it may still run:
+    /// stopped, or cut off).
+    Lost(usize),
     /// The coordinator ended: every member finished, or a rendezvous failed.
     Over(Result<(), String>),
 }
@@ -92,8 +97,10 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
         let stop = &stop;
         let secret = secret.into_bytes();
         s.spawn(move || {
-            let over =
-                serve_rounds(&listener, plan.nproc, &secret, (plan.rendezvous_timeout, plan.heartbeat_timeout), stop);
+            let times = (plan.rendezvous_timeout, plan.heartbeat_timeout);
+            let over = serve_rounds(&listener, plan.nproc, &secret, times, stop, &mut |event| {
+                let _ = tx.send(event);
+            });
             let _ = tx.send(Heard::Over(over));
         });
         let outcome = watch(&mut workers, &rx, &plan, started);
@@ -117,19 +124,23 @@ fn place(rank: usize, incarnation: u64) -> Vec<(String, String)> {
 }
 
 /// The coordinator: one rendezvous after another, each membership supervised until a
-/// member is lost; ends when a membership ends with every member finished.
+/// member is lost (each told to `heard`); ends when a membership ends with every member
+/// finished.
 fn serve_rounds(
     listener: &std::net::TcpListener,
     world: usize,
     secret: &[u8],
     (timeout, heartbeat): (Duration, Duration),
     stop: &AtomicBool,
+    heard: &mut dyn FnMut(Heard),
 ) -> Result<(), String> {
     for round in 0.. {
         let job = comm::rendezvous::serve_unless(listener, world, secret, timeout, heartbeat, stop)
             .map_err(|e| format!("rendezvous {round}: {e}"))?;
+        heard(Heard::Formed);
         let membership = comm::supervisor::supervise_until_loss(job.streams, heartbeat, &mut |event| {
             eprintln!("[coordinator] {event}");
+            heard(Heard::Lost(event.rank));
         });
         if membership.lost().is_empty() {
             return Ok(());
@@ -148,6 +159,9 @@ fn watch(
 ) -> Result<(), LaunchError> {
     let mut restarts = 0u32;
     let mut incarnations = vec![0u64; plan.nproc];
+    // The processes of the last membership: a loss names one of them, perhaps one that a
+    // replacement has taken the place of already.
+    let mut members = incarnations.clone();
     let mut failure: Option<String> = None;
     let mut kill_at: Option<Instant> = None;
     while workers.any_running() {
@@ -175,6 +189,16 @@ fn watch(
                 } else {
                     failure = Some(why);
                     kill_at = Some(Instant::now() + plan.heartbeat_timeout + KILL_GRACE);
+                }
+            }
+            // A worker the others cannot hear is ended, so that a replacement takes its place.
+            Ok(Heard::Formed) => members.clone_from(&incarnations),
+            Ok(Heard::Lost(rank)) => {
+                if failure.is_none() && workers.kill(rank, Some(members[rank])).is_some() {
+                    println!(
+                        "[launcher] {:>10.2} s  rank {rank} was lost: its process is ended",
+                        started.elapsed().as_secs_f64()
+                    );
                 }
             }
             Ok(Heard::Over(Err(e))) => {

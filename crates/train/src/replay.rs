@@ -132,6 +132,28 @@ impl LoggedInputs {
         LoggedInputs { root: root.to_owned(), stage: stage as u32, replicas: replicas.max(1), read: BTreeMap::new() }
     }
 
+    /// Reads and checks every input that a replay of steps `steps` (`micro_batches` each)
+    /// of this stage of `stages` needs, before any is used: a replay that cannot finish
+    /// is known at once, not after the others waited for it.
+    pub fn check(
+        &mut self,
+        steps: std::ops::Range<u64>,
+        micro_batches: usize,
+        stages: usize,
+    ) -> Result<(), TrainError> {
+        let stage = self.stage as usize;
+        let kinds = [(stage > 0).then_some(Boundary::Activation), (stage + 1 < stages).then_some(Boundary::Gradient)];
+        for step in steps {
+            for micro in 0..micro_batches {
+                for &tensor in kinds.iter().flatten() {
+                    self.get(step, micro, tensor)?;
+                }
+            }
+        }
+        self.read.clear();
+        Ok(())
+    }
+
     /// The tensor that micro-batch `micro` of `step` received: the activations from the
     /// stage before, or the gradients from the stage after.
     pub fn get(&mut self, step: u64, micro: usize, tensor: Boundary) -> Result<Vec<f32>, TrainError> {

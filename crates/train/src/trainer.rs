@@ -185,6 +185,7 @@ impl Prepared {
 /// Runs training in one process or as a rank of a static job (not an elastic one: see
 /// [`crate::train`], which picks). Returns the summary and the final state.
 pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(Summary, TrainState), TrainError> {
+    let began = Instant::now();
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
@@ -290,7 +291,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     };
     if replacing {
         let me = Standing { replacement: true, held: None, helpers: config.pipeline.helpers };
-        runner.repair(&prepared, &mut engine, &mut state, me)?;
+        runner.repair(&prepared, &mut engine, &mut state, me, began)?;
     }
     let mut last_eval = None;
     while state.step < config.steps {
@@ -575,31 +576,39 @@ impl Ranks<'_, '_> {
         state: &mut TrainState,
         held: Option<&GradBuffer>,
     ) -> Result<(), TrainError> {
+        let since = Instant::now();
         let (Some(DistConfig::Mesh(m)), Some(pipe)) = (&self.config.dist, &self.pipe) else { return Err(e) };
         tracing::warn!("{e}: joining the job again, to go on with a replacement");
         (self.on_event)(Progress::Note(format!("step {} failed ({e}): joining the job again", state.step)));
         let layout = pipe.layout;
-        drop(self.job.take());
+        // The old membership stays open until the new one forms: the coordinator then
+        // hears of the lost worker's departure first, not of a survivor's.
         let mut job = Job::connect(m)?;
+        drop(self.job.take());
         job.pipelined(&layout);
         self.job = Some(job);
         let me = Standing { replacement: false, held, helpers: self.config.pipeline.helpers };
-        self.repair(prepared, engine, state, me)
+        self.repair(prepared, engine, state, me, since)
     }
 
-    /// Brings every rank of the job, joined again, to one step ([`recovery::repair`]).
+    /// Brings every rank of the job, joined again, to one step ([`recovery::repair`]);
+    /// the time it took counts from `since` (when this rank failed, or started).
     fn repair(
         &mut self,
         prepared: &Prepared,
         engine: &mut Engine<'_>,
         state: &mut TrainState,
         me: Standing<'_>,
+        since: Instant,
     ) -> Result<(), TrainError> {
-        let started = Instant::now();
         let config = self.config;
+        // A lost writer's parts of the pending checkpoints will never come.
+        if let Some(w) = self.writer.as_mut() {
+            w.forget_pending();
+        }
         let (job, pipe) = self.staged()?;
         let done = recovery::repair(job, pipe, (config, prepared), engine, state, me)?;
-        let seconds = started.elapsed().as_secs_f64();
+        let seconds = since.elapsed().as_secs_f64();
         self.reduced = None;
         self.metrics.write(json!({"kind": "recovered", "step": done.step, "how": done.how, "seconds": seconds}))?;
         let how = if done.how.is_empty() { "as it was".to_owned() } else { done.how };

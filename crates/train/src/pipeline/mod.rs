@@ -354,7 +354,7 @@ pub(crate) struct Staged {
     /// The pipeline this rank's stage belongs to.
     pub(crate) replica: usize,
     /// The stage.
-    stage: Stage,
+    pub(crate) stage: Stage,
     /// The whole model's state, which the collector gathers the stages into (the
     /// initial state until then).
     pub(crate) whole: TrainState,

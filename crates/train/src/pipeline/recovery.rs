@@ -87,10 +87,37 @@ pub(crate) fn repair(
     }
     // Whatever this rank logged of the step it failed in is sent again.
     pipe.abandon_logs();
-    let layout = pipe.layout;
-    let rank = t.rank();
+    let (layout, rank) = (pipe.layout, t.rank());
+    let replacements: Vec<usize> = (0..all.len()).filter(|&r| all[r][1] == 1).collect();
+    // Each replacement that must replay checks its inputs first; if one cannot, every
+    // stage goes back to the newest checkpoint they all have and computes again.
+    let mut problem = 0;
+    if me.replacement && !survivors.iter().any(|&r| layout.place(r).1 == layout.place(rank).1) {
+        let micro_batches = engine.sampler().micro_batches();
+        let stage = layout.place(rank).1;
+        if let Err(e) = logged_inputs(config, stage, layout.stages)
+            .and_then(|mut inputs| inputs.check(state.step..target, micro_batches, layout.stages))
+        {
+            tracing::error!("stage {stage} cannot be replayed: {e}");
+            problem = 1;
+        }
+    }
+    let problems = comm::collective::all_gather_words(t, &[problem], timeout)?;
+    if let Some(q) = (0..problems.len()).find(|&r| problems[r][0] == 1) {
+        // The newest checkpoint that every stage has, no newer than any replacement's.
+        let bound = replacements.iter().map(|&r| all[r][0]).min().unwrap_or(0);
+        let mine = match &config.checkpoint {
+            Some(c) => ckpt::store::list(&pipe.root(&c.dir))?.into_iter().map(|(s, _)| s).filter(|&s| s <= bound).max(),
+            None => None,
+        };
+        let every = comm::collective::all_gather_u64(t, mine.unwrap_or(0), timeout)?;
+        let back = every.into_iter().min().unwrap_or(0);
+        roll_back(pipe, (config, prepared), state, back)?;
+        how.push(format!("rank {q}'s stage cannot be replayed from its logs: every stage went back to step {back}"));
+        return Ok(Repaired { step: back, how: how.join("; ") });
+    }
     let mut ready: Vec<usize> = survivors.clone();
-    for q in (0..all.len()).filter(|&r| all[r][1] == 1) {
+    for q in replacements {
         let stage = layout.place(q).1;
         let source = ready.iter().copied().filter(|&r| layout.place(r).1 == stage).min();
         if let Some(source) = source {
@@ -139,14 +166,41 @@ fn replay_here(
     if state.step != from {
         return Err(ConfigError::Invalid(format!("a helper's copy is at step {}, not {from}", state.step)).into());
     }
-    let log = config.log.as_ref().ok_or_else(|| {
-        ConfigError::Invalid("a lost stage without a live replica is replayed from boundary logs: none are kept".into())
-    })?;
-    let replicas = config.dist.as_ref().and_then(|d| d.world()).unwrap_or(1) / task.stages;
-    let mut inputs = LoggedInputs::new(&log.dir, task.stage, replicas);
+    let mut inputs = logged_inputs(config, task.stage, task.stages)?;
     let mut get = |step, micro, tensor| inputs.get(step, micro, tensor);
     let mut runner = Replay { inputs: &mut get, helpers: Some((group, timeout)), reducer: Default::default() };
     replay(engine, state, task, to, &mut runner)
+}
+
+/// Stage `stage`'s inputs in the job's boundary logs, if both its boundaries are logged.
+fn logged_inputs(config: &TrainConfig, stage: usize, stages: usize) -> Result<LoggedInputs, TrainError> {
+    let log = config.log.as_ref().ok_or_else(|| ConfigError::Invalid("no boundary is logged".into()))?;
+    let boundaries = [stage.checked_sub(1), (stage + 1 < stages).then_some(stage)];
+    if let Some(b) = boundaries.into_iter().flatten().find(|b| !log.boundaries.contains(b)) {
+        return Err(ConfigError::Invalid(format!("boundary {b} is not logged")).into());
+    }
+    let replicas = config.dist.as_ref().and_then(|d| d.world()).unwrap_or(1) / stages;
+    Ok(LoggedInputs::new(&log.dir, stage, replicas))
+}
+
+/// Takes this rank's stage back to its checkpoint of `step` (its initial state at 0).
+fn roll_back(
+    pipe: &Staged,
+    (config, prepared): (&TrainConfig, &Prepared),
+    state: &mut TrainState,
+    step: u64,
+) -> Result<(), TrainError> {
+    let (whole, engine) = prepared.start(config);
+    let cut = engine.stage(pipe.layout.stages, pipe.stage.index)?;
+    let mut back = fresh_stage(config, &cut, &whole);
+    if step > 0 {
+        let c =
+            config.checkpoint.as_ref().ok_or_else(|| ConfigError::Invalid("no checkpoints to go back to".into()))?;
+        let dir = pipe.root(&c.dir).join(ckpt::store::step_dir_name(step));
+        crate::checkpointing::restore(&dir, config, &mut back)?;
+    }
+    *state = back;
+    Ok(())
 }
 
 /// An engine for stage `stage` and that stage's state at `step`, read from its
