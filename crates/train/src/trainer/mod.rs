@@ -10,6 +10,11 @@
 //! compared and checkpoints are written (every rank writes its own part). After the step,
 //! every `eval_every` steps the model is scored on the held-out split.
 //!
+//! In a pipeline job (`--pipeline-stages`) each rank's step is its stage's pipeline
+//! schedule instead, its state and checkpoints are its stage's ([`crate::pipeline`]), and
+//! a job that recovers by replay joins again after a lost peer instead of failing
+//! ([`crate::pipeline::recovery`]). The runner of all of it is in `ranks.rs`.
+//!
 //! In a job, a heartbeat thread ([`comm::supervisor::Heartbeat`]) listens to the
 //! coordinator; when it reports a lost member, the transport is aborted, so that the step
 //! in progress fails at once on every survivor.
@@ -30,17 +35,20 @@ use crate::config::{DistConfig, TrainConfig};
 use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataSpec, Dataset, Modality, Split};
-use crate::driver::{self, Driver, Flow, Reduction, Runner};
+use crate::driver::Driver;
 use crate::error::{ConfigError, TrainError};
 use crate::failpoint::ProcessFaults;
 use crate::job::Job;
 use crate::metrics::MetricsFile;
 use crate::model::{EvalSums, GptConfig, KernelSet, Kernels, Loaded, Model, ModelKind};
 use crate::optim::Optimizer;
-use crate::pipeline::recovery::{self, Standing};
-use crate::pipeline::{self, Layout, Staged};
-use crate::schedule::{self, Boundary};
-use crate::step::{At, Engine, GradBuffer, Injected, LiveFaults, SumCheck, TrainState};
+use crate::pipeline::recovery::Standing;
+use crate::pipeline::{Layout, Staged};
+use crate::schedule::{self, Op};
+use crate::step::{Engine, Injected, LiveFaults, TrainState};
+
+mod ranks;
+use ranks::Ranks;
 
 /// Text sequences scored per evaluation (the first ones of the held-out split).
 pub const TEXT_EVAL_SEQUENCES: usize = 1024;
@@ -189,62 +197,9 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
-    // An MPI job learns its rank and size from MPI, so it joins first.
-    let mpi_job = match &config.dist {
-        Some(DistConfig::Mpi(settings)) => Some(Job::start_mpi(settings)?),
-        _ => None,
-    };
-    let (rank, world) = match (&mpi_job, &config.dist) {
-        (Some(j), _) => j.place(),
-        (None, Some(DistConfig::Mesh(m))) => (m.rank, m.world),
-        (None, Some(DistConfig::Elastic(_))) => {
-            return Err(ConfigError::Invalid("an elastic worker is run by `train::elastic`".into()).into());
-        }
-        (None, _) => (0, 1),
-    };
-    let incarnation = config.dist.as_ref().map_or(0, |d| d.settings().incarnation);
-    // A rank of a pipeline job holds one stage: its state, its engine, its checkpoints.
-    let layout = (config.pipeline.stages > 1).then(|| Layout::of(config.pipeline.stages, world)).transpose()?;
-    let mut pipe = None;
-    if let Some(l) = layout {
-        let (staged, for_stage) = Staged::cut(config, l, rank, &mut state, engine)?;
-        engine = for_stage;
-        pipe = Some(staged);
-    }
-    // A replacement in a job that recovers by replay starts from its stage's checkpoint.
-    let replacing = config.pipeline.recover && incarnation > 0 && pipe.is_some();
-    let resume = match (&config.resume, &config.checkpoint) {
-        (Some(r), _) => Some(r.clone()),
-        (None, Some(c)) if replacing => checkpointing::newest_step(&c.dir).ok().flatten().map(|_| c.dir.clone()),
-        _ => None,
-    };
-    let resume = resume.map(|r| pipe.as_ref().map_or_else(|| r.clone(), |p| p.root(&r)));
-    let mut restored = restore(config, resume.as_deref(), &mut state)?;
-    // In a data-parallel job the replicas are equal: rank 0 alone writes metrics (in a
-    // pipeline job, the rank that holds the summed loss), and every rank writes its own
-    // part of each checkpoint (of its stage's). Writers exist before the job connects (or,
-    // on MPI, before a barrier), so rank 0 has cleared crashed writers' leftovers before
-    // anyone writes.
-    let reporter = layout.map_or(0, |l| l.collector());
-    let mut metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), state.step > 0)?;
-    let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), Staged::part);
-    let writer = open_writer(config, pipe.as_ref(), part, &state)?;
-    let mut job = match (mpi_job, &config.dist) {
-        (Some(j), _) => {
-            j.barrier()?;
-            Some(j)
-        }
-        (None, Some(DistConfig::Mesh(m))) => Some(Job::connect(m)?),
-        (None, _) => None,
-    };
-    if let (Some(p), Some(j)) = (pipe.as_mut(), job.as_mut()) {
-        j.pipelined(&p.layout);
-        // Each stage resumed from its own newest checkpoint: all go to the newest in common
-        // (a replacement goes to the survivors' step instead, below).
-        if !replacing {
-            restored = p.agree_on_resume(j.transport()?, config, &mut state, restored)?;
-        }
-    }
+    let (setup, for_rank) = set_up(config, &mut state, engine)?;
+    engine = for_rank;
+    let Setup { rank, world, incarnation, pipe, restored, replacing, mut metrics, writer, job } = setup;
     let first_step = state.step;
     if let Some(r) = &restored {
         record_resume(&mut metrics, r)?;
@@ -257,21 +212,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     if let Some(j) = &job {
         hooks.process_mut().on_cut(j.link_cutter()?);
     }
-    let micro_batches = engine.sampler().micro_batches();
-    let actions = match &pipe {
-        Some(p) => {
-            let (replica, stage) = p.layout.place(rank);
-            schedule::pipeline(
-                config.pipeline.schedule,
-                p.layout.stages,
-                stage,
-                micro_batches,
-                replica,
-                p.layout.replicas,
-            )
-        }
-        None => schedule::data_parallel(micro_batches, rank, world),
-    };
+    let actions = actions(config, pipe.as_ref(), engine.sampler().micro_batches(), (rank, world));
     let mut driver = Driver::new(&engine, rank);
     let mut runner = Ranks {
         config,
@@ -343,6 +284,107 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     Ok((summary, state))
 }
 
+/// This process's place in the run, and what it keeps besides the state, set up before
+/// the first step.
+struct Setup {
+    rank: usize,
+    world: usize,
+    /// Which process of its rank this is.
+    incarnation: u64,
+    /// A pipeline job's stage.
+    pipe: Option<Staged>,
+    /// The checkpoint the state was restored from.
+    restored: Option<checkpointing::Restored>,
+    /// Whether this process replaces a lost stage worker of a job that recovers by replay.
+    replacing: bool,
+    metrics: MetricsFile,
+    writer: Option<ckpt::AsyncWriter>,
+    job: Option<Job>,
+}
+
+/// Joins the job (if any), cuts `state` and `engine` to this rank's pipeline stage (if
+/// any), restores a checkpoint when asked, and opens the metrics and the writer.
+fn set_up<'a>(
+    config: &TrainConfig,
+    state: &mut TrainState,
+    mut engine: Engine<'a>,
+) -> Result<(Setup, Engine<'a>), TrainError> {
+    // An MPI job learns its rank and size from MPI, so it joins first.
+    let mpi_job = match &config.dist {
+        Some(DistConfig::Mpi(settings)) => Some(Job::start_mpi(settings)?),
+        _ => None,
+    };
+    let (rank, world) = match (&mpi_job, &config.dist) {
+        (Some(j), _) => j.place(),
+        (None, Some(DistConfig::Mesh(m))) => (m.rank, m.world),
+        (None, Some(DistConfig::Elastic(_))) => {
+            return Err(ConfigError::Invalid("an elastic worker is run by `train::elastic`".into()).into());
+        }
+        (None, _) => (0, 1),
+    };
+    let incarnation = config.dist.as_ref().map_or(0, |d| d.settings().incarnation);
+    // A rank of a pipeline job holds one stage: its state, its engine, its checkpoints.
+    let layout = (config.pipeline.stages > 1).then(|| Layout::of(config.pipeline.stages, world)).transpose()?;
+    let mut pipe = None;
+    if let Some(l) = layout {
+        let (staged, for_stage) = Staged::cut(config, l, rank, state, engine)?;
+        engine = for_stage;
+        pipe = Some(staged);
+    }
+    // A replacement in a job that recovers by replay starts from its stage's checkpoint.
+    let replacing = config.pipeline.recover && incarnation > 0 && pipe.is_some();
+    let resume = match (&config.resume, &config.checkpoint) {
+        (Some(r), _) => Some(r.clone()),
+        (None, Some(c)) if replacing => checkpointing::newest_step(&c.dir).ok().flatten().map(|_| c.dir.clone()),
+        _ => None,
+    };
+    let resume = resume.map(|r| pipe.as_ref().map_or_else(|| r.clone(), |p| p.root(&r)));
+    let mut restored = restore(config, resume.as_deref(), state)?;
+    // In a data-parallel job the replicas are equal: rank 0 alone writes metrics (in a
+    // pipeline job, the rank that holds the summed loss), and every rank writes its own
+    // part of each checkpoint (of its stage's). Writers exist before the job connects (or,
+    // on MPI, before a barrier), so rank 0 has cleared crashed writers' leftovers before
+    // anyone writes.
+    let reporter = layout.map_or(0, |l| l.collector());
+    let metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), state.step > 0)?;
+    let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), Staged::part);
+    let writer = open_writer(config, pipe.as_ref(), part, state)?;
+    let mut job = match (mpi_job, &config.dist) {
+        (Some(j), _) => {
+            j.barrier()?;
+            Some(j)
+        }
+        (None, Some(DistConfig::Mesh(m))) => Some(Job::connect(m)?),
+        (None, _) => None,
+    };
+    if let (Some(p), Some(j)) = (pipe.as_mut(), job.as_mut()) {
+        j.pipelined(&p.layout);
+        // Each stage resumed from its own newest checkpoint: all go to the newest in common
+        // (a replacement goes to the survivors' step instead, below).
+        if !replacing {
+            restored = p.agree_on_resume(j.transport()?, config, state, restored)?;
+        }
+    }
+    Ok((Setup { rank, world, incarnation, pipe, restored, replacing, metrics, writer, job }, engine))
+}
+
+/// The step of `rank` of `world`: its stage's pipeline schedule, or the data-parallel one.
+fn actions(
+    config: &TrainConfig,
+    pipe: Option<&Staged>,
+    micro_batches: usize,
+    (rank, world): (usize, usize),
+) -> Vec<Op> {
+    match pipe {
+        Some(p) => {
+            let (replica, stage) = p.layout.place(rank);
+            let (stages, replicas) = (p.layout.stages, p.layout.replicas);
+            schedule::pipeline(config.pipeline.schedule, stages, stage, micro_batches, replica, replicas)
+        }
+        None => schedule::data_parallel(micro_batches, rank, world),
+    }
+}
+
 /// Restores `state` from `path` (`--resume`, if asked): the checkpoint it came from.
 pub(crate) fn restore(
     config: &TrainConfig,
@@ -402,252 +444,6 @@ fn open_writer(
     // training loop, rather than in the first checkpoint's stall.
     w.prepare(&checkpointing::tensor_refs(state))?;
     Ok(Some(w))
-}
-
-/// One process, or one rank of a static job, as the step driver's [`Runner`]: the
-/// reduction is local or one all-reduce across the job ([`Job`]); a job votes with
-/// [`comm::commit`], a single process refuses a non-finite sum by itself; checkpoints
-/// are written by every rank (its own part) and committed by rank 0 once every part is
-/// durable.
-struct Ranks<'c, 'e> {
-    config: &'c TrainConfig,
-    /// Whether other ranks hold the same sum (data-parallel replicas).
-    shared: bool,
-    job: Option<Job>,
-    /// In a pipeline job: this rank's stage.
-    pipe: Option<Staged>,
-    /// Which steps are checkpointed.
-    schedule: Option<checkpointing::Schedule>,
-    writer: Option<ckpt::AsyncWriter>,
-    /// In a job: whether every rank's writer was idle at this step's vote.
-    writers_idle: bool,
-    /// The all-reduce's working space.
-    reducer: comm::collective::Reducer,
-    metrics: MetricsFile,
-    on_event: &'e mut dyn FnMut(Progress),
-    /// When the step in progress started.
-    started: Instant,
-    /// Time spent in steps, up to each one's update (evaluation and checkpoints excluded).
-    train_time: Duration,
-    /// The mean loss of the last step taken.
-    last_loss: f32,
-    /// The step whose sum this rank computed in full (until it applies it).
-    reduced: Option<u64>,
-}
-
-impl Runner for Ranks<'_, '_> {
-    fn reduce(&mut self, at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
-        match &self.job {
-            Some(j) => j.sum_parts(&mut self.reducer, r.parts, r.sum.as_mut_slice(), self.config.reduce)?,
-            None => r.local(),
-        }
-        self.reduced = Some(at.step);
-        Ok(Flow::Go)
-    }
-
-    fn vote(&mut self, at: At, sum: &GradBuffer) -> Result<Flow, TrainError> {
-        let Some(j) = &self.job else {
-            driver::vote_alone(at.step, sum)?;
-            return Ok(Flow::Go);
-        };
-        if let Some(w) = self.writer.as_mut() {
-            w.poll()?;
-        }
-        let check = if self.shared { SumCheck::of(sum) } else { SumCheck::unshared(sum) };
-        let ballots = j.vote(at.step, &check, self.writer.as_ref().map_or(0, |w| w.durable()))?;
-        let durable = comm::commit::durable_everywhere(&ballots);
-        // Every rank reads the same ballots, so every rank decides alike whether a
-        // deferred checkpoint can be taken after this step.
-        self.writers_idle = self.schedule.as_ref().is_none_or(|s| s.idle_everywhere(durable));
-        if let Some(w) = self.writer.as_mut() {
-            w.commit_through(durable)?;
-        }
-        if let Some(p) = self.pipe.as_mut()
-            && durable > 0
-        {
-            p.checkpointed(durable);
-        }
-        Ok(Flow::Go)
-    }
-
-    fn updated(&mut self, at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
-        self.train_time += self.started.elapsed();
-        let (step, loss) = (state.step, sum.loss());
-        self.last_loss = loss;
-        self.metrics.write(json!({"kind": "train", "step": step, "loss": loss}))?;
-        (self.on_event)(Progress::Step { step, loss });
-        if let Some(failure) = self.pipe.as_mut().and_then(|p| p.end_step(at.step)) {
-            self.metrics.write(json!({"kind": "log_failed", "step": at.step, "reason": failure}))?;
-        }
-        Ok(())
-    }
-
-    fn check_replicas(&mut self, _at: At, state: &TrainState) -> Result<Flow, TrainError> {
-        if let Some(j) = &self.job
-            && j.checks_after(state.step, self.config.steps)
-        {
-            j.check_replicas(state.step, state.fingerprint())?;
-        }
-        Ok(Flow::Go)
-    }
-
-    fn checkpoint_due(&mut self, _at: At, state: &TrainState) -> Result<bool, TrainError> {
-        let (Some(w), Some(s)) = (self.writer.as_mut(), self.schedule.as_mut()) else { return Ok(false) };
-        let (in_job, idle) = (self.job.is_some(), self.writers_idle);
-        s.take(state.step, || if in_job { Ok::<_, TrainError>(idle) } else { Ok(!w.busy()?) })
-    }
-
-    fn checkpoint(&mut self, _at: At, state: &TrainState, engine: &Engine<'_>) -> Result<(), TrainError> {
-        let Some(w) = self.writer.as_mut() else { return Ok(()) };
-        let world = self.job.as_ref().map_or(1, |j| j.place().1);
-        let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), world);
-        let stall = w.snapshot(meta, &checkpointing::tensor_refs(state))?;
-        self.metrics.write(json!({"kind": "checkpoint", "step": state.step, "stall_seconds": stall.as_secs_f64()}))
-    }
-
-    fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
-        report_injections(&mut self.metrics, flips)
-    }
-
-    fn send(&mut self, at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
-        let (job, pipe) = self.staged()?;
-        let to = pipe.layout.rank(pipe.replica, peer);
-        pipeline::send_tensor(job.transport()?, to, tensor, data, &mut pipe.bytes)?;
-        pipe.log_sent(peer, at.step, micro, data);
-        Ok(())
-    }
-
-    fn recv(
-        &mut self,
-        _at: At,
-        peer: usize,
-        micro: usize,
-        tensor: Boundary,
-        data: &mut Vec<f32>,
-    ) -> Result<(), TrainError> {
-        let timeout = self.timeout();
-        let (job, pipe) = self.staged()?;
-        let from = pipe.layout.rank(pipe.replica, peer);
-        pipeline::recv_tensor(job.transport()?, (from, micro, tensor), timeout, &mut pipe.bytes, data)
-    }
-}
-
-impl Ranks<'_, '_> {
-    /// The job and this rank's stage, in a pipeline job.
-    fn staged(&mut self) -> Result<(&Job, &mut Staged), TrainError> {
-        match (&self.job, &mut self.pipe) {
-            (Some(j), Some(p)) => Ok((j, p)),
-            _ => Err(ConfigError::Invalid("this rank holds no pipeline stage".into()).into()),
-        }
-    }
-
-    /// Scores the state when an evaluation is due after this step (every `eval_every`
-    /// steps, and after the last), and records it.
-    fn evaluate_if_due(
-        &mut self,
-        engine: &mut Engine<'_>,
-        prepared: &Prepared,
-        state: &TrainState,
-    ) -> Result<Option<EvalReport>, TrainError> {
-        let (done, config) = (state.step, self.config);
-        if done != config.steps && (config.eval_every == 0 || done % config.eval_every != 0) {
-            return Ok(None);
-        }
-        let report = self.evaluate(engine, &prepared.data, state)?;
-        write_eval(&mut self.metrics, &report, prepared.unigram_perplexity)?;
-        (self.on_event)(Progress::Eval(&report));
-        Ok(Some(report))
-    }
-
-    /// Whether this rank joins the job again after `e` instead of failing: a pipeline job
-    /// that recovers by replay, whose step failed on a lost link or peer.
-    fn recovers(&self, e: &TrainError) -> bool {
-        self.config.pipeline.recover && self.pipe.is_some() && matches!(e, TrainError::Comm(_))
-    }
-
-    /// After `e`: joins the job again (where a replacement takes the lost worker's place)
-    /// and repairs it; `held` is the sum of the step that failed, if this rank computed
-    /// all of it.
-    fn recover(
-        &mut self,
-        e: TrainError,
-        prepared: &Prepared,
-        engine: &mut Engine<'_>,
-        state: &mut TrainState,
-        held: Option<&GradBuffer>,
-    ) -> Result<(), TrainError> {
-        let since = Instant::now();
-        let (Some(DistConfig::Mesh(m)), Some(pipe)) = (&self.config.dist, &self.pipe) else { return Err(e) };
-        tracing::warn!("{e}: joining the job again, to go on with a replacement");
-        (self.on_event)(Progress::Note(format!("step {} failed ({e}): joining the job again", state.step)));
-        let layout = pipe.layout;
-        // The old membership stays open until the new one forms: the coordinator then
-        // hears of the lost worker's departure first, not of a survivor's.
-        let mut job = Job::connect(m)?;
-        drop(self.job.take());
-        job.pipelined(&layout);
-        self.job = Some(job);
-        let me = Standing { replacement: false, held, helpers: self.config.pipeline.helpers };
-        self.repair(prepared, engine, state, me, since)
-    }
-
-    /// Brings every rank of the job, joined again, to one step ([`recovery::repair`]);
-    /// the time it took counts from `since` (when this rank failed, or started).
-    fn repair(
-        &mut self,
-        prepared: &Prepared,
-        engine: &mut Engine<'_>,
-        state: &mut TrainState,
-        me: Standing<'_>,
-        since: Instant,
-    ) -> Result<(), TrainError> {
-        let config = self.config;
-        // A lost writer's parts of the pending checkpoints will never come.
-        if let Some(w) = self.writer.as_mut() {
-            w.forget_pending();
-        }
-        let (job, pipe) = self.staged()?;
-        let done = recovery::repair(job, pipe, (config, prepared), engine, state, me)?;
-        let seconds = since.elapsed().as_secs_f64();
-        self.reduced = None;
-        self.metrics.write(json!({"kind": "recovered", "step": done.step, "how": done.how, "seconds": seconds}))?;
-        let how = if done.how.is_empty() { "as it was".to_owned() } else { done.how };
-        (self.on_event)(Progress::Note(format!(
-            "the job goes on from step {} ({how}) after {seconds:.2} s",
-            done.step
-        )));
-        Ok(())
-    }
-
-    /// The job's bound on a collective step.
-    fn timeout(&self) -> Duration {
-        self.config.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout)
-    }
-
-    /// Scores the state on the held-out split: here, or, in a pipeline job, on the
-    /// collector once it has gathered replica 0's stages (every rank gets its report, and
-    /// the whole state's fingerprint is kept for the summary).
-    fn evaluate(
-        &mut self,
-        engine: &mut Engine<'_>,
-        data: &Dataset,
-        state: &TrainState,
-    ) -> Result<EvalReport, TrainError> {
-        let limit = self.config.eval_limit;
-        let (timeout, loss) = (self.timeout(), self.last_loss);
-        let Ok((job, pipe)) = self.staged() else { return Ok(evaluate_state(engine, data, state, limit)) };
-        let t = job.transport()?;
-        let mine = if pipeline::gather(t, &pipe.layout, state, &mut pipe.whole, timeout)? {
-            let report = evaluate_state(engine, data, &pipe.whole, limit);
-            Some(pipeline::Shared { report, fingerprint: pipe.whole.fingerprint(), loss })
-        } else {
-            None
-        };
-        let shared = pipeline::share(t, &pipe.layout, mine.as_ref(), timeout)?;
-        let report = shared.report.clone();
-        pipe.shared = Some(shared);
-        Ok(report)
-    }
 }
 
 /// The `summary` line of `metrics.jsonl`.

@@ -1,0 +1,266 @@
+//! One process, or one rank of a static job, as the step driver's runner: the
+//! collectives of its job, its checkpoints and metrics, and, in a pipeline job, its
+//! stage's boundary tensors and the recovery from a lost stage worker.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{EvalReport, Prepared, Progress, evaluate_state, report_injections, write_eval};
+use crate::checkpointing;
+use crate::config::{DistConfig, TrainConfig};
+use crate::data::Dataset;
+use crate::driver::{self, Flow, Reduction, Runner};
+use crate::error::{ConfigError, TrainError};
+use crate::job::Job;
+use crate::metrics::MetricsFile;
+use crate::pipeline::recovery::{self, Standing};
+use crate::pipeline::{self, Staged};
+use crate::schedule::Boundary;
+use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
+
+/// One process, or one rank of a static job, as the step driver's [`Runner`]: the
+/// reduction is local or one all-reduce across the job ([`Job`]); a job votes with
+/// [`comm::commit`], a single process refuses a non-finite sum by itself; checkpoints
+/// are written by every rank (its own part) and committed by rank 0 once every part is
+/// durable.
+pub(super) struct Ranks<'c, 'e> {
+    pub(super) config: &'c TrainConfig,
+    /// Whether other ranks hold the same sum (data-parallel replicas).
+    pub(super) shared: bool,
+    pub(super) job: Option<Job>,
+    /// In a pipeline job: this rank's stage.
+    pub(super) pipe: Option<Staged>,
+    /// Which steps are checkpointed.
+    pub(super) schedule: Option<checkpointing::Schedule>,
+    pub(super) writer: Option<ckpt::AsyncWriter>,
+    /// In a job: whether every rank's writer was idle at this step's vote.
+    pub(super) writers_idle: bool,
+    /// The all-reduce's working space.
+    pub(super) reducer: comm::collective::Reducer,
+    pub(super) metrics: MetricsFile,
+    pub(super) on_event: &'e mut dyn FnMut(Progress),
+    /// When the step in progress started.
+    pub(super) started: Instant,
+    /// Time spent in steps, up to each one's update (evaluation and checkpoints excluded).
+    pub(super) train_time: Duration,
+    /// The mean loss of the last step taken.
+    pub(super) last_loss: f32,
+    /// The step whose sum this rank computed in full (until it applies it).
+    pub(super) reduced: Option<u64>,
+}
+
+impl Runner for Ranks<'_, '_> {
+    fn reduce(&mut self, at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
+        match &self.job {
+            Some(j) => j.sum_parts(&mut self.reducer, r.parts, r.sum.as_mut_slice(), self.config.reduce)?,
+            None => r.local(),
+        }
+        self.reduced = Some(at.step);
+        Ok(Flow::Go)
+    }
+
+    fn vote(&mut self, at: At, sum: &GradBuffer) -> Result<Flow, TrainError> {
+        let Some(j) = &self.job else {
+            driver::vote_alone(at.step, sum)?;
+            return Ok(Flow::Go);
+        };
+        if let Some(w) = self.writer.as_mut() {
+            w.poll()?;
+        }
+        let check = if self.shared { SumCheck::of(sum) } else { SumCheck::unshared(sum) };
+        let ballots = j.vote(at.step, &check, self.writer.as_ref().map_or(0, |w| w.durable()))?;
+        let durable = comm::commit::durable_everywhere(&ballots);
+        // Every rank reads the same ballots, so every rank decides alike whether a
+        // deferred checkpoint can be taken after this step.
+        self.writers_idle = self.schedule.as_ref().is_none_or(|s| s.idle_everywhere(durable));
+        if let Some(w) = self.writer.as_mut() {
+            w.commit_through(durable)?;
+        }
+        if let Some(p) = self.pipe.as_mut()
+            && durable > 0
+        {
+            p.checkpointed(durable);
+        }
+        Ok(Flow::Go)
+    }
+
+    fn updated(&mut self, at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
+        self.train_time += self.started.elapsed();
+        let (step, loss) = (state.step, sum.loss());
+        self.last_loss = loss;
+        self.metrics.write(json!({"kind": "train", "step": step, "loss": loss}))?;
+        (self.on_event)(Progress::Step { step, loss });
+        if let Some(failure) = self.pipe.as_mut().and_then(|p| p.end_step(at.step)) {
+            self.metrics.write(json!({"kind": "log_failed", "step": at.step, "reason": failure}))?;
+        }
+        Ok(())
+    }
+
+    fn check_replicas(&mut self, _at: At, state: &TrainState) -> Result<Flow, TrainError> {
+        if let Some(j) = &self.job
+            && j.checks_after(state.step, self.config.steps)
+        {
+            j.check_replicas(state.step, state.fingerprint())?;
+        }
+        Ok(Flow::Go)
+    }
+
+    fn checkpoint_due(&mut self, _at: At, state: &TrainState) -> Result<bool, TrainError> {
+        let (Some(w), Some(s)) = (self.writer.as_mut(), self.schedule.as_mut()) else { return Ok(false) };
+        let (in_job, idle) = (self.job.is_some(), self.writers_idle);
+        s.take(state.step, || if in_job { Ok::<_, TrainError>(idle) } else { Ok(!w.busy()?) })
+    }
+
+    fn checkpoint(&mut self, _at: At, state: &TrainState, engine: &Engine<'_>) -> Result<(), TrainError> {
+        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+        let world = self.job.as_ref().map_or(1, |j| j.place().1);
+        let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), world);
+        let stall = w.snapshot(meta, &checkpointing::tensor_refs(state))?;
+        self.metrics.write(json!({"kind": "checkpoint", "step": state.step, "stall_seconds": stall.as_secs_f64()}))
+    }
+
+    fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
+        report_injections(&mut self.metrics, flips)
+    }
+
+    fn send(&mut self, at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
+        let (job, pipe) = self.staged()?;
+        let to = pipe.layout.rank(pipe.replica, peer);
+        pipeline::send_tensor(job.transport()?, to, tensor, data, &mut pipe.bytes)?;
+        pipe.log_sent(peer, at.step, micro, data);
+        Ok(())
+    }
+
+    fn recv(
+        &mut self,
+        _at: At,
+        peer: usize,
+        micro: usize,
+        tensor: Boundary,
+        data: &mut Vec<f32>,
+    ) -> Result<(), TrainError> {
+        let timeout = self.timeout();
+        let (job, pipe) = self.staged()?;
+        let from = pipe.layout.rank(pipe.replica, peer);
+        pipeline::recv_tensor(job.transport()?, (from, micro, tensor), timeout, &mut pipe.bytes, data)
+    }
+}
+
+impl Ranks<'_, '_> {
+    /// The job and this rank's stage, in a pipeline job.
+    fn staged(&mut self) -> Result<(&Job, &mut Staged), TrainError> {
+        match (&self.job, &mut self.pipe) {
+            (Some(j), Some(p)) => Ok((j, p)),
+            _ => Err(ConfigError::Invalid("this rank holds no pipeline stage".into()).into()),
+        }
+    }
+
+    /// Scores the state when an evaluation is due after this step (every `eval_every`
+    /// steps, and after the last), and records it.
+    pub(super) fn evaluate_if_due(
+        &mut self,
+        engine: &mut Engine<'_>,
+        prepared: &Prepared,
+        state: &TrainState,
+    ) -> Result<Option<EvalReport>, TrainError> {
+        let (done, config) = (state.step, self.config);
+        if done != config.steps && (config.eval_every == 0 || done % config.eval_every != 0) {
+            return Ok(None);
+        }
+        let report = self.evaluate(engine, &prepared.data, state)?;
+        write_eval(&mut self.metrics, &report, prepared.unigram_perplexity)?;
+        (self.on_event)(Progress::Eval(&report));
+        Ok(Some(report))
+    }
+
+    /// Whether this rank joins the job again after `e` instead of failing: a pipeline job
+    /// that recovers by replay, whose step failed on a lost link or peer.
+    pub(super) fn recovers(&self, e: &TrainError) -> bool {
+        self.config.pipeline.recover && self.pipe.is_some() && matches!(e, TrainError::Comm(_))
+    }
+
+    /// After `e`: joins the job again (where a replacement takes the lost worker's place)
+    /// and repairs it; `held` is the sum of the step that failed, if this rank computed
+    /// all of it.
+    pub(super) fn recover(
+        &mut self,
+        e: TrainError,
+        prepared: &Prepared,
+        engine: &mut Engine<'_>,
+        state: &mut TrainState,
+        held: Option<&GradBuffer>,
+    ) -> Result<(), TrainError> {
+        let since = Instant::now();
+        let (Some(DistConfig::Mesh(m)), Some(pipe)) = (&self.config.dist, &self.pipe) else { return Err(e) };
+        tracing::warn!("{e}: joining the job again, to go on with a replacement");
+        (self.on_event)(Progress::Note(format!("step {} failed ({e}): joining the job again", state.step)));
+        let layout = pipe.layout;
+        // The old membership stays open until the new one forms: the coordinator then
+        // hears of the lost worker's departure first, not of a survivor's.
+        let mut job = Job::connect(m)?;
+        drop(self.job.take());
+        job.pipelined(&layout);
+        self.job = Some(job);
+        let me = Standing { replacement: false, held, helpers: self.config.pipeline.helpers };
+        self.repair(prepared, engine, state, me, since)
+    }
+
+    /// Brings every rank of the job, joined again, to one step ([`recovery::repair`]);
+    /// the time it took counts from `since` (when this rank failed, or started).
+    pub(super) fn repair(
+        &mut self,
+        prepared: &Prepared,
+        engine: &mut Engine<'_>,
+        state: &mut TrainState,
+        me: Standing<'_>,
+        since: Instant,
+    ) -> Result<(), TrainError> {
+        let config = self.config;
+        // A lost writer's parts of the pending checkpoints will never come.
+        if let Some(w) = self.writer.as_mut() {
+            w.forget_pending();
+        }
+        let (job, pipe) = self.staged()?;
+        let done = recovery::repair(job, pipe, (config, prepared), engine, state, me)?;
+        let seconds = since.elapsed().as_secs_f64();
+        self.reduced = None;
+        self.metrics.write(json!({"kind": "recovered", "step": done.step, "how": done.how, "seconds": seconds}))?;
+        let how = if done.how.is_empty() { "as it was".to_owned() } else { done.how };
+        (self.on_event)(Progress::Note(format!(
+            "the job goes on from step {} ({how}) after {seconds:.2} s",
+            done.step
+        )));
+        Ok(())
+    }
+
+    /// The job's bound on a collective step.
+    fn timeout(&self) -> Duration {
+        self.config.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout)
+    }
+
+    /// Scores the state on the held-out split: here, or, in a pipeline job, on the
+    /// collector once it has gathered replica 0's stages (every rank gets its report, and
+    /// the whole state's fingerprint is kept for the summary).
+    fn evaluate(
+        &mut self,
+        engine: &mut Engine<'_>,
+        data: &Dataset,
+        state: &TrainState,
+    ) -> Result<EvalReport, TrainError> {
+        let limit = self.config.eval_limit;
+        let (timeout, loss) = (self.timeout(), self.last_loss);
+        let Ok((job, pipe)) = self.staged() else { return Ok(evaluate_state(engine, data, state, limit)) };
+        let t = job.transport()?;
+        let mine = if pipeline::gather(t, &pipe.layout, state, &mut pipe.whole, timeout)? {
+            let report = evaluate_state(engine, data, &pipe.whole, limit);
+            Some(pipeline::Shared { report, fingerprint: pipe.whole.fingerprint(), loss })
+        } else {
+            None
+        };
+        let shared = pipeline::share(t, &pipe.layout, mine.as_ref(), timeout)?;
+        let report = shared.report.clone();
+        pipe.shared = Some(shared);
+        Ok(report)
+    }
+}
