@@ -14,6 +14,7 @@
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
 #   bench/run.sh recovery-hosts  # the recovery timeline across namespace hosts over tc-shaped links (root)
+#   bench/run.sh pipeline   # pipeline steps/s by stage count, boundary logging's cost, recovery times
 #   bench/run.sh study [--quick]  # the checkpoint/restart study across systems (docs/checkpoint-study.md)
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
@@ -46,6 +47,7 @@ case "$which" in
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   recovery) "$venv/bin/python" bench/recovery.py ;;
   recovery-hosts) python3 bench/recovery_hosts.py ;;
+  pipeline) python3 bench/pipeline.py ;;
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
@@ -58,6 +60,7 @@ case "$which" in
     python3 bench/kernels.py
     "$venv/bin/python" bench/campaign_speed.py
     "$venv/bin/python" bench/recovery.py
+    python3 bench/pipeline.py
     python3 bench/recovery_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;

@@ -51,7 +51,7 @@ pub fn text(config: &TrainConfig, summary: &Summary) -> String {
     }
     if let Some(log) = &summary.boundary_log {
         line(format!(
-            "boundary log: {:.1} MB in {} tensors over {} steps (this rank's), training stalled {:.1} ms for it",
+            "boundary log: {:.3} MB in {} tensors over {} steps (this rank's), training stalled {:.1} ms for it",
             log.bytes as f64 / 1e6,
             log.records,
             log.steps,

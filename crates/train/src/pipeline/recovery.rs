@@ -28,6 +28,10 @@ use crate::replay::{LoggedInputs, Replay, Task, replay};
 use crate::step::{Engine, GradBuffer, TrainState};
 use crate::trainer::Prepared;
 
+/// The longest the other ranks wait for a replay (the coordinator's heartbeats, not this
+/// bound, catch a replacement that dies or stops).
+const REPLAY_BOUND: Duration = Duration::from_secs(24 * 3600);
+
 /// What this rank brings to a repair.
 pub(crate) struct Standing<'a> {
     /// Whether this process replaces a lost one.
@@ -149,6 +153,10 @@ pub(crate) fn repair(
         }
         ready.push(q);
     }
+    // Everyone goes on together: a survivor that went on at once would wait for the
+    // replay in its first receive, whose bound a long replay exceeds. (A replacement that
+    // dies meanwhile is reported by the coordinator, which ends this wait.)
+    comm::collective::barrier(t, timeout.max(REPLAY_BOUND))?;
     Ok(Repaired { step: target, how: how.join("; ") })
 }
 

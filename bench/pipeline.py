@@ -1,0 +1,163 @@
+"""Pipeline jobs: steps/s by stage count against the model without stages, the cost of
+boundary logging (time and bytes), and the time to recover a lost stage by replay (alone
+and with helpers), by rolling every stage back, and by restarting the whole job from its
+checkpoints. Every figure of a table comes from one run of this script, on one machine.
+
+    bench/run.sh pipeline
+
+PyTorch's torch.distributed.pipelining is not measured side by side yet (see
+docs/pipeline.md)."""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import cpu_name, publish  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "steadfast")
+MODEL = ["--model", "gpt", "--data", "synthetic", "--batch", "32", "--micro-batch", "4",
+         "--reduce", "reproducible", "--eval-every", "0"]
+
+
+def run(args, env=None):
+    """Runs steadfast with `args`; returns (wall seconds, stdout). Fails loudly."""
+    started = time.monotonic()
+    p = subprocess.run([BIN] + args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    wall = time.monotonic() - started
+    if p.returncode != 0:
+        sys.exit(f"steadfast {' '.join(args)} failed:\n{p.stdout}\n{p.stderr}")
+    return wall, p.stdout
+
+
+def rate(out_dir):
+    """The job's steps/s, from its metrics (written by the rank that holds the loss): steps
+    over the time spent in steps."""
+    for line in open(os.path.join(out_dir, "metrics.jsonl")):
+        if '"kind":"summary"' in line:
+            s = json.loads(line)
+            return s["steps"] / s["train_seconds"]
+    sys.exit(f"no summary in {out_dir}")
+
+
+def logged_bytes(stdout):
+    return sum(float(m) for m in re.findall(r"boundary log: ([\d.]+) MB", stdout)) * 1e6
+
+
+def train(out, steps, stages, extra=()):
+    args = MODEL + ["--steps", str(steps), "--out", out] + list(extra)
+    if stages == 0:
+        return run(["train"] + args)
+    return run(["launch", "--nproc", str(stages), "--", "train"] + args + ["--pipeline-stages", str(stages)])
+
+
+def speed(tmp, steps=30, repeats=3):
+    """Steps/s of the whole model in one process, and of 1, 2 and 4 stages, interleaved."""
+    shapes = [("one process, no stages", 0), ("1 stage (launch)", 1), ("2 stages", 2), ("4 stages", 4)]
+    rates = {name: [] for name, _ in shapes}
+    for r in range(repeats):
+        for name, stages in shapes:
+            d = os.path.join(tmp, f"speed{stages}-{r}")
+            train(d, steps, stages)
+            rates[name].append(rate(d))
+    base = statistics.median(rates[shapes[0][0]])
+    rows = ["| shape | steps/s (median of %d) | against no stages |" % repeats, "|---|---|---|"]
+    for name, _ in shapes:
+        m = statistics.median(rates[name])
+        rows.append(f"| {name} | {m:.2f} | {m / base:.2f} |")
+    return rows
+
+
+def logging_cost(tmp, steps=30, repeats=5):
+    """2- and 4-stage jobs with every boundary logged or none, interleaved."""
+    rows = ["| stages | steps/s, no log | steps/s, every boundary logged | overhead | bytes logged a step |",
+            "|---|---|---|---|---|"]
+    for stages in (2, 4):
+        plain, logged, sizes = [], [], []
+        for r in range(repeats):
+            d = os.path.join(tmp, f"nolog{stages}-{r}")
+            train(d, steps, stages)
+            plain.append(rate(d))
+            d = os.path.join(tmp, f"log{stages}-{r}")
+            _, out = train(d, steps, stages, ["--log-boundaries", "all"])
+            logged.append(rate(d))
+            sizes.append(logged_bytes(out) / steps)
+        p, l = statistics.median(plain), statistics.median(logged)
+        rows.append(f"| {stages} | {p:.2f} | {l:.2f} | {100 * (p - l) / p:+.1f}% | "
+                    f"{statistics.median(sizes) / 1e6:.2f} MB |")
+    return rows
+
+
+def recovered_line(out_dir):
+    for line in open(os.path.join(out_dir, "metrics.jsonl")):
+        if '"kind":"recovered"' in line:
+            return json.loads(line)
+    return None
+
+
+def recovery(tmp, steps=40, every=20, crash=33):
+    """A 3-stage job whose middle stage crashes at step `crash` (checkpoints every
+    `every`), recovered each way; the failure-free job for comparison."""
+    fault = ["--fault", f"crash:rank=1,step={crash},phase=backward"]
+    common = ["--nproc", "3", "--max-restarts", "1", "--save-every", str(every)]
+    base_args = MODEL + ["--steps", str(steps), "--pipeline-stages", "3"]
+    cases = [
+        ("replay, 1 helper", ["--recovery", "replay", "--replay-helpers", "1"], []),
+        ("replay, 2 helpers", ["--recovery", "replay", "--replay-helpers", "2"], []),
+        ("replay, 3 helpers", ["--recovery", "replay", "--replay-helpers", "3"], []),
+        ("no logs: every stage rolls back", ["--recovery", "replay"], ["--log-boundaries", "none"]),
+        ("global checkpoint-restart", ["--recovery", "checkpoint"], []),
+    ]
+    free = []
+    for r in range(3):
+        out = os.path.join(tmp, f"free{r}")
+        wall, _ = run(["launch", "--nproc", "3", "--", "train"] + base_args + ["--out", out])
+        free.append(wall)
+    free = statistics.median(free)
+    rows = [f"Failure-free job: {free:.2f} s. The middle stage of 3 crashes at step {crash}; the newest "
+            f"checkpoint is at step {crash - crash % every}. After a rollback the steps since the "
+            "checkpoint are computed again once the job goes on: the wall time counts them.", "",
+            "| recovery | job's wall time | over failure-free | from the loss to the job going on (rejoin, replay) |",
+            "|---|---|---|---|"]
+    for name, launch, extra in cases:
+        walls, repairs = [], []
+        for r in range(3):
+            d = os.path.join(tmp, f"rec-{len(rows)}-{r}")
+            args = ["launch"] + common + launch + ["--save-dir", os.path.join(d, "ck"), "--", "train"]
+            wall, _ = run(args + base_args + ["--out", os.path.join(d, "out")] + fault + extra)
+            walls.append(wall)
+            line = recovered_line(os.path.join(d, "out"))
+            if line:
+                repairs.append(line["seconds"])
+        w = statistics.median(walls)
+        repair = f"{statistics.median(repairs):.2f} s" if repairs else "(whole job restarted)"
+        rows.append(f"| {name} | {w:.2f} s | {w - free:+.2f} s | {repair} |")
+    return rows
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = ["<!-- pipeline:start -->", "## Pipeline jobs: speed, boundary logging, recovery", "",
+                 f"Machine: {cpu_name()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}; "
+                 "`bench/run.sh pipeline` (`bench/pipeline.py`). The character-level GPT (4 blocks, "
+                 "width 128) on synthetic text, global batch 32 in micro-batches of 4, 1F1B, "
+                 "`--reduce reproducible`. Every stage is a process; with 2 cores, 4 stages share them.",
+                 "", "### Steps/s by stage count", ""]
+        lines += speed(tmp)
+        lines += ["", "### Boundary logging", "",
+                  "Each stage logs what it sends across every boundary (activations forward, gradients "
+                  "back), through a background thread; the bytes are the job's, all stages together.", ""]
+        lines += logging_cost(tmp)
+        lines += ["", "### Recovering a lost stage", ""]
+        lines += recovery(tmp)
+        lines += ["<!-- pipeline:end -->"]
+    publish("pipeline", lines)
+
+
+if __name__ == "__main__":
+    main()
