@@ -1,12 +1,11 @@
-"""Pipeline jobs: steps/s by stage count against the model without stages, the cost of
-boundary logging (time and bytes), and the time to recover a lost stage by replay (alone
-and with helpers), by rolling every stage back, and by restarting the whole job from its
-checkpoints. Every figure of a table comes from one run of this script, on one machine.
+"""Pipeline jobs: steps/s by stage count and schedule against the model without stages and
+against PyTorch's torch.distributed.pipelining (gloo, the same GPT cut the same way:
+bench/torch_pipeline.py), the cost of boundary logging (time and bytes), and the time to
+recover a lost stage by replay (alone and with helpers), by rolling every stage back, and by
+restarting the whole job from its checkpoints. Every figure of a table comes from one run of
+this script, on one machine, the runs of a comparison interleaved.
 
-    bench/run.sh pipeline
-
-PyTorch's torch.distributed.pipelining is not measured side by side yet (see
-docs/pipeline.md)."""
+    bench/run.sh pipeline"""
 import json
 import os
 import re
@@ -56,20 +55,41 @@ def train(out, steps, stages, extra=()):
     return run(["launch", "--nproc", str(stages), "--", "train"] + args + ["--pipeline-stages", str(stages)])
 
 
+def torch_rate(stages, schedule, steps):
+    """PyTorch's steps/s for the same shape (bench/torch_pipeline.py), or None without it."""
+    python = os.path.join(ROOT, "bench", ".venv", "bin", "python")
+    if not os.path.exists(python):
+        return None
+    args = [python, os.path.join(ROOT, "bench", "torch_pipeline.py"), "--stages", str(max(stages, 1)),
+            "--schedule", schedule, "--steps", str(steps)]
+    p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(args)} failed:\n{p.stdout}\n{p.stderr}")
+    return json.loads(p.stdout.strip().splitlines()[-1])["steps_per_s"]
+
+
 def speed(tmp, steps=30, repeats=3):
-    """Steps/s of the whole model in one process, and of 1, 2 and 4 stages, interleaved."""
-    shapes = [("one process, no stages", 0), ("1 stage (launch)", 1), ("2 stages", 2), ("4 stages", 4)]
-    rates = {name: [] for name, _ in shapes}
+    """Steps/s of the whole model in one process and of 2 and 4 stages with each schedule,
+    Steadfast's and PyTorch's runs interleaved."""
+    shapes = [(0, "1f1b"), (2, "gpipe"), (2, "1f1b"), (4, "gpipe"), (4, "1f1b")]
+    ours = {shape: [] for shape in shapes}
+    theirs = {shape: [] for shape in shapes}
     for r in range(repeats):
-        for name, stages in shapes:
-            d = os.path.join(tmp, f"speed{stages}-{r}")
-            train(d, steps, stages)
-            rates[name].append(rate(d))
-    base = statistics.median(rates[shapes[0][0]])
-    rows = ["| shape | steps/s (median of %d) | against no stages |" % repeats, "|---|---|---|"]
-    for name, _ in shapes:
-        m = statistics.median(rates[name])
-        rows.append(f"| {name} | {m:.2f} | {m / base:.2f} |")
+        for stages, schedule in shapes:
+            d = os.path.join(tmp, f"speed{stages}{schedule}-{r}")
+            train(d, steps, stages, ["--schedule", schedule] if stages else [])
+            ours[(stages, schedule)].append(rate(d))
+            theirs[(stages, schedule)].append(torch_rate(stages, schedule, steps))
+    base = statistics.median(ours[shapes[0]])
+    rows = [f"| shape | Steadfast steps/s | against no stages | PyTorch steps/s | Steadfast / PyTorch |",
+            "|---|---|---|---|---|"]
+    for stages, schedule in shapes:
+        m = statistics.median(ours[(stages, schedule)])
+        name = "one process, no stages" if stages == 0 else f"{stages} stages, {schedule}"
+        t = [v for v in theirs[(stages, schedule)] if v is not None]
+        peer = (f"{statistics.median(t):.2f} | {m / statistics.median(t):.2f}" if t
+                else "not installed | -")
+        rows.append(f"| {name} | {m:.2f} | {m / base:.2f} | {peer} |")
     return rows
 
 
@@ -146,8 +166,11 @@ def main():
                  f"Machine: {cpu_name()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}; "
                  "`bench/run.sh pipeline` (`bench/pipeline.py`). The character-level GPT (4 blocks, "
                  "width 128) on synthetic text, global batch 32 in micro-batches of 4, 1F1B, "
-                 "`--reduce reproducible`. Every stage is a process; with 2 cores, 4 stages share them.",
-                 "", "### Steps/s by stage count", ""]
+                 "`--reduce reproducible`. Every stage is a process; with 2 cores, 4 stages share them. "
+                 "PyTorch 2.15 (CPU, gloo) runs the same model cut the same way with its own "
+                 "`ScheduleGPipe` and `Schedule1F1B` (`bench/torch_pipeline.py`), its default threads "
+                 "per process as Steadfast's; medians of 3 interleaved runs.",
+                 "", "### Steps/s by stage count and schedule, against PyTorch", ""]
         lines += speed(tmp)
         lines += ["", "### Boundary logging", "",
                   "Each stage logs what it sends across every boundary (activations forward, gradients "

@@ -47,7 +47,7 @@ case "$which" in
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   recovery) "$venv/bin/python" bench/recovery.py ;;
   recovery-hosts) python3 bench/recovery_hosts.py ;;
-  pipeline) python3 bench/pipeline.py ;;
+  pipeline) python3 bench/pipeline.py ;;  # runs PyTorch from bench/.venv
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
