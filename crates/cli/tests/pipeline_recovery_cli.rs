@@ -70,6 +70,24 @@ fn replay_job(model: &str, (nproc, stages, helpers): (usize, usize, usize), step
     v
 }
 
+/// A job of `model` for `steps` steps in `dir`, of (ranks, stages, helpers) `shape`, with
+/// `fault` and `extra` train flags: checks that it ends with `reference`; returns its
+/// recovery's line and a description of the case.
+fn crash(
+    (model, reference): (&str, &str),
+    shape: (usize, usize, usize),
+    steps: u64,
+    dir: &Path,
+    (fault, extra): (&str, &[&str]),
+) -> (String, String) {
+    let mut args = replay_job(model, shape, steps, dir);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--fault".into(), fault.to_owned()]);
+    let context = format!("{model}, (ranks, stages, helpers) {shape:?}, {fault}");
+    let line = recovered(&args, reference, dir, &context);
+    (line, context)
+}
+
 /// Runs `args` and checks that every rank ends with `reference`; returns the recovery's
 /// line of `metrics.jsonl`.
 fn recovered(args: &[String], reference: &str, dir: &Path, context: &str) -> String {
@@ -94,10 +112,7 @@ fn a_stage_worker_lost_at_a_random_step_is_replayed_to_the_same_bits_by_one_or_m
         let dir = tmp.path().join(format!("case{case}"));
         let (rank, step, phase) = (d.below(stages as u64), 2 + d.below(steps - 3), PHASES[d.below(5) as usize]);
         let fault = format!("crash:rank={rank},step={step},phase={phase}");
-        let mut args = replay_job("mlp", (stages, stages, helpers), steps, &dir);
-        args.extend(["--fault".into(), fault.clone()]);
-        let context = format!("{stages} stages, {helpers} helper(s), {fault}");
-        let line = recovered(&args, &reference, &dir, &context);
+        let (line, context) = crash(("mlp", &reference), (stages, stages, helpers), steps, &dir, (&fault, &[]));
         assert!(line.contains(&format!("rank {rank} (stage {rank}) replayed from step")), "{context}: {line}");
     }
 }
@@ -110,10 +125,8 @@ fn the_gpt_s_lost_stage_is_replayed_in_parallel_to_the_same_bits() {
     let reference = reference("gpt", steps, tmp.path());
     let (rank, step) = (d.below(3), 4 + d.below(3));
     let fault = format!("crash:rank={rank},step={step},phase=backward");
-    let mut args = replay_job("gpt", (3, 3, 2), steps, tmp.path());
-    args.extend(["--fault".into(), fault.clone()]);
-    let line = recovered(&args, &reference, tmp.path(), &fault);
-    assert!(line.contains("replayed from step"), "{fault}: {line}");
+    let (line, context) = crash(("gpt", &reference), (3, 3, 2), steps, tmp.path(), (&fault, &[]));
+    assert!(line.contains("replayed from step"), "{context}: {line}");
 }
 
 #[test]
@@ -124,9 +137,7 @@ fn a_lost_stage_worker_with_a_live_replica_fetches_its_stage() {
     let reference = reference("mlp", steps, tmp.path());
     let (rank, step, phase) = (d.below(4), 2 + d.below(6), PHASES[d.below(5) as usize]);
     let fault = format!("crash:rank={rank},step={step},phase={phase}");
-    let mut args = replay_job("mlp", (4, 2, 1), steps, tmp.path());
-    args.extend(["--fault".into(), fault.clone()]);
-    let line = recovered(&args, &reference, tmp.path(), &fault);
+    let (line, _) = crash(("mlp", &reference), (4, 2, 1), steps, tmp.path(), (&fault, &[]));
     // Ranks 0 and 2 hold stage 0, ranks 1 and 3 stage 1.
     let replica = (rank + 2) % 4;
     assert!(
@@ -144,31 +155,38 @@ fn environ(pid: u32, name: &str) -> Option<String> {
     })
 }
 
-#[test]
-fn a_stage_worker_killed_from_outside_is_replayed_to_the_same_bits() {
-    let tmp = tempfile::tempdir().unwrap();
-    let steps = 400;
-    let reference = reference("mlp", steps, tmp.path());
-    let args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
+/// Runs the job of `args`, whose metrics go to `dir/out`; once step 30 is recorded runs
+/// `meanwhile`, then kills rank 1 (the middle stage) with SIGKILL from outside. Returns the
+/// job's output, once it has succeeded.
+fn kill_the_middle_stage(args: &[String], dir: &Path, meanwhile: impl FnOnce()) -> (String, String) {
     let job = Command::new(env!("CARGO_BIN_EXE_steadfast"))
-        .args(&args)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The middle stage, once the collector has recorded step 30.
-    let metrics = tmp.path().join("out").join("metrics.jsonl");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while common::steps_recorded(&tmp.path().join("out")).last().is_none_or(|&s| s < 30) {
-        assert!(Instant::now() < deadline, "step 30 never came: {}", metrics.display());
+    while common::steps_recorded(&dir.join("out")).last().is_none_or(|&s| s < 30) {
+        assert!(Instant::now() < deadline, "step 30 never came: {}", dir.join("out/metrics.jsonl").display());
         std::thread::sleep(Duration::from_millis(5));
     }
+    meanwhile();
     let middle = common::children(job.id()).into_iter().find(|&p| environ(p, "STEADFAST_RANK").as_deref() == Some("1"));
     let killed = Command::new("kill").args(["-KILL", &middle.expect("rank 1 runs").to_string()]).status().unwrap();
     assert!(killed.success());
     let out = job.wait_with_output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout.into_owned(), stderr.into_owned())
+}
+
+#[test]
+fn a_stage_worker_killed_from_outside_is_replayed_to_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 400;
+    let reference = reference("mlp", steps, tmp.path());
+    let args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
+    let (stdout, stderr) = kill_the_middle_stage(&args, tmp.path(), || {});
     assert!(stdout.contains("rank 1 exited with signal: 9"), "{stdout}");
     let fps = common::fingerprints_in(&stdout);
     assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
@@ -182,10 +200,9 @@ fn without_logs_every_stage_goes_back_to_the_checkpoint_with_the_same_bits() {
     let reference = reference("mlp", steps, tmp.path());
     let (rank, step) = (d.below(3), 4 + d.below(7));
     let fault = format!("crash:rank={rank},step={step},phase=backward");
-    let mut args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
-    args.extend(["--log-boundaries".into(), "none".into(), "--fault".into(), fault.clone()]);
-    let line = recovered(&args, &reference, tmp.path(), &fault);
-    assert!(line.contains("cannot be replayed from its logs: every stage went back to step"), "{fault}: {line}");
+    let no_logs: &[&str] = &["--log-boundaries", "none"];
+    let (line, context) = crash(("mlp", &reference), (3, 3, 1), steps, tmp.path(), (&fault, no_logs));
+    assert!(line.contains("cannot be replayed from its logs: every stage went back to step"), "{context}: {line}");
 }
 
 #[test]
@@ -197,29 +214,13 @@ fn a_corrupted_log_is_refused_and_every_stage_goes_back_with_the_same_bits() {
     let mut args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
     let at = args.iter().position(|a| a == "--save-every").unwrap();
     args[at + 1] = "1000".into();
-    let job = Command::new(env!("CARGO_BIN_EXE_steadfast"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while common::steps_recorded(&tmp.path().join("out")).last().is_none_or(|&s| s < 30) {
-        assert!(Instant::now() < deadline, "step 30 never came");
-        std::thread::sleep(Duration::from_millis(5));
-    }
     // A bit of stage 1's input at step 10 rots on disk; then stage 1 is killed.
-    let file = tmp.path().join("out/boundary-logs/replica-0/0-to-1/step-00000010.log");
-    let mut bytes = std::fs::read(&file).unwrap();
-    bytes[200] ^= 0x01;
-    std::fs::write(&file, &bytes).unwrap();
-    let middle = common::children(job.id()).into_iter().find(|&p| environ(p, "STEADFAST_RANK").as_deref() == Some("1"));
-    assert!(
-        Command::new("kill").args(["-KILL", &middle.expect("rank 1 runs").to_string()]).status().unwrap().success()
-    );
-    let out = job.wait_with_output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = kill_the_middle_stage(&args, tmp.path(), || {
+        let file = tmp.path().join("out/boundary-logs/replica-0/0-to-1/step-00000010.log");
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[200] ^= 0x01;
+        std::fs::write(&file, &bytes).unwrap();
+    });
     assert!(stderr.contains("step-00000010.log is corrupt"), "{stderr}");
     let fps = common::fingerprints_in(&stdout);
     assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");

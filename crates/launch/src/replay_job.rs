@@ -55,20 +55,8 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
     if !plan.command.iter().any(|a| a == "--pipeline-stages") {
         return Err(bad("--recovery replay replays the stages of a pipeline: the command needs --pipeline-stages"));
     }
-    for flag in ["--checkpoint-dir", "--checkpoint-every", "--resume"] {
-        if plan.command.iter().any(|a| a == flag) {
-            return Err(LaunchError::Config(format!(
-                "--recovery replay sets the workers' {flag}: give the launcher --save-dir and --save-every"
-            )));
-        }
-    }
-    let (dir, temporary) = match &plan.save_dir {
-        Some(d) => (d.clone(), false),
-        None => {
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            (std::env::temp_dir().join(format!("steadfast-replay-{}-{}", std::process::id(), nanos.as_nanos())), true)
-        }
-    };
+    crate::restart::refuse_checkpoint_flags(&plan.command, "replay")?;
+    let (dir, temporary) = crate::restart::save_dir(plan.save_dir.as_ref(), "replay")?;
     let mut command = plan.command.clone();
     command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
     command.extend(["--checkpoint-every".into(), plan.save_every.to_string(), "--keep-last".into(), "2".into()]);

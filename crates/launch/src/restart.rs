@@ -44,23 +44,36 @@ pub enum Workers {
     Mpi(crate::mpi::Starter),
 }
 
-/// Runs the job; fails unless it finished within its restarts.
-pub fn run(plan: RestartJob) -> Result<(), LaunchError> {
+/// Refuses a worker command that sets the checkpoint flags which `--recovery <mode>` sets.
+pub(crate) fn refuse_checkpoint_flags(command: &[String], mode: &str) -> Result<(), LaunchError> {
     let taken = ["--checkpoint-dir", "--checkpoint-every", "--resume"];
-    if let Some(flag) = plan.command.iter().find(|a| taken.iter().any(|t| a.split('=').next() == Some(*t))) {
-        return Err(LaunchError::Config(format!(
-            "--recovery checkpoint sets the workers' {flag}: give the launcher --save-dir and --save-every"
-        )));
+    match command.iter().find(|a| taken.iter().any(|t| a.split('=').next() == Some(*t))) {
+        Some(flag) => Err(LaunchError::Config(format!(
+            "--recovery {mode} sets the workers' {flag}: give the launcher --save-dir and --save-every"
+        ))),
+        None => Ok(()),
     }
-    let (dir, temporary) = match &plan.save_dir {
+}
+
+/// The directory the workers' checkpoints go to: `given`, or a new one under the system's
+/// temporary directory (then `true`: removed when the job succeeds). Created.
+pub(crate) fn save_dir(given: Option<&PathBuf>, mode: &str) -> Result<(PathBuf, bool), LaunchError> {
+    let (dir, temporary) = match given {
         Some(d) => (d.clone(), false),
         None => {
             let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            let name = format!("steadfast-restart-{}-{}", std::process::id(), nanos.as_nanos());
+            let name = format!("steadfast-{mode}-{}-{}", std::process::id(), nanos.as_nanos());
             (std::env::temp_dir().join(name), true)
         }
     };
     std::fs::create_dir_all(&dir).map_err(LaunchError::io(format!("cannot create {}", dir.display())))?;
+    Ok((dir, temporary))
+}
+
+/// Runs the job; fails unless it finished within its restarts.
+pub fn run(plan: RestartJob) -> Result<(), LaunchError> {
+    refuse_checkpoint_flags(&plan.command, "checkpoint")?;
+    let (dir, temporary) = save_dir(plan.save_dir.as_ref(), "restart")?;
     let started = Instant::now();
     let mut restarts = 0u32;
     loop {

@@ -309,6 +309,12 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The bound on every collective step of this run's job (a minute for a process alone,
+    /// which has none).
+    pub fn collective_timeout(&self) -> std::time::Duration {
+        self.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout)
+    }
+
     /// What a pipeline job needs: a static job on the mesh whose ranks are whole
     /// pipelines, and no feature that pipeline stages do not have yet.
     fn check_pipeline(&self) -> Result<(), crate::ConfigError> {

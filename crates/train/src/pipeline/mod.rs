@@ -476,7 +476,7 @@ impl Staged {
         state: &mut TrainState,
         restored: Option<Restored>,
     ) -> Result<Option<Restored>, TrainError> {
-        let timeout = config.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout);
+        let timeout = config.collective_timeout();
         let common = comm::collective::all_gather_u64(t, state.step, timeout)?.into_iter().min().unwrap_or(0);
         if common == state.step {
             return Ok(restored);

@@ -61,7 +61,7 @@ pub(crate) fn repair(
     me: Standing<'_>,
 ) -> Result<Repaired, TrainError> {
     let t = job.transport()?;
-    let timeout = config.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout);
+    let timeout = config.collective_timeout();
     let words = [state.step, u64::from(me.replacement), u64::from(me.held.is_some())];
     let all = comm::collective::all_gather_words(t, &words, timeout)?;
     let survivors: Vec<usize> = (0..all.len()).filter(|&r| all[r][1] == 0).collect();
@@ -142,7 +142,7 @@ pub(crate) fn repair(
                     replay_here(config, engine, state, task, (from, target), &group, timeout)?;
                 } else {
                     // A survivor that helps replays a copy of the lost stage's checkpoint.
-                    let (mut copy, mut lost) = lost_stage(pipe, config, prepared, stage, from)?;
+                    let (mut copy, mut lost) = stage_at(pipe, config, prepared, stage, from)?;
                     replay_here(config, &mut lost, &mut copy, task, (from, target), &group, timeout)?;
                 }
             }
@@ -198,22 +198,13 @@ fn roll_back(
     state: &mut TrainState,
     step: u64,
 ) -> Result<(), TrainError> {
-    let (whole, engine) = prepared.start(config);
-    let cut = engine.stage(pipe.layout.stages, pipe.stage.index)?;
-    let mut back = fresh_stage(config, &cut, &whole);
-    if step > 0 {
-        let c =
-            config.checkpoint.as_ref().ok_or_else(|| ConfigError::Invalid("no checkpoints to go back to".into()))?;
-        let dir = pipe.root(&c.dir).join(ckpt::store::step_dir_name(step));
-        crate::checkpointing::restore(&dir, config, &mut back)?;
-    }
-    *state = back;
+    *state = stage_at(pipe, config, prepared, pipe.stage.index, step)?.0;
     Ok(())
 }
 
 /// An engine for stage `stage` and that stage's state at `step`, read from its
 /// checkpoint (or its initial state, at step 0).
-fn lost_stage<'p>(
+fn stage_at<'p>(
     pipe: &Staged,
     config: &TrainConfig,
     prepared: &'p Prepared,
@@ -225,7 +216,7 @@ fn lost_stage<'p>(
     let mut state = fresh_stage(config, &cut, &whole);
     if step > 0 {
         let c =
-            config.checkpoint.as_ref().ok_or_else(|| ConfigError::Invalid("no checkpoints to replay from".into()))?;
+            config.checkpoint.as_ref().ok_or_else(|| ConfigError::Invalid("the job keeps no checkpoints".into()))?;
         let dir = pipe.root_of(&c.dir, stage).join(ckpt::store::step_dir_name(step));
         crate::checkpointing::restore(&dir, config, &mut state)?;
     }

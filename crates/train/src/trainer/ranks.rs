@@ -236,7 +236,7 @@ impl Ranks<'_, '_> {
 
     /// The job's bound on a collective step.
     fn timeout(&self) -> Duration {
-        self.config.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout)
+        self.config.collective_timeout()
     }
 
     /// Scores the state on the held-out split: here, or, in a pipeline job, on the
