@@ -179,6 +179,10 @@ pub struct TrainArgs {
     /// boundary 0 lies between stages 0 and 1), for recovery by replay.
     #[arg(long, value_name = "all|none|LIST", default_value = "none")]
     log_boundaries: String,
+    /// Log the boundaries that fit BYTES a step (such as 4MB), chosen to keep recovery
+    /// short: stages between unlogged boundaries recover together.
+    #[arg(long, value_name = "BYTES", value_parser = crate::choice::bytes, conflicts_with = "log_boundaries")]
+    log_budget: Option<u64>,
     /// Where the boundary logs go (local storage) [default: OUT/boundary-logs].
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
@@ -254,7 +258,13 @@ impl TrainArgs {
         let logged = train::BoundaryLog::parse_boundaries(&self.log_boundaries, stages)?;
         let dir = self.log_dir.unwrap_or_else(|| self.out.join("boundary-logs"));
         let memory = train::BoundaryLog::DEFAULT_MEMORY;
-        c.log = (!logged.is_empty()).then_some(train::BoundaryLog { dir, boundaries: logged, memory });
+        let budget = self.log_budget;
+        c.log = (!logged.is_empty() || budget.is_some()).then_some(train::BoundaryLog {
+            dir,
+            boundaries: logged,
+            memory,
+            budget,
+        });
         let (recover, helpers) = (self.recover_by_replay, self.replay_helpers.max(1));
         c.pipeline = train::Pipeline { stages, schedule: self.schedule, recover, helpers };
         c.dist = dist;

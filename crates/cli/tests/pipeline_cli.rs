@@ -101,6 +101,13 @@ fn pipelines_that_cannot_run_are_refused_clearly() {
     let launch = ["launch", "--nproc", "2", "--"];
     let framework = ["--pipeline-stages", "2", "--kernels", "framework"];
     refused([&launch[..], &train_args("mlp", out), &framework].concat(), "fixed-order kernels");
+    // Logging chooses its boundaries by a list or by a budget, in bytes.
+    let stages = ["--pipeline-stages", "3"];
+    refused([&train_args("mlp", out)[..], &stages, &["--log-budget", "4 mb"]].concat(), "not a unit of bytes");
+    let both = ["--log-budget", "4MB", "--log-boundaries", "all"];
+    refused([&train_args("mlp", out)[..], &stages, &both].concat(), "cannot be used with");
+    refused([&train_args("mlp", out)[..], &["--log-budget", "1MB"]].concat(), "give --pipeline-stages");
+    refused([&train_args("mlp", out)[..], &stages, &["--log-boundaries", "2"]].concat(), "boundaries 0 to 1");
 }
 
 #[test]

@@ -60,7 +60,10 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
     let mut command = plan.command.clone();
     command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
     command.extend(["--checkpoint-every".into(), plan.save_every.to_string(), "--keep-last".into(), "2".into()]);
-    if !command.iter().any(|a| a == "--log-boundaries") {
+    // Every boundary is logged unless the command chooses (by a list or a budget).
+    let chooses =
+        |a: &String| ["--log-boundaries", "--log-budget"].iter().any(|f| a == f || a.starts_with(&format!("{f}=")));
+    if !command.iter().any(chooses) {
         command.extend(["--log-boundaries".into(), "all".into()]);
     }
     let secret = crate::shared_secret(false)?;

@@ -95,6 +95,9 @@ pub struct BoundaryLog {
     pub boundaries: Vec<usize>,
     /// Bytes of logged values that may wait in memory for the disk.
     pub memory: u64,
+    /// The most bytes a step may log (`--log-budget`): when set, the run chooses
+    /// `boundaries` itself from the model's shape (`pipeline::groups`).
+    pub budget: Option<u64>,
 }
 
 impl BoundaryLog {
@@ -325,7 +328,9 @@ impl TrainConfig {
         }
         if stages == 1 {
             return match &self.log {
-                Some(_) => invalid("--log-boundaries logs the boundaries of a pipeline: give --pipeline-stages".into()),
+                Some(_) => invalid(
+                    "--log-boundaries and --log-budget log the boundaries of a pipeline: give --pipeline-stages".into(),
+                ),
                 None => Ok(()),
             };
         }

@@ -18,6 +18,10 @@
 //! shared out, so every helper ends with the same bits, and they are the bits of the
 //! stage that was lost, for every `r`. (In the other modes a parallel replay sums in
 //! another order: it is refused.)
+//!
+//! **Groups.** Where a boundary is not logged ([selective logging](crate::pipeline::groups)),
+//! the stages on both sides replay together: each runs its own stage, the tensors between
+//! them go live ([`Live`]), and only the group's outer edges are read from the logs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,15 +35,36 @@ use crate::error::{ConfigError, TrainError};
 use crate::schedule::{self, Boundary, Op};
 use crate::step::{At, Engine, NoHooks, TrainState};
 
-/// The runner of a replay: receives come from `inputs`, sends are dropped, and the sum is
-/// this helper's alone or its helpers' together.
+/// The runner of a replay: receives come from `inputs` (or from a live peer), sends are
+/// dropped (or go to a live peer), and the sum is this helper's alone or its helpers'
+/// together.
 pub struct Replay<'a> {
     /// The tensor that micro-batch `micro` of step `step` received, by kind.
     pub inputs: &'a mut dyn FnMut(u64, usize, Boundary) -> Result<Vec<f32>, TrainError>,
     /// The other helpers of a parallel replay, and the bound on each collective step.
     pub helpers: Option<(&'a dyn Transport, Duration)>,
+    /// The stages that replay alongside, if any.
+    pub live: Option<Live<'a>>,
     /// The collectives' working space.
     pub reducer: comm::collective::Reducer,
+}
+
+/// The stages of a group that replay together, and how to reach them.
+pub struct Live<'a> {
+    /// The job's transport.
+    pub transport: &'a dyn Transport,
+    /// The rank that replays each stage of this pipeline, for the stages of the group.
+    pub ranks: Vec<Option<usize>>,
+    /// The bound on a tensor's wait.
+    pub timeout: Duration,
+    /// A tensor's wire form.
+    pub bytes: Vec<u8>,
+}
+
+impl Live<'_> {
+    fn peer(&self, stage: usize) -> Option<usize> {
+        self.ranks.get(stage).copied().flatten()
+    }
 }
 
 impl Runner for Replay<'_> {
@@ -53,18 +78,30 @@ impl Runner for Replay<'_> {
         Ok(Flow::Go)
     }
 
-    fn send(&mut self, _: At, _: usize, _: usize, _: Boundary, _: &[f32]) -> Result<(), TrainError> {
-        Ok(())
+    fn send(&mut self, _: At, peer: usize, _: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
+        match &mut self.live {
+            Some(live) => match live.peer(peer) {
+                Some(rank) => crate::pipeline::send_tensor(live.transport, rank, tensor, data, &mut live.bytes),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
     }
 
     fn recv(
         &mut self,
         at: At,
-        _: usize,
+        peer: usize,
         micro: usize,
         tensor: Boundary,
         data: &mut Vec<f32>,
     ) -> Result<(), TrainError> {
+        if let Some(live) = &mut self.live
+            && let Some(rank) = live.peer(peer)
+        {
+            let (t, timeout) = (live.transport, live.timeout);
+            return crate::pipeline::recv_tensor(t, (rank, micro, tensor), timeout, &mut live.bytes, data);
+        }
         *data = (self.inputs)(at.step, micro, tensor)?;
         Ok(())
     }
@@ -102,13 +139,10 @@ pub fn replay(
         .into());
     }
     let micro_batches = engine.sampler().micro_batches();
-    // GPipe's order: the replayed stage has every input at hand, so the order of its
-    // passes changes no bit, and GPipe's is the simplest.
+    // GPipe's order: the order of a stage's passes changes no bit, and GPipe's is the
+    // simplest (every stage of a group replays in it, so their exchanges match).
     let ops: Vec<Op> =
-        schedule::pipeline(PipeSchedule::GPipe, task.stages, task.stage, micro_batches, task.helper, task.helpers)
-            .into_iter()
-            .filter(|op| !matches!(op, Op::Send { .. }))
-            .collect();
+        schedule::pipeline(PipeSchedule::GPipe, task.stages, task.stage, micro_batches, task.helper, task.helpers);
     let mut driver = Driver::new(engine, task.helper);
     while state.step < to {
         driver.run(&ops, 0, engine, state, &mut NoHooks, runner)?;
@@ -132,20 +166,18 @@ impl LoggedInputs {
         LoggedInputs { root: root.to_owned(), stage: stage as u32, replicas: replicas.max(1), read: BTreeMap::new() }
     }
 
-    /// Reads and checks every input that a replay of steps `steps` (`micro_batches` each)
-    /// of this stage of `stages` needs, before any is used: a replay that cannot finish
-    /// is known at once, not after the others waited for it.
+    /// Reads and checks every input of the kinds `kinds` that a replay of steps `steps`
+    /// (`micro_batches` each) of this stage needs, before any is used: a replay that
+    /// cannot finish is known at once, not after the others waited for it.
     pub fn check(
         &mut self,
         steps: std::ops::Range<u64>,
         micro_batches: usize,
-        stages: usize,
+        kinds: &[Boundary],
     ) -> Result<(), TrainError> {
-        let stage = self.stage as usize;
-        let kinds = [(stage > 0).then_some(Boundary::Activation), (stage + 1 < stages).then_some(Boundary::Gradient)];
         for step in steps {
             for micro in 0..micro_batches {
-                for &tensor in kinds.iter().flatten() {
+                for &tensor in kinds {
                     self.get(step, micro, tensor)?;
                 }
             }

@@ -43,6 +43,7 @@ use crate::error::{ConfigError, TrainError};
 pub use crate::failpoint::At;
 use crate::failpoint::ProcessFaults;
 pub use crate::grad::{GradBuffer, GradLayout, SumCheck};
+use crate::model::stage::Profile;
 use crate::model::{Kept, Kernels, Loaded, Model, Stage, Taps};
 use crate::optim::Optimizer;
 use crate::state::{self, NamedTensor, Role};
@@ -318,6 +319,13 @@ impl<'a> Engine<'a> {
     pub fn stage(&self, count: usize, index: usize) -> Result<Stage, ConfigError> {
         let model = self.model.as_ref().expect("the model is put back after every use");
         Stage::of(model, self.kernels, count, index)
+    }
+
+    /// The profile of each stage of the model cut into `count` stages, from the shapes of
+    /// the whole model's parameters `params`.
+    pub fn profiles(&self, params: &[NamedTensor], count: usize) -> Result<Vec<Profile>, ConfigError> {
+        let model = self.model.as_ref().expect("the model is put back after every use");
+        crate::model::stage::profiles(model, params, count)
     }
 
     /// The pipeline stage this engine computes, if it computes one.

@@ -127,6 +127,7 @@ fn replayed(
                     let mut runner = Replay {
                         inputs: &mut get,
                         helpers: Some((&endpoint, Duration::from_secs(30))),
+                        live: None,
                         reducer: Default::default(),
                     };
                     let task = Task { stages, stage, helper: k, helpers };

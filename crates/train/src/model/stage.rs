@@ -219,6 +219,68 @@ impl Stage {
     }
 }
 
+/// What one example costs a stage and what it sends on: the measure by which selective
+/// logging chooses its boundaries (`pipeline::groups`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Profile {
+    /// Multiply-adds of the forward pass (the backward pass costs about twice as much).
+    pub work: f64,
+    /// Values of the stage's output: what crosses the boundary after it, each way.
+    pub output: usize,
+}
+
+/// The profile of each stage of `model` cut into `count` stages, from the shapes of its
+/// parameters `params` (the whole model's, in registry order).
+pub fn profiles(model: &Model, params: &[NamedTensor], count: usize) -> Result<Vec<Profile>, ConfigError> {
+    let units = unit_profiles(model, params);
+    let fixed = Kernels::Fixed(kernels::Isa::Scalar);
+    (0..count)
+        .map(|i| {
+            let stage = Stage::of(model, fixed, count, i)?;
+            let work = units[stage.units.clone()].iter().map(|u| u.work).sum();
+            Ok(Profile { work, output: units[stage.units.end - 1].output })
+        })
+        .collect()
+}
+
+/// The profile of each unit of `model` (see [`profiles`]).
+fn unit_profiles(model: &Model, params: &[NamedTensor]) -> Vec<Profile> {
+    let len = |i: usize| params[i].data.len();
+    // A layer applied at `positions` places: its weight's size in work, its bias's size
+    // in output (the MLP's, and LeNet's three last units).
+    let layer = |u: usize, positions: usize| Profile { work: (len(2 * u) * positions) as f64, output: len(2 * u + 1) };
+    match model {
+        Model::Mlp(_) => (0..mlp::LAYER_COUNT).map(|u| layer(u, 1)).collect(),
+        Model::Cnn(_) => (0..cnn::UNITS)
+            .map(|u| match cnn::conv_positions(u) {
+                // A convolution's output is pooled 2 by 2.
+                Some(positions) => {
+                    Profile { output: layer(u, positions).output * positions / 4, ..layer(u, positions) }
+                }
+                None => layer(u, 1),
+            })
+            .collect(),
+        Model::Gpt(g) => {
+            let (layers, [context, width]) = (g.layers(), [params[1].shape[0], params[1].shape[1]]);
+            let stream = context * width;
+            (0..gpt::unit_count(layers))
+                .map(|u| {
+                    let tensors = gpt::unit_tensor(layers, u)..gpt::unit_tensor(layers, u + 1);
+                    let matrices: usize = tensors.filter(|&i| params[i].shape.len() == 2).map(len).sum();
+                    let work = match u {
+                        0 => stream,
+                        // Attention's scores and weighted sums besides the blocks' layers.
+                        u if u <= layers => context * matrices + 2 * context * stream,
+                        _ => context * len(params.len() - 2),
+                    };
+                    let output = if u <= layers { stream } else { context * len(params.len() - 1) };
+                    Profile { work: work as f64, output }
+                })
+                .collect()
+        }
+    }
+}
+
 /// The fixed-order kernels' instruction set.
 fn isa(kernels: Kernels) -> Result<kernels::Isa, ConfigError> {
     match kernels {
@@ -258,6 +320,30 @@ mod tests {
         // Embeddings and block 0 | block 1 and the head.
         assert_eq!(cuts(ModelKind::Gpt, 2), [0..14, 14..30]);
         assert_eq!(cuts(ModelKind::Gpt, 4), [0..2, 2..14, 14..26, 26..30]);
+    }
+
+    #[test]
+    fn a_stage_s_profile_counts_its_work_and_its_output() {
+        let gpt = GptConfig { layers: 2, ..GptConfig::small(10) };
+        let device = Device::flex().autodiff();
+        let profile = |kind, count| {
+            let model = Model::new(kind, 1, gpt, 16, &device);
+            profiles(&model, &model.params(), count).unwrap()
+        };
+        // 784-16-8-10.
+        let mlp = profile(ModelKind::Mlp, 3);
+        assert_eq!(mlp.iter().map(|p| (p.work, p.output)).collect::<Vec<_>>(), [(12544.0, 16), (128.0, 8), (80.0, 10)]);
+        // conv1: 6 filters of 5x5 at 28x28 places, pooled to 6x14x14; conv2: 16 of 6x5x5
+        // at 10x10, pooled to 16x5x5; then 400-120-84-10.
+        let cnn = profile(ModelKind::Cnn, 5);
+        let expected = [(117600.0, 1176), (240000.0, 400), (48000.0, 120), (10080.0, 84), (840.0, 10)];
+        assert_eq!(cnn.iter().map(|p| (p.work, p.output)).collect::<Vec<_>>(), expected);
+        // Two stages: the convolutions and fc1, then fc2 and fc3.
+        assert_eq!(profile(ModelKind::Cnn, 2)[0], Profile { work: 405600.0, output: 120 });
+        // The stream between blocks is 64 places of 128.
+        let g = profile(ModelKind::Gpt, 4);
+        assert!(g[..3].iter().all(|p| p.output == 64 * 128) && g[3].output == 64 * 10, "{g:?}");
+        assert!(g[1].work > 64.0 * 12.0 * 128.0 * 128.0 && g[1].work == g[2].work, "{g:?}");
     }
 
     #[test]

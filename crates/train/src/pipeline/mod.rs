@@ -30,6 +30,7 @@ use crate::schedule::Boundary;
 use crate::step::{At, Engine, TrainState};
 use crate::trainer::EvalReport;
 
+pub mod groups;
 pub(crate) mod recovery;
 
 /// The frame kinds of an activation, a gradient, and a named tensor of a stage's state.
@@ -366,6 +367,8 @@ pub(crate) struct Staged {
     logs: Vec<(usize, ckpt::log::LogWriter)>,
     /// Whether a log's failure was reported.
     log_failed: bool,
+    /// The newest step whose checkpoint every stage has made durable.
+    durable: u64,
 }
 
 impl Staged {
@@ -392,6 +395,7 @@ impl Staged {
             shared: None,
             logs,
             log_failed: false,
+            durable: 0,
         };
         Ok((staged, engine.for_stage(stage)))
     }
@@ -418,11 +422,18 @@ impl Staged {
         failure
     }
 
-    /// Every stage's checkpoint of `step` is committed: the logs of older steps go.
+    /// Every part of every stage's checkpoint of `step` is durable: the logs older than
+    /// the checkpoint before it go. (Not older than `step` itself: its commit runs in the
+    /// background of each stage's first writer, which may be lost before it ends, and a
+    /// stage that replays starts from its newest committed checkpoint.)
     pub(crate) fn checkpointed(&mut self, step: u64) {
-        for (_, log) in &mut self.logs {
-            log.prune_before(step);
+        if step <= self.durable {
+            return;
         }
+        for (_, log) in &mut self.logs {
+            log.prune_before(self.durable);
+        }
+        self.durable = step;
     }
 
     /// Waits for the logs to be written; their totals.

@@ -197,6 +197,8 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
+    let budgeted = crate::pipeline::groups::apply_budget(config, &engine, &state.params)?;
+    let config = budgeted.as_ref().map_or(config, |(c, _)| c);
     let (setup, for_rank) = set_up(config, &mut state, engine)?;
     engine = for_rank;
     let Setup { rank, world, incarnation, pipe, restored, replacing, mut metrics, writer, job } = setup;
@@ -204,6 +206,9 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     if let Some(r) = &restored {
         record_resume(&mut metrics, r)?;
         on_event(Progress::Note(resumed_note(r)));
+    }
+    if let Some((_, note)) = &budgeted {
+        on_event(Progress::Note(note.clone()));
     }
     on_event(Progress::Started { steps: config.steps, parameters });
 

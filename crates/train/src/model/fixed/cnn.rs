@@ -75,6 +75,11 @@ fn stage(
 pub(in crate::model) const UNITS: usize = 2 + mlp::LAYER_COUNT;
 const CONVS: [(ConvShape, &str); 2] = [(CONV1, "conv1"), (CONV2, "conv2")];
 
+/// The places at which unit `u` applies its filters, if it is a convolution.
+pub(in crate::model) fn conv_positions(u: usize) -> Option<usize> {
+    CONVS.get(u).map(|(shape, _)| shape.out_height() * shape.out_width())
+}
+
 /// What a forward pass through consecutive units keeps for the backward pass.
 pub(in crate::model) struct Units {
     /// The convolution units run, in order.
