@@ -2,10 +2,12 @@
 against PyTorch's torch.distributed.pipelining (gloo, the same GPT cut the same way:
 bench/torch_pipeline.py), the cost of boundary logging (time and bytes), and the time to
 recover a lost stage by replay (alone and with helpers), by rolling every stage back, and by
-restarting the whole job from its checkpoints. Every figure of a table comes from one run of
-this script, on one machine, the runs of a comparison interleaved.
+restarting the whole job from its checkpoints; and selective logging's trade-off between the
+bytes logged and the time a loss costs. Every figure of a table comes from one run of this
+script, on one machine, the runs of a comparison interleaved.
 
-    bench/run.sh pipeline"""
+    bench/run.sh pipeline              # everything
+    python3 bench/pipeline.py selective  # the trade-off alone"""
 import json
 import os
 import re
@@ -24,14 +26,15 @@ MODEL = ["--model", "gpt", "--data", "synthetic", "--batch", "32", "--micro-batc
          "--reduce", "reproducible", "--eval-every", "0"]
 
 
-def run(args, env=None):
-    """Runs steadfast with `args`; returns (wall seconds, stdout). Fails loudly."""
+def run(args, env=None, stderr=False):
+    """Runs steadfast with `args`; returns (wall seconds, stdout, with stderr after it if
+    asked). Fails loudly."""
     started = time.monotonic()
     p = subprocess.run([BIN] + args, capture_output=True, text=True, env={**os.environ, **(env or {})})
     wall = time.monotonic() - started
     if p.returncode != 0:
         sys.exit(f"steadfast {' '.join(args)} failed:\n{p.stdout}\n{p.stderr}")
-    return wall, p.stdout
+    return wall, p.stdout + (p.stderr if stderr else "")
 
 
 def rate(out_dir):
@@ -160,7 +163,88 @@ def recovery(tmp, steps=40, every=20, crash=33):
     return rows
 
 
+def selective(tmp, steps=40, every=20, crash=33):
+    """4-stage jobs logging within budgets of 3, 2, 1 and 0 boundaries' bytes; each stage is
+    lost in turn at step `crash`, and the time the loss costs (the job's wall time over the
+    failure-free job's) is averaged over the stages: the expected cost of a loss."""
+    stages = 4
+    base_args = MODEL + ["--steps", str(steps), "--pipeline-stages", str(stages)]
+    free = []
+    for r in range(3):
+        wall, _ = run(["launch", "--nproc", str(stages), "--", "train"] + base_args
+                      + ["--out", os.path.join(tmp, f"sel-free{r}")])
+        free.append(wall)
+    free = statistics.median(free)
+    # Every boundary of the GPT carries 64 places of 128 values an example, each way.
+    boundary = 2 * 4 * 64 * 128 * 32
+    points, rows = [], []
+    for logged in (3, 2, 1, 0):
+        budget = logged * boundary
+        lost, repairs, note = [], [], ""
+        for stage in range(stages):
+            d = os.path.join(tmp, f"sel-{logged}-{stage}")
+            args = ["launch", "--nproc", str(stages), "--max-restarts", "1", "--save-every", str(every),
+                    "--recovery", "replay", "--save-dir", os.path.join(d, "ck"), "--", "train"]
+            fault = ["--fault", f"crash:rank={stage},step={crash},phase=backward"]
+            wall, out = run(args + base_args + ["--out", os.path.join(d, "out"), "--log-budget", str(budget)]
+                            + fault, stderr=True)
+            lost.append(wall - free)
+            line = recovered_line(os.path.join(d, "out"))
+            repairs.append(line["seconds"] if line else float("nan"))
+            m = re.search(r"logs boundaries \[([\d, ]*)\] \((\d+) of \d+ bytes a step\); "
+                          r"stages recover in groups ([\d, -]+)", out)
+            note = m.groups() if m else ("?", "0", "?")
+        chosen, nbytes, groups = note
+        mean = statistics.mean(lost)
+        points.append((int(nbytes) / 1e6, mean, groups))
+        rows.append(f"| {budget / 1e6:.1f} MB | {chosen or 'none'} | {groups} | {int(nbytes) / 1e6:.1f} MB | "
+                    + " | ".join(f"{x:+.2f} s" for x in lost) + f" | **{mean:+.2f} s** |")
+    header = [f"Failure-free job: {free:.2f} s (median of 3). The GPT in 4 stages (the embeddings with "
+              "block 0, blocks 1 and 2, block 3, the head), checkpoints every "
+              f"{every} steps; stage k is lost at step {crash} (one run each). The time lost counts "
+              "the rejoin, the replay and, after a rollback, the steps computed again.", "",
+              "| budget a step | boundaries logged | groups | bytes logged a step | time lost, stage 0 lost "
+              "| stage 1 | stage 2 | stage 3 | mean (a stage lost at random) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    plot = plot_tradeoff(points)
+    return header + rows + (["", f"![bytes logged against recovery time]({plot})"] if plot else
+                            ["", "(No plot: matplotlib is not in bench/.venv; `bench/run.sh` installs it.)"])
+
+
+def plot_tradeoff(points):
+    """Plots the time lost against the bytes logged with bench/.venv's matplotlib; returns
+    the image's path from docs/, or None without it."""
+    python = os.path.join(ROOT, "bench", ".venv", "bin", "python")
+    if not os.path.exists(python):
+        return None
+    name = "pipeline-selective-logging.png"
+    script = f"""
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+points = {points!r}
+fig, ax = plt.subplots(figsize=(7, 4))
+ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+for x, y, groups in points:
+    ax.annotate("groups " + groups, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+ax.set(xlabel="bytes logged a step (MB)", ylabel="expected time lost to a stage's loss (s)",
+       title="Selective logging: the GPT in 4 stages")
+ax.grid(True, alpha=0.3)
+fig.tight_layout()
+fig.savefig({os.path.join(ROOT, "docs", "img", name)!r}, dpi=110)
+"""
+    p = subprocess.run([python, "-c", script], capture_output=True, text=True)
+    if p.returncode != 0:
+        print(p.stderr, file=sys.stderr)
+        return None
+    return f"img/{name}"
+
+
 def main():
+    if sys.argv[1:] == ["selective"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            publish_selective(tmp)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         lines = ["<!-- pipeline:start -->", "## Pipeline jobs: speed, boundary logging, recovery", "",
                  f"Machine: {cpu_name()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}; "
@@ -179,7 +263,19 @@ def main():
         lines += ["", "### Recovering a lost stage", ""]
         lines += recovery(tmp)
         lines += ["<!-- pipeline:end -->"]
-    publish("pipeline", lines)
+        publish("pipeline", lines)
+        publish_selective(tmp)
+
+
+def publish_selective(tmp):
+    lines = ["<!-- pipeline-selective:start -->", "### Selective logging: bytes logged against recovery time", "",
+             f"Machine: {cpu_name()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}; "
+             "`python3 bench/pipeline.py selective` (part of `bench/run.sh pipeline`). `--log-budget` "
+             "picks the boundaries (SWIFT's greedy merge, `docs/pipeline.md`); the stages of a group "
+             "recover together.", ""]
+    lines += selective(tmp)
+    lines += ["<!-- pipeline-selective:end -->"]
+    publish("pipeline-selective", lines)
 
 
 if __name__ == "__main__":

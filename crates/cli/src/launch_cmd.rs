@@ -38,6 +38,9 @@ Examples:
   # A 3-stage pipeline whose lost stage is replayed from its neighbours' logs by 2 ranks
   steadfast launch --nproc 3 --max-restarts 1 --recovery replay --replay-helpers 2 -- train --pipeline-stages 3
 
+  # 2 replicas of a 3-stage pipeline that go on without a lost worker: its stage's peer takes its micro-batches
+  steadfast launch --nproc 6 --recovery replay --on-failure shrink -- train --pipeline-stages 3 --reduce reproducible
+
   # Go on with the survivors instead (same bits in the reproducible mode)
   steadfast launch --nproc 3 --on-failure shrink --min-nproc 2 -- train --reduce reproducible
 
@@ -112,7 +115,8 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "K")]
     max_restarts: Option<u32>,
     /// What an elastic job does when a worker fails [default: replace with --max-restarts,
-    /// shrink without].
+    /// shrink without]. With `--recovery replay`, `shrink` gives a lost stage worker's
+    /// micro-batches to its stage's other workers (the same bits, no replacement).
     #[arg(long, value_parser = crate::choice::of::<OnFailure>())]
     on_failure: Option<OnFailure>,
     /// The fewest workers an elastic job that shrinks goes on with.

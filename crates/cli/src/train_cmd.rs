@@ -175,6 +175,10 @@ pub struct TrainArgs {
     /// Join the job again after a lost peer (`launch --recovery replay` sets it).
     #[arg(long, hide = true, env = "STEADFAST_RECOVER_BY_REPLAY")]
     recover_by_replay: bool,
+    /// Give a lost stage worker's micro-batches to its stage's other workers
+    /// (`launch --recovery replay --on-failure shrink` sets it).
+    #[arg(long, hide = true, env = "STEADFAST_REROUTE")]
+    reroute: bool,
     /// Log what crosses these stage boundaries (`all`, `none`, or numbers such as `0,2`;
     /// boundary 0 lies between stages 0 and 1), for recovery by replay.
     #[arg(long, value_name = "all|none|LIST", default_value = "none")]
@@ -266,7 +270,8 @@ impl TrainArgs {
             budget,
         });
         let (recover, helpers) = (self.recover_by_replay, self.replay_helpers.max(1));
-        c.pipeline = train::Pipeline { stages, schedule: self.schedule, recover, helpers };
+        let reroute = self.reroute;
+        c.pipeline = train::Pipeline { stages, schedule: self.schedule, recover, helpers, reroute };
         c.dist = dist;
         c.inject = self.inject;
         c.faults = self.fault;

@@ -188,6 +188,57 @@ fn a_stage_lost_in_every_replica_replays_with_its_group_across_replicas_to_the_s
     assert!(metrics.contains("stages 0 to 1 went back to step"), "{context}\n{metrics}");
 }
 
+/// A job of 2 replicas of 3 stages that goes on without its lost workers (`--on-failure
+/// shrink`), each lost at a step and phase drawn from `d`; returns its output, the
+/// reference fingerprint and the recovery lines.
+fn rerouted(d: &mut Draw, lost: &[usize], dir: &Path) -> (Output, String, String) {
+    let steps = 12;
+    let reference = reference("mlp", steps, dir);
+    let mut args = replay_job("mlp", (6, 3, 1), steps, dir);
+    args.splice(1..3, ["--on-failure".to_owned(), "shrink".to_owned()]);
+    for &rank in lost {
+        let (step, phase) = (2 + d.below(steps - 3), PHASES[d.below(5) as usize]);
+        args.extend(["--fault".into(), format!("crash:rank={rank},step={step},phase={phase}")]);
+    }
+    let out = run(&args);
+    let metrics = std::fs::read_to_string(dir.join("out/metrics.jsonl")).unwrap_or_default();
+    let lines: Vec<&str> = metrics.lines().filter(|l| l.contains("\"kind\":\"recovered\"")).collect();
+    (out, reference, lines.join("\n"))
+}
+
+#[test]
+fn a_lost_stage_worker_s_micro_batches_go_to_its_stage_s_peers_with_the_same_bits() {
+    let mut d = Draw(seed());
+    let tmp = tempfile::tempdir().unwrap();
+    // One worker lost, then two of different stages (ranks d*3 + s hold stage s).
+    let one = d.below(6) as usize;
+    let a = d.below(3) as usize;
+    let two = [a, 3 + (a + 1 + d.below(2) as usize) % 3];
+    for (case, lost) in [vec![one], two.to_vec()].into_iter().enumerate() {
+        let dir = tmp.path().join(format!("case{case}"));
+        let (out, reference, recovered) = rerouted(&mut d, &lost, &dir);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let context = format!("lost {lost:?}\n{stdout}\n{stderr}");
+        assert!(out.status.success(), "{context}");
+        let left = 6 - lost.len();
+        assert!(stdout.contains(&format!("with {left} of 6 workers")), "{context}");
+        let fps = common::fingerprints_in(&stdout);
+        assert!(fps.len() == left && fps.iter().all(|f| *f == reference), "expected {reference}: {context}");
+        assert!(recovered.contains("computes the micro-batches of replicas [0, 1]"), "{context}\n{recovered}");
+    }
+}
+
+#[test]
+fn a_stage_that_loses_every_worker_without_a_replacement_ends_the_job_clearly() {
+    let mut d = Draw(seed());
+    let tmp = tempfile::tempdir().unwrap();
+    let stage = d.below(3) as usize;
+    let (out, _, _) = rerouted(&mut d, &[stage, stage + 3], tmp.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(&format!("every worker of stage {stage} was lost")), "{stderr}");
+}
+
 /// The environment variable `name` of process `pid`.
 fn environ(pid: u32, name: &str) -> Option<String> {
     let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;

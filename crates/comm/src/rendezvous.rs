@@ -10,6 +10,12 @@
 //!
 //! The connections to the coordinator stay open afterwards: they carry the heartbeats of
 //! [`supervisor`](crate::supervisor).
+//!
+//! **Members by place.** A job that goes on without some of its workers (a pipeline that
+//! reroutes a lost stage's work to its peers) forms again from the survivors alone: each
+//! worker still announces its place at the start (its *slot*), the coordinator expects
+//! the surviving slots ([`serve_members`]), and ranks are the slots' order, so that the
+//! ranks stay `0..n`. The table carries the slots; a worker's rank is its slot's index.
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -33,6 +39,8 @@ fn setup(what: impl std::fmt::Display) -> CommError {
 /// A job as the coordinator formed it.
 #[derive(Debug)]
 pub struct Formed {
+    /// Every rank's slot (its place at the start of the job), by rank.
+    pub slots: Vec<usize>,
     /// Every rank's listening address.
     pub table: Vec<SocketAddr>,
     /// The connection to each rank, by rank.
@@ -42,6 +50,10 @@ pub struct Formed {
 /// A job as a worker joined it.
 #[derive(Debug)]
 pub struct Joined {
+    /// This worker's rank: its slot's index in `slots`.
+    pub rank: usize,
+    /// Every rank's slot, by rank (`0..n` unless workers were left out).
+    pub slots: Vec<usize>,
     /// Every rank's listening address.
     pub table: Vec<SocketAddr>,
     /// The connection to the coordinator.
@@ -74,6 +86,26 @@ pub fn serve_unless(
     heartbeat_timeout: Duration,
     abandon: &AtomicBool,
 ) -> Result<Formed, CommError> {
+    let slots: Vec<usize> = (0..world).collect();
+    serve_members(listener, (&slots, &|_| false), secret, (timeout, heartbeat_timeout), abandon)
+}
+
+/// [`serve_unless`] for the workers of `slots` (distinct, in increasing order), which
+/// become ranks `0..n` in that order (see the module's documentation). A slot for which
+/// `left_out` becomes true while the others join (its worker exited) is no longer
+/// waited for, nor made a member.
+pub fn serve_members(
+    listener: &TcpListener,
+    (slots, left_out): (&[usize], &dyn Fn(usize) -> bool),
+    secret: &[u8],
+    (timeout, heartbeat_timeout): (Duration, Duration),
+    abandon: &AtomicBool,
+) -> Result<Formed, CommError> {
+    if slots.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(setup(format!("the slots {slots:?} are not distinct and in order")));
+    }
+    let world = slots.len();
+    let expected = slots.to_vec();
     let deadline = Instant::now() + timeout;
     let secret = secret.to_vec();
     // Handshakes run concurrently behind the gate: a connection that says nothing, or
@@ -87,15 +119,20 @@ pub fn serve_unless(
             .and_then(|s| s.parse().ok())
             .filter(|_| f.kind == KIND_JOIN)
             .ok_or("malformed join message")?;
-        if rank >= world {
-            return Err(format!("rank {rank} is outside a world of {world}"));
+        match expected.binary_search(&rank) {
+            Ok(index) => Ok((index, addr)),
+            Err(_) if expected.len() == expected.last().map_or(0, |l| l + 1) => {
+                Err(format!("rank {rank} is outside a world of {}", expected.len()))
+            }
+            Err(_) => Err(format!("slot {rank} is not one of the members {expected:?}")),
         }
-        Ok((rank, addr))
     })
     .map_err(setup)?;
     let mut joined: Vec<Option<(SocketAddr, TcpStream)>> = (0..world).map(|_| None).collect();
-    while joined.iter().any(Option::is_none) {
-        let missing = || (0..world).filter(|&r| joined[r].is_none()).collect::<Vec<usize>>();
+    let awaited = |joined: &[Option<_>]| (0..world).any(|r| joined[r].is_none() && !left_out(slots[r]));
+    while awaited(&joined) {
+        let missing =
+            || (0..world).filter(|&r| joined[r].is_none() && !left_out(slots[r])).map(|r| slots[r]).collect::<Vec<_>>();
         if abandon.load(Ordering::Relaxed) {
             return Err(setup(format!("abandoned before ranks {:?} joined", missing())));
         }
@@ -109,20 +146,31 @@ pub fn serve_unless(
         if joined[rank].is_none() {
             joined[rank] = Some((addr, a.stream));
         } else {
-            tracing::warn!(from = %a.from, rank, "refused a second worker claiming the same rank");
+            tracing::warn!(from = %a.from, slot = slots[rank], "refused a second worker claiming the same rank");
         }
     }
-    let (table, mut streams): (Vec<SocketAddr>, Vec<TcpStream>) = joined.into_iter().flatten().unzip();
-    let addrs = table.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",");
-    let text = format!("{}\n{addrs}", heartbeat_timeout.as_millis().max(1));
+    let (mut members, mut table, mut streams) = (Vec::new(), Vec::new(), Vec::new());
+    for (r, j) in joined.into_iter().enumerate() {
+        if let Some((addr, stream)) = j.filter(|_| !left_out(slots[r])) {
+            members.push(slots[r]);
+            table.push(addr);
+            streams.push(stream);
+        }
+    }
+    let join = |items: Vec<String>| items.join(",");
+    let addrs = join(table.iter().map(|a| a.to_string()).collect());
+    let slots = members;
+    let members = join(slots.iter().map(|s| s.to_string()).collect());
+    let text = format!("{}\n{addrs}\n{members}", heartbeat_timeout.as_millis().max(1));
     for stream in &mut streams {
         write_frame(stream, KIND_TABLE, text.as_bytes()).map_err(setup)?;
         stream.flush().map_err(setup)?;
     }
-    Ok(Formed { table, streams })
+    Ok(Formed { slots, table, streams })
 }
 
-/// Worker side: joins the job at `coordinator` as `rank` listening on `my_addr`.
+/// Worker side: joins the job at `coordinator` as the worker of slot `rank` (its rank at
+/// the start) listening on `my_addr`.
 pub fn join(
     coordinator: SocketAddr,
     rank: usize,
@@ -153,13 +201,27 @@ pub fn join(
         return Err(setup("the coordinator sent something other than the address table"));
     }
     let text = std::str::from_utf8(&f.payload).map_err(setup)?;
-    let (millis, addrs) = text.split_once('\n').ok_or_else(|| setup("malformed address table"))?;
+    let mut lines = text.split('\n');
+    let (Some(millis), Some(addrs), Some(members), None) = (lines.next(), lines.next(), lines.next(), lines.next())
+    else {
+        return Err(setup("malformed address table"));
+    };
     let millis: u64 = millis.parse().map_err(|e| setup(format!("bad heartbeat timeout {millis:?}: {e}")))?;
     let table = addrs
         .split(',')
         .map(|a| a.parse().map_err(|e| setup(format!("bad address {a:?}: {e}"))))
         .collect::<Result<Vec<SocketAddr>, CommError>>()?;
-    Ok(Joined { table, coordinator: stream, heartbeat_timeout: Duration::from_millis(millis) })
+    let slots = members
+        .split(',')
+        .map(|s| s.parse().map_err(|e| setup(format!("bad slot {s:?}: {e}"))))
+        .collect::<Result<Vec<usize>, CommError>>()?;
+    let me = slots.iter().position(|&s| s == rank);
+    let Some(me) = me.filter(|_| slots.len() == table.len()) else {
+        return Err(setup(format!(
+            "the table's members {slots:?} do not match its addresses, or leave out slot {rank}"
+        )));
+    };
+    Ok(Joined { rank: me, slots, table, coordinator: stream, heartbeat_timeout: Duration::from_millis(millis) })
 }
 
 /// The address of this host's interface that reaches `coordinator` (the one its route

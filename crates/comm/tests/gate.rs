@@ -134,3 +134,41 @@ fn a_gate_sheds_connections_beyond_its_bound_and_frees_a_slot_at_each_deadline()
     assert!(opened.elapsed() >= Duration::from_millis(1000), "a slot was free before the deadline");
     assert!(gate.next(Instant::now() + Duration::from_millis(100)).is_none(), "a stranger was admitted");
 }
+
+#[test]
+fn a_rendezvous_of_some_slots_ranks_them_in_order_and_refuses_the_others() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let coordinator = listener.local_addr().unwrap();
+    let secret = b"members-secret";
+    let times = (Duration::from_secs(60), Duration::from_secs(5));
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let (formed, joined, stranger) = std::thread::scope(|s| {
+        let serve = s.spawn(|| {
+            rendezvous::serve_members(&listener, (&[0, 2, 3, 4], &|s| s == 4), secret, times, &never).unwrap()
+        });
+        // Slot 1 was left out: the coordinator closes its connection.
+        let stranger = s.spawn(move || {
+            let me: SocketAddr = "127.0.0.1:41001".parse().unwrap();
+            rendezvous::join(coordinator, 1, me, secret, Duration::from_secs(3))
+        });
+        let workers: Vec<_> = [3, 0, 2]
+            .into_iter()
+            .map(|slot| {
+                s.spawn(move || {
+                    let me: SocketAddr = format!("127.0.0.1:{}", 41000 + slot).parse().unwrap();
+                    rendezvous::join(coordinator, slot, me, secret, Duration::from_secs(60)).unwrap()
+                })
+            })
+            .collect();
+        let joined: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        (serve.join().unwrap(), joined, stranger.join().unwrap())
+    });
+    assert_eq!(formed.slots, [0, 2, 3]);
+    let ports: Vec<u16> = formed.table.iter().map(|a| a.port()).collect();
+    assert_eq!(ports, [41000, 41002, 41003]);
+    // Slots 3, 0 and 2 became ranks 2, 0 and 1; slot 4 was left out while they joined.
+    assert_eq!(joined.iter().map(|j| j.rank).collect::<Vec<_>>(), [2, 0, 1]);
+    assert!(joined.iter().all(|j| j.table == formed.table && j.slots == [0, 2, 3]));
+    assert!(stranger.is_err());
+    assert!(rendezvous::serve_members(&listener, (&[2, 1], &|_| false), secret, times, &never).is_err());
+}

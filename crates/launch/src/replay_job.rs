@@ -9,8 +9,15 @@
 //! the steps since on the tensors its neighbours logged, shared with `--replay-helpers`
 //! ranks, while the others wait (see `train::pipeline::recovery`). Nobody else rolls
 //! back, and the job ends with the bits of a run that never failed.
+//!
+//! With `--on-failure shrink` no replacement comes: the coordinator forms the next
+//! membership from the survivors (ranked in the order of their slots), and each lost
+//! worker's micro-batches go to a surviving worker of its stage, which computes them
+//! besides its own (see `train::pipeline::Layout::rank`). Nothing is replayed, so nothing
+//! is logged; the bits are still those of the run that never failed.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -36,6 +43,8 @@ pub struct ReplayJob {
     pub rendezvous_timeout: Duration,
     /// Silence after which a worker is lost.
     pub heartbeat_timeout: Duration,
+    /// Go on without a lost worker (`--on-failure shrink`) instead of replacing it.
+    pub shrink: bool,
 }
 
 enum Heard {
@@ -63,13 +72,16 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
     // Every boundary is logged unless the command chooses (by a list or a budget).
     let chooses =
         |a: &String| ["--log-boundaries", "--log-budget"].iter().any(|f| a == f || a.starts_with(&format!("{f}=")));
-    if !command.iter().any(chooses) {
+    if plan.shrink && command.iter().any(chooses) {
+        return Err(bad("--on-failure shrink reroutes a lost stage's work and replays nothing: log no boundary"));
+    }
+    if !plan.shrink && !command.iter().any(chooses) {
         command.extend(["--log-boundaries".into(), "all".into()]);
     }
     let secret = crate::shared_secret(false)?;
     let (listener, address) = crate::coordinator_listener(None)?;
     let (tx, rx) = mpsc::channel();
-    let env = vec![
+    let mut env = vec![
         ("STEADFAST_WORLD_SIZE".to_owned(), plan.nproc.to_string()),
         ("STEADFAST_COORDINATOR".to_owned(), address),
         ("STEADFAST_SECRET".to_owned(), secret.clone()),
@@ -78,23 +90,29 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
         ("STEADFAST_RECOVER_BY_REPLAY".to_owned(), "true".to_owned()),
         ("STEADFAST_REPLAY_HELPERS".to_owned(), plan.helpers.to_string()),
     ];
+    if plan.shrink {
+        env.push(("STEADFAST_REROUTE".to_owned(), "true".to_owned()));
+    }
     let mut workers = Workers::new(&command, env, tx.clone(), Heard::Exited)?;
     let started = Instant::now();
     for rank in 0..plan.nproc {
         workers.start(rank, 0, &place(rank, 0))?;
     }
     let stop = AtomicBool::new(false);
+    // The slots whose workers exited without a replacement (with --on-failure shrink).
+    let gone = Mutex::new(Vec::new());
     let outcome = std::thread::scope(|s| {
-        let stop = &stop;
+        let (stop, gone) = (&stop, &gone);
         let secret = secret.into_bytes();
         s.spawn(move || {
             let times = (plan.rendezvous_timeout, plan.heartbeat_timeout);
-            let over = serve_rounds(&listener, plan.nproc, &secret, times, stop, &mut |event| {
+            let shrink = plan.shrink.then_some(gone);
+            let over = serve_rounds(&listener, (plan.nproc, shrink), &secret, times, stop, &mut |event| {
                 let _ = tx.send(event);
             });
             let _ = tx.send(Heard::Over(over));
         });
-        let outcome = watch(&mut workers, &rx, &plan, started);
+        let outcome = watch(&mut workers, &rx, (&plan, gone), started);
         stop.store(true, Ordering::Relaxed);
         outcome
     });
@@ -115,26 +133,36 @@ fn place(rank: usize, incarnation: u64) -> Vec<(String, String)> {
 }
 
 /// The coordinator: one rendezvous after another, each membership supervised until a
-/// member is lost (each told to `heard`); ends when a membership ends with every member
-/// finished.
+/// member is lost (each told to `heard`, by slot); ends when a membership ends with every
+/// member finished. Each membership is of the `world` slots, or, when `shrink`, of the
+/// slots that the memberships before did not lose.
 fn serve_rounds(
     listener: &std::net::TcpListener,
-    world: usize,
+    (world, shrink): (usize, Option<&Mutex<Vec<usize>>>),
     secret: &[u8],
     (timeout, heartbeat): (Duration, Duration),
     stop: &AtomicBool,
     heard: &mut dyn FnMut(Heard),
 ) -> Result<(), String> {
+    let mut slots: Vec<usize> = (0..world).collect();
+    // A worker that exits while the others meet again is not waited for.
+    let exited = |slot: usize| shrink.is_some_and(|g| g.lock().unwrap_or_else(|e| e.into_inner()).contains(&slot));
     for round in 0.. {
-        let job = comm::rendezvous::serve_unless(listener, world, secret, timeout, heartbeat, stop)
+        let expected = (&slots[..], &exited as &dyn Fn(usize) -> bool);
+        let job = comm::rendezvous::serve_members(listener, expected, secret, (timeout, heartbeat), stop)
             .map_err(|e| format!("rendezvous {round}: {e}"))?;
         heard(Heard::Formed);
+        let members = job.slots.clone();
         let membership = comm::supervisor::supervise_until_loss(job.streams, heartbeat, &mut |event| {
             eprintln!("[coordinator] {event}");
-            heard(Heard::Lost(event.rank));
+            heard(Heard::Lost(members[event.rank]));
         });
         if membership.lost().is_empty() {
             return Ok(());
+        }
+        if shrink.is_some() {
+            let lost: Vec<usize> = membership.lost().iter().map(|&(r, _)| members[r]).collect();
+            slots.retain(|s| !lost.contains(s) && !exited(*s));
         }
     }
     Ok(())
@@ -145,7 +173,7 @@ fn serve_rounds(
 fn watch(
     workers: &mut Workers<Heard>,
     rx: &mpsc::Receiver<Heard>,
-    plan: &ReplayJob,
+    (plan, gone): (&ReplayJob, &Mutex<Vec<usize>>),
     started: Instant,
 ) -> Result<(), LaunchError> {
     let mut restarts = 0u32;
@@ -155,12 +183,14 @@ fn watch(
     let mut members = incarnations.clone();
     let mut failure: Option<String> = None;
     let mut kill_at: Option<Instant> = None;
+    let (mut finished, mut left) = (0, plan.nproc);
     while workers.any_running() {
         let wait = kill_at.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
         match rx.recv_timeout(wait) {
             Ok(Heard::Exited(e)) => {
                 workers.exited(&e);
                 let ok = matches!(&e.status, Ok(s) if s.success());
+                finished += usize::from(ok);
                 if ok || failure.is_some() || e.incarnation != incarnations[e.slot] {
                     continue;
                 }
@@ -168,7 +198,15 @@ fn watch(
                     Ok(s) => format!("rank {} exited with {s}", e.slot),
                     Err(w) => format!("rank {} could not be reaped: {w}", e.slot),
                 };
-                if restarts < plan.max_restarts {
+                if plan.shrink {
+                    gone.lock().unwrap_or_else(|e| e.into_inner()).push(e.slot);
+                    left -= 1;
+                    println!(
+                        "[launcher] {:>10.2} s  {why}: its stage's other workers take over its micro-batches \
+                         ({left} workers left)",
+                        started.elapsed().as_secs_f64()
+                    );
+                } else if restarts < plan.max_restarts {
                     restarts += 1;
                     incarnations[e.slot] += 1;
                     println!(
@@ -206,7 +244,18 @@ fn watch(
             Err(_) => {}
         }
     }
+    if plan.shrink && finished == 0 {
+        failure.get_or_insert_with(|| "no worker finished".to_owned());
+    }
     match failure {
+        None if plan.shrink => {
+            println!(
+                "[launcher] the job finished in {:.1} s with {left} of {} workers",
+                started.elapsed().as_secs_f64(),
+                plan.nproc
+            );
+            Ok(())
+        }
         None => {
             println!(
                 "[launcher] the job finished in {:.1} s with {restarts} replacement(s)",

@@ -163,8 +163,8 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
     if recovery == Recovery::Replay {
-        if span.is_some() || r.on_failure == Some(OnFailure::Shrink) {
-            return Err(bad("--recovery replay replaces a lost stage worker on one node"));
+        if span.is_some() {
+            return Err(bad("--recovery replay recovers a pipeline job on one node"));
         }
         if r.replay_helpers == 0 || r.replay_helpers > world {
             return Err(bad(format!("--replay-helpers must be between 1 and the job's {world} workers")));
@@ -178,6 +178,7 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
             command: r.command,
             rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
             heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
+            shrink: r.on_failure == Some(OnFailure::Shrink),
         });
     }
     if recovery == Recovery::Checkpoint {

@@ -28,6 +28,8 @@ pub struct Job {
     /// Every rank's group: ranks whose sums and states must agree (all one group but in
     /// a pipeline job, where each stage is one).
     group_of: Vec<usize>,
+    /// Every rank's slot (see [`Job::slots`]).
+    slots: Vec<usize>,
 }
 
 enum Link {
@@ -76,20 +78,24 @@ impl Job {
                 }
             }
         };
-        let (addrs, watch, lost_after) = match rendezvous {
+        let (addrs, slots, watch, lost_after) = match rendezvous {
             Rendezvous::Coordinator(coordinator) => {
                 let joined = comm::rendezvous::join(*coordinator, d.rank, me, secret, setup_time)?;
                 let heartbeat =
                     comm::supervisor::Heartbeat::start(joined.coordinator, joined.heartbeat_timeout, on_notice)
                         .map_err(|e| CommError::Setup(format!("cannot start the heartbeat: {e}")))?;
-                (joined.table, Watch::Heartbeat(heartbeat), joined.heartbeat_timeout)
+                (joined.table, joined.slots, Watch::Heartbeat(heartbeat), joined.heartbeat_timeout)
             }
             Rendezvous::Etcd(target) => {
                 let (table, membership) = comm::etcd::join(target, d.rank, d.world, me, setup_time, on_notice)?;
-                (table, Watch::Etcd(membership), target.ttl)
+                let slots = (0..table.len()).collect();
+                (table, slots, Watch::Etcd(membership), target.ttl)
             }
         };
-        if addrs.len() != d.world {
+        // A job that went on without some workers forms from the others (its slots); a
+        // job of every worker has the world this one expects.
+        let shrunk = slots.len() < d.world && slots.iter().all(|&s| s < d.world);
+        if addrs.len() != d.world && !shrunk {
             return Err(ConfigError::Invalid(format!(
                 "the rendezvous knows {} workers, this one expects {}",
                 addrs.len(),
@@ -106,14 +112,20 @@ impl Job {
             // so the error names the rank that failed, not a neighbour that aborted first.
             abort_grace: lost_after.min(Duration::from_secs(1)),
         };
-        let mesh = Arc::new(TcpMesh::connect(d.rank, listener, &addrs, &config)?);
+        let rank = slots
+            .iter()
+            .position(|&s| s == d.rank)
+            .ok_or_else(|| ConfigError::Invalid(format!("the rendezvous left out this worker (slot {})", d.rank)))?;
+        let mesh = Arc::new(TcpMesh::connect(rank, listener, &addrs, &config)?);
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let MeshSlot::Waiting(Some(notice)) = &*slot {
             mesh.abort(notice.clone());
         }
         *slot = MeshSlot::Ready(Arc::clone(&mesh));
         drop(slot);
-        Ok(Job::new(Link::Tcp { mesh, watch }, d.rank, d.world, d.job.clone()))
+        let mut job = Job::new(Link::Tcp { mesh, watch }, rank, slots.len(), d.job.clone());
+        job.slots = slots;
+        Ok(job)
     }
 
     /// Joins an MPI job: initializes MPI, whose rank and world are the job's. Call [`Job::barrier`] before any rank persists a checkpoint
@@ -132,7 +144,14 @@ impl Job {
     }
 
     fn new(link: Link, rank: usize, world: usize, settings: JobSettings) -> Job {
-        Job { link, rank, world, settings, reduce_among: None, group_of: vec![0; world] }
+        let slots = (0..world).collect();
+        Job { link, rank, world, settings, reduce_among: None, group_of: vec![0; world], slots }
+    }
+
+    /// Every rank's slot: its place at the start of the job (its rank, unless the job
+    /// went on without some workers).
+    pub fn slots(&self) -> &[usize] {
+        &self.slots
     }
 
     /// Makes this a rank of the pipeline job `layout`: it sums with its stage's replicas,

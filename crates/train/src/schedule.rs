@@ -218,13 +218,31 @@ pub fn pipeline(
     replicas: usize,
 ) -> Vec<Op> {
     assert!(replica < replicas, "replica {replica} of {replicas}");
-    let owned = (replica..micro_batches).step_by(replicas).count();
+    serving(schedule, stages, stage, micro_batches, (&[replica], replicas))
+}
+
+/// [`pipeline`] for a stage worker that computes the micro-batches of several replicas
+/// (`serves`, of `replicas`): those of a lost worker of its stage, rerouted to it. It
+/// takes micro-batch `i` when `i mod replicas` is one of `serves`, in increasing order,
+/// each from and to the stages of its own replica.
+///
+/// # Panics
+/// If a replica served is not below `replicas`.
+pub fn serving(
+    schedule: crate::PipeSchedule,
+    stages: usize,
+    stage: usize,
+    micro_batches: usize,
+    (serves, replicas): (&[usize], usize),
+) -> Vec<Op> {
+    assert!(serves.iter().all(|&d| d < replicas), "replicas {serves:?} of {replicas}");
+    let owned: Vec<usize> = (0..micro_batches).filter(|i| serves.contains(&(i % replicas))).collect();
     let build = match schedule {
         crate::PipeSchedule::GPipe => gpipe,
         crate::PipeSchedule::OneFOneB => one_f_one_b,
     };
-    let global = |k: usize| replica + k * replicas;
-    build(stages, stage, owned)
+    let global = |k: usize| owned[k];
+    build(stages, stage, owned.len())
         .into_iter()
         .map(|op| match op {
             Op::Forward { micro, slot } => Op::Forward { micro: global(micro), slot },
@@ -247,6 +265,12 @@ mod tests {
     /// (a deadlock) or a tensor is left unreceived. Returns the order in which each
     /// stage ran its forward and backward passes.
     fn play(schedules: &[Vec<Op>]) -> Vec<Vec<Op>> {
+        play_routed(schedules, &|_, peer, _| peer)
+    }
+
+    /// [`play`] where the ranks are not the stages: `route(rank, peer, micro)` is the rank
+    /// that `rank` exchanges micro-batch `micro` with when its schedule names stage `peer`.
+    fn play_routed(schedules: &[Vec<Op>], route: &dyn Fn(usize, usize, usize) -> usize) -> Vec<Vec<Op>> {
         let n = schedules.len();
         let mut queues: Vec<VecDeque<(usize, Boundary)>> = vec![VecDeque::new(); n * n];
         let mut next = vec![0usize; n];
@@ -256,14 +280,19 @@ mod tests {
             for s in 0..n {
                 while let Some(&a) = schedules[s].get(next[s]) {
                     match a {
-                        Op::Send { micro, tensor, peer, .. } => queues[s * n + peer].push_back((micro, tensor)),
-                        Op::Recv { micro, tensor, peer, .. } => match queues[peer * n + s].front() {
-                            Some(&front) => {
-                                assert_eq!(front, (micro, tensor), "stage {s} receives out of order");
-                                queues[peer * n + s].pop_front();
+                        Op::Send { micro, tensor, peer, .. } => {
+                            queues[s * n + route(s, peer, micro)].push_back((micro, tensor))
+                        }
+                        Op::Recv { micro, tensor, peer, .. } => {
+                            let q = &mut queues[route(s, peer, micro) * n + s];
+                            match q.front() {
+                                Some(&front) => {
+                                    assert_eq!(front, (micro, tensor), "rank {s} receives out of order");
+                                    q.pop_front();
+                                }
+                                None => break,
                             }
-                            None => break,
-                        },
+                        }
                         Op::Forward { .. } | Op::Backward { .. } => ran[s].push(a),
                         _ => {}
                     }
@@ -276,6 +305,24 @@ mod tests {
                 return ran;
             }
             assert!(moved, "the pipeline deadlocks at {next:?}");
+        }
+    }
+
+    #[test]
+    fn a_stage_that_serves_a_lost_replica_too_runs_gpipe_without_deadlock() {
+        // Two replicas of two stages; replica 0's stage 1 is lost, and rank 2 (replica 1's
+        // stage 1) computes both replicas' micro-batches there.
+        for m in 1..=7 {
+            let schedules = [
+                pipeline(crate::PipeSchedule::GPipe, 2, 0, m, 0, 2),
+                pipeline(crate::PipeSchedule::GPipe, 2, 0, m, 1, 2),
+                serving(crate::PipeSchedule::GPipe, 2, 1, m, (&[0, 1], 2)),
+            ];
+            let route =
+                |rank: usize, peer: usize, micro: usize| if peer == 1 { 2 } else { (rank == 2) as usize * (micro % 2) };
+            let ran = play_routed(&schedules, &route);
+            let forwards = |r: usize| ran[r].iter().filter(|a| matches!(a, Op::Forward { .. })).count();
+            assert_eq!((forwards(0) + forwards(1), forwards(2)), (m, m), "{m} micro-batches");
         }
     }
 

@@ -41,12 +41,16 @@ const STATE: u8 = 0x52;
 const STATE_END: u8 = 0x53;
 
 /// Where the ranks of a pipeline job sit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// Stages of each pipeline.
     pub stages: usize,
-    /// Data-parallel copies of the pipeline.
+    /// Data-parallel copies of the pipeline at the start (micro-batch `i` belongs to
+    /// replica `i mod replicas` for the whole job).
     pub replicas: usize,
+    /// Each rank's slot, its place at the start (`replica * stages + stage`): `0..D*S`
+    /// unless workers were lost and their work rerouted (see [`Layout::rank`]).
+    slots: Vec<usize>,
 }
 
 impl Layout {
@@ -57,27 +61,67 @@ impl Layout {
                 "a job of {world} ranks is not whole pipelines of {stages} stages"
             )));
         }
-        Ok(Layout { stages, replicas: world / stages })
+        Ok(Layout { stages, replicas: world / stages, slots: (0..world).collect() })
     }
 
-    /// The replica and the stage of `rank`.
+    /// The layout of a job that went on with the workers of `slots` alone (each rank's
+    /// place at the start, in rank order): every stage must keep a worker.
+    pub fn with_slots(&self, slots: Vec<usize>) -> Result<Layout, ConfigError> {
+        let places = self.stages * self.replicas;
+        if slots.iter().any(|&s| s >= places) || slots.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(ConfigError::Invalid(format!("the slots {slots:?} are not places of {places}")));
+        }
+        let layout = Layout { slots, ..self.clone() };
+        if let Some(stage) = (0..self.stages).find(|&s| layout.replicas_of(s).is_empty()) {
+            return Err(ConfigError::Invalid(format!(
+                "every worker of stage {stage} was lost: its work has nowhere to go (restart the job from its checkpoints)"
+            )));
+        }
+        Ok(layout)
+    }
+
+    /// Whether every worker of the start is here.
+    pub fn is_whole(&self) -> bool {
+        self.slots.len() == self.stages * self.replicas
+    }
+
+    /// The slot of `rank`: its rank at the start, the launcher's name for its worker.
+    pub fn slot(&self, rank: usize) -> usize {
+        self.slots[rank]
+    }
+
+    /// The ranks, in order.
+    pub fn world(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The replica and the stage that `rank` held at the start.
     pub fn place(&self, rank: usize) -> (usize, usize) {
-        (rank / self.stages, rank % self.stages)
+        (self.slots[rank] / self.stages, self.slots[rank] % self.stages)
     }
 
-    /// The rank of `stage` of `replica`.
+    /// The rank that computes replica `replica`'s micro-batches at `stage`: the worker of
+    /// that place, or, once it is lost, the next replica's worker of the same stage that
+    /// is still here (their states are equal, so the bits are too).
     pub fn rank(&self, replica: usize, stage: usize) -> usize {
-        replica * self.stages + stage
+        let holder = |d: usize| self.slots.iter().position(|&s| s == d * self.stages + stage);
+        (0..self.replicas).find_map(|k| holder((replica + k) % self.replicas)).unwrap_or(0)
+    }
+
+    /// The replicas whose micro-batches `rank` computes at its stage, in order.
+    pub fn serves(&self, rank: usize) -> Vec<usize> {
+        let stage = self.place(rank).1;
+        (0..self.replicas).filter(|&d| self.rank(d, stage) == rank).collect()
     }
 
     /// Every rank's stage, indexed by rank: the groups whose sums agree.
     pub fn stage_of(&self) -> Vec<usize> {
-        (0..self.stages * self.replicas).map(|r| r % self.stages).collect()
+        (0..self.world()).map(|r| self.place(r).1).collect()
     }
 
-    /// The ranks that hold `stage`, replica by replica.
+    /// The ranks that hold `stage`, in rank order.
     pub fn replicas_of(&self, stage: usize) -> Vec<usize> {
-        (0..self.replicas).map(|d| self.rank(d, stage)).collect()
+        (0..self.world()).filter(|&r| self.place(r).1 == stage).collect()
     }
 
     /// The rank that holds the loss, writes the metrics and puts the state together: the
@@ -186,8 +230,7 @@ pub fn gather(
     timeout: Duration,
 ) -> Result<bool, TrainError> {
     let (rank, collector) = (t.rank(), layout.collector());
-    let (replica, _) = layout.place(rank);
-    if replica != 0 {
+    if layout.rank(0, layout.place(rank).1) != rank {
         return Ok(false);
     }
     if rank != collector {
@@ -352,8 +395,6 @@ pub fn share(
 /// A rank's stage of a pipeline job, as the trainer keeps it.
 pub(crate) struct Staged {
     pub(crate) layout: Layout,
-    /// The pipeline this rank's stage belongs to.
-    pub(crate) replica: usize,
     /// The stage.
     pub(crate) stage: Stage,
     /// The whole model's state, which the collector gathers the stages into (the
@@ -385,10 +426,9 @@ impl Staged {
         let stage = engine.stage(layout.stages, index)?;
         let fresh = fresh_stage(config, &stage, state);
         let whole = std::mem::replace(state, fresh);
-        let logs = open_logs(config, layout, replica, index)?;
+        let logs = open_logs(config, &layout, replica, index)?;
         let staged = Staged {
             layout,
-            replica,
             stage: stage.clone(),
             whole,
             bytes: Vec::new(),
@@ -472,9 +512,10 @@ impl Staged {
         }
     }
 
-    /// This rank's part of its stage's checkpoints.
-    pub(crate) fn part(&self) -> ckpt::Part {
-        ckpt::Part::of(self.replica, self.layout.replicas)
+    /// This rank's part of its stage's checkpoints: one for each worker of its stage.
+    pub(crate) fn part(&self, rank: usize) -> ckpt::Part {
+        let holders = self.layout.replicas_of(self.stage.index);
+        ckpt::Part::of(holders.iter().position(|&r| r == rank).unwrap_or(0), holders.len())
     }
 
     /// After every stage resumed from its own newest checkpoint (`restored`, `state`):
@@ -517,7 +558,7 @@ impl Staged {
 /// boundary.
 fn open_logs(
     config: &TrainConfig,
-    layout: Layout,
+    layout: &Layout,
     replica: usize,
     stage: usize,
 ) -> Result<Vec<(usize, ckpt::log::LogWriter)>, TrainError> {
@@ -555,5 +596,22 @@ mod tests {
         assert_eq!(l.collector(), 2);
         assert!(Layout::of(4, 6).is_err());
         assert!(Layout::of(0, 6).is_err());
+    }
+
+    #[test]
+    fn a_lost_worker_s_micro_batches_go_to_its_stage_s_next_replica() {
+        // Three replicas of two stages; slots 1 (replica 0, stage 1) and 2 are lost.
+        let l = Layout::of(2, 6).unwrap().with_slots(vec![0, 3, 4, 5]).unwrap();
+        assert!(!l.is_whole());
+        assert_eq!((l.place(1), l.place(2)), ((1, 1), (2, 0)));
+        // Stage 1: replica 0's micro-batches go to replica 1's worker (rank 1).
+        assert_eq!([l.rank(0, 1), l.rank(1, 1), l.rank(2, 1)], [1, 1, 3]);
+        // Stage 0: replica 1's go to replica 2's (rank 2).
+        assert_eq!([l.rank(0, 0), l.rank(1, 0), l.rank(2, 0)], [0, 2, 2]);
+        assert_eq!((l.serves(1), l.serves(2), l.serves(0)), (vec![0, 1], vec![1, 2], vec![0]));
+        assert_eq!((l.replicas_of(0), l.replicas_of(1)), (vec![0, 2], vec![1, 3]));
+        assert_eq!(l.collector(), 1);
+        let gone = Layout::of(2, 4).unwrap().with_slots(vec![0, 2]).unwrap_err();
+        assert!(gone.to_string().contains("every worker of stage 1 was lost"), "{gone}");
     }
 }

@@ -108,7 +108,7 @@ pub(crate) fn repair(
     }
     // Whatever this rank logged of the step it failed in is sent again.
     pipe.abandon_logs();
-    let (layout, rank) = (pipe.layout, t.rank());
+    let (layout, rank) = (pipe.layout.clone(), t.rank());
     let replacements: Vec<usize> = (0..all.len()).filter(|&r| all[r][1] == 1).collect();
     let stage_of = |r: usize| layout.place(r).1;
     // Each replacement whose stage has no survivor plans its group's replay.
@@ -158,6 +158,16 @@ pub(crate) fn repair(
             replay_group(ctx, engine, state, (plan, target))?
         };
         how.push(text);
+    }
+    let rerouted: Vec<String> = (0..layout.world())
+        .filter(|&r| layout.serves(r).len() > 1)
+        .map(|r| {
+            let (worker, serves) = (layout.slot(r), layout.serves(r));
+            format!("worker {worker} (stage {}) computes the micro-batches of replicas {serves:?}", stage_of(r))
+        })
+        .collect();
+    if !rerouted.is_empty() {
+        how.push(format!("without a replacement, {}", rerouted.join(", ")));
     }
     // Everyone goes on together: a survivor that went on at once would wait for the
     // replay in its first receive, whose bound a long replay exceeds. (A replacement that
@@ -234,7 +244,7 @@ fn replay_group(
     state: &mut TrainState,
     (plan, to): (&Plan, u64),
 ) -> Result<String, TrainError> {
-    let layout = pipe.layout;
+    let layout = &pipe.layout;
     let (replica, stage) = layout.place(t.rank());
     let last = plan.stages.end - 1;
     let text = format!(

@@ -31,7 +31,7 @@ use burn::prelude::Device;
 use serde_json::json;
 
 use crate::checkpointing;
-use crate::config::{DistConfig, TrainConfig};
+use crate::config::{DistConfig, PipeSchedule, TrainConfig};
 use crate::data::sampler::Sampler;
 use crate::data::text::unigram_cross_entropy;
 use crate::data::{DataSpec, Dataset, Modality, Split};
@@ -217,10 +217,11 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     if let Some(j) = &job {
         hooks.process_mut().on_cut(j.link_cutter()?);
     }
-    let actions = actions(config, pipe.as_ref(), engine.sampler().micro_batches(), (rank, world));
+    let mut actions = actions(config, pipe.as_ref(), engine.sampler().micro_batches(), (rank, world));
     let mut driver = Driver::new(&engine, rank);
     let mut runner = Ranks {
         config,
+        rank,
         shared: world / config.pipeline.stages > 1,
         job,
         pipe,
@@ -250,6 +251,9 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
             Err(e) if runner.recovers(&e) => {
                 let held = (runner.reduced == Some(state.step)).then(|| driver.sum());
                 runner.recover(e, &prepared, &mut engine, &mut state, held)?;
+                // Workers lost for good leave their micro-batches to others: new steps.
+                let place = runner.job.as_ref().map_or((rank, world), Job::place);
+                actions = self::actions(config, runner.pipe.as_ref(), engine.sampler().micro_batches(), place);
             }
             Err(e) => return Err(e),
         }
@@ -331,8 +335,8 @@ fn set_up<'a>(
     // A rank of a pipeline job holds one stage: its state, its engine, its checkpoints.
     let layout = (config.pipeline.stages > 1).then(|| Layout::of(config.pipeline.stages, world)).transpose()?;
     let mut pipe = None;
-    if let Some(l) = layout {
-        let (staged, for_stage) = Staged::cut(config, l, rank, state, engine)?;
+    if let Some(l) = &layout {
+        let (staged, for_stage) = Staged::cut(config, l.clone(), rank, state, engine)?;
         engine = for_stage;
         pipe = Some(staged);
     }
@@ -350,9 +354,9 @@ fn set_up<'a>(
     // part of each checkpoint (of its stage's). Writers exist before the job connects (or,
     // on MPI, before a barrier), so rank 0 has cleared crashed writers' leftovers before
     // anyone writes.
-    let reporter = layout.map_or(0, |l| l.collector());
+    let reporter = layout.as_ref().map_or(0, Layout::collector);
     let metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), state.step > 0)?;
-    let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), Staged::part);
+    let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), |p| p.part(rank));
     let writer = open_writer(config, pipe.as_ref(), part, state)?;
     let mut job = match (mpi_job, &config.dist) {
         (Some(j), _) => {
@@ -384,7 +388,15 @@ fn actions(
         Some(p) => {
             let (replica, stage) = p.layout.place(rank);
             let (stages, replicas) = (p.layout.stages, p.layout.replicas);
-            schedule::pipeline(config.pipeline.schedule, stages, stage, micro_batches, replica, replicas)
+            if p.layout.is_whole() {
+                schedule::pipeline(config.pipeline.schedule, stages, stage, micro_batches, replica, replicas)
+            } else {
+                // A worker that computes another replica's micro-batches too orders them
+                // by GPipe, and so does every stage: their exchanges then come in one
+                // order on each link (the schedule changes no bit).
+                let serves = p.layout.serves(rank);
+                schedule::serving(PipeSchedule::GPipe, stages, stage, micro_batches, (&serves, replicas))
+            }
         }
         None => schedule::data_parallel(micro_batches, rank, world),
     }

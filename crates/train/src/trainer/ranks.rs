@@ -26,6 +26,8 @@ use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
 /// durable.
 pub(super) struct Ranks<'c, 'e> {
     pub(super) config: &'c TrainConfig,
+    /// This rank in the job's current membership.
+    pub(super) rank: usize,
     /// Whether other ranks hold the same sum (data-parallel replicas).
     pub(super) shared: bool,
     pub(super) job: Option<Job>,
@@ -126,7 +128,7 @@ impl Runner for Ranks<'_, '_> {
 
     fn send(&mut self, at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
         let (job, pipe) = self.staged()?;
-        let to = pipe.layout.rank(pipe.replica, peer);
+        let to = pipe.layout.rank(micro % pipe.layout.replicas, peer);
         pipeline::send_tensor(job.transport()?, to, tensor, data, &mut pipe.bytes)?;
         pipe.log_sent(peer, at.step, micro, data);
         Ok(())
@@ -142,7 +144,7 @@ impl Runner for Ranks<'_, '_> {
     ) -> Result<(), TrainError> {
         let timeout = self.timeout();
         let (job, pipe) = self.staged()?;
-        let from = pipe.layout.rank(pipe.replica, peer);
+        let from = pipe.layout.rank(micro % pipe.layout.replicas, peer);
         pipeline::recv_tensor(job.transport()?, (from, micro, tensor), timeout, &mut pipe.bytes, data)
     }
 }
@@ -192,18 +194,58 @@ impl Ranks<'_, '_> {
         held: Option<&GradBuffer>,
     ) -> Result<(), TrainError> {
         let since = Instant::now();
-        let (Some(DistConfig::Mesh(m)), Some(pipe)) = (&self.config.dist, &self.pipe) else { return Err(e) };
-        tracing::warn!("{e}: joining the job again, to go on with a replacement");
+        let config = self.config;
+        let (Some(DistConfig::Mesh(m)), Some(old)) = (&config.dist, self.pipe.as_ref().map(|p| p.layout.clone()))
+        else {
+            return Err(e);
+        };
+        let with = if config.pipeline.reroute { "without the lost worker" } else { "with a replacement" };
+        tracing::warn!("{e}: joining the job again, to go on {with}");
         (self.on_event)(Progress::Note(format!("step {} failed ({e}): joining the job again", state.step)));
-        let layout = pipe.layout;
         // The old membership stays open until the new one forms: the coordinator then
         // hears of the lost worker's departure first, not of a survivor's.
         let mut job = Job::connect(m)?;
         drop(self.job.take());
+        // Without a replacement the job forms from the survivors, whose ranks follow.
+        let layout = old.with_slots(job.slots().to_vec())?;
+        let rerouted = layout != old;
         job.pipelined(&layout);
+        let was_collector = old.collector() == self.rank;
+        if let Some(p) = self.pipe.as_mut() {
+            p.layout = layout;
+        }
+        self.rank = job.place().0;
         self.job = Some(job);
-        let me = Standing { replacement: false, held, helpers: self.config.pipeline.helpers };
+        let me = Standing { replacement: false, held, helpers: config.pipeline.helpers };
+        if rerouted {
+            self.reroute(state, was_collector)?;
+        }
         self.repair(prepared, engine, state, me, since)
+    }
+
+    /// After workers were lost and their micro-batches rerouted: this rank writes its
+    /// stage's checkpoints as one of fewer parts, and writes the metrics if it now holds
+    /// the loss.
+    fn reroute(&mut self, state: &TrainState, was_collector: bool) -> Result<(), TrainError> {
+        let (config, rank) = (self.config, self.rank);
+        let pipe = self.pipe.as_ref().ok_or_else(|| ConfigError::Invalid("no pipeline stage".into()))?;
+        let (collector, part) = (pipe.layout.collector(), pipe.part(rank));
+        let serves = pipe.layout.serves(rank);
+        if self.writer.is_some() {
+            drop(self.writer.take());
+            self.writer = super::open_writer(config, Some(pipe), part, state)?;
+        }
+        if collector == rank && !was_collector {
+            self.metrics = MetricsFile::create(config.out_dir.as_ref(), true)?;
+        }
+        if serves.len() > 1 {
+            (self.on_event)(Progress::Note(format!(
+                "stage {} on worker {} computes the micro-batches of replicas {serves:?}",
+                pipe.stage.index,
+                pipe.layout.slot(rank)
+            )));
+        }
+        Ok(())
     }
 
     /// Brings every rank of the job, joined again, to one step ([`recovery::repair`]);
