@@ -123,6 +123,19 @@ def recovered_line(out_dir):
     return None
 
 
+def around_loss(out_dir):
+    """From the collector's metrics: the stall a loss caused (from the last step finished
+    before it to the first new step after it: detection, rejoin, replay and any steps
+    computed again) and the steps/s after it."""
+    lines = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
+    at = next(i for i, l in enumerate(lines) if l.get("kind") == "recovered")
+    before = [l for l in lines[:at] if l.get("kind") == "train"]
+    last = before[-1]
+    after = [l for l in lines[at:] if l.get("kind") == "train" and l["step"] > last["step"]]
+    rate = (len(after) - 1) / (after[-1]["time"] - after[0]["time"]) if len(after) > 1 else float("nan")
+    return after[0]["time"] - last["time"], rate
+
+
 def recovery(tmp, steps=40, every=20, crash=33):
     """A 3-stage job whose middle stage crashes at step `crash` (checkpoints every
     `every`), recovered each way; the failure-free job for comparison."""
@@ -180,17 +193,15 @@ def selective(tmp, steps=40, every=20, crash=33):
     points, rows = [], []
     for logged in (3, 2, 1, 0):
         budget = logged * boundary
-        lost, repairs, note = [], [], ""
+        lost, note = [], ""
         for stage in range(stages):
             d = os.path.join(tmp, f"sel-{logged}-{stage}")
             args = ["launch", "--nproc", str(stages), "--max-restarts", "1", "--save-every", str(every),
                     "--recovery", "replay", "--save-dir", os.path.join(d, "ck"), "--", "train"]
             fault = ["--fault", f"crash:rank={stage},step={crash},phase=backward"]
-            wall, out = run(args + base_args + ["--out", os.path.join(d, "out"), "--log-budget", str(budget)]
-                            + fault, stderr=True)
-            lost.append(wall - free)
-            line = recovered_line(os.path.join(d, "out"))
-            repairs.append(line["seconds"] if line else float("nan"))
+            _, out = run(args + base_args + ["--out", os.path.join(d, "out"), "--log-budget", str(budget)]
+                         + fault, stderr=True)
+            lost.append(around_loss(os.path.join(d, "out"))[0])
             m = re.search(r"logs boundaries \[([\d, ]*)\] \((\d+) of \d+ bytes a step\); "
                           r"stages recover in groups ([\d, -]+)", out)
             note = m.groups() if m else ("?", "0", "?")
@@ -198,17 +209,49 @@ def selective(tmp, steps=40, every=20, crash=33):
         mean = statistics.mean(lost)
         points.append((int(nbytes) / 1e6, mean, groups))
         rows.append(f"| {budget / 1e6:.1f} MB | {chosen or 'none'} | {groups} | {int(nbytes) / 1e6:.1f} MB | "
-                    + " | ".join(f"{x:+.2f} s" for x in lost) + f" | **{mean:+.2f} s** |")
-    header = [f"Failure-free job: {free:.2f} s (median of 3). The GPT in 4 stages (the embeddings with "
-              "block 0, blocks 1 and 2, block 3, the head), checkpoints every "
-              f"{every} steps; stage k is lost at step {crash} (one run each). The time lost counts "
-              "the rejoin, the replay and, after a rollback, the steps computed again.", "",
-              "| budget a step | boundaries logged | groups | bytes logged a step | time lost, stage 0 lost "
+                    + " | ".join(f"{x:.2f} s" for x in lost) + f" | **{mean:.2f} s** |")
+    header = [f"Failure-free job: {free:.2f} s (median of 3), {steps / free:.1f} steps/s with start-up. The GPT "
+              "in 4 stages (the embeddings with block 0, blocks 1 and 2, block 3, the head), checkpoints every "
+              f"{every} steps; stage k is lost at step {crash} (one run each). The stall runs from the last "
+              "step finished before the loss to the first new step after it: the loss's detection, the "
+              "replacement's start, the replay and, after a rollback, the steps computed again.", "",
+              "| budget a step | boundaries logged | groups | bytes logged a step | stall, stage 0 lost "
               "| stage 1 | stage 2 | stage 3 | mean (a stage lost at random) |",
               "|---|---|---|---|---|---|---|---|---|"]
     plot = plot_tradeoff(points)
     return header + rows + (["", f"![bytes logged against recovery time]({plot})"] if plot else
                             ["", "(No plot: matplotlib is not in bench/.venv; `bench/run.sh` installs it.)"])
+
+
+def rerouting(tmp, steps=40, crash=25, repeats=3):
+    """2 replicas of 2 stages (4 ranks): a lost stage worker replaced (its state fetched
+    from its live replica) or not (its micro-batches rerouted to that replica)."""
+    base_args = MODEL + ["--steps", str(steps), "--pipeline-stages", "2"]
+    fault = ["--fault", f"crash:rank=1,step={crash},phase=backward"]
+    free = []
+    for r in range(repeats):
+        d = os.path.join(tmp, f"rr-free{r}")
+        run(["launch", "--nproc", "4", "--", "train"] + base_args + ["--out", d])
+        free.append(rate(d))
+    rows = ["| a stage worker lost | stall | steps/s after the loss | against failure-free |", "|---|---|---|---|"]
+    base = statistics.median(free)
+    rows.append(f"| none (failure-free) | - | {base:.2f} | 1.00 |")
+    for name, flags in [("replaced: fetched from its live replica", ["--max-restarts", "1"]),
+                        ("not replaced: rerouted to its replica", ["--on-failure", "shrink"])]:
+        stalls, rates = [], []
+        for r in range(repeats):
+            d = os.path.join(tmp, f"rr-{len(rows)}-{r}")
+            args = ["launch", "--nproc", "4", "--recovery", "replay"] + flags + [
+                "--save-dir", os.path.join(d, "ck"), "--", "train"]
+            log = ["--log-boundaries", "none"] if "shrink" not in flags else []
+            run(args + base_args + ["--out", os.path.join(d, "out")] + fault + log)
+            stall, after = around_loss(os.path.join(d, "out"))
+            stalls.append(stall)
+            rates.append(after)
+        r = statistics.median(rates)
+        rows.append(f"| {name} | {statistics.median(stalls):.2f} s | {r:.2f} | {r / base:.2f} |")
+    return [f"The GPT as 2 replicas of 2 stages (4 processes on {os.cpu_count()} cores); worker 1 (stage 1 of "
+            f"replica 0) crashes at step {crash} of {steps}; medians of {repeats} runs.", ""] + rows
 
 
 def plot_tradeoff(points):
@@ -227,7 +270,7 @@ fig, ax = plt.subplots(figsize=(7, 4))
 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
 for x, y, groups in points:
     ax.annotate("groups " + groups, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
-ax.set(xlabel="bytes logged a step (MB)", ylabel="expected time lost to a stage's loss (s)",
+ax.set(xlabel="bytes logged a step (MB)", ylabel="mean stall when a stage is lost (s)",
        title="Selective logging: the GPT in 4 stages")
 ax.grid(True, alpha=0.3)
 fig.tight_layout()
@@ -268,12 +311,14 @@ def main():
 
 
 def publish_selective(tmp):
-    lines = ["<!-- pipeline-selective:start -->", "### Selective logging: bytes logged against recovery time", "",
+    lines = ["<!-- pipeline-selective:start -->", "### Selective logging and rerouting", "",
              f"Machine: {cpu_name()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}; "
              "`python3 bench/pipeline.py selective` (part of `bench/run.sh pipeline`). `--log-budget` "
              "picks the boundaries (SWIFT's greedy merge, `docs/pipeline.md`); the stages of a group "
-             "recover together.", ""]
+             "recover together.", "", "#### Bytes logged against the stall of a loss", ""]
     lines += selective(tmp)
+    lines += ["", "#### Rerouting a lost stage worker's micro-batches", ""]
+    lines += rerouting(tmp)
     lines += ["<!-- pipeline-selective:end -->"]
     publish("pipeline-selective", lines)
 

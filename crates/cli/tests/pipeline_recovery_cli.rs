@@ -99,6 +99,11 @@ fn recovered(args: &[String], reference: &str, dir: &Path, context: &str) -> Str
     let fps = common::fingerprints_in(&stdout);
     assert!(!fps.is_empty() && fps.iter().all(|f| f == reference), "expected {reference}: {context}");
     let metrics = std::fs::read_to_string(dir.join("out").join("metrics.jsonl")).unwrap();
+    // Whoever holds the loss after the failure appends to the lines of the steps before it.
+    let trained = |step: u64| {
+        metrics.lines().any(|l| l.contains("\"kind\":\"train\"") && l.contains(&format!("\"step\":{step},")))
+    };
+    assert!(trained(1), "the first step's line is lost: {context}\n{metrics}");
     metrics.lines().find(|l| l.contains("\"kind\":\"recovered\"")).unwrap_or_else(|| panic!("{context}")).to_owned()
 }
 
@@ -115,6 +120,18 @@ fn a_stage_worker_lost_at_a_random_step_is_replayed_to_the_same_bits_by_one_or_m
         let (line, context) = crash(("mlp", &reference), (stages, stages, helpers), steps, &dir, (&fault, &[]));
         assert!(line.contains(&format!("rank {rank} (stage {rank}) replayed from step")), "{context}: {line}");
     }
+}
+
+#[test]
+fn the_worker_that_holds_the_loss_lost_before_any_checkpoint_keeps_the_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 6;
+    let reference = reference("mlp", steps, tmp.path());
+    // Stage 2 holds the loss; no checkpoint comes before step 3: its replacement starts
+    // from step 0 and replays.
+    let fault = "crash:rank=2,step=2,phase=backward";
+    let (line, context) = crash(("mlp", &reference), (3, 3, 1), steps, tmp.path(), (fault, &[]));
+    assert!(line.contains("rank 2 (stage 2) replayed from step 0"), "{context}: {line}");
 }
 
 #[test]
