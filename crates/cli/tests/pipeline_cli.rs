@@ -108,6 +108,13 @@ fn pipelines_that_cannot_run_are_refused_clearly() {
     refused([&train_args("mlp", out)[..], &stages, &both].concat(), "cannot be used with");
     refused([&train_args("mlp", out)[..], &["--log-budget", "1MB"]].concat(), "give --pipeline-stages");
     refused([&train_args("mlp", out)[..], &stages, &["--log-boundaries", "2"]].concat(), "boundaries 0 to 1");
+    // Rerouting replays nothing, and keeps the bits in the reproducible mode alone.
+    let shrink = ["launch", "--nproc", "4", "--recovery", "replay", "--on-failure", "shrink", "--"];
+    let two = ["--pipeline-stages", "2", "--log-boundaries", "all"];
+    refused([&shrink[..], &train_args("mlp", out), &two].concat(), "log no boundary");
+    let fast: Vec<&str> =
+        train_args("mlp", out).into_iter().map(|a| if a == "reproducible" { "fast" } else { a }).collect();
+    refused([&shrink[..], &fast, &["--pipeline-stages", "2"]].concat(), "only with --reduce reproducible");
 }
 
 #[test]

@@ -184,6 +184,8 @@ fn watch(
     let mut failure: Option<String> = None;
     let mut kill_at: Option<Instant> = None;
     let (mut finished, mut left) = (0, plan.nproc);
+    // A worker that fails before the job first formed (a misspelt flag) fails the job.
+    let mut formed = false;
     while workers.any_running() {
         let wait = kill_at.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
         match rx.recv_timeout(wait) {
@@ -198,7 +200,7 @@ fn watch(
                     Ok(s) => format!("rank {} exited with {s}", e.slot),
                     Err(w) => format!("rank {} could not be reaped: {w}", e.slot),
                 };
-                if plan.shrink {
+                if plan.shrink && formed {
                     gone.lock().unwrap_or_else(|e| e.into_inner()).push(e.slot);
                     left -= 1;
                     println!(
@@ -221,7 +223,10 @@ fn watch(
                 }
             }
             // A worker the others cannot hear is ended, so that a replacement takes its place.
-            Ok(Heard::Formed) => members.clone_from(&incarnations),
+            Ok(Heard::Formed) => {
+                formed = true;
+                members.clone_from(&incarnations);
+            }
             Ok(Heard::Lost(rank)) => {
                 if failure.is_none() && workers.kill(rank, Some(members[rank])).is_some() {
                     println!(
