@@ -85,11 +85,13 @@ pub(crate) fn repair(
     let target = survivors.iter().map(|&r| all[r][0]).max().ok_or_else(|| {
         ConfigError::Invalid("every worker of the job was lost: restart it from its checkpoints".into())
     })?;
-    // What happened, the same words on every rank.
-    let behind: Vec<usize> = survivors.iter().copied().filter(|&r| all[r][0] < target).collect();
+    // What happened, the same words on every rank, naming workers as the launcher does
+    // (by their rank at the start, which a job that went on without some keeps).
+    let behind: Vec<usize> =
+        survivors.iter().copied().filter(|&r| all[r][0] < target).map(|r| pipe.layout.slot(r)).collect();
     let mut how = Vec::new();
     if !behind.is_empty() {
-        how.push(format!("ranks {behind:?} rolled forward to step {target}"));
+        how.push(format!("workers {behind:?} rolled forward to step {target}"));
     }
     if !me.replacement && state.step < target {
         match me.held {
