@@ -266,7 +266,8 @@ fn environ(pid: u32, name: &str) -> Option<String> {
 }
 
 /// Runs the job of `args`, whose metrics go to `dir/out`; once step 30 is recorded runs
-/// `meanwhile`, then kills rank 1 (the middle stage) with SIGKILL from outside. Returns the
+/// `meanwhile`, then kills rank 1 (the middle stage of the first pipeline) with SIGKILL
+/// from outside. Returns the
 /// job's output, once it has succeeded.
 fn kill_the_middle_stage(args: &[String], dir: &Path, meanwhile: impl FnOnce()) -> (String, String) {
     let job = Command::new(env!("CARGO_BIN_EXE_steadfast"))
@@ -300,6 +301,19 @@ fn a_stage_worker_killed_from_outside_is_replayed_to_the_same_bits() {
     assert!(stdout.contains("rank 1 exited with signal: 9"), "{stdout}");
     let fps = common::fingerprints_in(&stdout);
     assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
+}
+
+#[test]
+fn a_stage_worker_killed_from_outside_is_rerouted_to_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 400;
+    let reference = reference("mlp", steps, tmp.path());
+    let mut args = replay_job("mlp", (6, 3, 1), steps, tmp.path());
+    args.splice(1..3, ["--on-failure".to_owned(), "shrink".to_owned()]);
+    let (stdout, stderr) = kill_the_middle_stage(&args, tmp.path(), || {});
+    assert!(stdout.contains("rank 1 exited with signal: 9") && stdout.contains("with 5 of 6 workers"), "{stdout}");
+    let fps = common::fingerprints_in(&stdout);
+    assert!(fps.len() == 5 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
 }
 
 #[test]

@@ -119,13 +119,8 @@ pub fn serve_members(
             .and_then(|s| s.parse().ok())
             .filter(|_| f.kind == KIND_JOIN)
             .ok_or("malformed join message")?;
-        match expected.binary_search(&rank) {
-            Ok(index) => Ok((index, addr)),
-            Err(_) if expected.len() == expected.last().map_or(0, |l| l + 1) => {
-                Err(format!("rank {rank} is outside a world of {}", expected.len()))
-            }
-            Err(_) => Err(format!("slot {rank} is not one of the members {expected:?}")),
-        }
+        let index = expected.binary_search(&rank);
+        index.map(|i| (i, addr)).map_err(|_| format!("rank {rank} is not one of the workers expected, {expected:?}"))
     })
     .map_err(setup)?;
     let mut joined: Vec<Option<(SocketAddr, TcpStream)>> = (0..world).map(|_| None).collect();

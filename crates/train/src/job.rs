@@ -78,18 +78,20 @@ impl Job {
                 }
             }
         };
-        let (addrs, slots, watch, lost_after) = match rendezvous {
+        // This worker's rank in the membership formed, and every rank's slot.
+        let (addrs, (rank, slots), watch, lost_after) = match rendezvous {
             Rendezvous::Coordinator(coordinator) => {
                 let joined = comm::rendezvous::join(*coordinator, d.rank, me, secret, setup_time)?;
                 let heartbeat =
                     comm::supervisor::Heartbeat::start(joined.coordinator, joined.heartbeat_timeout, on_notice)
                         .map_err(|e| CommError::Setup(format!("cannot start the heartbeat: {e}")))?;
-                (joined.table, joined.slots, Watch::Heartbeat(heartbeat), joined.heartbeat_timeout)
+                let place = (joined.rank, joined.slots);
+                (joined.table, place, Watch::Heartbeat(heartbeat), joined.heartbeat_timeout)
             }
             Rendezvous::Etcd(target) => {
                 let (table, membership) = comm::etcd::join(target, d.rank, d.world, me, setup_time, on_notice)?;
                 let slots = (0..table.len()).collect();
-                (table, slots, Watch::Etcd(membership), target.ttl)
+                (table, (d.rank, slots), Watch::Etcd(membership), target.ttl)
             }
         };
         // A job that went on without some workers forms from the others (its slots); a
@@ -112,10 +114,6 @@ impl Job {
             // so the error names the rank that failed, not a neighbour that aborted first.
             abort_grace: lost_after.min(Duration::from_secs(1)),
         };
-        let rank = slots
-            .iter()
-            .position(|&s| s == d.rank)
-            .ok_or_else(|| ConfigError::Invalid(format!("the rendezvous left out this worker (slot {})", d.rank)))?;
         let mesh = Arc::new(TcpMesh::connect(rank, listener, &addrs, &config)?);
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let MeshSlot::Waiting(Some(notice)) = &*slot {

@@ -51,6 +51,9 @@ pub struct Layout {
     /// Each rank's slot, its place at the start (`replica * stages + stage`): `0..D*S`
     /// unless workers were lost and their work rerouted (see [`Layout::rank`]).
     slots: Vec<usize>,
+    /// The rank that computes each place's micro-batches, by slot: every send and receive
+    /// looks it up.
+    cover: Vec<usize>,
 }
 
 impl Layout {
@@ -61,7 +64,19 @@ impl Layout {
                 "a job of {world} ranks is not whole pipelines of {stages} stages"
             )));
         }
-        Ok(Layout { stages, replicas: world / stages, slots: (0..world).collect() })
+        Ok(Layout::from_slots(stages, world / stages, (0..world).collect()))
+    }
+
+    /// The layout of `slots`, with who covers each place (see [`Layout::rank`]).
+    fn from_slots(stages: usize, replicas: usize, slots: Vec<usize>) -> Layout {
+        let holder = |place: usize| slots.iter().position(|&s| s == place);
+        let cover = (0..replicas * stages)
+            .map(|place| {
+                let (replica, stage) = (place / stages, place % stages);
+                (0..replicas).find_map(|k| holder((replica + k) % replicas * stages + stage)).unwrap_or(0)
+            })
+            .collect();
+        Layout { stages, replicas, slots, cover }
     }
 
     /// The layout of a job that went on with the workers of `slots` alone (each rank's
@@ -71,7 +86,7 @@ impl Layout {
         if slots.iter().any(|&s| s >= places) || slots.windows(2).any(|w| w[0] >= w[1]) {
             return Err(ConfigError::Invalid(format!("the slots {slots:?} are not places of {places}")));
         }
-        let layout = Layout { slots, ..self.clone() };
+        let layout = Layout::from_slots(self.stages, self.replicas, slots);
         if let Some(stage) = (0..self.stages).find(|&s| layout.replicas_of(s).is_empty()) {
             return Err(ConfigError::Invalid(format!(
                 "every worker of stage {stage} was lost: its work has nowhere to go (restart the job from its checkpoints)"
@@ -104,8 +119,7 @@ impl Layout {
     /// that place, or, once it is lost, the next replica's worker of the same stage that
     /// is still here (their states are equal, so the bits are too).
     pub fn rank(&self, replica: usize, stage: usize) -> usize {
-        let holder = |d: usize| self.slots.iter().position(|&s| s == d * self.stages + stage);
-        (0..self.replicas).find_map(|k| holder((replica + k) % self.replicas)).unwrap_or(0)
+        self.cover[replica * self.stages + stage]
     }
 
     /// The replicas whose micro-batches `rank` computes at its stage, in order.

@@ -219,11 +219,11 @@ fn replay_stage(
             if state.step != plan.from {
                 *state = stage_at(pipe, config, prepared, stage, plan.from)?.0;
             }
-            replay_logged(config, engine, state, task, to, (helpers, None))?;
+            replay_logged((config, pipe.layout.replicas), engine, state, task, to, (helpers, None))?;
         } else {
             // A survivor that helps replays a copy of the lost stage's checkpoint.
             let (mut copy, mut lost) = stage_at(pipe, config, prepared, stage, plan.from)?;
-            replay_logged(config, &mut lost, &mut copy, task, to, (helpers, None))?;
+            replay_logged((config, pipe.layout.replicas), &mut lost, &mut copy, task, to, (helpers, None))?;
         }
     }
     for &other in &lost[1..] {
@@ -261,7 +261,7 @@ fn replay_group(
     let group = Group::new(t, layout.replicas_of(stage))?;
     let ranks = (0..layout.stages).map(|s| plan.stages.contains(&s).then(|| layout.rank(replica, s))).collect();
     let live = Live { transport: t, ranks, timeout: timeout.max(REPLAY_BOUND), bytes: Vec::new() };
-    replay_logged(config, engine, state, task, to, (Some((&group, timeout)), Some(live)))?;
+    replay_logged((config, layout.replicas), engine, state, task, to, (Some((&group, timeout)), Some(live)))?;
     Ok(text)
 }
 
@@ -341,16 +341,15 @@ fn roll_everything_back(
 
 /// Replays `state` (stage `task.stage`) to step `to` on `engine` as helper `task.helper`,
 /// summing with the `helpers` and exchanging with the `live` stages, reading the group's
-/// edges from the logs.
+/// edges from the logs of the job's `replicas` pipelines.
 fn replay_logged(
-    config: &TrainConfig,
+    (config, replicas): (&TrainConfig, usize),
     engine: &mut Engine<'_>,
     state: &mut TrainState,
     task: Task,
     to: u64,
     (helpers, live): (Option<(&dyn Transport, Duration)>, Option<Live<'_>>),
 ) -> Result<(), TrainError> {
-    let replicas = config.dist.as_ref().and_then(|d| d.world()).unwrap_or(1) / task.stages;
     let mut inputs = logged_inputs(config, task.stage, replicas)?;
     let mut get = |step, micro, tensor| inputs.get(step, micro, tensor);
     let mut runner = Replay { inputs: &mut get, helpers, live, reducer: Default::default() };
