@@ -7,7 +7,8 @@
 //! its left and combines it; after them rank `r` holds the full sum of chunk `r + 1`. In
 //! `world - 1` all-gather steps the finished chunks travel round the ring. Each step
 //! sends from one thread while the calling thread receives, so large chunks cannot
-//! deadlock on full socket buffers; and each chunk travels as segments of
+//! deadlock on full socket buffers (a step whose chunk fits in the free room of a
+//! shared-memory ring sends first and then receives, on one thread); and each chunk travels as segments of
 //! [`SEGMENT_BYTES`], which the receiver combines as they arrive while later segments are
 //! still in flight (a pipeline, instead of receive-everything-then-add). A segment that
 //! lands where it is to stay (the all-gathers, and the reproducible reduce-scatters, which
@@ -94,11 +95,13 @@ enum Fold<'f, T> {
 /// No work on a segment received into place.
 fn nothing<T>(_: usize, _: &mut [T]) {}
 
-/// One ring step: sends `send` to the right neighbour (from a helper thread) while
-/// receiving `recv.len()` elements from the left one, segment by segment;
-/// `prepare(offset, seg)` fills each segment of `send` (starting `offset` elements into
-/// it) just before it leaves, so that work on the outgoing chunk overlaps the transfer;
-/// `fold` puts each received segment in its place in `recv`.
+/// One ring step: sends `send` to the right neighbour while receiving `recv.len()`
+/// elements from the left one, segment by segment; `prepare(offset, seg)` fills each
+/// segment of `send` (starting `offset` elements into it) just before it leaves, so that
+/// work on the outgoing chunk overlaps the transfer; `fold` puts each received segment in
+/// its place in `recv`. When the link to the right has room for all of `send` now (a ring
+/// of shared memory), the step sends first and then receives, on this thread; otherwise
+/// a helper thread sends while this one receives, so that neither waits on the other.
 fn exchange<T: Wire>(
     t: &dyn Transport,
     send: &mut [T],
@@ -111,57 +114,77 @@ fn exchange<T: Wire>(
     let right = (t.rank() + 1) % world;
     let left = (t.rank() + world - 1) % world;
     let per = (SEGMENT_BYTES / T::SIZE).max(1);
+    let frames = send.len().div_ceil(per).max(1);
+    if send.len() * T::SIZE + frames * crate::frame::HEADER_BYTES <= t.room(right) {
+        send_segments(t, right, send, per, prepare)?;
+        return receive_segments(t, left, recv, per, deadline, &mut fold);
+    }
     let (sent, got) = std::thread::scope(|s| {
-        let sender = s.spawn(|| {
-            for (k, seg) in send.chunks_mut(per).enumerate() {
-                prepare(k * per, seg);
-                t.send(right, KIND_CHUNK, bytemuck::cast_slice(seg))?;
-            }
-            // An empty chunk still sends one (empty) frame, so both sides agree on counts.
-            if send.is_empty() {
-                t.send(right, KIND_CHUNK, &[])?;
-            }
-            Ok(())
-        });
-        let got = (|| {
-            let len = recv.len();
-            for k in 0..len.div_ceil(per).max(1) {
-                let dst = &mut recv[(k * per).min(len)..((k + 1) * per).min(len)];
-                let kind = match &mut fold {
-                    Fold::Into(_) => t.recv_exact(left, deadline, bytemuck::cast_slice_mut(dst))?,
-                    Fold::Combine { buf, .. } => {
-                        let kind = t.recv_into(left, deadline, buf)?;
-                        if buf.len() != dst.len() * T::SIZE {
-                            return Err(CommError::Protocol {
-                                peer: left,
-                                reason: format!(
-                                    "expected a segment of {} bytes, got {} bytes",
-                                    dst.len() * T::SIZE,
-                                    buf.len()
-                                ),
-                            });
-                        }
-                        kind
-                    }
-                };
-                if kind != KIND_CHUNK {
-                    return Err(CommError::Protocol {
-                        peer: left,
-                        reason: format!("expected a segment of a ring step, got a frame of kind {kind}"),
-                    });
-                }
-                match &fold {
-                    Fold::Into(after) => after(k * per, dst),
-                    Fold::Combine { combine, buf } => combine(dst, buf),
-                }
-            }
-            Ok(())
-        })();
+        let sender = s.spawn(|| send_segments(t, right, send, per, prepare));
+        let got = receive_segments(t, left, recv, per, deadline, &mut fold);
         (sender.join().unwrap_or_else(|_| Err(CommError::Setup("sender thread panicked".into()))), got)
     });
     // A receive failure is the more telling one (it names the silent or broken peer).
     got?;
     sent
+}
+
+/// The sending half of a ring step: `send` to `right` in segments of `per` elements.
+fn send_segments<T: Wire>(
+    t: &dyn Transport,
+    right: usize,
+    send: &mut [T],
+    per: usize,
+    prepare: &(impl Fn(usize, &mut [T]) + Sync),
+) -> Result<(), CommError> {
+    for (k, seg) in send.chunks_mut(per).enumerate() {
+        prepare(k * per, seg);
+        t.send(right, KIND_CHUNK, bytemuck::cast_slice(seg))?;
+    }
+    // An empty chunk still sends one (empty) frame, so both sides agree on counts.
+    if send.is_empty() {
+        t.send(right, KIND_CHUNK, &[])?;
+    }
+    Ok(())
+}
+
+/// The receiving half of a ring step: `recv` from `left`, in segments of `per` elements.
+fn receive_segments<T: Wire>(
+    t: &dyn Transport,
+    left: usize,
+    recv: &mut [T],
+    per: usize,
+    deadline: Instant,
+    fold: &mut Fold<'_, T>,
+) -> Result<(), CommError> {
+    let len = recv.len();
+    for k in 0..len.div_ceil(per).max(1) {
+        let dst = &mut recv[(k * per).min(len)..((k + 1) * per).min(len)];
+        let kind = match fold {
+            Fold::Into(_) => t.recv_exact(left, deadline, bytemuck::cast_slice_mut(dst))?,
+            Fold::Combine { buf, .. } => {
+                let kind = t.recv_into(left, deadline, buf)?;
+                if buf.len() != dst.len() * T::SIZE {
+                    return Err(CommError::Protocol {
+                        peer: left,
+                        reason: format!("expected a segment of {} bytes, got {} bytes", dst.len() * T::SIZE, buf.len()),
+                    });
+                }
+                kind
+            }
+        };
+        if kind != KIND_CHUNK {
+            return Err(CommError::Protocol {
+                peer: left,
+                reason: format!("expected a segment of a ring step, got a frame of kind {kind}"),
+            });
+        }
+        match fold {
+            Fold::Into(after) => after(k * per, dst),
+            Fold::Combine { combine, buf } => combine(dst, buf),
+        }
+    }
+    Ok(())
 }
 
 /// The reduce-scatter half of the ring: afterwards chunk `rank + 1` of `data` holds the

@@ -70,6 +70,9 @@ pub struct Frame {
     pub payload: Vec<u8>,
 }
 
+/// Bytes of a frame's header: its length (4 bytes) and kind (1).
+pub const HEADER_BYTES: usize = 5;
+
 /// Writes one frame. Fails if the payload is longer than a frame can say.
 pub fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> Result<(), FrameError> {
     let len = u32::try_from(payload.len() + 1).map_err(|_| FrameError::TooLarge { len: u32::MAX, max: u32::MAX })?;

@@ -69,6 +69,10 @@ impl Transport for Group<'_> {
     fn recv_exact(&self, from: usize, deadline: Instant, payload: &mut [u8]) -> Result<u8, CommError> {
         self.inner.recv_exact(self.member(from)?, deadline, payload)
     }
+
+    fn room(&self, to: usize) -> usize {
+        self.member(to).map_or(0, |m| self.inner.room(m))
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@
 //! - [`gate`]: a listening port that admits connections concurrently, each handshake
 //!   with its own deadline and their number bounded, so strangers delay no member;
 //! - [`transport`]: an authenticated TCP mesh that can be aborted from another thread,
-//!   and an in-process network whose ranks tests can kill;
+//!   and an in-process network whose ranks tests can kill; [`local`]: the mesh's
+//!   shared-memory links between ranks of one host (rings of the `shm` crate);
 //! - [`collective`]: abortable ring all-reduce in every mode, all-gather, broadcast,
 //!   barrier; [`group`]: some of a job's ranks as a job of their own, for collectives
 //!   among them (one pipeline stage's replicas);
@@ -57,6 +58,7 @@ pub mod frame;
 pub mod gate;
 pub mod group;
 pub mod handshake;
+pub mod local;
 pub mod majority;
 pub mod membership;
 #[cfg(feature = "mpi")]

@@ -1,4 +1,5 @@
-//! Point-to-point transports between the ranks of a job: TCP between processes, and an
+//! Point-to-point transports between the ranks of a job: TCP between processes (with
+//! shared-memory rings between ranks of one host, see [`crate::local`]), and an
 //! in-process network for tests that can kill a rank at a chosen moment.
 //!
 //! Both carry [`Frame`]s and give every failure a bounded time to surface: a receive
@@ -11,15 +12,18 @@
 //! two threads (a ring step sends to the right while it receives from the left).
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::frame::{Frame, FrameError, read_frame_exact, read_frame_into, write_frame};
 use crate::gate::{Gate, Limits};
 use crate::handshake::{HandshakeError, handshake};
+use crate::local::{ShmIn, ShmOut};
 
 /// A communication failure, naming the peer.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +90,12 @@ pub trait Transport: Sync {
         }
         payload.copy_from_slice(&f.payload);
         Ok(f.kind)
+    }
+    /// Bytes of frames (headers included) that a send to `to` takes now without waiting
+    /// for `to` to read anything: what a ring of shared memory has free. Zero, the
+    /// default, when the transport cannot tell.
+    fn room(&self, _to: usize) -> usize {
+        0
     }
 }
 
@@ -188,6 +198,59 @@ pub struct TcpConfig {
     /// makes every survivor name the member that failed first, rather than a neighbour
     /// that merely aborted sooner. Zero fails at once.
     pub abort_grace: Duration,
+    /// Where ranks of one host make the shared-memory rings that carry their frames
+    /// (normally `/dev/shm`, [`crate::local::default_dir`]); `None` keeps every pair on
+    /// TCP.
+    pub shared_memory: Option<PathBuf>,
+}
+
+/// How frames leave for one peer.
+enum Outbound {
+    Tcp(TcpStream),
+    Shm(ShmOut),
+}
+
+impl Write for Outbound {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Outbound::Tcp(s) => s.write(buf),
+            Outbound::Shm(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Outbound::Tcp(s) => s.flush(),
+            Outbound::Shm(s) => s.flush(),
+        }
+    }
+}
+
+/// How frames arrive from one peer.
+enum Inbound {
+    Tcp(TcpStream),
+    Shm(ShmIn),
+}
+
+impl Inbound {
+    /// Makes reads fail with a timeout at `deadline`.
+    fn set_deadline(&mut self, deadline: Instant) -> std::io::Result<()> {
+        match self {
+            Inbound::Tcp(s) => s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()))),
+            Inbound::Shm(s) => {
+                s.set_deadline(deadline);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Read for Inbound {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Inbound::Tcp(s) => s.read(buf),
+            Inbound::Shm(s) => s.read(buf),
+        }
+    }
 }
 
 /// A TCP connection to every other rank, authenticated by the job secret.
@@ -195,11 +258,15 @@ pub struct TcpMesh {
     rank: usize,
     world: usize,
     max_frame: u32,
-    writers: HashMap<usize, Mutex<TcpStream>>,
-    readers: HashMap<usize, Mutex<TcpStream>>,
+    writers: HashMap<usize, Mutex<Outbound>>,
+    readers: HashMap<usize, Mutex<Inbound>>,
+    /// The peers reached through shared memory, in order.
+    local: Vec<usize>,
     /// Handles used only to shut the sockets down, which wakes blocked reads and writes.
     wake: Vec<TcpStream>,
     aborted: Mutex<Option<String>>,
+    /// Set with `aborted`, for the shared-memory links' waits to look at without a lock.
+    abort_flag: Arc<AtomicBool>,
     abort_signal: Condvar,
     abort_grace: Duration,
 }
@@ -263,7 +330,8 @@ impl TcpMesh {
     }
 
     /// A mesh over connections already made and authenticated: `streams` holds one per
-    /// other rank of `world`, keyed by rank.
+    /// other rank of `world`, keyed by rank. Pairs on one host then agree, over those
+    /// connections, to carry their frames through shared memory ([`crate::local`]).
     pub fn from_streams(
         rank: usize,
         world: usize,
@@ -278,15 +346,36 @@ impl TcpMesh {
                 k
             })));
         }
+        let mut streams: Vec<(usize, TcpStream)> = streams.into_iter().collect();
+        streams.sort_by_key(|(peer, _)| *peer);
+        for (_, s) in &streams {
+            prepare(s, config).map_err(|e| setup("socket options", &e))?;
+        }
+        let rings = crate::local::negotiate(rank, &mut streams, &config.secret, config.shared_memory.as_deref())
+            .map_err(|e| setup("agreeing on the links", &e))?;
+        let abort_flag = Arc::new(AtomicBool::new(false));
         let mut writers = HashMap::new();
         let mut readers = HashMap::new();
         let mut wake = Vec::new();
+        let mut local = Vec::new();
+        let mut rings: HashMap<usize, crate::local::Rings> = rings.into_iter().collect();
         for (peer, s) in streams {
-            prepare(&s, config).map_err(|e| setup("socket options", &e))?;
-            let r = s.try_clone().map_err(|e| setup("clone socket", &e))?;
-            wake.push(s.try_clone().map_err(|e| setup("clone socket", &e))?);
-            writers.insert(peer, Mutex::new(s));
-            readers.insert(peer, Mutex::new(r));
+            let clone = || s.try_clone().map_err(|e| setup("clone socket", &e));
+            wake.push(clone()?);
+            let (out, inb) = match rings.remove(&peer) {
+                Some(r) => {
+                    local.push(peer);
+                    let flag = &abort_flag;
+                    let out = ShmOut::new(r.writer, clone()?, Arc::clone(flag), config.write_timeout);
+                    (Outbound::Shm(out), Inbound::Shm(ShmIn::new(r.reader, clone()?, Arc::clone(flag))))
+                }
+                None => (Outbound::Tcp(clone()?), Inbound::Tcp(s)),
+            };
+            writers.insert(peer, Mutex::new(out));
+            readers.insert(peer, Mutex::new(inb));
+        }
+        if !local.is_empty() {
+            tracing::debug!(rank, peers = ?local, "frames to ranks of this host go through shared memory");
         }
         Ok(TcpMesh {
             rank,
@@ -294,8 +383,10 @@ impl TcpMesh {
             max_frame: config.max_frame,
             writers,
             readers,
+            local,
             wake,
             aborted: Mutex::new(None),
+            abort_flag,
             abort_signal: Condvar::new(),
             abort_grace: config.abort_grace,
         })
@@ -309,11 +400,17 @@ impl TcpMesh {
         if aborted.is_none() {
             *aborted = Some(reason);
         }
+        self.abort_flag.store(true, Ordering::Relaxed);
         drop(aborted);
         self.abort_signal.notify_all();
         for s in &self.wake {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// The peers whose frames go through shared memory (on this host), in order.
+    pub fn shared_memory_peers(&self) -> &[usize] {
+        &self.local
     }
 
     /// Why the job was aborted, if it was.
@@ -425,6 +522,15 @@ impl Transport for TcpMesh {
     fn recv_exact(&self, from: usize, deadline: Instant, payload: &mut [u8]) -> Result<u8, CommError> {
         self.recv_frame(from, deadline, |s, max| read_frame_exact(s, max, payload)).map_err(|e| self.explain(e))
     }
+    fn room(&self, to: usize) -> usize {
+        match self.writers.get(&to).map(|w| w.lock().unwrap_or_else(|e| e.into_inner())) {
+            Some(w) => match &*w {
+                Outbound::Shm(s) => s.room(),
+                Outbound::Tcp(_) => 0,
+            },
+            None => 0,
+        }
+    }
 }
 
 impl TcpMesh {
@@ -446,7 +552,7 @@ impl TcpMesh {
         &self,
         from: usize,
         deadline: Instant,
-        read: impl FnOnce(&mut TcpStream, u32) -> Result<u8, FrameError>,
+        read: impl FnOnce(&mut Inbound, u32) -> Result<u8, FrameError>,
     ) -> Result<u8, CommError> {
         if let Some(reason) = self.aborted() {
             return Err(CommError::Aborted(reason));
@@ -461,7 +567,7 @@ impl TcpMesh {
         if waited.is_zero() {
             return Err(CommError::Timeout { peer: from, waited });
         }
-        s.set_read_timeout(Some(waited)).map_err(|e| CommError::PeerLost { peer: from, reason: e.to_string() })?;
+        s.set_deadline(deadline).map_err(|e| CommError::PeerLost { peer: from, reason: e.to_string() })?;
         read(&mut s, self.max_frame).map_err(|e| frame_error(from, waited, e))
     }
 }

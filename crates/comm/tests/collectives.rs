@@ -201,6 +201,7 @@ fn tcp_config() -> TcpConfig {
         connect_timeout: Duration::from_secs(10),
         write_timeout: Duration::from_secs(5),
         abort_grace: Duration::ZERO,
+        shared_memory: None,
     }
 }
 

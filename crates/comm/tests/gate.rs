@@ -33,6 +33,7 @@ fn config() -> TcpConfig {
         connect_timeout: Duration::from_secs(30),
         write_timeout: Duration::from_secs(5),
         abort_grace: Duration::ZERO,
+        shared_memory: None,
     }
 }
 

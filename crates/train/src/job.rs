@@ -113,6 +113,7 @@ impl Job {
             // A peer's death reaches the coordinator at once: wait briefly for its verdict
             // so the error names the rank that failed, not a neighbour that aborted first.
             abort_grace: lost_after.min(Duration::from_secs(1)),
+            shared_memory: comm::local::default_dir(),
         };
         let mesh = Arc::new(TcpMesh::connect(rank, listener, &addrs, &config)?);
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());

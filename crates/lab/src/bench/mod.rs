@@ -293,6 +293,7 @@ pub fn allreduce(b: &AllreduceBench) -> Result<Vec<serde_json::Value>, LabError>
         connect_timeout: Duration::from_secs(30),
         write_timeout: Duration::from_secs(60),
         abort_grace: Duration::ZERO,
+        shared_memory: comm::local::default_dir(),
     };
     let timeout = Duration::from_secs(120);
     let results: Vec<Result<Vec<serde_json::Value>, comm::transport::CommError>> = std::thread::scope(|s| {

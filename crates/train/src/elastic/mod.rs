@@ -119,6 +119,7 @@ pub(crate) fn run(
         connect_timeout: d.job.timeout,
         write_timeout: d.job.timeout,
         abort_grace: Duration::ZERO,
+        shared_memory: comm::local::default_dir(),
     };
     let (mut worker, first) =
         Worker::new((id, incarnation), config.steps, (resumed_from, fingerprint), timing, Instant::now());
