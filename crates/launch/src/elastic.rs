@@ -391,8 +391,10 @@ impl Supervisor<'_> {
     /// How long workers may outlive the end of the job. A node without the coordinator
     /// learns of the end from its first worker that finished, so the others get the
     /// time to hear it from the coordinator as well.
+    /// Workers of a job that ended well are evaluating the final state: they get longer.
     fn grace(&self) -> Duration {
-        if self.serves { KILL_GRACE } else { KILL_GRACE + 2 * self.plan.heartbeat_timeout }
+        let grace = if self.serves { KILL_GRACE } else { KILL_GRACE + 2 * self.plan.heartbeat_timeout };
+        if self.finished { grace.max(crate::FINISHED_GRACE) } else { grace }
     }
 
     /// Handles what the launcher hears until no worker runs.

@@ -53,6 +53,11 @@ pub const LAUNCHER_PID: &str = "STEADFAST_LAUNCHER_PID";
 /// loss bound after a failure) before they are killed.
 pub const KILL_GRACE: Duration = Duration::from_secs(3);
 
+/// How long the workers of an elastic job that ended well (every member holds the final
+/// state and was told so) may go on: they evaluate that state and write their summaries,
+/// which a large model on few cores takes seconds to do; only a hung one is cut.
+pub const FINISHED_GRACE: Duration = Duration::from_secs(120);
+
 /// Why a job could not be run, or did not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {

@@ -268,10 +268,13 @@ impl Drop for Region {
 /// Maps `len` bytes of `file`, shared and writable.
 fn map(file: &File, len: usize) -> io::Result<NonNull<u8>> {
     use rustix::mm::{MapFlags, ProtFlags, mmap};
+    // Populated: the page tables are filled now, so that the first laps round a ring do
+    // not fault on every page.
+    let flags = MapFlags::SHARED | MapFlags::POPULATE;
     // SAFETY: a fresh mapping at an address the kernel chooses aliases no Rust object;
     // the file is at least `len` bytes long (the callers set or check its size), so
     // every page of the mapping is backed.
-    let ptr = unsafe { mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, file, 0) }
+    let ptr = unsafe { mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, flags, file, 0) }
         .map_err(io::Error::from)?;
     NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
