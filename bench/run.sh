@@ -10,7 +10,8 @@
 #   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
 #   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
 #   bench/run.sh kernels    # the fixed-order matrix product against the framework's, per instruction set
-#   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (2, 4 ranks)
+#   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (1, 2, 4 ranks)
+#   bench/run.sh engines-hosts  # the all-reduce across namespace hosts against Open MPI's TCP and the ring bound (root)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
 #   bench/run.sh recovery-hosts  # the recovery timeline across namespace hosts over tc-shaped links (root)
@@ -47,6 +48,7 @@ case "$which" in
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   recovery) "$venv/bin/python" bench/recovery.py ;;
   recovery-hosts) python3 bench/recovery_hosts.py ;;
+  engines-hosts) python3 bench/engines_hosts.py ;;
   pipeline) python3 bench/pipeline.py ;;  # runs PyTorch from bench/.venv
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
   all)
@@ -62,7 +64,8 @@ case "$which" in
     "$venv/bin/python" bench/recovery.py
     python3 bench/pipeline.py
     python3 bench/recovery_hosts.py
+    python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, kernels, campaign, recovery, recovery-hosts, study)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-hosts, kernels, campaign, recovery, recovery-hosts, study)" >&2; exit 2 ;;
 esac

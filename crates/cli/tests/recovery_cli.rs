@@ -530,3 +530,41 @@ fn a_job_whose_restarts_are_used_up_ends_at_once_with_the_reason() {
     assert!(stderr.contains("restart(s) allowed are used up"), "{stdout}\n{stderr}");
     assert!(started.elapsed() < Duration::from_secs(30), "it waited {:?}", started.elapsed());
 }
+
+#[test]
+fn an_elastic_job_that_ended_well_lets_its_workers_evaluate_the_final_state() {
+    // The GPT's final evaluation (1024 held-out sequences) takes several seconds on two
+    // workers sharing few cores: longer than the grace after which the launcher kills a
+    // worker of a job that ended badly. Cutting it would lose the summary and the
+    // fingerprint.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("gpt");
+    let o = out.to_str().unwrap();
+    let run = steadfast(&[
+        "launch",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "1",
+        "--",
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "fortunes",
+        "--steps",
+        "2",
+        "--batch",
+        "8",
+        "--micro-batch",
+        "4",
+        "--reduce",
+        "reproducible",
+        "--out",
+        o,
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!stderr.contains("killing worker"), "{stderr}");
+    fingerprint(&run);
+    assert_eq!(common::summary(&out)["steps"], 2);
+}

@@ -18,7 +18,12 @@
 //! This crate only moves bytes and never waits: [`Writer::write_some`] and
 //! [`Reader::read_some`] copy what fits or what is there and return at once. How to wait
 //! (spin, yield, sleep), how to notice a dead peer and how to frame messages belong to
-//! the transport above it.
+//! the transport above it. For a reader that sleeps, each ring has a third word,
+//! `waiting`: the reader sets it ([`Reader::set_waiting`]) and looks at the ring once
+//! more before it sleeps; the writer looks at it after each write
+//! ([`Writer::reader_waiting`]) and wakes the reader by whatever means the transport has.
+//! Both sides order these with sequentially consistent fences, so that either the reader
+//! sees the new bytes or the writer sees the reader waiting: a wake-up is never lost.
 //!
 //! ## Trust
 //!
@@ -200,9 +205,9 @@ impl Region {
         (Writer { region: Arc::clone(self), ring: w }, Reader { region: Arc::clone(self), ring: r })
     }
 
-    /// The counter `which` (0: head, 1: tail) of ring `ring`.
+    /// The word `which` (0: head, 1: tail, 2: waiting) of ring `ring`.
     fn counter(&self, ring: usize, which: usize) -> &AtomicU64 {
-        let offset = COUNTERS + (2 * ring + which) * LINE;
+        let offset = COUNTERS + (3 * ring + which) * LINE;
         debug_assert!(offset + 8 <= DATA);
         // SAFETY: offset + 8 lies inside the mapping (below DATA); the mapping is page
         // aligned and `offset` a multiple of 128, so the pointer is aligned for u64; the
@@ -322,6 +327,12 @@ impl Writer {
         }
         Ok(r.capacity - used as usize)
     }
+
+    /// Whether the reader said it is going to sleep: call after a write, and wake it.
+    pub fn reader_waiting(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.region.counter(self.ring, 2).load(Ordering::Relaxed) != 0
+    }
 }
 
 /// The reading end of one ring.
@@ -347,6 +358,13 @@ impl Reader {
             r.counter(self.ring, 1).store(tail + n as u64, Ordering::Release);
         }
         Ok(n)
+    }
+
+    /// Says whether this reader is going to sleep until woken. After setting it, look at
+    /// the ring ([`Reader::ready`]) once more before sleeping.
+    pub fn set_waiting(&self, waiting: bool) {
+        self.region.counter(self.ring, 2).store(u64::from(waiting), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// Whether bytes are waiting to be read.

@@ -134,3 +134,29 @@ fn a_corrupt_counter_is_an_error_not_a_wild_copy() {
     let (w, _) = b.ends(true);
     assert!(w.write_some(b"x").is_err());
 }
+
+#[test]
+fn a_writer_sees_a_reader_that_sleeps_and_only_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(dir.path(), 64);
+    let (w, _) = a.ends(true);
+    let (_, r) = b.ends(false);
+    w.write_some(b"awake").unwrap();
+    assert!(!w.reader_waiting());
+    r.read_some(&mut [0u8; 8]).unwrap();
+    r.set_waiting(true);
+    // The reader looks once more after saying it sleeps: nothing yet.
+    assert!(!r.ready());
+    w.write_some(b"ring").unwrap();
+    assert!(w.reader_waiting(), "the writer must wake the sleeping reader");
+    r.set_waiting(false);
+    assert!(r.ready());
+    assert!(!w.reader_waiting());
+    // Each direction has its own word.
+    let (bw, _) = b.ends(false);
+    let (_, ar) = a.ends(true);
+    r.set_waiting(true);
+    assert!(!bw.reader_waiting());
+    ar.set_waiting(true);
+    assert!(bw.reader_waiting());
+}
