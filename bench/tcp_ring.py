@@ -50,7 +50,7 @@ def main():
         buf = bytearray(CHUNK)
         got = 0
         while got < total:
-            n = inp.recv_into(buf)
+            n = inp.recv_into(buf, min(CHUNK, total - got))
             if n == 0:
                 raise SystemExit("the previous rank hung up")
             got += n
