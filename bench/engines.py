@@ -95,7 +95,8 @@ def train_once(engine, model, world, mode):
     out_dir = tempfile.mkdtemp()
     try:
         args = ["train", "--model", model, "--data", data, "--steps", str(steps), "--batch", str(batch),
-                "--micro-batch", str(micro), "--reduce", mode, "--eval-every", "0", "--out", out_dir]
+                "--micro-batch", str(micro), "--reduce", mode, "--eval-every", "0", "--eval-limit", "256",
+                "--out", out_dir]
         env = dict(TCP_ENV if engine == "steadfast-tcp" else MPI_ENV, RAYON_NUM_THREADS=threads)
         if engine == "alone":
             out = run([BIN, *args], env=env)
