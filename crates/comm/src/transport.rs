@@ -235,7 +235,12 @@ impl Inbound {
     /// Makes reads fail with a timeout at `deadline`.
     fn set_deadline(&mut self, deadline: Instant) -> std::io::Result<()> {
         match self {
-            Inbound::Tcp(s) => s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()))),
+            // (A socket refuses a zero timeout: a deadline that passed since the caller
+            // looked gets the shortest one instead, and times out.)
+            Inbound::Tcp(s) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                s.set_read_timeout(Some(left.max(Duration::from_micros(1))))
+            }
             Inbound::Shm(s) => {
                 s.set_deadline(deadline);
                 Ok(())

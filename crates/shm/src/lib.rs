@@ -90,14 +90,17 @@ pub enum ShmError {
     Corrupt(String),
 }
 
-/// A mapped region holding two rings. Dropping the last handle unmaps it; the file is
-/// removed by [`Region::unlink`] (or stays, if the process dies first, until the next
-/// boot clears `/dev/shm`).
+/// A mapped region holding two rings. Dropping the last handle unmaps it. The file is
+/// removed by [`Region::unlink`], or when the creator's handle drops before that (it
+/// stays only if the creating process dies first, until the next boot clears
+/// `/dev/shm`).
 pub struct Region {
     base: NonNull<u8>,
     len: usize,
     capacity: usize,
     path: PathBuf,
+    /// Whether this handle created the file and has not removed it yet.
+    owns_file: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the mapping stays valid for the Region's whole life and is only unmapped in
@@ -139,7 +142,7 @@ impl Region {
             return Err(io("reserve memory for", e));
         }
         let region = match map(&file, len) {
-            Ok(base) => Region { base, len, capacity, path },
+            Ok(base) => Region { base, len, capacity, path, owns_file: true.into() },
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 return Err(io("map", e));
@@ -165,7 +168,7 @@ impl Region {
             return Err(mismatch(format!("{actual} bytes, expected {len}")));
         }
         let base = map(&file, len).map_err(|e| io("map", e))?;
-        let region = Region { base, len, capacity, path: path.clone() };
+        let region = Region { base, len, capacity, path: path.clone(), owns_file: false.into() };
         if region.bytes(0, 8) != MAGIC {
             return Err(mismatch("no region header".into()));
         }
@@ -181,6 +184,7 @@ impl Region {
     /// Removes the file; the mapping lives on. Once both sides have mapped it, nothing
     /// else can attach, and nothing is left behind when they exit.
     pub fn unlink(&self) -> Result<(), ShmError> {
+        self.owns_file.store(false, Ordering::Relaxed);
         std::fs::remove_file(&self.path).map_err(|source| ShmError::Io {
             what: "remove",
             path: self.path.clone(),
@@ -264,6 +268,11 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        // A region given up before both sides mapped it (the peer refused it, or the
+        // setup failed) leaves no file behind.
+        if *self.owns_file.get_mut() {
+            let _ = std::fs::remove_file(&self.path);
+        }
         // SAFETY: `base` and `len` are those of the mapping made in `map`, unmapped only
         // here, when the last handle (and so every borrow of its memory) is gone.
         let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };

@@ -160,3 +160,15 @@ fn a_writer_sees_a_reader_that_sleeps_and_only_then() {
     ar.set_waiting(true);
     assert!(bw.reader_waiting());
 }
+
+#[test]
+fn a_created_region_given_up_before_unlinking_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Region::create(dir.path(), "given-up", 64, &TOKEN).unwrap();
+    let b = Region::open(dir.path(), "given-up", 64, &TOKEN).unwrap();
+    // The opener's handle never removes the file; the creator's does.
+    drop(b);
+    assert!(dir.path().join("given-up").exists());
+    drop(a);
+    assert!(!dir.path().join("given-up").exists());
+}
