@@ -119,13 +119,7 @@ pub(crate) fn negotiate(
     // Round 2: an answer to every lower rank's offer.
     let mut links = Vec::new();
     for (peer, s) in streams.iter_mut().filter(|(p, _)| *p < rank) {
-        let offer = read_frame(s, MAX_SETUP_FRAME).map_err(setup)?;
-        if offer.kind != KIND_OFFER {
-            return Err(io::Error::other(format!(
-                "rank {peer} sent a frame of kind {} instead of its link offer",
-                offer.kind
-            )));
-        }
+        let offer = read_setup(s, *peer, KIND_OFFER)?;
         let opened = match (offer.payload.as_slice(), dir) {
             ([OFFER_VERSION, nonce @ ..], Some(dir)) if nonce.len() == 16 && same_host(s) => {
                 let nonce: [u8; 16] = nonce.try_into().expect("16 bytes");
@@ -144,13 +138,7 @@ pub(crate) fn negotiate(
     }
     // Round 3: the answers to this rank's offers.
     for (peer, s) in streams.iter_mut().filter(|(p, _)| *p > rank) {
-        let answer = read_frame(s, MAX_SETUP_FRAME).map_err(setup)?;
-        if answer.kind != KIND_ANSWER {
-            return Err(io::Error::other(format!(
-                "rank {peer} sent a frame of kind {} instead of its answer",
-                answer.kind
-            )));
-        }
+        let answer = read_setup(s, *peer, KIND_ANSWER)?;
         let Some(at) = offered.iter().position(|(p, _)| p == peer) else { continue };
         let (_, region) = offered.swap_remove(at);
         // Mapped by both sides now (or refused): the name is no longer needed.
@@ -163,6 +151,16 @@ pub(crate) fn negotiate(
         }
     }
     Ok(links)
+}
+
+/// The next frame from `peer`, which must be a setup frame of `kind`.
+fn read_setup(s: &mut TcpStream, peer: usize, kind: u8) -> io::Result<crate::frame::Frame> {
+    let frame = read_frame(s, MAX_SETUP_FRAME).map_err(|e| io::Error::other(e.to_string()))?;
+    if frame.kind != kind {
+        let what = if kind == KIND_OFFER { "its link offer" } else { "its answer" };
+        return Err(io::Error::other(format!("rank {peer} sent a frame of kind {} instead of {what}", frame.kind)));
+    }
+    Ok(frame)
 }
 
 /// A fresh region in `dir` and its offer's nonce, or `None` (logged) when none can be made.
@@ -178,8 +176,8 @@ fn create(dir: &Path, secret: &[u8]) -> Option<([u8; 16], shm::Region)> {
 
 /// How long a waiting rank spins before it yields its core, and yields before it sleeps.
 /// Yielding is cheap when the rank has a core of its own and gives the core away when
-/// ranks share cores, where it beats sleeping and being woken by a wide margin (4 ranks
-/// on 2 cores: 1.3x the steps/s of the MLP with 2 ms against 0.2 ms).
+/// ranks share cores, where it beats sleeping and being woken (the 4-rank rows of
+/// `bench/run.sh engines` on 2 cores dropped by about a quarter with 0.2 ms here).
 const SPIN: Duration = Duration::from_micros(20);
 const YIELD: Duration = Duration::from_millis(2);
 /// The longest sleep of a reader between two looks at its ring, were a wake-up lost

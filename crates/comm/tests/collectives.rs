@@ -1,12 +1,15 @@
 //! Collectives as a matrix over world sizes, modes and transports; and the failures they
 //! must survive: a rank that dies in the middle, a rank that sends garbage.
 
+mod common;
+
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use comm::ReduceMode;
 use comm::collective::{Reducer, all_reduce_parts, barrier, broadcast};
 use comm::transport::{CommError, TcpConfig, TcpMesh, Transport, mem_network};
+use common::{bits, meshes, mine, on_each};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -18,27 +21,7 @@ fn parts(n: usize) -> Vec<Vec<f32>> {
 
 /// Runs `f(rank, transport)` on every rank of a fresh in-process network.
 fn on_mem<R: Send>(world: usize, f: impl Fn(usize, &dyn Transport) -> R + Sync) -> Vec<R> {
-    let net = mem_network(world);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = net
-            .iter()
-            .enumerate()
-            .map(|(r, t)| {
-                let f = &f;
-                s.spawn(move || f(r, t))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-/// The parts that rank `rank` of `world` holds (round-robin).
-fn mine(all: &[Vec<f32>], rank: usize, world: usize) -> Vec<&[f32]> {
-    all.iter().enumerate().filter(|(i, _)| i % world == rank).map(|(_, p)| p.as_slice()).collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+    on_each(&mem_network(world), f)
 }
 
 #[test]
@@ -205,38 +188,14 @@ fn tcp_config() -> TcpConfig {
     }
 }
 
-/// A TCP mesh of `world` ranks on loopback, each on a port the system chose and that
-/// its listener holds from the bind to the mesh.
+/// A TCP mesh of `world` ranks on loopback.
 fn tcp_meshes(world: usize) -> Vec<TcpMesh> {
-    let listeners: Vec<TcpListener> = (0..world).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = listeners
-            .into_iter()
-            .enumerate()
-            .map(|(r, l)| {
-                let addrs = &addrs;
-                s.spawn(move || TcpMesh::connect(r, l, addrs, &tcp_config()).unwrap())
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    meshes(&vec![tcp_config(); world])
 }
 
 /// Runs `f` on every rank of a fresh TCP mesh; the meshes close once every rank returned.
 fn on_tcp<R: Send>(world: usize, f: impl Fn(usize, &dyn Transport) -> R + Sync) -> Vec<R> {
-    let meshes = tcp_meshes(world);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = meshes
-            .iter()
-            .enumerate()
-            .map(|(r, mesh)| {
-                let f = &f;
-                s.spawn(move || f(r, mesh))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    on_each(&tcp_meshes(world), f)
 }
 
 #[test]

@@ -4,25 +4,19 @@
 //! directory, TCP for a pair that cannot share memory, and every failure a link must
 //! surface: a peer that leaves (before or while a rank waits), an abort, a silent peer.
 
-use std::net::TcpListener;
+mod common;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use comm::ReduceMode;
 use comm::collective::all_reduce_parts;
-use comm::transport::{CommError, TcpConfig, TcpMesh, Transport, mem_network};
+use comm::transport::{CommError, TcpConfig, TcpMesh, mem_network};
+use common::{bits, mine, on_each};
 
 fn parts(n: usize) -> Vec<Vec<f32>> {
     let mut s = repro::rng::Stream::new(5, 0);
     (0..4).map(|_| (0..n).map(|_| s.uniform_symmetric(1.0) * 2f32.powi(s.below(20) as i32 - 10)).collect()).collect()
-}
-
-fn mine(all: &[Vec<f32>], rank: usize, world: usize) -> Vec<&[f32]> {
-    all.iter().enumerate().filter(|(i, _)| i % world == rank).map(|(_, p)| p.as_slice()).collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// A directory on the memory file system where there is one.
@@ -45,35 +39,9 @@ fn config(dir: Option<&Path>) -> TcpConfig {
     }
 }
 
-/// A mesh of `world` ranks on loopback; rank `r` makes rings in `dirs[r]`.
+/// A mesh on loopback whose rank `r` makes rings in `dirs[r]`.
 fn meshes(dirs: &[Option<&Path>]) -> Vec<TcpMesh> {
-    let listeners: Vec<TcpListener> = dirs.iter().map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = listeners
-            .into_iter()
-            .enumerate()
-            .map(|(r, l)| {
-                let (addrs, dir) = (&addrs, dirs[r]);
-                s.spawn(move || TcpMesh::connect(r, l, addrs, &config(dir)).unwrap())
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn on_each<R: Send>(meshes: &[TcpMesh], f: impl Fn(usize, &dyn Transport) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = meshes
-            .iter()
-            .enumerate()
-            .map(|(r, m)| {
-                let f = &f;
-                s.spawn(move || f(r, m))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    common::meshes(&dirs.iter().map(|d| config(*d)).collect::<Vec<_>>())
 }
 
 #[test]
@@ -93,23 +61,12 @@ fn rings_give_the_bits_of_the_in_process_network_in_every_mode() {
             // Both sides mapped every region, so no file is left to attach to.
             assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
             for mode in ReduceMode::ALL {
-                let want = {
-                    let net = mem_network(world);
-                    std::thread::scope(|s| {
-                        let h: Vec<_> = net
-                            .iter()
-                            .enumerate()
-                            .map(|(r, t)| {
-                                let mine = mine(&all, r, world);
-                                s.spawn(move || all_reduce_parts(t, &mine, n, mode, timeout).unwrap())
-                            })
-                            .collect();
-                        h.into_iter().map(|h| h.join().unwrap()).next().unwrap()
-                    })
-                };
+                let net = mem_network(world);
+                let want = on_each(&net, |r, t| all_reduce_parts(t, &mine(&all, r, world), n, mode, timeout).unwrap());
+                let want = &want[0];
                 let got = on_each(&ranks, |r, t| all_reduce_parts(t, &mine(&all, r, world), n, mode, timeout).unwrap());
                 for (r, g) in got.iter().enumerate() {
-                    assert!(bits(g) == bits(&want), "{mode}, {world} ranks, {n} values: rank {r} differs");
+                    assert!(bits(g) == bits(want), "{mode}, {world} ranks, {n} values: rank {r} differs");
                 }
             }
         }

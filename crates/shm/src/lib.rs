@@ -304,16 +304,8 @@ impl Writer {
     /// written (zero when the ring is full).
     pub fn write_some(&self, src: &[u8]) -> Result<usize, ShmError> {
         let r = &*self.region;
-        let head = r.counter(self.ring, 0).load(Ordering::Relaxed);
-        let tail = r.counter(self.ring, 1).load(Ordering::Acquire);
-        let used = head.wrapping_sub(tail);
-        if used > r.capacity as u64 {
-            return Err(ShmError::Corrupt(format!(
-                "the reader claims {used} bytes unread in a ring of {}",
-                r.capacity
-            )));
-        }
-        let n = src.len().min(r.capacity - used as usize);
+        let (head, free) = self.place()?;
+        let n = src.len().min(free);
         if n > 0 {
             r.copy_in(self.ring, (head % r.capacity as u64) as usize, &src[..n]);
             r.counter(self.ring, 0).store(head + n as u64, Ordering::Release);
@@ -323,18 +315,21 @@ impl Writer {
 
     /// Bytes that a write would take now.
     pub fn free(&self) -> Result<usize, ShmError> {
+        Ok(self.place()?.1)
+    }
+
+    /// The head, and the free bytes after it, checking the tail the reader published.
+    fn place(&self) -> Result<(u64, usize), ShmError> {
         let r = &*self.region;
-        let used = r
-            .counter(self.ring, 0)
-            .load(Ordering::Relaxed)
-            .wrapping_sub(r.counter(self.ring, 1).load(Ordering::Acquire));
+        let head = r.counter(self.ring, 0).load(Ordering::Relaxed);
+        let used = head.wrapping_sub(r.counter(self.ring, 1).load(Ordering::Acquire));
         if used > r.capacity as u64 {
             return Err(ShmError::Corrupt(format!(
                 "the reader claims {used} bytes unread in a ring of {}",
                 r.capacity
             )));
         }
-        Ok(r.capacity - used as usize)
+        Ok((head, r.capacity - used as usize))
     }
 
     /// Whether the reader said it is going to sleep: call after a write, and wake it.
