@@ -1,5 +1,5 @@
-//! Collectives over a [`Transport`]: ring all-reduce in the three reduce modes, broadcast
-//! and barrier. Every receive has a deadline, so a dead, silent or misbehaving peer makes
+//! Collectives over a [`Transport`]: ring all-reduce in the three reduce modes, a
+//! one-round gather of a few words, broadcast and barrier. Every receive has a deadline, so a dead, silent or misbehaving peer makes
 //! the collective fail on every survivor within the timeout instead of hanging.
 //!
 //! The ring all-reduce cuts the vector into `world` chunks. In `world - 1` reduce-scatter
@@ -43,6 +43,7 @@ use crate::transport::{CommError, Transport};
 
 const KIND_CHUNK: u8 = 1;
 const KIND_BCAST: u8 = 2;
+const KIND_GATHER: u8 = 3;
 
 /// Plain element types that travel as their little-endian bytes (sent without copying:
 /// the platforms Steadfast builds for are little-endian).
@@ -513,15 +514,42 @@ pub fn all_gather_u64(t: &dyn Transport, value: u64, timeout: Duration) -> Resul
 }
 
 /// Every rank's `words` (the same number on every rank), indexed by rank, on every rank.
+///
+/// One round: each rank sends its words to every other rank and then reads theirs, so a
+/// gather (a step's vote, a fingerprint check) waits for one message's latency, not for
+/// a ring's `2 (world - 1)` steps. The messages are a few words each, so the sends never
+/// wait on a receiver (a socket's or a shared-memory ring's room holds them), and each
+/// link delivers in order, so a gather's message is never taken for a collective's that
+/// follows it.
 pub fn all_gather_words(t: &dyn Transport, words: &[u64], timeout: Duration) -> Result<Vec<Vec<u64>>, CommError> {
-    let k = words.len();
-    // Each rank fills its own slots and zeros elsewhere; a wrapping sum is then a gather.
-    let mut slots = vec![0i64; t.world() * k];
-    for (slot, &w) in slots[t.rank() * k..(t.rank() + 1) * k].iter_mut().zip(words) {
-        *slot = w as i64;
+    let (world, rank) = (t.world(), t.rank());
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    // Every rank starts with its right neighbour, so no rank is everyone's first.
+    for peer in (1..world).map(|k| (rank + k) % world) {
+        t.send(peer, KIND_GATHER, &bytes)?;
     }
-    ring(t, &mut slots, |a, b| *a = a.wrapping_add(b), timeout, &mut Vec::new())?;
-    Ok(slots.chunks(k.max(1)).take(t.world()).map(|c| c.iter().map(|&v| v as u64).collect()).collect())
+    let deadline = Instant::now() + timeout;
+    let mut buf = Vec::with_capacity(bytes.len());
+    let mut all = Vec::with_capacity(world);
+    for peer in 0..world {
+        if peer == rank {
+            all.push(words.to_vec());
+            continue;
+        }
+        let kind = t.recv_into(peer, deadline, &mut buf)?;
+        if kind != KIND_GATHER || buf.len() != bytes.len() {
+            return Err(CommError::Protocol {
+                peer,
+                reason: format!(
+                    "expected a gather of {} bytes, got a frame of kind {kind} with {} bytes",
+                    bytes.len(),
+                    buf.len()
+                ),
+            });
+        }
+        all.push(buf.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect());
+    }
+    Ok(all)
 }
 
 /// Copies `data` from `root` to every rank.
@@ -540,8 +568,8 @@ pub fn broadcast(t: &dyn Transport, data: &mut Vec<u8>, root: usize, timeout: Du
     Ok(())
 }
 
-/// Returns once every rank has entered the barrier (or fails within `timeout`).
+/// Returns once every rank has entered the barrier (or fails within `timeout`): a
+/// gather of nothing.
 pub fn barrier(t: &dyn Transport, timeout: Duration) -> Result<(), CommError> {
-    let mut token = vec![0u8];
-    ring(t, &mut token, |a, b| *a = (*a).max(b), timeout, &mut Vec::new())
+    all_gather_words(t, &[], timeout).map(|_| ())
 }
