@@ -161,7 +161,7 @@ def report(sizes, bw, steps, mpi_version, torch_version):
         "",
         f"- Date: {datetime.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores;"
         f" {mpi_version}; PyTorch {torch_version} (gloo).",
-        "- Command: `bench/run.sh engines` (driver: `bench/engines.py`; Steadfast and MPI: `steadfast bench collective`"
+        f"- Command: `STEPS={STEPS} REPEAT={REPEAT} bench/run.sh engines` (driver: `bench/engines.py`; Steadfast and MPI: `steadfast bench collective`"
         " and `steadfast train`; gloo: `bench/torch_collective.py` and `bench/torch_ddp.py`).",
         "- One process per rank on this host; `mpirun --oversubscribe --bind-to none` (no engine pins its ranks)."
         " *Steadfast* is the default mesh, whose ranks on one host exchange frames through shared memory;"
