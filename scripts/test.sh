@@ -2,8 +2,9 @@
 # Every test, on a fresh machine: install what the tests use when missing (scripts/install-deps.sh
 # tests: the data sets, libhdf5, Open MPI, Slurm and munge, etcd, Python's safetensors, NumPy and h5py,
 # a headless Chromium, qemu-user), then run the whole suite with those peers required, so that a test that
-# needs one fails rather than skips. Extra arguments go to `cargo test` (e.g.
-# `scripts/test.sh -p steadfast-ckpt`).
+# needs one fails rather than skips; then the Python package's pytest suite with PyTorch
+# (scripts/python-tests.sh). Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p
+# steadfast-ckpt`), and then the Python suite is left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh tests
@@ -15,4 +16,7 @@ export STEADFAST_REQUIRE_MPI=1
 export STEADFAST_REQUIRE_SLURM=1
 export STEADFAST_REQUIRE_ETCD=1
 export STEADFAST_REQUIRE_QEMU=1
-exec cargo test --release --locked --workspace "$@"
+cargo test --release --locked --workspace "$@"
+if [ $# -eq 0 ]; then
+  scripts/python-tests.sh
+fi

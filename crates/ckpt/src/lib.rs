@@ -64,7 +64,7 @@ pub use manifest::{DataCursor, Manifest, Meta, RngState};
 pub use owner::Owner;
 pub use reader::{Checkpoint, LoadedTensor, Problem, TensorData};
 pub use retention::Retention;
-pub use store::{Part, SaveOptions, SaveReport, TensorRef};
+pub use store::{Part, RawTensorRef, SaveOptions, SaveReport, TensorRef};
 pub use writer::{AsyncWriter, WriterStats};
 
 /// What part of training state a tensor is.
@@ -74,6 +74,9 @@ pub enum Role {
     Model,
     /// Optimizer state, named `optim.<param>.<slot>`.
     Optim,
+    /// Other state a framework's loop resumes from: random generators' states, a
+    /// sampler's position, tensors among its scalars (format version 3 on).
+    Extra,
 }
 
 impl Role {
@@ -93,6 +96,7 @@ impl Role {
         match self {
             Role::Model => "model",
             Role::Optim => "optim",
+            Role::Extra => "extra",
         }
     }
 }
@@ -105,7 +109,7 @@ impl fmt::Display for Role {
 
 /// A word that is not a role.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown role {0:?}: expected `model` or `optim`")]
+#[error("unknown role {0:?}: expected `model`, `optim` or `extra`")]
 pub struct UnknownRole(pub String);
 
 impl FromStr for Role {
@@ -114,6 +118,7 @@ impl FromStr for Role {
         match s {
             "model" => Ok(Role::Model),
             "optim" => Ok(Role::Optim),
+            "extra" => Ok(Role::Extra),
             other => Err(UnknownRole(other.to_owned())),
         }
     }
@@ -130,7 +135,7 @@ mod tests {
 
     #[test]
     fn roles_round_trip_through_text() {
-        for r in [Role::Model, Role::Optim] {
+        for r in [Role::Model, Role::Optim, Role::Extra] {
             assert_eq!(r.as_str().parse::<Role>().unwrap(), r);
         }
         assert!("weights".parse::<Role>().is_err());

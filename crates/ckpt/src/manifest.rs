@@ -26,8 +26,9 @@ use crate::error::{CkptError, Result};
 /// The value of the `format` field.
 pub const FORMAT: &str = "steadfast-checkpoint";
 /// The newest format version this build writes and reads. Version 2 added
-/// `meta.kernels`; version 1 manifests still read (without it).
-pub const VERSION: u32 = 2;
+/// `meta.kernels`; version 3 added `meta.tree` and the role `extra` (a framework's state
+/// as it nests, written by the Python package). Older manifests still read.
+pub const VERSION: u32 = 3;
 /// Name of the manifest file inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
@@ -73,6 +74,13 @@ pub struct Meta {
     pub data_cursor: DataCursor,
     /// Further named integers (e.g. `optimizer.updates`).
     pub scalars: BTreeMap<String, u64>,
+    /// The nesting of a framework's state (dictionaries, lists, numbers, strings) with its
+    /// tensors in their places, each named by its registry name: how a loader rebuilds
+    /// the state as it was given. Its numbers are integers only (the writer encodes
+    /// floats as their bits), so the manifest stays canonical. Absent for Steadfast's own
+    /// training state, whose layout the registry names fix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<serde_json::Value>,
 }
 
 /// The random number generator's state. Steadfast's generator is counter-based: every
@@ -192,6 +200,9 @@ impl Manifest {
         if m.version < 2 && !m.meta.kernels.is_empty() {
             return Err(format_err(format!("version {} has no \"meta.kernels\" field", m.version)));
         }
+        if m.version < 3 && m.meta.tree.is_some() {
+            return Err(format_err(format!("version {} has no \"meta.tree\" field", m.version)));
+        }
         if hex64(m.own_checksum()) != m.manifest_xxh3 {
             return Err(CkptError::Corrupt {
                 path: path.to_owned(),
@@ -212,6 +223,9 @@ impl Manifest {
 
     /// Checks that the tensor list is consistent with the file list.
     fn check_consistency(&self) -> std::result::Result<(), String> {
+        if let Some(tree) = &self.meta.tree {
+            check_tree(tree)?;
+        }
         let mut names = std::collections::HashSet::new();
         for t in &self.tensors {
             if !names.insert(t.name.as_str()) {
@@ -240,6 +254,20 @@ impl Manifest {
     }
 }
 
+/// Refuses a state tree holding a number that is not an integer of 64 bits: parsing such
+/// a number back may not give the same bits, so the manifest would not be canonical.
+pub fn check_tree(tree: &serde_json::Value) -> std::result::Result<(), String> {
+    use serde_json::Value;
+    match tree {
+        Value::Number(n) if !(n.is_i64() || n.is_u64()) => {
+            Err(format!("meta.tree holds the number {n}, which is not an integer (encode a float as its bits)"))
+        }
+        Value::Array(items) => items.iter().try_for_each(check_tree),
+        Value::Object(fields) => fields.values().try_for_each(check_tree),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +283,7 @@ mod tests {
                 rng: RngState { algorithm: "philox4x32-10".into(), seed: 3 },
                 data_cursor: DataCursor { epoch: 1, step_in_epoch: 2, global_batch: 32 },
                 scalars: BTreeMap::from([("optimizer.updates".into(), 12)]),
+                tree: None,
             },
             vec![FileEntry {
                 file: "shard-0000.safetensors".into(),
@@ -321,6 +350,28 @@ mod tests {
         let forged = version_1(sample());
         let err = Manifest::from_bytes(&forged.to_bytes(), Path::new("m.json")).unwrap_err();
         assert!(err.to_string().contains("version 1 has no \"meta.kernels\""), "{err}");
+    }
+
+    #[test]
+    fn a_state_tree_round_trips_needs_version_3_and_holds_no_floats() {
+        let mut m = sample();
+        m.meta.tree = Some(
+            serde_json::json!({"dict": [[{"str": "model"}, {"tensor": "model.w"}], [{"str": "lr"}, {"float": "3f50624dd2f1a9fc"}]]}),
+        );
+        let m = Manifest::new(m.meta, m.files, m.tensors);
+        assert_eq!(Manifest::from_bytes(&m.to_bytes(), Path::new("m.json")).unwrap(), m);
+
+        let mut older = m.clone();
+        older.version = 2;
+        older.manifest_xxh3 = hex64(older.own_checksum());
+        let err = Manifest::from_bytes(&older.to_bytes(), Path::new("m.json")).unwrap_err();
+        assert!(err.to_string().contains("version 2 has no \"meta.tree\""), "{err}");
+
+        let mut floats = m;
+        floats.meta.tree = Some(serde_json::json!({"list": [1, 0.1]}));
+        let floats = Manifest::new(floats.meta, floats.files, floats.tensors);
+        let err = Manifest::from_bytes(&floats.to_bytes(), Path::new("m.json")).unwrap_err();
+        assert!(err.to_string().contains("not an integer"), "{err}");
     }
 
     #[test]

@@ -64,6 +64,34 @@ pub struct TensorRef<'a> {
     pub data: &'a [f32],
 }
 
+/// A borrowed tensor of any element type to save: its little-endian bytes. (A
+/// [`TensorRef`] is the f32 case, the one training uses.)
+#[derive(Clone, Copy, Debug)]
+pub struct RawTensorRef<'a> {
+    /// Registry name.
+    pub name: &'a str,
+    /// Model parameter, optimizer state or extra state.
+    pub role: Role,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: &'a [usize],
+    /// Elements, row-major, little-endian.
+    pub bytes: &'a [u8],
+}
+
+impl<'a> From<TensorRef<'a>> for RawTensorRef<'a> {
+    fn from(t: TensorRef<'a>) -> Self {
+        RawTensorRef {
+            name: t.name,
+            role: t.role,
+            dtype: DType::F32,
+            shape: t.shape,
+            bytes: bytemuck::cast_slice(t.data),
+        }
+    }
+}
+
 /// How to write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaveOptions {
@@ -196,11 +224,11 @@ fn plan_shards(sizes: &[u64], shards: usize) -> Vec<std::ops::Range<usize>> {
 fn write_shard(
     path: &Path,
     file_name: &str,
-    tensors: &[TensorRef<'_>],
+    tensors: &[RawTensorRef<'_>],
     meta: &Meta,
 ) -> Result<(FileEntry, Vec<TensorEntry>)> {
     let layouts: Vec<Layout<'_>> =
-        tensors.iter().map(|t| Layout { name: t.name, dtype: DType::F32, shape: t.shape }).collect();
+        tensors.iter().map(|t| Layout { name: t.name, dtype: t.dtype, shape: t.shape }).collect();
     let metadata = BTreeMap::from([("steadfast.step".to_string(), meta.step.to_string())]);
     let (prefix, entries) = encode_header(&layouts, &metadata);
     let err = CkptError::io("cannot write", path);
@@ -208,7 +236,7 @@ fn write_shard(
     file.write_all(&prefix).map_err(CkptError::io("cannot write", path))?;
     let mut out = Vec::with_capacity(tensors.len());
     for (t, e) in tensors.iter().zip(&entries) {
-        let bytes: &[u8] = bytemuck::cast_slice(t.data);
+        let bytes = t.bytes;
         // Hash each chunk just before writing it, while it is in cache: one pass over
         // memory instead of two.
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
@@ -219,7 +247,7 @@ fn write_shard(
         out.push(TensorEntry {
             name: t.name.to_owned(),
             role: t.role.as_str().to_owned(),
-            dtype: DType::F32.name().to_owned(),
+            dtype: t.dtype.name().to_owned(),
             shape: t.shape.iter().map(|&d| d as u64).collect(),
             file: file_name.to_owned(),
             offset: prefix.len() as u64 + e.begin,
@@ -238,18 +266,27 @@ fn write_shard(
     Ok((entry, out))
 }
 
-fn check_shapes(tensors: &[TensorRef<'_>]) -> Result<()> {
+fn check_shapes(tensors: &[RawTensorRef<'_>]) -> Result<()> {
     for t in tensors {
-        if t.shape.iter().product::<usize>() != t.data.len() {
+        let elements = t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if elements.and_then(|n| n.checked_mul(t.dtype.size())) != Some(t.bytes.len()) {
             return Err(CkptError::Mismatch(format!(
-                "tensor {}: shape {:?} but {} elements",
+                "tensor {}: shape {:?} of {} but {} bytes",
                 t.name,
                 t.shape,
-                t.data.len()
+                t.dtype.name(),
+                t.bytes.len()
             )));
         }
     }
     Ok(())
+}
+
+/// The f32 tensors as raw ones, their shapes checked.
+fn raw<'a>(tensors: &[TensorRef<'a>]) -> Result<Vec<RawTensorRef<'a>>> {
+    let raw: Vec<RawTensorRef<'a>> = tensors.iter().map(|&t| t.into()).collect();
+    check_shapes(&raw)?;
+    Ok(raw)
 }
 
 /// The file name of shard `i`.
@@ -262,7 +299,7 @@ fn shard_name(i: usize) -> String {
 fn write_shards(
     dir: &Path,
     meta: &Meta,
-    shards: &[(usize, Vec<TensorRef<'_>>)],
+    shards: &[(usize, Vec<RawTensorRef<'_>>)],
 ) -> Result<(Vec<FileEntry>, Vec<TensorEntry>)> {
     let results: Vec<Result<(FileEntry, Vec<TensorEntry>)>> = std::thread::scope(|s| {
         let handles: Vec<_> = shards
@@ -290,8 +327,18 @@ fn write_shards(
 /// process may write the same root, hold its [`Owner`](crate::Owner) first, as
 /// [`AsyncWriter`](crate::AsyncWriter) does.
 pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveOptions) -> Result<SaveReport> {
+    save_raw(root, meta, &raw(tensors)?, options)
+}
+
+/// [`save`] for tensors of any element type (a framework's state: integer step counters,
+/// random generators' byte states, half-precision weights), with a state tree in
+/// `meta.tree` if the caller has one.
+pub fn save_raw(root: &Path, meta: &Meta, tensors: &[RawTensorRef<'_>], options: &SaveOptions) -> Result<SaveReport> {
     let started = Instant::now();
     check_shapes(tensors)?;
+    if let Some(tree) = &meta.tree {
+        crate::manifest::check_tree(tree).map_err(CkptError::Mismatch)?;
+    }
     std::fs::create_dir_all(root).map_err(CkptError::io("cannot create", root))?;
     let nonce = format!(
         "{}{}-{}-{}",
@@ -303,8 +350,8 @@ pub fn save(root: &Path, meta: &Meta, tensors: &[TensorRef<'_>], options: &SaveO
     let tmp = root.join(nonce);
     std::fs::create_dir(&tmp).map_err(CkptError::io("cannot create", &tmp))?;
 
-    let sizes: Vec<u64> = tensors.iter().map(|t| t.data.len() as u64 * 4).collect();
-    let shards: Vec<(usize, Vec<TensorRef<'_>>)> =
+    let sizes: Vec<u64> = tensors.iter().map(|t| t.bytes.len() as u64).collect();
+    let shards: Vec<(usize, Vec<RawTensorRef<'_>>)> =
         plan_shards(&sizes, options.shards).into_iter().enumerate().map(|(i, r)| (i, tensors[r].to_vec())).collect();
     let (files, entries) = write_shards(&tmp, meta, &shards)?;
     failpoint::hit("after_shard_write")?;
@@ -425,12 +472,11 @@ fn part_record_path(dir: &Path, index: usize) -> PathBuf {
 /// their entries in `part-<index>.json`, fsynced. Returns the bytes written. Nothing is
 /// committed: [`commit_parts`] does that once every part is durable.
 pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<TensorRef<'_>>)]) -> Result<u64> {
-    for (_, tensors) in shards {
-        check_shapes(tensors)?;
-    }
+    let shards: Vec<(usize, Vec<RawTensorRef<'_>>)> =
+        shards.iter().map(|(i, tensors)| Ok((*i, raw(tensors)?))).collect::<Result<_>>()?;
     let dir = parts_dir(root, meta.step, part.group);
     std::fs::create_dir_all(&dir).map_err(CkptError::io("cannot create", &dir))?;
-    let (files, tensors) = write_shards(&dir, meta, shards)?;
+    let (files, tensors) = write_shards(&dir, meta, &shards)?;
     failpoint::hit("after_shard_write")?;
     let record = PartRecord {
         step: meta.step,

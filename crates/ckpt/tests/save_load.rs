@@ -117,3 +117,38 @@ fn exported_file_is_one_plain_safetensors_file() {
         assert_eq!(&bytes[start..start + e.len() as usize], t.bytes());
     }
 }
+
+#[test]
+fn tensors_of_any_dtype_and_a_state_tree_round_trip_and_a_wrong_length_is_refused() {
+    use ckpt::{DType, Meta, RawTensorRef, Role};
+    let root = tempfile::tempdir().unwrap();
+    let bf16 = [0x3f80u16, 0xc000, 0x7fc1].map(u16::to_le_bytes).concat();
+    let counter = 12345i64.to_le_bytes();
+    let flags = [1u8, 0, 1, 1];
+    let tensors = [
+        RawTensorRef { name: "model.w", role: Role::Model, dtype: DType::BF16, shape: &[3], bytes: &bf16 },
+        RawTensorRef { name: "optimizer.step", role: Role::Optim, dtype: DType::I64, shape: &[], bytes: &counter },
+        RawTensorRef { name: "rng.flags", role: Role::Extra, dtype: DType::Bool, shape: &[2, 2], bytes: &flags },
+        RawTensorRef { name: "empty", role: Role::Extra, dtype: DType::F32, shape: &[0, 4], bytes: &[] },
+    ];
+    let tree = serde_json::json!({"dict": [[{"str": "w"}, {"tensor": "model.w"}]]});
+    let meta = Meta { step: 3, tree: Some(tree.clone()), ..Meta::default() };
+    let report = ckpt::store::save_raw(root.path(), &meta, &tensors, &SaveOptions::default()).unwrap();
+    let c = ckpt::reader::open(&report.dir).unwrap();
+    assert!(c.verify().is_empty());
+    assert_eq!(c.manifest.meta.tree, Some(tree));
+    let loaded = c.load().unwrap();
+    for (t, l) in tensors.iter().zip(&loaded) {
+        assert_eq!(
+            (l.name.as_str(), l.role, l.dtype, l.shape.as_slice(), l.bytes()),
+            (t.name, t.role, t.dtype, t.shape, t.bytes)
+        );
+    }
+    // Bytes that do not fill the shape, and a tree with a float, are refused before any write.
+    let short = [RawTensorRef { bytes: &bf16[..4], ..tensors[0] }];
+    let err = ckpt::store::save_raw(root.path(), &Meta { step: 4, ..Meta::default() }, &short, &SaveOptions::default());
+    assert!(err.unwrap_err().to_string().contains("model.w"));
+    let floats = Meta { step: 5, tree: Some(serde_json::json!([0.5])), ..Meta::default() };
+    assert!(ckpt::store::save_raw(root.path(), &floats, &tensors, &SaveOptions::default()).is_err());
+    assert_eq!(ckpt::store::list(root.path()).unwrap().len(), 1);
+}

@@ -136,6 +136,14 @@ pub fn permutation(seed: u64, tag: &str, indices: &[u64], n: usize) -> Vec<u32> 
     p
 }
 
+/// The order in which epoch `epoch` visits `examples` training examples: the permutation
+/// of the stream tagged `data.permutation`. Steadfast's training sampler and the Python
+/// package's sampler both use it, so a PyTorch loop can visit the data in `steadfast
+/// train`'s order.
+pub fn data_order(seed: u64, examples: usize, epoch: u64) -> Vec<u32> {
+    permutation(seed, "data.permutation", &[epoch], examples)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

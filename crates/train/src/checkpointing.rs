@@ -72,6 +72,7 @@ pub fn meta(config: &TrainConfig, sampler: &Sampler, state: &TrainState, kernels
             global_batch: sampler.global_batch() as u64,
         },
         scalars: BTreeMap::from([(UPDATES.to_owned(), state.optimizer.updates())]),
+        tree: None,
     }
 }
 

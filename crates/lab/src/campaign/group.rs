@@ -53,7 +53,8 @@ impl Replica {
         let params = &self.state.params;
         let (tensors, sums) = match role {
             Role::Model => (&params[..], &self.sums[..params.len()]),
-            Role::Optim => (self.state.optimizer.slots(), &self.sums[params.len()..]),
+            // (Training state holds no extra tensors: all of it is model or optimizer.)
+            Role::Optim | Role::Extra => (self.state.optimizer.slots(), &self.sums[params.len()..]),
         };
         tensors.iter().zip(sums).all(|(t, &s)| ckpt::checksum(bytemuck::cast_slice(&t.data)) == s)
     }
@@ -209,7 +210,7 @@ impl Group {
         }
         let restore = match role {
             Role::Model => Restore::Params,
-            Role::Optim => Restore::Slots,
+            Role::Optim | Role::Extra => Restore::Slots,
         };
         self.respond(env, report, Alarm { detector: Detector::Checksum, faulty: bad }, restore)
     }

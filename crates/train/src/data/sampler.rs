@@ -10,18 +10,13 @@
 //! A micro-batch is therefore a pure function of `(seed, epoch, step, index)`: it does not
 //! matter which rank or thread computes it, or whether training was interrupted.
 
-use repro::rng::permutation;
-
 use crate::error::ConfigError;
-
-/// Purpose tag of the data permutation stream.
-const PERMUTATION_TAG: &str = "data.permutation";
 
 /// The permutation of the `examples` training examples that epoch `epoch` visits, in
 /// order: global step `s` of the epoch takes elements `s*B .. (s+1)*B`. Exported by
 /// `steadfast bench order` so that other systems can train on the same order.
 pub fn epoch_order(seed: u64, examples: usize, epoch: u64) -> Vec<u32> {
-    permutation(seed, PERMUTATION_TAG, &[epoch], examples)
+    repro::rng::data_order(seed, examples, epoch)
 }
 
 /// Cuts epochs into global batches and micro-batches.

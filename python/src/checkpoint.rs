@@ -1,0 +1,200 @@
+//! Steadfast checkpoints of a Python loop's state: the commit protocol, checksums,
+//! retention, the one-writer lock and the fallback to the newest valid checkpoint are the
+//! `ckpt` crate's; this module converts between its types and Python's.
+//!
+//! A tensor crosses as `(name, role, dtype, shape, bytes)`: the registry name, `model`,
+//! `optim` or `extra`, a safetensors dtype name (`F32`, `BF16`, `I64`, ...), the shape and
+//! the little-endian bytes. Bytes handed in are read where they lie (no copy on this
+//! side); bytes handed out are a `bytearray` that `torch.frombuffer` can wrap.
+
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use ckpt::{CkptError, DType, Meta, Owner, RawTensorRef, Retention, Role, SaveOptions};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyByteArray, PyDict};
+
+use crate::CheckpointError;
+
+/// A tensor as Python hands it over.
+type TensorIn = (String, String, String, Vec<usize>, PyBackedBytes);
+
+fn err(e: CkptError) -> PyErr {
+    CheckpointError::new_err(e.to_string())
+}
+
+fn bad(reason: String) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(reason)
+}
+
+/// The tensors' roles and dtypes parsed; bytes borrowed. (Plain errors: a background
+/// save calls it without the interpreter.)
+fn refs(tensors: &[TensorIn]) -> Result<Vec<RawTensorRef<'_>>, String> {
+    tensors
+        .iter()
+        .map(|(name, role, dtype, shape, bytes)| {
+            let role: Role = role.parse().map_err(|e| format!("tensor {name}: {e}"))?;
+            let dtype = DType::from_name(dtype).ok_or_else(|| format!("tensor {name}: unknown dtype {dtype:?}"))?;
+            Ok(RawTensorRef { name, role, dtype, shape, bytes })
+        })
+        .collect()
+}
+
+/// The metadata of a checkpoint of `step` holding `tree` (JSON text).
+fn meta(step: u64, tree: &str) -> PyResult<Meta> {
+    let tree: serde_json::Value =
+        serde_json::from_str(tree).map_err(|e| bad(format!("the state tree is not valid JSON: {e}")))?;
+    Ok(Meta { step, world_size: 1, tree: Some(tree), ..Meta::default() })
+}
+
+fn options(keep_last: Option<usize>, shards: usize) -> SaveOptions {
+    SaveOptions { shards: shards.max(1), retention: Retention { keep_last, keep_every: None } }
+}
+
+/// Takes the root's writer lock, clearing what dead writers left.
+fn own(root: &Path) -> Result<Owner, CkptError> {
+    let owner = Owner::acquire(root, 0)?;
+    ckpt::store::remove_stale_temporaries(root)?;
+    Ok(owner)
+}
+
+/// Saves `tensors` and `tree` as the checkpoint of `step` under `root` and commits it
+/// atomically; returns the committed directory. Fails if another process writes `root`.
+#[pyfunction]
+#[pyo3(signature = (root, step, tensors, tree, keep_last=None, shards=2))]
+fn save(
+    py: Python<'_>,
+    root: PathBuf,
+    step: u64,
+    tensors: Vec<TensorIn>,
+    tree: &str,
+    keep_last: Option<usize>,
+    shards: usize,
+) -> PyResult<PathBuf> {
+    let meta = meta(step, tree)?;
+    let refs = refs(&tensors).map_err(bad)?;
+    py.allow_threads(|| {
+        let _owner = own(&root)?;
+        ckpt::store::save_raw(&root, &meta, &refs, &options(keep_last, shards)).map(|r| r.dir)
+    })
+    .map_err(err)
+}
+
+/// The checkpoint `path` names (a checkpoint directory, or a root: its newest valid
+/// checkpoint), every checksum verified: a dict with `dir`, `step`, `tree` (JSON text or
+/// None), `tensors` (a list of `(name, role, dtype, shape, bytearray)`) and `skipped`
+/// (the newer checkpoints passed over, with why).
+#[pyfunction]
+fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let (resolved, manifest, tensors) = py
+        .allow_threads(|| {
+            let resolved = ckpt::reader::resolve_reporting(&path)?;
+            let c = ckpt::reader::open(&resolved.dir)?;
+            let tensors = c.load()?;
+            Ok::<_, CkptError>((resolved, c.manifest, tensors))
+        })
+        .map_err(err)?;
+    let out = PyDict::new(py);
+    out.set_item("dir", &resolved.dir)?;
+    out.set_item("step", manifest.meta.step)?;
+    out.set_item("tree", manifest.meta.tree.as_ref().map(|t| t.to_string()))?;
+    let skipped: Vec<(PathBuf, String)> = resolved.skipped;
+    out.set_item("skipped", skipped)?;
+    let list: Vec<_> = tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.role.as_str(), t.dtype.name(), t.shape.clone(), PyByteArray::new(py, t.bytes())))
+        .collect();
+    out.set_item("tensors", list)?;
+    Ok(out)
+}
+
+/// Every problem of the checkpoint `path` names, as `(file, tensor or None, reason)`;
+/// empty when every byte checks out. A root with no valid checkpoint is one problem.
+#[pyfunction]
+fn verify(py: Python<'_>, path: PathBuf) -> Vec<(String, Option<String>, String)> {
+    py.allow_threads(|| match ckpt::reader::resolve(&path) {
+        Ok(dir) => ckpt::reader::check(&dir).into_iter().map(|p| (p.file, p.tensor, p.reason)).collect(),
+        Err(e) => vec![(path.display().to_string(), None, e.to_string())],
+    })
+}
+
+/// The committed steps under `root`, ascending (none if it does not exist).
+#[pyfunction]
+fn steps(root: PathBuf) -> PyResult<Vec<u64>> {
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    Ok(ckpt::store::list(&root).map_err(err)?.into_iter().map(|(s, _)| s).collect())
+}
+
+/// Writes checkpoints in the background: `submit` returns once the save has started, and
+/// the next `submit` (or `wait`) first waits for the one in flight. It holds the root's
+/// writer lock for as long as it lives, so a second run on the same root is refused.
+#[pyclass(module = "steadfast._steadfast")]
+struct Saver {
+    root: PathBuf,
+    options: SaveOptions,
+    _owner: Owner,
+    pending: Option<JoinHandle<Result<PathBuf, CkptError>>>,
+}
+
+impl Saver {
+    /// Waits for the save in flight, if any; returns the directory it committed.
+    fn join(&mut self, py: Python<'_>) -> PyResult<Option<PathBuf>> {
+        let Some(handle) = self.pending.take() else { return Ok(None) };
+        let done = py.allow_threads(|| handle.join());
+        match done {
+            Ok(result) => result.map(Some).map_err(err),
+            Err(_) => Err(CheckpointError::new_err("the background save panicked")),
+        }
+    }
+}
+
+#[pymethods]
+impl Saver {
+    #[new]
+    #[pyo3(signature = (root, keep_last=None, shards=2))]
+    fn new(py: Python<'_>, root: PathBuf, keep_last: Option<usize>, shards: usize) -> PyResult<Self> {
+        let owner = py.allow_threads(|| own(&root)).map_err(err)?;
+        Ok(Saver { root, options: options(keep_last, shards), _owner: owner, pending: None })
+    }
+
+    /// Starts saving `tensors` (whose bytes the caller no longer changes: a snapshot) as
+    /// the checkpoint of `step`, after the save in flight has finished. Returns the
+    /// directory that the previous save committed, if there was one.
+    fn submit(&mut self, py: Python<'_>, step: u64, tensors: Vec<TensorIn>, tree: &str) -> PyResult<Option<PathBuf>> {
+        let meta = meta(step, tree)?;
+        refs(&tensors).map_err(bad)?;
+        let previous = self.join(py)?;
+        let (root, options) = (self.root.clone(), self.options);
+        let handle = std::thread::Builder::new()
+            .name("steadfast-saver".into())
+            .spawn(move || {
+                let refs = refs(&tensors).map_err(CkptError::Mismatch)?;
+                ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| r.dir)
+            })
+            .map_err(|e| CheckpointError::new_err(format!("cannot start the background save: {e}")))?;
+        self.pending = Some(handle);
+        Ok(previous)
+    }
+
+    /// Waits for the save in flight; returns the directory it committed (None if none
+    /// was in flight). Raises its error if it failed.
+    fn wait(&mut self, py: Python<'_>) -> PyResult<Option<PathBuf>> {
+        self.join(py)
+    }
+
+    /// Whether a save is in flight.
+    fn busy(&self) -> bool {
+        self.pending.as_ref().is_some_and(|h| !h.is_finished())
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(save, m)?)?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(steps, m)?)?;
+    m.add_class::<Saver>()
+}

@@ -1,0 +1,49 @@
+//! The native half of the `steadfast` Python package: Steadfast's Rust core, reached from
+//! a PyTorch training loop.
+//!
+//! The Python API (`python/steadfast/`) is glue: it walks a framework's nested state into
+//! named little-endian buffers and a tree that says where each one goes, and calls the
+//! functions here, which do the work in Rust with the interpreter's lock released:
+//!
+//! - [`checkpoint`]: Steadfast checkpoints of any state (`save`, `load`, `verify`) and the
+//!   asynchronous [`checkpoint::Saver`], all through the `ckpt` crate, so that
+//!   `steadfast ckpt verify` and `ckpt inspect` read what Python wrote and the other way
+//!   round.
+//! - [`data_order`]: the order in which an epoch visits the data, the one `steadfast
+//!   train` uses, for the package's resumable sampler.
+//!
+//! Every failure becomes a Python exception that names the file and tensor concerned
+//! (`CheckpointError`, a subclass of `OSError`); nothing here panics on bad input.
+#![forbid(unsafe_code)]
+
+mod checkpoint;
+
+use pyo3::prelude::*;
+use pyo3::types::PyByteArray;
+
+pyo3::create_exception!(
+    steadfast,
+    CheckpointError,
+    pyo3::exceptions::PyOSError,
+    "A checkpoint could not be written, found or read back intact (the message names the file and tensor)."
+);
+
+/// The permutation of `0..examples` that epoch `epoch` visits for `seed`, as
+/// little-endian u32s: a pure function of its arguments (Philox-driven Fisher-Yates).
+#[pyfunction]
+fn data_order<'py>(py: Python<'py>, seed: u64, examples: usize, epoch: u64) -> PyResult<Bound<'py, PyByteArray>> {
+    if examples > u32::MAX as usize {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!("{examples} examples: at most 2^32 - 1")));
+    }
+    let order = py.allow_threads(|| repro::rng::data_order(seed, examples, epoch));
+    let bytes: Vec<u8> = order.iter().flat_map(|i| i.to_le_bytes()).collect();
+    Ok(PyByteArray::new(py, &bytes))
+}
+
+#[pymodule]
+fn _steadfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("CheckpointError", m.py().get_type::<CheckpointError>())?;
+    m.add("FORMAT_VERSION", ckpt::manifest::VERSION)?;
+    m.add_function(wrap_pyfunction!(data_order, m)?)?;
+    checkpoint::register(m)
+}

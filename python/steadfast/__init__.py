@@ -1,0 +1,18 @@
+"""Steadfast for PyTorch users: verified, crash-safe checkpoints that restart exactly.
+
+The work is done by Steadfast's Rust core (the native module ``steadfast._steadfast``);
+this package is the glue that reaches it from a Python training loop.
+
+- :mod:`steadfast.torch`: ``save``, ``load`` and ``verify`` of nested state (model,
+  optimizer, scalars, random generators) in Steadfast's checkpoint format, the
+  ``AsyncCheckpointer`` (training waits for the snapshot only), the state an exact
+  restart needs beyond the state dicts (``rng_state``, ``ResumableSampler``).
+
+Checkpoints written here are ordinary Steadfast checkpoints: ``steadfast ckpt verify``,
+``ckpt inspect`` and ``inject`` work on them, and every byte is covered by a checksum, so
+a flipped bit or a truncated file is an error naming the file and tensor, never a state
+that loads silently wrong.
+"""
+from ._steadfast import FORMAT_VERSION, CheckpointError
+
+__all__ = ["CheckpointError", "FORMAT_VERSION"]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The Python package's tests: a virtual environment under target/ with PyTorch (the wheel
+# PyPI serves, used on the CPU), `pip install ./python` (maturin builds the native module
+# into the workspace's one target/), then pytest. scripts/test.sh runs this after `cargo
+# test`; run it alone after `cargo build --release` (its tests call the `steadfast`
+# binary). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=target/python-env
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+export PATH="$PWD/$venv/bin:$PATH"   # the build backend runs `maturin` by name
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  "torch==2.15.0" "numpy>=1.21" "pytest>=7" safetensors "maturin>=1.7,<2"
+# No build isolation: maturin comes from the environment, and cargo shares target/.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
+cargo build --release --locked -p steadfast   # a no-op after `cargo test --release`
+STEADFAST_BIN="$PWD/target/release/steadfast" "$venv/bin/python" -m pytest -q python/tests "$@"
