@@ -9,6 +9,8 @@
 //!   asynchronous [`checkpoint::Saver`], all through the `ckpt` crate, so that
 //!   `steadfast ckpt verify` and `ckpt inspect` read what Python wrote and the other way
 //!   round.
+//! - [`inject`]: bit flips in the tensors of a checkpoint or a framework's file, with
+//!   `steadfast inject`'s plans, logs, replay and undo (the `fault` crate's).
 //! - [`data_order`]: the order in which an epoch visits the data, the one `steadfast
 //!   train` uses, for the package's resumable sampler.
 //!
@@ -17,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+mod inject;
 
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
@@ -40,10 +43,19 @@ fn data_order<'py>(py: Python<'py>, seed: u64, examples: usize, epoch: u64) -> P
     Ok(PyByteArray::new(py, &bytes))
 }
 
+pyo3::create_exception!(
+    steadfast,
+    InjectError,
+    pyo3::exceptions::PyException,
+    "A fault could not be planned or applied, or a log does not fit the file it is applied to."
+);
+
 #[pymodule]
 fn _steadfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CheckpointError", m.py().get_type::<CheckpointError>())?;
+    m.add("InjectError", m.py().get_type::<InjectError>())?;
     m.add("FORMAT_VERSION", ckpt::manifest::VERSION)?;
     m.add_function(wrap_pyfunction!(data_order, m)?)?;
-    checkpoint::register(m)
+    checkpoint::register(m)?;
+    inject::register(m)
 }

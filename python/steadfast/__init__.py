@@ -3,6 +3,8 @@
 The work is done by Steadfast's Rust core (the native module ``steadfast._steadfast``);
 this package is the glue that reaches it from a Python training loop.
 
+- :func:`inject`, :func:`replay`, :func:`undo` (:mod:`steadfast.faults`): bit flips in
+  checkpoint files of every format ``steadfast inject`` reads, with its plans and logs.
 - :mod:`steadfast.torch`: ``save``, ``load`` and ``verify`` of nested state (model,
   optimizer, scalars, random generators) in Steadfast's checkpoint format, the
   ``AsyncCheckpointer`` (training waits for the snapshot only), the state an exact
@@ -13,6 +15,7 @@ Checkpoints written here are ordinary Steadfast checkpoints: ``steadfast ckpt ve
 a flipped bit or a truncated file is an error naming the file and tensor, never a state
 that loads silently wrong.
 """
-from ._steadfast import FORMAT_VERSION, CheckpointError
+from ._steadfast import FORMAT_VERSION, CheckpointError, InjectError
+from .faults import inject, replay, tensors_in, undo
 
-__all__ = ["CheckpointError", "FORMAT_VERSION"]
+__all__ = ["CheckpointError", "FORMAT_VERSION", "InjectError", "inject", "replay", "undo", "tensors_in"]

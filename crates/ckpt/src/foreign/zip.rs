@@ -134,7 +134,11 @@ pub fn members_of(f: &mut (impl Read + Seek), file_len: u64) -> Result<Vec<Membe
                  ({cd_offset})"
             ));
         }
-        let mut crc_positions = vec![local + 14, cd_crc];
+        // With a data descriptor (flag bit 3) the local header may hold zero for the CRC
+        // (as `torch.save` writes it): that zero is left alone, so that altering and then
+        // restoring a member gives back the file's bytes exactly.
+        let mut crc_positions =
+            if flags & 8 != 0 && le32(&lh, 14) == 0 { vec![cd_crc] } else { vec![local + 14, cd_crc] };
         if flags & 8 != 0 {
             // Data descriptor: an optional signature, then the CRC.
             let dd = read_at(f, data_offset + size, 4)?;

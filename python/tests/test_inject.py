@@ -1,0 +1,98 @@
+"""steadfast.inject from Python: the same flips, logs, replay and undo as `steadfast
+inject`, on a PyTorch file and on a checkpoint that steadfast.torch wrote."""
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import steadfast
+import steadfast.torch as st
+
+
+def state_dict():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).state_dict()
+
+
+def test_flips_in_a_pytorch_file_are_logged_undone_and_replayed(tmp_path):
+    pt = tmp_path / "model.pt"
+    torch.save(state_dict(), pt)
+    original = pt.read_bytes()
+    log = steadfast.inject(pt, out=tmp_path / "altered.pt", target="0.*", bits="exponent", count=3, seed=1)
+    assert log["format"] and len(log["flips"]) == 3
+    assert all(f["tensor"].startswith("0.") and 23 <= f["bits"][0] <= 30 for f in log["flips"])
+    assert pt.read_bytes() == original  # the input is untouched
+    altered = torch.load(tmp_path / "altered.pt")
+    for f in log["flips"]:
+        value = altered[f["tensor"]].reshape(-1)[f["element"]].item()
+        assert f"{value}" != f["old_value"] or f["old_value"] == f["new_value"]
+    # The log was written beside the copy; undo gives the original bytes back.
+    assert (tmp_path / "altered.pt.inject.json").exists()
+    steadfast.undo(tmp_path / "altered.pt", log)
+    assert (tmp_path / "altered.pt").read_bytes() == original
+    # Replayed on a fresh copy of the input: the same altered bytes as the first time.
+    again = steadfast.replay(pt, log, out=tmp_path / "again.pt")
+    assert again["flips"] == log["flips"]
+    steadfast.inject(pt, out=tmp_path / "first.pt", target="0.*", bits="exponent", count=3, seed=1)
+    assert (tmp_path / "again.pt").read_bytes() == (tmp_path / "first.pt").read_bytes()
+
+
+def test_python_and_the_cli_flip_the_same_bits(tmp_path, cli):
+    pt = tmp_path / "model.pt"
+    torch.save(state_dict(), pt)
+    py = steadfast.inject(pt, out=tmp_path / "py.pt", bits="mantissa", count=5, seed=9)
+    r = subprocess.run([cli, "inject", str(pt), "--out", str(tmp_path / "cli.pt"), "--bits", "mantissa", "--count", "5",
+                        "--seed", "9"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "py.pt").read_bytes() == (tmp_path / "cli.pt").read_bytes()
+    cli_log = json.loads((tmp_path / "cli.pt.inject.json").read_text())
+    # The same flips, each recorded against its own copy.
+    assert [{**f, "file": ""} for f in cli_log["flips"]] == [{**f, "file": ""} for f in py["flips"]]
+
+
+def test_a_checkpoint_written_from_python_is_altered_by_role_with_its_checksums_rewritten_or_kept(tmp_path):
+    model = state_dict()
+    root = tmp_path / "ckpt"
+    d = st.save({"model": model, "rng": st.rng_state()}, root, step=1)
+    names = {t["name"]: t["role"] for t in steadfast.tensors_in(d)}
+    assert names["model.0.weight"] == "model" and names["rng.torch"] == "extra"
+    log = steadfast.inject(d, out=tmp_path / "rewritten", role="model", bits="sign", count=2, seed=3)
+    assert {f["role"] for f in log["flips"]} == {"model"}
+    assert st.verify(tmp_path / "rewritten") == []  # the checksums were rewritten
+    back = st.load(tmp_path / "rewritten")
+    changed = [n for n in model if not torch.equal(model[n], back["model"][n])]
+    assert changed and all(n in {f["tensor"].removeprefix("model.") for f in log["flips"]} for n in changed)
+    kept = steadfast.inject(d, out=tmp_path / "kept", role="model", bits="sign", count=2, seed=3,
+                            keep_checksums=True)
+    problems = st.verify(tmp_path / "kept")
+    assert {p.tensor for p in problems} == {f["tensor"] for f in kept["flips"]}
+    with pytest.raises(steadfast.CheckpointError):
+        st.load(tmp_path / "kept")
+    # The original checkpoint is as it was.
+    assert st.verify(d) == []
+
+
+def test_bad_requests_are_errors_and_alter_nothing(tmp_path):
+    pt = tmp_path / "model.pt"
+    torch.save(state_dict(), pt)
+    original = pt.read_bytes()
+    with pytest.raises(ValueError, match="role"):
+        steadfast.inject(pt, role="weights")
+    with pytest.raises(ValueError, match="bits"):
+        steadfast.inject(pt, bits="exponant")
+    with pytest.raises(ValueError, match="not both"):
+        steadfast.inject(pt, count=1, rate=0.1)
+    with pytest.raises(steadfast.InjectError, match="no tensor"):
+        steadfast.inject(pt, target="nothing.*")
+    with pytest.raises(steadfast.InjectError):
+        steadfast.inject(tmp_path / "missing.pt")
+    log = steadfast.inject(pt, out=tmp_path / "a.pt", count=1, seed=2)
+    # Undo on a file that does not hold the log's new bytes is refused.
+    with pytest.raises(steadfast.InjectError, match="log expects"):
+        steadfast.undo(pt, log)
+    with pytest.raises(ValueError, match="injection log"):
+        steadfast.undo(pt, {"flips": "no"})
+    shutil.copy(pt, tmp_path / "b.pt")
+    assert pt.read_bytes() == original
