@@ -101,9 +101,12 @@ fn undo(py: Python<'_>, path: PathBuf, log: &str, out: Option<PathBuf>) -> PyRes
     py.allow_threads(|| fault::inject::undo(&log, Some(&path), &options)).map_err(err)
 }
 
-/// The tensors Steadfast finds in `path`, as `(name, role, dtype, shape)`.
+/// A tensor found in a file: `(name, role, dtype, shape)`.
+type Found = (String, String, String, Vec<u64>);
+
+/// The tensors Steadfast finds in `path`.
 #[pyfunction]
-fn tensors_in(py: Python<'_>, path: PathBuf) -> PyResult<Vec<(String, String, String, Vec<u64>)>> {
+fn tensors_in(py: Python<'_>, path: PathBuf) -> PyResult<Vec<Found>> {
     let located = py.allow_threads(|| ckpt::foreign::locate(&path)).map_err(|e| InjectError::new_err(e.to_string()))?;
     Ok(located
         .tensors
