@@ -11,6 +11,7 @@
 //!   round.
 //! - [`inject`]: bit flips in the tensors of a checkpoint or a framework's file, with
 //!   `steadfast inject`'s plans, logs, replay and undo (the `fault` crate's).
+//! - [`fpna`]: the FPNA lab's variability metrics on a framework's results.
 //! - [`data_order`]: the order in which an epoch visits the data, the one `steadfast
 //!   train` uses, for the package's resumable sampler.
 //!
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+mod fpna;
 mod inject;
 
 use pyo3::prelude::*;
@@ -57,5 +59,6 @@ fn _steadfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", ckpt::manifest::VERSION)?;
     m.add_function(wrap_pyfunction!(data_order, m)?)?;
     checkpoint::register(m)?;
+    fpna::register(m)?;
     inject::register(m)
 }

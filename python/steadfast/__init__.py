@@ -5,6 +5,7 @@ this package is the glue that reaches it from a Python training loop.
 
 - :func:`inject`, :func:`replay`, :func:`undo` (:mod:`steadfast.faults`): bit flips in
   checkpoint files of every format ``steadfast inject`` reads, with its plans and logs.
+- :mod:`steadfast.fpna`: the FPNA study's variability metrics on tensors.
 - :mod:`steadfast.torch`: ``save``, ``load`` and ``verify`` of nested state (model,
   optimizer, scalars, random generators) in Steadfast's checkpoint format, the
   ``AsyncCheckpointer`` (training waits for the snapshot only), the state an exact

@@ -32,18 +32,45 @@ pub struct ArrayVariability {
     pub fraction_differing: f64,
 }
 
+/// An element of a result the metrics compare: its bits, and its value widened to f64
+/// (exactly, for both types).
+pub trait Element: Copy {
+    /// The bits, zero-extended.
+    fn bits(self) -> u64;
+    /// The value.
+    fn wide(self) -> f64;
+}
+
+impl Element for f32 {
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+    fn wide(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+impl Element for f64 {
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+    fn wide(self) -> f64 {
+        self
+    }
+}
+
 /// Compares a non-deterministic array result with the deterministic one.
-pub fn array_variability(nd: &[f32], d: &[f32]) -> ArrayVariability {
+pub fn array_variability<T: Element>(nd: &[T], d: &[T]) -> ArrayVariability {
     assert_eq!(nd.len(), d.len(), "arrays differ in length");
     if d.is_empty() {
         return ArrayVariability::default();
     }
     let (mut sum, mut max, mut differing) = (0.0f64, 0.0f64, 0usize);
     for (&a, &b) in nd.iter().zip(d) {
-        if a.to_bits() != b.to_bits() {
+        if a.bits() != b.bits() {
             differing += 1;
         }
-        let (a, b) = (f64::from(a), f64::from(b));
+        let (a, b) = (a.wide(), b.wide());
         let rel = if b == 0.0 { a.abs() } else { ((a - b) / b).abs() };
         sum += rel;
         max = max.max(rel);
@@ -58,6 +85,12 @@ pub fn array_variability(nd: &[f32], d: &[f32]) -> ArrayVariability {
 /// Number of bitwise-distinct outputs among repeated runs.
 pub fn distinct_outputs<'a>(outputs: impl IntoIterator<Item = &'a [f32]>) -> usize {
     outputs.into_iter().map(|o| crate::fingerprint::fingerprint([("output", o)])).collect::<BTreeSet<u64>>().len()
+}
+
+/// Number of distinct outputs among repeated runs, each given as its bytes (any element
+/// type): compared whole, so two outputs count as one only if every byte agrees.
+pub fn distinct_bytes<'a>(outputs: impl IntoIterator<Item = &'a [u8]>) -> usize {
+    outputs.into_iter().collect::<BTreeSet<&[u8]>>().len()
 }
 
 #[cfg(test)]
@@ -75,5 +108,11 @@ mod tests {
         let a = [1.0f32, 2.0];
         let b = [1.0f32, 2.0000002];
         assert_eq!(distinct_outputs([&a[..], &a[..], &b[..]]), 2);
+        let bytes = |x: &[f32]| x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(distinct_bytes([&bytes(&a)[..], &bytes(&a), &bytes(&b)]), 2);
+        // f64: a difference below f32's resolution still counts.
+        let w = array_variability(&[1.0f64, 1.0 + 1e-12], &[1.0, 1.0]);
+        assert_eq!(w.fraction_differing, 0.5);
+        assert!(w.max_relative_difference > 0.0);
     }
 }
