@@ -17,6 +17,7 @@
 #   bench/run.sh recovery-hosts  # the recovery timeline across namespace hosts over tc-shaped links (root)
 #   bench/run.sh pipeline   # pipeline steps/s by stage count, boundary logging's cost, recovery times
 #   bench/run.sh study [--quick]  # the checkpoint/restart study across systems (docs/checkpoint-study.md)
+#   bench/run.sh python-ckpt  # a PyTorch loop's checkpoint stall: steadfast.torch against torch.save and DCP
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv. No benchmark here needs a GPU.
@@ -51,6 +52,11 @@ case "$which" in
   engines-hosts) python3 bench/engines_hosts.py ;;
   pipeline) python3 bench/pipeline.py ;;  # runs PyTorch from bench/.venv
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
+  python-ckpt)
+    # The Python package, built into this environment (maturin shares target/).
+    "$venv/bin/pip" install -q "maturin>=1.7,<2"
+    PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps ./python
+    "$venv/bin/python" bench/python_ckpt.py ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
     "$venv/bin/python" bench/ckpt_vs_peers.py
@@ -67,5 +73,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-hosts, kernels, campaign, recovery, recovery-hosts, study)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, python-ckpt)" >&2; exit 2 ;;
 esac

@@ -7,6 +7,8 @@
 //! the little-endian bytes. Bytes handed in are read where they lie (no copy on this
 //! side); bytes handed out are a `bytearray` that `torch.frombuffer` can wrap.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
@@ -16,9 +18,22 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyByteArray, PyDict};
 
 use crate::CheckpointError;
+use crate::host::host_bytes;
 
 /// A tensor as Python hands it over.
 type TensorIn = (String, String, String, Vec<usize>, PyBackedBytes);
+
+/// A tensor as Python points at it: `(name, role, dtype, shape, address, length)`, the
+/// address of `length` bytes of host memory that the caller keeps alive and unchanged
+/// for the duration of the call.
+type TensorAt = (String, String, String, Vec<usize>, usize, usize);
+
+/// A tensor's description without its bytes, owned (for the background save).
+type Described = (String, Role, DType, Vec<usize>);
+
+/// What a background save gives back: the directory it committed, and the buffers that
+/// held the snapshot, for the next one.
+type Done = (Result<PathBuf, CkptError>, Vec<Vec<u8>>);
 
 fn err(e: CkptError) -> PyErr {
     CheckpointError::new_err(e.to_string())
@@ -136,16 +151,39 @@ struct Saver {
     root: PathBuf,
     options: SaveOptions,
     _owner: Owner,
-    pending: Option<JoinHandle<Result<PathBuf, CkptError>>>,
+    pending: Option<JoinHandle<Done>>,
+    /// The buffers of the last snapshot, in tensor order, reused by the next one: after
+    /// the first save a snapshot writes into memory that is already mapped.
+    spare: Vec<Vec<u8>>,
 }
 
 impl Saver {
+    /// Runs `save` on a background thread over `buffers`, which it gives back when done.
+    fn start(
+        &mut self,
+        save: impl FnOnce(&[Vec<u8>]) -> Result<PathBuf, CkptError> + Send + 'static,
+        buffers: Vec<Vec<u8>>,
+    ) -> PyResult<()> {
+        let handle = std::thread::Builder::new()
+            .name("steadfast-saver".into())
+            .spawn(move || {
+                let result = save(&buffers);
+                (result, buffers)
+            })
+            .map_err(|e| CheckpointError::new_err(format!("cannot start the background save: {e}")))?;
+        self.pending = Some(handle);
+        Ok(())
+    }
+
     /// Waits for the save in flight, if any; returns the directory it committed.
     fn join(&mut self, py: Python<'_>) -> PyResult<Option<PathBuf>> {
         let Some(handle) = self.pending.take() else { return Ok(None) };
         let done = py.allow_threads(|| handle.join());
         match done {
-            Ok(result) => result.map(Some).map_err(err),
+            Ok((result, buffers)) => {
+                self.spare = buffers;
+                result.map(Some).map_err(err)
+            }
             Err(_) => Err(CheckpointError::new_err("the background save panicked")),
         }
     }
@@ -157,7 +195,7 @@ impl Saver {
     #[pyo3(signature = (root, keep_last=None, shards=2))]
     fn new(py: Python<'_>, root: PathBuf, keep_last: Option<usize>, shards: usize) -> PyResult<Self> {
         let owner = py.allow_threads(|| own(&root)).map_err(err)?;
-        Ok(Saver { root, options: options(keep_last, shards), _owner: owner, pending: None })
+        Ok(Saver { root, options: options(keep_last, shards), _owner: owner, pending: None, spare: Vec::new() })
     }
 
     /// Starts saving `tensors` (whose bytes the caller no longer changes: a snapshot) as
@@ -168,14 +206,55 @@ impl Saver {
         refs(&tensors).map_err(bad)?;
         let previous = self.join(py)?;
         let (root, options) = (self.root.clone(), self.options);
-        let handle = std::thread::Builder::new()
-            .name("steadfast-saver".into())
-            .spawn(move || {
+        self.start(
+            move |_: &[Vec<u8>]| {
                 let refs = refs(&tensors).map_err(CkptError::Mismatch)?;
                 ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| r.dir)
+            },
+            Vec::new(),
+        )?;
+        Ok(previous)
+    }
+
+    /// Like `submit`, but reads each tensor's bytes where they lie (`address`, `length`)
+    /// into this saver's own buffers, reused from the previous snapshot, and returns once
+    /// they are copied. The caller keeps the memory alive and unchanged until then.
+    fn snapshot(&mut self, py: Python<'_>, step: u64, tensors: Vec<TensorAt>, tree: &str) -> PyResult<Option<PathBuf>> {
+        let meta = meta(step, tree)?;
+        let described: Vec<Described> = tensors
+            .iter()
+            .map(|(name, role, dtype, shape, _, _)| {
+                let role: Role = role.parse().map_err(|e| bad(format!("tensor {name}: {e}")))?;
+                let dtype =
+                    DType::from_name(dtype).ok_or_else(|| bad(format!("tensor {name}: unknown dtype {dtype:?}")))?;
+                Ok((name.clone(), role, dtype, shape.clone()))
             })
-            .map_err(|e| CheckpointError::new_err(format!("cannot start the background save: {e}")))?;
-        self.pending = Some(handle);
+            .collect::<PyResult<_>>()?;
+        let previous = self.join(py)?;
+        let mut buffers = std::mem::take(&mut self.spare);
+        buffers.resize_with(tensors.len(), Vec::new);
+        for (buffer, &(.., address, length)) in buffers.iter_mut().zip(&tensors) {
+            buffer.clear();
+            buffer.extend_from_slice(host_bytes(address, length));
+        }
+        let (root, options) = (self.root.clone(), self.options);
+        self.start(
+            move |buffers: &[Vec<u8>]| {
+                let refs: Vec<RawTensorRef<'_>> = described
+                    .iter()
+                    .zip(buffers)
+                    .map(|((name, role, dtype, shape), bytes)| RawTensorRef {
+                        name,
+                        role: *role,
+                        dtype: *dtype,
+                        shape,
+                        bytes,
+                    })
+                    .collect();
+                ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| r.dir)
+            },
+            buffers,
+        )?;
         Ok(previous)
     }
 

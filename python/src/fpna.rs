@@ -2,6 +2,8 @@
 //! results: arrays cross as their little-endian bytes with a dtype name (`F32` or `F64`;
 //! the Python side widens half-precision results to `F32`, exactly).
 
+#![forbid(unsafe_code)]
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;

@@ -2,6 +2,8 @@
 //! `fault` crate's one implementation), for a Steadfast checkpoint or a safetensors,
 //! PyTorch `.pt`, NumPy `.npz` or HDF5 `.h5` file. Logs cross as their JSON text.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 
 use fault::inject::{InjectError as Error, InjectOptions, InjectionLog};

@@ -52,16 +52,30 @@ class Tensor:
     def as_tuple(self):
         return (self.name, self.role, self.dtype, list(self.shape), self.data)
 
+    def address(self):
+        """``(name, role, dtype, shape, address, length)`` of a tensor encoded with
+        ``copy=False``: where its bytes lie in memory, valid while ``data`` is held."""
+        d = self.data
+        if isinstance(d, np.ndarray):
+            return (self.name, self.role, self.dtype, list(self.shape), d.ctypes.data if d.nbytes else 0, d.nbytes)
+        length = d.numel() * d.element_size()
+        return (self.name, self.role, self.dtype, list(self.shape), d.data_ptr() if length else 0, length)
 
-def _torch_bytes(t, path):
-    """The little-endian bytes of a torch tensor, copied to host memory (the snapshot)."""
+
+def _torch_dense(t, path):
+    """A torch tensor as a dense, contiguous tensor in host memory (itself when it is one)."""
     torch = sys.modules["torch"]
     if t.layout != torch.strided or t.is_quantized:
         raise TypeError(f"{path}: cannot save a {t.layout} tensor (only dense ones)")
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.resolve_conj().resolve_neg().contiguous()
+    return t.resolve_conj().resolve_neg().contiguous()
+
+
+def _torch_bytes(t):
+    """The little-endian bytes of a dense host tensor, copied (the snapshot)."""
+    torch = sys.modules["torch"]
     if t.numel() == 0:
         return b""
     return t.reshape(-1).view(torch.uint8).numpy().tobytes()
@@ -76,8 +90,10 @@ def _role(path, default):
     return default
 
 
-def encode(state):
-    """``(tree as JSON text, [Tensor])`` for ``state``."""
+def encode(state, copy=True):
+    """``(tree as JSON text, [Tensor])`` for ``state``. Each tensor's ``data`` is a copy of
+    its bytes; with ``copy=False`` it is the dense host tensor or array itself, whose memory
+    the caller reads (``address``) while it holds it."""
     torch = sys.modules.get("torch")
     torch_names = {v: k for k, v in _torch_dtypes(torch).items()} if torch else {}
     tensors = []
@@ -116,14 +132,15 @@ def encode(state):
             if x.dtype not in torch_names:
                 raise TypeError(f"{'.'.join(path)}: cannot save a tensor of {x.dtype}")
             name = name_of(path)
+            dense = _torch_dense(x, name)
             tensors.append(Tensor(name, _role(path, default_role), torch_names[x.dtype], tuple(x.shape),
-                                  _torch_bytes(x, name)))
+                                  _torch_bytes(dense) if copy else dense))
             return {"tensor": name}
         if isinstance(x, np.ndarray):
             name = name_of(path)
             dtype = _numpy_name(x.dtype, name)
-            data = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("<")).tobytes()
-            tensors.append(Tensor(name, _role(path, default_role), dtype, x.shape, data))
+            dense = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("<"))
+            tensors.append(Tensor(name, _role(path, default_role), dtype, x.shape, dense.tobytes() if copy else dense))
             return {"ndarray": name}
         if isinstance(x, dict):
             pairs = [[key(k, path), walk(v, path + [str(k)])] for k, v in x.items()]

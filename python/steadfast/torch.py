@@ -134,8 +134,10 @@ def verify(path):
 class AsyncCheckpointer:
     """Checkpoints that cost the training loop only their snapshot.
 
-    ``save(state, step)`` copies every tensor to host memory (the loop may change its
-    tensors as soon as it returns) and hands the copy to a background thread, which
+    ``save(state, step)`` copies every tensor into host buffers that the checkpointer
+    reuses from one save to the next (the loop may change its tensors as soon as it
+    returns; it must not change them from another thread during the call) and hands the
+    copy to a background thread, which
     writes and commits it as :func:`save` would. At most one save is in flight: the next
     ``save`` first waits for it. The checkpointer holds the root's writer lock while it
     lives, so a second run on the same root fails at once instead of corrupting this
@@ -153,8 +155,11 @@ class AsyncCheckpointer:
 
     def save(self, state, step):
         started = time.perf_counter()
-        tree, tensors = _tree.encode(state)
-        done = self._saver.submit(int(step), [t.as_tuple() for t in tensors], tree)
+        # The tensors' memory is read where it lies, into buffers the checkpointer keeps
+        # from one save to the next; `tensors` holds every tensor until that copy is done.
+        tree, tensors = _tree.encode(state, copy=False)
+        done = self._saver.snapshot(int(step), [t.address() for t in tensors], tree)
+        del tensors
         if done is not None:
             self.committed = pathlib.Path(done)
         self.stalls.append(time.perf_counter() - started)

@@ -1,0 +1,20 @@
+//! Reading a tensor's bytes in host memory at the address its framework reports.
+#![allow(unsafe_code)]
+
+/// The `length` bytes at `address`.
+///
+/// The Python side (`steadfast.torch.AsyncCheckpointer.save`) passes the address of a
+/// dense, contiguous tensor in host memory (`Tensor.data_ptr()`, or a C-contiguous
+/// array's `ctypes.data`) and its size in bytes (`numel() * element_size()`, or
+/// `nbytes`), and holds a reference to that tensor until the call that reads them
+/// returns; a length of zero comes with address 0 and reads nothing.
+pub(crate) fn host_bytes<'a>(address: usize, length: usize) -> &'a [u8] {
+    if length == 0 || address == 0 {
+        return &[];
+    }
+    // SAFETY: `address` is the start of `length` initialised bytes of one allocation that
+    // the caller keeps alive, and does not write, for as long as the slice is used (the
+    // caller copies it out at once, holding the interpreter's lock); a tensor's storage is
+    // never more than isize::MAX bytes.
+    unsafe { std::slice::from_raw_parts(address as *const u8, length) }
+}
