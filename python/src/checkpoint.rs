@@ -124,13 +124,33 @@ fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
     Ok(out)
 }
 
-/// Every problem of the checkpoint `path` names, as `(file, tensor or None, reason)`;
-/// empty when every byte checks out. A root with no valid checkpoint is one problem.
+/// Every problem of what `path` names, as `(file, tensor or None, reason)`; empty when
+/// every byte checks out. As `steadfast ckpt verify` does: a checkpoint directory is
+/// checked alone; a root, every committed checkpoint in it (files named
+/// `step-<N>/<file>`) and its `LATEST`; a root with no checkpoint is one problem.
 #[pyfunction]
 fn verify(py: Python<'_>, path: PathBuf) -> Vec<(String, Option<String>, String)> {
-    py.allow_threads(|| match ckpt::reader::resolve(&path) {
-        Ok(dir) => ckpt::reader::check(&dir).into_iter().map(|p| (p.file, p.tensor, p.reason)).collect(),
-        Err(e) => vec![(path.display().to_string(), None, e.to_string())],
+    py.allow_threads(|| {
+        let flat = |p: ckpt::Problem, prefix: &str| (format!("{prefix}{}", p.file), p.tensor, p.reason);
+        if path.join(ckpt::manifest::MANIFEST_FILE).exists() || !path.is_dir() {
+            return ckpt::reader::check(&path).into_iter().map(|p| flat(p, "")).collect();
+        }
+        let listed = match ckpt::store::list(&path) {
+            Ok(l) if !l.is_empty() => l,
+            Ok(_) => {
+                return vec![(path.display().to_string(), None, "no committed checkpoint (no step-* directory)".into())];
+            }
+            Err(e) => return vec![(path.display().to_string(), None, e.to_string())],
+        };
+        let mut problems = Vec::new();
+        for (step, dir) in &listed {
+            let prefix = format!("{}/", ckpt::store::step_dir_name(*step));
+            problems.extend(ckpt::reader::check(dir).into_iter().map(|p| flat(p, &prefix)));
+        }
+        if let Err(why) = ckpt::reader::latest_target(&path) {
+            problems.push((ckpt::store::LATEST_FILE.to_owned(), None, why));
+        }
+        problems
     })
 }
 

@@ -125,9 +125,10 @@ class Problem(tuple):
 
 
 def verify(path):
-    """Every problem of the checkpoint ``path`` names (a directory, or a root's newest valid
-    checkpoint), each a :class:`Problem`; an empty list when every byte checks out. The
-    same check as ``steadfast ckpt verify``."""
+    """Every problem of what ``path`` names, each a :class:`Problem`; an empty list when
+    every byte checks out. The same check as ``steadfast ckpt verify``: a checkpoint
+    directory alone, or a root's every committed checkpoint (files named
+    ``step-<N>/<file>``) and its ``LATEST``."""
     return [Problem(p) for p in _steadfast.verify(os.fspath(path))]
 
 

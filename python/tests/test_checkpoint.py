@@ -183,6 +183,10 @@ def test_a_root_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
     assert [pathlib.Path(p).name for p, _ in info["skipped"]] == ["step-00000002"]
     with pytest.raises(steadfast.CheckpointError):
         st.load(newest)
+    # Verifying the root checks every checkpoint in it, not only the one a load takes.
+    assert [p.file for p in st.verify(root)] == ["step-00000002/manifest.json"]
+    assert st.verify(root / "step-00000001") == []
+    assert st.verify(tmp_path / "empty") != []
 
 
 def test_unsupported_values_are_refused_before_anything_is_written(tmp_path):

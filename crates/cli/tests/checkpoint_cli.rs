@@ -140,6 +140,13 @@ fn a_second_run_on_a_checkpoint_directory_in_use_is_refused_and_destroys_nothing
     let (mut first, reader) = start_hanging(
         &[&job[..], &ck[..], &["--seed", "0", "--out", &out("a"), "--fault", "hang:rank=0,step=13"]].concat(),
     );
+    // The hang comes at step 13, while the checkpoint of step 10 may still be on its way
+    // to disk in the background: the first run's checkpoints are settled once it is there.
+    let settled = Instant::now() + Duration::from_secs(60);
+    while !ckpt::store::list(Path::new(&root)).unwrap().iter().any(|&(step, _)| step == 10) {
+        assert!(Instant::now() < settled, "the first run never committed the checkpoint of step 10");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let before = ckpt::store::list(Path::new(&root)).unwrap();
     let listing = |dir: &Path| {
         let mut names: Vec<String> =
