@@ -138,7 +138,11 @@ fn verify(py: Python<'_>, path: PathBuf) -> Vec<(String, Option<String>, String)
         let listed = match ckpt::store::list(&path) {
             Ok(l) if !l.is_empty() => l,
             Ok(_) => {
-                return vec![(path.display().to_string(), None, "no committed checkpoint (no step-* directory)".into())];
+                return vec![(
+                    path.display().to_string(),
+                    None,
+                    "no committed checkpoint (no step-* directory)".into(),
+                )];
             }
             Err(e) => return vec![(path.display().to_string(), None, e.to_string())],
         };
