@@ -14,7 +14,7 @@ from safetensors.torch import load_file as st_load_file, save_file as st_save_fi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from common import cpu_name, publish  # noqa: E402
+from common import cpu_name, fsync_path, publish  # noqa: E402
 
 BIN = os.path.join(ROOT, "target", "release", "steadfast")
 SIZES = [int(x) for x in os.environ.get("SIZES_MB", "100,1000").split(",")]
@@ -28,14 +28,6 @@ def drop_caches():
         subprocess.run(["sync"], check=True)
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3")
-
-
-def fsync_path(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def touch(tensors):

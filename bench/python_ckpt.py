@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cpu_name, publish  # noqa: E402
+from common import cpu_name, fsync_path, publish  # noqa: E402
 
 import steadfast.torch as st  # noqa: E402
 
@@ -44,14 +44,6 @@ def train_step(model, opt, width):
     opt.step()
 
 
-def fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Saver:
     """One saver with its own directory (and, for Steadfast's asynchronous one, its
     checkpointer)."""
@@ -70,7 +62,7 @@ class Saver:
             path = os.path.join(root, f"{step}.pt")
             torch.save(state, path)
             if kind.endswith("fsync"):
-                fsync(path)
+                fsync_path(path)
             stall = durable = time.perf_counter() - began
         elif kind == "dcp.save":
             dcp.save(state, checkpoint_id=os.path.join(root, str(step)))

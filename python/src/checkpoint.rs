@@ -2,10 +2,11 @@
 //! retention, the one-writer lock and the fallback to the newest valid checkpoint are the
 //! `ckpt` crate's; this module converts between its types and Python's.
 //!
-//! A tensor crosses as `(name, role, dtype, shape, bytes)`: the registry name, `model`,
-//! `optim` or `extra`, a safetensors dtype name (`F32`, `BF16`, `I64`, ...), the shape and
-//! the little-endian bytes. Bytes handed in are read where they lie (no copy on this
-//! side); bytes handed out are a `bytearray` that `torch.frombuffer` can wrap.
+//! A tensor crosses in as `(name, role, dtype, shape, address, length)`: the registry
+//! name, `model`, `optim` or `extra`, a safetensors dtype name (`F32`, `BF16`, `I64`,
+//! ...), the shape, and where its little-endian bytes lie in host memory
+//! ([`host_bytes`]): a save writes them from there, a snapshot copies them once into
+//! buffers it reuses. Tensors cross out as a `bytearray` that `torch.frombuffer` wraps.
 
 #![forbid(unsafe_code)]
 
@@ -14,14 +15,10 @@ use std::thread::JoinHandle;
 
 use ckpt::{CkptError, DType, Meta, Owner, RawTensorRef, Retention, Role, SaveOptions};
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyByteArray, PyDict};
 
 use crate::CheckpointError;
 use crate::host::host_bytes;
-
-/// A tensor as Python hands it over.
-type TensorIn = (String, String, String, Vec<usize>, PyBackedBytes);
 
 /// A tensor as Python points at it: `(name, role, dtype, shape, address, length)`, the
 /// address of `length` bytes of host memory that the caller keeps alive and unchanged
@@ -43,16 +40,25 @@ fn bad(reason: String) -> PyErr {
     pyo3::exceptions::PyValueError::new_err(reason)
 }
 
-/// The tensors' roles and dtypes parsed; bytes borrowed. (Plain errors: a background
-/// save calls it without the interpreter.)
-fn refs(tensors: &[TensorIn]) -> Result<Vec<RawTensorRef<'_>>, String> {
+/// The tensors' names, roles, dtypes and shapes, checked.
+fn describe(tensors: &[TensorAt]) -> PyResult<Vec<Described>> {
     tensors
         .iter()
-        .map(|(name, role, dtype, shape, bytes)| {
-            let role: Role = role.parse().map_err(|e| format!("tensor {name}: {e}"))?;
-            let dtype = DType::from_name(dtype).ok_or_else(|| format!("tensor {name}: unknown dtype {dtype:?}"))?;
-            Ok(RawTensorRef { name, role, dtype, shape, bytes })
+        .map(|(name, role, dtype, shape, _, _)| {
+            let role: Role = role.parse().map_err(|e| bad(format!("tensor {name}: {e}")))?;
+            let dtype =
+                DType::from_name(dtype).ok_or_else(|| bad(format!("tensor {name}: unknown dtype {dtype:?}")))?;
+            Ok((name.clone(), role, dtype, shape.clone()))
         })
+        .collect()
+}
+
+/// The tensors described, over their bytes (`bytes[i]` of `described[i]`).
+fn refs<'a>(described: &'a [Described], bytes: impl IntoIterator<Item = &'a [u8]>) -> Vec<RawTensorRef<'a>> {
+    described
+        .iter()
+        .zip(bytes)
+        .map(|((name, role, dtype, shape), bytes)| RawTensorRef { name, role: *role, dtype: *dtype, shape, bytes })
         .collect()
 }
 
@@ -74,21 +80,23 @@ fn own(root: &Path) -> Result<Owner, CkptError> {
     Ok(owner)
 }
 
-/// Saves `tensors` and `tree` as the checkpoint of `step` under `root` and commits it
-/// atomically; returns the committed directory. Fails if another process writes `root`.
+/// Saves `tensors` (read where they lie: the caller holds them, unchanged, until this
+/// returns) and `tree` as the checkpoint of `step` under `root` and commits it atomically;
+/// returns the committed directory. Fails if another process writes `root`.
 #[pyfunction]
 #[pyo3(signature = (root, step, tensors, tree, keep_last=None, shards=2))]
 fn save(
     py: Python<'_>,
     root: PathBuf,
     step: u64,
-    tensors: Vec<TensorIn>,
+    tensors: Vec<TensorAt>,
     tree: &str,
     keep_last: Option<usize>,
     shards: usize,
 ) -> PyResult<PathBuf> {
     let meta = meta(step, tree)?;
-    let refs = refs(&tensors).map_err(bad)?;
+    let described = describe(&tensors)?;
+    let refs = refs(&described, tensors.iter().map(|&(.., address, length)| host_bytes(address, length)));
     py.allow_threads(|| {
         let _owner = own(&root)?;
         ckpt::store::save_raw(&root, &meta, &refs, &options(keep_last, shards)).map(|r| r.dir)
@@ -135,25 +143,16 @@ fn verify(py: Python<'_>, path: PathBuf) -> Vec<(String, Option<String>, String)
         if path.join(ckpt::manifest::MANIFEST_FILE).exists() || !path.is_dir() {
             return ckpt::reader::check(&path).into_iter().map(|p| flat(p, "")).collect();
         }
-        let listed = match ckpt::store::list(&path) {
-            Ok(l) if !l.is_empty() => l,
-            Ok(_) => {
-                return vec![(
-                    path.display().to_string(),
-                    None,
-                    "no committed checkpoint (no step-* directory)".into(),
-                )];
-            }
+        let report = match ckpt::reader::check_root(&path) {
+            Ok(report) => report,
             Err(e) => return vec![(path.display().to_string(), None, e.to_string())],
         };
         let mut problems = Vec::new();
-        for (step, dir) in &listed {
-            let prefix = format!("{}/", ckpt::store::step_dir_name(*step));
-            problems.extend(ckpt::reader::check(dir).into_iter().map(|p| flat(p, &prefix)));
+        for (step, _, found) in report.checkpoints {
+            let prefix = format!("{}/", ckpt::store::step_dir_name(step));
+            problems.extend(found.into_iter().map(|p| flat(p, &prefix)));
         }
-        if let Err(why) = ckpt::reader::latest_target(&path) {
-            problems.push((ckpt::store::LATEST_FILE.to_owned(), None, why));
-        }
+        problems.extend(report.latest.map(|why| (ckpt::store::LATEST_FILE.to_owned(), None, why)));
         problems
     })
 }
@@ -167,8 +166,8 @@ fn steps(root: PathBuf) -> PyResult<Vec<u64>> {
     Ok(ckpt::store::list(&root).map_err(err)?.into_iter().map(|(s, _)| s).collect())
 }
 
-/// Writes checkpoints in the background: `submit` returns once the save has started, and
-/// the next `submit` (or `wait`) first waits for the one in flight. It holds the root's
+/// Writes checkpoints in the background: `snapshot` returns once the tensors are copied,
+/// and the next `snapshot` (or `wait`) first waits for the save in flight. It holds the root's
 /// writer lock for as long as it lives, so a second run on the same root is refused.
 #[pyclass(module = "steadfast._steadfast")]
 struct Saver {
@@ -182,23 +181,6 @@ struct Saver {
 }
 
 impl Saver {
-    /// Runs `save` on a background thread over `buffers`, which it gives back when done.
-    fn start(
-        &mut self,
-        save: impl FnOnce(&[Vec<u8>]) -> Result<PathBuf, CkptError> + Send + 'static,
-        buffers: Vec<Vec<u8>>,
-    ) -> PyResult<()> {
-        let handle = std::thread::Builder::new()
-            .name("steadfast-saver".into())
-            .spawn(move || {
-                let result = save(&buffers);
-                (result, buffers)
-            })
-            .map_err(|e| CheckpointError::new_err(format!("cannot start the background save: {e}")))?;
-        self.pending = Some(handle);
-        Ok(())
-    }
-
     /// Waits for the save in flight, if any; returns the directory it committed.
     fn join(&mut self, py: Python<'_>) -> PyResult<Option<PathBuf>> {
         let Some(handle) = self.pending.take() else { return Ok(None) };
@@ -222,38 +204,14 @@ impl Saver {
         Ok(Saver { root, options: options(keep_last, shards), _owner: owner, pending: None, spare: Vec::new() })
     }
 
-    /// Starts saving `tensors` (whose bytes the caller no longer changes: a snapshot) as
-    /// the checkpoint of `step`, after the save in flight has finished. Returns the
+    /// Starts saving `tensors` as the checkpoint of `step`, after the save in flight has
+    /// finished: reads each tensor's bytes where they lie (`address`, `length`) into this
+    /// saver's own buffers, reused from the previous snapshot, and returns once they are
+    /// copied (the caller keeps the memory alive and unchanged until then). Returns the
     /// directory that the previous save committed, if there was one.
-    fn submit(&mut self, py: Python<'_>, step: u64, tensors: Vec<TensorIn>, tree: &str) -> PyResult<Option<PathBuf>> {
-        let meta = meta(step, tree)?;
-        refs(&tensors).map_err(bad)?;
-        let previous = self.join(py)?;
-        let (root, options) = (self.root.clone(), self.options);
-        self.start(
-            move |_: &[Vec<u8>]| {
-                let refs = refs(&tensors).map_err(CkptError::Mismatch)?;
-                ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| r.dir)
-            },
-            Vec::new(),
-        )?;
-        Ok(previous)
-    }
-
-    /// Like `submit`, but reads each tensor's bytes where they lie (`address`, `length`)
-    /// into this saver's own buffers, reused from the previous snapshot, and returns once
-    /// they are copied. The caller keeps the memory alive and unchanged until then.
     fn snapshot(&mut self, py: Python<'_>, step: u64, tensors: Vec<TensorAt>, tree: &str) -> PyResult<Option<PathBuf>> {
         let meta = meta(step, tree)?;
-        let described: Vec<Described> = tensors
-            .iter()
-            .map(|(name, role, dtype, shape, _, _)| {
-                let role: Role = role.parse().map_err(|e| bad(format!("tensor {name}: {e}")))?;
-                let dtype =
-                    DType::from_name(dtype).ok_or_else(|| bad(format!("tensor {name}: unknown dtype {dtype:?}")))?;
-                Ok((name.clone(), role, dtype, shape.clone()))
-            })
-            .collect::<PyResult<_>>()?;
+        let described = describe(&tensors)?;
         let previous = self.join(py)?;
         let mut buffers = std::mem::take(&mut self.spare);
         buffers.resize_with(tensors.len(), Vec::new);
@@ -262,23 +220,15 @@ impl Saver {
             buffer.extend_from_slice(host_bytes(address, length));
         }
         let (root, options) = (self.root.clone(), self.options);
-        self.start(
-            move |buffers: &[Vec<u8>]| {
-                let refs: Vec<RawTensorRef<'_>> = described
-                    .iter()
-                    .zip(buffers)
-                    .map(|((name, role, dtype, shape), bytes)| RawTensorRef {
-                        name,
-                        role: *role,
-                        dtype: *dtype,
-                        shape,
-                        bytes,
-                    })
-                    .collect();
-                ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| r.dir)
-            },
-            buffers,
-        )?;
+        let handle = std::thread::Builder::new()
+            .name("steadfast-saver".into())
+            .spawn(move || {
+                let refs = refs(&described, buffers.iter().map(Vec::as_slice));
+                let result = ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| r.dir);
+                (result, buffers)
+            })
+            .map_err(|e| CheckpointError::new_err(format!("cannot start the background save: {e}")))?;
+        self.pending = Some(handle);
         Ok(previous)
     }
 

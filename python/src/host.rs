@@ -3,7 +3,7 @@
 
 /// The `length` bytes at `address`.
 ///
-/// The Python side (`steadfast.torch.AsyncCheckpointer.save`) passes the address of a
+/// The Python side (`steadfast.torch.save` and `AsyncCheckpointer.save`) passes the address of a
 /// dense, contiguous tensor in host memory (`Tensor.data_ptr()`, or a C-contiguous
 /// array's `ctypes.data`) and its size in bytes (`numel() * element_size()`, or
 /// `nbytes`), and holds a reference to that tensor until the call that reads them
@@ -13,8 +13,8 @@ pub(crate) fn host_bytes<'a>(address: usize, length: usize) -> &'a [u8] {
         return &[];
     }
     // SAFETY: `address` is the start of `length` initialised bytes of one allocation that
-    // the caller keeps alive, and does not write, for as long as the slice is used (the
-    // caller copies it out at once, holding the interpreter's lock); a tensor's storage is
-    // never more than isize::MAX bytes.
+    // the caller keeps alive, and does not write, until the call that reads the slice
+    // returns (a snapshot copies it out at once; a save writes it to its files before it
+    // returns); a tensor's storage is never more than isize::MAX bytes.
     unsafe { std::slice::from_raw_parts(address as *const u8, length) }
 }

@@ -19,10 +19,11 @@
 //! (`CheckpointError`, a subclass of `OSError`); nothing here panics on bad input.
 //!
 //! Unsafe code: one function, [`host::host_bytes`], reads a tensor's bytes at the address
-//! that PyTorch or NumPy reports, so that the asynchronous checkpointer copies them once,
-//! into buffers it reuses, instead of through a fresh Python `bytes` object per save (the
-//! stable ABI for CPython 3.9, which this wheel targets, has no buffer protocol). Every
-//! other module forbids unsafe code.
+//! that PyTorch or NumPy reports, so that a save writes them from where they lie and the
+//! asynchronous checkpointer copies them once, into buffers it reuses, instead of going
+//! through a fresh Python `bytes` object per tensor per save (the stable ABI for CPython
+//! 3.9, which this wheel targets, has no buffer protocol). Every other module forbids
+//! unsafe code.
 #![deny(unsafe_code)]
 
 mod checkpoint;

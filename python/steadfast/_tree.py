@@ -49,12 +49,9 @@ class Tensor:
     def __init__(self, name, role, dtype, shape, data):
         self.name, self.role, self.dtype, self.shape, self.data = name, role, dtype, shape, data
 
-    def as_tuple(self):
-        return (self.name, self.role, self.dtype, list(self.shape), self.data)
-
     def address(self):
-        """``(name, role, dtype, shape, address, length)`` of a tensor encoded with
-        ``copy=False``: where its bytes lie in memory, valid while ``data`` is held."""
+        """``(name, role, dtype, shape, address, length)``: where its bytes lie in memory,
+        valid while ``data`` is held."""
         d = self.data
         if isinstance(d, np.ndarray):
             return (self.name, self.role, self.dtype, list(self.shape), d.ctypes.data if d.nbytes else 0, d.nbytes)
@@ -73,14 +70,6 @@ def _torch_dense(t, path):
     return t.resolve_conj().resolve_neg().contiguous()
 
 
-def _torch_bytes(t):
-    """The little-endian bytes of a dense host tensor, copied (the snapshot)."""
-    torch = sys.modules["torch"]
-    if t.numel() == 0:
-        return b""
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
 def _role(path, default):
     head = path[0] if path else ""
     if head in ("model", "model_state_dict", "state_dict", "module"):
@@ -90,10 +79,10 @@ def _role(path, default):
     return default
 
 
-def encode(state, copy=True):
-    """``(tree as JSON text, [Tensor])`` for ``state``. Each tensor's ``data`` is a copy of
-    its bytes; with ``copy=False`` it is the dense host tensor or array itself, whose memory
-    the caller reads (``address``) while it holds it."""
+def encode(state):
+    """``(tree as JSON text, [Tensor])`` for ``state``. Each tensor's ``data`` is the dense
+    host tensor or array of its values (the original where it is one already), whose memory
+    the native module reads (``address``) while the caller holds it."""
     torch = sys.modules.get("torch")
     torch_names = {v: k for k, v in _torch_dtypes(torch).items()} if torch else {}
     tensors = []
@@ -133,14 +122,13 @@ def encode(state, copy=True):
                 raise TypeError(f"{'.'.join(path)}: cannot save a tensor of {x.dtype}")
             name = name_of(path)
             dense = _torch_dense(x, name)
-            tensors.append(Tensor(name, _role(path, default_role), torch_names[x.dtype], tuple(x.shape),
-                                  _torch_bytes(dense) if copy else dense))
+            tensors.append(Tensor(name, _role(path, default_role), torch_names[x.dtype], tuple(x.shape), dense))
             return {"tensor": name}
         if isinstance(x, np.ndarray):
             name = name_of(path)
             dtype = _numpy_name(x.dtype, name)
             dense = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("<"))
-            tensors.append(Tensor(name, _role(path, default_role), dtype, x.shape, dense.tobytes() if copy else dense))
+            tensors.append(Tensor(name, _role(path, default_role), dtype, x.shape, dense))
             return {"ndarray": name}
         if isinstance(x, dict):
             pairs = [[key(k, path), walk(v, path + [str(k)])] for k, v in x.items()]

@@ -68,10 +68,12 @@ def save(state, path, *, step=None, keep_last=None):
     the first); ``keep_last`` deletes all but that many of the newest after the commit.
     Blocks until the checkpoint is durable. Raises :class:`CheckpointError` if another
     process writes the same root."""
+    # The tensors' bytes are written from where they lie; `tensors` holds every one of
+    # them until the save returns.
     tree, tensors = _tree.encode(state)
     if step is None:
         step = _next_step(path)
-    out = _steadfast.save(os.fspath(path), int(step), [t.as_tuple() for t in tensors], tree, keep_last)
+    out = _steadfast.save(os.fspath(path), int(step), [t.address() for t in tensors], tree, keep_last)
     return pathlib.Path(out)
 
 
@@ -158,7 +160,7 @@ class AsyncCheckpointer:
         started = time.perf_counter()
         # The tensors' memory is read where it lies, into buffers the checkpointer keeps
         # from one save to the next; `tensors` holds every tensor until that copy is done.
-        tree, tensors = _tree.encode(state, copy=False)
+        tree, tensors = _tree.encode(state)
         done = self._saver.snapshot(int(step), [t.address() for t in tensors], tree)
         del tensors
         if done is not None:

@@ -78,6 +78,42 @@ pub fn check(dir: &Path) -> Vec<Problem> {
     }
 }
 
+/// What [`check_root`] found in a checkpoint root.
+#[derive(Clone, Debug)]
+pub struct RootCheck {
+    /// Every committed checkpoint, by ascending step: its step, directory and problems.
+    pub checkpoints: Vec<(u64, PathBuf, Vec<Problem>)>,
+    /// What is wrong with `LATEST`, if anything.
+    pub latest: Option<String>,
+}
+
+impl RootCheck {
+    /// How many checkpoints have problems.
+    pub fn corrupt(&self) -> usize {
+        self.checkpoints.iter().filter(|(_, _, p)| !p.is_empty()).count()
+    }
+
+    /// Whether every checkpoint and `LATEST` check out.
+    pub fn ok(&self) -> bool {
+        self.corrupt() == 0 && self.latest.is_none()
+    }
+}
+
+/// Every committed checkpoint of `root` checked ([`check`]) and its `LATEST`; an error
+/// when the root holds no committed checkpoint at all.
+pub fn check_root(root: &Path) -> Result<RootCheck> {
+    let listed = list(root)?;
+    if listed.is_empty() {
+        return Err(CkptError::NotFound { path: root.to_owned(), reason: "no step-* directory".into() });
+    }
+    let checkpoints = listed.into_iter().map(|(step, dir)| {
+        let problems = check(&dir);
+        (step, dir, problems)
+    });
+    let checkpoints = checkpoints.collect();
+    Ok(RootCheck { checkpoints, latest: latest_target(root).err() })
+}
+
 /// One committed checkpoint of a root, as `steadfast ckpt ls` lists it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Listed {

@@ -200,40 +200,31 @@ fn print_problems(dir: &std::path::Path, problems: &[ckpt::Problem]) {
 /// A checkpoint root: every committed checkpoint in it, and its `LATEST`. Exit 1 when any
 /// is bad; an error when the root holds no checkpoint at all.
 fn verify_root(root: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let checkpoints = ckpt::store::list(root)?;
-    if checkpoints.is_empty() {
-        anyhow::bail!("{}: no committed checkpoint (no step-* directory)", root.display());
-    }
-    let latest = ckpt::reader::latest_target(root).err();
-    let mut rows = Vec::new();
-    let mut bad = 0;
-    for (step, dir) in &checkpoints {
-        let problems = ckpt::reader::check(dir);
-        if !problems.is_empty() {
-            bad += 1;
-        }
-        if !json {
-            print_problems(dir, &problems);
-        }
-        rows.push(json!({"step": step, "dir": dir, "ok": problems.is_empty(), "problems": problems}));
-    }
-    let ok = bad == 0 && latest.is_none();
+    let report = ckpt::reader::check_root(root)?;
+    let (total, bad) = (report.checkpoints.len(), report.corrupt());
     if json {
-        let report = json!({"root": root, "ok": ok, "checkpoints": rows, "latest_problem": latest});
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let rows: Vec<_> = report
+            .checkpoints
+            .iter()
+            .map(|(step, dir, problems)| json!({"step": step, "dir": dir, "ok": problems.is_empty(), "problems": problems}))
+            .collect();
+        let out = json!({"root": root, "ok": report.ok(), "checkpoints": rows, "latest_problem": report.latest});
+        println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        if let Some(why) = &latest {
+        for (_, dir, problems) in &report.checkpoints {
+            print_problems(dir, problems);
+        }
+        if let Some(why) = &report.latest {
             println!("BAD {}: {why}", root.join(ckpt::store::LATEST_FILE).display());
         }
         println!(
-            "{} checkpoint(s) in {}: {} valid, {bad} corrupt{}",
-            checkpoints.len(),
+            "{total} checkpoint(s) in {}: {} valid, {bad} corrupt{}",
             root.display(),
-            checkpoints.len() - bad,
-            if latest.is_some() { "; LATEST is bad" } else { "" }
+            total - bad,
+            if report.latest.is_some() { "; LATEST is bad" } else { "" }
         );
     }
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 fn diff(a: &std::path::Path, b: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
