@@ -34,8 +34,15 @@ fn latest_step(root: &Path) -> Option<u64> {
     ckpt::store::parse_step_dir(name.trim())
 }
 
-/// Starts `args` (a run with a `hang` fault) and returns once it says that it hangs, with
-/// the thread that drains its stderr.
+/// Whether process `pid` is stopped by a signal (state `T` in `/proc/PID/stat`).
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+}
+
+/// Starts `args` (a run with a `hang` fault) and returns once it has stopped, with the
+/// thread that drains its stderr.
 fn start_hanging(args: &[&str]) -> (Child, std::thread::JoinHandle<()>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
         .args(args)
@@ -56,7 +63,15 @@ fn start_hanging(args: &[&str]) -> (Child, std::thread::JoinHandle<()>) {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         match said.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.contains("fault injection: hang") => return (child, reader),
+            Ok(line) if line.contains("fault injection: hang") => {
+                // The run stops itself (SIGSTOP) just after it says so; until it has, its
+                // checkpoint writer may still be renaming files.
+                while !stopped(child.id()) {
+                    assert!(Instant::now() < deadline, "the run said it hangs but never stopped");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                return (child, reader);
+            }
             Ok(_) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 panic!("training ended before it could be killed: {:?}", child.wait())

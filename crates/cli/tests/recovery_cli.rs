@@ -415,15 +415,21 @@ fn the_baselines_go_back_to_a_copy_or_a_checkpoint_and_end_with_the_same_bits() 
     assert!(page.contains("back to the in-memory copy (restore)") && page.contains("<h2>Recoveries</h2>"), "{page}");
     assert!(page.contains(&format!("fingerprint <code>{}</code>; 1 recovery(ies)", reference_40())), "{page}");
 
-    // Every worker restarts from the checkpoint of step 20.
+    // Every worker restarts from the newest committed checkpoint.
     let (ok, stdout, stderr) = launch(
         &["--max-restarts", "1", "--recovery", "checkpoint", "--save-every", "10"],
         &tmp.path().join("checkpoint"),
         &crash,
     );
     assert!(ok, "{stdout}\n{stderr}");
-    assert!(stdout.contains("starting 3 workers from the checkpoint of step 20"), "{stdout}");
-    assert_eq!(stdout.matches("resumed from: step 20").count(), 3, "{stdout}");
+    // Every rank writes its part of a checkpoint in the background; under load, the crashed
+    // rank's part of step 20 may still have been in flight, and then the newest committed
+    // checkpoint is step 10's. Either way every worker resumes from the same one.
+    let from = ["20", "10"]
+        .into_iter()
+        .find(|s| stdout.contains(&format!("starting 3 workers from the checkpoint of step {s}")))
+        .unwrap_or_else(|| panic!("no restart from a checkpoint of step 20 or 10: {stdout}"));
+    assert_eq!(stdout.matches(&format!("resumed from: step {from}")).count(), 3, "{stdout}");
     assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
 
     // Out of restarts, the checkpoint job fails and says where its checkpoints are.
@@ -443,7 +449,8 @@ fn the_baselines_go_back_to_a_copy_or_a_checkpoint_and_end_with_the_same_bits() 
         &crash,
     );
     assert!(!ok && stderr.contains("the job failed after 0 restart(s)"), "{stderr}");
-    assert!(kept.join("step-00000020").is_dir(), "{stderr}");
+    // (Step 20's when the crashed rank's part of it was on disk in time, else step 10's.)
+    assert!(kept.join("step-00000020").is_dir() || kept.join("step-00000010").is_dir(), "{stderr}");
 }
 
 /// Sends `signal` (`-STOP`, `-CONT`, `-KILL`) to `pid`.
