@@ -23,10 +23,10 @@ use crate::host::host_bytes;
 /// A tensor as Python points at it: `(name, role, dtype, shape, address, length)`, the
 /// address of `length` bytes of host memory that the caller keeps alive and unchanged
 /// for the duration of the call.
-type TensorAt = (String, String, String, Vec<usize>, usize, usize);
+pub(crate) type TensorAt = (String, String, String, Vec<usize>, usize, usize);
 
 /// A tensor's description without its bytes, owned (for the background save).
-type Described = (String, Role, DType, Vec<usize>);
+pub(crate) type Described = (String, Role, DType, Vec<usize>);
 
 /// What a background save gives back: the directory it committed, and the buffers that
 /// held the snapshot, for the next one.
@@ -41,7 +41,7 @@ fn bad(reason: String) -> PyErr {
 }
 
 /// The tensors' names, roles, dtypes and shapes, checked.
-fn describe(tensors: &[TensorAt]) -> PyResult<Vec<Described>> {
+pub(crate) fn describe(tensors: &[TensorAt]) -> PyResult<Vec<Described>> {
     tensors
         .iter()
         .map(|(name, role, dtype, shape, _, _)| {
@@ -107,17 +107,35 @@ fn save(
 /// The checkpoint `path` names (a checkpoint directory, or a root: its newest valid
 /// checkpoint), every checksum verified: a dict with `dir`, `step`, `tree` (JSON text or
 /// None), `tensors` (a list of `(name, role, dtype, shape, bytearray)`) and `skipped`
-/// (the newer checkpoints passed over, with why).
+/// (the newer checkpoints passed over, with why). With `torch_layout`, only the model's
+/// tensors, named and laid out as `torch.nn` modules hold them (`ckpt::torch_layout`),
+/// and no tree.
 #[pyfunction]
-fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
-    let (resolved, manifest, tensors) = py
+#[pyo3(signature = (path, *, torch_layout=false))]
+fn load<'py>(py: Python<'py>, path: PathBuf, torch_layout: bool) -> PyResult<Bound<'py, PyDict>> {
+    let (resolved, mut manifest, tensors) = py
         .allow_threads(|| {
             let resolved = ckpt::reader::resolve_reporting(&path)?;
             let c = ckpt::reader::open(&resolved.dir)?;
-            let tensors = c.load()?;
+            let tensors = if torch_layout {
+                let model = ckpt::torch_layout::to_torch(ckpt::export::model_tensors(&c)?);
+                let loaded = |t: ckpt::torch_layout::Named| ckpt::LoadedTensor {
+                    name: t.name,
+                    role: Role::Model,
+                    dtype: t.dtype,
+                    shape: t.shape,
+                    data: ckpt::TensorData::Bytes(t.bytes),
+                };
+                model.into_iter().map(loaded).collect()
+            } else {
+                c.load()?
+            };
             Ok::<_, CkptError>((resolved, c.manifest, tensors))
         })
         .map_err(err)?;
+    if torch_layout {
+        manifest.meta.tree = None;
+    }
     let out = PyDict::new(py);
     out.set_item("dir", &resolved.dir)?;
     out.set_item("step", manifest.meta.step)?;

@@ -17,11 +17,11 @@ fn err(e: Error) -> PyErr {
     InjectError::new_err(e.to_string())
 }
 
-fn to_json(log: &InjectionLog) -> PyResult<String> {
+pub(crate) fn to_json(log: &InjectionLog) -> PyResult<String> {
     serde_json::to_string(log).map_err(|e| InjectError::new_err(format!("cannot encode the log: {e}")))
 }
 
-fn from_json(log: &str) -> PyResult<InjectionLog> {
+pub(crate) fn from_json(log: &str) -> PyResult<InjectionLog> {
     serde_json::from_str(log).map_err(|e| PyValueError::new_err(format!("not an injection log: {e}")))
 }
 

@@ -10,26 +10,31 @@
 //!   `steadfast ckpt verify` and `ckpt inspect` read what Python wrote and the other way
 //!   round.
 //! - [`inject`]: bit flips in the tensors of a checkpoint or a framework's file, with
-//!   `steadfast inject`'s plans, logs, replay and undo (the `fault` crate's).
+//!   `steadfast inject`'s plans, logs, replay and undo (the `fault` crate's), and
+//!   [`memory`]: the same in tensors where they lie in memory.
 //! - [`fpna`]: the FPNA lab's variability metrics on a framework's results.
+//! - [`reduce`]: the conversions of the reproducible gradient sum that `steadfast.ddp`'s
+//!   DDP communication hook runs around its two all-reduces.
 //! - [`data_order`]: the order in which an epoch visits the data, the one `steadfast
 //!   train` uses, for the package's resumable sampler.
 //!
 //! Every failure becomes a Python exception that names the file and tensor concerned
 //! (`CheckpointError`, a subclass of `OSError`); nothing here panics on bad input.
 //!
-//! Unsafe code: one function, [`host::host_bytes`], reads a tensor's bytes at the address
-//! that PyTorch or NumPy reports, so that a save writes them from where they lie and the
-//! asynchronous checkpointer copies them once, into buffers it reuses, instead of going
-//! through a fresh Python `bytes` object per tensor per save (the stable ABI for CPython
-//! 3.9, which this wheel targets, has no buffer protocol). Every other module forbids
-//! unsafe code.
+//! Unsafe code: two functions, [`host::host_bytes`] and [`host::host_bytes_mut`], reach a
+//! tensor's bytes at the address that PyTorch or NumPy reports, so that a save writes them
+//! from where they lie, the asynchronous checkpointer copies them once into buffers it
+//! reuses, and the gradient hook converts them in place, instead of going through a fresh
+//! Python `bytes` object per tensor per call (the stable ABI for CPython 3.9, which this
+//! wheel targets, has no buffer protocol). Every other module forbids unsafe code.
 #![deny(unsafe_code)]
 
 mod checkpoint;
 mod fpna;
 mod host;
 mod inject;
+mod memory;
+mod reduce;
 
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
@@ -68,5 +73,7 @@ fn _steadfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(data_order, m)?)?;
     checkpoint::register(m)?;
     fpna::register(m)?;
-    inject::register(m)
+    reduce::register(m)?;
+    inject::register(m)?;
+    memory::register(m)
 }

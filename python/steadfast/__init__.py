@@ -4,12 +4,17 @@ The work is done by Steadfast's Rust core (the native module ``steadfast._steadf
 this package is the glue that reaches it from a Python training loop.
 
 - :func:`inject`, :func:`replay`, :func:`undo` (:mod:`steadfast.faults`): bit flips in
-  checkpoint files of every format ``steadfast inject`` reads, with its plans and logs.
+  checkpoint files of every format ``steadfast inject`` reads, and in tensors, modules
+  and state dicts in memory, with its plans and logs.
 - :mod:`steadfast.fpna`: the FPNA study's variability metrics on tensors.
 - :mod:`steadfast.torch`: ``save``, ``load`` and ``verify`` of nested state (model,
   optimizer, scalars, random generators) in Steadfast's checkpoint format, the
   ``AsyncCheckpointer`` (training waits for the snapshot only), the state an exact
-  restart needs beyond the state dicts (``rng_state``, ``ResumableSampler``).
+  restart needs beyond the state dicts (``rng_state``, ``ResumableSampler``), and
+  ``load(..., layout="torch")`` of what ``steadfast train`` wrote into a ``torch.nn``
+  module.
+- :mod:`steadfast.ddp`: a DDP communication hook and micro-batch helper whose final
+  weights are the same bits on any number of processes.
 
 Checkpoints written here are ordinary Steadfast checkpoints: ``steadfast ckpt verify``,
 ``ckpt inspect`` and ``inject`` work on them, and every byte is covered by a checksum, so

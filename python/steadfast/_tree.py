@@ -42,12 +42,15 @@ def _torch_dtypes(torch):
 
 
 class Tensor:
-    """One buffer of the state: what the native module stores."""
+    """One buffer of the state: what the native module stores. ``data`` is the dense host
+    copy (or the original, where it is one already) and ``source`` the tensor or array as
+    the state holds it."""
 
-    __slots__ = ("name", "role", "dtype", "shape", "data")
+    __slots__ = ("name", "role", "dtype", "shape", "data", "source")
 
-    def __init__(self, name, role, dtype, shape, data):
+    def __init__(self, name, role, dtype, shape, data, source=None):
         self.name, self.role, self.dtype, self.shape, self.data = name, role, dtype, shape, data
+        self.source = data if source is None else source
 
     def address(self):
         """``(name, role, dtype, shape, address, length)``: where its bytes lie in memory,
@@ -57,6 +60,18 @@ class Tensor:
             return (self.name, self.role, self.dtype, list(self.shape), d.ctypes.data if d.nbytes else 0, d.nbytes)
         length = d.numel() * d.element_size()
         return (self.name, self.role, self.dtype, list(self.shape), d.data_ptr() if length else 0, length)
+
+
+def same_memory(data, source):
+    """Whether the dense buffer ``data`` is the memory of ``source`` itself (so that
+    writing one writes the other), not a copy of it."""
+    if data is source:
+        return True
+    if isinstance(data, np.ndarray) or isinstance(source, np.ndarray):
+        return (isinstance(data, np.ndarray) and isinstance(source, np.ndarray) and source.flags.c_contiguous
+                and data.dtype == source.dtype and data.ctypes.data == source.ctypes.data)
+    return (source.device.type == "cpu" and source.is_contiguous() and data.dtype == source.dtype
+            and data.data_ptr() == source.data_ptr())
 
 
 def _torch_dense(t, path):
@@ -122,13 +137,13 @@ def encode(state):
                 raise TypeError(f"{'.'.join(path)}: cannot save a tensor of {x.dtype}")
             name = name_of(path)
             dense = _torch_dense(x, name)
-            tensors.append(Tensor(name, _role(path, default_role), torch_names[x.dtype], tuple(x.shape), dense))
+            tensors.append(Tensor(name, _role(path, default_role), torch_names[x.dtype], tuple(x.shape), dense, x))
             return {"tensor": name}
         if isinstance(x, np.ndarray):
             name = name_of(path)
             dtype = _numpy_name(x.dtype, name)
             dense = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("<"))
-            tensors.append(Tensor(name, _role(path, default_role), dtype, x.shape, dense))
+            tensors.append(Tensor(name, _role(path, default_role), dtype, x.shape, dense, x))
             return {"ndarray": name}
         if isinstance(x, dict):
             pairs = [[key(k, path), walk(v, path + [str(k)])] for k, v in x.items()]

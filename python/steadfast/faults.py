@@ -1,21 +1,42 @@
-"""Bit flips in checkpoint files, as ``steadfast inject`` makes them.
+"""Bit flips in checkpoint files and in tensors held in memory, as ``steadfast inject``
+makes them.
 
 The plans, logs, replay and undo are the Rust core's, the same as the command's: a fault
 named by the same knobs with the same seed flips the same bits, and a log written here
-replays or undoes with ``steadfast inject --replay/--undo`` and the other way round. The
-files may be Steadfast checkpoints (a directory, or a root: its newest checkpoint) or a
-safetensors, PyTorch ``.pt``/``.pth``, NumPy ``.npz`` or HDF5 ``.h5`` file.
+replays or undoes with ``steadfast inject --replay/--undo`` and the other way round. What
+is altered is either a path or live state:
+
+- a file: a Steadfast checkpoint (a directory, or a root: its newest checkpoint) or a
+  safetensors, PyTorch ``.pt``/``.pth``, NumPy ``.npz`` or HDF5 ``.h5`` file;
+- state in memory: a tensor or NumPy array, a module (its ``state_dict()``), an optimizer
+  (its ``state_dict()``), or nested dicts, lists and tuples of them, such as a training
+  state dict. The flips land in the tensors themselves; tensors are named by their key
+  paths joined by dots (``model.fc1.weight``), as ``steadfast.torch.save`` names them, and
+  a state's top-level keys give them roles (``model``, ``optimizer`` -> ``optim``).
 
     log = steadfast.inject("model.pt", out="altered.pt", target="fc1.*", bits="exponent", count=3, seed=1)
     for flip in log["flips"]:
         print(flip["tensor"], flip["element"], flip["old_value"], "->", flip["new_value"])
     steadfast.undo("altered.pt", log)          # the original bytes again
+
+    log = steadfast.inject(model, target="*.weight", bits="exponent", count=1, seed=3)
+    steadfast.undo(model, log)                 # the weights as they were
 """
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
 import json
 import os
+import sys
 
-from . import _steadfast
+import numpy as np
+
+from . import _steadfast, _tree
 from ._steadfast import InjectError
+
+#: A file or directory name.
+_Path = Union[str, "os.PathLike[str]"]
 
 __all__ = ["inject", "replay", "undo", "tensors_in", "InjectError"]
 
@@ -31,37 +52,122 @@ def _log_text(log):
         return f.read()
 
 
-def inject(path, *, out=None, target=None, role=None, bits="any", count=None, rate=None, burst=1, seed=0,
-           keep_checksums=False, allow_corrupt_input=False, log=None):
-    """Flips bits in the tensors of ``path`` (in place, or in a copy at ``out``) and returns
-    the log as a dict. ``target`` is a glob over tensor names, ``role`` one of ``model``,
-    ``optim``, ``extra``; ``bits`` is ``sign``, ``exponent``, ``mantissa``, ``any``, a
-    position ``N`` or a range ``N-M``; ``count`` flips (one by default) or each candidate bit
-    with probability ``rate``, in bursts of ``burst`` adjacent bits. A Steadfast
-    checkpoint's checksums are rewritten (as corruption before checksumming would leave
-    them) unless ``keep_checksums``. The log is written to ``log`` (default: beside the
-    altered file, ``<name>.inject.json``) before an altered copy appears."""
-    text = _steadfast.inject(
-        os.fspath(path), out=_fs(out), target=target, role=role, bits=str(bits), count=count, rate=rate,
-        burst=burst, seed=seed, keep_checksums=keep_checksums, allow_corrupt_input=allow_corrupt_input,
-        log=_fs(log))
+def _is_path(target):
+    return isinstance(target, (str, bytes, os.PathLike))
+
+
+class _InMemory:
+    """The tensors of live state, each storage once, with what has to be copied back."""
+
+    def __init__(self, state):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(state, torch.nn.Module):
+            state = state.state_dict()
+        elif torch is not None and isinstance(state, torch.optim.Optimizer):
+            state = {"optimizer": state.state_dict()}       # named and given a role as in a checkpoint
+        _, tensors = _tree.encode(state)
+        self.tensors, seen = [], set()
+        for t in tensors:
+            key = self._storage(t)
+            if key is not None and key in seen:
+                continue        # a tied weight: flipped through its first name
+            seen.add(key)
+            if isinstance(t.source, np.ndarray) and not t.source.flags.writeable:
+                raise ValueError(f"{t.name}: the array is read-only")
+            self.tensors.append(t)
+
+    @staticmethod
+    def _storage(t):
+        src = t.source
+        if hasattr(src, "untyped_storage"):
+            if src.numel() == 0:
+                return None
+            return (src.untyped_storage().data_ptr(), src.storage_offset(), tuple(src.stride()), tuple(src.shape),
+                    src.dtype)
+        return None if src.nbytes == 0 else (src.__array_interface__["data"][0], src.strides, src.shape, src.dtype)
+
+    def addresses(self):
+        return [t.address() for t in self.tensors]
+
+    def write_back(self):
+        """Copies each flipped value into a source that the flips could not reach directly
+        (a tensor on a device, or not contiguous)."""
+        for t in self.tensors:
+            if not _tree.same_memory(t.data, t.source):
+                if hasattr(t.source, "copy_"):
+                    with sys.modules["torch"].no_grad():
+                        t.source.copy_(t.data)
+                else:
+                    t.source[...] = t.data
+
+
+def inject(subject: Any, *, out: Optional[_Path] = None, target: Optional[str] = None, role: Optional[str] = None,
+           bits: Union[str, int] = "any", count: Optional[int] = None, rate: Optional[float] = None, burst: int = 1,
+           seed: int = 0, keep_checksums: bool = False, allow_corrupt_input: bool = False,
+           log: Optional[_Path] = None) -> dict[str, Any]:
+    """Flips bits in the tensors of ``subject`` and returns the log as a dict.
+
+    ``subject`` is a file or checkpoint (altered in place, or in a copy at ``out``) or
+    state in memory (altered where it lies). ``target`` is a glob over tensor names,
+    ``role`` one of ``model``, ``optim``, ``extra``; ``bits`` is ``sign``, ``exponent``,
+    ``mantissa``, ``any``, a position ``N`` or a range ``N-M``; ``count`` flips (one by
+    default) or each candidate bit with probability ``rate``, in bursts of ``burst``
+    adjacent bits.
+
+    For files: a Steadfast checkpoint's checksums are rewritten (as corruption before
+    checksumming would leave them) unless ``keep_checksums``; the log is written to
+    ``log`` (default: beside the altered file, ``<name>.inject.json``) before an altered
+    copy appears. For state in memory, the log is written to ``log`` if given."""
+    if _is_path(subject):
+        text = _steadfast.inject(
+            os.fspath(subject), out=_fs(out), target=target, role=role, bits=str(bits), count=count, rate=rate,
+            burst=burst, seed=seed, keep_checksums=keep_checksums, allow_corrupt_input=allow_corrupt_input,
+            log=_fs(log))
+        return json.loads(text)
+    if out is not None or keep_checksums or allow_corrupt_input:
+        raise ValueError("out, keep_checksums and allow_corrupt_input are for files; state in memory is altered "
+                         "where it lies")
+    state = _InMemory(subject)
+    text = _steadfast.inject_memory(state.addresses(), target=target, role=role, bits=str(bits), count=count,
+                                    rate=rate, burst=burst, seed=seed)
+    state.write_back()
+    if log is not None:
+        with open(log, "w") as f:
+            f.write(text)
     return json.loads(text)
 
 
-def replay(path, log, *, out=None, log_out=None):
+def replay(subject: Any, log: Union[dict[str, Any], _Path], *, out: Optional[_Path] = None,
+           log_out: Optional[_Path] = None) -> dict[str, Any]:
     """Applies the flips of ``log`` (a dict from :func:`inject`, or a log file's path) to
-    ``path`` again, or to a copy at ``out``; each element must hold the log's old bytes.
-    Returns the new log."""
-    return json.loads(_steadfast.replay(os.fspath(path), _log_text(log), out=_fs(out), log_out=_fs(log_out)))
+    ``subject`` (a file, or state in memory) again, or to a copy of a file at ``out``; each
+    element must hold the log's old bytes, and nothing changes unless all do. Returns the
+    new log."""
+    if _is_path(subject):
+        return json.loads(_steadfast.replay(os.fspath(subject), _log_text(log), out=_fs(out), log_out=_fs(log_out)))
+    state = _InMemory(subject)
+    text = _steadfast.replay_memory(state.addresses(), _log_text(log))
+    state.write_back()
+    return json.loads(text)
 
 
-def undo(path, log, *, out=None):
-    """Restores the bytes that ``log`` altered in ``path`` (or in a copy at ``out``); each
-    element must hold the log's new bytes."""
-    _steadfast.undo(os.fspath(path), _log_text(log), out=_fs(out))
+def undo(subject: Any, log: Union[dict[str, Any], _Path], *, out: Optional[_Path] = None) -> None:
+    """Restores the bytes that ``log`` altered in ``subject`` (a file, or state in memory),
+    or in a copy of a file at ``out``; each element must hold the log's new bytes, and
+    nothing changes unless all do."""
+    if _is_path(subject):
+        _steadfast.undo(os.fspath(subject), _log_text(log), out=_fs(out))
+        return
+    state = _InMemory(subject)
+    _steadfast.undo_memory(state.addresses(), _log_text(log))
+    state.write_back()
 
 
-def tensors_in(path):
-    """The tensors found in ``path``: a list of dicts with ``name``, ``role``, ``dtype`` and
-    ``shape``."""
-    return [{"name": n, "role": r, "dtype": d, "shape": s} for n, r, d, s in _steadfast.tensors_in(os.fspath(path))]
+def tensors_in(subject: Any) -> list[dict[str, Any]]:
+    """The tensors found in ``subject`` (a file, or state in memory): a list of dicts with
+    ``name``, ``role``, ``dtype`` and ``shape``."""
+    if _is_path(subject):
+        found = _steadfast.tensors_in(os.fspath(subject))
+        return [{"name": n, "role": r, "dtype": d, "shape": s} for n, r, d, s in found]
+    return [{"name": t.name, "role": t.role, "dtype": t.dtype, "shape": list(t.shape)}
+            for t in _InMemory(subject).tensors]

@@ -18,6 +18,10 @@ core (``repro::metrics``) as ``steadfast fpna`` computes them:
       report = fpna.measure(lambda: torch.zeros(100).index_add_(0, index, x), runs=20)
       report["distinct"], report["max_fraction_differing"]
 """
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
 import numpy as np
 
 from . import _steadfast
@@ -51,12 +55,12 @@ def _bytes(x):
     return np.ascontiguousarray(x).tobytes()
 
 
-def scalar_variability(nd, d):
+def scalar_variability(nd: float, d: float) -> float:
     """``V_s = 1 - |nd / d|``: 0 when equal, infinite when only ``d`` is 0."""
     return _steadfast.scalar_variability(float(nd), float(d))
 
 
-def variability(nd, d):
+def variability(nd: Any, d: Any) -> dict[str, float]:
     """The element-wise metrics of the result ``nd`` against the reference ``d`` (same
     shape and dtype): a dict with ``mean_relative_difference``, ``max_relative_difference``
     and ``fraction_differing``."""
@@ -68,12 +72,12 @@ def variability(nd, d):
     return {"mean_relative_difference": mean, "max_relative_difference": largest, "fraction_differing": fraction}
 
 
-def distinct_outputs(outputs):
+def distinct_outputs(outputs: Iterable[Any]) -> int:
     """How many of ``outputs`` (tensors or arrays of any dtype) are bitwise distinct."""
     return _steadfast.distinct_outputs([_bytes(o) for o in outputs])
 
 
-def measure(fn, runs=50, reference=None):
+def measure(fn: Callable[[], Any], runs: int = 50, reference: Any = None) -> dict[str, Any]:
     """Calls ``fn()`` ``runs`` times and compares every result with ``reference`` (the first
     result if not given): ``distinct`` outputs, and the mean and largest of each metric
     over the runs (for a scalar result, ``V_s`` in place of the element-wise ones)."""

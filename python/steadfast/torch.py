@@ -22,6 +22,10 @@ instant leaves either the whole checkpoint or nothing, and ``load`` of a root fa
 to the newest checkpoint that verifies. Loading a damaged one raises
 :class:`steadfast.CheckpointError` naming the file and tensor.
 """
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional, Sized, Union
+
 import os
 import pathlib
 import random
@@ -33,6 +37,9 @@ import torch
 
 from . import _steadfast, _tree
 from ._steadfast import CheckpointError
+
+#: A file or directory name.
+_Path = Union[str, "os.PathLike[str]"]
 
 __all__ = [
     "save", "load", "verify", "steps", "Problem", "AsyncCheckpointer", "rng_state", "set_rng_state",
@@ -50,7 +57,7 @@ def _to_torch(dtype, shape, data):
     return torch.frombuffer(data, dtype=torch.uint8).view(_TORCH[dtype]).reshape(tuple(shape))
 
 
-def steps(root):
+def steps(root: _Path) -> list[int]:
     """The steps of the checkpoints committed under ``root``, ascending (empty when there
     are none, or no such directory)."""
     return _steadfast.steps(os.fspath(root))
@@ -61,7 +68,7 @@ def _next_step(root):
     return done[-1] + 1 if done else 0
 
 
-def save(state, path, *, step=None, keep_last=None):
+def save(state: Any, path: _Path, *, step: Optional[int] = None, keep_last: Optional[int] = None) -> pathlib.Path:
     """Saves ``state`` (nested dicts, lists and tuples of tensors, arrays and plain values)
     as the checkpoint of ``step`` under the root directory ``path``, and returns the
     committed directory. ``step`` defaults to one after the newest checkpoint there (0 for
@@ -77,14 +84,20 @@ def save(state, path, *, step=None, keep_last=None):
     return pathlib.Path(out)
 
 
-def load(path, *, map_location=None, with_info=False):
+def load(path: _Path, *, map_location: Any = None, with_info: bool = False, layout: str = "steadfast") -> Any:
     """The state saved in the checkpoint ``path`` names: a checkpoint directory, or a root
     (its newest checkpoint that verifies; newer ones that do not are skipped with a
     warning). Every checksum is verified first. Tensors come back on the CPU, or moved to
     ``map_location``. A checkpoint written by ``steadfast train`` (no state tree) comes
-    back as a flat ``{name: tensor}``. With ``with_info``, returns ``(state, info)`` where
-    ``info`` holds ``dir``, ``step`` and ``skipped``."""
-    raw = _steadfast.load(os.fspath(path))
+    back as a flat ``{name: tensor}`` of its registry names. With ``layout="torch"`` it
+    comes back as the state dict of a ``torch.nn`` module whose layers have the names of
+    Steadfast's (``fc1``, ``conv1``, ...): the model's tensors only, linear weights
+    transposed to ``[out, in]`` (the layout ``steadfast ckpt export --layout torch``
+    writes), ready for ``module.load_state_dict``. With ``with_info``, returns
+    ``(state, info)`` where ``info`` holds ``dir``, ``step`` and ``skipped``."""
+    if layout not in ("steadfast", "torch"):
+        raise ValueError(f"layout {layout!r}: give 'steadfast' or 'torch'")
+    raw = _steadfast.load(os.fspath(path), torch_layout=layout == "torch")
     for skipped, reason in raw["skipped"]:
         warnings.warn(f"skipped {skipped}: {reason}", stacklevel=2)
     buffers = {name: (dtype, shape, data) for name, _role, dtype, shape, data in raw["tensors"]}
@@ -126,7 +139,7 @@ class Problem(tuple):
         return f"{where}: {self.reason}"
 
 
-def verify(path):
+def verify(path: _Path) -> list[Problem]:
     """Every problem of what ``path`` names, each a :class:`Problem`; an empty list when
     every byte checks out. The same check as ``steadfast ckpt verify``: a checkpoint
     directory alone, or a root's every committed checkpoint (files named
@@ -150,13 +163,13 @@ class AsyncCheckpointer:
     ``stalls`` lists the seconds each ``save`` kept the caller.
     """
 
-    def __init__(self, root, *, keep_last=None):
+    def __init__(self, root: _Path, *, keep_last: Optional[int] = None) -> None:
         self.root = pathlib.Path(root)
         self._saver = _steadfast.Saver(os.fspath(root), keep_last)
         self.stalls = []
         self.committed = None
 
-    def save(self, state, step):
+    def save(self, state: Any, step: int) -> Optional[pathlib.Path]:
         started = time.perf_counter()
         # The tensors' memory is read where it lies, into buffers the checkpointer keeps
         # from one save to the next; `tensors` holds every tensor until that copy is done.
@@ -167,17 +180,17 @@ class AsyncCheckpointer:
             self.committed = pathlib.Path(done)
         self.stalls.append(time.perf_counter() - started)
 
-    def wait(self):
+    def wait(self) -> Optional[pathlib.Path]:
         """Waits for the save in flight; raises its error if it failed."""
         done = self._saver.wait()
         if done is not None:
             self.committed = pathlib.Path(done)
         return self.committed
 
-    def busy(self):
+    def busy(self) -> bool:
         return self._saver.busy()
 
-    def close(self):
+    def close(self) -> None:
         if self._saver is not None:
             try:
                 self.wait()
@@ -191,7 +204,7 @@ class AsyncCheckpointer:
         self.close()
 
 
-def rng_state():
+def rng_state() -> dict[str, Any]:
     """Every random generator a PyTorch loop draws from: torch's (CPU, and CUDA's when
     present), NumPy's global one and Python's ``random``. Save it with the state dicts;
     :func:`set_rng_state` puts it back."""
@@ -201,7 +214,7 @@ def rng_state():
     return state
 
 
-def set_rng_state(state):
+def set_rng_state(state: dict[str, Any]) -> None:
     """Restores what :func:`rng_state` returned."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
@@ -222,12 +235,12 @@ class ResumableSampler(torch.utils.data.Sampler):
     there. Iterating past the end of an epoch moves to the next one.
     """
 
-    def __init__(self, data_source, *, seed=0, shuffle=True):
+    def __init__(self, data_source: Union[int, Sized], *, seed: int = 0, shuffle: bool = True) -> None:
         self.n = data_source if isinstance(data_source, int) else len(data_source)
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.epoch, self.position = 0, 0
 
-    def order(self, epoch):
+    def order(self, epoch: int) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(self.n)
         raw = _steadfast.data_order(self.seed, self.n, int(epoch))
@@ -244,17 +257,33 @@ class ResumableSampler(torch.utils.data.Sampler):
     def __len__(self):
         return self.n - self.position
 
-    def set_epoch(self, epoch):
+    def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
+        """Endless batches of ``batch_size`` indices (int64 tensors), epoch after epoch;
+        an epoch's last, short batch is dropped. The sampler's position advances by each
+        batch as it is handed out, so ``state_dict()`` taken between batches resumes at the
+        next one. Every process that iterates a sampler of the same seed sees the same
+        batches: the global batches a data-parallel job splits into micro-batches."""
+        if batch_size < 1 or batch_size > self.n:
+            raise ValueError(f"a batch of {batch_size} from {self.n} examples")
+        while True:
+            order = self.order(self.epoch)
+            while self.position + batch_size <= self.n:
+                batch = order[self.position:self.position + batch_size]
+                self.position += batch_size
+                yield batch
+            self.epoch, self.position = self.epoch + 1, 0
+
+    def set_epoch(self, epoch: int) -> None:
         self.epoch, self.position = int(epoch), 0
 
-    def state_dict(self, position=None):
+    def state_dict(self, position: Optional[int] = None) -> dict[str, Any]:
         """Where the sampler is. ``position`` overrides how many indices of the epoch were
         consumed: a DataLoader with worker processes draws indices ahead of the batches
         the loop has taken, so such a loop passes its own count."""
         return {"seed": self.seed, "n": self.n, "epoch": self.epoch,
                 "position": self.position if position is None else int(position), "shuffle": self.shuffle}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if (state["seed"], state["n"], state["shuffle"]) != (self.seed, self.n, self.shuffle):
             raise ValueError(f"a sampler of seed {state['seed']} over {state['n']} examples cannot resume one of "
                              f"seed {self.seed} over {self.n}")

@@ -281,6 +281,24 @@ def test_the_sampler_resumes_mid_epoch_in_the_same_order():
         st.ResumableSampler(100, seed=4).load_state_dict(saved)
 
 
+def test_batches_cover_each_epoch_drop_its_tail_and_resume_between_batches():
+    a = st.ResumableSampler(10, seed=1)
+    it = a.batches(3)
+    first = [next(it) for _ in range(2)]
+    saved = a.state_dict()
+    assert saved["position"] == 6
+    b = st.ResumableSampler(10, seed=1)
+    b.load_state_dict(saved)
+    rest = [next(it) for _ in range(4)]
+    assert [x.tolist() for x in rest[:1]] == [next(b.batches(3)).tolist()]
+    order0, order1 = a.order(0).tolist(), a.order(1).tolist()
+    # Three batches of epoch 0 (its tenth example dropped), then epoch 1 from its start.
+    assert sum((x.tolist() for x in first + rest[:1]), []) == order0[:9]
+    assert sum((x.tolist() for x in rest[1:]), []) == order1[:9]
+    with pytest.raises(ValueError):
+        next(st.ResumableSampler(10).batches(11))
+
+
 def test_the_sampler_visits_steadfast_trains_order(cli, tmp_path):
     # `steadfast bench order` exports the trainer's order for a seed.
     out = tmp_path / "order.safetensors"

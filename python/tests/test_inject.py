@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,3 +97,83 @@ def test_bad_requests_are_errors_and_alter_nothing(tmp_path):
         steadfast.undo(pt, {"flips": "no"})
     shutil.copy(pt, tmp_path / "b.pt")
     assert pt.read_bytes() == original
+
+
+def bits_of(state):
+    """Every tensor of a state dict as raw bytes (NaN-safe equality)."""
+    return {k: v.detach().contiguous().view(torch.uint8).clone() for k, v in state.items()}
+
+
+def test_flips_in_a_module_land_in_its_parameters_and_undo_and_replay(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    before = bits_of(model.state_dict())
+    log = steadfast.inject(model, target="*.weight", bits="exponent", count=3, seed=5, log=tmp_path / "l.json")
+    assert log["target"] == "memory" and log["format"] == "memory" and len(log["flips"]) == 3
+    after = bits_of(model.state_dict())
+    for f in log["flips"]:
+        assert f["tensor"].endswith(".weight") and f["role"] == "model"
+        got = model.state_dict()[f["tensor"]].reshape(-1)[f["element"]]
+        assert got.view(torch.int32).item().to_bytes(4, "little", signed=True).hex() == f["new_bytes"]
+    assert {k for k in before if not torch.equal(before[k], after[k])} == {f["tensor"] for f in log["flips"]}
+    # The forward pass sees the flips: they are in the parameters themselves.
+    assert model[0].weight.data_ptr() == model.state_dict()["0.weight"].data_ptr()
+    steadfast.undo(model, log)
+    assert all(torch.equal(v, before[k]) for k, v in bits_of(model.state_dict()).items())
+    steadfast.replay(model, tmp_path / "l.json")
+    assert all(torch.equal(v, after[k]) for k, v in bits_of(model.state_dict()).items())
+    # Replayed again, the log's old bytes are gone: an error, and nothing changes.
+    with pytest.raises(steadfast.InjectError, match="the log expects"):
+        steadfast.replay(model, log)
+    assert all(torch.equal(v, after[k]) for k, v in bits_of(model.state_dict()).items())
+
+
+def test_a_training_state_is_altered_by_role_and_a_view_through_its_base(tmp_path):
+    torch.manual_seed(1)
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 6)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    weights = bits_of(model.state_dict())
+    log = steadfast.inject(state, role="optim", bits="sign", count=4, seed=2)
+    assert {f["tensor"].split(".")[0] for f in log["flips"]} == {"optimizer"}
+    assert all(torch.equal(v, weights[k]) for k, v in bits_of(model.state_dict()).items())
+    slots = {f["tensor"] for f in log["flips"]}
+    assert slots <= {"optimizer.state.0.exp_avg", "optimizer.state.0.exp_avg_sq", "optimizer.state.1.exp_avg",
+                     "optimizer.state.1.exp_avg_sq", "optimizer.state.0.step", "optimizer.state.1.step"}
+    # A transposed view is flipped through a copy and written back into its base.
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    view = base.t()
+    log = steadfast.inject({"v": view}, bits="sign", count=1, seed=0)
+    (flip,) = log["flips"]
+    r, c = divmod(flip["element"], 3)          # row-major in the view's [4, 3] shape
+    assert base[c, r].item() == -float(c * 4 + r) and (base < 0).sum().item() == (1 if c * 4 + r else 0)
+
+
+def test_tied_weights_are_flipped_once_and_read_only_arrays_are_refused():
+    shared = torch.zeros(4)
+    log = steadfast.inject({"a": shared, "b": shared}, bits="sign", count=2, seed=0)
+    assert {f["tensor"] for f in log["flips"]} == {"a"}
+    assert (shared.view(torch.int32) != 0).sum().item() == 2
+    frozen = np.frombuffer(bytes(16), dtype=np.float32)
+    with pytest.raises(ValueError, match="read-only"):
+        steadfast.inject({"w": frozen}, count=1)
+    assert bytes(frozen.tobytes()) == bytes(16)
+    with pytest.raises(steadfast.InjectError, match="no tensor matches"):
+        steadfast.inject({"w": torch.zeros(2)}, target="nothing*")
+    with pytest.raises(ValueError, match="for files"):
+        steadfast.inject({"w": torch.zeros(2)}, out="x.pt")
+
+
+def test_a_state_and_its_checkpoint_take_the_same_flips_for_the_same_seed(tmp_path):
+    torch.manual_seed(2)
+    state = {"model": torch.nn.Linear(16, 8).state_dict()}
+    root = tmp_path / "ckpt"
+    st.save(state, root, step=0)
+    in_file = steadfast.inject(root, bits="mantissa", count=5, seed=9)
+    in_memory = steadfast.inject(state, bits="mantissa", count=5, seed=9)
+    key = lambda f: (f["tensor"], f["element"], f["bits"], f["old_bytes"], f["new_bytes"])  # noqa: E731
+    assert [key(f) for f in in_memory["flips"]] == [key(f) for f in in_file["flips"]]
+    # And the state saved now holds what the altered checkpoint holds.
+    assert all(torch.equal(a, b) for a, b in zip(state["model"].values(), st.load(root)["model"].values()))

@@ -60,6 +60,41 @@ pub fn export(ckpt: &Checkpoint, out: &Path) -> Result<u64> {
     write_plain(out, &plain, &metadata)
 }
 
+/// Writes the model tensors of `ckpt` (verified while read) into the safetensors file
+/// `out` under the names and layouts of `torch.nn` modules ([`crate::torch_layout`]), so
+/// that a module with the same layer names loads the file as it is. Returns the tensors
+/// and bytes written.
+pub fn export_torch(ckpt: &Checkpoint, out: &Path) -> Result<(usize, u64)> {
+    let torch = crate::torch_layout::to_torch(model_tensors(ckpt)?);
+    let plain: Vec<Plain<'_>> =
+        torch.iter().map(|t| Plain { name: &t.name, dtype: t.dtype, shape: &t.shape, bytes: &t.bytes }).collect();
+    let meta = &ckpt.manifest.meta;
+    let metadata = BTreeMap::from([
+        ("steadfast.step".to_string(), meta.step.to_string()),
+        ("steadfast.config_hash".to_string(), meta.config_hash.clone()),
+        ("steadfast.layout".to_string(), "torch".to_string()),
+    ]);
+    Ok((plain.len(), write_plain(out, &plain, &metadata)?))
+}
+
+/// The model tensors of `ckpt` (role `model`), verified, as [`crate::torch_layout`] takes
+/// them. An error if it holds none.
+pub fn model_tensors(ckpt: &Checkpoint) -> Result<Vec<crate::torch_layout::Named>> {
+    let model: Vec<_> = ckpt
+        .load()?
+        .into_iter()
+        .filter(|t| t.role == crate::Role::Model)
+        .map(|t| crate::torch_layout::Named { bytes: t.bytes().to_vec(), name: t.name, dtype: t.dtype, shape: t.shape })
+        .collect();
+    if model.is_empty() {
+        return Err(CkptError::Mismatch(format!(
+            "{} holds no model tensors to lay out for torch.nn",
+            ckpt.dir.display()
+        )));
+    }
+    Ok(model)
+}
+
 /// What [`export_foreign`] wrote.
 #[derive(Clone, Debug)]
 pub struct ForeignExport {

@@ -53,6 +53,7 @@ pub mod reader;
 mod retention;
 pub mod safetensors;
 pub mod store;
+pub mod torch_layout;
 mod writer;
 
 use std::fmt;

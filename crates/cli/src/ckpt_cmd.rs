@@ -18,6 +18,7 @@ Examples:
   steadfast ckpt verify runs/ckpt/step-00000500    # one checkpoint
   steadfast ckpt diff runs/a/step-00000500 runs/b/step-00000500 --json
   steadfast ckpt export runs/ckpt --to model.safetensors
+  steadfast ckpt export runs/ckpt --to model.safetensors --layout torch   # for torch.nn modules
   steadfast ckpt export model.pt --to model.safetensors   # a PyTorch, .npz or .h5 file's tensors";
 
 /// Arguments of `steadfast ckpt`.
@@ -64,6 +65,12 @@ enum CkptCommand {
         /// Output file.
         #[arg(long)]
         to: PathBuf,
+        /// Names and layouts: `steadfast` (every tensor as stored) or `torch` (the model's
+        /// tensors as `torch.nn` modules hold them: linear weights transposed to
+        /// `[out, in]`, layer norms' `gamma`/`beta` named `weight`/`bias`, no `model.`
+        /// prefix), for `module.load_state_dict(safetensors.torch.load_file(...))`.
+        #[arg(long, value_enum, default_value_t = Layout::Steadfast)]
+        layout: Layout,
     },
 }
 
@@ -75,7 +82,7 @@ pub fn run(args: CkptArgs) -> anyhow::Result<ExitCode> {
         CkptCommand::Inspect { path } => inspect(&path, json),
         CkptCommand::Verify { path } => verify(&path, json),
         CkptCommand::Diff { a, b } => diff(&a, &b, json),
-        CkptCommand::Export { path, to } => export(&path, &to, json),
+        CkptCommand::Export { path, to, layout } => export(&path, &to, layout, json),
     }
 }
 
@@ -275,24 +282,34 @@ fn diff(a: &std::path::Path, b: &std::path::Path, json: bool) -> anyhow::Result<
     Ok(if same { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-fn export(path: &std::path::Path, to: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+/// The names and layouts an export writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    /// Every tensor as the checkpoint stores it.
+    Steadfast,
+    /// The model's tensors as `torch.nn` modules hold them.
+    Torch,
+}
+
+fn export(path: &std::path::Path, to: &std::path::Path, layout: Layout, json: bool) -> anyhow::Result<ExitCode> {
     if !path.is_dir() {
+        anyhow::ensure!(
+            layout == Layout::Steadfast,
+            "--layout torch lays out a Steadfast checkpoint's model; {} is a file of another format, whose \
+             tensors are exported as they are",
+            path.display()
+        );
         return export_foreign(path, to, json);
     }
     let (c, skipped) = open(path)?;
-    let bytes = ckpt::export::export(&c, to)?;
+    let (tensors, bytes) = match layout {
+        Layout::Steadfast => (c.manifest.tensors.len(), ckpt::export::export(&c, to)?),
+        Layout::Torch => ckpt::export::export_torch(&c, to)?,
+    };
     if json {
-        println!(
-            "{}",
-            json!({"from": c.dir, "to": to, "bytes": bytes, "tensors": c.manifest.tensors.len(), "skipped": skipped})
-        );
+        println!("{}", json!({"from": c.dir, "to": to, "bytes": bytes, "tensors": tensors, "skipped": skipped}));
     } else {
-        println!(
-            "wrote {} ({} tensors, {bytes} bytes) from {}",
-            to.display(),
-            c.manifest.tensors.len(),
-            c.dir.display()
-        );
+        println!("wrote {} ({tensors} tensors, {bytes} bytes) from {}", to.display(), c.dir.display());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -563,7 +563,7 @@ pub fn inject_logged(
     finish(log, staging, save_log)
 }
 
-fn describe(spec: &FlipSpec) -> String {
+pub(crate) fn describe(spec: &FlipSpec) -> String {
     let amount = match spec.amount {
         crate::plan::Amount::Count(k) => format!("count={k}"),
         crate::plan::Amount::Rate(p) => format!("rate={p}"),

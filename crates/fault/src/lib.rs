@@ -7,6 +7,8 @@
 //! - [`inject`]: flipping those bits inside checkpoint files of every supported format
 //!   (Steadfast, safetensors, PyTorch, NumPy, HDF5), with a JSON log that redoes and
 //!   undoes the change exactly;
+//! - [`memory`]: the same flips, logs, replay and undo in tensors held in memory (a
+//!   framework's state dict, through the Python package);
 //! - [`live`]: the same flips in live training state (parameters, gradients, optimizer
 //!   slots, layer outputs) at a chosen step and rank;
 //! - [`campaign`]: campaign specs, the fault of each trial, and the classes of outcome.
@@ -46,6 +48,7 @@ pub mod campaign;
 pub mod crash;
 pub mod inject;
 pub mod live;
+pub mod memory;
 pub mod plan;
 pub mod value;
 

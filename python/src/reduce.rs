@@ -1,0 +1,118 @@
+//! The arithmetic of the reproducible gradient hook (`steadfast.ddp`): the two phases of
+//! `repro::batched` on tensors in host memory, each a pass over memory in Rust on the
+//! instruction set the process selected (integer operations only, so every set gives the
+//! same bits).
+//!
+//! A data-parallel step sums the gradients of every micro-batch of every rank. Each rank
+//! calls [`fixed_exponents`] on its micro-batches' gradients, the job takes the maximum of
+//! the exponents (an all-reduce of bytes with `MAX`), each rank converts its terms with
+//! [`fixed_add`] at those scales into one 64-bit sum, the job sums the integers (an
+//! all-reduce with `SUM`), and [`fixed_finish`] turns the sum back into floats divided by
+//! the number of micro-batches. Integer sums do not depend on their order or grouping, so
+//! the result has the same bits whichever ranks computed which micro-batches.
+//!
+//! Tensors cross as `(address, bytes)` pairs of contiguous host tensors that the caller
+//! holds (see [`crate::host`]); outputs are tensors the caller allocated and reuses.
+
+#![forbid(unsafe_code)]
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use repro::batched;
+
+use crate::host::{host_bytes, host_bytes_mut};
+
+/// A tensor's address and size in bytes.
+type At = (usize, usize);
+
+fn floats(at: At, what: &str) -> PyResult<&'static [f32]> {
+    bytemuck::try_cast_slice(host_bytes(at.0, at.1))
+        .map_err(|e| PyValueError::new_err(format!("{what} is not a whole, aligned float32 tensor: {e}")))
+}
+
+fn terms_of(terms: &[At], n: usize) -> PyResult<Vec<&'static [f32]>> {
+    let terms = terms.iter().map(|&t| floats(t, "a gradient")).collect::<PyResult<Vec<_>>>()?;
+    if let Some(t) = terms.iter().find(|t| t.len() != n) {
+        return Err(PyValueError::new_err(format!("a gradient of {} elements in a sum of {n}", t.len())));
+    }
+    Ok(terms)
+}
+
+fn check_headroom(terms: usize, headroom: u32) -> PyResult<()> {
+    if headroom > <i64 as batched::Fixed>::MAX_HEADROOM || (terms as u64) > (1u64 << headroom) {
+        return Err(PyValueError::new_err(format!(
+            "{terms} terms do not fit a headroom of {headroom} bits (at most 2^headroom terms, headroom at most {})",
+            <i64 as batched::Fixed>::MAX_HEADROOM
+        )));
+    }
+    Ok(())
+}
+
+/// Writes into the `n`-byte tensor `out` each element's largest exponent field over the
+/// float32 tensors `terms` (each of `n` elements).
+#[pyfunction]
+fn fixed_exponents(py: Python<'_>, terms: Vec<At>, out: At) -> PyResult<()> {
+    let exps = host_bytes_mut(out.0, out.1);
+    py.allow_threads(|| {
+        let terms = terms_of(&terms, exps.len())?;
+        exps.fill(0);
+        for t in terms {
+            batched::max_exponents(exps, t);
+        }
+        Ok(())
+    })
+}
+
+/// Writes into the int64 tensor `out` the fixed-point sum of `terms` at the scales of the
+/// exponents `exps` (the job's maxima).
+#[pyfunction]
+fn fixed_add(py: Python<'_>, terms: Vec<At>, exps: At, out: At, headroom: u32) -> PyResult<()> {
+    let exps = host_bytes(exps.0, exps.1);
+    let acc: &mut [i64] = bytemuck::try_cast_slice_mut(host_bytes_mut(out.0, out.1))
+        .map_err(|e| PyValueError::new_err(format!("the sum is not a whole, aligned int64 tensor: {e}")))?;
+    py.allow_threads(|| {
+        if acc.len() != exps.len() {
+            return Err(PyValueError::new_err(format!("{} sums for {} exponents", acc.len(), exps.len())));
+        }
+        let terms = terms_of(&terms, exps.len())?;
+        check_headroom(terms.len(), headroom)?;
+        acc.fill(0);
+        for t in terms {
+            batched::add_fixed(acc, t, exps, headroom);
+        }
+        Ok(())
+    })
+}
+
+/// Writes into the float32 tensor `out` the fixed-point sums `acc` converted back at the
+/// scales of `exps`, each divided by `divisor` (the number of micro-batches, for a mean).
+#[pyfunction]
+fn fixed_finish(py: Python<'_>, acc: At, exps: At, headroom: u32, divisor: f32, out: At) -> PyResult<()> {
+    let acc: &[i64] = bytemuck::try_cast_slice(host_bytes(acc.0, acc.1))
+        .map_err(|e| PyValueError::new_err(format!("the sum is not a whole, aligned int64 tensor: {e}")))?;
+    let exps = host_bytes(exps.0, exps.1);
+    let out: &mut [f32] = bytemuck::try_cast_slice_mut(host_bytes_mut(out.0, out.1))
+        .map_err(|e| PyValueError::new_err(format!("the output is not a whole, aligned float32 tensor: {e}")))?;
+    py.allow_threads(|| {
+        if acc.len() != exps.len() || out.len() != exps.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} sums, {} exponents and {} outputs",
+                acc.len(),
+                exps.len(),
+                out.len()
+            )));
+        }
+        check_headroom(1, headroom)?;
+        batched::finish_into(acc, exps, headroom, out);
+        if divisor != 1.0 {
+            out.iter_mut().for_each(|o| *o /= divisor);
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(fixed_exponents, m)?)?;
+    m.add_function(wrap_pyfunction!(fixed_add, m)?)?;
+    m.add_function(wrap_pyfunction!(fixed_finish, m)?)
+}

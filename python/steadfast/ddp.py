@@ -1,0 +1,186 @@
+"""Reproducible data-parallel training with PyTorch's DDP: the same final weights, to the
+bit, on 1, 2, 4 or any number of processes.
+
+DDP's default communication hook sums each gradient bucket with a floating-point
+all-reduce and divides by the world size; the sum's rounding depends on how many ranks
+there are and how the backend groups them, and a rank that accumulates several
+micro-batches adds them in float first. So a job's weights change with its size.
+
+:class:`ReproducibleGradients` fixes both. A step is a fixed global batch split into a
+fixed number of micro-batches; micro-batch ``i`` runs on rank ``i % world``. Each
+micro-batch's gradient is kept apart (never added in float), and the hook sums all of
+them with Steadfast's order-independent fixed-point sum: the job agrees on each element's
+largest exponent (an all-reduce of bytes with ``MAX``), every rank converts its terms to
+64-bit integers at that scale and adds them, the job sums the integers (an all-reduce
+with ``SUM``), and each rank converts back and divides by the number of micro-batches.
+Integer addition does not care about order or grouping, so the mean gradient, and with it
+every weight, has the same bits whichever ranks computed which micro-batches. The
+conversions run in Rust (``steadfast._steadfast``); the all-reduces are the process
+group's (gloo on CPU).
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from steadfast.ddp import ReproducibleGradients
+
+    model = DDP(net)                      # the same initial weights on every rank
+    grads = ReproducibleGradients(model, micro_batches=8)
+    for step in range(steps):
+        batch = order[step * 256:(step + 1) * 256]       # the global batch, on every rank
+        for i, part in grads.split(batch):               # this rank's micro-batches
+            with grads.micro_batch(i):                   # forward and backward inside
+                F.cross_entropy(model(x[part]), y[part]).backward()
+        opt.step()
+        opt.zero_grad()
+
+What stays the caller's part of the contract: every rank starts from the same weights
+(DDP broadcasts rank 0's), sees the same global batches (``steadfast.torch.ResumableSampler``
+gives every rank the same order), and computes a micro-batch's loss and gradient with
+arithmetic that does not depend on the process (fix ``torch.set_num_threads``; a
+dropout mask drawn from a generator seeded by the step and micro-batch, not by the rank).
+Gradients must be float32.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+import time
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from . import _steadfast
+
+__all__ = ["ReproducibleGradients", "DEFAULT_HEADROOM"]
+
+#: Bits kept free above each element's largest term: up to 2**16 micro-batches per step.
+DEFAULT_HEADROOM = 16
+
+
+def _at(t):
+    return (t.data_ptr(), t.numel() * t.element_size())
+
+
+class ReproducibleGradients:
+    """Registers the reproducible communication hook on the DDP module ``module`` and runs
+    the micro-batches of a step.
+
+    ``micro_batches`` is the number of micro-batches per step over the whole job (at least
+    the world size; each rank runs those whose index is its rank modulo the world size).
+    The step's gradient is the mean of the micro-batches' gradients. ``profile=True``
+    keeps the seconds spent in each phase of the hook in :attr:`profile`.
+    """
+
+    def __init__(self, module: torch.nn.parallel.DistributedDataParallel, micro_batches: int, *, group: Any = None,
+                 headroom: int = DEFAULT_HEADROOM, profile: bool = False) -> None:
+        if not isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            raise TypeError("ReproducibleGradients needs a DistributedDataParallel module")
+        self.module = module
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if micro_batches < self.world:
+            raise ValueError(f"{micro_batches} micro-batches for {self.world} ranks: every rank needs at least one")
+        if micro_batches > 2 ** headroom:
+            raise ValueError(f"{micro_batches} micro-batches exceed the headroom of 2**{headroom} terms")
+        self.micro_batches = micro_batches
+        self.headroom = headroom
+        self.mine = list(range(self.rank, micro_batches, self.world))
+        #: Seconds per phase of the hook, summed over its calls (with ``profile=True``).
+        self.profile = defaultdict(float) if profile else None
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._kept = []          # per earlier micro-batch of this step: one gradient per parameter
+        self._done = 0           # micro-batches of this step whose backward has run
+        self._buffers = {}       # bucket index -> (exponents, integer sum), reused every step
+        module.register_comm_hook(self, _hook)
+
+    def split(self, batch: Sequence[int]) -> list[tuple[int, Sequence[int]]]:
+        """This rank's micro-batches of the global batch ``batch`` (a sequence or tensor of
+        example indices, the same on every rank), as ``(i, part)`` pairs: micro-batch
+        ``i`` is the ``i``-th of ``micro_batches`` equal slices. The batch's length must be
+        a multiple of ``micro_batches``."""
+        if len(batch) % self.micro_batches:
+            raise ValueError(f"a batch of {len(batch)} does not split into {self.micro_batches} equal micro-batches")
+        size = len(batch) // self.micro_batches
+        return [(i, batch[i * size:(i + 1) * size]) for i in self.mine]
+
+    @contextlib.contextmanager
+    def micro_batch(self, i: int) -> Iterator[None]:
+        """The context of micro-batch ``i`` (one of this rank's, in order): run its forward
+        and backward passes inside it. The last of this rank's micro-batches sends the
+        step's gradients through the hook; the earlier ones run under DDP's ``no_sync``
+        (which takes effect from the forward pass on) and their gradients are kept apart,
+        never added in float."""
+        if self._done >= len(self.mine) or self.mine[self._done] != i:
+            expected = self.mine[self._done] if self._done < len(self.mine) else "none (the step is complete)"
+            raise ValueError(f"micro-batch {i} out of turn: rank {self.rank} expects {expected}")
+        if self._done == len(self.mine) - 1:
+            try:
+                yield
+            finally:
+                self._done, self._kept = 0, []
+            return
+        with self.module.no_sync():
+            yield
+        kept = []
+        for p in self._params:
+            if p.grad is None:
+                kept.append(torch.zeros_like(p, memory_format=torch.contiguous_format))
+            else:
+                kept.append(p.grad.detach().clone(memory_format=torch.contiguous_format))
+                p.grad.zero_()
+        self._kept.append(kept)
+        self._done += 1
+
+    def _tick(self, phase, since):
+        if self.profile is not None:
+            now = time.perf_counter()
+            self.profile[phase] += now - since
+            return now
+        return since
+
+
+def _hook(state, bucket):
+    t = time.perf_counter()
+    grads = bucket.buffer()
+    if grads.dtype != torch.float32 or grads.device.type != "cpu":
+        raise TypeError(f"the reproducible hook sums float32 gradients in host memory, not {grads.dtype} on {grads.device}")
+    n = grads.numel()
+    # The bucket holds the last micro-batch's gradients; the earlier ones were kept apart,
+    # per parameter, and are laid out as the bucket lays out its parameters: one after
+    # another, in the order of bucket.parameters().
+    index = {id(p): k for k, p in enumerate(state._params)}
+    ks = [index[id(p)] for p in bucket.parameters()]
+    at = 0
+    for g in bucket.gradients():
+        if g.data_ptr() != grads.data_ptr() + at * grads.element_size():
+            raise RuntimeError("the bucket does not lay out its parameters' gradients one after another")
+        at += g.numel()
+    if at != n:
+        raise RuntimeError(f"the bucket's gradients hold {at} of its {n} elements")
+    terms = [grads] + [torch.cat([kept[k].reshape(-1) for k in ks]) for kept in state._kept]
+    exps, acc = state._buffers.get(bucket.index(), (None, None))
+    if exps is None or exps.numel() != n:
+        exps, acc = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.int64)
+        state._buffers[bucket.index()] = (exps, acc)
+    t = state._tick("gather kept gradients", t)
+    _steadfast.fixed_exponents([_at(x) for x in terms], _at(exps))
+    t = state._tick("exponents (Rust)", t)
+    dist.all_reduce(exps, op=dist.ReduceOp.MAX, group=state.group)
+    t = state._tick("all-reduce MAX u8", t)
+    _steadfast.fixed_add([_at(x) for x in terms], _at(exps), _at(acc), state.headroom)
+    t = state._tick("to fixed point (Rust)", t)
+    work = dist.all_reduce(acc, group=state.group, async_op=True)
+
+    def finish(fut):
+        start = time.perf_counter()
+        _steadfast.fixed_finish(_at(acc), _at(exps), state.headroom, float(state.micro_batches), _at(grads))
+        if state.profile is not None:
+            state.profile["from fixed point (Rust)"] += time.perf_counter() - start
+        return grads
+
+    if state.profile is not None:
+        work.wait()
+        state._tick("all-reduce SUM i64", t)
+    return work.get_future().then(finish)
