@@ -33,7 +33,9 @@ WIDTHS = (256, 1024)
 def run(world, hook, width, *extra, steps=STEPS):
     cmd = [sys.executable, EXAMPLE, "--world", str(world), "--hook", hook, "--steps", str(steps), "--width", str(width),
            *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr}")
     return json.loads(out.stdout.splitlines()[-1])
 
 
