@@ -9,7 +9,9 @@
 //!
 //! The points of the commit protocol, in order:
 //! `after_shard_write`, `after_manifest_write`, `before_rename`, `after_rename`,
-//! `before_latest`, `after_latest`.
+//! `before_latest`, `after_latest`. One more point paces training: `step_begin`, passed at
+//! the start of every step (`step_begin=sleep:MS` makes each step last at least MS
+//! milliseconds, so that a test that acts on a job mid-run acts in time on any machine).
 
 use std::sync::Mutex;
 use std::sync::OnceLock;

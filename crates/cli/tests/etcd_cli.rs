@@ -91,10 +91,15 @@ impl Drop for Etcd {
     }
 }
 
+/// Each step of a job here lasts at least 5 ms (the `step_begin` failpoint), so that the
+/// job is still running when a test acts on it, however fast the machine.
+const PACE: &str = "step_begin=sleep:5";
+
 /// `launch --nproc 3 --rendezvous URL -- train ... --out OUT`, started.
 fn launch(url: &str, extra: &[&str], out: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_steadfast"))
         .args(["launch", "--nproc", "3", "--heartbeat-timeout", "2", "--rendezvous", url, "--"])
+        .env("STEADFAST_FAILPOINTS", PACE)
         .args(common::SMALL_MLP)
         .args(["--reduce", "reproducible"])
         .args(extra)
@@ -307,6 +312,7 @@ fn single_process_fingerprint(dir: &Path) -> String {
 /// `launch` of node `node` of two (two workers each), electing the coordinator in etcd.
 fn elastic_node(url: &str, node: usize, dir: &Path, log: &str) -> Logged {
     let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+    c.env("STEADFAST_FAILPOINTS", PACE);
     c.args(["launch", "--nnodes", "2", "--node-rank", &node.to_string(), "--nproc-per-node", "2"])
         .args(["--rendezvous", url, "--heartbeat-timeout", "2", "--max-restarts", "2", "--min-nproc", "2", "--"])
         .args(common::SMALL_MLP)
@@ -376,7 +382,8 @@ fn standby_coordinators_take_over_in_etcd_and_a_worker_stopped_past_its_lease_re
     let workers: Vec<Logged> = (0..3)
         .map(|rank| {
             let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
-            c.args(common::SMALL_MLP)
+            c.env("STEADFAST_FAILPOINTS", PACE)
+                .args(common::SMALL_MLP)
                 .args(["--reduce", "reproducible", "--steps", ELASTIC_STEPS, "--elastic", "--world-size", "3"])
                 .args(["--rank", &rank.to_string(), "--rendezvous", &url, "--out"])
                 .arg(dir.path().join(format!("w{rank}")))

@@ -238,6 +238,9 @@ impl Driver {
     ) -> Result<Stop, TrainError> {
         let at = At { step: state.step, rank: self.rank };
         if from == 0 {
+            // Tests that act on a job mid-run pace its steps with `step_begin=sleep:MS`, so
+            // that a fast machine does not finish the job before they act.
+            ckpt::failpoint::hit("step_begin")?;
             // One buffer per slot: a driver reused for another rank never sums a stale one.
             let slots = schedule::slots(actions);
             self.micro.truncate(slots);
