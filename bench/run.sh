@@ -19,6 +19,7 @@
 #   bench/run.sh study [--quick]  # the checkpoint/restart study across systems (docs/checkpoint-study.md)
 #   bench/run.sh python-ckpt  # a PyTorch loop's checkpoint stall: steadfast.torch against torch.save and DCP
 #   bench/run.sh python-ddp   # the reproducible DDP hook's cost against DDP's default, and its bits on 1/2/4 processes
+#   bench/run.sh torch-determinism  # PyTorch's deterministic mode on the CPU audited (a section of docs/fpna.md)
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv (or the environment BENCH_VENV names, e.g. the
@@ -54,11 +55,11 @@ case "$which" in
   engines-hosts) python3 bench/engines_hosts.py ;;
   pipeline) python3 bench/pipeline.py ;;  # runs PyTorch from bench/.venv
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
-  python-ckpt|python-ddp)
+  python-ckpt|python-ddp|torch-determinism)
     # The Python package, built into this environment (maturin shares target/).
     "$venv/bin/pip" install -q "maturin>=1.7,<2"
     PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps ./python
-    "$venv/bin/python" "bench/${which/-/_}.py" ;;
+    "$venv/bin/python" "bench/${which//-/_}.py" ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
     "$venv/bin/python" bench/ckpt_vs_peers.py
@@ -75,5 +76,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, python-ckpt, python-ddp)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, python-ckpt, python-ddp, torch-determinism)" >&2; exit 2 ;;
 esac

@@ -42,10 +42,9 @@ Gradients must be float32.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Sequence
-
 import time
 from collections import defaultdict
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist

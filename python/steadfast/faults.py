@@ -24,11 +24,10 @@ is altered is either a path or live state:
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Union
-
 import json
 import os
 import sys
+from typing import Any, Optional, Union
 
 import numpy as np
 

@@ -24,13 +24,12 @@ to the newest checkpoint that verifies. Loading a damaged one raises
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sized, Union
-
 import os
 import pathlib
 import random
 import time
 import warnings
+from typing import Any, Iterator, Optional, Sized, Union
 
 import numpy as np
 import torch

@@ -128,7 +128,13 @@ fn a_pipeline_job_restarted_from_its_stages_checkpoints_gives_the_same_bits() {
     // newest checkpoint that both stages have.
     let launch = ["launch", "--nproc", "4", "--max-restarts", "1", "--recovery", "checkpoint", "--save-every", "2"];
     let pipe = ["--pipeline-stages", "2", "--fault", "crash:rank=1,step=5,phase=backward"];
-    let o = steadfast(&[&launch[..], &["--save-dir", ck, "--"], &args, &pipe].concat());
+    // Each step lasts at least 25 ms (the `step_begin` failpoint), so that on a fast machine
+    // the checkpoints of steps 2 and 4 are durable, and step 2's committed, before the crash.
+    let o = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args([&launch[..], &["--save-dir", ck, "--"], &args, &pipe].concat())
+        .env("STEADFAST_FAILPOINTS", "step_begin=sleep:25")
+        .output()
+        .expect("run steadfast");
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("from the checkpoint of step"), "{stdout}");
     let fps = fingerprints(&o);
