@@ -77,6 +77,15 @@ def test_the_exported_file_holds_the_same_tensors(trained, cli, tmp_path):
     Mlp().load_state_dict(exported)
 
 
+def test_a_torch_layout_of_a_checkpoint_saved_from_python_is_refused(cli, tmp_path):
+    st.save({"model": Mlp().state_dict()}, tmp_path / "ckpt", step=0)
+    with pytest.raises(st.CheckpointError, match="already in that framework's layout"):
+        st.load(tmp_path / "ckpt", layout="torch")
+    run = subprocess.run([cli, "ckpt", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "o.safetensors"),
+                          "--layout", "torch"], capture_output=True, text=True)
+    assert run.returncode == 2 and "already in that framework's layout" in run.stderr, run.stderr
+
+
 def test_a_torch_layout_of_a_foreign_file_is_refused(cli, tmp_path):
     torch.save({"w": torch.zeros(2, 2)}, tmp_path / "m.pt")
     run = subprocess.run([cli, "ckpt", "export", str(tmp_path / "m.pt"), "--to", str(tmp_path / "o.safetensors"),

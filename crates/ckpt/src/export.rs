@@ -78,8 +78,17 @@ pub fn export_torch(ckpt: &Checkpoint, out: &Path) -> Result<(usize, u64)> {
 }
 
 /// The model tensors of `ckpt` (role `model`), verified, as [`crate::torch_layout`] takes
-/// them. An error if it holds none.
+/// them. An error if it holds none, or if it holds a framework's state (a checkpoint with
+/// a state tree, written from Python), whose tensors are in their framework's layout
+/// already.
 pub fn model_tensors(ckpt: &Checkpoint) -> Result<Vec<crate::torch_layout::Named>> {
+    if ckpt.manifest.meta.tree.is_some() {
+        return Err(CkptError::Mismatch(format!(
+            "{} holds a framework's state (it was saved from Python), already in that framework's layout: \
+             load or export it as it is",
+            ckpt.dir.display()
+        )));
+    }
     let model: Vec<_> = ckpt
         .load()?
         .into_iter()
