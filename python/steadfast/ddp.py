@@ -51,10 +51,12 @@ import torch.distributed as dist
 
 from . import _steadfast
 
-__all__ = ["ReproducibleGradients", "DEFAULT_HEADROOM"]
+__all__ = ["ReproducibleGradients", "DEFAULT_HEADROOM", "MAX_HEADROOM"]
 
 #: Bits kept free above each element's largest term: up to 2**16 micro-batches per step.
 DEFAULT_HEADROOM = 16
+#: The most headroom a 64-bit sum of float32 terms has.
+MAX_HEADROOM = 39
 
 
 def _at(t):
@@ -81,8 +83,15 @@ class ReproducibleGradients:
         self.rank = dist.get_rank(group)
         if micro_batches < self.world:
             raise ValueError(f"{micro_batches} micro-batches for {self.world} ranks: every rank needs at least one")
+        if not 0 <= headroom <= MAX_HEADROOM:
+            raise ValueError(f"headroom {headroom}: give 0 to {MAX_HEADROOM} bits")
         if micro_batches > 2 ** headroom:
             raise ValueError(f"{micro_batches} micro-batches exceed the headroom of 2**{headroom} terms")
+        odd = [(n, p.dtype, p.device.type) for n, p in module.module.named_parameters()
+               if p.requires_grad and (p.dtype != torch.float32 or p.device.type != "cpu")]
+        if odd:
+            raise TypeError(f"the reproducible hook sums float32 gradients in host memory; {odd[0][0]} is "
+                            f"{odd[0][1]} on {odd[0][2]}")
         self.micro_batches = micro_batches
         self.headroom = headroom
         self.mine = list(range(self.rank, micro_batches, self.world))
@@ -92,6 +101,7 @@ class ReproducibleGradients:
         self._kept = []          # per earlier micro-batch of this step: one gradient per parameter
         self._done = 0           # micro-batches of this step whose backward has run
         self._buffers = {}       # bucket index -> (exponents, integer sum), reused every step
+        self._summed = set()     # ids of the parameters whose gradients the hook summed this step
         module.register_comm_hook(self, _hook)
 
     def split(self, batch: Sequence[int]) -> list[tuple[int, Sequence[int]]]:
@@ -115,10 +125,18 @@ class ReproducibleGradients:
             expected = self.mine[self._done] if self._done < len(self.mine) else "none (the step is complete)"
             raise ValueError(f"micro-batch {i} out of turn: rank {self.rank} expects {expected}")
         if self._done == len(self.mine) - 1:
+            self._summed = set()
             try:
                 yield
             finally:
                 self._done, self._kept = 0, []
+            missed = [n for n, p in self.module.module.named_parameters()
+                      if p.requires_grad and id(p) not in self._summed]
+            if missed:
+                # DDP skips the buckets of parameters that the loss did not use unless told
+                # to look for them; their gradients would hold the last micro-batch's alone.
+                raise RuntimeError(f"the hook did not sum the gradients of {missed[:3]}: a parameter the loss does "
+                                   "not use needs DistributedDataParallel(..., find_unused_parameters=True)")
             return
         with self.module.no_sync():
             yield
@@ -151,6 +169,7 @@ def _hook(state, bucket):
     # another, in the order of bucket.parameters().
     index = {id(p): k for k, p in enumerate(state._params)}
     ks = [index[id(p)] for p in bucket.parameters()]
+    state._summed.update(id(p) for p in bucket.parameters())
     at = 0
     for g in bucket.gradients():
         if g.data_ptr() != grads.data_ptr() + at * grads.element_size():

@@ -55,28 +55,72 @@ def _is_path(target):
     return isinstance(target, (str, bytes, os.PathLike))
 
 
+def _live(state):
+    """``state`` with each module and optimizer, wherever it is nested, replaced by its state
+    dict (an optimizer's under the key ``optimizer`` when it is the whole state, so that its
+    tensors are named and given a role as in a checkpoint)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return state
+
+    def walk(x):
+        if isinstance(x, torch.nn.Module):
+            return x.state_dict()
+        if isinstance(x, torch.optim.Optimizer):
+            return x.state_dict()
+        if isinstance(x, dict):
+            return type(x)((k, walk(v)) for k, v in x.items()) if not hasattr(x, "_metadata") else x
+        if isinstance(x, (list, tuple)):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    if isinstance(state, torch.optim.Optimizer):
+        return {"optimizer": state.state_dict()}
+    return walk(state)
+
+
+def _extent(src):
+    """The bytes ``[low, high)`` that a tensor or array spans in memory."""
+    if isinstance(src, np.ndarray):
+        return np.byte_bounds(src)
+    low = src.data_ptr()
+    span = 1 + sum((n - 1) * s for n, s in zip(src.shape, src.stride()))
+    return low, low + span * src.element_size()
+
+
 class _InMemory:
-    """The tensors of live state, each storage once, with what has to be copied back."""
+    """The tensors of live state, each once, with what has to be copied back.
+
+    A tensor that appears under several names (tied weights) is altered through its first
+    name; the others are its aliases. Two different views of overlapping memory (a tensor
+    and its transpose, overlapping slices) are refused: a flip made through one would be
+    overwritten when the other's copy is written back."""
 
     def __init__(self, state):
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(state, torch.nn.Module):
-            state = state.state_dict()
-        elif torch is not None and isinstance(state, torch.optim.Optimizer):
-            state = {"optimizer": state.state_dict()}       # named and given a role as in a checkpoint
-        _, tensors = _tree.encode(state)
-        self.tensors, seen = [], set()
+        try:
+            _, tensors = _tree.encode(_live(state))
+        except TypeError as e:
+            raise TypeError(str(e).replace("cannot save", "cannot alter")) from None
+        self.tensors, self.aliases, first = [], {}, {}
         for t in tensors:
-            key = self._storage(t)
-            if key is not None and key in seen:
-                continue        # a tied weight: flipped through its first name
-            seen.add(key)
+            view = self._view(t)
+            if view is not None and view in first:
+                self.aliases[t.name] = first[view]
+                continue
+            if view is not None:
+                first[view] = t.name
             if isinstance(t.source, np.ndarray) and not t.source.flags.writeable:
                 raise ValueError(f"{t.name}: the array is read-only")
             self.tensors.append(t)
+        spans = sorted((*_extent(t.source), t.name) for t in self.tensors if self._view(t) is not None)
+        for (_, high, a), (low, _, b) in zip(spans, spans[1:]):
+            if low < high:
+                raise ValueError(f"{a} and {b} are different views of overlapping memory: alter the tensor they "
+                                 "both view, or one of them alone")
 
     @staticmethod
-    def _storage(t):
+    def _view(t):
+        """What makes two tensors the same tensor: memory, offset, strides, shape, dtype."""
         src = t.source
         if hasattr(src, "untyped_storage"):
             if src.numel() == 0:
@@ -87,6 +131,14 @@ class _InMemory:
 
     def addresses(self):
         return [t.address() for t in self.tensors]
+
+    def hint(self, target):
+        """Why a target that matched nothing may have meant an alias."""
+        import fnmatch
+        hits = sorted(a for a in self.aliases if target is not None and fnmatch.fnmatchcase(a, target))
+        if not hits:
+            return ""
+        return "; " + ", ".join(f"{a} is the same tensor as {self.aliases[a]}" for a in hits) + ": target that name"
 
     def write_back(self):
         """Copies each flipped value into a source that the flips could not reach directly
@@ -127,8 +179,11 @@ def inject(subject: Any, *, out: Optional[_Path] = None, target: Optional[str] =
         raise ValueError("out, keep_checksums and allow_corrupt_input are for files; state in memory is altered "
                          "where it lies")
     state = _InMemory(subject)
-    text = _steadfast.inject_memory(state.addresses(), target=target, role=role, bits=str(bits), count=count,
-                                    rate=rate, burst=burst, seed=seed)
+    try:
+        text = _steadfast.inject_memory(state.addresses(), target=target, role=role, bits=str(bits), count=count,
+                                        rate=rate, burst=burst, seed=seed)
+    except InjectError as e:
+        raise InjectError(f"{e}{state.hint(target)}") from None
     state.write_back()
     if log is not None:
         with open(log, "w") as f:
@@ -164,9 +219,14 @@ def undo(subject: Any, log: Union[dict[str, Any], _Path], *, out: Optional[_Path
 
 def tensors_in(subject: Any) -> list[dict[str, Any]]:
     """The tensors found in ``subject`` (a file, or state in memory): a list of dicts with
-    ``name``, ``role``, ``dtype`` and ``shape``."""
+    ``name``, ``role``, ``dtype`` and ``shape``; in memory, a tensor that appears under a
+    second name is listed under it too, with ``alias_of`` its first name (flips are made
+    and logged through that one)."""
     if _is_path(subject):
         found = _steadfast.tensors_in(os.fspath(subject))
         return [{"name": n, "role": r, "dtype": d, "shape": s} for n, r, d, s in found]
-    return [{"name": t.name, "role": t.role, "dtype": t.dtype, "shape": list(t.shape)}
-            for t in _InMemory(subject).tensors]
+    state = _InMemory(subject)
+    found = {t.name: {"name": t.name, "role": t.role, "dtype": t.dtype, "shape": list(t.shape)}
+             for t in state.tensors}
+    return list(found.values()) + [{**found[first], "name": alias, "alias_of": first}
+                                   for alias, first in state.aliases.items()]

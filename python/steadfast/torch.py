@@ -236,6 +236,8 @@ class ResumableSampler(torch.utils.data.Sampler):
 
     def __init__(self, data_source: Union[int, Sized], *, seed: int = 0, shuffle: bool = True) -> None:
         self.n = data_source if isinstance(data_source, int) else len(data_source)
+        if self.n < 0:
+            raise ValueError(f"a sampler over {self.n} examples")
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.epoch, self.position = 0, 0
 
@@ -286,5 +288,8 @@ class ResumableSampler(torch.utils.data.Sampler):
         if (state["seed"], state["n"], state["shuffle"]) != (self.seed, self.n, self.shuffle):
             raise ValueError(f"a sampler of seed {state['seed']} over {state['n']} examples cannot resume one of "
                              f"seed {self.seed} over {self.n}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= self.n:
+            raise ValueError(f"epoch {epoch}, position {position}: not a place in an epoch of {self.n} examples")
+        self.epoch, self.position = epoch, position
 

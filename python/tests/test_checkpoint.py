@@ -297,6 +297,11 @@ def test_batches_cover_each_epoch_drop_its_tail_and_resume_between_batches():
     assert sum((x.tolist() for x in rest[1:]), []) == order1[:9]
     with pytest.raises(ValueError):
         next(st.ResumableSampler(10).batches(11))
+    for bad in ({**saved, "position": 11}, {**saved, "epoch": -1}):
+        with pytest.raises(ValueError, match="not a place in an epoch"):
+            st.ResumableSampler(10, seed=1).load_state_dict(bad)
+    with pytest.raises(ValueError):
+        st.ResumableSampler(-5)
 
 
 def test_the_sampler_visits_steadfast_trains_order(cli, tmp_path):

@@ -96,3 +96,35 @@ def test_the_helper_refuses_what_it_cannot_make_reproducible(tmp_path):
                 pass
     finally:
         dist.destroy_process_group()
+
+
+def test_what_the_hook_cannot_sum_is_refused_before_it_runs_or_named_after(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from steadfast.ddp import ReproducibleGradients
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(TypeError, match="float32"):
+            ReproducibleGradients(DDP(torch.nn.Linear(3, 1).double()), 2)
+        with pytest.raises(ValueError, match="headroom 40"):
+            ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, headroom=40)
+
+        class Unused(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.used, self.spare = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+
+            def forward(self, x):
+                return self.used(x)
+
+        grads = ReproducibleGradients(DDP(Unused()), 2)
+        x = torch.ones(4, 3)
+        with grads.micro_batch(0):
+            grads.module(x[:2]).sum().backward()
+        with pytest.raises(RuntimeError, match="find_unused_parameters=True"):
+            with grads.micro_batch(1):
+                grads.module(x[2:]).sum().backward()
+    finally:
+        dist.destroy_process_group()

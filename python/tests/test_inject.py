@@ -177,3 +177,33 @@ def test_a_state_and_its_checkpoint_take_the_same_flips_for_the_same_seed(tmp_pa
     assert [key(f) for f in in_memory["flips"]] == [key(f) for f in in_file["flips"]]
     # And the state saved now holds what the altered checkpoint holds.
     assert all(torch.equal(a, b) for a, b in zip(state["model"].values(), st.load(root)["model"].values()))
+
+
+def test_views_of_overlapping_memory_are_refused_and_aliases_are_named():
+    base = torch.arange(1.0, 17.0).reshape(4, 4)
+    before = base.clone()
+    for state in ({"w": base, "wt": base.t()}, {"a": base[:, 0:2], "b": base[:, 1:3]}):
+        with pytest.raises(ValueError, match="overlapping memory"):
+            steadfast.inject(state, bits="sign", count=1, seed=1)
+        assert torch.equal(base, before)
+    shared = torch.zeros(3)
+    state = {"model": {"enc": shared, "dec": shared}}
+    listed = {t["name"]: t.get("alias_of") for t in steadfast.tensors_in(state)}
+    assert listed == {"model.enc": None, "model.dec": "model.enc"}
+    with pytest.raises(steadfast.InjectError, match="model.dec is the same tensor as model.enc"):
+        steadfast.inject(state, target="model.dec", bits="sign")
+
+
+def test_modules_and_optimizers_nested_in_a_state_are_altered_where_they_live():
+    torch.manual_seed(4)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    weight = model.weight.detach().clone()
+    log = steadfast.inject({"model": model, "optimizer": opt}, role="model", target="model.weight", bits="sign")
+    (flip,) = log["flips"]
+    assert flip["tensor"] == "model.weight"
+    assert model.weight.reshape(-1)[flip["element"]].item() == -weight.reshape(-1)[flip["element"]].item()
+    log = steadfast.inject({"model": model, "optimizer": opt}, role="optim", bits="sign", count=2, seed=1)
+    assert all(f["tensor"].startswith("optimizer.state.") for f in log["flips"])
