@@ -12,7 +12,9 @@
 //! the result has the same bits whichever ranks computed which micro-batches.
 //!
 //! Tensors cross as `(address, bytes)` pairs of contiguous host tensors that the caller
-//! holds (see [`crate::host`]); outputs are tensors the caller allocated and reuses.
+//! holds (see [`crate::host`]); outputs are tensors the caller allocated and reuses. A term
+//! of a sum is a list of such tensors laid end to end (a bucket's gradients, one tensor
+//! per parameter), so that gradients kept per parameter need no copy into one buffer.
 
 #![forbid(unsafe_code)]
 
@@ -30,12 +32,26 @@ fn floats(at: At, what: &str) -> PyResult<&'static [f32]> {
         .map_err(|e| PyValueError::new_err(format!("{what} is not a whole, aligned float32 tensor: {e}")))
 }
 
-fn terms_of(terms: &[At], n: usize) -> PyResult<Vec<&'static [f32]>> {
-    let terms = terms.iter().map(|&t| floats(t, "a gradient")).collect::<PyResult<Vec<_>>>()?;
-    if let Some(t) = terms.iter().find(|t| t.len() != n) {
-        return Err(PyValueError::new_err(format!("a gradient of {} elements in a sum of {n}", t.len())));
-    }
-    Ok(terms)
+/// A term of a sum: its pieces, each with the offset of its first element in the term.
+type Term = Vec<(usize, &'static [f32])>;
+
+fn terms_of(terms: &[Vec<At>], n: usize) -> PyResult<Vec<Term>> {
+    terms
+        .iter()
+        .map(|pieces| {
+            let mut at = 0;
+            let mut term = Vec::with_capacity(pieces.len());
+            for &piece in pieces {
+                let piece = floats(piece, "a gradient")?;
+                term.push((at, piece));
+                at += piece.len();
+            }
+            if at != n {
+                return Err(PyValueError::new_err(format!("a gradient of {at} elements in a sum of {n}")));
+            }
+            Ok(term)
+        })
+        .collect()
 }
 
 fn check_headroom(terms: usize, headroom: u32) -> PyResult<()> {
@@ -49,24 +65,24 @@ fn check_headroom(terms: usize, headroom: u32) -> PyResult<()> {
 }
 
 /// Writes into the `n`-byte tensor `out` each element's largest exponent field over the
-/// float32 tensors `terms` (each of `n` elements).
+/// float32 `terms` (each of `n` elements, in pieces).
 #[pyfunction]
-fn fixed_exponents(py: Python<'_>, terms: Vec<At>, out: At) -> PyResult<()> {
+fn fixed_exponents(py: Python<'_>, terms: Vec<Vec<At>>, out: At) -> PyResult<()> {
     let exps = host_bytes_mut(out.0, out.1);
     py.allow_threads(|| {
         let terms = terms_of(&terms, exps.len())?;
         exps.fill(0);
-        for t in terms {
-            batched::max_exponents(exps, t);
+        for (at, piece) in terms.iter().flatten() {
+            batched::max_exponents(&mut exps[*at..at + piece.len()], piece);
         }
         Ok(())
     })
 }
 
-/// Writes into the int64 tensor `out` the fixed-point sum of `terms` at the scales of the
-/// exponents `exps` (the job's maxima).
+/// Writes into the int64 tensor `out` the fixed-point sum of `terms` (in pieces) at the
+/// scales of the exponents `exps` (the job's maxima).
 #[pyfunction]
-fn fixed_add(py: Python<'_>, terms: Vec<At>, exps: At, out: At, headroom: u32) -> PyResult<()> {
+fn fixed_add(py: Python<'_>, terms: Vec<Vec<At>>, exps: At, out: At, headroom: u32) -> PyResult<()> {
     let exps = host_bytes(exps.0, exps.1);
     let acc: &mut [i64] = bytemuck::try_cast_slice_mut(host_bytes_mut(out.0, out.1))
         .map_err(|e| PyValueError::new_err(format!("the sum is not a whole, aligned int64 tensor: {e}")))?;
@@ -77,8 +93,9 @@ fn fixed_add(py: Python<'_>, terms: Vec<At>, exps: At, out: At, headroom: u32) -
         let terms = terms_of(&terms, exps.len())?;
         check_headroom(terms.len(), headroom)?;
         acc.fill(0);
-        for t in terms {
-            batched::add_fixed(acc, t, exps, headroom);
+        for (at, piece) in terms.iter().flatten() {
+            let span = *at..at + piece.len();
+            batched::add_fixed(&mut acc[span.clone()], piece, &exps[span], headroom);
         }
         Ok(())
     })

@@ -177,17 +177,19 @@ def _hook(state, bucket):
         at += g.numel()
     if at != n:
         raise RuntimeError(f"the bucket's gradients hold {at} of its {n} elements")
-    terms = [grads] + [torch.cat([kept[k].reshape(-1) for k in ks]) for kept in state._kept]
+    # Each term is a list of pieces laid end to end: the bucket itself, then each kept
+    # micro-batch's gradients in the bucket's parameter order (no copy into one buffer).
+    terms = [[_at(grads)]] + [[_at(kept[k]) for k in ks] for kept in state._kept]
     exps, acc = state._buffers.get(bucket.index(), (None, None))
     if exps is None or exps.numel() != n:
         exps, acc = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.int64)
         state._buffers[bucket.index()] = (exps, acc)
-    t = state._tick("gather kept gradients", t)
-    _steadfast.fixed_exponents([_at(x) for x in terms], _at(exps))
+    t = state._tick("lay out the terms", t)
+    _steadfast.fixed_exponents(terms, _at(exps))
     t = state._tick("exponents (Rust)", t)
     dist.all_reduce(exps, op=dist.ReduceOp.MAX, group=state.group)
     t = state._tick("all-reduce MAX u8", t)
-    _steadfast.fixed_add([_at(x) for x in terms], _at(exps), _at(acc), state.headroom)
+    _steadfast.fixed_add(terms, _at(exps), _at(acc), state.headroom)
     t = state._tick("to fixed point (Rust)", t)
     work = dist.all_reduce(acc, group=state.group, async_op=True)
 

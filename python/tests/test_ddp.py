@@ -38,8 +38,8 @@ def _at(t):
 def sum_in_one_go(terms, divisor):
     n = terms[0].numel()
     exps, acc, out = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.int64), torch.empty(n)
-    _steadfast.fixed_exponents([_at(t) for t in terms], _at(exps))
-    _steadfast.fixed_add([_at(t) for t in terms], _at(exps), _at(acc), DEFAULT_HEADROOM)
+    _steadfast.fixed_exponents([[_at(t)] for t in terms], _at(exps))
+    _steadfast.fixed_add([[_at(t)] for t in terms], _at(exps), _at(acc), DEFAULT_HEADROOM)
     _steadfast.fixed_finish(_at(acc), _at(exps), DEFAULT_HEADROOM, float(divisor), _at(out))
     return out
 
@@ -53,13 +53,20 @@ def test_the_sum_is_the_same_bits_in_any_order_and_grouping():
     n = 1000
     exps = [torch.empty(n, dtype=torch.uint8) for _ in range(2)]
     for e, part in zip(exps, (terms[:3], terms[3:])):
-        _steadfast.fixed_exponents([_at(t) for t in part], _at(e))
+        _steadfast.fixed_exponents([[_at(t)] for t in part], _at(e))
     top = torch.maximum(exps[0], exps[1])
     accs = [torch.empty(n, dtype=torch.int64) for _ in range(2)]
     for a, part in zip(accs, (terms[:3], terms[3:])):
-        _steadfast.fixed_add([_at(t) for t in part], _at(top), _at(a), DEFAULT_HEADROOM)
+        _steadfast.fixed_add([[_at(t)] for t in part], _at(top), _at(a), DEFAULT_HEADROOM)
     out, total = torch.empty(n), accs[0] + accs[1]     # (held: the call reads it by address)
     _steadfast.fixed_finish(_at(total), _at(top), DEFAULT_HEADROOM, 8.0, _at(out))
+    assert torch.equal(out, whole)
+    # Terms in pieces laid end to end (a bucket's parameters) sum to the same bits.
+    pieces = [[_at(t[:300]), _at(t[300:])] for t in terms]
+    exps, acc, out = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.int64), torch.empty(n)
+    _steadfast.fixed_exponents(pieces, _at(exps))
+    _steadfast.fixed_add(pieces, _at(exps), _at(acc), DEFAULT_HEADROOM)
+    _steadfast.fixed_finish(_at(acc), _at(exps), DEFAULT_HEADROOM, 8.0, _at(out))
     assert torch.equal(out, whole)
     # Close to the float64 mean.
     exact = torch.stack([t.double() for t in terms]).sum(0) / 8
@@ -70,11 +77,11 @@ def test_bad_tensors_are_errors_not_crashes():
     f = torch.zeros(4)
     exps = torch.empty(3, dtype=torch.uint8)
     with pytest.raises(ValueError, match="of 4 elements in a sum of 3"):
-        _steadfast.fixed_exponents([_at(f)], _at(exps))
+        _steadfast.fixed_exponents([[_at(f)]], _at(exps))
     with pytest.raises(ValueError, match="float32"):
-        _steadfast.fixed_exponents([(f.data_ptr(), 7)], _at(torch.empty(1, dtype=torch.uint8)))
+        _steadfast.fixed_exponents([[(f.data_ptr(), 7)]], _at(torch.empty(1, dtype=torch.uint8)))
     with pytest.raises(ValueError, match="headroom"):
-        _steadfast.fixed_add([_at(f)] * 3, _at(torch.zeros(4, dtype=torch.uint8)), _at(torch.empty(4, dtype=torch.int64)), 1)
+        _steadfast.fixed_add([[_at(f)]] * 3, _at(torch.zeros(4, dtype=torch.uint8)), _at(torch.empty(4, dtype=torch.int64)), 1)
 
 
 def test_the_helper_refuses_what_it_cannot_make_reproducible(tmp_path):
