@@ -80,9 +80,11 @@ def _live(state):
 
 
 def _extent(src):
-    """The bytes ``[low, high)`` that a tensor or array spans in memory."""
+    """The bytes ``[low, high)`` that a (non-empty) tensor or array spans in memory."""
     if isinstance(src, np.ndarray):
-        return np.byte_bounds(src)
+        start, size = src.__array_interface__["data"][0], src.itemsize
+        reach = [(n - 1) * s for n, s in zip(src.shape, src.strides)]     # strides in bytes, maybe negative
+        return start + sum(r for r in reach if r < 0), start + sum(r for r in reach if r > 0) + size
     low = src.data_ptr()
     span = 1 + sum((n - 1) * s for n, s in zip(src.shape, src.stride()))
     return low, low + span * src.element_size()

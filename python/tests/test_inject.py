@@ -186,6 +186,11 @@ def test_views_of_overlapping_memory_are_refused_and_aliases_are_named():
         with pytest.raises(ValueError, match="overlapping memory"):
             steadfast.inject(state, bits="sign", count=1, seed=1)
         assert torch.equal(base, before)
+    array = np.arange(16, dtype=np.float32).reshape(4, 4)
+    with pytest.raises(ValueError, match="overlapping memory"):
+        steadfast.inject({"a": array, "reversed": array[::-1]}, bits="sign", count=1)
+    log = steadfast.inject({"a": array, "b": np.zeros(3, dtype=np.float32)}, bits="sign", count=2, seed=3)
+    assert (array < 0).sum() + 0 == sum(f["tensor"] == "a" and f["old_value"] != "0" for f in log["flips"])
     shared = torch.zeros(3)
     state = {"model": {"enc": shared, "dec": shared}}
     listed = {t["name"]: t.get("alias_of") for t in steadfast.tensors_in(state)}
