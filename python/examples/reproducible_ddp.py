@@ -15,14 +15,12 @@ is the same for every --world that divides the micro-batches; with --hook defaul
 """
 import argparse
 import contextlib
-import gzip
 import hashlib
 import json
 import os
 import tempfile
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -30,15 +28,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import steadfast.torch as st
+from exact_restart import fashion_mnist  # the same loader, beside this file
 from steadfast.ddp import ReproducibleGradients
-
-
-def fashion_mnist(data):
-    with gzip.open(os.path.join(data, "train-images-idx3-ubyte.gz")) as f:
-        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784).astype(np.float32) / 255
-    with gzip.open(os.path.join(data, "train-labels-idx1-ubyte.gz")) as f:
-        y = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)
-    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def mlp(width):

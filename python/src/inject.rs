@@ -29,6 +29,29 @@ fn options(out: Option<PathBuf>, keep_checksums: bool, allow_corrupt_input: bool
     InjectOptions { out, keep_checksums, allow_corrupt_input }
 }
 
+/// The fault that `inject`'s keyword arguments name (in a file or in memory).
+pub(crate) fn spec_of(
+    target: Option<String>,
+    role: Option<&str>,
+    bits: &str,
+    count: Option<u64>,
+    rate: Option<f64>,
+    burst: u32,
+    seed: u64,
+) -> PyResult<FlipSpec> {
+    let role =
+        role.map(|r| r.parse::<ckpt::Role>()).transpose().map_err(|e| PyValueError::new_err(format!("role: {e}")))?;
+    let bits: fault::BitSpec = bits.parse().map_err(|e| PyValueError::new_err(format!("bits: {e}")))?;
+    let amount = match (count, rate) {
+        (Some(k), None) => Amount::Count(k),
+        (None, Some(p)) => Amount::Rate(p),
+        (None, None) => Amount::Count(1),
+        (Some(_), Some(_)) => return Err(PyValueError::new_err("give count or rate, not both")),
+    };
+    let spec = FlipSpec { target: Target { glob: target, role }, bits, amount, burst, seed };
+    Ok(spec)
+}
+
 /// Where the log goes: `log`, or beside the altered file.
 fn log_path(log: Option<PathBuf>, path: &Path, out: Option<&Path>) -> PathBuf {
     log.unwrap_or_else(|| InjectionLog::default_path(out.unwrap_or(path)))
@@ -56,16 +79,7 @@ fn inject(
     allow_corrupt_input: bool,
     log: Option<PathBuf>,
 ) -> PyResult<String> {
-    let role =
-        role.map(|r| r.parse::<ckpt::Role>()).transpose().map_err(|e| PyValueError::new_err(format!("role: {e}")))?;
-    let bits: fault::BitSpec = bits.parse().map_err(|e| PyValueError::new_err(format!("bits: {e}")))?;
-    let amount = match (count, rate) {
-        (Some(k), None) => Amount::Count(k),
-        (None, Some(p)) => Amount::Rate(p),
-        (None, None) => Amount::Count(1),
-        (Some(_), Some(_)) => return Err(PyValueError::new_err("give count or rate, not both")),
-    };
-    let spec = FlipSpec { target: Target { glob: target, role }, bits, amount, burst, seed };
+    let spec = spec_of(target, role, bits, count, rate, burst, seed)?;
     let log_path = log_path(log, &path, out.as_deref());
     let options = options(out, keep_checksums, allow_corrupt_input);
     let log = py

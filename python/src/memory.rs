@@ -6,7 +6,6 @@
 
 use fault::inject::InjectionLog;
 use fault::memory::Buffer;
-use fault::plan::{Amount, FlipSpec, Target};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -54,16 +53,7 @@ fn inject_memory(
     burst: u32,
     seed: u64,
 ) -> PyResult<String> {
-    let role =
-        role.map(|r| r.parse::<ckpt::Role>()).transpose().map_err(|e| PyValueError::new_err(format!("role: {e}")))?;
-    let bits: fault::BitSpec = bits.parse().map_err(|e| PyValueError::new_err(format!("bits: {e}")))?;
-    let amount = match (count, rate) {
-        (Some(k), None) => Amount::Count(k),
-        (None, Some(p)) => Amount::Rate(p),
-        (None, None) => Amount::Count(1),
-        (Some(_), Some(_)) => return Err(PyValueError::new_err("give count or rate, not both")),
-    };
-    let spec = FlipSpec { target: Target { glob: target, role }, bits, amount, burst, seed };
+    let spec = crate::inject::spec_of(target, role, bits, count, rate, burst, seed)?;
     let log = with_buffers(&tensors, |b| fault::memory::inject(b, &spec))?;
     crate::inject::to_json(&log)
 }

@@ -98,6 +98,7 @@ class ReproducibleGradients:
         #: Seconds per phase of the hook, summed over its calls (with ``profile=True``).
         self.profile = defaultdict(float) if profile else None
         self._params = [p for p in module.parameters() if p.requires_grad]
+        self._index = {id(p): k for k, p in enumerate(self._params)}   # a parameter's place in a kept list
         self._kept = []          # per earlier micro-batch of this step: one gradient per parameter
         self._done = 0           # micro-batches of this step whose backward has run
         self._buffers = {}       # bucket index -> (exponents, integer sum), reused every step
@@ -167,8 +168,7 @@ def _hook(state, bucket):
     # The bucket holds the last micro-batch's gradients; the earlier ones were kept apart,
     # per parameter, and are laid out as the bucket lays out its parameters: one after
     # another, in the order of bucket.parameters().
-    index = {id(p): k for k, p in enumerate(state._params)}
-    ks = [index[id(p)] for p in bucket.parameters()]
+    ks = [state._index[id(p)] for p in bucket.parameters()]
     state._summed.update(id(p) for p in bucket.parameters())
     at = 0
     for g in bucket.gradients():

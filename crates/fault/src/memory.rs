@@ -195,50 +195,30 @@ mod tests {
         }
     }
 
+    /// Buffers `a` (f32, model) and `b` (i64, optimizer) over `a` and `b`.
+    fn two<'a>(a: &'a mut [u8], b: &'a mut [u8]) -> [Buffer<'a>; 2] {
+        [
+            Buffer { name: "a", role: Role::Model, dtype: DType::F32, bytes: a },
+            Buffer { name: "b", role: Role::Optim, dtype: DType::I64, bytes: b },
+        ]
+    }
+
     #[test]
     fn flips_replay_and_undo_in_memory_and_a_wrong_log_changes_nothing() {
         let original: Vec<u8> = (0..64u8).collect();
         let (mut a, mut b) = (original.clone(), vec![7u8; 16]);
-        let log = inject(
-            &mut [
-                Buffer { name: "a", role: Role::Model, dtype: DType::F32, bytes: &mut a },
-                Buffer { name: "b", role: Role::Optim, dtype: DType::I64, bytes: &mut b },
-            ],
-            &spec(6, 3),
-        )
-        .unwrap();
+        let log = inject(&mut two(&mut a, &mut b), &spec(6, 3)).unwrap();
         assert_eq!(log.flips.len(), 6);
         let changed_a = a != original;
         // Undo, then replay onto a fresh copy: the same bytes as the injection left.
         let (after_a, after_b) = (a.clone(), b.clone());
-        undo(
-            &log,
-            &mut [
-                Buffer { name: "a", role: Role::Model, dtype: DType::F32, bytes: &mut a },
-                Buffer { name: "b", role: Role::Optim, dtype: DType::I64, bytes: &mut b },
-            ],
-        )
-        .unwrap();
+        undo(&log, &mut two(&mut a, &mut b)).unwrap();
         assert_eq!((a.clone(), b.clone()), (original.clone(), vec![7u8; 16]));
-        replay(
-            &log,
-            &mut [
-                Buffer { name: "a", role: Role::Model, dtype: DType::F32, bytes: &mut a },
-                Buffer { name: "b", role: Role::Optim, dtype: DType::I64, bytes: &mut b },
-            ],
-        )
-        .unwrap();
+        replay(&log, &mut two(&mut a, &mut b)).unwrap();
         assert_eq!((a.clone(), b.clone()), (after_a, after_b));
         // Replayed twice, the old bytes are no longer there: an error, and no change.
         let before = (a.clone(), b.clone());
-        let err = replay(
-            &log,
-            &mut [
-                Buffer { name: "a", role: Role::Model, dtype: DType::F32, bytes: &mut a },
-                Buffer { name: "b", role: Role::Optim, dtype: DType::I64, bytes: &mut b },
-            ],
-        )
-        .unwrap_err();
+        let err = replay(&log, &mut two(&mut a, &mut b)).unwrap_err();
         assert!(err.to_string().contains("the log expects"), "{err}");
         assert_eq!((a, b), before);
         assert!(changed_a || log.flips.iter().all(|f| f.tensor == "b"));
