@@ -20,6 +20,7 @@
 #   bench/run.sh python-ckpt  # a PyTorch loop's checkpoint stall: steadfast.torch against torch.save and DCP
 #   bench/run.sh python-ddp   # the reproducible DDP hook's cost against DDP's default, and its bits on 1/2/4 processes
 #   bench/run.sh torch-determinism  # PyTorch's deterministic mode on the CPU audited (a section of docs/fpna.md)
+#   bench/run.sh sdc-study [--quick]  # checkpoint alteration in PyTorch DDP and Horovod jobs beside Steadfast's campaigns (docs/sdc-study.md)
 #
 # PyTorch from PyPI is the CUDA build (about 2.5 GB with its dependencies); it is
 # installed on demand into bench/.venv (or the environment BENCH_VENV names, e.g. the
@@ -55,6 +56,7 @@ case "$which" in
   engines-hosts) python3 bench/engines_hosts.py ;;
   pipeline) python3 bench/pipeline.py ;;  # runs PyTorch from bench/.venv
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
+  sdc-study) "$venv/bin/python" bench/sdc/study.py "${@:2}" ;;  # installs its pinned PyTorch and Horovod in bench/.venv-horovod
   python-ckpt|python-ddp|torch-determinism)
     # The Python package, built into this environment (maturin shares target/).
     "$venv/bin/pip" install -q "maturin>=1.7,<2"
@@ -76,5 +78,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, python-ckpt, python-ddp, torch-determinism)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torch-determinism)" >&2; exit 2 ;;
 esac
