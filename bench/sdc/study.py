@@ -2,7 +2,8 @@
 Horovod jobs, beside Steadfast's own campaigns on the same models and faults.
 
     bench/run.sh sdc-study            # 304 trials per library and model; rewrites docs/sdc-study.md
-    bench/run.sh sdc-study --quick    # 40 per library and model (under 10 minutes once installed)
+    bench/run.sh sdc-study --quick    # 40 per library and model (under 10 minutes once installed);
+                                      # its report goes to bench/out/sdc-study-quick/report.md
 
 The frameworks run from their own virtual environment, `bench/.venv-horovod`, installed here
 at pinned versions (`PINS`): PyTorch 2.0.1, the newest PyTorch that Horovod 0.28.1 (the
@@ -81,7 +82,23 @@ def job_error(text):
         m = re.match(r"^(?:\[\d+\]<std(?:err|out)>:|\[rank\d+\]:)?\s*([\w.]*(?:Error|Exception): .*)", line)
         if m and "ChildFailedError" not in m.group(1):
             found.append(m.group(1)[:400])
-    causes = [e for e in found if "Connection closed" not in e and "Connection reset" not in e]
+    consequences = ("Connection closed", "Connection reset", "Horovod has been shut down",
+                    "Horovod detected that one or more processes exited")
+    causes = [e for e in found if not any(c in e for c in consequences)]
+    if not causes:
+        # A rank killed from outside prints nothing; its launcher says how it ended.
+        # (A launcher stops the surviving ranks with SIGTERM: that is not the cause.)
+        import signal
+        signals = []
+        for m in re.finditer(r"Signal \d+ \((SIG\w+)\)|exit with status code (\d+)", text or ""):
+            if m.group(1):
+                signals.append(m.group(1))
+            elif int(m.group(2)) > 128:  # the shell's 128 + signal
+                n = int(m.group(2)) - 128
+                signals.append(signal.Signals(n).name if n in signal.valid_signals() else str(n))
+        killed = [g for g in signals if g != "SIGTERM"]
+        if signals:
+            return f"a rank was killed by signal {(killed or signals)[0]}"
     return (causes or found or [last_words(text)])[0]
 
 
@@ -111,23 +128,56 @@ def run(cmd, env=None, check=False, timeout=None, cwd=None):
     return subprocess.run(cmd, env=env, check=check, timeout=timeout, cwd=cwd, capture_output=True, text=True)
 
 
-def run_job(cmd, env, timeout):
-    """Runs a job in its own process group; returns None if it succeeded, else what killed
-    it. On timeout the whole group goes (a launcher's workers with it)."""
+def descendants(pid):
+    """The processes below `pid`, from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def run_job(cmd, env, stall, progress=lambda: 0):
+    """Runs a job in its own process group; returns None if it succeeded, else what ended
+    it. A job whose `progress()` (say, trials recorded) stays put for `stall` seconds is
+    taken as hung (a rank stopped, a collective waiting for ever) and killed, its whole
+    group with it (a launcher's workers too)."""
     import signal
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        return f"no progress within {timeout} s"
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # stragglers of a finished launcher
-        except ProcessLookupError:
-            pass
+    import tempfile
+    with tempfile.TemporaryFile("w+") as log:
+        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        seen, since = progress(), time.time()
+        hung = False
+        while p.poll() is None:
+            time.sleep(0.5)
+            now = progress()
+            if now != seen:
+                seen, since = now, time.time()
+            elif time.time() - since > stall:
+                hung = True
+                break
+        # A hung job, or stragglers of a finished launcher. torchrun starts each rank in a
+        # session of its own, so the group is not enough: every descendant goes.
+        for pid in [p.pid, *descendants(p.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+        log.seek(0)
+        out = log.read()
+    if hung:
+        return f"no progress for {stall} s"
     return None if p.returncode == 0 else job_error(out)
 
 
@@ -142,6 +192,11 @@ def launch(library, py, world, args):
 def job_env(py):
     return dict(os.environ, PATH=os.path.dirname(py) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1",
                 PYTHONUNBUFFERED="1")
+
+
+def records_size(job_dir):
+    """Bytes of trial records so far: grows with every trial a job finishes."""
+    return sum(os.path.getsize(os.path.join(job_dir, n)) for n in os.listdir(job_dir) if n.startswith("trials-rank"))
 
 
 def run_cell(library, py, model, world, plan, out, extra=(), env=None):
@@ -170,8 +225,10 @@ def run_cell(library, py, model, world, plan, out, extra=(), env=None):
         if not pending:
             break
         first = pending[0]
-        timeout = 60 + TRIAL_BUDGET[model] * (len(trials) - first)
-        r = run_job(launch(library, py, world, common + ["--trials", f"{first}:{len(trials)}"]), job, timeout)
+        # A job starts (data, golden references) and then records trial after trial.
+        stall = 60 + TRIAL_BUDGET[model]
+        r = run_job(launch(library, py, world, common + ["--trials", f"{first}:{len(trials)}"]), job, stall,
+                    lambda: records_size(out))
         done = verdict.read_records(out)
         stuck = next((t["index"] for t in trials if t["index"] >= first and not complete(t)), None)
         if stuck is None:
@@ -277,7 +334,7 @@ def outcome_row(name, vs):
     return f"| {name} | {n} | " + " | ".join(str(c.get(o, 0)) for o in verdict.OUTCOMES) + f" | {harm_cell(vs)} |"
 
 
-def report(results, meta, quick):
+def report(results, meta, quick, img):
     """The generated part of docs/sdc-study.md, and its plots."""
     lines = ["<!-- sdc-study:start -->", "",
              f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores), Python {meta['python']}, "
@@ -423,7 +480,7 @@ def report(results, meta, quick):
                 lines.append(f"- {model}, {world} processes: {len(diff)} of {len(pairs)} ({what})")
     lines += ["", "![harmful share](img/sdc-study-harm.png)", "", "![spread](img/sdc-study-spread.png)", "",
               "<!-- sdc-study:end -->"]
-    plots(results, libs)
+    plots(results, libs, img)
     return "\n".join(lines)
 
 
@@ -435,14 +492,14 @@ def param_of(model, tensor):
     return ""
 
 
-def plots(results, libs):
+def plots(results, libs, img):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    os.makedirs(IMG, exist_ok=True)
+    os.makedirs(img, exist_ok=True)
     fig, axes = plt.subplots(1, len(MODELS), figsize=(11, 3.8), sharey=True)
     for ax, model in zip(axes, MODELS):
         groups = ["model", "optimizer", "sign", "exponent", "mantissa"]
@@ -460,7 +517,7 @@ def plots(results, libs):
         ax.set_ylabel("% of trials")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "sdc-study-harm.png"), dpi=110)
+    fig.savefig(os.path.join(img, "sdc-study-harm.png"), dpi=110)
     plt.close(fig)
     fig, axes = plt.subplots(1, len(MODELS), figsize=(11, 3.8))
     for ax, model in zip(axes, MODELS):
@@ -481,7 +538,7 @@ def plots(results, libs):
         ax.set_title(model.upper())
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "sdc-study-spread.png"), dpi=110)
+    fig.savefig(os.path.join(img, "sdc-study-spread.png"), dpi=110)
     plt.close(fig)
 
 
@@ -493,6 +550,13 @@ def main():
     ap.add_argument("--keep", action="store_true", help="reuse finished cells in bench/out/sdc-study")
     a = ap.parse_args()
     begin = time.time()
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    import fcntl
+    lock = open(OUT + ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(f"another sdc-study is running (it holds {OUT}.lock)")
     n_all, n_one, controls = (12, 6, 2) if a.quick else (100, 50, 2)
     out = OUT + ("-quick" if a.quick else "")
     if not a.keep:
@@ -538,9 +602,17 @@ def main():
     meta = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": versions, "horovod": hvd, "commit": commit,
             "minutes": (time.time() - begin) / 60, "horovod_error": horovod_error, "kept": a.keep}
-    section = report(results, meta, a.quick)
+    # The quick form is a check that the study runs, too small for findings: its report
+    # stays beside its data, and docs/sdc-study.md keeps the full run's.
+    img = os.path.join(out, "img") if a.quick else IMG
+    section = report(results, meta, a.quick, img)
     print(section)
-    write_section(DOC, "sdc-study", section)
+    if a.quick:
+        with open(os.path.join(out, "report.md"), "w") as f:
+            f.write(section + "\n")
+        print(f"(the quick form's report: {out}/report.md)")
+    else:
+        write_section(DOC, "sdc-study", section)
 
 
 if __name__ == "__main__":
