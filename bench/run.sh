@@ -11,6 +11,7 @@
 #   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
 #   bench/run.sh kernels    # the fixed-order matrix product against the framework's, per instruction set
 #   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (1, 2, 4 ranks)
+#   bench/run.sh engines-pairs  # elastic against static, one rank against train, as interleaved pairs
 #   bench/run.sh engines-hosts  # the all-reduce across namespace hosts against Open MPI's TCP and the ring bound (root)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
@@ -49,6 +50,7 @@ case "$which" in
   allreduce) "$venv/bin/python" bench/allreduce.py ;;
   ddp) "$venv/bin/python" bench/ddp_vs_pytorch.py ;;
   engines) "$venv/bin/python" bench/engines.py ;;
+  engines-pairs) python3 bench/engines_pairs.py ;;
   kernels) python3 bench/kernels.py ;;
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   recovery) "$venv/bin/python" bench/recovery.py ;;
@@ -78,5 +80,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torch-determinism)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torch-determinism)" >&2; exit 2 ;;
 esac

@@ -48,19 +48,19 @@ WORKER = os.path.join(HERE, "worker.py")
 # with C++14; PyTorch from 2.1 needs C++17 in extensions that include it, so 2.0.1 is the
 # newest that Horovod's release builds against (PyTorch 2.15 fails with "C++20 or later
 # compatible compiler is required"). CMake below 4: Horovod's CMakeLists predate 3.5.
-PINS = [["torch==2.0.1", "numpy==1.26.4", "cmake==3.31.6", "wheel"]]
+PINS = [["torch==2.0.1", "numpy==1.26.4", "cmake==3.31.10", "wheel"]]
 HOROVOD = "horovod[pytorch]==0.28.1"
 HOROVOD_ENV = {"HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1",
                "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_CPU_OPERATIONS": "GLOO",
                "MAKEFLAGS": f"-j{os.cpu_count() or 2}"}
 
-MODELS = {"mlp": {"steps_after": 50, "campaign_model": "mlp", "lr": 1e-3},
-          "cnn": {"steps_after": 30, "campaign_model": "cnn", "lr": 2e-3}}
+# Steps trained after the resume, as in Steadfast's campaigns (examples/campaign-*.toml).
+MODELS = {"mlp": {"steps_after": 50}, "cnn": {"steps_after": 30}}
 INJECT_AT = [200, 400]
 WORLDS = [2, 4]
 LIBRARIES = ["ddp", "horovod"]
-NAMES = {"ddp": "PyTorch DDP", "horovod": "Horovod", "horovod-nofusion": "Horovod, fusion off", "steadfast-det": "Steadfast (deterministic)",
-         "steadfast-repro": "Steadfast (reproducible)"}
+NAMES = {"ddp": "PyTorch DDP", "horovod": "Horovod", "horovod-nofusion": "Horovod, fusion off",
+         "steadfast-det": "Steadfast (deterministic)", "steadfast-repro": "Steadfast (reproducible)"}
 # The parameters in the optimizer's order, to name `optimizer.state.I.*` tensors.
 PARAMS = {"mlp": [f"fc{i}.{w}" for i in (1, 2, 3) for w in ("weight", "bias")],
           "cnn": [f"{l}.{w}" for l in ("conv1", "conv2", "fc1", "fc2", "fc3") for w in ("weight", "bias")]}
@@ -251,7 +251,7 @@ def campaign_spec(model, replicas, bits, flips, count, seed):
     """A Steadfast campaign with the study's knobs: one bit class and flip count, weights or
     AdamW moments, injected at step 200 or 400 (the campaign draws which)."""
     return f"""[run]
-model = "{MODELS[model]['campaign_model']}"
+model = "{model}"
 data = "fashion-mnist"
 batch = 128
 micro_batch = 32

@@ -1,0 +1,62 @@
+"""Two of the engines benchmark's ratios measured as interleaved pairs, for figures too
+close to call from best-of-N runs: an elastic job (`launch --max-restarts 1`) against the
+same static job, and a one-rank job (`launch --nproc 1`) against `train` alone. Each pair
+runs both, the order alternating from pair to pair; the ratio is taken within the pair,
+so a drift in the machine's speed falls on both sides. Prints one JSON line per cell:
+the median ratio, its quartiles, each side's median steps/s and the fingerprints (one
+value: the two sides must agree).
+
+    bench/run.sh engines-pairs
+    PAIRS=8 ELASTIC=mlp:2:fast,mlp:4:reproducible ONE=cnn:fast bench/run.sh engines-pairs
+"""
+import json
+import os
+import statistics
+import sys
+
+os.environ.setdefault("STEPS", "1000")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engines  # noqa: E402
+
+PAIRS = int(os.environ.get("PAIRS", "8"))
+ELASTIC = os.environ.get("ELASTIC", "mlp:2:fast,mlp:2:reproducible,mlp:4:fast,mlp:4:reproducible,cnn:2:reproducible")
+ONE = os.environ.get("ONE", "mlp:fast,mlp:reproducible,cnn:fast")
+
+
+def cells():
+    for c in filter(None, ELASTIC.split(",")):
+        model, world, mode = c.split(":")
+        yield "elastic", "steadfast", model, int(world), mode
+    for c in filter(None, ONE.split(",")):
+        model, mode = c.split(":")
+        yield "steadfast", "alone", model, 1, mode
+
+
+def pairs(a, b, model, world, mode):
+    ratios, steps = [], {a: [], b: []}
+    prints = set()
+    for i in range(PAIRS):
+        got = {}
+        for engine in ((a, b) if i % 2 == 0 else (b, a)):
+            rate, fingerprint = engines.train_once(engine, model, world, mode)
+            got[engine] = rate
+            steps[engine].append(rate)
+            prints.add(fingerprint)
+        ratios.append(got[a] / got[b])
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return {"cell": f"{a} / {b}", "model": model, "world": world, "mode": mode,
+            "median_ratio": round(statistics.median(ratios), 3), "q1": round(q1, 3), "q3": round(q3, 3),
+            a: round(statistics.median(steps[a]), 1), b: round(statistics.median(steps[b]), 1),
+            "fingerprints": sorted(prints)}
+
+
+def main():
+    for cell in cells():
+        row = pairs(*cell)
+        print(json.dumps(row), flush=True)
+        if len(row["fingerprints"]) != 1:
+            sys.exit(f"fingerprints differ: {row}")
+
+
+if __name__ == "__main__":
+    main()
