@@ -214,6 +214,12 @@ def run_cell(library, py, model, world, plan, out, extra=(), env=None):
         error = run_job(launch(library, py, world, common + ["--golden"]), job, 900)
         if error:
             raise RuntimeError(f"{library} {model} x{world}: the golden run failed: {error}")
+    digests = set()
+    for r in range(world):
+        with open(os.path.join(out, f"golden-rank{r}.json")) as f:
+            digests.add(json.load(f)["digest"])
+    if len(digests) != 1:
+        raise RuntimeError(f"{library} {model} x{world}: the golden run's replicas ended apart ({sorted(digests)})")
     trials = plan["trials"]
     crash_log = os.path.join(out, "crashes.json")
     crashes = {int(k): e for k, e in json.load(open(crash_log)).items()} if os.path.exists(crash_log) else {}

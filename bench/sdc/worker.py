@@ -25,6 +25,7 @@ resumes from is altered) or `one` (only rank `rank`'s copy is; the other ranks r
 pristine file, as after a corruption in one node's storage or memory).
 """
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -202,7 +203,7 @@ def golden(a, plan):
             break
         losses[s] = train_step(lib, data, s)
     # Each rank keeps its own reference: in a healthy data-parallel job they are equal,
-    # and the record says whether they were.
+    # and the digest lets the study check that they were.
     torch.save(snapshots, os.path.join(a.out, f"golden-states-rank{lib.rank}.pt"))
     digest = state_digest(snapshots[end])
     record = {"rank": lib.rank, "world": lib.world, "losses": losses, "scores": scores, "digest": digest}
@@ -212,7 +213,6 @@ def golden(a, plan):
 
 
 def state_digest(tensors):
-    import hashlib
     h = hashlib.sha256()
     for k in sorted(tensors):
         h.update(k.encode())
@@ -221,7 +221,8 @@ def state_digest(tensors):
 
 
 def inject(a, trial, work):
-    """Rank 0's part of a trial: the altered copy and its log (None for a control trial)."""
+    """Rank 0's part of a trial: the altered copy, and the flips its log lists (none for a
+    control trial, whose copy is the pristine file's)."""
     pristine = os.path.join(a.out, f"ckpt-{trial['inject_at']}.pt")
     altered = os.path.join(work, "altered.pt")
     log = os.path.join(work, "altered.inject.json")
