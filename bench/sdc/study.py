@@ -552,7 +552,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="40 trials per library and model")
     ap.add_argument("--only", choices=["ddp", "horovod", "steadfast"], action="append",
-                    help="run these sides only (repeatable); the report covers what exists")
+                    help="run these sides only (repeatable); the report goes beside the data, not into the docs")
     ap.add_argument("--keep", action="store_true", help="reuse finished cells in bench/out/sdc-study")
     a = ap.parse_args()
     begin = time.time()
@@ -608,15 +608,17 @@ def main():
     meta = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": versions, "horovod": hvd, "commit": commit,
             "minutes": (time.time() - begin) / 60, "horovod_error": horovod_error, "kept": a.keep}
-    # The quick form is a check that the study runs, too small for findings: its report
-    # stays beside its data, and docs/sdc-study.md keeps the full run's.
-    img = os.path.join(out, "img") if a.quick else IMG
+    # The quick form is a check that the study runs, too small for findings, and --only
+    # runs part of it: their reports stay beside their data, and docs/sdc-study.md keeps
+    # the full run's.
+    partial = a.quick or a.only
+    img = os.path.join(out, "img") if partial else IMG
     section = report(results, meta, a.quick, img)
     print(section)
-    if a.quick:
+    if partial:
         with open(os.path.join(out, "report.md"), "w") as f:
             f.write(section + "\n")
-        print(f"(the quick form's report: {out}/report.md)")
+        print(f"(this partial run's report: {out}/report.md)")
     else:
         write_section(DOC, "sdc-study", section)
 
