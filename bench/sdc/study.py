@@ -199,12 +199,32 @@ def records_size(job_dir):
     return sum(os.path.getsize(os.path.join(job_dir, n)) for n in os.listdir(job_dir) if n.startswith("trials-rank"))
 
 
+def spent(cell_dir, seconds):
+    """Adds `seconds` to the time a cell's runs have taken (its `elapsed.json`), so that a
+    report made by a later run that reuses the cell still says what the whole study cost."""
+    path = os.path.join(cell_dir, "elapsed.json")
+    before = json.load(open(path))["seconds"] if os.path.exists(path) else 0.0
+    with open(path, "w") as f:
+        json.dump({"seconds": before + seconds}, f)
+
+
+def elapsed(out):
+    """Seconds that every cell under `out` has taken, over all the runs that built them."""
+    total = 0.0
+    for root, _, files in os.walk(out):
+        if "elapsed.json" in files:
+            with open(os.path.join(root, "elapsed.json")) as f:
+                total += json.load(f)["seconds"]
+    return total
+
+
 def run_cell(library, py, model, world, plan, out, extra=(), env=None):
     """The golden run and every trial of one (library, model, world); returns the verdicts.
     A job that dies or hangs marks the trial in flight crashed and a new job takes the rest.
     `extra`: more arguments for the worker (a smaller model, another data directory);
     `env`: more environment for the job."""
     job = dict(job_env(py), **(env or {}))
+    began = time.time()
     os.makedirs(out, exist_ok=True)
     plan_path = os.path.join(out, "plan.json")
     with open(plan_path, "w") as f:
@@ -249,6 +269,7 @@ def run_cell(library, py, model, world, plan, out, extra=(), env=None):
         with open(crash_log, "w") as f:
             json.dump(crashes, f)
         start = stuck + 1
+    spent(out, time.time() - began)
     done = verdict.read_records(out)
     return [verdict.judge(t, done.get(t["index"], {}), world, crashes.get(t["index"])) for t in trials]
 
@@ -298,9 +319,11 @@ def steadfast_cell(model, placement, world, n, out):
             spec = os.path.join(d, "spec-in.toml")
             with open(spec, "w") as f:
                 f.write(campaign_spec(model, replicas, bits, flips, per, seed=1 + j))
+            began = time.time()
             r = run([BIN, "campaign", spec, "--out", d], timeout=3600)
             if r.returncode != 0:
                 raise RuntimeError(f"steadfast campaign {spec}: {last_words(r.stderr)}")
+            spent(d, time.time() - began)
         steps = {}
         with open(os.path.join(d, "steps.csv")) as f:
             for row in csv.DictReader(f):
@@ -346,7 +369,7 @@ def report(results, meta, quick, img):
              f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores), Python {meta['python']}, "
              f"PyTorch {meta['torch']}, Horovod {meta['horovod']}; Steadfast at `{meta['commit']}`. "
              f"Command: `bench/run.sh sdc-study{' --quick' if quick else ''}` "
-             f"({meta['minutes']:.0f} minutes{'; this run reused the cells an earlier one had finished' if meta['kept'] else ''}). Raw verdicts: `bench/out/sdc-study/verdicts.json`.", ""]
+             f"({meta['minutes']:.0f} minutes of runs{', over more than one invocation' if meta['kept'] else ''}). Raw verdicts: `bench/out/sdc-study/verdicts.json`.", ""]
     if meta.get("horovod_error"):
         lines += [f"**Horovod could not run here**: {meta['horovod_error']}", ""]
     libs = [l for l in LIBRARIES + ["steadfast-det", "steadfast-repro"] if any(k[0] == l for k in results)]
@@ -555,7 +578,6 @@ def main():
                     help="run these sides only (repeatable); the report goes beside the data, not into the docs")
     ap.add_argument("--keep", action="store_true", help="reuse finished cells in bench/out/sdc-study")
     a = ap.parse_args()
-    begin = time.time()
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     import fcntl
     lock = open(OUT + ".lock", "w")
@@ -607,7 +629,7 @@ def main():
     commit = run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT).stdout.strip()
     meta = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": versions, "horovod": hvd, "commit": commit,
-            "minutes": (time.time() - begin) / 60, "horovod_error": horovod_error, "kept": a.keep}
+            "minutes": elapsed(out) / 60, "horovod_error": horovod_error, "kept": a.keep}
     # The quick form is a check that the study runs, too small for findings, and --only
     # runs part of it: their reports stay beside their data, and docs/sdc-study.md keeps
     # the full run's.
