@@ -21,6 +21,14 @@ def fashion_mnist(dir_, prefix="train"):
     return x.astype(np.float32), y
 
 
+def last_words(text, lines=1):
+    """The last `lines` lines of a failed command's output, joined (a framework's own log
+    chatter left out): what to quote when it fails."""
+    kept = [l.strip() for l in (text or "").strip().splitlines()
+            if l.strip() and not l.startswith(("I0000", "W0000", "WARNING"))]
+    return " / ".join(kept[-lines:])[:200 * lines] if kept else "?"
+
+
 def fsync_path(path):
     """Makes the file at `path` durable (a saver that does not fsync, made comparable)."""
     fd = os.open(path, os.O_RDONLY)

@@ -35,7 +35,7 @@ import verdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, last_words, write_section  # noqa: E402
 
 BIN = os.environ.get("STEADFAST_BIN", os.path.join(ROOT, "target", "release", "steadfast"))
 VENV = os.path.join(ROOT, "bench", ".venv-horovod")
@@ -68,11 +68,6 @@ PARAMS = {"mlp": [f"fc{i}.{w}" for i in (1, 2, 3) for w in ("weight", "bias")],
 TRIAL_BUDGET = {"mlp": 15, "cnn": 30}
 
 
-def last_words(text):
-    lines = [l.strip() for l in (text or "").strip().splitlines() if l.strip()]
-    return " / ".join(lines[-3:])[:400] if lines else "?"
-
-
 def job_error(text):
     """What killed a job: the first exception a worker printed (launchers print their own
     summary last; a peer's lost connection is a consequence), else the output's last lines."""
@@ -99,7 +94,7 @@ def job_error(text):
         killed = [g for g in signals if g != "SIGTERM"]
         if signals:
             return f"a rank was killed by signal {(killed or signals)[0]}"
-    return (causes or found or [last_words(text)])[0]
+    return (causes or found or [last_words(text, 3)])[0]
 
 
 def ensure_env(log):
@@ -111,7 +106,7 @@ def ensure_env(log):
         for packages in PINS:
             r = run([py, "-m", "pip", "install", "-q", *packages])
             if r.returncode != 0:
-                raise SystemExit("pip install " + " ".join(packages) + " failed: " + last_words(r.stderr))
+                raise SystemExit("pip install " + " ".join(packages) + " failed: " + last_words(r.stderr, 3))
     if run([py, "-c", "import horovod.torch"]).returncode == 0:
         return py, None
     print(f"building {HOROVOD} (several minutes) ...", flush=True)
@@ -119,9 +114,9 @@ def ensure_env(log):
     with open(log, "w") as f:
         f.write(r.stdout + r.stderr)
     if r.returncode != 0:
-        return py, f"pip install {HOROVOD} failed: {last_words(r.stderr)}"
+        return py, f"pip install {HOROVOD} failed: {last_words(r.stderr, 3)}"
     probe = run([py, "-c", "import horovod.torch"])
-    return py, None if probe.returncode == 0 else f"installed but does not import: {last_words(probe.stderr)}"
+    return py, None if probe.returncode == 0 else f"installed but does not import: {last_words(probe.stderr, 3)}"
 
 
 def run(cmd, env=None, check=False, timeout=None, cwd=None):
@@ -322,7 +317,7 @@ def steadfast_cell(model, placement, world, n, out):
             began = time.time()
             r = run([BIN, "campaign", spec, "--out", d], timeout=3600)
             if r.returncode != 0:
-                raise RuntimeError(f"steadfast campaign {spec}: {last_words(r.stderr)}")
+                raise RuntimeError(f"steadfast campaign {spec}: {last_words(r.stderr, 3)}")
             spent(d, time.time() - began)
         steps = {}
         with open(os.path.join(d, "steps.csv")) as f:
@@ -346,6 +341,14 @@ def steadfast_cell(model, placement, world, n, out):
 
 # ---------------------------------------------------------------- report
 
+def select(results, lib, model, placement, altered=False, judged=False):
+    """One library's verdicts on one model over both worlds, in one placement; only the
+    altered trials (controls left out) and only those judged (not crashed) if asked."""
+    return [v for (l, m, _), vs in results.items() if l == lib and m == model for v in vs
+            if v["placement"] == placement and (v["count"] or not altered)
+            and (v["outcome"] != "crashed" or not judged)]
+
+
 def pct(k, n):
     return f"{k}/{n} ({100 * k / n:.1f}%)" if n else "-"
 
@@ -358,7 +361,7 @@ def harm_cell(vs):
 
 
 def outcome_row(name, vs):
-    c = verdict.counts(vs).get("all", {})
+    c = verdict.counts(vs)
     n = len(vs)
     return f"| {name} | {n} | " + " | ".join(str(c.get(o, 0)) for o in verdict.OUTCOMES) + f" | {harm_cell(vs)} |"
 
@@ -381,16 +384,14 @@ def report(results, meta, quick, img):
                   "|---|---|---:|---:|---:|---:|---:|---:|"]
         for lib in libs:
             for placement in ("all", "one"):
-                vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                      if v["placement"] == placement and v["count"]]
+                vs = select(results, lib, model, placement, altered=True)
                 if vs:
                     lines.append(outcome_row(f"{NAMES[lib]} | {placement}", vs).replace("| ", "| ", 1))
         lines += ["", f"### {model.upper()}: harmful share by kind of state, bit class and flips (placement `all`)", "",
                   "| library | model | optimizer | sign | exponent | mantissa | 1 flip | 10 flips |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for lib in libs:
-            vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                  if v["placement"] == "all" and v["count"]]
+            vs = select(results, lib, model, "all", altered=True)
             if not vs:
                 continue
             cells = [harm_cell([v for v in vs if v["kind"] == k]) for k in verdict.KINDS]
@@ -401,8 +402,7 @@ def report(results, meta, quick, img):
                   "| library | " + " | ".join(f"{k} {b}" for k in verdict.KINDS for b in verdict.BIT_CLASSES) + " |",
                   "|---|" + "---:|" * (len(verdict.KINDS) * len(verdict.BIT_CLASSES))]
         for lib in libs:
-            vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                  if v["placement"] == "all" and v["count"]]
+            vs = select(results, lib, model, "all", altered=True)
             cells = []
             for k in verdict.KINDS:
                 for b in verdict.BIT_CLASSES:
@@ -426,8 +426,7 @@ def report(results, meta, quick, img):
                           for o in v.get("elements", {})})
         lines += ["| library | " + " | ".join(f"+{o}" for o in offsets) + " |", "|---|" + "---:|" * len(offsets)]
         for lib in libs:
-            vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                  if v["placement"] == "all" and v["outcome"] != "crashed"]
+            vs = select(results, lib, model, "all", judged=True)
             if not vs:
                 continue
             any_bits = verdict.spread_over_steps(vs, "elements")
@@ -442,8 +441,7 @@ def report(results, meta, quick, img):
                   "| library | trials | altered replica reached others by the end | replicas equal at the end | "
                   "bits equal to golden at the end |", "|---|---:|---:|---:|---:|"]
         for lib in LIBRARIES:
-            vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                  if v["placement"] == "one" and v["outcome"] != "crashed" and v["count"]]
+            vs = select(results, lib, model, "one", altered=True, judged=True)
             if vs:
                 reached = sum(1 for v in vs if v["ranks_reached_at_end"] > 1)
                 equal = sum(1 for v in vs if v["replicas_equal_at_end"])
@@ -451,8 +449,7 @@ def report(results, meta, quick, img):
                 lines.append(f"| {NAMES[lib]} | {len(vs)} | {pct(reached, len(vs))} | {pct(equal, len(vs))} | "
                              f"{pct(golden, len(vs))} |")
         for lib in ("steadfast-det", "steadfast-repro"):
-            vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                  if v["placement"] == "one"]
+            vs = select(results, lib, model, "one")
             if vs:
                 caught = sum(1 for v in vs if "fingerprint" in v["alarms"])
                 lines.append(f"| {NAMES[lib]} | {len(vs)} | (the replica fingerprint named the altered replica "
@@ -465,8 +462,7 @@ def report(results, meta, quick, img):
                   "|---|" + "---:|---:|" * len(hdr)]
         reach = {}
         for lib in hdr:
-            vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                  if v["placement"] == "all"]
+            vs = select(results, lib, model, "all")
             reach[lib] = (verdict.far_reach(vs, 1), verdict.far_reach(vs, -1))
         names = sorted({t for a, b in reach.values() for t in list(a) + list(b)},
                        key=lambda t: (not t.startswith("model."), t))
@@ -484,8 +480,7 @@ def report(results, meta, quick, img):
             for lib in LIBRARIES:
                 if (lib, model, WORLDS[0]) not in results:
                     continue
-                vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                      if v["placement"] == "all" and t in v.get("flipped_tensors", [])]
+                vs = [v for v in select(results, lib, model, "all") if t in v.get("flipped_tensors", [])]
                 cells.append(f"{len(vs)}: {harm_cell(vs)}" if vs else "-")
             lines.append(f"| `{t}`{param_of(model, t)} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -534,8 +529,7 @@ def plots(results, libs, img):
         groups = ["model", "optimizer", "sign", "exponent", "mantissa"]
         width = 0.8 / max(1, len(libs))
         for i, lib in enumerate(libs):
-            vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                  if v["placement"] == "all" and v["count"]]
+            vs = select(results, lib, model, "all", altered=True)
             ys = []
             for g in groups:
                 sub = [v for v in vs if (v["kind"] == g if g in verdict.KINDS else v["bits"] == g)]
@@ -551,8 +545,7 @@ def plots(results, libs, img):
     fig, axes = plt.subplots(1, len(MODELS), figsize=(11, 3.8))
     for ax, model in zip(axes, MODELS):
         for i, lib in enumerate(libs):
-            vs = [v for (l, m, w), vv in results.items() if l == lib and m == model for v in vv
-                  if v["placement"] == "all" and v["outcome"] != "crashed"]
+            vs = select(results, lib, model, "all", judged=True)
             for measure, style in (("elements", "-"), ("large", "--")):
                 if not vs or measure not in vs[0]:
                     continue
@@ -604,7 +597,7 @@ def main():
                 t = time.time()
                 vs = run_cell(lib, py, model, world, plan, os.path.join(out, f"{lib}-{model}-w{world}"))
                 results[(lib, model, world)] = vs
-                c = verdict.counts([v for v in vs if v["count"]])["all"]
+                c = verdict.counts([v for v in vs if v["count"]])
                 print(f"{NAMES[lib]:12} {model} x{world}: {dict(c)} in {time.time() - t:.0f} s", flush=True)
             if "horovod" in only and not horovod_error and model == "mlp":
                 # Is Horovod's run-to-run variation its tensor fusion? Controls alone, fusion off.

@@ -5,6 +5,7 @@ libraries. The CI test feeds it the records of a few real trials."""
 import json
 import math
 import os
+import statistics
 from collections import Counter, defaultdict
 
 # Steadfast's defaults (`fault::campaign::Thresholds`).
@@ -110,22 +111,9 @@ def judge(trial, ranks, world, crash=None):
     return v
 
 
-def counts(verdicts, key=None):
-    """Outcome counts, overall or grouped by `key(verdict)`: {group: Counter}."""
-    out = defaultdict(Counter)
-    for v in verdicts:
-        out[key(v) if key else "all"][v["outcome"]] += 1
-    return dict(out)
-
-
-def share(c, outcome="masked"):
-    n = sum(c.values())
-    return c[outcome] / n if n else float("nan")
-
-
-def harmful(c):
-    """Trials whose outcome was not masked."""
-    return sum(n for o, n in c.items() if o != "masked")
+def counts(verdicts):
+    """How many verdicts fell in each class of outcome."""
+    return Counter(v["outcome"] for v in verdicts)
 
 
 def wilson(k, n, z=1.96):
@@ -149,13 +137,7 @@ def spread_over_steps(verdicts, measure="elements"):
             continue
         for o, per_rank in v[measure].items():
             by[int(o)].append(max(per_rank))
-    return {o: (median(xs), sum(xs) / len(xs), len(xs)) for o, xs in sorted(by.items())}
-
-
-def median(xs):
-    s = sorted(xs)
-    n = len(s)
-    return float("nan") if n == 0 else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
+    return {o: (statistics.median(xs), sum(xs) / len(xs), len(xs)) for o, xs in sorted(by.items())}
 
 
 def far_reach(verdicts, offset):
@@ -172,17 +154,3 @@ def far_reach(verdicts, offset):
         n += 1
         hits.update(v["far_tensors"][key])
     return {t: k / n for t, k in hits.items()} if n else {}
-
-
-def tensor_reach(verdicts):
-    """For each tensor: in how many altered trials it still differed from golden at the
-    end, and in how many it was the one flipped."""
-    reached, flipped = Counter(), Counter()
-    n = 0
-    for v in verdicts:
-        if v["outcome"] == "crashed" or not v["count"]:
-            continue
-        n += 1
-        reached.update(v["tensors_at_end"])
-        flipped.update(v["flipped_tensors"])
-    return n, reached, flipped

@@ -36,7 +36,7 @@ from damage import KINDS, damaged_copy
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from common import cpu_name, write_section  # noqa: E402
+from common import cpu_name, last_words, write_section  # noqa: E402
 
 BIN = os.environ.get("STEADFAST_BIN", os.path.join(ROOT, "target", "release", "steadfast"))
 PER_EPOCH = 60000 // 128
@@ -269,11 +269,6 @@ def ensure_venv(system):
     if r.returncode != 0:
         raise SideError("installed but does not import: " + last_words(r.stderr))
     return py
-
-
-def last_words(text):
-    lines = [l.strip() for l in text.strip().splitlines() if l.strip() and not l.startswith(("I0000", "W0000", "WARNING"))]
-    return lines[-1][:200] if lines else "?"
 
 
 def side(system, py, *args):
