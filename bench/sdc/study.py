@@ -372,7 +372,7 @@ def report(results, meta, quick, img):
              f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores), Python {meta['python']}, "
              f"PyTorch {meta['torch']}, Horovod {meta['horovod']}; Steadfast at `{meta['commit']}`. "
              f"Command: `bench/run.sh sdc-study{' --quick' if quick else ''}` "
-             f"({meta['minutes']:.0f} minutes of runs{', over more than one invocation' if meta['kept'] else ''}). Raw verdicts: `bench/out/sdc-study/verdicts.json`.", ""]
+             f"({meta['minutes']:.0f} minutes: the cells' own run times, summed). Raw verdicts: `bench/out/sdc-study/verdicts.json`.", ""]
     if meta.get("horovod_error"):
         lines += [f"**Horovod could not run here**: {meta['horovod_error']}", ""]
     libs = [l for l in LIBRARIES + ["steadfast-det", "steadfast-repro"] if any(k[0] == l for k in results)]
@@ -622,7 +622,7 @@ def main():
     commit = run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT).stdout.strip()
     meta = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": versions, "horovod": hvd, "commit": commit,
-            "minutes": elapsed(out) / 60, "horovod_error": horovod_error, "kept": a.keep}
+            "minutes": elapsed(out) / 60, "horovod_error": horovod_error}
     # The quick form is a check that the study runs, too small for findings, and --only
     # runs part of it: their reports stay beside their data, and docs/sdc-study.md keeps
     # the full run's.
