@@ -29,10 +29,12 @@
 //! - `reproducible32`: the same with 32-bit integers (equal to
 //!   [`repro::batched::sum_parts_as`] for `i32`).
 //!
-//! In both reduce-scatters (the exponents' and the integers') a rank never converts its
-//! whole contribution up front: it computes each chunk of it in the pass that needs it,
-//! the first segment by segment in the sending thread just before each segment leaves,
-//! the others as the partial sums arrive (`streamed_reduce_scatter`). The exponent ring
+//! In every reduce-scatter of a sum of parts (the exponents', the integers', and the
+//! floats' of [`Reducer::sum_parts`]) a rank never computes its whole contribution up
+//! front: it computes each chunk of it in the pass that needs it, the first segment by
+//! segment in the sending thread just before each segment leaves, the others as the
+//! partial sums arrive (`streamed_reduce_scatter`, `parts_reduce_scatter`); the float
+//! sum keeps the bits of the local sum followed by the ring's. The exponent ring
 //! also carries each rank's count of parts, so that every rank refuses, alike, a sum with
 //! more parts than its integers can hold.
 
@@ -84,13 +86,17 @@ fn split_chunks<T>(data: &mut [T], send: std::ops::Range<usize>, recv: std::ops:
 /// A `prepare` for [`exchange`] that sends the chunk as it is.
 fn as_is<T>(_: usize, _: &mut [T]) {}
 
+/// `combine(offset, dst, bytes)`: folds a received segment (`bytes`, `offset` elements
+/// into the chunk) into its place `dst`.
+type Combine<'f, T> = &'f dyn Fn(usize, &mut [T], &[u8]);
+
 /// How a ring step puts each received segment in its place.
 enum Fold<'f, T> {
     /// Received straight into its place, with no buffer in between; then
     /// `after(offset, dst)` works on it there (`offset` elements into the chunk).
     Into(&'f dyn Fn(usize, &mut [T])),
-    /// Received into `buf`; then `combine(dst, bytes)` folds it into place.
-    Combine { combine: &'f dyn Fn(&mut [T], &[u8]), buf: &'f mut Vec<u8> },
+    /// Received into `buf`; then `combine(offset, dst, bytes)` folds it into place.
+    Combine { combine: Combine<'f, T>, buf: &'f mut Vec<u8> },
 }
 
 /// No work on a segment received into place.
@@ -182,7 +188,7 @@ fn receive_segments<T: Wire>(
         }
         match fold {
             Fold::Into(after) => after(k * per, dst),
-            Fold::Combine { combine, buf } => combine(dst, buf),
+            Fold::Combine { combine, buf } => combine(k * per, dst, buf),
         }
     }
     Ok(())
@@ -198,7 +204,7 @@ fn reduce_scatter<T: Wire>(
     buf: &mut Vec<u8>,
 ) -> Result<usize, CommError> {
     let (world, rank, n) = (t.world(), t.rank(), data.len());
-    let fold = |dst: &mut [T], src: &[u8]| {
+    let fold = |_: usize, dst: &mut [T], src: &[u8]| {
         for (d, x) in dst.iter_mut().zip(src.chunks_exact(T::SIZE)) {
             combine(d, T::get(x));
         }
@@ -223,6 +229,67 @@ fn all_gather<T: Wire>(t: &dyn Transport, data: &mut [T], timeout: Duration) -> 
         exchange(t, send, &as_is, recv, Instant::now() + timeout, Fold::Into(&nothing))?;
     }
     Ok(())
+}
+
+/// This rank's sum of `parts` over elements `range`, into `dst`, then `received` (the
+/// left neighbour's partial sum, as little-endian bytes) added to it: per element the
+/// additions of [`crate::sum_parts_into`] in the same order, then the ring's. By blocks,
+/// on the rayon pool when it has several threads and there are several blocks (which
+/// changes no element's order); otherwise on this thread, without a hand-off.
+fn local_sum(parts: &[impl AsRef<[f32]> + Sync], range: std::ops::Range<usize>, dst: &mut [f32], received: &[u8]) {
+    use rayon::prelude::*;
+    const BLOCK: usize = repro::batched::PAR_BLOCK;
+    let block = |b: usize, acc: &mut [f32]| {
+        let at = range.start + b * BLOCK;
+        let (first, rest) = parts.split_first().expect("local_sum needs a part");
+        acc.copy_from_slice(&first.as_ref()[at..at + acc.len()]);
+        for part in rest {
+            crate::reduce_in_order(acc, &[&part.as_ref()[at..at + acc.len()]]);
+        }
+        if let Some(bytes) = received.get(b * BLOCK * 4..(b * BLOCK + acc.len()) * 4) {
+            for (d, x) in acc.iter_mut().zip(bytes.chunks_exact(4)) {
+                *d += f32::get(x);
+            }
+        }
+    };
+    if rayon::current_num_threads() > 1 && dst.len() > 4 * BLOCK {
+        dst.par_chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| block(b, acc));
+    } else {
+        dst.chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| block(b, acc));
+    }
+}
+
+/// The float reduce-scatter of [`Reducer::sum_parts`], with this rank's sum of its
+/// `parts` computed where the ring needs it instead of in a pass before the ring: the
+/// first chunk segment by segment in the sending thread just before each segment leaves,
+/// the others as their partial sums arrive. `out` holds the sums, as after
+/// [`crate::sum_parts_into`] and [`reduce_scatter`], with the same bits; the message is
+/// read and written once fewer (a one-part sum copies nothing), and the local sum
+/// overlaps the transfers. Returns the index of the chunk this rank owns.
+fn parts_reduce_scatter<P: AsRef<[f32]> + Sync>(
+    t: &dyn Transport,
+    parts: &[P],
+    out: &mut [f32],
+    timeout: Duration,
+    buf: &mut Vec<u8>,
+) -> Result<usize, CommError> {
+    let (world, rank, n) = (t.world(), t.rank(), out.len());
+    for s in 0..world - 1 {
+        let sr = chunk_range(n, world, (rank + world - s) % world);
+        let rr = chunk_range(n, world, (rank + world - s - 1) % world);
+        let fresh = |offset: usize, seg: &mut [f32]| local_sum(parts, sr.start + offset..sr.end, seg, &[]);
+        let fold =
+            |offset: usize, dst: &mut [f32], bytes: &[u8]| local_sum(parts, rr.start + offset..rr.end, dst, bytes);
+        let (send, recv) = split_chunks(out, sr.clone(), rr.clone());
+        let deadline = Instant::now() + timeout;
+        let fold = Fold::Combine { combine: &fold, buf: &mut *buf };
+        if s == 0 {
+            exchange(t, send, &fresh, recv, deadline, fold)?;
+        } else {
+            exchange(t, send, &as_is, recv, deadline, fold)?;
+        }
+    }
+    Ok((rank + 1) % world)
 }
 
 /// Ring all-reduce of `data` in place with the associative `combine`; `buf` receives the
@@ -322,6 +389,10 @@ impl Reducer {
             return Err(CommError::Setup("parts of different lengths".into()));
         }
         match mode {
+            ReduceMode::Fast | ReduceMode::Deterministic if t.world() > 1 && !parts.is_empty() => {
+                parts_reduce_scatter(t, parts, out, timeout, &mut self.buf)?;
+                all_gather(t, out, timeout)
+            }
             ReduceMode::Fast | ReduceMode::Deterministic => {
                 crate::sum_parts_into(mode, parts, out, &mut self.local);
                 self.sum(t, out, mode, timeout)

@@ -217,6 +217,12 @@ impl Write for Outbound {
             Outbound::Shm(s) => s.write(buf),
         }
     }
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Outbound::Tcp(s) => s.write_vectored(bufs),
+            Outbound::Shm(s) => s.write_vectored(bufs),
+        }
+    }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Outbound::Tcp(s) => s.flush(),

@@ -353,6 +353,38 @@ fn an_aborted_mesh_fails_a_blocked_receive_at_once_with_the_reason() {
 }
 
 #[test]
+fn float_sums_of_parts_equal_the_local_sum_then_the_ring_bit_for_bit() {
+    // `sum_parts` in the float modes computes each rank's sum of its parts where the ring
+    // needs it; the bits must be those of the local sum first and the ring after it (the
+    // in-place `sum`), whatever the parts per rank and the message's segments and blocks
+    // (a message of more than four blocks sums them on the rayon pool where it has
+    // several threads, a smaller one on the rank's own).
+    let sizes = [1, 7, 3 * repro::batched::PAR_BLOCK + 5, 3 * comm::collective::SEGMENT_BYTES / 4 + 12_345];
+    for n in sizes {
+        let all = parts(n);
+        for world in [2, 3, 4] {
+            for mode in [ReduceMode::Fast, ReduceMode::Deterministic] {
+                let run = |r: usize, t: &dyn Transport| {
+                    let mine = mine(&all, r, world);
+                    let mut reducer = Reducer::default();
+                    let mut fused = vec![f32::NAN; n];
+                    reducer.sum_parts(t, &mine, &mut fused, mode, TIMEOUT).unwrap();
+                    let mut apart = comm::sum_parts(mode, &mine);
+                    reducer.sum(t, &mut apart, mode, TIMEOUT).unwrap();
+                    (fused, apart)
+                };
+                let mut out = on_mem(world, run);
+                out.extend(on_tcp(world, run));
+                for (fused, apart) in &out {
+                    assert_eq!(bits(fused), bits(apart), "{n} elements, world {world}, {mode}");
+                    assert_eq!(bits(fused), bits(&out[0].0), "every rank and run holds the same sum");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn messages_of_many_segments_reduce_exactly_as_small_ones() {
     // Chunks of several segments, with lengths that do not divide evenly.
     let n = 3 * comm::collective::SEGMENT_BYTES / 4 + 12_345;

@@ -12,9 +12,7 @@
 //! The bias corrections `b^t` are computed in f64 by exponentiation by squaring (only
 //! correctly rounded multiplications), so they do not depend on the platform's `pow`.
 
-use rayon::prelude::*;
-
-use super::{MIN_CHUNK, OptimConfig, slot_for, with_grads};
+use super::{OptimConfig, each3, slot_for, with_grads};
 use crate::state::NamedTensor;
 
 /// Adam with decoupled weight decay.
@@ -60,18 +58,12 @@ impl AdamW {
         &mut self,
         params: &mut [NamedTensor],
         grads: &[f32],
-        f: impl Fn(&mut f32, f32, &mut f32, &mut f32) + Sync + Send,
+        f: impl Fn(&mut f32, f32, &mut f32, &mut f32) + Sync,
     ) {
         for (i, (p, g)) in with_grads(params, grads) {
             let (m_slot, v_slot) = self.slots[2 * i..2 * i + 2].split_at_mut(1);
             let (m, v) = (&mut m_slot[0].data, &mut v_slot[0].data);
-            p.data
-                .par_iter_mut()
-                .zip(g)
-                .zip(m.par_iter_mut())
-                .zip(v.par_iter_mut())
-                .with_min_len(MIN_CHUNK)
-                .for_each(|(((w, &g), m), v)| f(w, g, m, v));
+            each3(&mut p.data, g, m, v, &f);
         }
     }
 

@@ -1,9 +1,7 @@
 //! SGD with momentum and L2 weight decay, with PyTorch's update rule:
 //! `g += wd * p; buf = momentum * buf + g; p -= lr * buf` (without momentum, `p -= lr * g`).
 
-use rayon::prelude::*;
-
-use super::{MIN_CHUNK, OptimConfig, slot_for, with_grads};
+use super::{OptimConfig, each1, each2, slot_for, with_grads};
 use crate::state::NamedTensor;
 
 /// Stochastic gradient descent.
@@ -30,19 +28,17 @@ impl Sgd {
         let OptimConfig { lr, momentum, weight_decay: wd, .. } = self.config;
         for (i, (p, g)) in with_grads(params, grads) {
             if momentum == 0.0 {
-                p.data.par_iter_mut().zip(g).with_min_len(MIN_CHUNK).for_each(|(w, &g)| {
+                each1(&mut p.data, g, |w, g| {
                     let g = g + wd * *w;
                     *w -= lr * g;
                 });
             } else {
                 let buf = &mut self.slots[i].data;
-                p.data.par_iter_mut().zip(g).zip(buf.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
-                    |((w, &g), b)| {
-                        let g = g + wd * *w;
-                        *b = momentum * *b + g;
-                        *w -= lr * *b;
-                    },
-                );
+                each2(&mut p.data, g, buf, |w, g, b| {
+                    let g = g + wd * *w;
+                    *b = momentum * *b + g;
+                    *w -= lr * *b;
+                });
             }
         }
         self.updates += 1;
@@ -55,18 +51,14 @@ impl Sgd {
         let OptimConfig { lr, momentum, weight_decay: wd, .. } = self.config;
         for (i, (p, g)) in with_grads(params, grads) {
             if momentum == 0.0 {
-                p.data.par_iter_mut().zip(g).with_min_len(MIN_CHUNK).for_each(|(w, &g)| {
-                    *w = (*w + lr * g) / (1.0 - lr * wd);
-                });
+                each1(&mut p.data, g, |w, g| *w = (*w + lr * g) / (1.0 - lr * wd));
             } else {
                 let buf = &mut self.slots[i].data;
-                p.data.par_iter_mut().zip(g).zip(buf.par_iter_mut()).with_min_len(MIN_CHUNK).for_each(
-                    |((w, &g), b)| {
-                        *w += lr * *b;
-                        let g = g + wd * *w;
-                        *b = (*b - g) / momentum;
-                    },
-                );
+                each2(&mut p.data, g, buf, |w, g, b| {
+                    *w += lr * *b;
+                    let g = g + wd * *w;
+                    *b = (*b - g) / momentum;
+                });
             }
         }
         self.updates -= 1;
