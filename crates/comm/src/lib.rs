@@ -170,17 +170,24 @@ pub fn sum_parts_into<P: AsRef<[f32]> + Sync>(
     match (mode, parts) {
         (_, []) => out.fill(0.0),
         (ReduceMode::Fast | ReduceMode::Deterministic, [first, rest @ ..]) => {
-            // Element by element in the order given, on the rayon pool by blocks: the
-            // blocks and the threads change no element's order of additions.
+            // Element by element in the order given, by blocks, on the rayon pool when it
+            // has several threads and there are several blocks (otherwise on this thread,
+            // without a hand-off): the blocks and the threads change no element's order
+            // of additions.
             use rayon::prelude::*;
             const BLOCK: usize = repro::batched::PAR_BLOCK;
-            out.par_chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| {
+            let block = |(b, acc): (usize, &mut [f32])| {
                 let range = b * BLOCK..b * BLOCK + acc.len();
                 acc.copy_from_slice(&first.as_ref()[range.clone()]);
                 for part in rest {
                     reduce_in_order(acc, &[&part.as_ref()[range.clone()]]);
                 }
-            });
+            };
+            if out.len() > BLOCK && rayon::current_num_threads() > 1 {
+                out.par_chunks_mut(BLOCK).enumerate().for_each(block);
+            } else {
+                out.chunks_mut(BLOCK).enumerate().for_each(block);
+            }
         }
         (ReduceMode::Reproducible, _) => {
             repro::batched::sum_parts_into(parts, repro::batched::DEFAULT_HEADROOM, out, scratch)

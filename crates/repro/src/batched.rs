@@ -225,7 +225,8 @@ pub const PAR_BLOCK: usize = 1 << 14;
 /// [`sum_parts_into`] accumulating in `A`: `i64` is [`sum_parts_into`] itself, `i32` the
 /// 32-bit sum of [`Fixed`] (at most `2^headroom <= 128` parts).
 ///
-/// Runs the three passes block by block on the current rayon pool. Each element's sum
+/// Runs the three passes block by block, on the current rayon pool when it has several
+/// threads and there are several blocks. Each element's sum
 /// depends on that element of the parts alone, so neither the blocks nor the number of
 /// threads change a bit.
 pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
@@ -243,8 +244,7 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
     exps.resize(n, 0);
     acc.clear();
     let acc = words_as::<A>(acc, n);
-    let blocks = out.par_chunks_mut(PAR_BLOCK).zip(exps.par_chunks_mut(PAR_BLOCK)).zip(acc.par_chunks_mut(PAR_BLOCK));
-    blocks.enumerate().for_each(|(b, ((out, exps), acc))| {
+    let block = |b: usize, out: &mut [f32], exps: &mut [u8], acc: &mut [A]| {
         let range = b * PAR_BLOCK..b * PAR_BLOCK + out.len();
         for p in parts {
             max_exponents(exps, &p.as_ref()[range.clone()]);
@@ -253,7 +253,16 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
             add_fixed(acc, &p.as_ref()[range.clone()], exps, headroom);
         }
         finish_into(acc, exps, headroom, out);
-    });
+    };
+    // One block, or one thread: on this thread, without handing the work to the pool.
+    if n > PAR_BLOCK && rayon::current_num_threads() > 1 {
+        let blocks =
+            out.par_chunks_mut(PAR_BLOCK).zip(exps.par_chunks_mut(PAR_BLOCK)).zip(acc.par_chunks_mut(PAR_BLOCK));
+        blocks.enumerate().for_each(|(b, ((out, exps), acc))| block(b, out, exps, acc));
+    } else {
+        let blocks = out.chunks_mut(PAR_BLOCK).zip(exps.chunks_mut(PAR_BLOCK)).zip(acc.chunks_mut(PAR_BLOCK));
+        blocks.enumerate().for_each(|(b, ((out, exps), acc))| block(b, out, exps, acc));
+    }
 }
 
 /// `n` values of `T` (an accumulator of either width, or exponent bytes) viewed in a

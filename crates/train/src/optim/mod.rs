@@ -22,39 +22,61 @@ const MIN_CHUNK: usize = 1 << 15;
 // `f` over its elements in a plain loop, which the compiler inlines and vectorizes. (A
 // per-element call through rayon's zipped iterators was left out of line, scalar, by some
 // builds and not by others: the same AdamW step took 3x longer in one of two builds of the
-// same source.)
+// same source.) A tensor of one block, or a pool of one thread, is updated on the calling
+// thread: handing it to the pool would only add a wake-up of another thread, and a step
+// updates every tensor.
 
-/// `f(weight, gradient)` on every element, by blocks over the rayon pool.
+/// Whether the update of `len` elements goes to the pool.
+fn parallel(len: usize) -> bool {
+    len > MIN_CHUNK && rayon::current_num_threads() > 1
+}
+
+/// `f(weight, gradient)` on every element, by blocks.
 fn each1(w: &mut [f32], g: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
     use rayon::prelude::*;
-    w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK)).for_each(|(w, g)| {
+    let block = |(w, g): (&mut [f32], &[f32])| {
         for (w, &g) in w.iter_mut().zip(g) {
             f(w, g);
         }
-    });
+    };
+    if parallel(w.len()) {
+        w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK)).for_each(block);
+    } else {
+        block((w, g));
+    }
 }
 
-/// `f(weight, gradient, slot)` on every element, by blocks over the rayon pool.
+/// `f(weight, gradient, slot)` on every element, by blocks.
 fn each2(w: &mut [f32], g: &[f32], a: &mut [f32], f: impl Fn(&mut f32, f32, &mut f32) + Sync) {
     use rayon::prelude::*;
-    w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK)).zip(a.par_chunks_mut(MIN_CHUNK)).for_each(
-        |((w, g), a)| {
-            for ((w, &g), a) in w.iter_mut().zip(g).zip(a) {
-                f(w, g, a);
-            }
-        },
-    );
+    let block = |w: &mut [f32], g: &[f32], a: &mut [f32]| {
+        for ((w, &g), a) in w.iter_mut().zip(g).zip(a) {
+            f(w, g, a);
+        }
+    };
+    if parallel(w.len()) {
+        let blocks = w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK));
+        blocks.zip(a.par_chunks_mut(MIN_CHUNK)).for_each(|((w, g), a)| block(w, g, a));
+    } else {
+        block(w, g, a);
+    }
 }
 
-/// `f(weight, gradient, slot a, slot b)` on every element, by blocks over the rayon pool.
+/// `f(weight, gradient, slot a, slot b)` on every element, by blocks.
 fn each3(w: &mut [f32], g: &[f32], a: &mut [f32], b: &mut [f32], f: impl Fn(&mut f32, f32, &mut f32, &mut f32) + Sync) {
     use rayon::prelude::*;
-    let blocks = w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK));
-    blocks.zip(a.par_chunks_mut(MIN_CHUNK)).zip(b.par_chunks_mut(MIN_CHUNK)).for_each(|(((w, g), a), b)| {
+    let block = |w: &mut [f32], g: &[f32], a: &mut [f32], b: &mut [f32]| {
         for (((w, &g), a), b) in w.iter_mut().zip(g).zip(a).zip(b) {
             f(w, g, a, b);
         }
-    });
+    };
+    if parallel(w.len()) {
+        let blocks = w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK));
+        let blocks = blocks.zip(a.par_chunks_mut(MIN_CHUNK)).zip(b.par_chunks_mut(MIN_CHUNK));
+        blocks.for_each(|(((w, g), a), b)| block(w, g, a, b));
+    } else {
+        block(w, g, a, b);
+    }
 }
 
 /// Hyper-parameters of the optimizers; fields that an optimizer does not use are ignored.
