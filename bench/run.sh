@@ -11,7 +11,7 @@
 #   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
 #   bench/run.sh kernels    # the fixed-order matrix product against the framework's, per instruction set
 #   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (1, 2, 4 ranks)
-#   bench/run.sh engines-pairs  # elastic against static, one rank against train, as interleaved pairs
+#   bench/run.sh engines-pairs  # elastic against static, one rank against train, Steadfast against MPI, as interleaved pairs
 #   bench/run.sh engines-hosts  # the all-reduce across namespace hosts against Open MPI's TCP and the ring bound (root)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
