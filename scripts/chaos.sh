@@ -63,12 +63,14 @@ fingerprints_ok() {
   [ "$n" = "$2" ] && ! grep "fingerprint: " "$1" | grep -vq "fingerprint: $ref"
 }
 
-# How many workers died of SIGKILL after the job's final state (launcher log `$1`): a kill
-# that lands while a worker evaluates the finished state, after which the job ends well
-# without that worker's fingerprint.
+# How many workers were hit after the job's final state (launcher log `$1`): a SIGKILL
+# that lands while a worker evaluates the finished state, or a SIGSTOP that holds it there
+# until the launcher kills it, after which the job ends well without that worker's
+# fingerprint.
 killed_after_the_end() {
   awk '/every member holds the final state/ {done = 1}
     done && /worker [0-9]+ \(process [0-9]+\) exited with signal: 9/ {late[$5] = 1}
+    done && /killing worker [0-9]+: still running after the job ended/ {w = $6; sub(":", "", w); late[w] = 1}
     END {n = 0; for (w in late) n++; print n}' "$1"
 }
 
@@ -101,7 +103,12 @@ trial_launch() { # kind dir
       sleep "0.$((RANDOM % 10))"
       kill -KILL "$(worker_pid "$dir/launch.log" "$other")" 2>/dev/null || true  # it may have ended
       ;;
-    stop-worker) kill -STOP "$pid" ;;
+    stop-worker)
+      kill -STOP "$pid"
+      # A stop that lands after the job's final state can test no replacement: the worker
+      # is continued at once rather than left for the launcher to kill after its grace.
+      if grep -q "every member holds the final state" "$dir/launch.log"; then kill -CONT "$pid"; fi
+      ;;
     stop-cont) kill -STOP "$pid"; sleep "$((RANDOM % 4)).$((5 + RANDOM % 5))"; kill -CONT "$pid" 2>/dev/null ;;
     launcher-cont) kill -STOP "$lpid"; sleep "$((1 + RANDOM % 4)).$((RANDOM % 10))"; kill -CONT "$lpid" ;;
     launcher-kill)

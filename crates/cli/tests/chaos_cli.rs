@@ -16,7 +16,9 @@ fn one_trial_of_each_kind_of_chaos_ends_with_the_single_process_bits() {
         .arg(root.join("scripts/chaos.sh"))
         .args(["8", "3"])
         .env("BIN", env!("CARGO_BIN_EXE_steadfast"))
-        .env("STEPS", "200")
+        // Long enough that the blows land inside the job: at 200 steps it could end (0.4 s
+        // on the 2-core machine) before a blow drawn for its first half arrived.
+        .env("STEPS", "400")
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

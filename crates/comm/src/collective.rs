@@ -231,12 +231,18 @@ fn all_gather<T: Wire>(t: &dyn Transport, data: &mut [T], timeout: Duration) -> 
     Ok(())
 }
 
-/// This rank's sum of `parts` over elements `range`, into `dst`, then `received` (the
-/// left neighbour's partial sum, as little-endian bytes) added to it: per element the
-/// additions of [`crate::sum_parts_into`] in the same order, then the ring's. By blocks,
-/// on the rayon pool when it has several threads and there are several blocks (which
-/// changes no element's order); otherwise on this thread, without a hand-off.
-fn local_sum(parts: &[impl AsRef<[f32]> + Sync], range: std::ops::Range<usize>, dst: &mut [f32], received: &[u8]) {
+/// This rank's sum of `parts` over elements `range`, into `dst`, then, if given, the left
+/// neighbour's partial sum (`received`, little-endian bytes, as many elements as `dst`)
+/// added to it: per element the additions of [`crate::sum_parts_into`] in the same order,
+/// then the ring's. By blocks, on the rayon pool when it has several threads and there are
+/// several blocks (which changes no element's order); otherwise on this thread, without a
+/// hand-off.
+fn local_sum(
+    parts: &[impl AsRef<[f32]> + Sync],
+    range: std::ops::Range<usize>,
+    dst: &mut [f32],
+    received: Option<&[u8]>,
+) {
     use rayon::prelude::*;
     const BLOCK: usize = repro::batched::PAR_BLOCK;
     let block = |b: usize, acc: &mut [f32]| {
@@ -246,13 +252,13 @@ fn local_sum(parts: &[impl AsRef<[f32]> + Sync], range: std::ops::Range<usize>, 
         for part in rest {
             crate::reduce_in_order(acc, &[&part.as_ref()[at..at + acc.len()]]);
         }
-        if let Some(bytes) = received.get(b * BLOCK * 4..(b * BLOCK + acc.len()) * 4) {
-            for (d, x) in acc.iter_mut().zip(bytes.chunks_exact(4)) {
+        if let Some(bytes) = received {
+            for (d, x) in acc.iter_mut().zip(bytes[b * BLOCK * 4..].chunks_exact(4)) {
                 *d += f32::get(x);
             }
         }
     };
-    if rayon::current_num_threads() > 1 && dst.len() > 4 * BLOCK {
+    if rayon::current_num_threads() > 1 && dst.len() > BLOCK {
         dst.par_chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| block(b, acc));
     } else {
         dst.chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| block(b, acc));
@@ -277,9 +283,10 @@ fn parts_reduce_scatter<P: AsRef<[f32]> + Sync>(
     for s in 0..world - 1 {
         let sr = chunk_range(n, world, (rank + world - s) % world);
         let rr = chunk_range(n, world, (rank + world - s - 1) % world);
-        let fresh = |offset: usize, seg: &mut [f32]| local_sum(parts, sr.start + offset..sr.end, seg, &[]);
-        let fold =
-            |offset: usize, dst: &mut [f32], bytes: &[u8]| local_sum(parts, rr.start + offset..rr.end, dst, bytes);
+        let fresh = |offset: usize, seg: &mut [f32]| local_sum(parts, sr.start + offset..sr.end, seg, None);
+        let fold = |offset: usize, dst: &mut [f32], bytes: &[u8]| {
+            local_sum(parts, rr.start + offset..rr.end, dst, Some(bytes));
+        };
         let (send, recv) = split_chunks(out, sr.clone(), rr.clone());
         let deadline = Instant::now() + timeout;
         let fold = Fold::Combine { combine: &fold, buf: &mut *buf };

@@ -357,7 +357,7 @@ fn float_sums_of_parts_equal_the_local_sum_then_the_ring_bit_for_bit() {
     // `sum_parts` in the float modes computes each rank's sum of its parts where the ring
     // needs it; the bits must be those of the local sum first and the ring after it (the
     // in-place `sum`), whatever the parts per rank and the message's segments and blocks
-    // (a message of more than four blocks sums them on the rayon pool where it has
+    // (a segment of more than one block sums them on the rayon pool where it has
     // several threads, a smaller one on the rank's own).
     let sizes = [1, 7, 3 * repro::batched::PAR_BLOCK + 5, 3 * comm::collective::SEGMENT_BYTES / 4 + 12_345];
     for n in sizes {

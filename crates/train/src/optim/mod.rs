@@ -34,15 +34,15 @@ fn parallel(len: usize) -> bool {
 /// `f(weight, gradient)` on every element, by blocks.
 fn each1(w: &mut [f32], g: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
     use rayon::prelude::*;
-    let block = |(w, g): (&mut [f32], &[f32])| {
+    let block = |w: &mut [f32], g: &[f32]| {
         for (w, &g) in w.iter_mut().zip(g) {
             f(w, g);
         }
     };
     if parallel(w.len()) {
-        w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK)).for_each(block);
+        w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK)).for_each(|(w, g)| block(w, g));
     } else {
-        block((w, g));
+        block(w, g);
     }
 }
 
