@@ -8,7 +8,8 @@
 #              bus bandwidth;
 #   steadfast  `steadfast bench collective` under one launcher per host (the mesh over
 #              TCP: no two ranks share a host), in the modes MODES (default
-#              fast,reproducible; add reproducible32 to time the 32-bit sum too);
+#              fast,reproducible; add reproducible32 to time the 32-bit sum too), each
+#              size and mode timed REPEATS times (default 5) after a warm-up;
 #   mpi        the same command with `--engine mpi` under Open MPI, whose daemons reach the
 #              other namespaces through an agent that stands in for ssh, with its TCP
 #              transport only (`--mca btl tcp,self`).
@@ -23,6 +24,7 @@ rate=${3:-0}
 worlds=${WORLDS:-2,4}
 mb=${MB:-1,4,16,64,256}
 modes=${MODES:-fast,reproducible}
+repeats=${REPEATS:-5}
 mkdir -p "$out"
 most=$(tr , '\n' <<<"$worlds" | sort -n | tail -1)
 if [ "$rate" = 0 ]; then
@@ -61,7 +63,7 @@ steadfast() { # world
   local w=$1 i port=29650
   for ((i = 0; i < w; i++)); do
     on_host "$i" "$bin" launch --nnodes "$w" --node-rank "$i" --nproc-per-node 1 --coordinator "$net.10:$port" \
-      --local-addr "$net.$((10 + i))" -- bench collective --mb "$mb" --reduce "$modes" \
+      --local-addr "$net.$((10 + i))" -- bench collective --mb "$mb" --reduce "$modes" --repeats "$repeats" \
       >"$work/sf-$i.log" 2>&1 &
   done
   wait

@@ -231,40 +231,6 @@ fn all_gather<T: Wire>(t: &dyn Transport, data: &mut [T], timeout: Duration) -> 
     Ok(())
 }
 
-/// This rank's sum of `parts` over elements `range`, into `dst`, then, if given, the left
-/// neighbour's partial sum (`received`, little-endian bytes, as many elements as `dst`)
-/// added to it: per element the additions of [`crate::sum_parts_into`] in the same order,
-/// then the ring's. By blocks, on the rayon pool when it has several threads and there are
-/// several blocks (which changes no element's order); otherwise on this thread, without a
-/// hand-off.
-fn local_sum(
-    parts: &[impl AsRef<[f32]> + Sync],
-    range: std::ops::Range<usize>,
-    dst: &mut [f32],
-    received: Option<&[u8]>,
-) {
-    use rayon::prelude::*;
-    const BLOCK: usize = repro::batched::PAR_BLOCK;
-    let block = |b: usize, acc: &mut [f32]| {
-        let at = range.start + b * BLOCK;
-        let (first, rest) = parts.split_first().expect("local_sum needs a part");
-        acc.copy_from_slice(&first.as_ref()[at..at + acc.len()]);
-        for part in rest {
-            crate::reduce_in_order(acc, &[&part.as_ref()[at..at + acc.len()]]);
-        }
-        if let Some(bytes) = received {
-            for (d, x) in acc.iter_mut().zip(bytes[b * BLOCK * 4..].chunks_exact(4)) {
-                *d += f32::get(x);
-            }
-        }
-    };
-    if rayon::current_num_threads() > 1 && dst.len() > BLOCK {
-        dst.par_chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| block(b, acc));
-    } else {
-        dst.chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| block(b, acc));
-    }
-}
-
 /// The float reduce-scatter of [`Reducer::sum_parts`], with this rank's sum of its
 /// `parts` computed where the ring needs it instead of in a pass before the ring: the
 /// first chunk segment by segment in the sending thread just before each segment leaves,
@@ -283,9 +249,9 @@ fn parts_reduce_scatter<P: AsRef<[f32]> + Sync>(
     for s in 0..world - 1 {
         let sr = chunk_range(n, world, (rank + world - s) % world);
         let rr = chunk_range(n, world, (rank + world - s - 1) % world);
-        let fresh = |offset: usize, seg: &mut [f32]| local_sum(parts, sr.start + offset..sr.end, seg, None);
+        let fresh = |offset: usize, seg: &mut [f32]| crate::sum_range_into(parts, sr.start + offset..sr.end, seg, None);
         let fold = |offset: usize, dst: &mut [f32], bytes: &[u8]| {
-            local_sum(parts, rr.start + offset..rr.end, dst, Some(bytes));
+            crate::sum_range_into(parts, rr.start + offset..rr.end, dst, Some(bytes));
         };
         let (send, recv) = split_chunks(out, sr.clone(), rr.clone());
         let deadline = Instant::now() + timeout;

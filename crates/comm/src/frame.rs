@@ -85,7 +85,6 @@ pub fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> Result<(), F
     header[4] = kind;
     let mut slices = [io::IoSlice::new(&header), io::IoSlice::new(payload)];
     let mut left = &mut slices[..];
-    io::IoSlice::advance_slices(&mut left, 0);
     while !left.is_empty() {
         match w.write_vectored(left) {
             Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),

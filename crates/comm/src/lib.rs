@@ -169,32 +169,47 @@ pub fn sum_parts_into<P: AsRef<[f32]> + Sync>(
     assert!(parts.iter().all(|p| p.as_ref().len() == out.len()), "reduce of unequal lengths");
     match (mode, parts) {
         (_, []) => out.fill(0.0),
-        (ReduceMode::Fast | ReduceMode::Deterministic, [first, rest @ ..]) => {
-            // Element by element in the order given, by blocks, on the rayon pool when it
-            // has several threads and there are several blocks (otherwise on this thread,
-            // without a hand-off): the blocks and the threads change no element's order
-            // of additions.
-            use rayon::prelude::*;
-            const BLOCK: usize = repro::batched::PAR_BLOCK;
-            let block = |(b, acc): (usize, &mut [f32])| {
-                let range = b * BLOCK..b * BLOCK + acc.len();
-                acc.copy_from_slice(&first.as_ref()[range.clone()]);
-                for part in rest {
-                    reduce_in_order(acc, &[&part.as_ref()[range.clone()]]);
-                }
-            };
-            if out.len() > BLOCK && rayon::current_num_threads() > 1 {
-                out.par_chunks_mut(BLOCK).enumerate().for_each(block);
-            } else {
-                out.chunks_mut(BLOCK).enumerate().for_each(block);
-            }
-        }
+        (ReduceMode::Fast | ReduceMode::Deterministic, _) => sum_range_into(parts, 0..out.len(), out, None),
         (ReduceMode::Reproducible, _) => {
             repro::batched::sum_parts_into(parts, repro::batched::DEFAULT_HEADROOM, out, scratch)
         }
         (ReduceMode::Reproducible32, _) => {
             repro::batched::sum_parts_as::<i32, P>(parts, repro::batched::NARROW_HEADROOM, out, scratch)
         }
+    }
+}
+
+/// The float sum of `parts` over elements `range`, into `dst` (as long as the range), then,
+/// if given, `received` added to it (as many elements, little-endian bytes: a ring
+/// neighbour's partial sum). Per element: the first part, then every other part in the
+/// order given, then `received`. By blocks of [`repro::batched::PAR_BLOCK`], on the rayon
+/// pool where [`repro::batched::on_pool`] says so: neither the blocks nor the threads
+/// change an element's order of additions.
+pub(crate) fn sum_range_into<P: AsRef<[f32]> + Sync>(
+    parts: &[P],
+    range: std::ops::Range<usize>,
+    dst: &mut [f32],
+    received: Option<&[u8]>,
+) {
+    use rayon::prelude::*;
+    const BLOCK: usize = repro::batched::PAR_BLOCK;
+    let Some((first, rest)) = parts.split_first() else { return dst.fill(0.0) };
+    let block = |b: usize, acc: &mut [f32]| {
+        let at = range.start + b * BLOCK..range.start + b * BLOCK + acc.len();
+        acc.copy_from_slice(&first.as_ref()[at.clone()]);
+        for part in rest {
+            reduce_in_order(acc, &[&part.as_ref()[at.clone()]]);
+        }
+        if let Some(bytes) = received {
+            for (d, x) in acc.iter_mut().zip(bytes[b * BLOCK * 4..].chunks_exact(4)) {
+                *d += f32::from_le_bytes(x.try_into().expect("4 bytes"));
+            }
+        }
+    };
+    if repro::batched::on_pool(dst.len(), BLOCK) {
+        dst.par_chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| block(b, acc));
+    } else {
+        dst.chunks_mut(BLOCK).enumerate().for_each(|(b, acc)| block(b, acc));
     }
 }
 

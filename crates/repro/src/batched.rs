@@ -222,6 +222,13 @@ pub fn sum_parts_into<P: AsRef<[f32]> + Sync>(parts: &[P], headroom: u32, out: &
 /// while the three passes run over it.
 pub const PAR_BLOCK: usize = 1 << 14;
 
+/// Whether work on `len` elements cut into blocks of `block` goes to the rayon pool: only
+/// when the pool has several threads and the work several blocks. Otherwise handing it to
+/// the pool would only add a wake-up of another thread and a wait for it.
+pub fn on_pool(len: usize, block: usize) -> bool {
+    len > block && rayon::current_num_threads() > 1
+}
+
 /// [`sum_parts_into`] accumulating in `A`: `i64` is [`sum_parts_into`] itself, `i32` the
 /// 32-bit sum of [`Fixed`] (at most `2^headroom <= 128` parts).
 ///
@@ -254,8 +261,7 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
         }
         finish_into(acc, exps, headroom, out);
     };
-    // One block, or one thread: on this thread, without handing the work to the pool.
-    if n > PAR_BLOCK && rayon::current_num_threads() > 1 {
+    if on_pool(n, PAR_BLOCK) {
         let blocks =
             out.par_chunks_mut(PAR_BLOCK).zip(exps.par_chunks_mut(PAR_BLOCK)).zip(acc.par_chunks_mut(PAR_BLOCK));
         blocks.enumerate().for_each(|(b, ((out, exps), acc))| block(b, out, exps, acc));

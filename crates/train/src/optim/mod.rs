@@ -26,11 +26,6 @@ const MIN_CHUNK: usize = 1 << 15;
 // thread: handing it to the pool would only add a wake-up of another thread, and a step
 // updates every tensor.
 
-/// Whether the update of `len` elements goes to the pool.
-fn parallel(len: usize) -> bool {
-    len > MIN_CHUNK && rayon::current_num_threads() > 1
-}
-
 /// `f(weight, gradient)` on every element, by blocks.
 fn each1(w: &mut [f32], g: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
     use rayon::prelude::*;
@@ -39,7 +34,7 @@ fn each1(w: &mut [f32], g: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
             f(w, g);
         }
     };
-    if parallel(w.len()) {
+    if repro::batched::on_pool(w.len(), MIN_CHUNK) {
         w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK)).for_each(|(w, g)| block(w, g));
     } else {
         block(w, g);
@@ -54,7 +49,7 @@ fn each2(w: &mut [f32], g: &[f32], a: &mut [f32], f: impl Fn(&mut f32, f32, &mut
             f(w, g, a);
         }
     };
-    if parallel(w.len()) {
+    if repro::batched::on_pool(w.len(), MIN_CHUNK) {
         let blocks = w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK));
         blocks.zip(a.par_chunks_mut(MIN_CHUNK)).for_each(|((w, g), a)| block(w, g, a));
     } else {
@@ -70,7 +65,7 @@ fn each3(w: &mut [f32], g: &[f32], a: &mut [f32], b: &mut [f32], f: impl Fn(&mut
             f(w, g, a, b);
         }
     };
-    if parallel(w.len()) {
+    if repro::batched::on_pool(w.len(), MIN_CHUNK) {
         let blocks = w.par_chunks_mut(MIN_CHUNK).zip(g.par_chunks(MIN_CHUNK));
         let blocks = blocks.zip(a.par_chunks_mut(MIN_CHUNK)).zip(b.par_chunks_mut(MIN_CHUNK));
         blocks.for_each(|(((w, g), a), b)| block(w, g, a, b));
