@@ -144,6 +144,16 @@ fn a_job_shrinks_from_three_workers_to_two_with_the_same_bits() {
     assert!(stdout.contains("workers [0, 1] from step 12"), "{stdout}");
     assert!(!stdout.contains("replacing"), "{stdout}");
     assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 2], "{stdout}");
+    // Each epoch's mesh is built once and timed on its own: three members, then two.
+    let meshes: Vec<(u64, f64)> = std::fs::read_to_string(tmp.path().join("shrink").join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["kind"] == "mesh")
+        .map(|v| (v["members"].as_u64().unwrap(), v["seconds"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(meshes.iter().map(|m| m.0).collect::<Vec<_>>(), [3, 2], "{meshes:?}");
+    assert!(meshes.iter().all(|m| m.1 > 0.0 && m.1 < 60.0), "{meshes:?}");
 }
 
 #[test]

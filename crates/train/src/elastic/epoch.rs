@@ -158,14 +158,27 @@ impl Side<'_, '_> {
 impl Runner for Side<'_, '_> {
     /// Under `--on-divergence repair`, the state at rest is checked against the
     /// fingerprint it had after the last update; then the epoch's first step builds its
-    /// mesh.
+    /// mesh (its time is written as a `mesh` record and left out of the training time).
     fn loaded(&mut self, at: At, state: &mut TrainState) -> Result<Flow, TrainError> {
         if self.repairs()
             && let Some(changed) = self.changed_since_commit(state)
         {
             return self.corrupted(at.step, "at rest", changed);
         }
+        let began = Instant::now();
+        let builds = self.current.get().is_none_or(|(e, _)| e != self.epoch);
         match self.mesh() {
+            Ok(_) if builds => {
+                // Building the epoch's mesh is the epoch's setup, as a static job's mesh
+                // is the job's: it is recorded on its own, not as the step's time.
+                let took = began.elapsed();
+                self.step_started += took;
+                self.metrics.write(json!({
+                    "kind": "mesh", "epoch": self.epoch, "members": self.members.len(),
+                    "seconds": took.as_secs_f64(),
+                }))?;
+                Ok(Flow::Go)
+            }
             Ok(_) => Ok(Flow::Go),
             Err(why) => {
                 self.found = Some(Found::Failed(why));
