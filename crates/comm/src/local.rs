@@ -174,11 +174,12 @@ fn create(dir: &Path, secret: &[u8]) -> Option<([u8; 16], shm::Region)> {
         .map(|r| (nonce, r))
 }
 
-/// How long a waiting rank spins before it yields its core, and yields before it sleeps.
-/// Yielding is cheap when the rank has a core of its own and gives the core away when
-/// ranks share cores, where it beats sleeping and being woken (the 4-rank rows of
-/// `bench/run.sh engines` on 2 cores dropped by about a quarter with 0.2 ms here).
-const SPIN: Duration = Duration::from_micros(20);
+/// How long a waiting rank yields its core before it sleeps. It does not spin first:
+/// yielding costs a rank with a core of its own no more than a spin (the call returns at
+/// once when nothing else is runnable there), and gives the core away when ranks share
+/// cores. A 20 us spin before the yields cost the 4-rank MLP rows of `bench/run.sh
+/// engines` on 2 cores 10-13% of their steps/s; sleeping and being woken instead of
+/// yielding cost them about a quarter.
 const YIELD: Duration = Duration::from_millis(2);
 /// The longest sleep of a reader between two looks at its ring, were a wake-up lost
 /// (none is: this only bounds the harm of a peer that breaks the rules).
@@ -186,7 +187,7 @@ const SLEEP_MAX: Duration = Duration::from_millis(50);
 /// The longest nap of a writer that waits for room.
 const NAP_MAX: Duration = Duration::from_micros(500);
 
-/// A wait on a ring: it spins while young, then yields, then sleeps.
+/// A wait on a ring: it yields while young, then sleeps.
 struct Wait {
     start: Instant,
     deadline: Instant,
@@ -210,15 +211,9 @@ impl Wait {
         Ok(())
     }
 
-    /// Spins or yields while the wait is young; false once it is time to sleep.
+    /// Yields while the wait is young; false once it is time to sleep.
     fn busy(&self) -> bool {
-        let waited = self.start.elapsed();
-        if waited < SPIN {
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
-            true
-        } else if waited < YIELD {
+        if self.start.elapsed() < YIELD {
             std::thread::yield_now();
             true
         } else {
