@@ -1,6 +1,7 @@
-"""Two of the engines benchmark's ratios measured as interleaved pairs, for figures too
-close to call from best-of-N runs: an elastic job (`launch --max-restarts 1`) against the
-same static job, and a one-rank job (`launch --nproc 1`) against `train` alone. Each pair
+"""The engines benchmark's ratios measured as interleaved pairs, for figures too close to
+call from best-of-N runs: an elastic job (`launch --max-restarts 1`) against the same
+static job (ELASTIC), a one-rank job (`launch --nproc 1`) against `train` alone (ONE),
+Steadfast against MPI (MPI), and one build against another (AB). Each pair
 runs both, the order alternating from pair to pair; the ratio is taken within the pair,
 so a drift in the machine's speed falls on both sides. Prints one JSON line per cell:
 the median ratio, its quartiles, each side's median steps/s and the fingerprints (each
@@ -9,6 +10,11 @@ ranks, which add in another order).
 
     bench/run.sh engines-pairs
     PAIRS=8 ELASTIC=mlp:2:fast,mlp:4:reproducible ONE=cnn:fast MPI=mlp:4:fast bench/run.sh engines-pairs
+
+Two builds of Steadfast against each other (a change's before and after), a static job of
+each cell run by the second build against the same job run by the first:
+
+    BUILDS=/tmp/before,/tmp/after AB=mlp:4:fast,cnn:4:fast ELASTIC= ONE= MPI= bench/run.sh engines-pairs
 """
 import json
 import os
@@ -19,10 +25,14 @@ os.environ.setdefault("STEPS", "1000")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import engines  # noqa: E402
 
+BIN = engines.BIN
+
 PAIRS = int(os.environ.get("PAIRS", "8"))
 ELASTIC = os.environ.get("ELASTIC", "mlp:2:fast,mlp:2:reproducible,mlp:4:fast,mlp:4:reproducible,cnn:2:reproducible")
 ONE = os.environ.get("ONE", "mlp:fast,mlp:reproducible,cnn:fast")
 MPI = os.environ.get("MPI", "mlp:2:fast,mlp:4:fast,cnn:4:fast")
+AB = os.environ.get("AB", "")
+BUILDS = dict(zip(("before", "after"), filter(None, os.environ.get("BUILDS", "").split(","))))
 
 
 def cells():
@@ -35,6 +45,11 @@ def cells():
     for c in filter(None, MPI.split(",")):
         model, world, mode = c.split(":")
         yield "steadfast", "mpi", model, int(world), mode
+    for c in filter(None, AB.split(",")):
+        if len(BUILDS) != 2:
+            sys.exit("AB needs BUILDS=BEFORE,AFTER: the two binaries to pair")
+        model, world, mode = c.split(":")
+        yield "after", "before", model, int(world), mode
 
 
 def pairs(a, b, model, world, mode):
@@ -43,7 +58,8 @@ def pairs(a, b, model, world, mode):
     for i in range(PAIRS):
         got = {}
         for engine in ((a, b) if i % 2 == 0 else (b, a)):
-            rate, fingerprint = engines.train_once(engine, model, world, mode)
+            engines.BIN = BUILDS.get(engine, BIN)
+            rate, fingerprint = engines.train_once("steadfast" if engine in BUILDS else engine, model, world, mode)
             got[engine] = rate
             steps[engine].append(rate)
             prints[engine].add(fingerprint)

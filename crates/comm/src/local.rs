@@ -178,8 +178,8 @@ fn create(dir: &Path, secret: &[u8]) -> Option<([u8; 16], shm::Region)> {
 /// yielding costs a rank with a core of its own no more than a spin (the call returns at
 /// once when nothing else is runnable there), and gives the core away when ranks share
 /// cores. A 20 us spin before the yields cost the 4-rank MLP rows of `bench/run.sh
-/// engines` on 2 cores 10-13% of their steps/s; sleeping and being woken instead of
-/// yielding cost them about a quarter.
+/// engines` on 2 cores 7-9% of their steps/s (docs/clusters.md); sleeping and being woken
+/// instead of yielding cost them about a quarter.
 const YIELD: Duration = Duration::from_millis(2);
 /// The longest sleep of a reader between two looks at its ring, were a wake-up lost
 /// (none is: this only bounds the harm of a peer that breaks the rules).
