@@ -15,6 +15,8 @@ Two builds of Steadfast against each other (a change's before and after), a stat
 each cell run by the second build against the same job run by the first:
 
     BUILDS=/tmp/before,/tmp/after AB=mlp:4:fast,cnn:4:fast ELASTIC= ONE= MPI= bench/run.sh engines-pairs
+
+(AB_ENGINE=elastic pairs elastic jobs instead.)
 """
 import json
 import os
@@ -32,6 +34,7 @@ ELASTIC = os.environ.get("ELASTIC", "mlp:2:fast,mlp:2:reproducible,mlp:4:fast,ml
 ONE = os.environ.get("ONE", "mlp:fast,mlp:reproducible,cnn:fast")
 MPI = os.environ.get("MPI", "mlp:2:fast,mlp:4:fast,cnn:4:fast")
 AB = os.environ.get("AB", "")
+AB_ENGINE = os.environ.get("AB_ENGINE", "steadfast")
 BUILDS = dict(zip(("before", "after"), filter(None, os.environ.get("BUILDS", "").split(","))))
 
 
@@ -59,7 +62,7 @@ def pairs(a, b, model, world, mode):
         got = {}
         for engine in ((a, b) if i % 2 == 0 else (b, a)):
             engines.BIN = BUILDS.get(engine, BIN)
-            rate, fingerprint = engines.train_once("steadfast" if engine in BUILDS else engine, model, world, mode)
+            rate, fingerprint = engines.train_once(AB_ENGINE if engine in BUILDS else engine, model, world, mode)
             got[engine] = rate
             steps[engine].append(rate)
             prints[engine].add(fingerprint)

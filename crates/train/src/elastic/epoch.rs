@@ -67,9 +67,14 @@ pub(super) struct Side<'c, 'e> {
     pub tcp: TcpConfig,
     pub current: Current,
     pub reducer: comm::collective::Reducer,
-    /// The all-reduce's output: it becomes the driver's sum only when the all-reduce
-    /// succeeded, so a failed step never spoils the sum a late member rolls forward with.
+    /// The all-reduce's output while the driver's sum holds a sum not yet applied: it
+    /// becomes the driver's sum only when the all-reduce succeeded, so a failed step never
+    /// spoils the sum a late member rolls forward with.
     pub work: GradBuffer,
+    /// Whether the driver's sum holds a sum not yet applied (set by the shell before each
+    /// step). When it does not, the all-reduce writes the driver's sum itself: one buffer,
+    /// warm in the cache from step to step, instead of two taking turns.
+    pub holds_unapplied: bool,
     pub metrics: MetricsFile,
     pub on_event: &'e mut dyn FnMut(Progress),
     /// The epoch of the step in progress, and its members in rank order.
@@ -195,10 +200,12 @@ impl Runner for Side<'_, '_> {
                 return Ok(Flow::End);
             }
         };
-        match self.reducer.sum_parts(&*mesh, r.parts, self.work.as_mut_slice(), self.config.reduce, self.d.job.timeout)
-        {
+        let out = if self.holds_unapplied { &mut self.work } else { &mut *r.sum };
+        match self.reducer.sum_parts(&*mesh, r.parts, out.as_mut_slice(), self.config.reduce, self.d.job.timeout) {
             Ok(()) => {
-                std::mem::swap(&mut self.work, r.sum);
+                if self.holds_unapplied {
+                    std::mem::swap(&mut self.work, r.sum);
+                }
                 Ok(Flow::Go)
             }
             Err(e) => {

@@ -138,6 +138,7 @@ pub(crate) fn run(
         current,
         reducer: comm::collective::Reducer::default(),
         work: engine.buffer(),
+        holds_unapplied: false,
         metrics,
         on_event,
         epoch: 0,

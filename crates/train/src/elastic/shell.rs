@@ -161,6 +161,7 @@ impl Shell<'_, '_, '_> {
             self.placed = Some((rank, members.len()));
         }
         (self.side.epoch, self.side.members) = (epoch, members);
+        self.side.holds_unapplied = self.sum_step.is_some();
         let stop = self.step_ops(0)?;
         let now = Instant::now();
         let next = match (stop, self.side.found.take()) {
