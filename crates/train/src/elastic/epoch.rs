@@ -67,14 +67,14 @@ pub(super) struct Side<'c, 'e> {
     pub tcp: TcpConfig,
     pub current: Current,
     pub reducer: comm::collective::Reducer,
-    /// The all-reduce's output while the driver's sum holds a sum not yet applied: it
-    /// becomes the driver's sum only when the all-reduce succeeded, so a failed step never
-    /// spoils the sum a late member rolls forward with.
+    /// The all-reduce's output while the driver's sum holds a sum not yet applied
+    /// (`sum_step`): it becomes the driver's sum only when the all-reduce succeeded, so a
+    /// failed step never spoils the sum a late member rolls forward with. Otherwise, as in
+    /// every step of a healthy job, the all-reduce writes the driver's sum itself: one
+    /// buffer, warm in the cache from step to step, instead of two taking turns.
     pub work: GradBuffer,
-    /// Whether the driver's sum holds a sum not yet applied (set by the shell before each
-    /// step). When it does not, the all-reduce writes the driver's sum itself: one buffer,
-    /// warm in the cache from step to step, instead of two taking turns.
-    pub holds_unapplied: bool,
+    /// The step whose sum the driver holds, not yet applied.
+    pub sum_step: Option<u64>,
     pub metrics: MetricsFile,
     pub on_event: &'e mut dyn FnMut(Progress),
     /// The epoch of the step in progress, and its members in rank order.
@@ -130,14 +130,18 @@ impl Side<'_, '_> {
         Ok(Flow::End)
     }
 
-    /// The epoch's mesh, built by its first step.
-    fn mesh(&mut self) -> Result<Arc<TcpMesh>, String> {
+    /// The epoch's mesh, built by its first step, and how long building it took if this
+    /// call built it.
+    fn mesh(&mut self) -> Result<(Arc<TcpMesh>, Option<Duration>), String> {
         match self.current.get() {
-            Some((e, m)) if e == self.epoch => Ok(m),
-            _ => match self.port.mesh(self.epoch, &self.members, &self.book, &self.tcp) {
-                Ok(m) => Ok(self.current.set(self.epoch, m)),
-                Err(e) => Err(format!("cannot build the epoch's mesh: {e}")),
-            },
+            Some((e, m)) if e == self.epoch => Ok((m, None)),
+            _ => {
+                let began = Instant::now();
+                match self.port.mesh(self.epoch, &self.members, &self.book, &self.tcp) {
+                    Ok(m) => Ok((self.current.set(self.epoch, m), Some(began.elapsed()))),
+                    Err(e) => Err(format!("cannot build the epoch's mesh: {e}")),
+                }
+            }
         }
     }
 
@@ -170,13 +174,10 @@ impl Runner for Side<'_, '_> {
         {
             return self.corrupted(at.step, "at rest", changed);
         }
-        let began = Instant::now();
-        let builds = self.current.get().is_none_or(|(e, _)| e != self.epoch);
         match self.mesh() {
-            Ok(_) if builds => {
+            Ok((_, Some(took))) => {
                 // Building the epoch's mesh is the epoch's setup, as a static job's mesh
                 // is the job's: it is recorded on its own, not as the step's time.
-                let took = began.elapsed();
                 self.step_started += took;
                 self.metrics.write(json!({
                     "kind": "mesh", "epoch": self.epoch, "members": self.members.len(),
@@ -194,16 +195,17 @@ impl Runner for Side<'_, '_> {
 
     fn reduce(&mut self, _at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
         let mesh = match self.mesh() {
-            Ok(m) => m,
+            Ok((m, _)) => m,
             Err(why) => {
                 self.found = Some(Found::Failed(why));
                 return Ok(Flow::End);
             }
         };
-        let out = if self.holds_unapplied { &mut self.work } else { &mut *r.sum };
+        let holds = self.sum_step.is_some();
+        let out = if holds { &mut self.work } else { &mut *r.sum };
         match self.reducer.sum_parts(&*mesh, r.parts, out.as_mut_slice(), self.config.reduce, self.d.job.timeout) {
             Ok(()) => {
-                if self.holds_unapplied {
+                if holds {
                     std::mem::swap(&mut self.work, r.sum);
                 }
                 Ok(Flow::Go)

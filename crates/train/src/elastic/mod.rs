@@ -138,7 +138,7 @@ pub(crate) fn run(
         current,
         reducer: comm::collective::Reducer::default(),
         work: engine.buffer(),
-        holds_unapplied: false,
+        sum_step: None,
         metrics,
         on_event,
         epoch: 0,
@@ -163,7 +163,6 @@ pub(crate) fn run(
         placed: None,
         layout,
         copy,
-        sum_step: None,
         last_eval: None,
         side,
     };

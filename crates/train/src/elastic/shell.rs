@@ -38,8 +38,6 @@ pub(super) struct Shell<'c, 'e, 'a> {
     /// The state's layout digest and element count, which a fetch asks for.
     pub(super) layout: (u64, u64),
     pub(super) copy: MemoryCopy,
-    /// The step whose sum the driver holds.
-    pub(super) sum_step: Option<u64>,
     pub(super) last_eval: Option<EvalReport>,
     pub(super) timeline: Timeline,
     pub(super) side: Side<'c, 'e>,
@@ -80,7 +78,7 @@ impl Shell<'_, '_, '_> {
                 }
                 Action::Restore { step, fingerprint } => {
                     self.copy.restore(&mut lock_write(&self.held), (step, fingerprint))?;
-                    self.sum_step = None;
+                    self.side.sum_step = None;
                     tracing::warn!(step, "went back to the copy of step {step}");
                     self.side.metrics.write(json!({"kind": "restore", "step": step, "worker": self.side.id}))?;
                 }
@@ -161,12 +159,11 @@ impl Shell<'_, '_, '_> {
             self.placed = Some((rank, members.len()));
         }
         (self.side.epoch, self.side.members) = (epoch, members);
-        self.side.holds_unapplied = self.sum_step.is_some();
         let stop = self.step_ops(0)?;
         let now = Instant::now();
         let next = match (stop, self.side.found.take()) {
             (Stop::Paused { .. }, Some(Found::Reduced(check))) => {
-                self.sum_step = Some(step);
+                self.side.sum_step = Some(step);
                 self.worker.on_reduced(now, epoch, step, Some((check.finite, check.digest)))
             }
             (Stop::Ended { .. }, Some(Found::Corrupted { changed })) => self.worker.on_corrupted(now, changed.1),
@@ -183,10 +180,10 @@ impl Shell<'_, '_, '_> {
 
     /// The protocol's `Apply`: the step from its update on, with the sum held.
     fn apply(&mut self, step: u64, prepared: &Prepared) -> Result<(), TrainError> {
-        if self.sum_step != Some(step) {
+        if self.side.sum_step != Some(step) {
             return Err(CommError::Setup(format!(
                 "the protocol applies the sum of step {step}, but the sum held is of step {:?}",
-                self.sum_step
+                self.side.sum_step
             ))
             .into());
         }
@@ -195,7 +192,7 @@ impl Shell<'_, '_, '_> {
         // later epoch than the one it computed in.
         self.side.members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
         let stop = self.step_ops(update)?;
-        self.sum_step = None;
+        self.side.sum_step = None;
         let found = self.side.found.take();
         let check = match (stop, found) {
             (Stop::Ended { .. }, Some(Found::Corrupted { changed })) => {
@@ -267,7 +264,7 @@ impl Shell<'_, '_, '_> {
         let side = &self.side;
         let got =
             held::fetch(&side.port, &self.held, &side.book, sources, want, side.d.job.timeout, &self.hooks, side.id);
-        self.sum_step = None;
+        self.side.sum_step = None;
         let got = match got {
             Ok(stats) => {
                 tracing::info!(
