@@ -22,7 +22,19 @@
 #                  run ends (or fails with a clear error, never a panic), every committed
 #                  checkpoint verifies, and after the disk is enlarged `--resume latest`
 #                  ends with the uninterrupted run's fingerprint.
-# Kinds that cannot run here (not root, no namespaces, no tmpfs) are reported as skipped.
+#   two-jobs       a second elastic job started on the checkpoint directory of a running
+#                  one (the same command, or another seed): it is refused within 30 s,
+#                  saying why; the first ends with the single-process fingerprint and every
+#                  checkpoint under the root is of one configuration and verifies.
+#   wrong-secret   strangers with a wrong secret dial the job's coordinator (at the address
+#                  given with `launch --coordinator`) 30 times: each is refused within 10 s
+#                  after one attempt, the job's log says so in at most 10 lines, and the
+#                  job ends with the single-process fingerprint.
+#   node0-lost     a job of two launchers (nodes) that meet in etcd, node 0 (workers 0 and 1,
+#                  and the coordinator role) killed whole: node 1's workers elect a new
+#                  coordinator and end with the single-process fingerprint.
+# Kinds that cannot run here (not root, no namespaces, no tmpfs, no etcd) are reported as
+# skipped.
 # Prints one line per trial and a table; exits 1 if any trial failed. Logs of failed
 # trials stay in the directory it names.
 set -uo pipefail
@@ -32,7 +44,7 @@ seed=${2:-1}
 bin=$(realpath "${BIN:-target/release/steadfast}")
 steps=${STEPS:-300}
 [ -x "$bin" ] || { echo "no binary at $bin (cargo build --release, or set BIN)"; exit 2; }
-kinds=(kill1 kill2 stop-worker stop-cont launcher-cont launcher-kill cut-link full-disk)
+kinds=(kill1 kill2 stop-worker stop-cont launcher-cont launcher-kill cut-link full-disk two-jobs wrong-secret node0-lost)
 logs=$(mktemp -d /tmp/chaos.XXXXXX)
 
 job=(train --model mlp --data synthetic --batch 48 --micro-batch 16 --eval-every 0 --reduce reproducible)
@@ -197,6 +209,98 @@ trial_disk() { # dir
   fi
 }
 
+# A free TCP port on the loopback interface.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Each step of the jobs below lasts at least 5 ms, so that a second actor (a second job,
+# strangers, a kill) arrives while the job still runs, however fast the machine.
+pace=(env STEADFAST_FAILPOINTS=step_begin=sleep:5)
+
+trial_two_jobs() { # dir
+  local dir=$1 ck=$1/ckpt at apid rc second=() started took
+  setsid "${pace[@]}" "$bin" launch --nproc 2 --heartbeat-timeout 1 --max-restarts 1 -- "${job[@]}" --steps "$steps" \
+    --checkpoint-dir "$ck" --checkpoint-every 20 --out "$dir/a" >"$dir/a.log" 2>&1 &
+  apid=$!
+  at=$((10 + RANDOM % (steps / 2)))
+  wait_steps "$dir/a" "$at" || { echo "never reached step $at"; kill -KILL -- -"$apid"; return 1; }
+  # The same command but for its output, or another seed (another configuration).
+  ((RANDOM % 2)) && second=(--seed 99)
+  started=$(date +%s)
+  "${pace[@]}" "$bin" launch --nproc 2 --heartbeat-timeout 1 --max-restarts 1 -- "${job[@]}" --steps "$steps" \
+    --checkpoint-dir "$ck" --checkpoint-every 20 --out "$dir/b" "${second[@]}" >"$dir/b.log" 2>&1
+  rc=$?
+  took=$(($(date +%s) - started))
+  if ! wait_pid "$apid" 120; then echo "the first job did not end"; kill -KILL -- -"$apid"; return 1; fi
+  wait "$apid" || { echo "the first job failed"; return 1; }
+  [ "$rc" != 0 ] || { echo "the second job ran beside the first"; return 1; }
+  ((took <= 30)) || { echo "the second job was refused after $took s"; return 1; }
+  grep -qE "in use by|another configuration" "$dir/b.log" || { echo "the second job does not say why"; return 1; }
+  fingerprints_ok "$dir/a.log" 2 || { echo "the first job's fingerprints differ from $ref"; return 1; }
+  "$bin" ckpt verify "$ck" >"$dir/verify.log" 2>&1 || { echo "the root does not verify (or mixes runs)"; return 1; }
+  echo "refused after $took s (${second[*]:-same command}), at step $at"
+}
+
+trial_wrong_secret() { # dir
+  local dir=$1 port lpid at i t0 t1 slow=0 lines
+  port=$(free_port)
+  setsid "${pace[@]}" "$bin" launch --nproc 3 --heartbeat-timeout 1 --max-restarts 2 --coordinator "127.0.0.1:$port" \
+    -- "${job[@]}" --steps "$steps" --out "$dir/out" >"$dir/launch.log" 2>&1 &
+  lpid=$!
+  at=$((10 + RANDOM % (steps / 3)))
+  wait_steps "$dir/out" "$at" || { echo "never reached step $at"; kill -KILL -- -"$lpid"; return 1; }
+  for i in $(seq 1 30); do
+    t0=$(date +%s%N)
+    STEADFAST_SECRET="wrong-$i" timeout 20 "$bin" "${job[@]}" --steps "$steps" --elastic --rank 1 --world-size 3 \
+      --coordinator "127.0.0.1:$port" --out "$dir/stranger" >>"$dir/stranger.log" 2>&1 \
+      && { echo "a stranger with a wrong secret was let in"; kill -KILL -- -"$lpid"; return 1; }
+    t1=$(date +%s%N)
+    (((t1 - t0) / 1000000 > 10000)) && slow=$((slow + 1))
+  done
+  ((slow == 0)) || { echo "$slow stranger(s) took more than 10 s to be refused"; kill -KILL -- -"$lpid"; return 1; }
+  grep -qi "secret" "$dir/stranger.log" || { echo "the strangers are not told it is the secret"; kill -KILL -- -"$lpid"; return 1; }
+  if ! wait_pid "$lpid" 120; then echo "the job did not end within 120 s"; kill -KILL -- -"$lpid"; return 1; fi
+  wait "$lpid" || { echo "the job failed"; return 1; }
+  lines=$(grep -ci "secret" "$dir/launch.log")
+  ((lines <= 10)) || { echo "the job's log has $lines lines about refused peers"; return 1; }
+  fingerprints_ok "$dir/launch.log" 3 || { echo "fingerprints differ from $ref"; return 1; }
+  echo "30 strangers refused from step $at; $lines line(s) of it in the job's log"
+}
+
+trial_node0_lost() { # dir
+  local dir=$1 client peer url n0 n1 at rc
+  command -v etcd >/dev/null || return 77
+  client=$(free_port); peer=$(free_port)
+  etcd --name default --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$client" \
+    --advertise-client-urls "http://127.0.0.1:$client" --listen-peer-urls "http://127.0.0.1:$peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer" --initial-cluster "default=http://127.0.0.1:$peer" \
+    >"$dir/etcd.log" 2>&1 &
+  local epid=$!
+  local health="import sys, urllib.request as u; sys.exit(b'true' not in u.urlopen('http://127.0.0.1:$client/health', timeout=1).read())"
+  for _ in $(seq 1 300); do python3 -c "$health" 2>/dev/null && break; sleep 0.1; done
+  url="etcd://127.0.0.1:$client/chaos?ttl=2"
+  node() { # rank
+    setsid env STEADFAST_SECRET=chaos-etcd "${pace[@]}" "$bin" launch --nnodes 2 --node-rank "$1" --nproc-per-node 2 \
+      --rendezvous "$url" --heartbeat-timeout 2 --max-restarts 2 --min-nproc 2 -- "${job[@]}" --steps "$steps" \
+      --out "$dir/node$1" >"$dir/node$1.log" 2>&1 &
+  }
+  node 0; n0=$!
+  for _ in $(seq 1 300); do grep -q "holds the coordinator role" "$dir/node0.log" && break; sleep 0.1; done
+  node 1; n1=$!
+  at=$((10 + RANDOM % (steps / 2)))
+  if ! wait_steps "$dir/node0" "$at"; then
+    echo "never reached step $at"; kill -KILL -- -"$n0" -"$n1"; kill "$epid"; return 1
+  fi
+  kill -KILL -- -"$n0"
+  wait "$n0" 2>/dev/null
+  if ! wait_pid "$n1" 120; then echo "node 1 did not end within 120 s"; kill -KILL -- -"$n1"; kill "$epid"; return 1; fi
+  wait "$n1"; rc=$?
+  kill "$epid"; wait "$epid" 2>/dev/null
+  [ "$rc" = 0 ] || { echo "node 1 exited $rc"; return 1; }
+  # Node 0 may have been killed after the job's final state: then node 1 ends all the same.
+  fingerprints_ok "$dir/node1.log" 2 || { echo "node 1's fingerprints differ from $ref"; return 1; }
+  echo "node 0 lost at step $at"
+}
+
 declare -A ran passed skipped
 for k in "${kinds[@]}"; do ran[$k]=0; passed[$k]=0; skipped[$k]=0; done
 failed=0
@@ -212,6 +316,9 @@ for ((t = 1; t <= trials; t++)); do
   case $kind in
     cut-link) why=$(trial_cut "$dir") ;;
     full-disk) why=$(trial_disk "$dir") ;;
+    two-jobs) why=$(trial_two_jobs "$dir") ;;
+    wrong-secret) why=$(trial_wrong_secret "$dir") ;;
+    node0-lost) why=$(trial_node0_lost "$dir") ;;
     *) why=$(trial_launch "$kind" "$dir") ;;
   esac
   rc=$?

@@ -67,6 +67,25 @@ pub enum CkptError {
         dir: PathBuf,
         /// Who holds it ("pid 1234 on host a").
         holder: String,
+        /// The job of the holder, where its lock file names one (see [`crate::owner`]).
+        job: Option<String>,
+    },
+    /// The root holds a committed checkpoint of another run's configuration: a run never
+    /// writes beside or over another run's checkpoints.
+    #[error(
+        "checkpoint directory {dir} holds checkpoints of another configuration (step {step} has configuration hash \
+         {theirs}; this run's is {ours}): a run never writes beside or over another run's checkpoints; give this \
+         run another checkpoint directory, or resume that run with its own configuration"
+    )]
+    OtherConfiguration {
+        /// The checkpoint root.
+        dir: PathBuf,
+        /// The step of the other run's checkpoint found.
+        step: u64,
+        /// Its configuration hash.
+        theirs: String,
+        /// This run's.
+        ours: String,
     },
     /// Memory for a copy of the state could not be had.
     #[error("cannot allocate {bytes} bytes to snapshot tensor {tensor}: not enough memory")]

@@ -4,6 +4,10 @@
 //! must have the listed length, its header must match its checksum and agree with the
 //! manifest, and each tensor's bytes must match their checksum. [`Checkpoint::load`] stops
 //! at the first problem; [`Checkpoint::verify`] reads everything and reports every problem.
+//!
+//! A pipeline job's checkpoint root holds no checkpoint of its own but one root per stage,
+//! `stage-S-of-N/` ([`stage_roots`]): [`check_stages`] and [`stage_listing`] check and list
+//! each, and asking such a root for a checkpoint fails with an error that names them.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -85,6 +89,9 @@ pub struct RootCheck {
     pub checkpoints: Vec<(u64, PathBuf, Vec<Problem>)>,
     /// What is wrong with `LATEST`, if anything.
     pub latest: Option<String>,
+    /// The configuration hashes of the checkpoints, each with its steps, in the order
+    /// their first checkpoints come (more than one: the root mixes runs).
+    pub configurations: Vec<(String, Vec<u64>)>,
 }
 
 impl RootCheck {
@@ -93,25 +100,244 @@ impl RootCheck {
         self.checkpoints.iter().filter(|(_, _, p)| !p.is_empty()).count()
     }
 
-    /// Whether every checkpoint and `LATEST` check out.
+    /// Whether every checkpoint and `LATEST` check out, and all are of one configuration.
     pub fn ok(&self) -> bool {
-        self.corrupt() == 0 && self.latest.is_none()
+        self.corrupt() == 0 && self.latest.is_none() && !self.mixed()
+    }
+
+    /// Whether the root holds checkpoints of more than one configuration (of two runs:
+    /// a resume of the older ones would be refused, and of the newer ones would skip
+    /// steps).
+    pub fn mixed(&self) -> bool {
+        self.configurations.len() > 1
     }
 }
 
 /// Every committed checkpoint of `root` checked ([`check`]) and its `LATEST`; an error
-/// when the root holds no committed checkpoint at all.
+/// when the root holds no committed checkpoint at all (naming the stage directories to
+/// check instead when it is a pipeline job's root: see [`check_stages`]).
 pub fn check_root(root: &Path) -> Result<RootCheck> {
     let listed = list(root)?;
     if listed.is_empty() {
-        return Err(CkptError::NotFound { path: root.to_owned(), reason: "no step-* directory".into() });
+        let reason = staged_root_advice(root).unwrap_or_else(|| "no step-* directory".into());
+        return Err(CkptError::NotFound { path: root.to_owned(), reason });
     }
     let checkpoints = listed.into_iter().map(|(step, dir)| {
         let problems = check(&dir);
         (step, dir, problems)
     });
-    let checkpoints = checkpoints.collect();
-    Ok(RootCheck { checkpoints, latest: latest_target(root).err() })
+    let checkpoints: Vec<(u64, PathBuf, Vec<Problem>)> = checkpoints.collect();
+    let mut configurations: Vec<(String, Vec<u64>)> = Vec::new();
+    for (step, dir, _) in &checkpoints {
+        let Some(hash) = crate::store::configuration_of(dir) else { continue };
+        match configurations.iter_mut().find(|(h, _)| *h == hash) {
+            Some((_, steps)) => steps.push(*step),
+            None => configurations.push((hash, vec![*step])),
+        }
+    }
+    Ok(RootCheck { checkpoints, latest: latest_target(root).err(), configurations })
+}
+
+/// One stage's checkpoint root inside a pipeline job's checkpoint root: the replicas of
+/// each stage write its checkpoints, in parts, under `<root>/stage-S-of-N/`, an ordinary
+/// checkpoint root.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StageRoot {
+    /// The stage, from 0.
+    pub stage: usize,
+    /// The stages of the job's pipeline.
+    pub stages: usize,
+    /// The stage's checkpoint root.
+    pub dir: PathBuf,
+}
+
+/// The name of the checkpoint root of stage `stage` of a pipeline of `stages` stages.
+pub fn stage_dir_name(stage: usize, stages: usize) -> String {
+    format!("stage-{stage}-of-{stages}")
+}
+
+/// The stage and the stages of a directory named by [`stage_dir_name`].
+pub fn parse_stage_dir(name: &str) -> Option<(usize, usize)> {
+    let (stage, stages) = name.strip_prefix("stage-")?.split_once("-of-")?;
+    let number = |t: &str| -> Option<usize> {
+        (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())).then(|| t.parse().ok()).flatten()
+    };
+    let (stage, stages) = (number(stage)?, number(stages)?);
+    (stage < stages).then_some((stage, stages))
+}
+
+/// The stage roots in `root`, a pipeline job's checkpoint root, ordered by the pipeline's
+/// length, then by stage; empty when `root` holds none (an ordinary root, or no
+/// directory).
+pub fn stage_roots(root: &Path) -> Result<Vec<StageRoot>> {
+    if !root.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut stages = Vec::new();
+    for entry in std::fs::read_dir(root).map_err(CkptError::io("cannot list", root))? {
+        let entry = entry.map_err(CkptError::io("cannot list", root))?;
+        if let Some((stage, of)) = entry.file_name().to_str().and_then(parse_stage_dir)
+            && entry.path().is_dir()
+        {
+            stages.push(StageRoot { stage, stages: of, dir: entry.path() });
+        }
+    }
+    stages.sort_by_key(|s| (s.stages, s.stage));
+    Ok(stages)
+}
+
+/// What is wrong with the stage directories of a pipeline job's root, each said in a
+/// sentence: directories of pipelines of different lengths (two jobs wrote here), or a
+/// stage without its directory.
+pub fn stage_layout_problems(stages: &[StageRoot]) -> Vec<String> {
+    let mut lengths: Vec<usize> = stages.iter().map(|s| s.stages).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    if lengths.len() > 1 {
+        return vec![format!("stage directories of pipelines of {lengths:?} stages: two jobs wrote here")];
+    }
+    let Some(&of) = lengths.first() else { return Vec::new() };
+    (0..of)
+        .filter(|&s| !stages.iter().any(|r| r.stage == s))
+        .map(|s| format!("{} is missing: stage {s} has no checkpoint", stage_dir_name(s, of)))
+        .collect()
+}
+
+/// What to say of `root` when it is a pipeline job's checkpoint root, which holds no
+/// checkpoint of its own: the stage directories to name instead. `None` otherwise.
+fn staged_root_advice(root: &Path) -> Option<String> {
+    let stages = stage_roots(root).ok().filter(|s| !s.is_empty())?;
+    let names: Vec<String> = stages.iter().map(|s| s.dir.display().to_string()).collect();
+    Some(format!(
+        "it is a pipeline job's checkpoint root, in which each stage keeps its own checkpoints: name one \
+         stage's directory ({}), or a step-* directory in one",
+        names.join(", ")
+    ))
+}
+
+/// What [`check_stages`] found in a pipeline job's checkpoint root.
+#[derive(Clone, Debug)]
+pub struct StagesCheck {
+    /// Each stage's root, with what [`check_root`] found there (an error when it holds no
+    /// committed checkpoint).
+    pub stages: Vec<(StageRoot, std::result::Result<RootCheck, String>)>,
+    /// What is wrong with the stage directories ([`stage_layout_problems`]).
+    pub layout: Vec<String>,
+    /// The newest step of which every stage has a checkpoint that verifies: the step a
+    /// resume of the job goes to (`None`: there is none, and a resume starts afresh).
+    pub common: Option<u64>,
+}
+
+impl StagesCheck {
+    /// Whether every stage is there and every checkpoint and `LATEST` of each check out.
+    pub fn ok(&self) -> bool {
+        self.layout.is_empty() && self.stages.iter().all(|(_, c)| c.as_ref().is_ok_and(RootCheck::ok))
+    }
+
+    /// The report as `steadfast ckpt verify --json` prints it for the job's root `root`:
+    /// each stage's as a root's, with its stage, and the step common to every stage.
+    pub fn to_json(&self, root: &Path) -> serde_json::Value {
+        use serde_json::json;
+        let stages: Vec<_> = self
+            .stages
+            .iter()
+            .map(|(stage, checked)| match checked {
+                Ok(c) => {
+                    let rows: Vec<_> = c
+                        .checkpoints
+                        .iter()
+                        .map(|(step, dir, p)| json!({"step": step, "dir": dir, "ok": p.is_empty(), "problems": p}))
+                        .collect();
+                    let configurations: Vec<_> =
+                        c.configurations.iter().map(|(h, s)| json!({"config_hash": h, "steps": s})).collect();
+                    json!({"stage": stage.stage, "stages": stage.stages, "root": stage.dir, "ok": c.ok(),
+                        "checkpoints": rows, "latest_problem": c.latest, "configurations": configurations})
+                }
+                Err(e) => json!({"stage": stage.stage, "stages": stage.stages, "root": stage.dir,
+                    "ok": false, "error": e}),
+            })
+            .collect();
+        json!({"root": root, "ok": self.ok(), "stages": stages, "layout_problems": self.layout,
+            "common_step": self.common})
+    }
+
+    /// The report as `steadfast ckpt verify` prints it for the job's root `root`: each
+    /// stage's checkpoints as a root's are, what is wrong with the stages, and the step
+    /// that a resume of the job goes to.
+    pub fn text(&self, root: &Path) -> String {
+        let mut out = Vec::new();
+        for (stage, checked) in &self.stages {
+            let c = match checked {
+                Ok(c) => c,
+                Err(e) => {
+                    out.push(format!("BAD {e}"));
+                    continue;
+                }
+            };
+            for (_, dir, problems) in &c.checkpoints {
+                if problems.is_empty() {
+                    out.push(format!("OK {}: every checksum holds", dir.display()));
+                }
+                for p in problems {
+                    let tensor = p.tensor.as_ref().map(|t| format!(" tensor {t}")).unwrap_or_default();
+                    out.push(format!("CORRUPT {} {}{tensor}: {}", dir.display(), p.file, p.reason));
+                }
+            }
+            if let Some(why) = &c.latest {
+                out.push(format!("BAD {}: {why}", stage.dir.join(LATEST_FILE).display()));
+            }
+            let (total, bad) = (c.checkpoints.len(), c.corrupt());
+            out.push(format!(
+                "{total} checkpoint(s) in {} (stage {} of {}): {} valid, {bad} corrupt{}{}",
+                stage.dir.display(),
+                stage.stage,
+                stage.stages,
+                total - bad,
+                if c.latest.is_some() { "; LATEST is bad" } else { "" },
+                if c.mixed() { "; configurations mixed" } else { "" }
+            ));
+        }
+        out.extend(self.layout.iter().map(|p| format!("BAD {}: {p}", root.display())));
+        out.push(match self.common {
+            Some(step) => format!(
+                "{} stage(s) in {}: every stage has a valid checkpoint of step {step}, where a resume of the job goes",
+                self.stages.len(),
+                root.display()
+            ),
+            None => format!(
+                "{} stage(s) in {}: no step of which every stage has a valid checkpoint (a resume starts afresh)",
+                self.stages.len(),
+                root.display()
+            ),
+        });
+        out.join("\n")
+    }
+}
+
+/// Every stage root of the pipeline job's checkpoint root `root` checked as
+/// [`check_root`] checks a root; `None` when `root` holds no stage directory.
+pub fn check_stages(root: &Path) -> Result<Option<StagesCheck>> {
+    let roots = stage_roots(root)?;
+    if roots.is_empty() {
+        return Ok(None);
+    }
+    let layout = stage_layout_problems(&roots);
+    let mut common: Option<Vec<u64>> = None;
+    let mut stages = Vec::new();
+    for stage in roots {
+        let checked = check_root(&stage.dir).map_err(|e| e.to_string());
+        let valid: Vec<u64> = match &checked {
+            Ok(c) => c.checkpoints.iter().filter(|(_, _, p)| p.is_empty()).map(|(s, _, _)| *s).collect(),
+            Err(_) => Vec::new(),
+        };
+        common = Some(match common {
+            None => valid,
+            Some(c) => c.into_iter().filter(|s| valid.contains(s)).collect(),
+        });
+        stages.push((stage, checked));
+    }
+    let common = if layout.is_empty() { common.and_then(|c| c.into_iter().max()) } else { None };
+    Ok(Some(StagesCheck { stages, layout, common }))
 }
 
 /// One committed checkpoint of a root, as `steadfast ckpt ls` lists it.
@@ -137,6 +363,42 @@ pub struct Listed {
     /// Why the manifest does not open.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// The committed checkpoints of one stage of a pipeline job's root, as [`stage_listing`]
+/// lists them.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StageListing {
+    /// The stage and its root.
+    #[serde(flatten)]
+    pub stage: StageRoot,
+    /// Its committed checkpoints, as [`listing`] lists a root's.
+    pub checkpoints: Vec<Listed>,
+}
+
+/// The committed checkpoints of each stage of the pipeline job's checkpoint root `root`,
+/// stage by stage; empty when `root` holds no stage directory.
+pub fn stage_listing(root: &Path) -> Result<Vec<StageListing>> {
+    stage_roots(root)?
+        .into_iter()
+        .map(|stage| -> Result<StageListing> { Ok(StageListing { checkpoints: listing(&stage.dir)?, stage }) })
+        .collect()
+}
+
+/// `rows` as `steadfast ckpt ls` prints them: a table under a header, a line each.
+pub fn listing_table(rows: &[Listed]) -> String {
+    let mut out = format!("{:<16} {:>10} {:>8} {:>14}  note\n", "checkpoint", "step", "tensors", "bytes");
+    for r in rows {
+        let note = match (&r.error, r.latest) {
+            (Some(e), _) => format!("INVALID: {e}"),
+            (None, true) => "LATEST".to_owned(),
+            (None, false) => String::new(),
+        };
+        let number = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+        let (tensors, bytes) = (number(r.tensors.map(|n| n as u64)), number(r.bytes));
+        out.push_str(&format!("{:<16} {:>10} {:>8} {:>14}  {note}\n", r.dir, r.step, tensors, bytes));
+    }
+    out
 }
 
 /// The committed checkpoints of `root`, oldest first, each opened (not verified).
@@ -230,6 +492,9 @@ pub fn resolve_reporting(path: &Path) -> Result<Resolved> {
     match latest {
         Some((_, dir)) => Ok(Resolved { dir, skipped }),
         None => {
+            if let Some(advice) = staged_root_advice(path).filter(|_| skipped.is_empty()) {
+                return Err(CkptError::NotFound { path: path.to_owned(), reason: advice });
+            }
             let mut reason = "neither a checkpoint (no manifest.json) nor a root with a valid checkpoint".to_owned();
             for (p, why) in &skipped {
                 reason.push_str(&format!("; {}: {why}", p.display()));
@@ -424,4 +689,44 @@ fn check_sum(t: &TensorEntry, bytes: &[u8]) -> std::result::Result<(), String> {
 fn compare_sum(t: &TensorEntry, digest: u64) -> std::result::Result<(), String> {
     let actual = hex64(digest);
     if actual == t.xxh3 { Ok(()) } else { Err(format!("checksum {actual} does not match the manifest's {}", t.xxh3)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_directory_names_round_trip_and_nothing_else_is_one() {
+        assert_eq!(stage_dir_name(1, 3), "stage-1-of-3");
+        assert_eq!(parse_stage_dir("stage-1-of-3"), Some((1, 3)));
+        for name in ["stage-3-of-3", "stage--of-2", "stage-1-of-", "stage-a-of-2", "step-00000001", "stage-1-of-2x"] {
+            assert_eq!(parse_stage_dir(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_missing_stage_and_two_pipelines_in_one_root_are_said() {
+        let root = |stage, stages| StageRoot { stage, stages, dir: PathBuf::from(stage_dir_name(stage, stages)) };
+        assert!(stage_layout_problems(&[root(0, 2), root(1, 2)]).is_empty());
+        let missing = stage_layout_problems(&[root(0, 3), root(2, 3)]);
+        assert_eq!(missing, ["stage-1-of-3 is missing: stage 1 has no checkpoint"]);
+        let two = stage_layout_problems(&[root(0, 2), root(1, 2), root(0, 3)]);
+        assert!(two.len() == 1 && two[0].contains("two jobs wrote here"), "{two:?}");
+    }
+
+    #[test]
+    fn a_pipeline_job_s_root_is_named_with_its_stage_directories_when_a_checkpoint_is_asked_of_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        for stage in 0..2 {
+            std::fs::create_dir(tmp.path().join(stage_dir_name(stage, 2))).unwrap();
+        }
+        let err = resolve_reporting(tmp.path()).unwrap_err().to_string();
+        assert!(err.contains("pipeline job's checkpoint root") && err.contains("stage-1-of-2"), "{err}");
+        let err = check_root(tmp.path()).unwrap_err().to_string();
+        assert!(err.contains("stage-0-of-2"), "{err}");
+        // Neither stage holds a checkpoint: each says so, and no step is common.
+        let check = check_stages(tmp.path()).unwrap().unwrap();
+        assert!(!check.ok() && check.common.is_none() && check.stages.iter().all(|(_, c)| c.is_err()));
+        assert!(check_stages(&tmp.path().join("stage-0-of-2")).unwrap().is_none());
+    }
 }

@@ -151,6 +151,37 @@ pub fn list(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
+/// The configuration hash that the manifest of checkpoint directory `dir` names (`None`:
+/// none, or the manifest does not open: a damaged checkpoint is the reader's to report).
+pub fn configuration_of(dir: &Path) -> Option<String> {
+    let path = dir.join(MANIFEST_FILE);
+    let bytes = std::fs::read(&path).ok()?;
+    let manifest = Manifest::from_bytes(&bytes, &path).ok()?;
+    Some(manifest.meta.config_hash).filter(|h| !h.is_empty())
+}
+
+/// Fails with [`CkptError::OtherConfiguration`] if the newest committed checkpoint under
+/// `root`, or the checkpoint of `step` there (one that a commit of `step` would replace),
+/// was written by another configuration than `ours`. A run that names no configuration
+/// (an empty hash: the Python package's saves) is never refused, and never refuses.
+///
+/// Every commit asks this before it renames, so a root never comes to mix two runs'
+/// checkpoints, and asking about its newest one covers the rest; runs also ask it before
+/// their first step, to refuse at once.
+pub fn check_configuration(root: &Path, ours: &str, step: Option<u64>) -> Result<()> {
+    if ours.is_empty() || !root.is_dir() {
+        return Ok(());
+    }
+    let newest = list(root)?.pop();
+    let replaced = step.map(|s| (s, root.join(step_dir_name(s)))).filter(|(_, d)| d.is_dir());
+    for (step, dir) in newest.into_iter().chain(replaced) {
+        if let Some(theirs) = configuration_of(&dir).filter(|h| h != ours) {
+            return Err(CkptError::OtherConfiguration { dir: root.to_owned(), step, theirs, ours: ours.to_owned() });
+        }
+    }
+    Ok(())
+}
+
 /// fsyncs a directory so that renames and creations inside it are durable.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(CkptError::io("cannot fsync", dir))
@@ -376,6 +407,10 @@ fn commit_dir(
     failpoint::hit("after_manifest_write")?;
     fsync_dir(tmp)?;
 
+    if let Err(e) = check_configuration(root, &manifest.meta.config_hash, Some(step)) {
+        let _ = std::fs::remove_dir_all(tmp);
+        return Err(e);
+    }
     let name = step_dir_name(step);
     let dir = root.join(&name);
     failpoint::hit("before_rename")?;

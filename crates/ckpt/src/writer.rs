@@ -133,12 +133,18 @@ impl AsyncWriter {
     /// already; a part of another group being written then fails its writer, and is never
     /// committed.
     pub fn for_part(root: &Path, options: SaveOptions, part: Part) -> Result<Self> {
+        Self::for_part_of(root, options, part, None)
+    }
+
+    /// [`for_part`](AsyncWriter::for_part) for a member of job `job`, which its lock file
+    /// names (see [`owner`](crate::owner)).
+    pub fn for_part_of(root: &Path, options: SaveOptions, part: Part, job: Option<&str>) -> Result<Self> {
         if part.count == 0 || part.index >= part.count {
             return Err(CkptError::Mismatch(format!("writer {} of {} does not exist", part.index, part.count)));
         }
         let owner = match (part.group, part.index) {
-            (0, index) => Some(Owner::acquire(root, index)?),
-            (_, 0) => Some(Owner::acquire(root, 0)?),
+            (0, index) => Some(Owner::acquire_for(root, index, job)?),
+            (_, 0) => Some(Owner::acquire_for(root, 0, job)?),
             _ => {
                 std::fs::create_dir_all(root).map_err(CkptError::io("cannot create", root))?;
                 None

@@ -34,7 +34,7 @@ pub struct CkptArgs {
 
 #[derive(Subcommand, Debug)]
 enum CkptCommand {
-    /// List the committed checkpoints under a checkpoint root.
+    /// List the committed checkpoints under a checkpoint root (a pipeline job's: each stage's).
     Ls {
         /// Checkpoint root directory.
         dir: PathBuf,
@@ -45,7 +45,7 @@ enum CkptCommand {
         path: PathBuf,
     },
     /// Check every checksum; name each corrupt file or tensor. A root: every checkpoint
-    /// in it, and its LATEST pointer.
+    /// in it, and its LATEST pointer (a pipeline job's root: each stage's, and their common step).
     Verify {
         /// Checkpoint directory or root.
         path: PathBuf,
@@ -102,26 +102,17 @@ fn open(path: &std::path::Path) -> anyhow::Result<(ckpt::Checkpoint, Vec<serde_j
 }
 
 fn ls(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let rows = ckpt::reader::listing(dir)?;
+    // A pipeline job's root: each stage's checkpoints, as a root's.
+    let stages = ckpt::reader::stage_listing(dir)?;
+    let rows = if stages.is_empty() { ckpt::reader::listing(dir)? } else { Vec::new() };
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(ExitCode::SUCCESS);
+        let v = if stages.is_empty() { serde_json::to_value(&rows)? } else { serde_json::to_value(&stages)? };
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if stages.is_empty() {
+        print!("{}", ckpt::reader::listing_table(&rows));
     }
-    println!("{:<16} {:>10} {:>8} {:>14}  note", "checkpoint", "step", "tensors", "bytes");
-    for r in &rows {
-        let note = match (&r.error, r.latest) {
-            (Some(e), _) => format!("INVALID: {e}"),
-            (None, true) => "LATEST".to_owned(),
-            (None, false) => String::new(),
-        };
-        let number = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
-        println!(
-            "{:<16} {:>10} {:>8} {:>14}  {note}",
-            r.dir,
-            r.step,
-            number(r.tensors.map(|n| n as u64)),
-            number(r.bytes)
-        );
+    for s in stages.iter().filter(|_| !json) {
+        print!("{}:\n{}", s.stage.dir.display(), ckpt::reader::listing_table(&s.checkpoints));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -176,6 +167,14 @@ fn verify(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
     if !path.exists() {
         anyhow::bail!("{}: no such file or directory", path.display());
     }
+    if !path.is_dir() {
+        anyhow::bail!(
+            "{} is a file, not a checkpoint: verify takes a checkpoint directory (step-N, with its {}) or a \
+             checkpoint root",
+            path.display(),
+            ckpt::manifest::MANIFEST_FILE
+        );
+    }
     if !path.join(ckpt::manifest::MANIFEST_FILE).exists() && path.is_dir() {
         return verify_root(path, json);
     }
@@ -207,6 +206,12 @@ fn print_problems(dir: &std::path::Path, problems: &[ckpt::Problem]) {
 /// A checkpoint root: every committed checkpoint in it, and its `LATEST`. Exit 1 when any
 /// is bad; an error when the root holds no checkpoint at all.
 fn verify_root(root: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    // A pipeline job's root: each stage's root, and the step common to every stage.
+    if let Some(stages) = ckpt::reader::check_stages(root)? {
+        let text = if json { serde_json::to_string_pretty(&stages.to_json(root))? } else { stages.text(root) };
+        println!("{text}");
+        return Ok(if stages.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) });
+    }
     let report = ckpt::reader::check_root(root)?;
     let (total, bad) = (report.checkpoints.len(), report.corrupt());
     if json {
@@ -215,7 +220,10 @@ fn verify_root(root: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|(step, dir, problems)| json!({"step": step, "dir": dir, "ok": problems.is_empty(), "problems": problems}))
             .collect();
-        let out = json!({"root": root, "ok": report.ok(), "checkpoints": rows, "latest_problem": report.latest});
+        let configurations: Vec<_> =
+            report.configurations.iter().map(|(hash, steps)| json!({"config_hash": hash, "steps": steps})).collect();
+        let out = json!({"root": root, "ok": report.ok(), "checkpoints": rows, "latest_problem": report.latest,
+            "configurations": configurations});
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         for (_, dir, problems) in &report.checkpoints {
@@ -224,11 +232,20 @@ fn verify_root(root: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
         if let Some(why) = &report.latest {
             println!("BAD {}: {why}", root.join(ckpt::store::LATEST_FILE).display());
         }
+        if report.mixed() {
+            let each: Vec<String> = report
+                .configurations
+                .iter()
+                .map(|(h, s)| format!("{h} at {} step(s) from {} to {}", s.len(), s[0], s[s.len() - 1]))
+                .collect();
+            println!("MIXED {}: checkpoints of {} configurations: {}", root.display(), each.len(), each.join("; "));
+        }
         println!(
-            "{total} checkpoint(s) in {}: {} valid, {bad} corrupt{}",
+            "{total} checkpoint(s) in {}: {} valid, {bad} corrupt{}{}",
             root.display(),
             total - bad,
-            if report.latest.is_some() { "; LATEST is bad" } else { "" }
+            if report.latest.is_some() { "; LATEST is bad" } else { "" },
+            if report.mixed() { "; configurations mixed" } else { "" }
         );
     }
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })

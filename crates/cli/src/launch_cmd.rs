@@ -91,7 +91,10 @@ pub struct LaunchArgs {
     #[arg(long, alias = "node_rank", default_value_t = 0, env = "PET_NODE_RANK")]
     node_rank: usize,
     /// The job's coordinator, HOST:PORT: node 0 listens on its port, every worker dials
-    /// it; needed with --nnodes above 1 [env: PET_RDZV_ENDPOINT, or PET_MASTER_ADDR and
+    /// it; needed with --nnodes above 1. On one node too it listens there (the launcher
+    /// says so first), so that a worker started by hand with the job's STEADFAST_SECRET
+    /// joins an elastic job (--recovery checkpoint and replay, which keep their own on
+    /// loopback, refuse it) [env: PET_RDZV_ENDPOINT, or PET_MASTER_ADDR and
     /// PET_MASTER_PORT; default on one node: a free loopback port].
     #[arg(long, visible_alias = "rdzv-endpoint", alias = "rdzv_endpoint", value_name = "HOST:PORT")]
     coordinator: Option<String>,
@@ -138,8 +141,8 @@ pub struct LaunchArgs {
     /// Steps between the copies (`--recovery memory`) or checkpoints (`checkpoint`).
     #[arg(long, value_name = "K", default_value_t = 50)]
     save_every: u64,
-    /// Where `--recovery checkpoint` writes its checkpoints [default: a new directory
-    /// under the system's temporary directory, removed when the job succeeds].
+    /// Where `--recovery checkpoint` or `replay` writes its checkpoints, and resumes from [default:
+    /// replay, OUT/checkpoints under train's --out; checkpoint, a temporary directory removed on success].
     #[arg(long, value_name = "DIR")]
     save_dir: Option<std::path::PathBuf>,
     /// Ranks that share the replay of a lost pipeline stage (`--recovery replay`).

@@ -26,7 +26,7 @@ Examples:
 #[derive(Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct ReportArgs {
-    /// A campaign's output directory, or a training run's (with metrics.jsonl).
+    /// A campaign's output directory, or a training run's (metrics.jsonl, events.jsonl).
     dir: PathBuf,
     /// Where to write the page [default: DIR/report.html].
     #[arg(long)]
@@ -34,11 +34,7 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
-    let page = if args.dir.join("spec.toml").exists() || !args.dir.join("metrics.jsonl").exists() {
-        lab::report::render(&args.dir)?
-    } else {
-        lab::run_report::render(&args.dir)?
-    };
+    let page = lab::run_report::render_dir(&args.dir)?;
     let out = args.out.unwrap_or_else(|| args.dir.join("report.html"));
     std::fs::write(&out, page).with_context(|| format!("cannot write {}", out.display()))?;
     println!("{}", out.display());

@@ -108,7 +108,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     eval_limit: Option<u64>,
     /// Output directory for metrics.jsonl.
-    #[arg(long, default_value = "runs/train")]
+    #[arg(long, default_value = train::config::DEFAULT_OUT)]
     out: PathBuf,
     /// Checkpoint after every N steps (and after the last step).
     #[arg(long, value_name = "N", requires = "checkpoint_dir")]
@@ -252,7 +252,7 @@ impl TrainArgs {
                 dir: dir.clone(),
                 every: self.checkpoint_every.unwrap_or(u64::MAX),
                 retention: ckpt::Retention { keep_last: self.keep_last, keep_every: self.keep_every },
-                shards: self.checkpoint_shards.max(1),
+                shards: self.checkpoint_shards,
                 when_busy: self.checkpoint_when_busy,
                 persist_nice: self.checkpoint_nice,
             });

@@ -14,7 +14,7 @@ fn one_trial_of_each_kind_of_chaos_ends_with_the_single_process_bits() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new("bash")
         .arg(root.join("scripts/chaos.sh"))
-        .args(["8", "3"])
+        .args(["11", "3"])
         .env("BIN", env!("CARGO_BIN_EXE_steadfast"))
         // Long enough that the blows land inside the job: at 200 steps it could end (0.4 s
         // on the 2-core machine) before a blow drawn for its first half arrived.

@@ -399,3 +399,71 @@ fn a_resume_with_no_step_left_says_so() {
     assert!(stdout.contains("no step left to train"), "{stdout}");
     assert_eq!(fingerprint(&again), first);
 }
+
+/// A pipeline job's checkpoint root holds one root per stage (`stage-S-of-N`): `ckpt
+/// verify` checks each and says which step a resume goes to, `ckpt ls` lists each, and
+/// `inspect` and `export` of the job's root name the stage directories to pick from.
+#[test]
+fn ckpt_tools_understand_a_pipeline_job_s_stage_directories() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (root, o) = (tmp.path().join("ck"), tmp.path().join("o"));
+    let (r, out) = (root.to_str().unwrap(), o.to_str().unwrap());
+    let job = ["launch", "--nproc", "2", "--", "train", "--data", "synthetic", "--steps", "4", "--batch", "16"];
+    let pipe = ["--micro-batch", "4", "--eval-every", "0", "--pipeline-stages", "2", "--checkpoint-every", "2"];
+    common::ok(steadfast(&[&job[..], &pipe, &["--checkpoint-dir", r, "--out", out]].concat()));
+    let stage = |s: usize| root.join(format!("stage-{s}-of-2"));
+
+    let verify = steadfast(&["ckpt", "verify", r]);
+    let text = String::from_utf8_lossy(&verify.stdout).into_owned();
+    assert_eq!(verify.status.code(), Some(0), "{text}\n{}", String::from_utf8_lossy(&verify.stderr));
+    for s in 0..2 {
+        let said = format!("2 checkpoint(s) in {} (stage {s} of 2): 2 valid", stage(s).display());
+        assert!(text.contains(&said), "{text}");
+    }
+    assert!(text.contains("every stage has a valid checkpoint of step 4"), "{text}");
+    let v: serde_json::Value = serde_json::from_slice(&steadfast(&["ckpt", "verify", r, "--json"]).stdout).unwrap();
+    assert!(v["ok"] == true && v["common_step"] == 4, "{v}");
+    assert_eq!(v["stages"].as_array().unwrap().len(), 2, "{v}");
+
+    let ls = steadfast(&["ckpt", "ls", r]);
+    let text = String::from_utf8_lossy(&ls.stdout).into_owned();
+    assert!(ls.status.success() && text.contains(&format!("{}:", stage(1).display())), "{text}");
+    assert_eq!(text.matches("step-00000004").count(), 2, "{text}");
+    let rows: serde_json::Value = serde_json::from_slice(&steadfast(&["ckpt", "ls", r, "--json"]).stdout).unwrap();
+    assert!(rows[1]["stage"] == 1 && rows[1]["checkpoints"].as_array().unwrap().len() == 2, "{rows}");
+
+    // The job's root is no checkpoint: inspect and export name the stages to pick from, and
+    // take one stage's root.
+    let to = tmp.path().join("stage.safetensors");
+    let to = to.to_str().unwrap();
+    for args in [&["ckpt", "inspect", r][..], &["ckpt", "export", r, "--to", to]] {
+        let o = steadfast(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(&stage(0).display().to_string()) && err.contains("stage-1-of-2"), "{args:?}: {err}");
+    }
+    let one = stage(1).display().to_string();
+    common::ok(steadfast(&["ckpt", "inspect", &one]));
+    common::ok(steadfast(&["ckpt", "export", &one, "--to", to]));
+
+    // A tensor of stage 1's step 4 rots: verify names it, exits 1, and a resume would go
+    // back to step 2.
+    let step4 = stage(1).join("step-00000004");
+    let t = ckpt::reader::open(&step4).unwrap().manifest.tensors[0].clone();
+    let shard = step4.join(&t.file);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[t.offset as usize] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let verify = steadfast(&["ckpt", "verify", r]);
+    let text = String::from_utf8_lossy(&verify.stdout).into_owned();
+    assert_eq!(verify.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("CORRUPT {}", step4.display())) && text.contains(&t.name), "{text}");
+    assert!(text.contains("every stage has a valid checkpoint of step 2"), "{text}");
+
+    // A stage without its directory is said too.
+    std::fs::remove_dir_all(stage(0)).unwrap();
+    let verify = steadfast(&["ckpt", "verify", r]);
+    let text = String::from_utf8_lossy(&verify.stdout).into_owned();
+    assert_eq!(verify.status.code(), Some(1), "{text}");
+    assert!(text.contains("stage-0-of-2 is missing"), "{text}");
+}

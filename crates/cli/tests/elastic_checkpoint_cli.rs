@@ -103,35 +103,79 @@ fn sixty_steps(mut args: Vec<String>) -> Vec<String> {
     args
 }
 
-/// A checkpoint root whose writer's lock another process holds (another job writing
-/// there, or a former writer not yet gone): the elastic job writes beside it nothing,
-/// says so at each checkpoint, and trains on to the same bits.
+/// A checkpoint root whose committer's lock another run holds (a plain `train`, here this
+/// test process): the elastic job is refused before its first step, names the holder, and
+/// writes nothing there.
 #[test]
-fn an_elastic_job_never_writes_beside_a_writer_that_holds_the_roots_lock() {
+fn an_elastic_job_is_refused_where_another_run_holds_the_roots_lock() {
     let tmp = tempfile::tempdir().unwrap();
     let (ckpt, out) = (tmp.path().join("ckpt"), tmp.path().join("out"));
     std::fs::create_dir_all(&ckpt).unwrap();
     // This test process holds the lock of the writer that commits (part 0).
-    let lock = std::fs::File::create(ckpt.join(".writer-0000.lock")).unwrap();
+    let mut lock = std::fs::File::create(ckpt.join(".writer-0000.lock")).unwrap();
     lock.try_lock().unwrap();
+    std::io::Write::write_all(&mut lock, b"pid 4242 on host elsewhere\n").unwrap();
     let args = sixty_steps(launch_args(2, &out, &ckpt, &[]));
+    let started = Instant::now();
     let run = steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
-    assert!(run.status.success(), "{stdout}\n{stderr}");
-    let reference = {
-        let args = sixty_steps(train_args(&tmp.path().join("ref"), &tmp.path().join("ref-ckpt")));
-        fingerprint(&steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>()))
-    };
-    assert_eq!(fingerprints_in(&stdout), vec![reference; 2]);
-    // Nothing written: no checkpoint, no temporary; every due one said and recorded.
+    assert!(!run.status.success(), "{stdout}\n{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30), "refused at once, not after {:?}", started.elapsed());
+    assert!(stderr.contains("in use by pid 4242 on host elsewhere"), "{stderr}");
+    assert!(fingerprints_in(&stdout).is_empty(), "{stdout}");
     let names: Vec<String> =
         std::fs::read_dir(&ckpt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names, [".writer-0000.lock"], "{names:?}");
-    assert!(stderr.contains("no checkpoint of step 20"), "{stderr}");
-    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    let skipped = metrics.lines().filter(|l| l.contains("\"checkpoint_skipped\"")).count();
-    assert_eq!(skipped, 3, "steps 20, 40 and 60:\n{metrics}");
     drop(lock);
+}
+
+/// Two elastic jobs on one checkpoint directory: the second, started while the first
+/// trains (another seed, so another configuration), is refused at once; the first ends
+/// with its own bits, every checkpoint under the root is its own, and it resumes from them.
+#[test]
+fn a_second_elastic_job_on_one_directory_is_refused_and_replaces_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let (out_a, out_b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let args_a = launch_args(2, &out_a, &ckpt, &[]);
+    let mut a = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(&args_a)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while steps_recorded(&out_a).last().copied().unwrap_or(0) < 30 {
+        assert!(a.try_wait().unwrap().is_none(), "job A ended early");
+        assert!(Instant::now() < deadline, "job A did not reach step 30");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Job B: the same command but for its seed and output.
+    let args_b = launch_args(2, &out_b, &ckpt, &["--seed", "22"]);
+    let started = Instant::now();
+    let b = steadfast(&args_b.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr_b = String::from_utf8_lossy(&b.stderr);
+    assert!(!b.status.success(), "job B ran beside job A: {stderr_b}");
+    assert!(started.elapsed() < Duration::from_secs(30), "B refused at once, not after {:?}", started.elapsed());
+    assert!(stderr_b.contains("in use by") || stderr_b.contains("another configuration"), "B says why: {stderr_b}");
+    let a = a.wait_with_output().unwrap();
+    assert!(a.status.success());
+    let reference = {
+        let args = train_args(&tmp.path().join("ref"), &tmp.path().join("ref-ckpt"));
+        fingerprint(&steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+    };
+    assert_eq!(fingerprints_in(&String::from_utf8_lossy(&a.stdout)), vec![reference.clone(); 2]);
+    // Every checkpoint is A's: one configuration in the root, and A's resume takes it.
+    let hashes: std::collections::BTreeSet<String> =
+        ckpt::store::list(&ckpt).unwrap().iter().map(|(_, d)| ckpt::store::configuration_of(d).unwrap()).collect();
+    assert_eq!(hashes.len(), 1, "{hashes:?}");
+    let verify = steadfast(&["ckpt", "verify", ckpt.to_str().unwrap()]);
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    let mut resume = train_args(&tmp.path().join("a2"), &ckpt);
+    resume.extend(["--resume".into(), "latest".into()]);
+    let again = steadfast(&resume.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(fingerprint(&again), reference);
 }
 
 /// The members write each checkpoint in parts, one each, and a member lost between a

@@ -360,6 +360,21 @@ fn an_elastic_job_elects_its_coordinator_in_etcd_and_outlives_etcd_and_the_holde
     assert!(joined.contains(": 4 workers)"), "both returned:\n{log0}");
     assert_eq!(common::fingerprints_in(&log0), vec![single.clone(); 2], "{log0}");
     assert_eq!(common::fingerprints_in(&log1), vec![single; 2], "{log1}");
+    // Node 0's directory has the job's record from its launcher's election on: the
+    // holder's node lost (workers 2 and 3, whom the new coordinator never knew: the steps'
+    // writer saw them leave) as a recovery, the node's return as joins.
+    let node0 = dir.path().join("node0");
+    let record = std::fs::read_to_string(node0.join("events.jsonl")).unwrap();
+    assert!(record.starts_with("{\"kind\":\"elected\","), "{record}");
+    assert!(record.contains("\"generation\":1,"), "{record}");
+    let report = common::steadfast(&["report", node0.to_str().unwrap()]);
+    assert!(report.status.success(), "{}", text(&report));
+    let page = std::fs::read_to_string(node0.join("report.html")).unwrap();
+    // One recovery, from the election to the first step again, with the node's workers.
+    let moved = "<td>the coordinator moved (node 0, generation 1): ";
+    let why = page.split(moved).nth(1).unwrap_or_else(|| panic!("{page}"));
+    assert!(why.split("</td>").next().unwrap().contains("workers [2, 3] left"), "{page}");
+    assert!(page.contains("2000 steps in "), "{page}");
 }
 
 #[test]

@@ -352,3 +352,142 @@ fn a_corrupted_log_is_refused_and_its_stages_go_back_together_with_the_same_bits
     let metrics = std::fs::read_to_string(tmp.path().join("out/metrics.jsonl")).unwrap();
     assert!(metrics.contains("stages 0 to 1 went back to step 0 and replayed to step"), "{metrics}");
 }
+
+/// Whether process `pid` still runs (neither gone nor a zombie that nobody reaped).
+fn alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+}
+
+/// The newest step of which every stage of `stages` under the job's checkpoint root `root`
+/// has a committed checkpoint (0: none).
+fn common_step(root: &Path, stages: usize) -> u64 {
+    let steps = |s: usize| -> Vec<u64> {
+        let dir = root.join(format!("stage-{s}-of-{stages}"));
+        ckpt::store::list(&dir).map(|l| l.into_iter().map(|(step, _)| step).collect()).unwrap_or_default()
+    };
+    let first = steps(0);
+    first.into_iter().filter(|step| (1..stages).all(|s| steps(s).contains(step))).max().unwrap_or(0)
+}
+
+#[test]
+fn a_pipeline_job_killed_whole_resumes_from_its_stages_checkpoints_when_run_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 200;
+    let reference = reference("mlp", steps, tmp.path());
+    let args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
+    // The launcher is killed with SIGKILL once step 30 is recorded: each worker ends when
+    // its launcher is gone, and the whole job with it.
+    let mut job = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::steps_recorded(&tmp.path().join("out")).last().is_none_or(|&s| s < 30) {
+        assert!(Instant::now() < deadline, "step 30 never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let workers = common::children(job.id());
+    assert_eq!(workers.len(), 3, "the launcher's workers: {workers:?}");
+    job.kill().unwrap();
+    job.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while workers.iter().any(|&p| alive(p)) {
+        assert!(Instant::now() < deadline, "a worker outlived its launcher");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let common = common_step(&tmp.path().join("ck"), 3);
+    assert!(common >= 3 && common < steps, "the stages' newest common checkpoint is of step {common}");
+
+    // The same command again: the job goes on from that step, to the bits of the run that
+    // never stopped.
+    let out = run(&args);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("every stage has one of step {common}")), "{stdout}");
+    let fps = common::fingerprints_in(&stdout);
+    assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "expected {reference}: {stdout}\n{stderr}");
+    let summary = common::summary(&tmp.path().join("out"));
+    assert_eq!(summary["resumed_from"], common, "{summary}");
+}
+
+#[test]
+fn a_pipeline_job_without_a_save_dir_keeps_its_checkpoints_under_its_out_and_resumes_latest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let without_save_dir = |steps: u64| {
+        let mut args = replay_job("mlp", (2, 2, 1), steps, tmp.path());
+        let at = args.iter().position(|a| a == "--save-dir").unwrap();
+        args.remove(at);
+        args.remove(at);
+        args
+    };
+    let ck = tmp.path().join("out").join("checkpoints");
+    let first = run(&without_save_dir(6));
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(first.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&first.stderr));
+    assert!(stdout.contains(&format!("the checkpoints go to {}", ck.display())), "named as it starts: {stdout}");
+    for stage in 0..2 {
+        assert!(ck.join(format!("stage-{stage}-of-2/step-00000006")).is_dir(), "stage {stage}'s final checkpoint");
+    }
+
+    // Longer, with --resume latest: it goes on from step 6 to the bits of 9 steps.
+    let reference = reference("mlp", 9, tmp.path());
+    let mut longer = without_save_dir(9);
+    longer.extend(["--resume".into(), "latest".into()]);
+    let again = run(&longer);
+    let (stdout, stderr) = (String::from_utf8_lossy(&again.stdout), String::from_utf8_lossy(&again.stderr));
+    assert!(again.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("every stage has one of step 6"), "{stdout}");
+    let fps = common::fingerprints_in(&stdout);
+    assert!(fps.len() == 2 && fps.iter().all(|f| *f == reference), "expected {reference}: {stdout}\n{stderr}");
+    assert_eq!(common::summary(&tmp.path().join("out"))["resumed_from"], 6);
+    // The finished job run again: nothing is left to train, and its stages still put the
+    // whole state together for the job's fingerprint.
+    let finished = run(&longer);
+    let (stdout, stderr) = (String::from_utf8_lossy(&finished.stdout), String::from_utf8_lossy(&finished.stderr));
+    assert!(finished.status.success() && stdout.contains("no step left to train"), "{stdout}\n{stderr}");
+    let fps = common::fingerprints_in(&stdout);
+    assert!(fps.len() == 2 && fps.iter().all(|f| *f == reference), "expected {reference}: {stdout}\n{stderr}");
+
+    // --resume latest with nothing to resume, and --resume of a path, are refused with what
+    // to do instead.
+    let mut fresh = replay_job("mlp", (2, 2, 1), 6, &tmp.path().join("elsewhere"));
+    fresh.extend(["--resume".into(), "latest".into()]);
+    let refused = run(&fresh);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("leave --resume out"), "{stderr}");
+    let mut path = without_save_dir(6);
+    path.extend(["--resume".into(), ck.display().to_string()]);
+    let refused = run(&path);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("give the launcher --save-dir"), "{stderr}");
+}
+
+/// The report of a pipeline job that lost a stage worker: the launcher's record has the
+/// loss (how the process ended) and the replacement, the collector's metrics the replay
+/// that ended the recovery; `steadfast report` counts them and tables the recovery.
+#[test]
+fn the_report_of_a_pipeline_job_says_which_worker_was_lost_and_how_it_was_replayed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 12;
+    let reference = reference("mlp", steps, tmp.path());
+    let dir = tmp.path().join("report");
+    let fault = "crash:rank=1,step=6,phase=forward";
+    let (line, context) = crash(("mlp", &reference), (3, 3, 1), steps, &dir, (fault, &[]));
+    assert!(line.contains("rank 1 (stage 1) replayed from step"), "{context}: {line}");
+    let record = std::fs::read_to_string(dir.join("out").join("events.jsonl")).unwrap();
+    let lost: Vec<&str> = record.lines().filter(|l| l.contains("\"kind\":\"lost\"")).collect();
+    assert_eq!(lost.len(), 1, "{context}\n{record}");
+    assert!(lost[0].contains("\"worker\":1,\"process\":1,"), "{context}\n{record}");
+    assert_eq!(record.matches("\"kind\":\"replaced\",").count(), 1, "{context}\n{record}");
+    let page = dir.join("report.html");
+    let out =
+        run(&["report".into(), dir.join("out").display().to_string(), "--out".into(), page.display().to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let page = std::fs::read_to_string(page).unwrap();
+    assert!(page.contains("; 1 loss, 1 replacement, 1 recovery.</p>"), "{context}\n{page}");
+    assert!(page.contains("rank 1 (stage 1) replayed from step"), "{context}\n{page}");
+    assert!(page.contains("a pipeline job repaired"), "{context}\n{page}");
+}

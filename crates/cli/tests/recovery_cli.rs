@@ -261,6 +261,50 @@ fn a_worker_killed_from_outside_is_replaced_with_the_same_bits() {
     assert_eq!(common::fingerprints_in(&text), vec![reference(steps); 3], "{text}");
 }
 
+/// `launch --nproc 3 --max-restarts 1` whose worker 0 is killed with SIGKILL: worker 0
+/// writes nothing as it dies, but the launcher's record of the job has the loss with its
+/// signal and the replacement, and `steadfast report` counts and draws them.
+#[test]
+fn the_report_of_a_job_whose_worker_0_was_killed_says_what_happened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("kill0");
+    let mut job = Streamed::start(&launch_args(&["--max-restarts", "1"], 200, &out, &[]), "");
+    let line = job.wait_for("  worker 0 started: process 1 (pid ");
+    let pid: u32 = line.rsplit("pid ").next().unwrap().trim_end_matches(')').parse().unwrap();
+    wait_for_step(&out, 20);
+    signal(pid, "-KILL");
+    let (ok, text) = job.finish();
+    assert!(ok, "{text}");
+    assert!(text.contains("worker 0 (process 1) exited with signal: 9"), "{text}");
+    // The record: one loss, with its signal, one replacement, the job's end.
+    let record: Vec<serde_json::Value> = std::fs::read_to_string(out.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |kind: &str| record.iter().filter(|v| v["kind"] == kind).collect::<Vec<_>>();
+    let (lost, replaced) = (of("lost"), of("replaced"));
+    assert_eq!(lost.len(), 1, "{record:?}");
+    assert_eq!((lost[0]["worker"].as_u64(), lost[0]["process"].as_u64()), (Some(0), Some(1)), "{record:?}");
+    // (The launcher may have signalled it too, if the coordinator's word of the closed
+    // connection came before the process was gone.)
+    assert!(lost[0]["cause"].as_str().unwrap().contains("killed by signal 9 (SIGKILL)"), "{record:?}");
+    assert_eq!(replaced.len(), 1, "{record:?}");
+    assert_eq!((replaced[0]["worker"].as_u64(), replaced[0]["process"].as_u64()), (Some(0), Some(2)));
+    assert_eq!(of("finished").len(), 1, "{record:?}");
+    // The report: worker 0's replacement wrote the summary; the loss is counted, with its
+    // cause, as the one recovery, and drawn on the time line.
+    let page = tmp.path().join("kill0.html");
+    let run = steadfast(&["report", out.to_str().unwrap(), "--out", page.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let page = std::fs::read_to_string(page).unwrap();
+    assert!(page.contains("200 steps in "), "{page}");
+    assert!(page.contains("; 1 loss, 1 replacement, 1 recovery.</p>"), "{page}");
+    let why = page.split("<td>worker 0 (process 1): ").nth(1).unwrap_or_else(|| panic!("no loss of worker 0: {page}"));
+    assert!(why.split("</td>").next().unwrap().contains("killed by signal 9 (SIGKILL)"), "{page}");
+    assert!(page.contains("\nlost 0\n</text>"), "{page}");
+}
+
 /// Starts an elastic coordinator on `bind`; returns it and the address it listens on.
 fn coordinator(bind: &str, world: usize, generation: u64, secret: &str) -> (Streamed, String) {
     let args: Vec<String> = [
@@ -415,15 +459,15 @@ fn the_baselines_go_back_to_a_copy_or_a_checkpoint_and_end_with_the_same_bits() 
     assert_eq!(stderr.matches("went back to the copy of step 20").count(), 2, "{stderr}");
     assert!(stdout.contains("from step 20") && stdout.contains("[1] fetch the state from [0, 2]"), "{stdout}");
     assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
-    // Worker 0's record draws the rollback: the epoch that ended, the copy put back, and
-    // the recovery's time.
+    // The report draws the rollback: the loss, the copy put back, and the recovery's time.
     let page = tmp.path().join("memory.html");
     let dir = tmp.path().join("memory");
     let run = steadfast(&["report", dir.to_str().unwrap(), "--out", page.to_str().unwrap()]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let page = std::fs::read_to_string(page).unwrap();
     assert!(page.contains("back to the in-memory copy (restore)") && page.contains("<h2>Recoveries</h2>"), "{page}");
-    assert!(page.contains(&format!("fingerprint <code>{}</code>; 1 recovery(ies)", reference_40())), "{page}");
+    let counts = format!("fingerprint <code>{}</code>; 1 loss, 1 replacement, 1 recovery.", reference_40());
+    assert!(page.contains(&counts), "{page}");
 
     // Every worker restarts from the newest committed checkpoint.
     let (ok, stdout, stderr) = launch(

@@ -127,6 +127,27 @@ fn settings_that_would_do_nothing_or_cannot_fit_are_refused() {
         with(&["--checkpoint-every", "5", "--keep-last", "0", "--checkpoint-dir", ckpt.to_str().unwrap()]),
         "--keep-last must be at least 1",
     );
+    fails_with(
+        with(&["--checkpoint-every", "5", "--checkpoint-shards", "0", "--checkpoint-dir", ckpt.to_str().unwrap()]),
+        "--checkpoint-shards must be at least 1",
+    );
+    // A directory flag that names a file says so, instead of "File exists (os error 17)".
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let file = file.to_str().unwrap();
+    fails_with(with(&["--checkpoint-dir", file]), "--checkpoint-dir");
+    fails_with(with(&["--checkpoint-dir", file]), "is a file, not a directory");
+    fails_with(["train", "--data", "synthetic", "--steps", "10", "--out", file].map(String::from).to_vec(), "--out");
+    fails_with(
+        ["train", "--data", "synthetic", "--steps", "10", "--out", &format!("{file}/run")].map(String::from).to_vec(),
+        "which is a file, not a directory",
+    );
+    // `ckpt verify` of a plain file says it is no checkpoint, rather than calling it corrupt.
+    let verify = common::steadfast(&["ckpt", "verify", file]);
+    let err = String::from_utf8_lossy(&verify.stderr);
+    assert_eq!(verify.status.code(), Some(2), "{err}");
+    assert!(err.contains("is a file, not a checkpoint"), "{err}");
+    assert!(std::fs::read(file).unwrap() == b"not a directory", "the file is left as it was");
     fails_with(with(&["--on-divergence", "repair"]), "add --max-restarts");
     // 20 G parameters: refused before anything is allocated, with the estimate.
     let started = std::time::Instant::now();

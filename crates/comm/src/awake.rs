@@ -43,17 +43,34 @@ impl AwakeClock {
         if paused.is_zero() {
             return None;
         }
-        tracing::warn!(
-            "the coordinator did not run for {:.1} s (stopped or starved): not counted as the workers' silence",
-            paused.as_secs_f64()
-        );
+        if worth_saying(paused) {
+            tracing::warn!(
+                "the coordinator did not run for {:.1} s (stopped or starved): not counted as the workers' silence",
+                paused.as_secs_f64()
+            );
+        }
         Some(paused)
     }
+}
+
+/// Whether a pause is long enough to be said: a few milliseconds of scheduling delay beyond
+/// the allowance are handed to the state machine all the same, but a warning that the
+/// coordinator "did not run for 0.0 s" would be noise.
+fn worth_saying(paused: Duration) -> bool {
+    paused >= Duration::from_millis(100)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_pause_that_shows_at_a_tenth_of_a_second_is_said() {
+        assert!(!worth_saying(Duration::from_millis(3)));
+        assert!(!worth_saying(Duration::from_millis(49)));
+        assert!(worth_saying(Duration::from_millis(100)));
+        assert!(worth_saying(Duration::from_secs(7)));
+    }
 
     #[test]
     fn only_the_gap_beyond_the_allowance_is_a_pause() {

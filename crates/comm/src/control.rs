@@ -9,7 +9,11 @@
 //! connection: it sends reports (and repeats the newest every heartbeat, so that a worker
 //! busy computing is not taken for lost), hands incoming messages to the training loop,
 //! and, when the connection drops (the coordinator was restarted), dials again until it is
-//! closed. What to do about a long silence is the protocol's decision, not the link's.
+//! closed. The coordinator pulses every worker every heartbeat with its bounds; the link
+//! judges its silence by them ([`crate::watch`]), says at once when it is lost and until
+//! when the worker waits for it, and tells the training loop when to give up
+//! ([`Link::gave_up`]). What to do about the silence of the protocol itself is the
+//! protocol's decision.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -30,6 +34,7 @@ use crate::protocol::wire::{self, Hello};
 use crate::protocol::{Action, Coordinator, Msg, Node, Quorum, Timing, WorkerId, WorkerState};
 use crate::rendezvous::COORDINATOR_RANK;
 use crate::transport::{CommError, DialError, dial};
+use crate::watch::{CoordinatorWatch, DEFAULT_BOUNDS, Verdict};
 
 const MAX_CONTROL_FRAME: u32 = 1 << 20;
 
@@ -148,24 +153,40 @@ pub struct Requests {
 
 /// Runs the coordinator on `listener` until the job is over (finished or stopped, and no
 /// live worker waits for a word) or `requests.shutdown` is set. Returns the final stage.
+///
+/// Every worker connected and not lost gets a [`wire::Pulse`] every heartbeat, so that it
+/// can tell a live coordinator with nothing to say from a lost one, by this coordinator's
+/// own bounds ([`crate::watch`]).
+///
+/// A job that is over keeps its port until `requests.shutdown` is set (its owner is done
+/// with its workers): a process that joins after the end is told that the job finished
+/// (or why it stopped), instead of finding nobody there.
 pub fn coordinate(
     listener: TcpListener,
     secret: &[u8],
     mut machine: Coordinator,
     timing: Timing,
-    requests: &Requests,
+    requests: &Arc<Requests>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<JobState, CommError> {
     let (shutdown, stop_request) = (&requests.shutdown, &requests.stop);
     let gate = open_gate(listener, secret)?;
     let (tx, rx) = mpsc::channel();
     let stop_admitting = Arc::new(AtomicBool::new(false));
+    // Once the job is over: what a process that joins is told.
+    let over_reason: Arc<Mutex<Option<String>>> = Arc::default();
     let admitter = {
-        let (tx, stop) = (tx.clone(), Arc::clone(&stop_admitting));
+        let (tx, stop, over, requests) =
+            (tx.clone(), Arc::clone(&stop_admitting), Arc::clone(&over_reason), Arc::clone(requests));
         std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(a) = gate.next(Instant::now() + Duration::from_millis(50)) {
+            while !stop.load(Ordering::Relaxed) && !requests.shutdown.load(Ordering::Relaxed) {
+                if let Some(mut a) = gate.next(Instant::now() + Duration::from_millis(50)) {
                     let (id, hello) = a.value;
+                    if let Some(reason) = over.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+                        tracing::warn!(id, "a process for worker {id} joined after the end of the job; told so");
+                        tell_to_stop(&mut a.stream, reason);
+                        continue;
+                    }
                     if tx.send(Input::Admitted { id, hello, stream: a.stream }).is_err() {
                         return;
                     }
@@ -173,6 +194,8 @@ pub fn coordinate(
             }
         })
     };
+    let pulse = wire::encode_pulse(&pulse_of(&timing));
+    let mut next_pulse = Instant::now();
     let mut conns: BTreeMap<WorkerId, Conn> = BTreeMap::new();
     let mut serial = 0u64;
     // The workers whose loss was told (until they report again).
@@ -223,19 +246,51 @@ pub fn coordinate(
             Err(RecvTimeoutError::Disconnected) => unreachable!("the loop holds a sender"),
         };
         perform(&mut conns, actions);
+        if Instant::now() >= next_pulse {
+            next_pulse = Instant::now() + timing.heartbeat;
+            send_pulses(&mut conns, &machine, &pulse);
+        }
         let stage = Told { lost: &mut told_lost, why: &mut why_lost, epoch: &mut last_epoch, stage: &mut last_stage }
             .tell(&machine, &conns, timing.lost_after, on_event);
         let over = matches!(stage, JobState::Finished | JobState::Stopped { .. })
             && machine.workers().all(|(_, s, l)| l || matches!(s.phase, WorkerState::Finished | WorkerState::Stopped));
         if over || shutdown.load(Ordering::Relaxed) {
-            stop_admitting.store(true, Ordering::Relaxed);
             for c in conns.values_mut() {
                 let _ = c.writer.flush();
                 let _ = c.writer.shutdown(Shutdown::Both);
             }
-            let _ = admitter.join();
+            if over && !shutdown.load(Ordering::Relaxed) {
+                // The admitter answers late joiners until the owner shuts down.
+                *over_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(too_late(&stage));
+            } else {
+                stop_admitting.store(true, Ordering::Relaxed);
+                let _ = admitter.join();
+            }
             return Ok(stage);
         }
+    }
+}
+
+/// What a process that joins a job that is over is told.
+fn too_late(stage: &JobState) -> String {
+    match stage {
+        JobState::Stopped { reason } => format!("{reason} (before this process joined: the job is over)"),
+        _ => "it had finished before this process joined: every member holds the final state".to_owned(),
+    }
+}
+
+/// The bounds the coordinator runs with, as its pulses tell the workers.
+fn pulse_of(timing: &Timing) -> wire::Pulse {
+    wire::Pulse { lost_after: timing.lost_after, quorum_timeout: timing.quorum_timeout }
+}
+
+/// Sends a pulse to every connected worker that is not lost (a lost one, stopped say,
+/// would only pile the pulses up unread until a write blocked).
+fn send_pulses(conns: &mut BTreeMap<WorkerId, Conn>, machine: &Coordinator, pulse: &[u8]) {
+    let ids: Vec<WorkerId> =
+        conns.keys().copied().filter(|&id| machine.worker(id).is_none_or(|(_, lost)| !lost)).collect();
+    for id in ids {
+        send(conns, id, wire::KIND_PULSE, pulse);
     }
 }
 
@@ -401,6 +456,8 @@ fn admit(
             }
         }
     }
+    // The first pulse at once: the worker judges this coordinator by its bounds from now.
+    send(conns, id, wire::KIND_PULSE, &wire::encode_pulse(&pulse_of(timing)));
     spawn_reader(id, *serial, reader, timing.lost_after, tx.clone());
     on_event(Event::Joined { id, incarnation: hello.incarnation });
 }
@@ -474,6 +531,20 @@ struct LinkShared {
     closed: AtomicBool,
     /// The directory's version when the connection was made.
     dialled: AtomicU64,
+    /// When the coordinator was last heard, and what that means.
+    watch: Mutex<CoordinatorWatch>,
+}
+
+impl LinkShared {
+    /// Runs `f` on the watch and says what it found: a loss, or a return after one, is a
+    /// warning (the default log level shows it), said once.
+    fn judge(&self, f: impl FnOnce(&mut CoordinatorWatch) -> Verdict) {
+        let verdict = f(&mut self.watch.lock().unwrap_or_else(|e| e.into_inner()));
+        match verdict {
+            Verdict::Quiet => {}
+            Verdict::Unreachable(text) | Verdict::Back(text) => tracing::warn!("{text}"),
+        }
+    }
 }
 
 /// A worker's connection to the coordinator, kept up until [`Link::close`].
@@ -492,6 +563,13 @@ impl Link {
     /// so a coordinator started again on another host (with a higher generation) is found
     /// there; when the directory changes, the link leaves the coordinator it has for the
     /// new one.
+    ///
+    /// The link keeps a [`CoordinatorWatch`]: a connection that closes, or a coordinator
+    /// silent past its heartbeat timeout, is said at once with the instant this worker will
+    /// give up, and [`Link::gave_up`] says when that instant has passed.
+    ///
+    /// When no coordinator answers before `deadline`, the error names where the link looked,
+    /// for how long, and what that likely means (the job is over, or has not started).
     pub fn connect(
         directory: &Directory,
         secret: &[u8],
@@ -501,12 +579,18 @@ impl Link {
         deadline: Instant,
         interrupt: Box<dyn Fn(&Msg) + Send>,
     ) -> Result<(Link, Receiver<Incoming>), CommError> {
-        let (version, first) = dial_from(directory, secret, id, &hello, deadline)?;
+        let started = Instant::now();
+        let (version, first) = dial_from(directory, secret, id, &hello, deadline)
+            .map_err(|e| unanswered(directory, started, deadline, e))?;
+        // A pause of this process shows as a gap between the pinger's looks.
+        let allowance = (2 * heartbeat).max(Duration::from_secs(1));
+        let watch = CoordinatorWatch::new(Instant::now(), first.peer_addr().ok(), DEFAULT_BOUNDS, allowance);
         let shared = Arc::new(LinkShared {
             writer: Mutex::new(Some(first.try_clone().map_err(|e| CommError::Setup(e.to_string()))?)),
             report: Mutex::new(None),
             closed: AtomicBool::new(false),
             dialled: AtomicU64::new(version),
+            watch: Mutex::new(watch),
         });
         let (tx, rx) = mpsc::channel();
         let reader = {
@@ -516,10 +600,25 @@ impl Link {
             std::thread::spawn(move || {
                 let mut stream = first;
                 loop {
-                    if read_until_closed(&mut stream, &tx, &*interrupt) {
-                        // Told to stop (the job is over, or this process was superseded):
-                        // there is nothing to dial back for.
+                    let closed = read_until_closed(&mut stream, &tx, &*interrupt, &shared);
+                    let why = match closed {
+                        // Told to stop (the job is over, or this process was superseded),
+                        // told that the job finished (the coordinator then closes every
+                        // connection), or nobody listens any more: there is nothing to
+                        // dial back for.
+                        Closed::Stopped | Closed::AfterFinish | Closed::Unheard => return,
+                        Closed::Lost(why) => why,
+                    };
+                    if shared.closed.load(Ordering::Relaxed) {
+                        // Closed by this worker.
                         return;
+                    }
+                    if directory.version() != shared.dialled.load(Ordering::Relaxed) {
+                        // Left on purpose for the new holder of the role: if that one does
+                        // not answer, the watch finds it silent.
+                        tracing::info!("left the coordinator for the new one: {why}");
+                    } else {
+                        shared.judge(|w| w.closed(Instant::now(), why));
                     }
                     // The coordinator is gone: dial again (a restarted one listens on the
                     // same address) until this link is closed.
@@ -532,6 +631,7 @@ impl Link {
                         match dial_from(&directory, &secret, id, &hello, soon) {
                             Ok((version, s)) => {
                                 shared.dialled.store(version, Ordering::Relaxed);
+                                shared.judge(|w| w.connected(Instant::now(), s.peer_addr().ok()));
                                 break s;
                             }
                             Err(e) => tracing::debug!("the coordinator is not back yet: {e}"),
@@ -552,6 +652,7 @@ impl Link {
             std::thread::spawn(move || {
                 while !shared.closed.load(Ordering::Relaxed) {
                     std::thread::sleep(heartbeat);
+                    shared.judge(|w| w.check(Instant::now()));
                     if directory.version() != shared.dialled.load(Ordering::Relaxed) {
                         // Another coordinator holds the role now: leave this one (the
                         // reader dials the new one).
@@ -568,6 +669,13 @@ impl Link {
             })
         };
         Ok((Link { shared, threads: vec![reader, pinger] }, rx))
+    }
+
+    /// Why this worker gives up on its coordinator, once it has heard nothing from any for
+    /// the coordinator's heartbeat timeout and then its quorum timeout (see
+    /// [`CoordinatorWatch::gave_up`]); `None` until then.
+    pub fn gave_up(&self) -> Option<String> {
+        self.shared.watch.lock().unwrap_or_else(|e| e.into_inner()).gave_up(Instant::now())
     }
 
     /// Sends `msg` (a report) now, and repeats it every heartbeat until the next.
@@ -588,6 +696,7 @@ impl Link {
         let shared = Arc::clone(&self.shared);
         move || {
             shared.closed.store(true, Ordering::Relaxed);
+            shared.watch.lock().unwrap_or_else(|e| e.into_inner()).sever();
             *shared.report.lock().unwrap_or_else(|e| e.into_inner()) = None;
             if let Some(s) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 let _ = s.shutdown(Shutdown::Both);
@@ -607,6 +716,35 @@ impl Link {
     }
 }
 
+/// The error of a first connection: when no coordinator answered before `deadline`, one
+/// that says where the link looked, for how long, and what that likely means, instead of
+/// the last socket error alone ("Connection refused"). An error before the deadline (a
+/// coordinator that refused this worker's handshake) is left as it is.
+fn unanswered(directory: &Directory, started: Instant, deadline: Instant, error: CommError) -> CommError {
+    if Instant::now() < deadline {
+        return error;
+    }
+    let waited = started.elapsed().as_secs_f64();
+    let last = match &error {
+        CommError::Setup(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let (_, addrs) = directory.get();
+    let text = if addrs.is_empty() {
+        format!(
+            "no coordinator of the job was named in {waited:.1} s of waiting ({last}): the job may have finished, or \
+             not started yet"
+        )
+    } else {
+        let at = addrs.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(", ");
+        format!(
+            "no coordinator answers at {at} after {waited:.1} s of trying (the last attempt: {last}): the job may \
+             have finished, or not started yet; check the address (--coordinator, STEADFAST_COORDINATOR)"
+        )
+    };
+    CommError::Setup(text)
+}
+
 fn write_to(shared: &LinkShared, payload: &[u8]) {
     let mut w = shared.writer.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = w.as_mut()
@@ -618,7 +756,9 @@ fn write_to(shared: &LinkShared, payload: &[u8]) {
 
 /// Dials the directory's addresses until one answers or `deadline` passes, reading the
 /// directory again after each round (it may be empty while a coordinator is elected);
-/// returns the version of the addresses that answered.
+/// returns the version of the addresses that answered. A coordinator that answers and
+/// fails the handshake ([`CommError::Refused`]: the secrets differ) ends the dialling at
+/// once: dialling again cannot help, and would flood its log.
 fn dial_from(
     directory: &Directory,
     secret: &[u8],
@@ -636,6 +776,7 @@ fn dial_from(
             }
             addrs => match dial_any(addrs, secret, id, hello, round) {
                 Ok(stream) => return Ok((version, stream)),
+                Err(e @ CommError::Refused(_)) => return Err(e),
                 Err(e) => e,
             },
         };
@@ -646,7 +787,8 @@ fn dial_from(
 }
 
 /// Dials the coordinators `addrs` in turn, half a second each, until one answers or
-/// `deadline` passes (one address: until the deadline); returns the last error.
+/// `deadline` passes (one address: until the deadline); returns the last error. A round
+/// in which every address refused the handshake ends at once with that refusal.
 fn dial_any(
     addrs: &[SocketAddr],
     secret: &[u8],
@@ -658,15 +800,18 @@ fn dial_any(
         [] => Err(CommError::Setup("no coordinator address".into())),
         [addr] => dial_coordinator(*addr, secret, id, hello, deadline),
         _ => loop {
-            let mut last = None;
+            let (mut last, mut refusals) = (None, 0);
             for &addr in addrs {
                 let soon = (Instant::now() + Duration::from_millis(500)).min(deadline);
                 match dial_coordinator(addr, secret, id, hello, soon) {
                     Ok(stream) => return Ok(stream),
-                    Err(e) => last = Some(e),
+                    Err(e) => {
+                        refusals += usize::from(matches!(e, CommError::Refused(_)));
+                        last = Some(e);
+                    }
                 }
             }
-            if Instant::now() >= deadline {
+            if refusals == addrs.len() || Instant::now() >= deadline {
                 return Err(last.expect("two addresses or more were tried"));
             }
         },
@@ -690,7 +835,7 @@ fn dial_coordinator(
         Err(DialError::Unreachable(e)) => {
             return Err(CommError::Setup(format!("cannot reach the coordinator at {addr}: {e}")));
         }
-        Err(DialError::Refused(e)) => return Err(CommError::Setup(format!("the coordinator at {addr}: {e}"))),
+        Err(DialError::Refused(e)) => return Err(crate::transport::refused("the coordinator", addr, &e)),
     };
     if who != COORDINATOR_RANK {
         return Err(CommError::Setup(format!("{addr} answered as worker {who}, not as a coordinator")));
@@ -701,36 +846,70 @@ fn dial_coordinator(
     Ok(stream)
 }
 
-/// Hands the coordinator's messages to the training loop until the connection closes;
-/// true when the last one told this worker to stop.
-fn read_until_closed(stream: &mut TcpStream, tx: &Sender<Incoming>, interrupt: &dyn Fn(&Msg)) -> bool {
-    let mut stopped = false;
+/// How a connection to the coordinator ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Closed {
+    /// After the coordinator told this worker to stop.
+    Stopped,
+    /// After it told this worker that the job finished (a worker is told so only once it
+    /// holds the final state): the coordinator closes every connection then.
+    AfterFinish,
+    /// The training loop no longer listens (it ended on an error of its own; the
+    /// connection stays open until the process ends, through the link's writer).
+    Unheard,
+    /// Otherwise, for this reason.
+    Lost(String),
+}
+
+/// Hands the coordinator's messages to the training loop until the connection closes,
+/// telling the link's watch of every frame (a [`wire::Pulse`] goes no further). Returns
+/// how the connection ended.
+fn read_until_closed(
+    stream: &mut TcpStream,
+    tx: &Sender<Incoming>,
+    interrupt: &dyn Fn(&Msg),
+    shared: &LinkShared,
+) -> Closed {
+    let mut last: Option<Msg> = None;
+    let ended = |last: &Option<Msg>, why: String| match last {
+        Some(Msg::Stop { .. }) => Closed::Stopped,
+        Some(Msg::Finish) => Closed::AfterFinish,
+        _ => Closed::Lost(why),
+    };
     loop {
         let incoming = match read_frame(stream, MAX_CONTROL_FRAME) {
+            Ok(f) if f.kind == wire::KIND_PULSE => match wire::decode_pulse(&f.payload) {
+                Ok(p) => {
+                    shared.judge(|w| w.pulse(Instant::now(), p));
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
             Ok(f) if f.kind == wire::KIND_MSG => wire::decode(&f.payload).map(Incoming::Msg),
             Ok(f) if f.kind == wire::KIND_BOOK => wire::decode_book(&f.payload).map(Incoming::Book),
             Ok(f) => {
                 tracing::warn!("the coordinator sent a frame of kind {:#x}", f.kind);
-                return stopped;
+                return ended(&last, format!("it sent a frame of kind {:#x}", f.kind));
             }
             Err(e) => {
                 tracing::debug!("the coordinator connection closed: {e}");
-                return stopped;
+                return ended(&last, e.to_string());
             }
         };
+        shared.judge(|w| w.heard(Instant::now()));
         match incoming {
             Ok(i) => {
                 if let Incoming::Msg(m) = &i {
                     interrupt(m);
-                    stopped = matches!(m, Msg::Stop { .. });
+                    last = Some(m.clone());
                 }
                 if tx.send(i).is_err() {
-                    return stopped;
+                    return Closed::Unheard;
                 }
             }
             Err(e) => {
                 tracing::warn!("from the coordinator: {e}");
-                return stopped;
+                return ended(&last, e.to_string());
             }
         }
     }

@@ -33,7 +33,8 @@
 //!   [`sim`], a seeded simulated network that runs them under kills, hangs, cut links,
 //!   lost messages and coordinator restarts;
 //! - the protocol's socket shells: [`control`] (the coordinator, and a worker's link to
-//!   it, which dials the coordinator its [`directory`] names), [`port`] (a worker's listening port: the mesh of each epoch, and transfers) and
+//!   it, which dials the coordinator its [`directory`] names and judges its silence with a
+//!   [`watch`]), [`port`] (a worker's listening port: the mesh of each epoch, and transfers) and
 //!   [`transfer`] (chunked, checksummed state transfer from several replicas at once);
 //! - `mpi` (feature `mpi`): the step's collectives on the system's MPI library.
 //!
@@ -70,6 +71,7 @@ pub mod sim;
 pub mod supervisor;
 pub mod transfer;
 pub mod transport;
+pub mod watch;
 
 use repro::words::Word;
 

@@ -126,7 +126,7 @@ impl Port {
         book: &BTreeMap<WorkerId, SocketAddr>,
         config: &TcpConfig,
     ) -> Result<TcpMesh, CommError> {
-        let setup = |what: String| CommError::Setup(format!("epoch {epoch}: {what}"));
+        let setup = |what: String| CommError::Setup(format!("epoch {}: {what}", crate::control::epoch_text(epoch)));
         let rank = members.iter().position(|&m| m == self.id).ok_or_else(|| setup("not a member".into()))?;
         let deadline = Instant::now() + config.connect_timeout;
         let mut streams = HashMap::new();
@@ -164,7 +164,9 @@ impl Port {
                     Some(r) => {
                         streams.insert(r, s);
                     }
-                    None => tracing::warn!(peer, epoch, "a mesh connection from a worker not ranked above this one"),
+                    None => {
+                        tracing::warn!(peer, epoch = %crate::control::epoch_text(epoch), "a mesh connection from a worker not ranked above this one")
+                    }
                 },
                 Ok((peer, e, s)) if e > epoch => self.pending.push((peer, e, s)),
                 Ok(_) => {}

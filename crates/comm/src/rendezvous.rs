@@ -185,7 +185,7 @@ pub fn join(
         Err(DialError::Unreachable(e)) => {
             return Err(setup(format!("cannot reach the coordinator at {coordinator}: {e}")));
         }
-        Err(DialError::Refused(e)) => return Err(setup(format!("the coordinator at {coordinator}: {e}"))),
+        Err(DialError::Refused(e)) => return Err(crate::transport::refused("the coordinator", coordinator, &e)),
     };
     if who != COORDINATOR_RANK {
         return Err(setup(format!("{coordinator} answered as rank {who}, not as a coordinator")));

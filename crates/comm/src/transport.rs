@@ -55,6 +55,11 @@ pub enum CommError {
     /// Setting up the connections failed.
     #[error("cannot connect the job: {0}")]
     Setup(String),
+    /// A peer answered and the handshake failed: this process does not hold the job's
+    /// secret (or speaks another protocol version). Trying again cannot help, so whoever
+    /// dials stops at the first refusal (see [`refused`]).
+    #[error("{0}")]
+    Refused(String),
     /// The job was aborted from outside the collective (the coordinator reported a lost
     /// member, or was lost itself).
     #[error("{0}")]
@@ -477,7 +482,9 @@ pub enum DialError {
 /// Connects to `addr`, configures the socket and runs the handshake as `my_rank`; returns
 /// the connection and the peer's rank. A peer not listening yet, or one that closes the
 /// connection (a gate shedding it while strangers crowd the port), is tried again until
-/// `deadline`; a handshake that the peer fails is an error at once.
+/// `deadline`; a handshake that the peer fails (a wrong secret) is an error at once,
+/// [`DialError::Refused`], after one attempt: a caller that loops must not dial again
+/// for it (see [`refused`]), or it floods the peer's port and log.
 pub fn dial(
     addr: SocketAddr,
     secret: &[u8],
@@ -503,6 +510,20 @@ pub fn dial(
         tracing::debug!(%addr, "not reachable yet, retrying: {reason}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The error of a handshake that `who` ("the coordinator", say) at `addr` answered and
+/// that failed, for the side that dialled: [`CommError::Refused`], which names the secret
+/// when the proofs did not match. (The dialler cannot tell its own wrong secret from a
+/// peer of another job: either way the two do not share the secret.)
+pub fn refused(who: &str, addr: SocketAddr, e: &HandshakeError) -> CommError {
+    CommError::Refused(match e {
+        HandshakeError::BadProof(_) => format!(
+            "the secret does not match the job's: {who} at {addr} holds another than this process's \
+             STEADFAST_SECRET (give the secret the job was started with)"
+        ),
+        other => format!("{who} at {addr} refused the handshake: {other}"),
+    })
 }
 
 fn handshake_error(peer: usize, e: HandshakeError) -> CommError {

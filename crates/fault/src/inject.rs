@@ -222,6 +222,45 @@ fn partial_prefix(out: &Path) -> String {
     format!(".{name}.partial-")
 }
 
+/// The writer's pid of a temporary copy named `.<name>.partial-<pid>`.
+fn partial_pid(file_name: &str) -> Option<u32> {
+    let (head, pid) = file_name.rsplit_once(".partial-")?;
+    (head.starts_with('.') && head.len() > 1).then_some(())?;
+    pid.parse().ok()
+}
+
+/// Removes from `dir` the temporary copies (of any output's name) whose writers are no
+/// longer running (killed mid-copy: `kill -9` leaves no chance to clean up), each named
+/// in a warning with its size, since they may be as large as a checkpoint. Copies of
+/// running writers stay.
+fn remove_stale_partials(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = partial_pid(&name) else { continue };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let bytes = if path.is_dir() {
+            std::fs::read_dir(&path).map_or(0, |d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        } else {
+            entry.metadata().map_or(0, |m| m.len())
+        };
+        match std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path)) {
+            Ok(()) => tracing::warn!(
+                "removed {} ({bytes} bytes): the unfinished copy of an injection whose process (pid {pid}) is gone",
+                path.display()
+            ),
+            Err(e) => tracing::warn!(
+                "{} ({bytes} bytes) is the unfinished copy of an injection whose process (pid {pid}) is gone; \
+                 it could not be removed: {e}",
+                path.display()
+            ),
+        }
+    }
+}
+
 impl Staging {
     /// Copies `source` (a file or checkpoint directory) to a temporary beside `out`, after
     /// removing the temporaries of writers of `out` that are no longer running.
@@ -234,15 +273,7 @@ impl Staging {
             _ => PathBuf::from("."),
         };
         let prefix = partial_prefix(out);
-        if let Ok(entries) = std::fs::read_dir(&parent) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(pid) = name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = std::fs::remove_dir_all(entry.path()).or_else(|_| std::fs::remove_file(entry.path()));
-                }
-            }
-        }
+        remove_stale_partials(&parent);
         let staging = Staging {
             tmp: parent.join(format!("{prefix}{}", std::process::id())),
             out: out.to_owned(),
@@ -764,4 +795,31 @@ fn apply(
     write_staged(&located, &staged)?;
     fix_integrity(&work, &located, &staged, keep_checksums)?;
     Ok((work, staging, staged.corrupt))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unfinished_copies_of_dead_injections_go_whatever_their_name_and_live_ones_stay() {
+        assert_eq!(partial_pid(".ckpt.partial-123"), Some(123));
+        assert_eq!(partial_pid(".a.b.partial-7"), Some(7));
+        assert_eq!(partial_pid("ckpt.partial-123"), None, "not hidden: not ours");
+        assert_eq!(partial_pid(".ckpt.partial-x"), None);
+        let dir = tempfile::tempdir().unwrap();
+        // pid_max is at most 2^22: no process has a pid above it.
+        let dead = dir.path().join(".other.safetensors.partial-4194305");
+        std::fs::write(&dead, vec![0u8; 1000]).unwrap();
+        let dead_dir = dir.path().join(".ckpt.partial-4194306");
+        std::fs::create_dir(&dead_dir).unwrap();
+        std::fs::write(dead_dir.join("shard"), b"x").unwrap();
+        let live = dir.path().join(format!(".mine.partial-{}", std::process::id()));
+        std::fs::write(&live, b"y").unwrap();
+        let user = dir.path().join("notes.partial-4194305");
+        std::fs::write(&user, b"z").unwrap();
+        remove_stale_partials(dir.path());
+        assert!(!dead.exists() && !dead_dir.exists());
+        assert!(live.exists() && user.exists());
+    }
 }

@@ -9,7 +9,7 @@
 //!   their responses; the tables ([`campaign::output`]);
 //! - [`report`]: a campaign's tables as one HTML page with plots;
 //! - [`run_report`]: a training run's progress against time, with its failures and
-//!   recoveries marked;
+//!   recoveries marked, from its `metrics.jsonl` and its job's record (`events.jsonl`);
 //! - [`fpna`]: the floating-point non-associativity lab: sweeps of atomic, fixed-order and
 //!   reproducible reductions, and training runs under atomic and reproducible gradient
 //!   accumulation;

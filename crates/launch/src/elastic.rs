@@ -9,6 +9,11 @@
 //! go on without it (`shrink`), or the job ends. Survivors never restart. Every failure
 //! and recovery is one line of output.
 //!
+//! On this host alone the coordinator listens on a free loopback port, or, with
+//! `--coordinator HOST:PORT`, on that port (on every interface) so that workers started
+//! by hand with the job's secret can join the job; the launcher's first line names the
+//! address it listens on.
+//!
 //! On several nodes ([`Span`]) one launcher runs on each, as for a static job: node `I`
 //! starts the slots `I*N .. I*N+N-1`, and node 0's launcher also serves the coordinator
 //! on the port of `--coordinator`. Each launcher replaces its own workers; the
@@ -34,6 +39,7 @@ use comm::etcd::elastic::Campaign;
 use comm::protocol::coordinator::JobState;
 use comm::protocol::{Coordinator, Timing};
 
+use crate::record::Recorder;
 use crate::static_job::Meeting;
 use crate::workers::{Exited, Workers};
 use crate::{Decision, Exit, KILL_GRACE, LaunchError, OnFailure, RestartPolicy, say};
@@ -63,6 +69,10 @@ pub struct ElasticJob {
     pub copy_every: Option<u64>,
     /// The nodes of a job of several (`None`: this host alone).
     pub span: Option<Span>,
+    /// On this host alone, the `HOST:PORT` of `--coordinator`: the coordinator listens on
+    /// its port and the workers dial it (`None`: a free loopback port). Unused with `span`,
+    /// which says where the job meets.
+    pub coordinator: Option<String>,
     /// The worker command (`train ...`).
     pub command: Vec<String>,
 }
@@ -95,6 +105,8 @@ enum Heard {
     Elected(u64),
     /// This launcher lost the coordinator role (why): another serves it now.
     RoleLost(String),
+    /// The coordinator this launcher serves said this (for the job's record).
+    Said(Event),
 }
 
 /// The launcher's side of the job while it runs.
@@ -122,6 +134,8 @@ struct Supervisor<'p> {
     /// Whether the workers left after the grace were killed.
     killed: bool,
     stopped_on_error: Option<usize>,
+    /// The job's record (`events.jsonl`), kept while this launcher serves the coordinator.
+    record: Recorder,
 }
 
 /// How this launcher takes part in coordinating the job.
@@ -135,11 +149,12 @@ enum Role {
 }
 
 /// Where the workers meet: how this launcher takes part, and the variable (and value)
-/// that tells the workers.
-fn meeting(span: Option<&Span>) -> Result<(Role, (&'static str, String)), LaunchError> {
+/// that tells the workers. `here` is the coordinator's `HOST:PORT` of a job on this host
+/// alone, if one was given.
+fn meeting(span: Option<&Span>, here: Option<&str>) -> Result<(Role, (&'static str, String)), LaunchError> {
     let at = |a: String| ("STEADFAST_COORDINATOR", a);
     match span.map(|s| (s, &s.meeting)) {
-        None => crate::coordinator_listener(None).map(|(l, a)| (Role::Serves(l), at(a))),
+        None => crate::coordinator_listener(here).map(|(l, a)| (Role::Serves(l), at(a))),
         Some((span, Meeting::Coordinator(address))) if span.node_rank == 0 => {
             crate::coordinator_listener(Some(address)).map(|(l, a)| (Role::Serves(l), at(a)))
         }
@@ -168,7 +183,24 @@ fn meeting(span: Option<&Span>) -> Result<(Role, (&'static str, String)), Launch
 pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     let span = plan.span.as_ref();
     let secret = crate::shared_secret(span.is_some())?;
-    let (role, meet_at) = meeting(span)?;
+    let (role, meet_at) = meeting(span, plan.coordinator.as_deref())?;
+    // Said before anything else: who starts workers by hand reads the address here.
+    let announce = match &role {
+        Role::Serves(l) => {
+            let local = l.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
+            let dial =
+                if meet_at.1 == local.to_string() { String::new() } else { format!(" (workers dial {})", meet_at.1) };
+            let drawn = std::env::var_os("STEADFAST_SECRET").is_none_or(|s| s.is_empty());
+            let secret_note = if span.is_none() && plan.coordinator.is_some() && drawn {
+                "; the job's secret was drawn for this launch: a worker started by hand joins only when \
+                 STEADFAST_SECRET is set, the same for the launcher and the worker"
+            } else {
+                ""
+            };
+            Some(format!("coordinator listening on {local}{dial}{secret_note}"))
+        }
+        _ => None,
+    };
     let world = plan.nproc * span.map_or(1, |s| s.nnodes);
     let first = plan.nproc * span.map_or(0, |s| s.node_rank);
     let timing = Timing::for_coordinator(plan.heartbeat_timeout, plan.settle, plan.quorum_timeout);
@@ -207,7 +239,14 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         over_since: None,
         killed: false,
         stopped_on_error: None,
+        record: Recorder::new(&plan.command, first..first + plan.nproc, span.map(|_| plan.nproc)),
     };
+    if job.serves {
+        job.record.open(true);
+    }
+    if let Some(line) = announce {
+        say!(job.started, "{line}");
+    }
     for slot in first..first + plan.nproc {
         job.start(slot)?;
     }
@@ -302,6 +341,7 @@ impl Serving<'_> {
         let (tx, started) = (&self.tx, self.started);
         let state = comm::control::coordinate(listener, self.key, machine, self.timing, self.requests, &mut |event| {
             println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
+            let _ = tx.send(Heard::Said(event.clone()));
             let _ = match event {
                 Event::Lost { id, incarnation, .. } => tx.send(Heard::Lost { slot: id as usize, incarnation }),
                 Event::Finished => tx.send(Heard::Finished),
@@ -425,11 +465,14 @@ impl Supervisor<'_> {
                 Ok(Heard::CoordinatorDone) => {
                     self.over_since.get_or_insert_with(Instant::now);
                 }
+                Ok(Heard::Said(event)) => self.record.said(&event),
                 Ok(Heard::Elected(generation)) => {
+                    self.record.elected(generation, self.plan.span.as_ref().map(|s| s.node_rank as u64));
                     self.serves = true;
                     say!(self.started, "this launcher holds the coordinator role (generation {generation})");
                 }
                 Ok(Heard::RoleLost(why)) => {
+                    self.record.role_lost(&why, self.plan.span.as_ref().map(|s| s.node_rank as u64));
                     self.serves = false;
                     say!(self.started, "this launcher lost the coordinator role: {why}");
                 }
@@ -466,6 +509,7 @@ impl Supervisor<'_> {
     /// its replacement may have started already, and lives.
     fn kill_lost(&mut self, slot: usize, incarnation: u64) {
         if let Some(pid) = self.workers.kill(slot, Some(incarnation)) {
+            self.record.killing(slot, incarnation);
             say!(self.started, "killing worker {slot} (pid {pid}): the coordinator lost it");
         }
     }
@@ -479,6 +523,7 @@ impl Supervisor<'_> {
         // (A worker killed after the end of the job was said to be.)
         if exit != Exit::Success && !self.killed {
             say!(started, "worker {slot} (process {}) exited with {status}", e.incarnation + 1);
+            self.record.exited(slot, e.incarnation, Ok(status));
         }
         if exit == Exit::Success {
             // A worker exits with success only once the job has finished. A node without
@@ -494,10 +539,14 @@ impl Supervisor<'_> {
             Decision::Replace { restart } => {
                 self.incarnations[slot - self.first] += 1;
                 say!(started, "replacing worker {slot} (restart {restart} of {})", self.plan.max_restarts);
+                let incarnation = self.incarnations[slot - self.first];
+                self.record.replaced(slot, incarnation, restart, self.plan.max_restarts);
                 self.start(slot)?;
             }
             Decision::Fail => {
                 say!(started, "worker {slot} stopped on an error: the job ends");
+                let reason = format!("worker {slot} stopped on an error (its output says which)");
+                self.record.said(&Event::Stopped { reason });
                 self.stopped_on_error = Some(slot);
                 self.over_since.get_or_insert_with(Instant::now);
             }

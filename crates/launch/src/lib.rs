@@ -18,6 +18,9 @@
 //! - [`mpi`]: one run of a job under the system's MPI starter;
 //! - [`request`]: what `steadfast launch` was asked for, refused when it cannot work, and
 //!   the job it makes;
+//! - [`record`]: the launcher's part in the job's record (`events.jsonl`): each loss
+//!   with how the process ended, each replacement, each epoch, kept by the launcher that
+//!   serves the coordinator;
 //! - [`coordinator`]: a coordinator on its own, for workers that something else started;
 //! - [`place`]: the worker's side: where it stands in its job, from its flags and the
 //!   environment a launcher set (ours, torchrun's, Slurm's), and
@@ -36,6 +39,7 @@ pub mod launcher_gone;
 pub mod mpi;
 pub mod place;
 pub mod policy;
+pub mod record;
 pub mod replay_job;
 pub mod request;
 pub mod restart;

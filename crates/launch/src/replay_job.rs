@@ -10,6 +10,14 @@
 //! ranks, while the others wait (see `train::pipeline::recovery`). Nobody else rolls
 //! back, and the job ends with the bits of a run that never failed.
 //!
+//! The checkpoints go to `--save-dir`, or to `OUT/checkpoints` under the workers' `--out`
+//! (beside their metrics and boundary logs), and the launcher says where as it starts. A
+//! job whose directory holds checkpoints already (the same command run again after the
+//! whole job was killed) resumes from the newest step of which every stage has one, as
+//! `--resume latest` asks explicitly: the workers verify their stage's checkpoints and
+//! agree on the newest step they all hold (see `train::pipeline`), and nothing newer is
+//! rewritten before the job gets there again.
+//!
 //! With `--on-failure shrink` no replacement comes: the coordinator forms the next
 //! membership from the survivors (ranked in the order of their slots), and each lost
 //! worker's micro-batches go to a surviving worker of its stage, which computes them
@@ -22,8 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use crate::record::Recorder;
 use crate::workers::{Exited, Workers};
-use crate::{KILL_GRACE, LaunchError};
+use crate::{KILL_GRACE, LaunchError, say};
 
 /// A pipeline job that recovers by replay, on one node.
 pub struct ReplayJob {
@@ -33,7 +42,8 @@ pub struct ReplayJob {
     pub max_restarts: u32,
     /// Steps between checkpoints.
     pub save_every: u64,
-    /// Where the checkpoints go (a temporary directory when `None`).
+    /// Where the checkpoints go (`OUT/checkpoints` under the workers' `--out` when
+    /// `None`: see [`checkpoint_root`]).
     pub save_dir: Option<PathBuf>,
     /// Ranks that share a replay.
     pub helpers: usize,
@@ -58,17 +68,100 @@ enum Heard {
     Over(Result<(), String>),
 }
 
+/// The value that the worker command `command` gives `flag` (`--flag VALUE` or
+/// `--flag=VALUE`; the last, when given twice).
+pub(crate) fn flag_value<'a>(command: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut found = None;
+    for (i, a) in command.iter().enumerate() {
+        if a == flag {
+            found = command.get(i + 1).map(String::as_str);
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|rest| rest.strip_prefix('=')) {
+            found = Some(v);
+        }
+    }
+    found
+}
+
+/// The pipeline stages that the worker command asks for (1: none).
+pub(crate) fn pipeline_stages(command: &[String]) -> usize {
+    flag_value(command, "--pipeline-stages").and_then(|v| v.parse().ok()).unwrap_or(1)
+}
+
+/// Where the job's checkpoints go: `--save-dir`, or `OUT/checkpoints` under the workers'
+/// `--out` (`train`'s default when the command gives none), beside the job's metrics and
+/// boundary logs, so that the same command run again finds them and nothing is left in a
+/// temporary directory.
+pub(crate) fn checkpoint_root(save_dir: Option<&PathBuf>, command: &[String]) -> PathBuf {
+    save_dir.cloned().unwrap_or_else(|| {
+        PathBuf::from(flag_value(command, "--out").unwrap_or(train::config::DEFAULT_OUT)).join("checkpoints")
+    })
+}
+
+/// Takes `--resume` out of the worker command: this launcher resumes the job from its
+/// checkpoint root by itself. Returns what was asked (`latest`: there must be a step to
+/// resume from; `auto`: as without the flag); any other value is refused with what to do.
+fn take_resume(command: &mut Vec<String>) -> Result<Option<String>, LaunchError> {
+    let mut asked = None;
+    let mut i = 0;
+    while i < command.len() {
+        let value = if command[i] == "--resume" {
+            command.remove(i);
+            if i < command.len() { command.remove(i) } else { String::new() }
+        } else if let Some(value) = command[i].strip_prefix("--resume=") {
+            let value = value.to_owned();
+            command.remove(i);
+            value
+        } else {
+            i += 1;
+            continue;
+        };
+        if value != "latest" && value != "auto" {
+            return Err(LaunchError::Config(format!(
+                "--recovery replay resumes a job from the checkpoints in its --save-dir by itself: the same command \
+                 run again goes on from the newest step of which every stage has a checkpoint (--resume latest insists \
+                 on one, --resume auto does not). To go on from the checkpoints in {value:?}, give the launcher \
+                 --save-dir with that job's checkpoint root (the directory that holds its stage-S-of-N directories)"
+            )));
+        }
+        asked = Some(value);
+    }
+    Ok(asked)
+}
+
+/// The newest step of which every stage of a pipeline of `stages` stages has a committed
+/// checkpoint under the job's checkpoint root `root` (`None`: some stage has none). The
+/// workers verify them as they restore, and go back together past one that does not.
+fn newest_common_step(root: &std::path::Path, stages: usize) -> Result<Option<u64>, LaunchError> {
+    let mut common: Option<Vec<u64>> = None;
+    for stage in 0..stages {
+        let dir = root.join(ckpt::reader::stage_dir_name(stage, stages));
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        let steps: Vec<u64> = ckpt::store::list(&dir)
+            .map_err(|e| LaunchError::Failed(format!("cannot list the checkpoints of stage {stage}: {e}")))?
+            .into_iter()
+            .map(|(step, _)| step)
+            .collect();
+        common = Some(match common {
+            None => steps,
+            Some(c) => c.into_iter().filter(|s| steps.contains(s)).collect(),
+        });
+    }
+    Ok(common.and_then(|c| c.into_iter().max()))
+}
+
 /// Runs the job; fails unless every worker finished.
 pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
     let bad = |text: &str| LaunchError::Config(text.to_owned());
-    if !plan.command.iter().any(|a| a == "--pipeline-stages") {
-        return Err(bad("--recovery replay replays the stages of a pipeline: the command needs --pipeline-stages"));
+    let stages = pipeline_stages(&plan.command);
+    if stages < 2 {
+        return Err(bad("--recovery replay replays the stages of a pipeline: the command needs --pipeline-stages S, \
+             with S at least 2"));
     }
-    crate::restart::refuse_checkpoint_flags(&plan.command, "replay")?;
-    let (dir, temporary) = crate::restart::save_dir(plan.save_dir.as_ref(), "replay")?;
     let mut command = plan.command.clone();
-    command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
-    command.extend(["--checkpoint-every".into(), plan.save_every.to_string(), "--keep-last".into(), "2".into()]);
+    let asked = take_resume(&mut command)?;
+    crate::restart::refuse_checkpoint_flags(&command, "replay")?;
     // Every boundary is logged unless the command chooses (by a list or a budget).
     let chooses =
         |a: &String| ["--log-boundaries", "--log-budget"].iter().any(|f| a == f || a.starts_with(&format!("{f}=")));
@@ -78,6 +171,31 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
     if !plan.shrink && !command.iter().any(chooses) {
         command.extend(["--log-boundaries".into(), "all".into()]);
     }
+    let started = Instant::now();
+    let dir = checkpoint_root(plan.save_dir.as_ref(), &plan.command);
+    let newest = newest_common_step(&dir, stages)?;
+    if newest.is_none() && asked.as_deref() == Some("latest") {
+        return Err(LaunchError::Config(format!(
+            "--resume latest: {} holds no step of which every one of the {stages} stages has a checkpoint; \
+             leave --resume out to start the job from the beginning",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(&dir).map_err(LaunchError::io(format!("cannot create {}", dir.display())))?;
+    match newest {
+        Some(step) => {
+            say!(started, "resuming from the checkpoints in {}: every stage has one of step {step}", dir.display());
+            command.extend(["--resume".into(), "latest".into()]);
+        }
+        None => say!(
+            started,
+            "the checkpoints go to {} (every {} steps, each stage its own): the same command resumes from them",
+            dir.display(),
+            plan.save_every
+        ),
+    }
+    command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
+    command.extend(["--checkpoint-every".into(), plan.save_every.to_string(), "--keep-last".into(), "2".into()]);
     let secret = crate::shared_secret(false)?;
     let (listener, address) = crate::coordinator_listener(None)?;
     let (tx, rx) = mpsc::channel();
@@ -94,7 +212,6 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
         env.push(("STEADFAST_REROUTE".to_owned(), "true".to_owned()));
     }
     let mut workers = Workers::new(&command, env, tx.clone(), Heard::Exited)?;
-    let started = Instant::now();
     for rank in 0..plan.nproc {
         workers.start(rank, 0, &place(rank, 0))?;
     }
@@ -117,10 +234,14 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
         outcome
     });
     workers.join();
-    if outcome.is_ok() && temporary {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    outcome
+    // A job that failed says where to go on from, when it can.
+    outcome.map_err(|e| match (e, newest_common_step(&dir, stages)) {
+        (LaunchError::Failed(why), Ok(Some(step))) => LaunchError::Failed(format!(
+            "{why}; every stage has a checkpoint of step {step} in {}: the same command run again resumes from it",
+            dir.display()
+        )),
+        (other, _) => other,
+    })
 }
 
 /// The environment of process `incarnation` of `rank`.
@@ -186,6 +307,9 @@ fn watch(
     let (mut finished, mut left) = (0, plan.nproc);
     // A worker that fails before the job first formed (a misspelt flag) fails the job.
     let mut formed = false;
+    // The job's record: this launcher serves the job's coordinator, and reaps its workers.
+    let mut record = Recorder::new(&plan.command, 0..plan.nproc, None);
+    record.open(true);
     while workers.any_running() {
         let wait = kill_at.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
         match rx.recv_timeout(wait) {
@@ -200,8 +324,13 @@ fn watch(
                     Ok(s) => format!("rank {} exited with {s}", e.slot),
                     Err(w) => format!("rank {} could not be reaped: {w}", e.slot),
                 };
+                record.exited(e.slot, e.incarnation, e.status.as_ref().copied().map_err(String::as_str));
                 if plan.shrink && formed {
-                    gone.lock().unwrap_or_else(|e| e.into_inner()).push(e.slot);
+                    let mut gone = gone.lock().unwrap_or_else(|e| e.into_inner());
+                    gone.push(e.slot);
+                    let remaining = (0..plan.nproc as u64).filter(|s| !gone.contains(&(*s as usize)));
+                    record.rerouted(e.slot, remaining, "its stage's other workers take over its micro-batches");
+                    drop(gone);
                     left -= 1;
                     println!(
                         "[launcher] {:>10.2} s  {why}: its stage's other workers take over its micro-batches \
@@ -211,6 +340,7 @@ fn watch(
                 } else if restarts < plan.max_restarts {
                     restarts += 1;
                     incarnations[e.slot] += 1;
+                    record.replaced(e.slot, incarnations[e.slot], restarts, plan.max_restarts);
                     println!(
                         "[launcher] {:>10.2} s  {why}: starting a replacement (restart {restarts} of {})",
                         started.elapsed().as_secs_f64(),
@@ -229,6 +359,7 @@ fn watch(
             }
             Ok(Heard::Lost(rank)) => {
                 if failure.is_none() && workers.kill(rank, Some(members[rank])).is_some() {
+                    record.killing(rank, members[rank]);
                     println!(
                         "[launcher] {:>10.2} s  rank {rank} was lost: its process is ended",
                         started.elapsed().as_secs_f64()
@@ -252,6 +383,10 @@ fn watch(
     if plan.shrink && finished == 0 {
         failure.get_or_insert_with(|| "no worker finished".to_owned());
     }
+    record.said(&match &failure {
+        None => comm::control::Event::Finished,
+        Some(f) => comm::control::Event::Stopped { reason: f.clone() },
+    });
     match failure {
         None if plan.shrink => {
             println!(
@@ -269,5 +404,40 @@ fn watch(
             Ok(())
         }
         Some(f) => Err(LaunchError::Failed(format!("the job failed after {restarts} replacement(s): {f}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn the_worker_command_s_flags_are_read_in_both_forms() {
+        let command = words("train --pipeline-stages 3 --out=runs/a --steps 9");
+        assert_eq!(pipeline_stages(&command), 3);
+        assert_eq!(pipeline_stages(&words("train --pipeline-stages=2")), 2);
+        assert_eq!(pipeline_stages(&words("train --steps 9")), 1);
+        assert_eq!(checkpoint_root(None, &command), PathBuf::from("runs/a/checkpoints"));
+        let default = PathBuf::from(train::config::DEFAULT_OUT).join("checkpoints");
+        assert_eq!(checkpoint_root(None, &words("train --output-dir x")), default);
+        assert_eq!(checkpoint_root(Some(&PathBuf::from("ck")), &command), PathBuf::from("ck"));
+    }
+
+    #[test]
+    fn resume_latest_or_auto_is_taken_out_of_the_command_and_a_path_is_refused_with_advice() {
+        let mut command = words("train --resume latest --steps 9");
+        assert_eq!(take_resume(&mut command).unwrap().as_deref(), Some("latest"));
+        assert_eq!(command, words("train --steps 9"));
+        let mut command = words("train --resume=auto");
+        assert_eq!(take_resume(&mut command).unwrap().as_deref(), Some("auto"));
+        assert_eq!(command, words("train"));
+        let mut command = words("train --steps 9");
+        assert_eq!(take_resume(&mut command).unwrap(), None);
+        let why = take_resume(&mut words("train --resume runs/ck")).unwrap_err().to_string();
+        assert!(why.contains("give the launcher --save-dir"), "{why}");
     }
 }

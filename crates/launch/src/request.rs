@@ -151,21 +151,39 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         return failed_if_any(failures);
     }
     // Across nodes, or with the coordinator elected in etcd, the job spans (perhaps one)
-    // nodes; otherwise it is this host's alone.
-    let span = match nodes.meeting {
-        Meeting::Coordinator(_) if r.max_nnodes == 1 => None,
-        Meeting::Loopback => None,
-        meeting => Some(Span { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr }),
+    // nodes; otherwise it is this host's alone, with its coordinator on the port of
+    // --coordinator when one is given (workers started by hand join it there).
+    let (span, here) = match nodes.meeting {
+        Meeting::Coordinator(address) if r.max_nnodes == 1 => (None, Some(address)),
+        Meeting::Loopback => (None, None),
+        meeting => (Some(Span { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr }), None),
+    };
+    // The baselines below serve a coordinator of their own on a free loopback port: an
+    // address asked for on the command line would be ignored, so it is refused. (One from
+    // torchrun's variables is left to them, as before.)
+    let own_coordinator = |mode: &str| {
+        if here.is_some() && r.coordinator.is_some() {
+            Err(bad(format!(
+                "--recovery {mode} serves its coordinator on a free loopback port of this host: \
+                 --coordinator does not apply to it (leave it out, or recover with --recovery live or memory)"
+            )))
+        } else {
+            Ok(())
+        }
     };
     let world = r.nproc * r.nnodes;
     if r.min_nproc == 0 || r.min_nproc > world {
         return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
+    if matches!(recovery, Recovery::Live | Recovery::Memory) && crate::replay_job::pipeline_stages(&r.command) > 1 {
+        return Err(bad(elastic_pipeline_advice(&r, recovery)));
+    }
     if recovery == Recovery::Replay {
         if span.is_some() {
             return Err(bad("--recovery replay recovers a pipeline job on one node"));
         }
+        own_coordinator("replay")?;
         if r.replay_helpers == 0 || r.replay_helpers > world {
             return Err(bad(format!("--replay-helpers must be between 1 and the job's {world} workers")));
         }
@@ -189,6 +207,7 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
             return Err(bad("--recovery checkpoint restarts the job on one node: across nodes, recover from the \
                  live replicas (--recovery live) or the in-memory copies (memory)"));
         }
+        own_coordinator("checkpoint")?;
         return crate::restart::run(crate::restart::RestartJob {
             nproc: r.nproc,
             workers: crate::restart::Workers::Own {
@@ -215,8 +234,29 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         quorum_timeout: seconds(r.quorum_timeout, "quorum-timeout")?,
         copy_every: (recovery == Recovery::Memory).then_some(r.save_every),
         span,
+        coordinator: here,
         command: r.command,
     })
+}
+
+/// Why an elastic job (`recovery` from live replicas or in-memory copies) cannot run the
+/// pipeline stages of `r`'s command, with the command that recovers a pipeline job: said
+/// once, here, rather than by each worker as it refuses its configuration.
+fn elastic_pipeline_advice(r: &LaunchRequest, recovery: Recovery) -> String {
+    let mut flags = vec![format!("--nproc {}", r.nproc * r.nnodes)];
+    flags.extend(r.max_restarts.map(|k| format!("--max-restarts {k}")));
+    flags.extend(r.on_failure.map(|f| format!("--on-failure {f}")));
+    flags.push("--recovery replay".to_owned());
+    let one_node = if r.max_nnodes > 1 { " (on one node)" } else { "" };
+    format!(
+        "an elastic job (--recovery {recovery}) rebuilds a lost worker from the others' copies of the whole model, \
+         but this job's workers hold {} pipeline stages: a pipeline job recovers a lost stage worker from its \
+         checkpoint and its neighbours' boundary logs. Run it so{one_node}:\n  steadfast launch {} -- {}\n(or \
+         restart every worker from the last checkpoint with --recovery checkpoint)",
+        crate::replay_job::pipeline_stages(&r.command),
+        flags.join(" "),
+        r.command.join(" ")
+    )
 }
 
 fn failed_if_any(failures: Vec<String>) -> Result<(), LaunchError> {
@@ -329,6 +369,16 @@ mod tests {
     }
 
     #[test]
+    fn an_elastic_launcher_of_pipeline_stages_names_the_replay_command_to_run_instead() {
+        let command: Vec<String> = ["train", "--pipeline-stages", "2"].iter().map(|s| s.to_string()).collect();
+        let r = LaunchRequest { nproc: 4, max_restarts: Some(2), command, ..request() };
+        let why = elastic_pipeline_advice(&r, Recovery::Live);
+        assert!(why.contains("hold 2 pipeline stages"), "{why}");
+        let instead = "steadfast launch --nproc 4 --max-restarts 2 --recovery replay -- train --pipeline-stages 2";
+        assert!(why.contains(instead), "{why}");
+    }
+
+    #[test]
     fn each_combination_that_cannot_work_is_refused_naming_the_flag() {
         let cases: Vec<(LaunchRequest, &str)> = vec![
             (LaunchRequest { nproc: 0, ..request() }, "--nproc-per-node must be at least 1"),
@@ -409,6 +459,23 @@ mod tests {
             (
                 LaunchRequest { nnodes: 2, max_nnodes: 2, max_restarts: None, ..request() },
                 "needs the coordinator's address",
+            ),
+            (
+                LaunchRequest {
+                    coordinator: Some("127.0.0.1:1".into()),
+                    recovery: Some(Recovery::Replay),
+                    ..request()
+                },
+                "--recovery replay serves its coordinator on a free loopback port of this host: --coordinator does \
+                 not apply",
+            ),
+            (
+                LaunchRequest {
+                    coordinator: Some("127.0.0.1:1".into()),
+                    recovery: Some(Recovery::Checkpoint),
+                    ..request()
+                },
+                "--coordinator does not apply",
             ),
         ];
         for (r, want) in cases {

@@ -76,6 +76,15 @@ pub fn meta(config: &TrainConfig, sampler: &Sampler, state: &TrainState, kernels
     }
 }
 
+/// Fails if the checkpoint root of `config` holds checkpoints of another configuration:
+/// a run never writes beside or over another run's checkpoints, and is refused before its
+/// first step rather than at its first commit (which the store would refuse too).
+pub fn refuse_other_configuration(config: &TrainConfig) -> Result<(), TrainError> {
+    let Some(c) = &config.checkpoint else { return Ok(()) };
+    let ours = format!("{:016x}", config_hash(config));
+    Ok(ckpt::store::check_configuration(&c.dir, &ours, None)?)
+}
+
 /// When a run takes its checkpoints: after every `every` steps and after the last, and
 /// under [`WhenBusy::Defer`] not while a persist is still running: a due checkpoint is then
 /// owed, and taken after the first step at which the writers are idle. A due step that

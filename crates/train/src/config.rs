@@ -10,6 +10,10 @@ use crate::data::DataKind;
 use crate::model::{KernelSet, ModelKind};
 use crate::optim::{OptimConfig, OptimKind};
 
+/// Where `steadfast train` writes its metrics (and, under it, its boundary logs and a
+/// launcher's pipeline checkpoints) when `--out` is not given.
+pub const DEFAULT_OUT: &str = "runs/train";
+
 /// Everything that defines a training run.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -286,6 +290,23 @@ impl JobSettings {
     }
 }
 
+/// Refuses a directory flag that names an existing file (or a path below one): the
+/// run would fail at its first write with the system's "File exists" or "Not a directory".
+fn not_a_file(flag: &str, dir: &std::path::Path) -> Result<(), crate::ConfigError> {
+    let mut at = Some(dir);
+    while let Some(p) = at {
+        if p.exists() && !p.is_dir() {
+            let what = if p == dir { "is".to_owned() } else { format!("is below {}, which is", p.display()) };
+            return Err(crate::ConfigError::Invalid(format!(
+                "{flag} {} {what} a file, not a directory: name a directory (it is created if missing)",
+                dir.display()
+            )));
+        }
+        at = p.parent();
+    }
+    Ok(())
+}
+
 impl TrainConfig {
     /// The kernel set of this run: the one it names, or the default.
     pub fn kernel_set(&self) -> KernelSet {
@@ -306,6 +327,13 @@ impl TrainConfig {
             if c.retention.keep_last == Some(0) {
                 return invalid("--keep-last must be at least 1: the newest checkpoint is always kept".into());
             }
+            if c.shards == 0 {
+                return invalid("--checkpoint-shards must be at least 1".into());
+            }
+            not_a_file("--checkpoint-dir", &c.dir)?;
+        }
+        if let Some(out) = &self.out_dir {
+            not_a_file("--out", out)?;
         }
         self.check_faults_fire()?;
         self.check_pipeline()?;
@@ -340,7 +368,13 @@ impl TrainConfig {
         let world = match &self.dist {
             Some(DistConfig::Mesh(m)) => m.world,
             Some(DistConfig::Mpi(_)) => return invalid("pipeline stages run on Steadfast's mesh, not MPI's".into()),
-            Some(DistConfig::Elastic(_)) => return invalid("an elastic job's workers are not pipeline stages".into()),
+            Some(DistConfig::Elastic(_)) => {
+                return invalid(format!(
+                    "an elastic job's workers are replicas of the whole model, not pipeline stages: a pipeline job \
+                     recovers a lost stage worker under `steadfast launch --max-restarts K --recovery replay -- train \
+                     --pipeline-stages {stages} ...`"
+                ));
+            }
             None => {
                 return invalid(format!(
                     "--pipeline-stages {stages} needs a job of D x {stages} ranks: \

@@ -118,6 +118,11 @@ pub enum TrainError {
     /// The coordinator of an elastic job stopped it (too few workers remain, say).
     #[error("the job stopped: {0}")]
     JobStopped(String),
+    /// An elastic worker heard nothing from any coordinator of its job for the
+    /// coordinator's heartbeat timeout and quorum timeout, and gave up (the text says for
+    /// how long, since when, and why).
+    #[error("{0}")]
+    CoordinatorLost(String),
     /// The model produced a non-finite loss.
     #[error("training diverged at step {step}: loss is {loss}")]
     Diverged {

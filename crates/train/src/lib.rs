@@ -26,6 +26,8 @@
 //! - [`trainer`]: the step loop of one process or one rank of a static job, with
 //!   evaluation, checkpoints and `metrics.jsonl` ([`metrics`]); [`job`] is a rank's side
 //!   of the collectives; [`elastic`] is a worker of an elastic job;
+//! - [`record`]: `events.jsonl`, the job's record of its workers' losses, replacements
+//!   and epochs, which the launcher that holds the coordinator keeps;
 //! - [`checkpointing`]: what a checkpoint of a run holds, and exact resumption;
 //! - [`summary`]: the summary of a run as `steadfast train` prints it;
 //! - [`vocabulary`]: the one text form of each configuration kind ([`Word`]);
@@ -56,6 +58,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod pipeline;
+pub mod record;
 pub mod replay;
 pub mod schedule;
 pub mod state;

@@ -15,6 +15,8 @@ pub const KIND_MSG: u8 = 0xC1;
 pub const KIND_HELLO: u8 = 0xC2;
 /// Frame kind of an address book: where each member of a quorum listens.
 pub const KIND_BOOK: u8 = 0xC3;
+/// Frame kind of the coordinator's [`Pulse`] to a worker.
+pub const KIND_PULSE: u8 = 0xC4;
 
 /// A payload that does not decode.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -28,6 +30,21 @@ pub struct Hello {
     pub incarnation: u64,
     /// Where it listens for its peers (the epoch's mesh, and state transfers).
     pub addr: SocketAddr,
+}
+
+/// What the coordinator sends every worker every heartbeat, whatever else it has to say:
+/// proof that it runs (a coordinator in a running epoch has nothing else to say for as
+/// long as the epoch lasts), and the bounds it runs with, so that a worker judges the
+/// coordinator's silence by the job's flags (`--heartbeat-timeout`, `--quorum-timeout`)
+/// rather than by defaults of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pulse {
+    /// Silence after which the coordinator takes a worker for lost: a worker takes the
+    /// coordinator for lost after as long.
+    pub lost_after: std::time::Duration,
+    /// How long the job waits for what it needs before it gives up: a worker waits as long
+    /// for a lost coordinator to answer again.
+    pub quorum_timeout: std::time::Duration,
 }
 
 #[derive(Default)]
@@ -255,9 +272,40 @@ pub fn decode_book(bytes: &[u8]) -> Result<Vec<(WorkerId, SocketAddr)>, WireErro
     Ok(book)
 }
 
+/// A [`Pulse`] as a payload of kind [`KIND_PULSE`] (milliseconds).
+pub fn encode_pulse(p: &Pulse) -> Vec<u8> {
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let mut o = Out::default();
+    o.u64(millis(p.lost_after));
+    o.u64(millis(p.quorum_timeout));
+    o.0
+}
+
+/// The [`Pulse`] in a payload of kind [`KIND_PULSE`].
+pub fn decode_pulse(bytes: &[u8]) -> Result<Pulse, WireError> {
+    let mut i = In(bytes);
+    let millis = std::time::Duration::from_millis;
+    let p = Pulse { lost_after: millis(i.u64()?), quorum_timeout: millis(i.u64()?) };
+    i.end()?;
+    Ok(p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pulse_round_trips_and_a_cut_one_is_an_error() {
+        let p = Pulse {
+            lost_after: std::time::Duration::from_millis(2500),
+            quorum_timeout: std::time::Duration::from_secs(60),
+        };
+        let bytes = encode_pulse(&p);
+        assert_eq!(decode_pulse(&bytes).unwrap(), p);
+        for n in 0..bytes.len() {
+            assert!(decode_pulse(&bytes[..n]).is_err(), "cut at {n}");
+        }
+    }
 
     fn every_message() -> Vec<Msg> {
         vec![

@@ -70,6 +70,9 @@ pub(crate) fn run(
 ) -> Result<(Summary, TrainState), TrainError> {
     let (secret, bind, incarnation) = (&d.secret, d.bind, d.job.incarnation);
     let id = d.slot as WorkerId;
+    let job = saving::job_tag(d);
+    saving::refuse_other_jobs(config, &job)?;
+    crate::checkpointing::refuse_other_configuration(config)?;
     let prepared = Prepared::load(config)?;
     let (mut state, engine) = prepared.start(config);
     // After a total loss the job starts again from its newest valid checkpoint, on any
@@ -81,8 +84,9 @@ pub(crate) fn run(
     let fingerprint = state.fingerprint();
     let held = Arc::new(RwLock::new(Held { state, fingerprint: Some(fingerprint) }));
     let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
-    let mut metrics =
-        MetricsFile::create(config.out_dir.as_ref().filter(|_| id == 0), incarnation > 0 || resumed_from > 0)?;
+    // Worker 0 writes the job's record from the start; after that, each epoch's
+    // lowest-ranked member does (see `Timeline`).
+    let mut metrics = MetricsFile::in_turns(config.out_dir.as_ref(), id == 0, incarnation > 0 || resumed_from > 0)?;
     if let Some(r) = &restored {
         crate::trainer::record_resume(&mut metrics, r)?;
         on_event(Progress::Note(crate::trainer::resumed_note(r)));
@@ -99,7 +103,8 @@ pub(crate) fn run(
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
     let (directory, in_etcd) = find_coordinator(&d.coordinator, id, incarnation)?;
-    let (link, incoming) = Link::connect(&directory, secret, id, hello, timing.heartbeat, deadline, interrupt)?;
+    let (link, incoming) = Link::connect(&directory, secret, id, hello, timing.heartbeat, deadline, interrupt)
+        .map_err(|e| with_finished_record(e, config.out_dir.as_deref(), deadline))?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
     {
         let (current, sever) = (current.clone(), link.severer());
@@ -148,7 +153,7 @@ pub(crate) fn run(
         step_started: Instant::now(),
         train_time: Duration::ZERO,
         last_loss: f32::NAN,
-        saving: Saving::new(config),
+        saving: Saving::new(config, job),
         resumed_from,
     };
     let mut shell = Shell {
@@ -200,6 +205,45 @@ fn find_coordinator(
     }
 }
 
+/// A first connection that found no coordinator until its deadline, with what this
+/// worker can tell of the job from its output directory: a `metrics.jsonl` there that ends
+/// with a summary records a run that finished (the job's, if the directory is the job's,
+/// as it is when every node runs the same command on a shared or the same file system).
+fn with_finished_record(error: CommError, out: Option<&std::path::Path>, deadline: Instant) -> CommError {
+    if Instant::now() < deadline {
+        return error;
+    }
+    match error {
+        CommError::Setup(text) => match out.and_then(finished_record) {
+            Some(record) => CommError::Setup(format!("{text}. {record}")),
+            None => CommError::Setup(text),
+        },
+        other => other,
+    }
+}
+
+/// "`OUT/metrics.jsonl` records a run that finished N s ago ..." when its last line is a
+/// summary.
+fn finished_record(out: &std::path::Path) -> Option<String> {
+    let path = out.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).ok()?;
+    let last: serde_json::Value = serde_json::from_str(text.lines().rev().find(|l| !l.trim().is_empty())?).ok()?;
+    if last.get("kind").and_then(|k| k.as_str()) != Some("summary") {
+        return None;
+    }
+    // Every line carries the time it was written, in seconds since the epoch.
+    let written = last.get("time").and_then(serde_json::Value::as_f64)?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64();
+    let ago = (now - written).max(0.0);
+    let fingerprint =
+        last.get("fingerprint").and_then(|f| f.as_str()).map(|f| format!(", fingerprint {f}")).unwrap_or_default();
+    Some(format!(
+        "{} records a run that finished {ago:.0} s ago (its summary{fingerprint}): if that was this job, the job is \
+         over",
+        path.display()
+    ))
+}
+
 /// What the link does with each message from the coordinator before the training loop
 /// hears it: a message that makes the collective in progress moot (the epoch ended, the
 /// job stopped) aborts it, so that a loop blocked in it hears the message at once.
@@ -207,9 +251,42 @@ fn aborts_moot_collectives(current: Current) -> Box<dyn Fn(&Msg) + Send> {
     Box::new(move |m: &Msg| {
         let Some((epoch, mesh)) = current.get() else { return };
         match m {
-            Msg::Reconfigure { epoch: e } if *e >= epoch => mesh.abort(format!("the coordinator ended epoch {e}")),
+            Msg::Reconfigure { epoch: e } if *e >= epoch => {
+                mesh.abort(format!("the coordinator ended epoch {}", comm::control::epoch_text(*e)))
+            }
             Msg::Stop { reason } => mesh.abort(format!("the coordinator stopped the job: {reason}")),
             _ => {}
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_worker_names_the_finished_run_its_output_directory_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let lines = [
+            serde_json::json!({"kind": "step", "step": 9, "time": now - 50.0}),
+            serde_json::json!({"kind": "summary", "steps": 10, "fingerprint": "abc123", "time": now - 42.0}),
+        ];
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
+        let unanswered = || CommError::Setup("no coordinator answers at 127.0.0.1:9 after 30.0 s of trying".into());
+        let past = Instant::now();
+        let CommError::Setup(said) = with_finished_record(unanswered(), Some(dir.path()), past) else { panic!() };
+        assert!(said.starts_with("no coordinator answers at 127.0.0.1:9 after 30.0 s of trying. "), "{said}");
+        assert!(said.contains("metrics.jsonl records a run that finished 42 s ago (its summary, fingerprint abc123)"));
+        assert!(said.ends_with("if that was this job, the job is over"), "{said}");
+        // A run still going (its last line is a step's), no record, or an error before the
+        // deadline (a refusal): nothing is added.
+        std::fs::write(dir.path().join("metrics.jsonl"), format!("{text}{}\n", lines[0])).unwrap();
+        assert_eq!(with_finished_record(unanswered(), Some(dir.path()), past).to_string(), unanswered().to_string());
+        assert_eq!(with_finished_record(unanswered(), None, past).to_string(), unanswered().to_string());
+        let later = Instant::now() + Duration::from_secs(60);
+        std::fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
+        assert_eq!(with_finished_record(unanswered(), Some(dir.path()), later).to_string(), unanswered().to_string());
+    }
 }

@@ -23,6 +23,14 @@
 //! leaves the newest committed checkpoint valid (the store's atomic commit), and
 //! `--resume latest` starts the job again from it on any number of workers.
 //!
+//! The committer's lock names the job ([`job_tag`]): a lock held by a former member of
+//! this job is waited for, but one held by another run (a second job started on the same
+//! root, or a plain `train`) stops this job with [`CkptError::Busy`](ckpt::CkptError): a
+//! worker refuses such a root before its first step ([`refuse_other_jobs`]), and a
+//! committer that finds one later stops at its next checkpoint. Neither a run of another
+//! configuration nor one of the same can then write beside this job's checkpoints, and a
+//! commit never replaces another configuration's checkpoint (the store refuses it).
+//!
 //! Every member takes the same checkpoints: the schedule's "are the writers idle" (for
 //! `--checkpoint-when-busy defer`) is read from the minimum durable step of the vote,
 //! never from a member's own writer.
@@ -33,19 +41,44 @@ use ckpt::{AsyncWriter, Part, WriterStats};
 use serde_json::json;
 
 use crate::checkpointing::{self, Schedule};
-use crate::config::{CheckpointConfig, TrainConfig};
+use crate::config::{CheckpointConfig, ElasticWorker, TrainConfig};
 use crate::error::TrainError;
 use crate::metrics::MetricsFile;
 use crate::step::TrainState;
 
+/// The name that a job's committers write into the root's lock: the same in every
+/// process of one job (it follows from the job's secret and where its coordinator is
+/// found), another in any other job. The secret itself is never written.
+pub(super) fn job_tag(d: &ElasticWorker) -> String {
+    let mut text = d.secret.clone();
+    text.extend_from_slice(format!("{:?}", d.coordinator).as_bytes());
+    format!("{:016x}", ckpt::checksum(&text))
+}
+
+/// Fails if another run (another job, or a plain `train`) holds the lock of the
+/// checkpoint root of `config`: this job must not write beside it.
+pub(super) fn refuse_other_jobs(config: &TrainConfig, job: &str) -> Result<(), TrainError> {
+    let Some(c) = &config.checkpoint else { return Ok(()) };
+    match ckpt::owner::holder(&c.dir, 0)? {
+        Some(h) if h.is_other_job(job) => {
+            Err(ckpt::CkptError::Busy { dir: c.dir.clone(), holder: h.text, job: h.job }.into())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// One worker's share of the job's checkpoints.
 pub(super) struct Saving {
     config: CheckpointConfig,
+    /// This job's name in the root's lock ([`job_tag`]).
+    job: String,
     schedule: Schedule,
     /// This member's writer in its epoch, and its part.
     writer: Option<(Part, AsyncWriter)>,
     /// The committer: why it could not take the root's lock, and when it last tried.
     busy: Option<(String, Instant)>,
+    /// The committer: another run holds the root's lock (this job must stop).
+    other_run: Option<ckpt::CkptError>,
     /// Whether the epoch's committer holds the root's lock (its last ballot said).
     committer_ready: bool,
     /// The newest step whose checkpoint the members wrote in this epoch (0: none).
@@ -58,10 +91,12 @@ pub(super) struct Saving {
 
 impl Saving {
     /// The checkpoints of `config`, if it takes any.
-    pub fn new(config: &TrainConfig) -> Option<Saving> {
+    pub fn new(config: &TrainConfig, job: String) -> Option<Saving> {
         let c = config.checkpoint.as_ref()?;
         Some(Saving {
             config: c.clone(),
+            job,
+            other_run: None,
             schedule: Schedule::new(c, config.steps),
             writer: None,
             busy: None,
@@ -91,11 +126,14 @@ impl Saving {
         if self.writer.is_none() && part.index == 0 && retry {
             let c = &self.config;
             let options = ckpt::SaveOptions { shards: c.shards, retention: c.retention };
-            match AsyncWriter::for_part(&c.dir, options, part) {
+            match AsyncWriter::for_part_of(&c.dir, options, part, Some(&self.job)) {
                 Ok(mut w) => {
                     w.set_persist_nice(c.persist_nice);
                     self.writer = Some((part, w));
                     self.busy = None;
+                }
+                Err(ckpt::CkptError::Busy { dir, holder, job }) if job.as_deref() != Some(self.job.as_str()) => {
+                    self.other_run = Some(ckpt::CkptError::Busy { dir, holder, job });
                 }
                 Err(why) => self.busy = Some((why.to_string(), Instant::now())),
             }
@@ -123,6 +161,9 @@ impl Saving {
             if part.index != 0 {
                 return Ok(());
             }
+            if let Some(e) = self.other_run.take() {
+                return Err(e.into());
+            }
             let why = self.busy.as_ref().map_or("no writer", |(why, _)| why.as_str());
             tracing::warn!(step = state.step, "no checkpoint of step {}: {why}", state.step);
             return metrics.write(json!({"kind": "checkpoint_skipped", "step": state.step, "reason": why}));
@@ -131,7 +172,7 @@ impl Saving {
         if self.writer.is_none() {
             let c = &self.config;
             let options = ckpt::SaveOptions { shards: c.shards, retention: c.retention };
-            let mut w = AsyncWriter::for_part(&c.dir, options, part)?;
+            let mut w = AsyncWriter::for_part_of(&c.dir, options, part, Some(&self.job))?;
             w.set_persist_nice(c.persist_nice);
             self.writer = Some((part, w));
         }
@@ -163,7 +204,7 @@ impl Saving {
         (self.durable_everywhere, self.committer_ready, self.written) = (0, false, 0);
         if let Some((part, mut w)) = self.writer.take() {
             if let Err(e) = w.finish() {
-                tracing::warn!(epoch = part.group, "a checkpoint of an earlier epoch was not committed: {e}");
+                tracing::warn!(epoch = %comm::control::epoch_text(part.group), "a checkpoint of an earlier epoch was not committed: {e}");
             }
             self.done.absorb(w.stats());
         }

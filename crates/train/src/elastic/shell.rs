@@ -53,6 +53,12 @@ impl Shell<'_, '_, '_> {
         prepared: &Prepared,
     ) -> Result<(), TrainError> {
         loop {
+            // A coordinator lost for longer than its bounds allow ends the wait, whatever
+            // this worker is doing (a job without its coordinator can neither change its
+            // members nor finish).
+            if let Some(reason) = link.gave_up() {
+                return Err(TrainError::CoordinatorLost(reason));
+            }
             if let Some(note) = self.timeline.observe(&self.worker, &mut self.side.metrics)? {
                 (self.side.on_event)(Progress::Note(note));
             }
@@ -95,7 +101,9 @@ impl Shell<'_, '_, '_> {
         match incoming.recv_timeout(heartbeat / 2) {
             Ok(Incoming::Msg(m)) => {
                 if let Msg::Reconfigure { epoch } = m {
-                    self.timeline.why.get_or_insert_with(|| format!("the coordinator ended epoch {epoch}"));
+                    self.timeline.why.get_or_insert_with(|| {
+                        format!("the coordinator ended epoch {}", comm::control::epoch_text(epoch))
+                    });
                 }
                 self.queue.extend(self.worker.on_message(now, Node::Coordinator, m))
             }
@@ -134,7 +142,7 @@ impl Shell<'_, '_, '_> {
                 }
             }
             Err(err) => {
-                tracing::warn!(epoch, step, "the vote failed: {err}");
+                tracing::warn!(epoch = %comm::control::epoch_text(epoch), step, "the vote failed: {err}");
                 self.timeline.why = Some(format!("the vote failed: {err}"));
                 self.queue.extend(self.worker.on_peer_lost(now, to[0]));
             }
@@ -168,7 +176,7 @@ impl Shell<'_, '_, '_> {
             }
             (Stop::Ended { .. }, Some(Found::Corrupted { changed })) => self.worker.on_corrupted(now, changed.1),
             (Stop::Ended { .. }, Some(Found::Failed(why))) => {
-                tracing::warn!(epoch, step, "{why}");
+                tracing::warn!(epoch = %comm::control::epoch_text(epoch), step, "{why}");
                 self.timeline.why = Some(why);
                 self.worker.on_reduced(now, epoch, step, None)
             }

@@ -1,4 +1,4 @@
-//! Worker 0's record of an elastic job's epochs in `metrics.jsonl`.
+//! The record of an elastic job's epochs in `metrics.jsonl`, and who writes it.
 
 use comm::protocol::{Worker, WorkerId, WorkerState};
 use serde_json::json;
@@ -6,11 +6,17 @@ use serde_json::json;
 use crate::error::TrainError;
 use crate::metrics::MetricsFile;
 
-/// Worker 0's record of the job's epochs in `metrics.jsonl`, for `steadfast report`: the
-/// epochs it leaves (a failure seen, and why, when this worker knows), the quorums it
+/// The job's record of its epochs in `metrics.jsonl`, for `steadfast report`: the epochs
+/// its writer leaves (a failure seen, and why, when this worker knows), the quorums it
 /// joins (who, from which step, who holds the state), the workers each quorum lost or
 /// gained against the one before, and each epoch's first step (the end of a recovery).
 /// Every worker also says the changes of membership in a line.
+///
+/// The record is written by the lowest-ranked member of each epoch (worker 0 while it is
+/// a member): each worker takes it over, or hands it on, when it joins a quorum, so that
+/// the record (its steps, its summary) goes on when worker 0 or its node is lost. The
+/// launcher that serves the coordinator keeps the job's own record of losses and
+/// replacements beside it, in `events.jsonl`.
 pub(super) struct Timeline {
     epoch: u64,
     phase: WorkerState,
@@ -42,6 +48,8 @@ impl Timeline {
         }
         if let Some(q) = worker.quorum().filter(|q| q.epoch == s.epoch && s.epoch != self.epoch) {
             self.why = None;
+            // (Members are in rank order: the first is the lowest-ranked.)
+            metrics.hold(q.members.first() == Some(&worker.id()))?;
             metrics.write(json!({
                 "kind": "quorum", "epoch": q.epoch, "members": q.members, "step": q.step,
                 "sources": q.sources, "synced": s.phase == WorkerState::Synced,

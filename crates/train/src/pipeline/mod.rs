@@ -516,7 +516,7 @@ impl Staged {
 
     /// Stage `stage`'s checkpoint root under the job's `root`.
     pub(crate) fn root_of(&self, root: &Path, stage: usize) -> PathBuf {
-        root.join(format!("stage-{stage}-of-{}", self.layout.stages))
+        root.join(ckpt::reader::stage_dir_name(stage, self.layout.stages))
     }
 
     /// What the logs hold of the step in progress is dropped: it failed, and is sent again.
@@ -532,9 +532,14 @@ impl Staged {
         ckpt::Part::of(holders.iter().position(|&r| r == rank).unwrap_or(0), holders.len())
     }
 
-    /// After every stage resumed from its own newest checkpoint (`restored`, `state`):
-    /// every rank goes to the newest step that every stage has, from that step's
-    /// checkpoint or, when some stage has none, from the start. Returns where it resumed.
+    /// After every stage resumed from its own newest checkpoint that verifies (`restored`,
+    /// `state`): every rank goes to the newest step of which every stage has a checkpoint
+    /// that verifies, or, when some stage has none, to the start. Rounds of agreement: each
+    /// round every rank says its step, and each rank ahead of the oldest goes back to its
+    /// stage's newest checkpoint no newer than that step that verifies (a stage may lack
+    /// that very step, or hold it damaged: it then goes further back, and the others follow
+    /// in the next round). Steps only go down, so the rounds end. Returns where it resumed,
+    /// with every newer checkpoint passed over among its `skipped`.
     pub(crate) fn agree_on_resume(
         &self,
         t: &dyn Transport,
@@ -543,28 +548,64 @@ impl Staged {
         restored: Option<Restored>,
     ) -> Result<Option<Restored>, TrainError> {
         let timeout = config.collective_timeout();
-        let common = comm::collective::all_gather_u64(t, state.step, timeout)?.into_iter().min().unwrap_or(0);
-        if common == state.step {
-            return Ok(restored);
+        let mut restored = restored;
+        let mut passed_over: Vec<(PathBuf, String)> = Vec::new();
+        loop {
+            let steps = comm::collective::all_gather_u64(t, state.step, timeout)?;
+            let common = steps.iter().copied().min().unwrap_or(0);
+            if steps.iter().all(|&s| s == common) {
+                if let Some(r) = restored.as_mut() {
+                    r.skipped.extend(passed_over);
+                }
+                return Ok(restored);
+            }
+            if state.step == common {
+                continue;
+            }
+            let Some(newest) = restored.take() else {
+                return Err(ConfigError::Invalid("no checkpoint to go back from".into()).into());
+            };
+            let root = newest.dir.parent().unwrap_or(&newest.dir).to_path_buf();
+            tracing::warn!(
+                step = state.step,
+                common,
+                "another stage's newest checkpoint is older: going back from {} to step {common} or before",
+                newest.dir.display()
+            );
+            passed_over.push((newest.dir, "newer than another stage's newest checkpoint".into()));
+            passed_over.extend(newest.skipped);
+            restored = self.go_back(config, state, &root, common, &mut passed_over)?;
         }
-        if common == 0 {
-            tracing::warn!(step = state.step, "another stage has no checkpoint: this stage starts from the beginning");
-            *state = fresh_stage(config, &self.stage, &self.whole);
-            return Ok(None);
+    }
+
+    /// Restores this stage's newest checkpoint under its root `root` no newer than `step`
+    /// that verifies, each one that does not joining `passed_over`; with none, the stage's
+    /// initial state (`None`).
+    fn go_back(
+        &self,
+        config: &TrainConfig,
+        state: &mut TrainState,
+        root: &Path,
+        step: u64,
+        passed_over: &mut Vec<(PathBuf, String)>,
+    ) -> Result<Option<Restored>, TrainError> {
+        let older = ckpt::store::list(root)?.into_iter().rev().filter(|(s, _)| *s <= step && *s > 0);
+        for (_, dir) in older {
+            match checkpointing::restore(&dir, config, state) {
+                Ok(again) => return Ok(Some(again)),
+                Err(TrainError::Checkpoint(e)) => {
+                    tracing::error!(dir = %dir.display(), "checkpoint does not verify, trying the one before it: {e}");
+                    passed_over.push((dir, e.to_string()));
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let Some(newest) = restored else {
-            return Err(ConfigError::Invalid("no checkpoint to go back from".into()).into());
-        };
-        let dir = newest.dir.parent().unwrap_or(&newest.dir).join(ckpt::store::step_dir_name(common));
         tracing::warn!(
             step = state.step,
-            common,
-            "another stage's newest checkpoint is older: resuming from {}",
-            dir.display()
+            "this stage has no checkpoint of step {step} or before that verifies: every stage starts from the beginning"
         );
-        let mut again = checkpointing::restore(&dir, config, state)?;
-        again.skipped.push((newest.dir, "newer than another stage's newest checkpoint".into()));
-        Ok(Some(again))
+        *state = fresh_stage(config, &self.stage, &self.whole);
+        Ok(None)
     }
 }
 

@@ -118,7 +118,9 @@ pub(crate) fn repair(
     if me.replacement && !survivors.iter().any(|&r| stage_of(r) == stage_of(rank)) {
         let micro_batches = engine.sampler().micro_batches();
         let reproducible = engine.reduce_mode().is_reproducible();
-        let plan = plan(config, pipe, (state.step, target), micro_batches, reproducible)?;
+        // A checkpoint newer than the job's step (left by an earlier run of a job that
+        // resumed from an older step common to every stage) is not where a replay starts.
+        let plan = plan(config, pipe, (state.step.min(target), target), micro_batches, reproducible)?;
         mine = [1, plan.stages.start as u64, plan.stages.end as u64, plan.from];
     }
     let mut plans: Vec<Plan> = comm::collective::all_gather_words(t, &mine, timeout)?
@@ -132,7 +134,8 @@ pub(crate) fn repair(
         || plans.windows(2).any(|w| w[0].stages.end > w[1].stages.start);
     if whole {
         let q = replacements.iter().copied().find(|&q| plans.iter().any(|p| p.stages.contains(&stage_of(q))));
-        let back = roll_everything_back(t, pipe, (config, prepared), state, &replacements, &all)?;
+        let bound = replacements.iter().map(|&r| all[r][0]).min().unwrap_or(0).min(target);
+        let back = roll_everything_back(t, pipe, (config, prepared), state, bound)?;
         how.push(format!(
             "rank {}'s stage cannot be replayed from its logs: every stage went back to step {back}",
             q.unwrap_or(0)
@@ -321,17 +324,15 @@ fn common_checkpoint(config: &TrainConfig, pipe: &Staged, stages: Range<usize>, 
     Ok(common)
 }
 
-/// Takes every stage back to the newest checkpoint they all have, no newer than any
-/// replacement's; returns its step.
+/// Takes every stage back to the newest checkpoint they all have, no newer than `bound`
+/// (every replacement's step, and the job's); returns its step.
 fn roll_everything_back(
     t: &dyn Transport,
     pipe: &Staged,
     (config, prepared): (&TrainConfig, &Prepared),
     state: &mut TrainState,
-    replacements: &[usize],
-    all: &[Vec<u64>],
+    bound: u64,
 ) -> Result<u64, TrainError> {
-    let bound = replacements.iter().map(|&r| all[r][0]).min().unwrap_or(0);
     let mine = common_checkpoint(config, pipe, pipe.stage.index..pipe.stage.index + 1, bound)?;
     let every = comm::collective::all_gather_u64(t, mine, config.collective_timeout())?;
     let back = every.into_iter().min().unwrap_or(0);

@@ -241,6 +241,11 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         runner.repair(&prepared, &mut engine, &mut state, me, began)?;
     }
     let mut last_eval = None;
+    // Resumed at the final step, a pipeline's stages still put the whole state together to
+    // score and fingerprint it (a stage alone holds only its part).
+    if state.step >= config.steps && runner.pipe.is_some() {
+        last_eval = runner.evaluate_if_due(&mut engine, &prepared, &state)?;
+    }
     while state.step < config.steps {
         runner.started = Instant::now();
         let outcome = driver
@@ -360,6 +365,7 @@ fn set_up<'a>(
         MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), state.step > 0 || replacing)?;
     let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), |p| p.part(rank));
     let writer = open_writer(config, pipe.as_ref(), part, state)?;
+    checkpointing::refuse_other_configuration(config)?;
     let mut job = match (mpi_job, &config.dist) {
         (Some(j), _) => {
             j.barrier()?;
