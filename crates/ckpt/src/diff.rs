@@ -169,3 +169,44 @@ mod tests {
         assert_eq!(diff(&a[..1], &a[..1])[0].status, DiffStatus::Equal);
     }
 }
+
+/// The comparison as `steadfast ckpt diff` prints it, `a` and `b` naming the two sides: a
+/// line for each tensor that is not equal (where its elements differ: how many, by how
+/// much, and in which bits), then the verdict.
+pub fn text(diffs: &[TensorDiff], a: &std::path::Path, b: &std::path::Path) -> String {
+    let mut out = Vec::new();
+    for d in diffs {
+        match &d.status {
+            DiffStatus::Equal => {}
+            DiffStatus::OnlyInA => out.push(format!("{:<48} only in {}", d.name, a.display())),
+            DiffStatus::OnlyInB => out.push(format!("{:<48} only in {}", d.name, b.display())),
+            DiffStatus::Incompatible { a, b } => out.push(format!("{:<48} incompatible: {a} vs {b}", d.name)),
+            DiffStatus::Differs(e) => {
+                let bits: Vec<String> = e
+                    .bit_counts
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .filter(|(_, c)| **c > 0)
+                    .map(|(b, c)| format!("{b}:{c}"))
+                    .collect();
+                let fmt = |x: Option<f64>| x.map(|v| format!("{v:.3e}")).unwrap_or_else(|| "-".into());
+                out.push(format!(
+                    "{:<48} {}/{} elements differ, max abs {}, max rel {}, bits {}",
+                    d.name,
+                    e.elements,
+                    e.total,
+                    fmt(e.max_abs),
+                    fmt(e.max_rel),
+                    bits.join(" ")
+                ));
+            }
+        }
+    }
+    let differing = diffs.iter().filter(|d| d.status != DiffStatus::Equal).count();
+    out.push(match differing {
+        0 => "identical".to_owned(),
+        n => format!("{n} of {} tensors differ", diffs.len()),
+    });
+    out.join("\n")
+}

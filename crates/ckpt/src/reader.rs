@@ -82,6 +82,21 @@ pub fn check(dir: &Path) -> Vec<Problem> {
     }
 }
 
+/// What `steadfast ckpt verify` prints of checkpoint directory `dir` and its `problems`:
+/// one `OK` line, or a `CORRUPT` line a problem.
+pub fn problem_lines(dir: &Path, problems: &[Problem]) -> Vec<String> {
+    if problems.is_empty() {
+        return vec![format!("OK {}: every checksum holds", dir.display())];
+    }
+    problems
+        .iter()
+        .map(|p| {
+            let tensor = p.tensor.as_ref().map(|t| format!(" tensor {t}")).unwrap_or_default();
+            format!("CORRUPT {} {}{tensor}: {}", dir.display(), p.file, p.reason)
+        })
+        .collect()
+}
+
 /// What [`check_root`] found in a checkpoint root.
 #[derive(Clone, Debug)]
 pub struct RootCheck {
@@ -103,6 +118,52 @@ impl RootCheck {
     /// Whether every checkpoint and `LATEST` check out, and all are of one configuration.
     pub fn ok(&self) -> bool {
         self.corrupt() == 0 && self.latest.is_none() && !self.mixed()
+    }
+
+    /// The report as `steadfast ckpt verify --json` prints it for the root `root`.
+    pub fn to_json(&self, root: &Path) -> serde_json::Value {
+        use serde_json::json;
+        let rows: Vec<_> = self
+            .checkpoints
+            .iter()
+            .map(|(step, dir, p)| json!({"step": step, "dir": dir, "ok": p.is_empty(), "problems": p}))
+            .collect();
+        let configurations: Vec<_> =
+            self.configurations.iter().map(|(h, s)| json!({"config_hash": h, "steps": s})).collect();
+        json!({"root": root, "ok": self.ok(), "checkpoints": rows, "latest_problem": self.latest,
+            "configurations": configurations})
+    }
+
+    /// The report as `steadfast ckpt verify` prints it for the root `root` (`label` follows
+    /// its name in the last line): each checkpoint's [`problem_lines`], a bad `LATEST`,
+    /// mixed configurations, and the counts.
+    pub fn lines(&self, root: &Path, label: &str) -> Vec<String> {
+        let mut out: Vec<String> = self.checkpoints.iter().flat_map(|(_, dir, p)| problem_lines(dir, p)).collect();
+        if let Some(why) = &self.latest {
+            out.push(format!("BAD {}: {why}", root.join(LATEST_FILE).display()));
+        }
+        if self.mixed() {
+            let each: Vec<String> = self
+                .configurations
+                .iter()
+                .map(|(h, s)| format!("{h} at {} step(s) from {} to {}", s.len(), s[0], s[s.len() - 1]))
+                .collect();
+            out.push(format!(
+                "MIXED {}: checkpoints of {} configurations: {}",
+                root.display(),
+                each.len(),
+                each.join("; ")
+            ));
+        }
+        let (total, bad) = (self.checkpoints.len(), self.corrupt());
+        out.push(format!(
+            "{total} checkpoint(s) in {}{label}: {} valid, {bad} corrupt{}{}",
+            root.display(),
+            total - bad,
+            if self.latest.is_some() { "; LATEST is bad" } else { "" },
+            if self.mixed() { "; configurations mixed" } else { "" }
+        ));
+        out
     }
 
     /// Whether the root holds checkpoints of more than one configuration (of two runs:
@@ -243,15 +304,10 @@ impl StagesCheck {
             .iter()
             .map(|(stage, checked)| match checked {
                 Ok(c) => {
-                    let rows: Vec<_> = c
-                        .checkpoints
-                        .iter()
-                        .map(|(step, dir, p)| json!({"step": step, "dir": dir, "ok": p.is_empty(), "problems": p}))
-                        .collect();
-                    let configurations: Vec<_> =
-                        c.configurations.iter().map(|(h, s)| json!({"config_hash": h, "steps": s})).collect();
-                    json!({"stage": stage.stage, "stages": stage.stages, "root": stage.dir, "ok": c.ok(),
-                        "checkpoints": rows, "latest_problem": c.latest, "configurations": configurations})
+                    let mut v = c.to_json(&stage.dir);
+                    v["stage"] = json!(stage.stage);
+                    v["stages"] = json!(stage.stages);
+                    v
                 }
                 Err(e) => json!({"stage": stage.stage, "stages": stage.stages, "root": stage.dir,
                     "ok": false, "error": e}),
@@ -274,28 +330,7 @@ impl StagesCheck {
                     continue;
                 }
             };
-            for (_, dir, problems) in &c.checkpoints {
-                if problems.is_empty() {
-                    out.push(format!("OK {}: every checksum holds", dir.display()));
-                }
-                for p in problems {
-                    let tensor = p.tensor.as_ref().map(|t| format!(" tensor {t}")).unwrap_or_default();
-                    out.push(format!("CORRUPT {} {}{tensor}: {}", dir.display(), p.file, p.reason));
-                }
-            }
-            if let Some(why) = &c.latest {
-                out.push(format!("BAD {}: {why}", stage.dir.join(LATEST_FILE).display()));
-            }
-            let (total, bad) = (c.checkpoints.len(), c.corrupt());
-            out.push(format!(
-                "{total} checkpoint(s) in {} (stage {} of {}): {} valid, {bad} corrupt{}{}",
-                stage.dir.display(),
-                stage.stage,
-                stage.stages,
-                total - bad,
-                if c.latest.is_some() { "; LATEST is bad" } else { "" },
-                if c.mixed() { "; configurations mixed" } else { "" }
-            ));
+            out.extend(c.lines(&stage.dir, &format!(" (stage {} of {})", stage.stage, stage.stages)));
         }
         out.extend(self.layout.iter().map(|p| format!("BAD {}: {p}", root.display())));
         out.push(match self.common {
@@ -555,6 +590,44 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
 }
 
 impl Checkpoint {
+    /// The checkpoint as `steadfast ckpt inspect` prints it: its metadata, a line a
+    /// tensor, and the totals by role.
+    pub fn describe(&self) -> String {
+        use std::fmt::Write;
+        let (m, mut out) = (&self.manifest, String::new());
+        let meta = &m.meta;
+        let _ = writeln!(out, "checkpoint:  {}", self.dir.display());
+        let _ = writeln!(out, "format:      {} version {}", m.format, m.version);
+        let _ = writeln!(
+            out,
+            "step:        {} (epoch {}, next step {} of the epoch)",
+            meta.step, meta.epoch, meta.data_cursor.step_in_epoch
+        );
+        let _ = writeln!(out, "world size:  {}", meta.world_size);
+        let _ = writeln!(out, "config hash: {}", meta.config_hash);
+        if !meta.kernels.is_empty() {
+            let _ = writeln!(out, "kernels:     {}", meta.kernels);
+        }
+        let _ = writeln!(out, "rng:         {} seed {}", meta.rng.algorithm, meta.rng.seed);
+        for (k, v) in &meta.scalars {
+            let _ = writeln!(out, "{:<12} {v}", format!("{k}:"));
+        }
+        let mut by_role = std::collections::BTreeMap::<&str, (usize, u64)>::new();
+        let _ = writeln!(out, "\n{:<48} {:<6} {:<5} {:<16} {:>12}  file", "tensor", "role", "dtype", "shape", "bytes");
+        for t in &m.tensors {
+            let e = by_role.entry(t.role.as_str()).or_default();
+            (e.0, e.1) = (e.0 + 1, e.1 + t.length);
+            let shape = format!("{:?}", t.shape);
+            let _ =
+                writeln!(out, "{:<48} {:<6} {:<5} {shape:<16} {:>12}  {}", t.name, t.role, t.dtype, t.length, t.file);
+        }
+        let _ = writeln!(out);
+        for (role, (n, bytes)) in by_role {
+            let _ = writeln!(out, "{role}: {n} tensors, {bytes} bytes");
+        }
+        out
+    }
+
     /// Reads every tensor, verifying every checksum; fails at the first problem. Files are
     /// read in parallel.
     pub fn load(&self) -> Result<Vec<LoadedTensor>> {

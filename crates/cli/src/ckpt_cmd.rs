@@ -124,42 +124,7 @@ fn inspect(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&json!({"dir": c.dir, "skipped": skipped, "manifest": m}))?);
         return Ok(ExitCode::SUCCESS);
     }
-    let meta = &m.meta;
-    println!("checkpoint:  {}", c.dir.display());
-    println!("format:      {} version {}", m.format, m.version);
-    println!(
-        "step:        {} (epoch {}, next step {} of the epoch)",
-        meta.step, meta.epoch, meta.data_cursor.step_in_epoch
-    );
-    println!("world size:  {}", meta.world_size);
-    println!("config hash: {}", meta.config_hash);
-    if !meta.kernels.is_empty() {
-        println!("kernels:     {}", meta.kernels);
-    }
-    println!("rng:         {} seed {}", meta.rng.algorithm, meta.rng.seed);
-    for (k, v) in &meta.scalars {
-        println!("{:<12} {v}", format!("{k}:"));
-    }
-    let mut by_role = std::collections::BTreeMap::<&str, (usize, u64)>::new();
-    println!("\n{:<48} {:<6} {:<5} {:<16} {:>12}  file", "tensor", "role", "dtype", "shape", "bytes");
-    for t in &m.tensors {
-        let e = by_role.entry(t.role.as_str()).or_default();
-        e.0 += 1;
-        e.1 += t.length;
-        println!(
-            "{:<48} {:<6} {:<5} {:<16} {:>12}  {}",
-            t.name,
-            t.role,
-            t.dtype,
-            format!("{:?}", t.shape),
-            t.length,
-            t.file
-        );
-    }
-    println!();
-    for (role, (n, bytes)) in by_role {
-        println!("{role}: {n} tensors, {bytes} bytes");
-    }
+    print!("{}", c.describe());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -185,22 +150,9 @@ fn verify(path: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
             serde_json::to_string_pretty(&json!({"dir": path, "ok": problems.is_empty(), "problems": problems}))?
         );
     } else {
-        print_problems(path, &problems);
+        println!("{}", ckpt::reader::problem_lines(path, &problems).join("\n"));
     }
     Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
-}
-
-fn print_problems(dir: &std::path::Path, problems: &[ckpt::Problem]) {
-    if problems.is_empty() {
-        println!("OK {}: every checksum holds", dir.display());
-        return;
-    }
-    for p in problems {
-        match &p.tensor {
-            Some(t) => println!("CORRUPT {} {} tensor {t}: {}", dir.display(), p.file, p.reason),
-            None => println!("CORRUPT {} {}: {}", dir.display(), p.file, p.reason),
-        }
-    }
 }
 
 /// A checkpoint root: every committed checkpoint in it, and its `LATEST`. Exit 1 when any
@@ -213,41 +165,9 @@ fn verify_root(root: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
         return Ok(if stages.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) });
     }
     let report = ckpt::reader::check_root(root)?;
-    let (total, bad) = (report.checkpoints.len(), report.corrupt());
-    if json {
-        let rows: Vec<_> = report
-            .checkpoints
-            .iter()
-            .map(|(step, dir, problems)| json!({"step": step, "dir": dir, "ok": problems.is_empty(), "problems": problems}))
-            .collect();
-        let configurations: Vec<_> =
-            report.configurations.iter().map(|(hash, steps)| json!({"config_hash": hash, "steps": steps})).collect();
-        let out = json!({"root": root, "ok": report.ok(), "checkpoints": rows, "latest_problem": report.latest,
-            "configurations": configurations});
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        for (_, dir, problems) in &report.checkpoints {
-            print_problems(dir, problems);
-        }
-        if let Some(why) = &report.latest {
-            println!("BAD {}: {why}", root.join(ckpt::store::LATEST_FILE).display());
-        }
-        if report.mixed() {
-            let each: Vec<String> = report
-                .configurations
-                .iter()
-                .map(|(h, s)| format!("{h} at {} step(s) from {} to {}", s.len(), s[0], s[s.len() - 1]))
-                .collect();
-            println!("MIXED {}: checkpoints of {} configurations: {}", root.display(), each.len(), each.join("; "));
-        }
-        println!(
-            "{total} checkpoint(s) in {}: {} valid, {bad} corrupt{}{}",
-            root.display(),
-            total - bad,
-            if report.latest.is_some() { "; LATEST is bad" } else { "" },
-            if report.mixed() { "; configurations mixed" } else { "" }
-        );
-    }
+    let text =
+        if json { serde_json::to_string_pretty(&report.to_json(root))? } else { report.lines(root, "").join("\n") };
+    println!("{text}");
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
@@ -261,40 +181,7 @@ fn diff(a: &std::path::Path, b: &std::path::Path, json: bool) -> anyhow::Result<
         let rows: Vec<_> = diffs.iter().map(ckpt::diff::TensorDiff::to_json).collect();
         println!("{}", serde_json::to_string_pretty(&json!({"identical": same, "tensors": rows}))?);
     } else {
-        for d in &diffs {
-            use ckpt::diff::DiffStatus::*;
-            match &d.status {
-                Equal => {}
-                OnlyInA => println!("{:<48} only in {}", d.name, ca.dir.display()),
-                OnlyInB => println!("{:<48} only in {}", d.name, cb.dir.display()),
-                Incompatible { a, b } => println!("{:<48} incompatible: {a} vs {b}", d.name),
-                Differs(e) => {
-                    let bits: Vec<String> = e
-                        .bit_counts
-                        .iter()
-                        .enumerate()
-                        .rev()
-                        .filter(|(_, c)| **c > 0)
-                        .map(|(b, c)| format!("{b}:{c}"))
-                        .collect();
-                    let fmt = |x: Option<f64>| x.map(|v| format!("{v:.3e}")).unwrap_or_else(|| "-".into());
-                    println!(
-                        "{:<48} {}/{} elements differ, max abs {}, max rel {}, bits {}",
-                        d.name,
-                        e.elements,
-                        e.total,
-                        fmt(e.max_abs),
-                        fmt(e.max_rel),
-                        bits.join(" ")
-                    );
-                }
-            }
-        }
-        let differing = diffs.iter().filter(|d| d.status != ckpt::diff::DiffStatus::Equal).count();
-        println!(
-            "{}",
-            if same { "identical".to_owned() } else { format!("{differing} of {} tensors differ", diffs.len()) }
-        );
+        println!("{}", ckpt::diff::text(&diffs, &ca.dir, &cb.dir));
     }
     Ok(if same { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
