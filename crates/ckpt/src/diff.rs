@@ -137,39 +137,6 @@ fn compare(a: &LoadedTensor, b: &LoadedTensor) -> DiffStatus {
     DiffStatus::Differs(d)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Role;
-
-    fn t(name: &str, v: Vec<f32>) -> LoadedTensor {
-        LoadedTensor {
-            name: name.into(),
-            role: Role::Model,
-            dtype: DType::F32,
-            shape: vec![v.len()],
-            data: TensorData::F32(v),
-        }
-    }
-
-    #[test]
-    fn reports_elements_magnitudes_and_bits() {
-        let a = [t("w", vec![1.0, 2.0, 3.0]), t("only_a", vec![0.0])];
-        let b = [t("w", vec![1.0, -2.0, 3.5]), t("only_b", vec![0.0])];
-        let d = diff(&a, &b);
-        assert_eq!(d.len(), 3);
-        let DiffStatus::Differs(e) = &d[0].status else { panic!("{:?}", d[0]) };
-        assert_eq!((e.elements, e.total), (2, 3));
-        assert_eq!(e.max_abs, Some(4.0));
-        assert_eq!(e.max_rel, Some(2.0)); // |2 - (-2)| / 2
-        assert_eq!(e.bit_counts[31], 1); // the sign flip of 2.0
-        assert_eq!(e.bit_counts.iter().sum::<u64>(), 1 + (3.0f32.to_bits() ^ 3.5f32.to_bits()).count_ones() as u64);
-        assert_eq!(d[1].status, DiffStatus::OnlyInA);
-        assert_eq!(d[2].status, DiffStatus::OnlyInB);
-        assert_eq!(diff(&a[..1], &a[..1])[0].status, DiffStatus::Equal);
-    }
-}
-
 /// The comparison as `steadfast ckpt diff` prints it, `a` and `b` naming the two sides: a
 /// line for each tensor that is not equal (where its elements differ: how many, by how
 /// much, and in which bits), then the verdict.
@@ -209,4 +176,37 @@ pub fn text(diffs: &[TensorDiff], a: &std::path::Path, b: &std::path::Path) -> S
         n => format!("{n} of {} tensors differ", diffs.len()),
     });
     out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Role;
+
+    fn t(name: &str, v: Vec<f32>) -> LoadedTensor {
+        LoadedTensor {
+            name: name.into(),
+            role: Role::Model,
+            dtype: DType::F32,
+            shape: vec![v.len()],
+            data: TensorData::F32(v),
+        }
+    }
+
+    #[test]
+    fn reports_elements_magnitudes_and_bits() {
+        let a = [t("w", vec![1.0, 2.0, 3.0]), t("only_a", vec![0.0])];
+        let b = [t("w", vec![1.0, -2.0, 3.5]), t("only_b", vec![0.0])];
+        let d = diff(&a, &b);
+        assert_eq!(d.len(), 3);
+        let DiffStatus::Differs(e) = &d[0].status else { panic!("{:?}", d[0]) };
+        assert_eq!((e.elements, e.total), (2, 3));
+        assert_eq!(e.max_abs, Some(4.0));
+        assert_eq!(e.max_rel, Some(2.0)); // |2 - (-2)| / 2
+        assert_eq!(e.bit_counts[31], 1); // the sign flip of 2.0
+        assert_eq!(e.bit_counts.iter().sum::<u64>(), 1 + (3.0f32.to_bits() ^ 3.5f32.to_bits()).count_ones() as u64);
+        assert_eq!(d[1].status, DiffStatus::OnlyInA);
+        assert_eq!(d[2].status, DiffStatus::OnlyInB);
+        assert_eq!(diff(&a[..1], &a[..1])[0].status, DiffStatus::Equal);
+    }
 }
