@@ -413,28 +413,42 @@ pub fn render(dir: &Path) -> Result<String, LabError> {
     let _ =
         writeln!(html, "<section><h2>Step against time</h2>\n{}\n</section>", timeline(&steps, &events, &spans, t0)?);
 
-    if !recovered.is_empty() {
-        html.push_str(
-            "<h2>Recoveries</h2>\n<table><tr><th>at (s)</th><th>step</th><th>took (s)</th><th>why</th>\
-             <th>how</th></tr>\n",
-        );
-        for r in &recovered {
-            let took = r.resumed.map_or_else(|| "did not resume".to_owned(), |t| format!("{:.3}", t - r.ended));
-            let step = r.step.map_or_else(String::new, |s| s.to_string());
-            let _ = writeln!(
-                html,
-                "<tr><td>{:.3}</td><td>{step}</td><td>{took}</td><td>{}</td><td>{}</td></tr>",
-                r.ended - t0,
-                escape(&r.why.join("; ")),
-                escape(&r.how.join("; "))
-            );
-        }
-        html.push_str("</table>\n");
+    recoveries_table(&mut html, &recovered, t0);
+    events_table(&mut html, &events, t0);
+    html.push_str("</body></html>\n");
+    Ok(html)
+}
+
+/// The table of recoveries (none: no table): when each began, at which step, how long it
+/// took, why and how.
+fn recoveries_table(html: &mut String, recovered: &[Recovery], t0: f64) {
+    if recovered.is_empty() {
+        return;
     }
+    html.push_str(
+        "<h2>Recoveries</h2>\n<table><tr><th>at (s)</th><th>step</th><th>took (s)</th><th>why</th>\
+         <th>how</th></tr>\n",
+    );
+    for r in recovered {
+        let took = r.resumed.map_or_else(|| "did not resume".to_owned(), |t| format!("{:.3}", t - r.ended));
+        let step = r.step.map_or_else(String::new, |s| s.to_string());
+        let _ = writeln!(
+            html,
+            "<tr><td>{:.3}</td><td>{step}</td><td>{took}</td><td>{}</td><td>{}</td></tr>",
+            r.ended - t0,
+            escape(&r.why.join("; ")),
+            escape(&r.how.join("; "))
+        );
+    }
+    html.push_str("</table>\n");
+}
+
+/// The table of events (each of `events` with its time, who, cause and what else it says).
+fn events_table(html: &mut String, events: &[(&Line, RGBColor)], t0: f64) {
     html.push_str(
         "<h2>Events</h2>\n<table><tr><th>at (s)</th><th>event</th><th>who</th><th>cause</th><th>details</th></tr>\n",
     );
-    for (l, _) in &events {
+    for (l, _) in events {
         let mut details = l.value.clone();
         let cause = l.value["cause"].as_str().or_else(|| l.value["why"].as_str()).unwrap_or("").to_owned();
         if let Some(o) = details.as_object_mut() {
@@ -454,8 +468,7 @@ pub fn render(dir: &Path) -> Result<String, LabError> {
             escape(&details)
         );
     }
-    html.push_str("</table>\n</body></html>\n");
-    Ok(html)
+    html.push_str("</table>\n");
 }
 
 /// The step reached against seconds since the first line: each recovery shaded from its

@@ -185,22 +185,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     let secret = crate::shared_secret(span.is_some())?;
     let (role, meet_at) = meeting(span, plan.coordinator.as_deref())?;
     // Said before anything else: who starts workers by hand reads the address here.
-    let announce = match &role {
-        Role::Serves(l) => {
-            let local = l.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
-            let dial =
-                if meet_at.1 == local.to_string() { String::new() } else { format!(" (workers dial {})", meet_at.1) };
-            let drawn = std::env::var_os("STEADFAST_SECRET").is_none_or(|s| s.is_empty());
-            let secret_note = if span.is_none() && plan.coordinator.is_some() && drawn {
-                "; the job's secret was drawn for this launch: a worker started by hand joins only when \
-                 STEADFAST_SECRET is set, the same for the launcher and the worker"
-            } else {
-                ""
-            };
-            Some(format!("coordinator listening on {local}{dial}{secret_note}"))
-        }
-        _ => None,
-    };
+    let announce = announcement(&role, &meet_at.1, &plan)?;
     let world = plan.nproc * span.map_or(1, |s| s.nnodes);
     let first = plan.nproc * span.map_or(0, |s| s.node_rank);
     let timing = Timing::for_coordinator(plan.heartbeat_timeout, plan.settle, plan.quorum_timeout);
@@ -286,8 +271,42 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         }
         Ok(Some(state))
     })?;
-    let restarts = job.policy.restarts();
+    let (restarts, errored, finished) = (job.policy.restarts(), job.stopped_on_error.is_some(), job.finished);
     job.workers.join();
+    outcome(state, restarts, (errored, finished), started)
+}
+
+/// The line that says where the coordinator this launcher serves listens (and where its
+/// workers dial it, `dial_at`), said before anything else: who starts workers by hand
+/// reads the address there. `None` when this launcher serves none.
+fn announcement(role: &Role, dial_at: &str, plan: &ElasticJob) -> Result<Option<String>, LaunchError> {
+    Ok(match role {
+        Role::Serves(l) => {
+            let local = l.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
+            let dial =
+                if dial_at == local.to_string() { String::new() } else { format!(" (workers dial {})", dial_at) };
+            let drawn = std::env::var_os("STEADFAST_SECRET").is_none_or(|s| s.is_empty());
+            let secret_note = if plan.span.is_none() && plan.coordinator.is_some() && drawn {
+                "; the job's secret was drawn for this launch: a worker started by hand joins only when \
+             STEADFAST_SECRET is set, the same for the launcher and the worker"
+            } else {
+                ""
+            };
+            Some(format!("coordinator listening on {local}{dial}{secret_note}"))
+        }
+        _ => None,
+    })
+}
+
+/// What the job's end means for this launcher: its exit (`state`: the coordinator's last
+/// state, where this launcher served it; otherwise what its workers said: whether one
+/// stopped on an error, whether they finished), said with the replacements it made.
+fn outcome(
+    state: Option<JobState>,
+    restarts: u32,
+    (errored, finished): (bool, bool),
+    started: Instant,
+) -> Result<(), LaunchError> {
     match state {
         Some(JobState::Finished) => {
             println!(
@@ -299,10 +318,8 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         Some(JobState::Stopped { reason }) => Err(LaunchError::Failed(format!("the job stopped: {reason}"))),
         Some(_) => Err(LaunchError::Failed("every worker exited before the job finished".into())),
         // A node without the coordinator hears the end from its workers.
-        None if job.stopped_on_error.is_some() => {
-            Err(LaunchError::Failed("a worker of this node stopped on an error".into()))
-        }
-        None if job.finished => {
+        None if errored => Err(LaunchError::Failed("a worker of this node stopped on an error".into())),
+        None if finished => {
             println!(
                 "[launcher] this node's part of the job finished in {:.1} s with {restarts} replacement(s)",
                 started.elapsed().as_secs_f64()

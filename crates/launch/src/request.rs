@@ -158,19 +158,6 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         Meeting::Loopback => (None, None),
         meeting => (Some(Span { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr }), None),
     };
-    // The baselines below serve a coordinator of their own on a free loopback port: an
-    // address asked for on the command line would be ignored, so it is refused. (One from
-    // torchrun's variables is left to them, as before.)
-    let own_coordinator = |mode: &str| {
-        if here.is_some() && r.coordinator.is_some() {
-            Err(bad(format!(
-                "--recovery {mode} serves its coordinator on a free loopback port of this host: \
-                 --coordinator does not apply to it (leave it out, or recover with --recovery live or memory)"
-            )))
-        } else {
-            Ok(())
-        }
-    };
     let world = r.nproc * r.nnodes;
     if r.min_nproc == 0 || r.min_nproc > world {
         return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
@@ -179,46 +166,12 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
     if matches!(recovery, Recovery::Live | Recovery::Memory) && crate::replay_job::pipeline_stages(&r.command) > 1 {
         return Err(bad(elastic_pipeline_advice(&r, recovery)));
     }
-    if recovery == Recovery::Replay {
-        if span.is_some() {
-            return Err(bad("--recovery replay recovers a pipeline job on one node"));
-        }
-        own_coordinator("replay")?;
-        if r.replay_helpers == 0 || r.replay_helpers > world {
-            return Err(bad(format!("--replay-helpers must be between 1 and the job's {world} workers")));
-        }
-        return crate::replay_job::run(crate::replay_job::ReplayJob {
-            nproc: r.nproc,
-            max_restarts: r.max_restarts.unwrap_or(0),
-            save_every: r.save_every,
-            save_dir: r.save_dir,
-            helpers: r.replay_helpers,
-            command: r.command,
-            rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
-            heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
-            shrink: r.on_failure == Some(OnFailure::Shrink),
-        });
-    }
-    if recovery == Recovery::Checkpoint {
-        if r.on_failure == Some(OnFailure::Shrink) {
-            return Err(bad("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink"));
-        }
-        if span.is_some() {
-            return Err(bad("--recovery checkpoint restarts the job on one node: across nodes, recover from the \
-                 live replicas (--recovery live) or the in-memory copies (memory)"));
-        }
-        own_coordinator("checkpoint")?;
-        return crate::restart::run(crate::restart::RestartJob {
-            nproc: r.nproc,
-            workers: crate::restart::Workers::Own {
-                rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
-                heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
-            },
-            max_restarts: r.max_restarts.unwrap_or(0),
-            save_every: r.save_every,
-            save_dir: r.save_dir,
-            command: r.command,
-        });
+    // The baselines serve a coordinator of their own on a free loopback port.
+    let asked = here.is_some() && r.coordinator.is_some();
+    match recovery {
+        Recovery::Replay => return run_replay(r, span.is_some(), asked, world),
+        Recovery::Checkpoint => return run_restart(r, span.is_some(), asked),
+        Recovery::Live | Recovery::Memory => {}
     }
     crate::elastic::run(crate::elastic::ElasticJob {
         nproc: r.nproc,
@@ -237,6 +190,66 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         coordinator: here,
         command: r.command,
     })
+}
+
+/// A pipeline job that recovers by replaying its boundary logs (`--recovery replay`), on
+/// this node (`spans`: the request names other nodes; `asked`: it names a coordinator
+/// address, which this mode's own coordinator would ignore).
+fn run_replay(r: LaunchRequest, spans: bool, asked: bool, world: usize) -> Result<(), LaunchError> {
+    if spans {
+        return Err(bad("--recovery replay recovers a pipeline job on one node"));
+    }
+    own_coordinator("replay", asked)?;
+    if r.replay_helpers == 0 || r.replay_helpers > world {
+        return Err(bad(format!("--replay-helpers must be between 1 and the job's {world} workers")));
+    }
+    crate::replay_job::run(crate::replay_job::ReplayJob {
+        nproc: r.nproc,
+        max_restarts: r.max_restarts.unwrap_or(0),
+        save_every: r.save_every,
+        save_dir: r.save_dir,
+        helpers: r.replay_helpers,
+        command: r.command,
+        rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
+        heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
+        shrink: r.on_failure == Some(OnFailure::Shrink),
+    })
+}
+
+/// The checkpoint-restart baseline (`--recovery checkpoint`), on this node.
+fn run_restart(r: LaunchRequest, spans: bool, asked: bool) -> Result<(), LaunchError> {
+    if r.on_failure == Some(OnFailure::Shrink) {
+        return Err(bad("--recovery checkpoint restarts every worker: it does not go with --on-failure shrink"));
+    }
+    if spans {
+        return Err(bad("--recovery checkpoint restarts the job on one node: across nodes, recover from the \
+             live replicas (--recovery live) or the in-memory copies (memory)"));
+    }
+    own_coordinator("checkpoint", asked)?;
+    crate::restart::run(crate::restart::RestartJob {
+        nproc: r.nproc,
+        workers: crate::restart::Workers::Own {
+            rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
+            heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
+        },
+        max_restarts: r.max_restarts.unwrap_or(0),
+        save_every: r.save_every,
+        save_dir: r.save_dir,
+        command: r.command,
+    })
+}
+
+/// The baselines serve a coordinator of their own on a free loopback port: an address
+/// asked for on the command line (`asked`) would be ignored, so it is refused. (One from
+/// torchrun's variables is left to them.)
+fn own_coordinator(mode: &str, asked: bool) -> Result<(), LaunchError> {
+    if asked {
+        return Err(bad(format!(
+            "--recovery {mode} serves its coordinator on a free loopback port of this host: \
+             --coordinator does not apply to it (leave it out, or recover with --recovery live or memory)"
+        )));
+    }
+    Ok(())
 }
 
 /// Why an elastic job (`recovery` from live replicas or in-memory copies) cannot run the

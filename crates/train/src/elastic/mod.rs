@@ -106,26 +106,11 @@ pub(crate) fn run(
     let (link, incoming) = Link::connect(&directory, secret, id, hello, timing.heartbeat, deadline, interrupt)
         .map_err(|e| with_finished_record(e, config.out_dir.as_deref(), deadline))?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
-    {
-        let (current, sever) = (current.clone(), link.severer());
-        hooks.process_mut().on_cut(Arc::new(move || {
-            sever();
-            if let Some((_, mesh)) = current.get() {
-                mesh.abort("this worker's links were cut (fault injection)".into());
-            }
-        }));
-    }
+    sever_on_cut(&mut hooks, current.clone(), &link);
     on_event(Progress::Started { steps: config.steps, parameters });
     metrics.write(json!({"kind": "process", "worker": id, "incarnation": incarnation}))?;
 
-    let tcp = TcpConfig {
-        secret: secret.clone(),
-        max_frame: comm::frame::DEFAULT_MAX_FRAME,
-        connect_timeout: d.job.timeout,
-        write_timeout: d.job.timeout,
-        abort_grace: Duration::ZERO,
-        shared_memory: comm::local::default_dir(),
-    };
+    let tcp = mesh_config(d);
     let (mut worker, first) =
         Worker::new((id, incarnation), config.steps, (resumed_from, fingerprint), timing, Instant::now());
     worker.repairs(d.on_divergence == crate::config::OnDivergence::Repair);
@@ -184,6 +169,31 @@ pub(crate) fn run(
     }
     outcome?;
     shell.finish(&prepared, parameters)
+}
+
+/// The settings of the links of the epochs' meshes: the job's secret, and its timeout
+/// for connecting and writing.
+fn mesh_config(d: &ElasticWorker) -> TcpConfig {
+    TcpConfig {
+        secret: d.secret.clone(),
+        max_frame: comm::frame::DEFAULT_MAX_FRAME,
+        connect_timeout: d.job.timeout,
+        write_timeout: d.job.timeout,
+        abort_grace: Duration::ZERO,
+        shared_memory: comm::local::default_dir(),
+    }
+}
+
+/// A `cut` fault severs this worker's link to the coordinator and aborts the collective
+/// of the epoch in progress, as a cut cable would.
+fn sever_on_cut(hooks: &mut LiveFaults, current: Current, link: &Link) {
+    let sever = link.severer();
+    hooks.process_mut().on_cut(Arc::new(move || {
+        sever();
+        if let Some((_, mesh)) = current.get() {
+            mesh.abort("this worker's links were cut (fault injection)".into());
+        }
+    }));
 }
 
 /// Where the coordinator is found, and the threads that keep this worker's part in etcd
