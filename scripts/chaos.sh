@@ -27,9 +27,10 @@
 #                  saying why; the first ends with the single-process fingerprint and every
 #                  checkpoint under the root is of one configuration and verifies.
 #   wrong-secret   strangers with a wrong secret dial the job's coordinator (at the address
-#                  given with `launch --coordinator`) 30 times: each is refused within 10 s
-#                  after one attempt, the job's log says so in at most 10 lines, and the
-#                  job ends with the single-process fingerprint.
+#                  given with `launch --coordinator`), one after another while the job runs
+#                  (at least 10, at most 30): each is refused within 10 s after one attempt,
+#                  the job's log says so in at most 10 lines, and the job ends with the
+#                  single-process fingerprint.
 #   node0-lost     a job of two launchers (nodes) that meet in etcd, node 0 (workers 0 and 1,
 #                  and the coordinator role) killed whole: node 1's workers elect a new
 #                  coordinator and end with the single-process fingerprint.
@@ -241,14 +242,17 @@ trial_two_jobs() { # dir
 }
 
 trial_wrong_secret() { # dir
-  local dir=$1 port lpid at i t0 t1 slow=0 lines
+  local dir=$1 port lpid at i t0 t1 slow=0 lines sent=0
   port=$(free_port)
-  setsid "${pace[@]}" "$bin" launch --nproc 3 --heartbeat-timeout 1 --max-restarts 2 --coordinator "127.0.0.1:$port" \
+  # Slower steps than the other trials': the job must outlast the strangers.
+  setsid env STEADFAST_FAILPOINTS=step_begin=sleep:20 "$bin" launch --nproc 3 --heartbeat-timeout 1 --max-restarts 2 --coordinator "127.0.0.1:$port" \
     -- "${job[@]}" --steps "$steps" --out "$dir/out" >"$dir/launch.log" 2>&1 &
   lpid=$!
   at=$((10 + RANDOM % (steps / 3)))
   wait_steps "$dir/out" "$at" || { echo "never reached step $at"; kill -KILL -- -"$lpid"; return 1; }
   for i in $(seq 1 30); do
+    kill -0 "$lpid" 2>/dev/null && ! grep -q "every member holds the final state" "$dir/launch.log" || break
+    sent=$i
     t0=$(date +%s%N)
     STEADFAST_SECRET="wrong-$i" timeout 20 "$bin" "${job[@]}" --steps "$steps" --elastic --rank 1 --world-size 3 \
       --coordinator "127.0.0.1:$port" --out "$dir/stranger" >>"$dir/stranger.log" 2>&1 \
@@ -256,6 +260,7 @@ trial_wrong_secret() { # dir
     t1=$(date +%s%N)
     (((t1 - t0) / 1000000 > 10000)) && slow=$((slow + 1))
   done
+  ((sent >= 10)) || { echo "the job ended before 10 strangers came ($sent)"; kill -KILL -- -"$lpid"; return 1; }
   ((slow == 0)) || { echo "$slow stranger(s) took more than 10 s to be refused"; kill -KILL -- -"$lpid"; return 1; }
   grep -qi "secret" "$dir/stranger.log" || { echo "the strangers are not told it is the secret"; kill -KILL -- -"$lpid"; return 1; }
   if ! wait_pid "$lpid" 120; then echo "the job did not end within 120 s"; kill -KILL -- -"$lpid"; return 1; fi
@@ -263,7 +268,7 @@ trial_wrong_secret() { # dir
   lines=$(grep -ci "secret" "$dir/launch.log")
   ((lines <= 10)) || { echo "the job's log has $lines lines about refused peers"; return 1; }
   fingerprints_ok "$dir/launch.log" 3 || { echo "fingerprints differ from $ref"; return 1; }
-  echo "30 strangers refused from step $at; $lines line(s) of it in the job's log"
+  echo "$sent strangers refused from step $at; $lines line(s) of it in the job's log"
 }
 
 trial_node0_lost() { # dir

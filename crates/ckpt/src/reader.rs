@@ -217,6 +217,26 @@ pub fn stage_dir_name(stage: usize, stages: usize) -> String {
     format!("stage-{stage}-of-{stages}")
 }
 
+/// The newest step of which each of the `stages` stages of the pipeline job's checkpoint
+/// root `root` has a committed checkpoint (`None`: some stage has none, or no directory).
+/// Listed, not verified: a resume verifies each stage's as it restores, and the stages go
+/// back together past one that does not ([`check_stages`] verifies them all).
+pub fn common_step(root: &Path, stages: usize) -> Result<Option<u64>> {
+    let mut common: Option<std::collections::BTreeSet<u64>> = None;
+    for stage in 0..stages {
+        let dir = root.join(stage_dir_name(stage, stages));
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        let steps: std::collections::BTreeSet<u64> = list(&dir)?.into_iter().map(|(step, _)| step).collect();
+        common = Some(match common {
+            None => steps,
+            Some(c) => c.intersection(&steps).copied().collect(),
+        });
+    }
+    Ok(common.and_then(|c| c.last().copied()))
+}
+
 /// The stage and the stages of a directory named by [`stage_dir_name`].
 pub fn parse_stage_dir(name: &str) -> Option<(usize, usize)> {
     let (stage, stages) = name.strip_prefix("stage-")?.split_once("-of-")?;

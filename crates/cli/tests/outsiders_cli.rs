@@ -24,12 +24,12 @@ fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
 }
 
 /// One attempt of a stranger who does not hold the job's secret: the handshake's hello
-/// (version 1, a rank, a nonce) and a proof made without the secret (`comm::handshake`),
+/// (this build's version, a rank, a nonce) and a proof made without the secret (`comm::handshake`),
 /// then the coordinator's answer is read and the connection closed.
 fn handshake_without_the_secret(addr: &str) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let hello = [&1u16.to_le_bytes()[..], &1u32.to_le_bytes(), &[7u8; 32]].concat();
+    let hello = [&comm::handshake::VERSION.to_le_bytes()[..], &1u32.to_le_bytes(), &[7u8; 32]].concat();
     s.write_all(&frame(0xA1, &hello)).unwrap();
     let mut theirs = [0u8; 5 + 38];
     s.read_exact(&mut theirs).unwrap();

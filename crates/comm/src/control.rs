@@ -606,7 +606,12 @@ impl Link {
                         // told that the job finished (the coordinator then closes every
                         // connection), or nobody listens any more: there is nothing to
                         // dial back for.
-                        Closed::Stopped | Closed::AfterFinish | Closed::Unheard => return,
+                        Closed::Stopped | Closed::AfterFinish | Closed::Unheard => {
+                            // The coordinator's silence from now on is no loss: a worker
+                            // that evaluates the final state for long warns of nothing.
+                            shared.watch.lock().unwrap_or_else(|e| e.into_inner()).sever();
+                            return;
+                        }
                         Closed::Lost(why) => why,
                     };
                     if shared.closed.load(Ordering::Relaxed) {
@@ -633,6 +638,12 @@ impl Link {
                                 shared.dialled.store(version, Ordering::Relaxed);
                                 shared.judge(|w| w.connected(Instant::now(), s.peer_addr().ok()));
                                 break s;
+                            }
+                            // A coordinator that refuses (started again with another
+                            // secret or build) is asked again no faster than twice a second.
+                            Err(e @ CommError::Refused(_)) => {
+                                tracing::debug!("the coordinator refuses this worker: {e}");
+                                std::thread::sleep(Duration::from_millis(500));
                             }
                             Err(e) => tracing::debug!("the coordinator is not back yet: {e}"),
                         }
@@ -721,7 +732,8 @@ impl Link {
 /// the last socket error alone ("Connection refused"). An error before the deadline (a
 /// coordinator that refused this worker's handshake) is left as it is.
 fn unanswered(directory: &Directory, started: Instant, deadline: Instant, error: CommError) -> CommError {
-    if Instant::now() < deadline {
+    // A refusal (a wrong secret, another protocol version) is its own answer.
+    if Instant::now() < deadline || matches!(error, CommError::Refused(..)) {
         return error;
     }
     let waited = started.elapsed().as_secs_f64();

@@ -19,7 +19,7 @@ use sha2::Sha256;
 use crate::frame::{FrameError, read_frame, write_frame};
 
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 const LABEL: &[u8] = b"steadfast-handshake-v1";
 const KIND_HELLO: u8 = 0xA1;
 const KIND_PROOF: u8 = 0xA2;

@@ -130,7 +130,14 @@ pub(crate) fn coordinator_listener(address: Option<&str>) -> Result<(std::net::T
     match address {
         Some(address) => {
             let port = static_job::port_of(address)?;
-            let l = TcpListener::bind(("0.0.0.0", port))
+            // A loopback address is served on loopback alone; any other on every interface
+            // (a host's own name may resolve, on the host, to an address others cannot reach).
+            let host = address.rsplit_once(':').map_or("", |(h, _)| h.trim_matches(['[', ']']));
+            let ip = match host.parse::<std::net::IpAddr>() {
+                Ok(ip) if ip.is_loopback() => ip,
+                _ => std::net::IpAddr::from([0, 0, 0, 0]),
+            };
+            let l = TcpListener::bind((ip, port))
                 .map_err(LaunchError::io(format!("cannot serve the coordinator on port {port}")))?;
             Ok((l, address.to_owned()))
         }

@@ -24,7 +24,7 @@
 //! their loss is).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitStatus;
 
 use comm::control::Event;
@@ -146,11 +146,6 @@ impl Recorder {
         self.record = None;
     }
 
-    /// Where the record is, while this launcher keeps it.
-    pub fn path(&self) -> Option<&Path> {
-        self.record.as_ref().map(JobRecord::path)
-    }
-
     fn node_of(&self, slot: usize) -> Option<u64> {
         self.per_node.map(|n| (slot / n.max(1)) as u64)
     }
@@ -159,11 +154,6 @@ impl Recorder {
         if let Some(r) = self.record.as_mut() {
             r.write(event);
         }
-    }
-
-    /// The job is over: exits from now on are no losses.
-    pub fn over(&mut self) {
-        self.over = true;
     }
 
     /// The launcher kills process `incarnation` of `slot` because the coordinator lost it.
@@ -280,6 +270,7 @@ impl Recorder {
 mod tests {
     use super::*;
     use std::os::unix::process::ExitStatusExt;
+    use std::path::Path;
 
     fn record(dir: &Path) -> Vec<JobEvent> {
         let text = std::fs::read_to_string(dir.join(JobRecord::FILE)).unwrap();

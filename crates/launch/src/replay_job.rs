@@ -128,29 +128,6 @@ fn take_resume(command: &mut Vec<String>) -> Result<Option<String>, LaunchError>
     Ok(asked)
 }
 
-/// The newest step of which every stage of a pipeline of `stages` stages has a committed
-/// checkpoint under the job's checkpoint root `root` (`None`: some stage has none). The
-/// workers verify them as they restore, and go back together past one that does not.
-fn newest_common_step(root: &std::path::Path, stages: usize) -> Result<Option<u64>, LaunchError> {
-    let mut common: Option<Vec<u64>> = None;
-    for stage in 0..stages {
-        let dir = root.join(ckpt::reader::stage_dir_name(stage, stages));
-        if !dir.is_dir() {
-            return Ok(None);
-        }
-        let steps: Vec<u64> = ckpt::store::list(&dir)
-            .map_err(|e| LaunchError::Failed(format!("cannot list the checkpoints of stage {stage}: {e}")))?
-            .into_iter()
-            .map(|(step, _)| step)
-            .collect();
-        common = Some(match common {
-            None => steps,
-            Some(c) => c.into_iter().filter(|s| steps.contains(s)).collect(),
-        });
-    }
-    Ok(common.and_then(|c| c.into_iter().max()))
-}
-
 /// Runs the job; fails unless every worker finished.
 pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
     let bad = |text: &str| LaunchError::Config(text.to_owned());
@@ -173,7 +150,8 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
     }
     let started = Instant::now();
     let dir = checkpoint_root(plan.save_dir.as_ref(), &plan.command);
-    let newest = newest_common_step(&dir, stages)?;
+    let newest = ckpt::reader::common_step(&dir, stages)
+        .map_err(|e| LaunchError::Failed(format!("cannot list the stages' checkpoints: {e}")))?;
     if newest.is_none() && asked.as_deref() == Some("latest") {
         return Err(LaunchError::Config(format!(
             "--resume latest: {} holds no step of which every one of the {stages} stages has a checkpoint; \
@@ -229,13 +207,16 @@ pub fn run(plan: ReplayJob) -> Result<(), LaunchError> {
             });
             let _ = tx.send(Heard::Over(over));
         });
-        let outcome = watch(&mut workers, &rx, (&plan, gone), started);
+        // The job's record: this launcher serves the job's coordinator, and reaps its
+        // workers (its workers' command, which says whether they resume).
+        let record = Recorder::new(&command, 0..plan.nproc, None);
+        let outcome = watch(&mut workers, &rx, (&plan, gone), (record, started));
         stop.store(true, Ordering::Relaxed);
         outcome
     });
     workers.join();
     // A job that failed says where to go on from, when it can.
-    outcome.map_err(|e| match (e, newest_common_step(&dir, stages)) {
+    outcome.map_err(|e| match (e, ckpt::reader::common_step(&dir, stages)) {
         (LaunchError::Failed(why), Ok(Some(step))) => LaunchError::Failed(format!(
             "{why}; every stage has a checkpoint of step {step} in {}: the same command run again resumes from it",
             dir.display()
@@ -295,7 +276,7 @@ fn watch(
     workers: &mut Workers<Heard>,
     rx: &mpsc::Receiver<Heard>,
     (plan, gone): (&ReplayJob, &Mutex<Vec<usize>>),
-    started: Instant,
+    (mut record, started): (Recorder, Instant),
 ) -> Result<(), LaunchError> {
     let mut restarts = 0u32;
     let mut incarnations = vec![0u64; plan.nproc];
@@ -307,8 +288,6 @@ fn watch(
     let (mut finished, mut left) = (0, plan.nproc);
     // A worker that fails before the job first formed (a misspelt flag) fails the job.
     let mut formed = false;
-    // The job's record: this launcher serves the job's coordinator, and reaps its workers.
-    let mut record = Recorder::new(&plan.command, 0..plan.nproc, None);
     record.open(true);
     while workers.any_running() {
         let wait = kill_at.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));

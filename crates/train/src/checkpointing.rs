@@ -183,28 +183,11 @@ pub fn newest_step(root: &Path) -> std::io::Result<Option<u64>> {
     if !root.is_dir() {
         return Ok(None);
     }
-    let mut stages = Vec::new();
-    for entry in std::fs::read_dir(root)? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        if name.starts_with("stage-") && name.contains("-of-") {
-            stages.push(root.join(name));
-        }
+    let stages = ckpt::reader::stage_roots(root).map_err(std::io::Error::other)?;
+    match stages.first() {
+        None => Ok(ckpt::store::list(root).map_err(std::io::Error::other)?.last().map(|(step, _)| *step)),
+        Some(s) => ckpt::reader::common_step(root, s.stages).map_err(std::io::Error::other),
     }
-    let steps = |dir: &Path| -> std::io::Result<Vec<u64>> {
-        Ok(ckpt::store::list(dir).map_err(std::io::Error::other)?.into_iter().map(|(step, _)| step).collect())
-    };
-    if stages.is_empty() {
-        return Ok(steps(root)?.into_iter().max());
-    }
-    let mut common: Option<Vec<u64>> = None;
-    for dir in stages {
-        let mine = steps(&dir)?;
-        common = Some(match common {
-            None => mine,
-            Some(c) => c.into_iter().filter(|s| mine.contains(s)).collect(),
-        });
-    }
-    Ok(common.and_then(|c| c.into_iter().max()))
 }
 
 /// Where a run resumed from.

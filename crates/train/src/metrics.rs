@@ -66,13 +66,12 @@ impl MetricsFile {
         let path = dir.join("metrics.jsonl");
         let err = |source| TrainError::Output { path: path.clone(), source };
         std::fs::create_dir_all(dir).map_err(err)?;
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
-            .open(&path)
-            .map_err(err)?;
+        // Always in append mode, emptied first where a fresh run starts: a process whose
+        // turn comes back then writes after what the others wrote, never over it.
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(err)?;
+        if !append {
+            f.set_len(0).map_err(err)?;
+        }
         self.file = Some((path, std::io::BufWriter::new(f)));
         Ok(())
     }

@@ -203,7 +203,24 @@ impl JobRecord {
     pub fn open(dir: &Path, fresh: bool) -> std::io::Result<JobRecord> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(JobRecord::FILE);
-        let file = std::fs::OpenOptions::new().create(true).write(true).append(!fresh).truncate(fresh).open(&path)?;
+        // Always in append mode, emptied first for a fresh record: a launcher whose file
+        // another emptied meanwhile (another job given the same `--out`) goes on at its end,
+        // never at a stale offset that would leave a hole of zeros.
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+        // One keeper at a time: a second job given the same `--out` leaves the first's
+        // record alone. (The kernel releases the lock when its keeper dies.)
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(std::io::Error::other(
+                    "another process keeps this job record (another job on this --out?)",
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+        if fresh {
+            file.set_len(0)?;
+        }
         tracing::debug!(path = %path.display(), fresh, "keeping the job's record");
         Ok(JobRecord { path, file: Some(file) })
     }
@@ -240,7 +257,11 @@ mod tests {
         let mut record = JobRecord::open(&dir, true).unwrap();
         record.write(JobEvent::of(EventKind::Lost).worker(0, 0).cause("killed by signal 9 (SIGKILL)"));
         record.write(JobEvent::of(EventKind::Replaced).worker(0, 1).how("restart 1 of 1"));
-        // A launcher elected later appends.
+        // While one keeps it, nobody else opens it (nor empties it); a launcher elected
+        // later, once the first let go, appends.
+        assert!(JobRecord::open(&dir, true).is_err());
+        assert_eq!(std::fs::read_to_string(dir.join(JobRecord::FILE)).unwrap().lines().count(), 2);
+        drop(record);
         let mut next = JobRecord::open(&dir, false).unwrap();
         next.write(JobEvent::of(EventKind::Elected).generation(1).node(Some(1)));
         let text = std::fs::read_to_string(dir.join(JobRecord::FILE)).unwrap();
@@ -252,6 +273,7 @@ mod tests {
         assert_eq!((back.kind, back.generation, back.node, back.worker), (EventKind::Elected, Some(1), Some(1), None));
         assert_eq!(EventKind::EpochStarted.word(), "epoch_started");
         // A fresh job empties the record.
+        drop(next);
         drop(JobRecord::open(&dir, true).unwrap());
         assert_eq!(std::fs::read_to_string(dir.join(JobRecord::FILE)).unwrap(), "");
     }

@@ -84,9 +84,13 @@ pub(crate) fn run(
     let fingerprint = state.fingerprint();
     let held = Arc::new(RwLock::new(Held { state, fingerprint: Some(fingerprint) }));
     let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
-    // Worker 0 writes the job's record from the start; after that, each epoch's
-    // lowest-ranked member does (see `Timeline`).
-    let mut metrics = MetricsFile::in_turns(config.out_dir.as_ref(), id == 0, incarnation > 0 || resumed_from > 0)?;
+    // Worker 0's first process writes the job's record from the start; after that, each
+    // epoch's lowest-ranked member does (see `Timeline`): a replacement waits its turn.
+    let mut metrics = MetricsFile::in_turns(
+        config.out_dir.as_ref(),
+        id == 0 && incarnation == 0,
+        incarnation > 0 || resumed_from > 0,
+    )?;
     if let Some(r) = &restored {
         crate::trainer::record_resume(&mut metrics, r)?;
         on_event(Progress::Note(crate::trainer::resumed_note(r)));

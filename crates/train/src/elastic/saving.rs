@@ -47,11 +47,17 @@ use crate::metrics::MetricsFile;
 use crate::step::TrainState;
 
 /// The name that a job's committers write into the root's lock: the same in every
-/// process of one job (it follows from the job's secret and where its coordinator is
-/// found), another in any other job. The secret itself is never written.
+/// process of one job, another in any other job. It follows from the job's secret (a
+/// launcher on one node draws a fresh one for each job) and, for a job that meets in
+/// etcd, the job's name there; not from addresses, which each node may resolve in its own
+/// way. The secret itself is never written. Two jobs of several nodes given the same
+/// `STEADFAST_SECRET` share a tag: the lock does not tell them apart, though a root of
+/// another configuration refuses either (the store's configuration check).
 pub(super) fn job_tag(d: &ElasticWorker) -> String {
     let mut text = d.secret.clone();
-    text.extend_from_slice(format!("{:?}", d.coordinator).as_bytes());
+    if let crate::config::CoordinatorAt::Etcd(target) = &d.coordinator {
+        text.extend_from_slice(format!("\0etcd job {}", target.job).as_bytes());
+    }
     format!("{:016x}", ckpt::checksum(&text))
 }
 
@@ -133,7 +139,9 @@ impl Saving {
                     self.busy = None;
                 }
                 Err(ckpt::CkptError::Busy { dir, holder, job }) if job.as_deref() != Some(self.job.as_str()) => {
-                    self.other_run = Some(ckpt::CkptError::Busy { dir, holder, job });
+                    let e = ckpt::CkptError::Busy { dir, holder, job };
+                    self.busy = Some((e.to_string(), Instant::now()));
+                    self.other_run = Some(e);
                 }
                 Err(why) => self.busy = Some((why.to_string(), Instant::now())),
             }

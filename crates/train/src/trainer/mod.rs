@@ -360,12 +360,13 @@ fn set_up<'a>(
     // on MPI, before a barrier), so rank 0 has cleared crashed writers' leftovers before
     // anyone writes.
     let reporter = layout.as_ref().map_or(0, Layout::collector);
+    let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), |p| p.part(rank));
+    let writer = open_writer(config, pipe.as_ref(), part, state)?;
+    // (Before the metrics file is emptied: a refused run changes nothing.)
+    checkpointing::refuse_other_configuration(config)?;
     // A replacement appends to what its predecessor wrote, even from step 0.
     let metrics =
         MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), state.step > 0 || replacing)?;
-    let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), |p| p.part(rank));
-    let writer = open_writer(config, pipe.as_ref(), part, state)?;
-    checkpointing::refuse_other_configuration(config)?;
     let mut job = match (mpi_job, &config.dist) {
         (Some(j), _) => {
             j.barrier()?;
