@@ -119,7 +119,21 @@ pub fn is_run(dir: &Path) -> bool {
 /// The page of `dir`: a training run's ([`render`]) when it holds one ([`is_run`]), else a
 /// campaign's ([`crate::report::render`]).
 pub fn render_dir(dir: &Path) -> Result<String, LabError> {
-    if is_run(dir) { render(dir) } else { crate::report::render(dir) }
+    if is_run(dir) {
+        return render(dir);
+    }
+    if !dir.join("spec.toml").exists() {
+        let what = if dir.is_dir() { "is neither" } else { "is not a directory, so neither" };
+        return Err(LabError::Input {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "it {what} a training run's output (metrics.jsonl or {RECORD}, as `train --out` or \
+                 `launch ... -- train --out` writes it) nor the output of `steadfast campaign` (its spec.toml and \
+                 tables)"
+            ),
+        });
+    }
+    crate::report::render(dir)
 }
 
 /// Reads the timed lines of `path` (none when it does not exist); a line that is not a
@@ -745,6 +759,16 @@ mod tests {
         assert!(page.contains("The job finished at 2.00 s, by its record"), "{page}");
         assert!(page.contains("1 loss, 0 replacements, 1 recovery"), "{page}");
         assert!(page.contains("<td>did not resume</td>"), "{page}");
+    }
+
+    #[test]
+    fn a_directory_that_is_no_run_and_no_campaign_says_what_it_lacks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = render_dir(tmp.path()).unwrap_err().to_string();
+        assert!(err.contains("neither a training run's output (metrics.jsonl"), "{err}");
+        assert!(err.contains("nor the output of `steadfast campaign` (its spec.toml"), "{err}");
+        let err = render_dir(&tmp.path().join("missing")).unwrap_err().to_string();
+        assert!(err.contains("is not a directory"), "{err}");
     }
 
     #[test]
