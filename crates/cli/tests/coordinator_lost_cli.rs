@@ -7,9 +7,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -48,25 +47,7 @@ impl Node {
         ];
         args.extend(SMALL_MLP);
         args.extend(["--steps", "1000000", "--comm-timeout", "2", "--out", out.to_str().unwrap()]);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
-            .args(&args)
-            .env("STEADFAST_SECRET", SECRET)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start steadfast launch");
-        let (tx, lines) = mpsc::channel();
-        for pipe in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    let _ = tx.send((Instant::now(), line));
-                }
-            });
-        }
+        let (child, lines) = common::spawn_streamed(&args, SECRET);
         Node { child, lines }
     }
 }

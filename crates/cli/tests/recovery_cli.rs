@@ -4,9 +4,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -174,31 +173,14 @@ fn a_job_with_too_few_workers_left_stops_every_survivor_with_the_reason() {
 /// A process whose output lines arrive on a channel.
 struct Streamed {
     child: Child,
-    lines: mpsc::Receiver<String>,
+    lines: mpsc::Receiver<(Instant, String)>,
     seen: Vec<String>,
 }
 
 impl Streamed {
     fn start(args: &[String], secret: &str) -> Streamed {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
-            .args(args)
-            .env("STEADFAST_SECRET", secret)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start steadfast");
-        let (tx, lines) = mpsc::channel();
-        for pipe in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (child, lines) = common::spawn_streamed(&args, secret);
         Streamed { child, lines, seen: Vec::new() }
     }
 
@@ -208,7 +190,7 @@ impl Streamed {
         if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
             return l.clone();
         }
-        while let Ok(line) = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        while let Ok((_, line)) = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             self.seen.push(line.clone());
             if line.contains(needle) {
                 return line;
@@ -220,7 +202,7 @@ impl Streamed {
     /// Waits for the process and returns whether it succeeded and all it printed.
     fn finish(mut self) -> (bool, String) {
         let status = self.child.wait().unwrap();
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+        while let Ok((_, line)) = self.lines.recv_timeout(Duration::from_secs(5)) {
             self.seen.push(line);
         }
         (status.success(), self.seen.join("\n"))

@@ -166,3 +166,33 @@ pub fn children(parent: u32) -> Vec<u32> {
     }
     pids
 }
+
+/// Starts the binary with `args` and `STEADFAST_SECRET=secret`; each line of its standard
+/// output and error arrives on the channel, with the instant it was read (a thread per
+/// pipe, so that a chatty process never blocks on a full pipe).
+pub fn spawn_streamed(
+    args: &[&str],
+    secret: &str,
+) -> (std::process::Child, std::sync::mpsc::Receiver<(std::time::Instant, String)>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(args)
+        .env("STEADFAST_SECRET", secret)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start steadfast");
+    let (tx, lines) = std::sync::mpsc::channel();
+    for pipe in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let _ = tx.send((std::time::Instant::now(), line));
+            }
+        });
+    }
+    (child, lines)
+}
