@@ -18,7 +18,7 @@
 #   bench/run.sh recovery-hosts  # the recovery timeline across namespace hosts over tc-shaped links (root)
 #   bench/run.sh pipeline   # pipeline steps/s by stage count, boundary logging's cost, recovery times
 #   bench/run.sh study [--quick]  # the checkpoint/restart study across systems (docs/checkpoint-study.md)
-#   bench/run.sh python-ckpt  # a PyTorch loop's checkpoint stall: steadfast.torch against torch.save and DCP
+#   bench/run.sh python-ckpt  # a PyTorch loop's checkpoint stall against torch.save and DCP; load against torch.load; the first async save
 #   bench/run.sh python-ddp   # the reproducible DDP hook's cost against DDP's default, and its bits on 1/2/4 processes
 #   bench/run.sh torch-determinism  # PyTorch's deterministic mode on the CPU audited (a section of docs/fpna.md)
 #   bench/run.sh sdc-study [--quick]  # checkpoint alteration in PyTorch DDP and Horovod jobs beside Steadfast's campaigns (docs/sdc-study.md)
@@ -63,7 +63,8 @@ case "$which" in
     # The Python package, built into this environment (maturin shares target/).
     "$venv/bin/pip" install -q "maturin>=1.7,<2"
     PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps ./python
-    "$venv/bin/python" "bench/${which//-/_}.py" ;;
+    "$venv/bin/python" "bench/${which//-/_}.py"
+    if [ "$which" = python-ckpt ]; then "$venv/bin/python" bench/python_ckpt_load.py; fi ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
     "$venv/bin/python" bench/ckpt_vs_peers.py

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 
 use crate::CheckpointError;
-use crate::host::host_bytes;
+use crate::host::{host_bytes, host_bytes_mut, mapped_buffer};
 
 /// A tensor as Python points at it: `(name, role, dtype, shape, address, length)`, the
 /// address of `length` bytes of host memory that the caller keeps alive and unchanged
@@ -30,7 +30,8 @@ pub(crate) type Described = (String, Role, DType, Vec<usize>);
 
 /// What a background save gives back: the directory it committed, and the buffers that
 /// held the snapshot, for the next one.
-type Done = (Result<PathBuf, CkptError>, Vec<Vec<u8>>);
+/// (A preparation commits nothing: `Ok(None)`.)
+type Done = (Result<Option<PathBuf>, CkptError>, Vec<Vec<u8>>);
 
 fn err(e: CkptError) -> PyErr {
     CheckpointError::new_err(e.to_string())
@@ -84,7 +85,8 @@ fn own(root: &Path) -> Result<Owner, CkptError> {
 /// returns) and `tree` as the checkpoint of `step` under `root` and commits it atomically;
 /// returns the committed directory. Fails if another process writes `root`.
 #[pyfunction]
-#[pyo3(signature = (root, step, tensors, tree, keep_last=None, shards=2))]
+#[pyo3(signature = (root, step, tensors, tree, keep_last=None, shards=2, overwrite=false))]
+#[allow(clippy::too_many_arguments)]
 fn save(
     py: Python<'_>,
     root: PathBuf,
@@ -93,15 +95,49 @@ fn save(
     tree: &str,
     keep_last: Option<usize>,
     shards: usize,
+    overwrite: bool,
 ) -> PyResult<PathBuf> {
     let meta = meta(step, tree)?;
     let described = describe(&tensors)?;
     let refs = refs(&described, tensors.iter().map(|&(.., address, length)| host_bytes(address, length)));
-    py.allow_threads(|| {
-        let _owner = own(&root)?;
-        ckpt::store::save_raw(&root, &meta, &refs, &options(keep_last, shards)).map(|r| r.dir)
-    })
-    .map_err(err)
+    let (dir, replaced) = py
+        .allow_threads(|| {
+            let _owner = own(&root)?;
+            let replaced = may_replace(&root, step, overwrite)?;
+            ckpt::store::save_raw(&root, &meta, &refs, &options(keep_last, shards)).map(|r| (r.dir, replaced))
+        })
+        .map_err(err)?;
+    warn_replaced(py, &dir, replaced)?;
+    Ok(dir)
+}
+
+/// Whether a save of `step` may go ahead in `root`: yes where it holds no checkpoint of
+/// that step, or with `overwrite`; where it holds one that verifies, no (saving a step
+/// twice is a mistake more often than not: a loop that resumed from an older checkpoint
+/// than it meant to); where it holds one that does not verify, yes, and the reason it
+/// did not is returned, to be said. A loop that resumed past a damaged newest checkpoint
+/// saves that step again.
+fn may_replace(root: &Path, step: u64, overwrite: bool) -> Result<Option<String>, CkptError> {
+    let dir = root.join(ckpt::store::step_dir_name(step));
+    if overwrite || !dir.exists() {
+        return Ok(None);
+    }
+    match ckpt::reader::check(&dir).first() {
+        None => Err(CkptError::Mismatch(format!(
+            "{} already holds a checkpoint of step {step} that verifies: pass overwrite=True to replace it, or \
+             save another step",
+            root.display()
+        ))),
+        Some(problem) => Ok(Some(format!("{}: {}", problem.file, problem.reason))),
+    }
+}
+
+/// Tells the user, as a Python warning, that the save replaced a damaged checkpoint.
+fn warn_replaced(py: Python<'_>, dir: &Path, replaced: Option<String>) -> PyResult<()> {
+    let Some(reason) = replaced else { return Ok(()) };
+    let text = format!("replaced {}, which did not verify ({reason})", dir.display());
+    let text = std::ffi::CString::new(text.replace('\0', " ")).expect("NUL bytes were replaced");
+    PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyUserWarning>(), &text, 2)
 }
 
 /// The checkpoint `path` names (a checkpoint directory, or a root: its newest valid
@@ -150,6 +186,95 @@ fn load<'py>(py: Python<'py>, path: PathBuf, torch_layout: bool) -> PyResult<Bou
     Ok(out)
 }
 
+/// A checkpoint whose manifest has been read and checked, its tensors not yet read:
+/// the first half of a load that reads into memory the caller allocated.
+#[pyclass(module = "steadfast._steadfast", frozen)]
+struct Opened {
+    checkpoint: ckpt::reader::Checkpoint,
+    /// Whether it was found in a root (so an older one may be tried if it fails).
+    #[pyo3(get)]
+    in_root: bool,
+    /// Newer checkpoints passed over on the way, with why.
+    #[pyo3(get)]
+    skipped: Vec<(PathBuf, String)>,
+}
+
+#[pymethods]
+impl Opened {
+    #[getter]
+    fn dir(&self) -> PathBuf {
+        self.checkpoint.dir.clone()
+    }
+
+    #[getter]
+    fn step(&self) -> u64 {
+        self.checkpoint.manifest.meta.step
+    }
+
+    /// The state tree, as JSON text, or None for a checkpoint without one (`steadfast train`'s).
+    #[getter]
+    fn tree(&self) -> Option<String> {
+        self.checkpoint.manifest.meta.tree.as_ref().map(|t| t.to_string())
+    }
+
+    /// The tensors in the manifest's order: `(name, role, dtype, shape, length)`.
+    #[getter]
+    fn tensors(&self) -> Vec<(String, String, String, Vec<u64>, u64)> {
+        let m = &self.checkpoint.manifest;
+        m.tensors.iter().map(|t| (t.name.clone(), t.role.clone(), t.dtype.clone(), t.shape.clone(), t.length)).collect()
+    }
+
+    /// Reads every tensor into the memory at `buffers[i] = (address, length)` (the
+    /// manifest's tensor `i`, of exactly its length), verifying every checksum as it reads.
+    /// The caller allocated that memory (dense, in host memory, pairwise disjoint) and
+    /// keeps it alive and untouched until this returns.
+    fn read_into(&self, py: Python<'_>, buffers: Vec<(usize, usize)>) -> PyResult<()> {
+        disjoint(&buffers)?;
+        py.allow_threads(|| {
+            let mut slices: Vec<&mut [u8]> = buffers.iter().map(|&(a, n)| host_bytes_mut(a, n)).collect();
+            self.checkpoint.read_into(&mut slices)
+        })
+        .map_err(err)
+    }
+}
+
+/// Refuses buffers that overlap: each must be written through one slice alone.
+fn disjoint(buffers: &[(usize, usize)]) -> PyResult<()> {
+    let mut spans: Vec<(usize, usize)> = buffers.iter().copied().filter(|&(a, n)| a != 0 && n != 0).collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        let ((a, n), (b, _)) = (pair[0], pair[1]);
+        if a.checked_add(n).is_none_or(|end| end > b) {
+            return Err(bad(format!("buffers at {a:#x} (+{n}) and {b:#x} overlap")));
+        }
+    }
+    Ok(())
+}
+
+/// Opens the checkpoint `path` names, as `load` does, without reading its tensors; with
+/// `below`, the newest one in the root `path` older than that step (where the data of
+/// the one opened before did not verify).
+#[pyfunction]
+#[pyo3(signature = (path, below=None))]
+fn open_checkpoint(py: Python<'_>, path: PathBuf, below: Option<u64>) -> PyResult<Opened> {
+    py.allow_threads(|| {
+        let in_root = !path.join(ckpt::manifest::MANIFEST_FILE).exists();
+        let resolved = match below {
+            Some(step) if in_root => ckpt::reader::resolve_older(&path, step)?,
+            Some(_) => {
+                return Err(CkptError::Mismatch(format!(
+                    "{} is one checkpoint: there is none older in it",
+                    path.display()
+                )));
+            }
+            None => ckpt::reader::resolve_reporting(&path)?,
+        };
+        let checkpoint = ckpt::reader::open(&resolved.dir)?;
+        Ok(Opened { checkpoint, in_root, skipped: resolved.skipped })
+    })
+    .map_err(err)
+}
+
 /// Every problem of what `path` names, as `(file, tensor or None, reason)`; empty when
 /// every byte checks out. As `steadfast ckpt verify` does: a checkpoint directory is
 /// checked alone; a root, every committed checkpoint in it (files named
@@ -192,6 +317,8 @@ struct Saver {
     root: PathBuf,
     options: SaveOptions,
     _owner: Owner,
+    /// Whether a save may replace a checkpoint of its step that verifies.
+    overwrite: bool,
     pending: Option<JoinHandle<Done>>,
     /// The buffers of the last snapshot, in tensor order, reused by the next one: after
     /// the first save a snapshot writes into memory that is already mapped.
@@ -206,7 +333,7 @@ impl Saver {
         match done {
             Ok((result, buffers)) => {
                 self.spare = buffers;
-                result.map(Some).map_err(err)
+                result.map_err(err)
             }
             Err(_) => Err(CheckpointError::new_err("the background save panicked")),
         }
@@ -216,10 +343,11 @@ impl Saver {
 #[pymethods]
 impl Saver {
     #[new]
-    #[pyo3(signature = (root, keep_last=None, shards=2))]
-    fn new(py: Python<'_>, root: PathBuf, keep_last: Option<usize>, shards: usize) -> PyResult<Self> {
+    #[pyo3(signature = (root, keep_last=None, shards=2, overwrite=false))]
+    fn new(py: Python<'_>, root: PathBuf, keep_last: Option<usize>, shards: usize, overwrite: bool) -> PyResult<Self> {
         let owner = py.allow_threads(|| own(&root)).map_err(err)?;
-        Ok(Saver { root, options: options(keep_last, shards), _owner: owner, pending: None, spare: Vec::new() })
+        let options = options(keep_last, shards);
+        Ok(Saver { root, options, _owner: owner, overwrite, pending: None, spare: Vec::new() })
     }
 
     /// Starts saving `tensors` as the checkpoint of `step`, after the save in flight has
@@ -231,6 +359,12 @@ impl Saver {
         let meta = meta(step, tree)?;
         let described = describe(&tensors)?;
         let previous = self.join(py)?;
+        let (root, step_overwrite) = (self.root.clone(), self.overwrite);
+        let replaced = py.allow_threads(|| may_replace(&root, step, step_overwrite)).map_err(err)?;
+        if let Some(reason) = replaced {
+            let dir = root.join(ckpt::store::step_dir_name(step));
+            warn_replaced(py, &dir, Some(reason))?;
+        }
         let mut buffers = std::mem::take(&mut self.spare);
         buffers.resize_with(tensors.len(), Vec::new);
         for (buffer, &(.., address, length)) in buffers.iter_mut().zip(&tensors) {
@@ -242,10 +376,34 @@ impl Saver {
             .name("steadfast-saver".into())
             .spawn(move || {
                 let refs = refs(&described, buffers.iter().map(Vec::as_slice));
-                let result = ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| r.dir);
+                let result = ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| Some(r.dir));
                 (result, buffers)
             })
             .map_err(|e| CheckpointError::new_err(format!("cannot start the background save: {e}")))?;
+        self.pending = Some(handle);
+        Ok(previous)
+    }
+
+    /// Prepares, in the background, the buffers of snapshots whose tensors have these
+    /// byte lengths (in the order the next `snapshot` gives them): maps their memory in
+    /// on another thread while the loop goes on, so that the first snapshot copies at
+    /// the speed of the later ones instead of paying a page fault per 4 KiB. Waits for
+    /// the save in flight first, like `snapshot`.
+    fn prepare(&mut self, py: Python<'_>, lengths: Vec<usize>) -> PyResult<Option<PathBuf>> {
+        let previous = self.join(py)?;
+        let mut buffers = std::mem::take(&mut self.spare);
+        buffers.resize_with(lengths.len(), Vec::new);
+        let handle = std::thread::Builder::new()
+            .name("steadfast-prepare".into())
+            .spawn(move || {
+                for (buffer, length) in buffers.iter_mut().zip(lengths) {
+                    if buffer.capacity() < length {
+                        *buffer = mapped_buffer(length);
+                    }
+                }
+                (Ok(None), buffers)
+            })
+            .map_err(|e| CheckpointError::new_err(format!("cannot start preparing the buffers: {e}")))?;
         self.pending = Some(handle);
         Ok(previous)
     }
@@ -265,6 +423,8 @@ impl Saver {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
+    m.add_class::<Opened>()?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(steps, m)?)?;
     m.add_class::<Saver>()

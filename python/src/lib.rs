@@ -70,6 +70,7 @@ fn _steadfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CheckpointError", m.py().get_type::<CheckpointError>())?;
     m.add("InjectError", m.py().get_type::<InjectError>())?;
     m.add("FORMAT_VERSION", ckpt::manifest::VERSION)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(data_order, m)?)?;
     checkpoint::register(m)?;
     fpna::register(m)?;

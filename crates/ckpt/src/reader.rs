@@ -559,6 +559,28 @@ pub fn resolve_reporting(path: &Path) -> Result<Resolved> {
     }
 }
 
+/// The newest committed checkpoint under `root` older than step `below` whose manifest
+/// checks out: where a reader goes when the data of the one it resolved to does not
+/// verify. Those passed over on the way are in [`Resolved::skipped`]; none at all is
+/// [`CkptError::NotFound`].
+pub fn resolve_older(root: &Path, below: u64) -> Result<Resolved> {
+    let mut skipped = Vec::new();
+    for (step, dir) in list(root)?.into_iter().rev() {
+        if step >= below {
+            continue;
+        }
+        match open(&dir) {
+            Ok(_) => return Ok(Resolved { dir, skipped }),
+            Err(e) => skipped.push((dir, e.to_string())),
+        }
+    }
+    let mut reason = format!("no checkpoint older than step {below} checks out");
+    for (p, why) in &skipped {
+        reason.push_str(&format!("; {}: {why}", p.display()));
+    }
+    Err(CkptError::NotFound { path: root.to_owned(), reason })
+}
+
 /// The checkpoint that `root`'s `LATEST` names: `None` when there is no `LATEST` (no
 /// commit has reached it yet), an error saying what is wrong with it when it cannot be
 /// read, holds something other than a checkpoint's name, or names one that is missing.
@@ -736,9 +758,58 @@ impl Checkpoint {
         Ok(file)
     }
 
-    fn load_file(&self, f: &FileEntry) -> Result<Vec<(usize, LoadedTensor)>> {
+    /// Reads every tensor into memory the caller provides, verifying every checksum as
+    /// it goes: `into[i]` receives the manifest's tensor `i` and must have exactly its
+    /// length. Fails at the first problem, leaving the memory of that tensor and of any
+    /// not yet read partly written. Files are read in parallel. This is [`load`](Self::load)
+    /// without the allocations, for a caller that has its own buffers (a framework's
+    /// tensors, or a model's parameters where they lie).
+    pub fn read_into(&self, into: &mut [&mut [u8]]) -> Result<()> {
+        let tensors = &self.manifest.tensors;
+        if into.len() != tensors.len() {
+            return Err(CkptError::Mismatch(format!(
+                "{} buffers for the {} tensors of {}",
+                into.len(),
+                tensors.len(),
+                self.dir.display()
+            )));
+        }
+        if let Some((t, b)) = tensors.iter().zip(into.iter()).find(|(t, b)| b.len() as u64 != t.length) {
+            return Err(CkptError::Mismatch(format!(
+                "a buffer of {} bytes for tensor {} of {} bytes",
+                b.len(),
+                t.name,
+                t.length
+            )));
+        }
+        let mut per_file: Vec<(&FileEntry, FileReads<'_, '_>)> =
+            self.manifest.files.iter().map(|f| (f, Vec::new())).collect();
+        for (t, buf) in tensors.iter().zip(into.iter_mut()) {
+            if let Some((_, list)) = per_file.iter_mut().find(|(f, _)| f.file == t.file) {
+                list.push((t, &mut **buf));
+            }
+        }
+        let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> =
+                per_file.into_iter().map(|(f, list)| s.spawn(move || self.read_file_into(f, list))).collect();
+            handles.into_iter().map(|h| h.join().expect("checkpoint reader panicked")).collect()
+        });
+        outcomes.into_iter().collect()
+    }
+
+    fn read_file_into(&self, f: &FileEntry, list: FileReads<'_, '_>) -> Result<()> {
         let file = self.open_checked(f)?;
         // Ask the kernel to read the whole file ahead while we copy and hash; a hint only.
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::WillNeed);
+        let path = self.dir.join(&f.file);
+        for (t, buf) in list {
+            read_checked(&file, &path, t, buf)?;
+        }
+        Ok(())
+    }
+
+    fn load_file(&self, f: &FileEntry) -> Result<Vec<(usize, LoadedTensor)>> {
+        let file = self.open_checked(f)?;
         let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::WillNeed);
         let path = self.dir.join(&f.file);
         let mut out = Vec::new();
@@ -755,24 +826,32 @@ impl Checkpoint {
                 TensorData::F32(v) => bytemuck::cast_slice_mut(v),
                 TensorData::Bytes(v) => v,
             };
-            // Read and hash chunk by chunk, so each chunk is hashed while in cache.
-            let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-            let mut offset = t.offset;
-            for chunk in buf.chunks_mut(crate::store::IO_CHUNK) {
-                file.read_exact_at(chunk, offset).map_err(CkptError::io("cannot read", &path))?;
-                hasher.update(chunk);
-                offset += chunk.len() as u64;
-            }
-            compare_sum(t, hasher.digest()).map_err(|reason| CkptError::Corrupt {
-                path: path.clone(),
-                tensor: Some(t.name.clone()),
-                reason,
-            })?;
+            read_checked(&file, &path, t, buf)?;
             let tensor = LoadedTensor { name: t.name.clone(), role, dtype, shape, data };
             out.push((index, tensor));
         }
         Ok(out)
     }
+}
+
+/// The tensors of one file, each with the memory it is read into.
+type FileReads<'m, 'b> = Vec<(&'m TensorEntry, &'b mut [u8])>;
+
+/// Reads tensor `t`'s bytes from `file` into `buf` (of its length) and checks them
+/// against its checksum; chunk by chunk, so each chunk is hashed while in cache.
+fn read_checked(file: &File, path: &Path, t: &TensorEntry, buf: &mut [u8]) -> Result<()> {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut offset = t.offset;
+    for chunk in buf.chunks_mut(crate::store::IO_CHUNK) {
+        file.read_exact_at(chunk, offset).map_err(CkptError::io("cannot read", path))?;
+        hasher.update(chunk);
+        offset += chunk.len() as u64;
+    }
+    compare_sum(t, hasher.digest()).map_err(|reason| CkptError::Corrupt {
+        path: path.to_owned(),
+        tensor: Some(t.name.clone()),
+        reason,
+    })
 }
 
 fn check_sum(t: &TensorEntry, bytes: &[u8]) -> std::result::Result<(), String> {

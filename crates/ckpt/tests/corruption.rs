@@ -22,7 +22,49 @@ fn caught(dir: &Path) -> bool {
     };
     let load_caught = ckpt::reader::open(dir).and_then(|c| c.load()).is_err();
     assert_eq!(verify_caught, load_caught, "verify and load disagree");
+    let read_caught = ckpt::reader::open(dir).and_then(|c| read_into(&c).map(|_| ())).is_err();
+    assert_eq!(verify_caught, read_caught, "verify and read_into disagree");
     verify_caught
+}
+
+/// Every tensor of `c`, read into buffers of our own.
+fn read_into(c: &ckpt::reader::Checkpoint) -> ckpt::Result<Vec<Vec<u8>>> {
+    let mut buffers: Vec<Vec<u8>> = c.manifest.tensors.iter().map(|t| vec![0u8; t.length as usize]).collect();
+    let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
+    c.read_into(&mut slices)?;
+    Ok(buffers)
+}
+
+#[test]
+fn read_into_gives_the_bytes_load_gives_and_refuses_buffers_of_the_wrong_length() {
+    let root = tempfile::tempdir().unwrap();
+    let report = common::save(root.path(), 1, &SIZES, &SaveOptions { shards: 2, ..SaveOptions::default() });
+    let c = ckpt::reader::open(&report.dir).unwrap();
+    let loaded: Vec<Vec<u8>> = c.load().unwrap().iter().map(|t| t.bytes().to_vec()).collect();
+    assert_eq!(read_into(&c).unwrap(), loaded);
+    let mut short = [0u8; 3];
+    let err = c.read_into(&mut [&mut short[..]]).unwrap_err().to_string();
+    assert!(err.contains("1 buffers for the 3 tensors"), "{err}");
+    let mut buffers: Vec<Vec<u8>> = c.manifest.tensors.iter().map(|t| vec![0u8; t.length as usize + 1]).collect();
+    let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
+    let err = c.read_into(&mut slices).unwrap_err().to_string();
+    assert!(err.contains("a buffer of") && err.contains(&c.manifest.tensors[0].name), "{err}");
+}
+
+#[test]
+fn a_checkpoint_whose_data_is_damaged_is_passed_over_for_the_newest_older_one_that_opens() {
+    let root = tempfile::tempdir().unwrap();
+    for step in 1..=3 {
+        common::save(root.path(), step, &SIZES, &SaveOptions::default());
+    }
+    // Step 2's manifest is gone: resolve_older(3) passes over it, naming it, to step 1.
+    std::fs::remove_file(root.path().join("step-00000002/manifest.json")).unwrap();
+    let older = ckpt::reader::resolve_older(root.path(), 3).unwrap();
+    assert!(older.dir.ends_with("step-00000001"), "{}", older.dir.display());
+    assert_eq!(older.skipped.len(), 1);
+    assert!(older.skipped[0].0.ends_with("step-00000002"));
+    let err = ckpt::reader::resolve_older(root.path(), 1).unwrap_err().to_string();
+    assert!(err.contains("no checkpoint older than step 1"), "{err}");
 }
 
 #[test]

@@ -228,3 +228,22 @@ fn a_data_descriptor_whose_crc_would_overwrite_the_central_directory_is_refused(
     std::fs::write(&path, &bytes).unwrap();
     assert!(locate(&path).unwrap_err().to_string().contains("cut.npz"));
 }
+
+#[test]
+fn a_legacy_pytorch_file_and_a_pickled_module_are_refused_with_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The legacy format opens with the pickled magic number (protocol 2, LONG1 of 10 bytes).
+    let mut legacy = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.".to_vec();
+    legacy.extend_from_slice(&[0; 32]);
+    let err = locate_bytes(tmp.path(), "old.pt", &legacy).unwrap_err();
+    assert!(err.contains("old.pt") && err.contains("legacy (non-zip)") && err.contains("torch.save"), "{err}");
+    let err = locate_bytes(tmp.path(), "plain.pkl", b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01.").unwrap_err();
+    assert!(err.contains("plain Python pickle"), "{err}");
+    // torch.save(model): an object of __main__.Net whose tensors sit in its BUILD state.
+    let mut pickle = b"\x80\x02c__main__\nNet\n)\x81}(".to_vec();
+    pickle.extend_from_slice(b"X\x08\x00\x00\x00training\x88ub.");
+    let storage = [0u8; 16];
+    let module = zip(&[("archive/data.pkl", &pickle), ("archive/data/0", &storage)], None);
+    let err = locate_bytes(tmp.path(), "model.pt", &module).unwrap_err();
+    assert!(err.contains("a pickled __main__.Net object") && err.contains("state_dict()"), "{err}");
+}

@@ -235,7 +235,30 @@ fn sniff(path: &Path) -> Result<(Format, Vec<zip::Member>), ForeignError> {
             return Ok((Format::Safetensors, Vec::new()));
         }
     }
+    if n >= 2 && head[0] == 0x80 && (2..=5).contains(&head[1]) {
+        return Err(err(path, pickle_advice(path)));
+    }
     Err(err(path, "unknown format (expected a Steadfast checkpoint, safetensors, .pt, .npz or .h5)"))
+}
+
+/// What to say of a file that is a bare pickle rather than one of the formats read here.
+fn pickle_advice(path: &Path) -> String {
+    // The legacy `torch.save` format (PyTorch before 1.6, or `_use_new_zipfile_serialization
+    // =False`) opens with a pickled magic number: protocol 2, LONG1 of 10 bytes.
+    const LEGACY: &[u8] = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+    let mut head = [0u8; 14];
+    let legacy = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .is_ok_and(|()| head == LEGACY);
+    if legacy {
+        "a PyTorch file in the legacy (non-zip) format, which is not read here: save it again with a current \
+         torch.save (torch.save(torch.load(f), f2)), which writes the zip format"
+            .into()
+    } else {
+        "a plain Python pickle, not a tensor file format read here (expected a Steadfast checkpoint, \
+         safetensors, .pt, .npz or .h5)"
+            .into()
+    }
 }
 
 /// Finds every tensor of the file (or Steadfast checkpoint directory) at `path`.
@@ -431,6 +454,25 @@ fn pytorch(path: &Path, members: &[zip::Member]) -> Result<Vec<TensorLoc>, Forei
             }
             _ => {}
         }
+    }
+    let stores_tensors = members.iter().any(|m| m.name.starts_with(&format!("{prefix}data/")));
+    if out.is_empty() && stores_tensors {
+        // `torch.save(model)` pickles the object: its tensors sit in the state that BUILD
+        // gives it, which no key path names.
+        let what = match &root {
+            Value::Call(func, _) => match &**func {
+                Value::Global(module, name) => format!("a pickled {module}.{name} object"),
+                _ => "a pickled object".to_owned(),
+            },
+            _ => "tensors in objects".to_owned(),
+        };
+        return Err(err(
+            path,
+            format!(
+                "holds {what} (torch.save of a whole module?), whose tensors no key path names: save its \
+                 state_dict() instead"
+            ),
+        ));
     }
     Ok(out)
 }
