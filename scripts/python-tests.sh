@@ -3,7 +3,9 @@
 # PyPI serves, used on the CPU), `pip install ./python` (maturin builds the native module
 # into the workspace's one target/), then pytest. scripts/test.sh runs this after `cargo
 # test`; run it alone after `cargo build --release` (its tests call the `steadfast`
-# binary). Extra arguments go to pytest.
+# binary). Extra arguments go to pytest. The binary and Fashion-MNIST are required here: a
+# test that lacks one fails instead of skipping (python/tests/conftest.py), so that CI never
+# skips silently; a user's plain `pytest python/tests` skips them and says how to get them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,4 +17,5 @@ export PATH="$PWD/$venv/bin:$PATH"   # the build backend runs `maturin` by name
 # No build isolation: maturin comes from the environment, and cargo shares target/.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 cargo build --release --locked -p steadfast   # a no-op after `cargo test --release`
+export STEADFAST_REQUIRE_BINARY=1 STEADFAST_REQUIRE_DATA=1
 STEADFAST_BIN="$PWD/target/release/steadfast" "$venv/bin/python" -m pytest -q python/tests "$@"

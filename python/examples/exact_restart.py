@@ -2,12 +2,14 @@
 
 The MLP of the checkpoint/restart study (784-256-128-10 with ReLU, plus dropout so that
 the random generator matters) trained by AdamW on Fashion-MNIST, batch 128, shuffled by a
-ResumableSampler, checkpointed every --every steps by the AsyncCheckpointer. Run it, kill
+ResumableSampler and read by a ResumableLoader (with --workers worker processes),
+checkpointed every --every steps by the AsyncCheckpointer. Run it, kill
 it at any moment, run it again with the same flags: it resumes from the newest
 checkpoint that verifies, and its final weights are the same bits as a run that never
 stopped. It prints one line per step and, at the end, the SHA-256 of the final weights.
 
     python examples/exact_restart.py --ckpt /tmp/ckpt --steps 200
+    python examples/exact_restart.py --ckpt /tmp/ckpt --steps 200 --workers 2   # the same bits
     python examples/exact_restart.py --ckpt /tmp/ckpt --steps 200 --tutorial   # model and
         # optimizer only, as PyTorch's tutorials save: the resumed run is not exact
 """
@@ -39,6 +41,7 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=0, help="the loader's worker processes")
     ap.add_argument("--tutorial", action="store_true", help="save and restore the model and optimizer only")
     a = ap.parse_args()
 
@@ -50,6 +53,12 @@ def main():
         torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sampler = st.ResumableSampler(len(x), seed=a.seed)
+    # The loader counts the batches it delivers, so what is saved is what the loop took even
+    # while worker processes prefetch the next ones. It draws its workers' seed, as each
+    # epoch starts, from a generator of its own (seeded by the sampler's seed), never from
+    # torch's global one: a restart mid-epoch does not shift the stream dropout draws from.
+    loader = st.ResumableLoader(torch.utils.data.TensorDataset(x, y), batch_size=128, sampler=sampler,
+                                drop_last=True, num_workers=a.workers)
     step = 0
     if st.steps(a.ckpt):
         state = st.load(a.ckpt)
@@ -58,12 +67,7 @@ def main():
         step = state["step"]
         if not a.tutorial:
             st.set_rng_state(state["rng"])
-            sampler.load_state_dict(state["sampler"])
-    # A DataLoader draws a seed for its workers each time an epoch starts, from torch's
-    # global generator unless it has its own: with its own, a restart mid-epoch (which
-    # starts the loader anew) does not shift the stream that dropout draws from.
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128, sampler=sampler,
-                                         drop_last=True, generator=torch.Generator().manual_seed(a.seed))
+            loader.load_state_dict(state["loader"])
     with st.AsyncCheckpointer(a.ckpt, keep_last=2) as saver:
         while step < a.steps:
             for xb, yb in loader:
@@ -75,7 +79,7 @@ def main():
                 if step % a.every == 0:
                     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
                     if not a.tutorial:
-                        state.update(rng=st.rng_state(), sampler=sampler.state_dict())
+                        state.update(rng=st.rng_state(), loader=loader.state_dict())
                     saver.save(state, step)
                 print(step, flush=True)
                 if step == a.steps:

@@ -22,6 +22,7 @@ a flipped bit or a truncated file is an error naming the file and tensor, never 
 that loads silently wrong.
 """
 from ._steadfast import FORMAT_VERSION, CheckpointError, InjectError
+from ._steadfast import __version__
 from .faults import inject, replay, tensors_in, undo
 
-__all__ = ["CheckpointError", "FORMAT_VERSION", "InjectError", "inject", "replay", "undo", "tensors_in"]
+__all__ = ["CheckpointError", "FORMAT_VERSION", "InjectError", "__version__", "inject", "replay", "undo", "tensors_in"]

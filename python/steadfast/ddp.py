@@ -38,6 +38,17 @@ gives every rank the same order), and computes a micro-batch's loss and gradient
 arithmetic that does not depend on the process (fix ``torch.set_num_threads``; a
 dropout mask drawn from a generator seeded by the step and micro-batch, not by the rank).
 Gradients must be float32.
+
+Every backward pass into the parameters must run inside a micro-batch's context, one per
+micro-batch: the hook can only account for gradients it knows the micro-batch of. A
+``loss.backward()`` outside ``grads.micro_batch(i)``, a micro-batch whose forward or
+backward ran outside its context, a second backward in one micro-batch, and gradients
+left in ``.grad`` from the previous step (no ``opt.zero_grad()``) would each make the
+step's gradient silently wrong; they raise ``RuntimeError`` instead, saying what to do.
+The error is raised on every rank at the same point, before any all-reduce, when the
+ranks run the same code and the world size divides ``micro_batches``; with an uneven
+split, a rank that fails before its last micro-batch leaves the others waiting in the
+step's all-reduce until the process group's timeout.
 """
 from __future__ import annotations
 
@@ -103,7 +114,22 @@ class ReproducibleGradients:
         self._done = 0           # micro-batches of this step whose backward has run
         self._buffers = {}       # bucket index -> (exponents, integer sum), reused every step
         self._summed = set()     # ids of the parameters whose gradients the hook summed this step
+        self._current = None     # the micro-batch whose context the loop is in
+        self._last = False       # whether it is this rank's last of the step (the one that syncs)
+        self._reached = set()    # ids of the parameters its backward has accumulated into
         module.register_comm_hook(self, _hook)
+        # Every backward into a parameter passes here (after accumulating into .grad, and
+        # before DDP's own hook sees the parameter ready), so none can go uncounted.
+        self._handles = [p.register_post_accumulate_grad_hook(self._accumulated) for p in self._params]
+
+    def _accumulated(self, p):
+        if self._current is None:
+            raise RuntimeError(_OUTSIDE)
+        if id(p) in self._reached:
+            raise RuntimeError(f"a second backward pass in micro-batch {self._current}: each micro-batch's gradient "
+                               "is summed on its own, so a micro-batch runs one forward and one backward (for more "
+                               "examples per step, give ReproducibleGradients more micro-batches)")
+        self._reached.add(id(p))
 
     def split(self, batch: Sequence[int]) -> list[tuple[int, Sequence[int]]]:
         """This rank's micro-batches of the global batch ``batch`` (a sequence or tensor of
@@ -118,19 +144,38 @@ class ReproducibleGradients:
     @contextlib.contextmanager
     def micro_batch(self, i: int) -> Iterator[None]:
         """The context of micro-batch ``i`` (one of this rank's, in order): run its forward
-        and backward passes inside it. The last of this rank's micro-batches sends the
-        step's gradients through the hook; the earlier ones run under DDP's ``no_sync``
-        (which takes effect from the forward pass on) and their gradients are kept apart,
-        never added in float."""
+        and backward passes inside it, one backward. The last of this rank's micro-batches
+        sends the step's gradients through the hook; the earlier ones run under DDP's
+        ``no_sync`` (which takes effect from the forward pass on) and their gradients are
+        kept apart, never added in float. An error inside abandons the step."""
+        if self._current is not None:
+            raise ValueError(f"micro-batch {i} inside micro-batch {self._current}: one micro-batch at a time")
         if self._done >= len(self.mine) or self.mine[self._done] != i:
             expected = self.mine[self._done] if self._done < len(self.mine) else "none (the step is complete)"
             raise ValueError(f"micro-batch {i} out of turn: rank {self.rank} expects {expected}")
-        if self._done == len(self.mine) - 1:
+        if self._done == 0:
+            stale = [n for n, p in self.module.module.named_parameters()
+                     if p.requires_grad and p.grad is not None and bool(p.grad.any())]
+            if stale:
+                raise RuntimeError(f"the gradients of {stale[:3]} are not zero as the step starts: a backward pass "
+                                   "that ran before it (the previous step's, or one outside grads.micro_batch) "
+                                   "would be added to this step's; call opt.zero_grad() after opt.step()")
+        last = self._done == len(self.mine) - 1
+        self._current, self._last, self._reached = i, last, set()
+        if last:
             self._summed = set()
-            try:
+        finished = False
+        try:
+            with contextlib.nullcontext() if last else self.module.no_sync():
                 yield
-            finally:
+            finished = True
+        finally:
+            self._current, self._last = None, False
+            if last or not finished:
                 self._done, self._kept = 0, []
+        if not self._reached:
+            raise RuntimeError(f"micro-batch {i} ran no backward pass inside its context: {_WHAT_TO_DO}")
+        if last:
             missed = [n for n, p in self.module.module.named_parameters()
                       if p.requires_grad and id(p) not in self._summed]
             if missed:
@@ -139,8 +184,6 @@ class ReproducibleGradients:
                 raise RuntimeError(f"the hook did not sum the gradients of {missed[:3]}: a parameter the loss does "
                                    "not use needs DistributedDataParallel(..., find_unused_parameters=True)")
             return
-        with self.module.no_sync():
-            yield
         kept = []
         for p in self._params:
             if p.grad is None:
@@ -159,8 +202,22 @@ class ReproducibleGradients:
         return since
 
 
+_WHAT_TO_DO = ("run the forward and the backward of each (i, part) of grads.split(batch) inside "
+               "`with grads.micro_batch(i):`")
+_OUTSIDE = ("a backward pass reached the parameters outside grads.micro_batch(i): ReproducibleGradients sums "
+            "each micro-batch's gradient on its own and cannot account for this one, so the step's gradient "
+            f"would be wrong; {_WHAT_TO_DO}")
+
+
 def _hook(state, bucket):
     t = time.perf_counter()
+    # Refused before any all-reduce: every rank that runs the same code refuses here too.
+    if state._current is None or not state._last:
+        raise RuntimeError("DDP summed the gradients outside the step's last micro-batch (DDP decides at the "
+                           f"forward pass whether the backward sums across ranks): {_WHAT_TO_DO}")
+    if any(id(p) in state._summed for p in bucket.parameters()):
+        raise RuntimeError(f"a second backward pass in micro-batch {state._current}: a micro-batch runs one "
+                           "forward and one backward")
     grads = bucket.buffer()
     if grads.dtype != torch.float32 or grads.device.type != "cpu":
         raise TypeError(f"the reproducible hook sums float32 gradients in host memory, not {grads.dtype} on {grads.device}")

@@ -24,17 +24,18 @@ to the newest checkpoint that verifies. Loading a damaged one raises
 """
 from __future__ import annotations
 
+import operator
 import os
 import pathlib
-import random
 import time
 import warnings
-from typing import Any, Iterator, Optional, Sized, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
-from . import _steadfast, _tree
+from . import _load, _location, _steadfast, _tree
+from ._resume import ResumableLoader, ResumableSampler, rng_state, set_rng_state
 from ._steadfast import CheckpointError
 
 #: A file or directory name.
@@ -42,24 +43,57 @@ _Path = Union[str, "os.PathLike[str]"]
 
 __all__ = [
     "save", "load", "verify", "steps", "Problem", "AsyncCheckpointer", "rng_state", "set_rng_state",
-    "ResumableSampler", "CheckpointError",
+    "ResumableSampler", "ResumableLoader", "CheckpointError",
 ]
 
-_TORCH = _tree._torch_dtypes(torch)
 
 
-def _to_torch(dtype, shape, data):
-    if dtype not in _TORCH:
-        raise CheckpointError(f"this PyTorch has no dtype for {dtype}")
-    if len(data) == 0:
-        return torch.empty(tuple(shape), dtype=_TORCH[dtype])
-    return torch.frombuffer(data, dtype=torch.uint8).view(_TORCH[dtype]).reshape(tuple(shape))
+def _local(path):
+    """``path`` as the native module takes it: text, with ``~`` expanded to the user's
+    home. A URL is refused: checkpoints are written to a file system."""
+    text = os.fsdecode(os.fspath(path))
+    if "://" in text:
+        raise ValueError(f"{text!r} is a URL: Steadfast reads and writes checkpoints on a local or mounted file "
+                         "system; mount the bucket (with a FUSE driver such as s3fs or gcsfuse) and give its "
+                         "path, or save to a local directory and upload that")
+    return os.path.expanduser(text)
+
+
+def _step(step):
+    """``step`` as an int, or a TypeError or ValueError that says what to give."""
+    try:
+        if isinstance(step, (bool, np.bool_)):
+            raise TypeError
+        value = operator.index(step)
+    except TypeError:
+        raise TypeError(f"step {step!r} ({type(step).__name__}): give the step as an int, the count of "
+                        "optimizer steps done") from None
+    if not 0 <= value < 2**63:
+        raise ValueError(f"step {value}: give an int from 0 to 2**63 - 1, the count of optimizer steps done")
+    return value
+
+
+def _keep_last(keep_last):
+    """``keep_last`` checked: None (keep every checkpoint) or an int of at least 1."""
+    if keep_last is None:
+        return None
+    try:
+        if isinstance(keep_last, (bool, np.bool_)):
+            raise TypeError
+        value = operator.index(keep_last)
+    except TypeError:
+        raise TypeError(f"keep_last {keep_last!r} ({type(keep_last).__name__}): give an int, how many of the "
+                        "newest checkpoints to keep, or None to keep all") from None
+    if value < 1:
+        raise ValueError(f"keep_last must be at least 1 (it keeps that many of the newest checkpoints), not "
+                         f"{value}; give None to keep them all")
+    return value
 
 
 def steps(root: _Path) -> list[int]:
     """The steps of the checkpoints committed under ``root``, ascending (empty when there
     are none, or no such directory)."""
-    return _steadfast.steps(os.fspath(root))
+    return _steadfast.steps(_local(root))
 
 
 def _next_step(root):
@@ -67,52 +101,75 @@ def _next_step(root):
     return done[-1] + 1 if done else 0
 
 
-def save(state: Any, path: _Path, *, step: Optional[int] = None, keep_last: Optional[int] = None) -> pathlib.Path:
+def save(state: Any, path: _Path, *, step: Optional[int] = None, keep_last: Optional[int] = None,
+         overwrite: bool = False) -> pathlib.Path:
     """Saves ``state`` (nested dicts, lists and tuples of tensors, arrays and plain values)
     as the checkpoint of ``step`` under the root directory ``path``, and returns the
-    committed directory. ``step`` defaults to one after the newest checkpoint there (0 for
-    the first); ``keep_last`` deletes all but that many of the newest after the commit.
+    committed directory. ``load`` gives back the same types (README, "Checkpoints"): a
+    tensor held under two names is stored once and comes back shared; what could not come
+    back as it was is refused, before anything is written. ``path`` is a local or mounted
+    directory (``~`` is expanded; a URL is refused). ``step`` (an int, 0 to 2**63 - 1)
+    defaults to one after the newest checkpoint there (0 for the first); ``keep_last``
+    (None, or at least 1) deletes all but that many of the newest after the commit.
     Blocks until the checkpoint is durable. Raises :class:`CheckpointError` if another
-    process writes the same root."""
+    process writes the same root, or if the root holds a checkpoint of ``step`` that
+    verifies, unless ``overwrite`` (one that does not verify, left by a run that resumed
+    past it, is replaced with a warning)."""
+    path = _local(path)
+    step = None if step is None else _step(step)
+    keep_last = _keep_last(keep_last)
     # The tensors' bytes are written from where they lie; `tensors` holds every one of
     # them until the save returns.
-    tree, tensors = _tree.encode(state)
+    tree, tensors = _tree.encode(state, share=True)
     if step is None:
         step = _next_step(path)
-    out = _steadfast.save(os.fspath(path), int(step), [t.address() for t in tensors], tree, keep_last)
+    out = _steadfast.save(path, step, [t.address() for t in tensors], tree, keep_last, overwrite=bool(overwrite))
     return pathlib.Path(out)
 
 
-def load(path: _Path, *, map_location: Any = None, with_info: bool = False, layout: str = "steadfast") -> Any:
-    """The state saved in the checkpoint ``path`` names: a checkpoint directory, or a root
-    (its newest checkpoint that verifies; newer ones that do not are skipped with a
-    warning). Every checksum is verified first. Tensors come back on the CPU, or moved to
-    ``map_location``. A checkpoint written by ``steadfast train`` (no state tree) comes
-    back as a flat ``{name: tensor}`` of its registry names. With ``layout="torch"`` it
-    comes back as the state dict of a ``torch.nn`` module whose layers have the names of
-    Steadfast's (``fc1``, ``conv1``, ...): the model's tensors only, linear weights
-    transposed to ``[out, in]`` (the layout ``steadfast ckpt export --layout torch``
-    writes), ready for ``module.load_state_dict``. With ``with_info``, returns
-    ``(state, info)`` where ``info`` holds ``dir``, ``step`` and ``skipped``."""
+def load(path: _Path, *, map_location: Any = None, with_info: bool = False, layout: str = "steadfast",
+         into: Any = None) -> Any:
+    """The state saved in the checkpoint ``path`` names: a checkpoint directory, or a root:
+    its newest checkpoint whose every byte verifies. A root's newer checkpoint that does not
+    (a damaged manifest, a flipped bit or a truncated shard) is passed over with a warning
+    for the one before it, as ``steadfast train --resume latest`` does; a checkpoint
+    directory named itself that does not verify raises :class:`CheckpointError`.
+
+    Each file is read once, straight into the tensors that come back, and every byte is
+    checked against its checksum as it arrives: the state is never held twice. ``into`` is
+    a state of the same structure whose tensors to read into, e.g. ``{"model":
+    model.state_dict()}`` (whose tensors are the module's own parameters): each checkpoint
+    tensor of the same name goes into its memory (it must have the same dtype and shape),
+    so loading a model costs no memory beside it; the returned state holds those very
+    tensors. If no checkpoint verifies, the tensors of ``into`` may be partly overwritten.
+
+    Tensors come back on the CPU, or where ``map_location`` says (what ``torch.load``
+    accepts: a device, a dict from saved locations to devices, or a callable). A checkpoint
+    written by ``steadfast train`` (no state tree) comes back as a flat ``{name: tensor}``
+    of its registry names. With ``layout="torch"`` it comes back as the state dict of a
+    ``torch.nn`` module whose layers have the names of Steadfast's (``fc1``, ``conv1``,
+    ...): the model's tensors only, linear weights transposed to ``[out, in]`` (the layout
+    ``steadfast ckpt export --layout torch`` writes), ready for ``module.load_state_dict``.
+    With ``with_info``, returns ``(state, info)`` where ``info`` holds ``dir``, ``step``
+    and ``skipped`` (the checkpoints passed over, with why)."""
     if layout not in ("steadfast", "torch"):
         raise ValueError(f"layout {layout!r}: give 'steadfast' or 'torch'")
-    raw = _steadfast.load(os.fspath(path), torch_layout=layout == "torch")
-    for skipped, reason in raw["skipped"]:
-        warnings.warn(f"skipped {skipped}: {reason}", stacklevel=2)
-    buffers = {name: (dtype, shape, data) for name, _role, dtype, shape, data in raw["tensors"]}
-
-    def to_torch(dtype, shape, data):
-        t = _to_torch(dtype, shape, data)
-        return t if map_location is None else t.to(map_location)
-
-    if raw["tree"] is None:
-        state = {name: to_torch(*b) for name, b in buffers.items()}
+    if into is not None and layout == "torch":
+        raise ValueError("into= reads Steadfast's layout; load with layout='torch' and call load_state_dict instead")
+    place = _location.mover(map_location)
+    targets = {}
+    if into is not None:
+        _tree_json, listed = _tree.encode(into, share=True)
+        targets = {t.name: t.source for t in listed if isinstance(t.source, torch.Tensor)}
+    read = _load.read(_local(path), targets=targets, torch_layout=layout == "torch")
+    if read.tree is None:
+        state = {name: place(t, "cpu") for name, t in read.tensors.items()}
     else:
         try:
-            state = _tree.decode(raw["tree"], buffers, to_torch)
+            state = _tree.decode(read.tree, read.tensors, place)
         except ValueError as e:
-            raise CheckpointError(f"{raw['dir']}: {e}") from None
-    info = {"dir": pathlib.Path(raw["dir"]), "step": raw["step"], "skipped": raw["skipped"]}
+            raise CheckpointError(f"{read.dir}: {e}") from None
+    info = {"dir": pathlib.Path(read.dir), "step": read.step, "skipped": read.skipped}
     return (state, info) if with_info else state
 
 
@@ -143,7 +200,7 @@ def verify(path: _Path) -> list[Problem]:
     every byte checks out. The same check as ``steadfast ckpt verify``: a checkpoint
     directory alone, or a root's every committed checkpoint (files named
     ``step-<N>/<file>``) and its ``LATEST``."""
-    return [Problem(p) for p in _steadfast.verify(os.fspath(path))]
+    return [Problem(p) for p in _steadfast.verify(_local(path))]
 
 
 class AsyncCheckpointer:
@@ -159,35 +216,68 @@ class AsyncCheckpointer:
     one's checkpoints; ``close`` (or leaving a ``with`` block) waits and releases it. A
     kill at any instant leaves the newest committed checkpoint loadable.
 
-    ``stalls`` lists the seconds each ``save`` kept the caller.
+    ``stalls`` lists the seconds each ``save`` kept the caller. The first save also maps
+    in the memory of its buffers, a page fault per 4 KiB: :meth:`prepare` does that on a
+    thread of its own beforehand. ``overwrite`` is :func:`save`'s.
     """
 
-    def __init__(self, root: _Path, *, keep_last: Optional[int] = None) -> None:
+    def __init__(self, root: _Path, *, keep_last: Optional[int] = None, overwrite: bool = False) -> None:
+        root = _local(root)
         self.root = pathlib.Path(root)
-        self._saver = _steadfast.Saver(os.fspath(root), keep_last)
+        self._saver = _steadfast.Saver(root, _keep_last(keep_last), overwrite=bool(overwrite))
         self.stalls = []
         self.committed = None
 
-    def save(self, state: Any, step: int) -> Optional[pathlib.Path]:
+    def _open(self):
+        if self._saver is None:
+            raise CheckpointError(f"the AsyncCheckpointer of {self.root} is closed: create a new one to save again")
+        return self._saver
+
+    def save(self, state: Any, step: int) -> None:
+        """Snapshots ``state`` as the checkpoint of ``step`` and returns as soon as the
+        snapshot is taken; a background thread writes and commits it as :func:`save`
+        would.
+
+        First waits for the save in flight, if there is one, and raises that save's error
+        if it failed (its checkpoint was not committed; this one is not taken). Then
+        copies every tensor's values (from a GPU too) into host buffers that the
+        checkpointer reuses from one save to the next: once it returns, the loop may
+        change its tensors. Other values are encoded into the checkpoint's state tree at
+        once. ``committed`` names the newest committed checkpoint; :meth:`wait` waits for
+        this one. Raises :class:`CheckpointError` once the checkpointer is closed."""
+        saver = self._open()
+        step = _step(step)
         started = time.perf_counter()
         # The tensors' memory is read where it lies, into buffers the checkpointer keeps
         # from one save to the next; `tensors` holds every tensor until that copy is done.
-        tree, tensors = _tree.encode(state)
-        done = self._saver.snapshot(int(step), [t.address() for t in tensors], tree)
+        tree, tensors = _tree.encode(state, share=True)
+        done = saver.snapshot(step, [t.address() for t in tensors], tree)
         del tensors
         if done is not None:
             self.committed = pathlib.Path(done)
         self.stalls.append(time.perf_counter() - started)
 
+    def prepare(self, state: Any) -> None:
+        """Makes the buffers that saves of states like ``state`` (the same tensors' sizes,
+        in the same order) copy into, on a background thread, and returns at once: the
+        first :meth:`save` then stalls the loop no longer than the later ones. Call it
+        once, before the loop's first steps; waits for the save in flight, if any."""
+        saver = self._open()
+        _tree_json, tensors = _tree.encode(state, share=True)
+        done = saver.prepare([t.address()[5] for t in tensors])
+        if done is not None:
+            self.committed = pathlib.Path(done)
+
     def wait(self) -> Optional[pathlib.Path]:
         """Waits for the save in flight; raises its error if it failed."""
-        done = self._saver.wait()
+        done = self._open().wait()
         if done is not None:
             self.committed = pathlib.Path(done)
         return self.committed
 
     def busy(self) -> bool:
-        return self._saver.busy()
+        """Whether a save is in flight."""
+        return self._open().busy()
 
     def close(self) -> None:
         if self._saver is not None:
@@ -201,95 +291,3 @@ class AsyncCheckpointer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def rng_state() -> dict[str, Any]:
-    """Every random generator a PyTorch loop draws from: torch's (CPU, and CUDA's when
-    present), NumPy's global one and Python's ``random``. Save it with the state dicts;
-    :func:`set_rng_state` puts it back."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restores what :func:`rng_state` returned."""
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class ResumableSampler(torch.utils.data.Sampler):
-    """A shuffling sampler that knows where it is, so that a restarted loop visits the
-    remaining examples of the epoch in the same order.
-
-    Epoch ``e`` visits the permutation of ``range(n)`` that is a pure function of
-    ``(seed, e)``: the order ``steadfast train`` uses for the same seed, so a PyTorch
-    loop can see the data exactly as Steadfast's trainer does. ``state_dict()`` records
-    the epoch and how many indices were handed out; a new sampler given it continues from
-    there. Iterating past the end of an epoch moves to the next one.
-    """
-
-    def __init__(self, data_source: Union[int, Sized], *, seed: int = 0, shuffle: bool = True) -> None:
-        self.n = data_source if isinstance(data_source, int) else len(data_source)
-        if self.n < 0:
-            raise ValueError(f"a sampler over {self.n} examples")
-        self.seed, self.shuffle = int(seed), bool(shuffle)
-        self.epoch, self.position = 0, 0
-
-    def order(self, epoch: int) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.n)
-        raw = _steadfast.data_order(self.seed, self.n, int(epoch))
-        return torch.from_numpy(np.frombuffer(raw, dtype="<u4").astype(np.int64))
-
-    def __iter__(self):
-        order = self.order(self.epoch)
-        while self.position < self.n:
-            i = int(order[self.position])
-            self.position += 1
-            yield i
-        self.epoch, self.position = self.epoch + 1, 0
-
-    def __len__(self):
-        return self.n - self.position
-
-    def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
-        """Endless batches of ``batch_size`` indices (int64 tensors), epoch after epoch;
-        an epoch's last, short batch is dropped. The sampler's position advances by each
-        batch as it is handed out, so ``state_dict()`` taken between batches resumes at the
-        next one. Every process that iterates a sampler of the same seed sees the same
-        batches: the global batches a data-parallel job splits into micro-batches."""
-        if batch_size < 1 or batch_size > self.n:
-            raise ValueError(f"a batch of {batch_size} from {self.n} examples")
-        while True:
-            order = self.order(self.epoch)
-            while self.position + batch_size <= self.n:
-                batch = order[self.position:self.position + batch_size]
-                self.position += batch_size
-                yield batch
-            self.epoch, self.position = self.epoch + 1, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.position = int(epoch), 0
-
-    def state_dict(self, position: Optional[int] = None) -> dict[str, Any]:
-        """Where the sampler is. ``position`` overrides how many indices of the epoch were
-        consumed: a DataLoader with worker processes draws indices ahead of the batches
-        the loop has taken, so such a loop passes its own count."""
-        return {"seed": self.seed, "n": self.n, "epoch": self.epoch,
-                "position": self.position if position is None else int(position), "shuffle": self.shuffle}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if (state["seed"], state["n"], state["shuffle"]) != (self.seed, self.n, self.shuffle):
-            raise ValueError(f"a sampler of seed {state['seed']} over {state['n']} examples cannot resume one of "
-                             f"seed {self.seed} over {self.n}")
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position <= self.n:
-            raise ValueError(f"epoch {epoch}, position {position}: not a place in an epoch of {self.n} examples")
-        self.epoch, self.position = epoch, position
-

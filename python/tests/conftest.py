@@ -1,5 +1,10 @@
 """Shared fixtures: the `steadfast` binary (for the CLI's view of what Python wrote) and
-Fashion-MNIST (the study's MLP workload)."""
+Fashion-MNIST (the study's MLP workload).
+
+A test that needs one of them is skipped, with the reason and how to get it, when it is
+missing: a user's `pip install "./python[test]"` and `pytest python/tests` run green or
+clearly skipped. STEADFAST_REQUIRE_BINARY=1 and STEADFAST_REQUIRE_DATA=1 make a missing one
+a failure instead (scripts/python-tests.sh sets both: CI never skips silently)."""
 import os
 import pathlib
 import shutil
@@ -17,11 +22,22 @@ def steadfast_bin():
     return str(built) if built.exists() else shutil.which("steadfast")
 
 
+def missing(what, variable):
+    """Skips the test for lack of ``what``, or fails it when ``variable`` is set to 1."""
+    if os.environ.get(variable) == "1":
+        pytest.fail(f"{what} ({variable}=1 requires it)")
+    pytest.skip(what)
+
+
 @pytest.fixture(scope="session")
 def cli():
+    env = os.environ.get("STEADFAST_BIN")
+    if env and not os.access(env, os.X_OK):
+        pytest.fail(f"STEADFAST_BIN={env} is not an executable file")
     path = steadfast_bin()
     if path is None:
-        pytest.fail("no steadfast binary: build it (cargo build --release) or set STEADFAST_BIN")
+        missing(f"no steadfast binary: build it with `cargo build --release` from the repository root ({ROOT}), "
+                "or set STEADFAST_BIN to one", "STEADFAST_REQUIRE_BINARY")
     return path
 
 
@@ -31,5 +47,6 @@ DATA = pathlib.Path(os.environ.get("STEADFAST_FASHION_MNIST", "/usr/share/datase
 @pytest.fixture(scope="session")
 def fashion_mnist():
     if not (DATA / "train-images-idx3-ubyte.gz").exists():
-        pytest.fail(f"Fashion-MNIST is missing from {DATA} (scripts/install-deps.sh tests installs it)")
+        missing(f"Fashion-MNIST is missing from {DATA}: install it with `scripts/install-deps.sh tests`, or set "
+                "STEADFAST_FASHION_MNIST to a directory holding train-images-idx3-ubyte.gz", "STEADFAST_REQUIRE_DATA")
     return DATA

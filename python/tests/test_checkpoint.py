@@ -232,7 +232,7 @@ SAVER_LOOP = """
 import sys, torch, steadfast.torch as st
 root = sys.argv[1]
 saver = st.AsyncCheckpointer(root, keep_last=4)
-step = 0
+step = (st.steps(root) or [0])[-1]    # on from the newest, as a resumed loop goes
 while True:
     step += 1
     # Every tensor is a function of the step: a loaded checkpoint can be checked.

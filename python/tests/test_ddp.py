@@ -1,5 +1,7 @@
 """Reproducible DDP on gloo with real processes: the final weights of the same job on 1, 2
-and 4 processes are the same bits; the hook's arithmetic is the fixed-point sum's."""
+and 4 processes are the same bits; the hook's arithmetic is the fixed-point sum's; a
+backward pass it cannot account for raises on every rank instead of making the step's
+gradient silently wrong."""
 import json
 import pathlib
 import subprocess
@@ -135,3 +137,157 @@ def test_what_the_hook_cannot_sum_is_refused_before_it_runs_or_named_after(tmp_p
                 grads.module(x[2:]).sum().backward()
     finally:
         dist.destroy_process_group()
+
+
+# Each case runs on a fresh DDP module on every rank; a case whose backward the hook cannot
+# account for must raise on every rank (and then the next case's collectives still meet).
+MISUSE = r'''
+import json, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from steadfast.ddp import ReproducibleGradients
+
+rank, world, rendezvous, micro_batches = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+g = torch.Generator().manual_seed(0)
+x, y, batch = torch.randn(32, 5, generator=g), torch.randn(32, 1, generator=g), torch.arange(32)
+
+
+def loss(model, part):
+    return ((model(x[part]) - y[part]) ** 2).mean()
+
+
+def steps(grads, model, last_twice=False):
+    parts = grads.split(batch)
+    for k, (i, part) in enumerate(parts):
+        with grads.micro_batch(i):
+            loss(model, part).backward()
+            if last_twice and k == len(parts) - 1:
+                loss(model, part).backward()
+
+
+def backward_before_any_micro_batch(grads, model):
+    loss(model, batch).backward()
+
+
+def backward_between_micro_batches(grads, model):
+    (i, part), *_ = grads.split(batch)
+    with grads.micro_batch(i):
+        loss(model, part).backward()
+    loss(model, part).backward()
+
+
+def backward_after_the_context(grads, model):
+    (i, part), *_ = grads.split(batch)
+    with grads.micro_batch(i):
+        out = loss(model, part)
+    out.backward()
+
+
+def forward_before_the_context(grads, model):
+    (i, part), *_ = grads.split(batch)
+    out = loss(model, part)
+    with grads.micro_batch(i):
+        out.backward()
+
+
+def second_backward_in_a_micro_batch(grads, model):
+    (i, part), *_ = grads.split(batch)
+    with grads.micro_batch(i):
+        loss(model, part[:4]).backward()
+        loss(model, part[4:]).backward()
+
+
+def second_backward_in_the_last_micro_batch(grads, model):
+    steps(grads, model, last_twice=True)
+
+
+def no_zero_grad_between_steps(grads, model):
+    steps(grads, model)
+    steps(grads, model)
+
+
+def correct(grads, model):
+    steps(grads, model)
+
+
+out = {}
+for case in (backward_before_any_micro_batch, backward_between_micro_batches, backward_after_the_context,
+             forward_before_the_context, second_backward_in_a_micro_batch, second_backward_in_the_last_micro_batch, no_zero_grad_between_steps,
+             correct):
+    torch.manual_seed(1)
+    model = DDP(torch.nn.Linear(5, 1))
+    grads = ReproducibleGradients(model, micro_batches)
+    try:
+        case(grads, model)
+        out[case.__name__] = {"grad": [p.grad.tolist() for p in model.parameters()]}
+    except RuntimeError as e:
+        out[case.__name__] = {"error": str(e)}
+print(json.dumps(out))
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def misuse(tmp_path, world, micro_batches):
+    script = tmp_path / "misuse.py"
+    script.write_text(MISUSE)
+    ranks = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(tmp_path / "rdv"),
+                               str(micro_batches)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    outs = []
+    for p in ranks:
+        try:
+            stdout, stderr = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in ranks:
+                q.kill()
+            raise AssertionError("a rank hung: the ranks did not fail at the same point")
+        assert p.returncode == 0, stderr
+        outs.append(json.loads(stdout.splitlines()[-1]))
+    return outs
+
+
+REFUSED = {
+    "backward_before_any_micro_batch": r"outside grads\.micro_batch\(i\)",
+    "backward_between_micro_batches": r"outside grads\.micro_batch\(i\)",
+    "backward_after_the_context": r"micro-batch \d+ ran no backward pass inside its context",
+    "forward_before_the_context": r"outside the step's last micro-batch",
+    "second_backward_in_a_micro_batch": r"a second backward pass in micro-batch \d+",
+    "second_backward_in_the_last_micro_batch": r"a second backward pass in micro-batch \d+",
+    "no_zero_grad_between_steps": r"not zero as the step starts.*opt\.zero_grad\(\)",
+}
+
+
+def check_misuse(outs, micro_batches):
+    import re
+
+    for rank, out in enumerate(outs):
+        for case, pattern in REFUSED.items():
+            assert "error" in out[case], f"rank {rank}, {case}: no error, gradient {out[case]}"
+            assert re.search(pattern, out[case]["error"]), (case, out[case]["error"])
+            if "second" not in pattern and "zero" not in pattern:
+                assert "inside `with grads.micro_batch(i):`" in out[case]["error"]
+        assert "error" not in out["correct"], out["correct"]
+    # The step done right is the same bits on every rank and the mean of the micro-batches'
+    # gradients.
+    assert all(out["correct"] == outs[0]["correct"] for out in outs)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 5, generator=g), torch.randn(32, 1, generator=g)
+    torch.manual_seed(1)
+    net = torch.nn.Linear(5, 1).double()
+    for part in torch.arange(32).chunk(micro_batches):
+        (((net(x[part].double()) - y[part].double()) ** 2).mean() / micro_batches).backward()
+    for got, want in zip(outs[0]["correct"]["grad"], (p.grad for p in net.parameters())):
+        assert torch.allclose(torch.tensor(got, dtype=torch.float64), want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_backward_the_hook_cannot_account_for_raises_on_both_ranks(tmp_path):
+    # Before, a plain loss.backward() on 2 ranks with 4 micro-batches gave half the gradient.
+    check_misuse(misuse(tmp_path, world=2, micro_batches=4), 4)
+
+
+def test_a_backward_the_hook_cannot_account_for_raises_on_one_rank(tmp_path):
+    check_misuse(misuse(tmp_path, world=1, micro_batches=2), 2)
