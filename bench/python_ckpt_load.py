@@ -66,7 +66,7 @@ elif what in ("torch.load", "steadfast.torch.load", "steadfast.torch.load(into=)
     print(json.dumps({"seconds": took, "peak": peak() - before}))
 else:
     s = state(kind, size)
-    with st.AsyncCheckpointer(os.path.join(path, what), keep_last=1) as saver:
+    with st.AsyncCheckpointer(os.path.join(path, f"{what}-{os.getpid()}"), keep_last=1) as saver:
         if what == "prepared":
             saver.prepare(s)
             time.sleep(1.0)

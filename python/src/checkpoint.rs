@@ -190,7 +190,12 @@ fn load<'py>(py: Python<'py>, path: PathBuf, torch_layout: bool) -> PyResult<Bou
 /// the first half of a load that reads into memory the caller allocated.
 #[pyclass(module = "steadfast._steadfast", frozen)]
 struct Opened {
+    /// The checkpoint, its state tree taken out (as text, in `tree`): a parsed tree of many
+    /// thousands of tensors would take more memory than the text, for as long as the load.
     checkpoint: ckpt::reader::Checkpoint,
+    /// The state tree, as JSON text, or None for a checkpoint without one (`steadfast train`'s).
+    #[pyo3(get)]
+    tree: Option<String>,
     /// Whether it was found in a root (so an older one may be tried if it fails).
     #[pyo3(get)]
     in_root: bool,
@@ -209,12 +214,6 @@ impl Opened {
     #[getter]
     fn step(&self) -> u64 {
         self.checkpoint.manifest.meta.step
-    }
-
-    /// The state tree, as JSON text, or None for a checkpoint without one (`steadfast train`'s).
-    #[getter]
-    fn tree(&self) -> Option<String> {
-        self.checkpoint.manifest.meta.tree.as_ref().map(|t| t.to_string())
     }
 
     /// The tensors in the manifest's order: `(name, role, dtype, shape, length)`.
@@ -269,8 +268,9 @@ fn open_checkpoint(py: Python<'_>, path: PathBuf, below: Option<u64>) -> PyResul
             }
             None => ckpt::reader::resolve_reporting(&path)?,
         };
-        let checkpoint = ckpt::reader::open(&resolved.dir)?;
-        Ok(Opened { checkpoint, in_root, skipped: resolved.skipped })
+        let mut checkpoint = ckpt::reader::open(&resolved.dir)?;
+        let tree = checkpoint.manifest.meta.tree.take().map(|t| t.to_string());
+        Ok(Opened { checkpoint, tree, in_root, skipped: resolved.skipped })
     })
     .map_err(err)
 }

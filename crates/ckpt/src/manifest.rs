@@ -170,7 +170,13 @@ impl Manifest {
 
     /// The canonical serialisation: pretty JSON with a final newline.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec_pretty(self).expect("a manifest always serialises");
+        self.to_bytes_sized(0)
+    }
+
+    /// [`to_bytes`](Self::to_bytes) into a buffer made for about `size` bytes.
+    fn to_bytes_sized(&self, size: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(size + 1);
+        serde_json::to_writer_pretty(&mut v, self).expect("a manifest always serialises");
         v.push(b'\n');
         v
     }
@@ -180,12 +186,18 @@ impl Manifest {
         let format_err = |reason: String| CkptError::Format { path: path.to_owned(), reason };
         // Look at the version first so that a newer format gets the right message, even
         // when its fields are unknown to us.
-        let loose: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| format_err(format!("not valid JSON: {e}")))?;
-        if loose.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
+        // Only these two fields are read here: the rest is skipped without being built, so
+        // that a manifest of many tensors is not held as a JSON tree beside the struct.
+        #[derive(serde::Deserialize)]
+        struct Head {
+            format: Option<serde_json::Value>,
+            version: Option<serde_json::Value>,
+        }
+        let head: Head = serde_json::from_slice(bytes).map_err(|e| format_err(format!("not valid JSON: {e}")))?;
+        if head.format.as_ref().and_then(|f| f.as_str()) != Some(FORMAT) {
             return Err(format_err(format!("the \"format\" field is not {FORMAT:?}")));
         }
-        match loose.get("version").and_then(|v| v.as_u64()) {
+        match head.version.as_ref().and_then(|v| v.as_u64()) {
             Some(v) if v > u64::from(VERSION) => {
                 return Err(CkptError::NewerVersion {
                     path: path.to_owned(),
@@ -196,21 +208,26 @@ impl Manifest {
             Some(0) | None => return Err(format_err("missing or invalid \"version\"".into())),
             Some(_) => {}
         }
-        let m: Manifest = serde_json::from_value(loose).map_err(|e| format_err(format!("{e}")))?;
+        let mut m: Manifest = serde_json::from_slice(bytes).map_err(|e| format_err(format!("{e}")))?;
         if m.version < 2 && !m.meta.kernels.is_empty() {
             return Err(format_err(format!("version {} has no \"meta.kernels\" field", m.version)));
         }
         if m.version < 3 && m.meta.tree.is_some() {
             return Err(format_err(format!("version {} has no \"meta.tree\" field", m.version)));
         }
-        if hex64(m.own_checksum()) != m.manifest_xxh3 {
+        // The checksum covers the manifest with its own field empty (no clone of a manifest
+        // that may list many thousands of tensors; one serialisation at a time).
+        let sum = std::mem::take(&mut m.manifest_xxh3);
+        let unsigned = crate::checksum(&m.to_bytes_sized(bytes.len()));
+        m.manifest_xxh3 = sum;
+        if hex64(unsigned) != m.manifest_xxh3 {
             return Err(CkptError::Corrupt {
                 path: path.to_owned(),
                 tensor: None,
                 reason: "the manifest's checksum does not match its content".into(),
             });
         }
-        if m.to_bytes() != bytes {
+        if m.to_bytes_sized(bytes.len()) != bytes {
             return Err(CkptError::Corrupt {
                 path: path.to_owned(),
                 tensor: None,
