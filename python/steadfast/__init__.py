@@ -10,7 +10,8 @@ this package is the glue that reaches it from a Python training loop.
 - :mod:`steadfast.torch`: ``save``, ``load`` and ``verify`` of nested state (model,
   optimizer, scalars, random generators) in Steadfast's checkpoint format, the
   ``AsyncCheckpointer`` (training waits for the snapshot only), the state an exact
-  restart needs beyond the state dicts (``rng_state``, ``ResumableSampler``), and
+  restart needs beyond the state dicts (``rng_state``, ``ResumableSampler`` and, for a
+  ``DataLoader`` with workers, ``ResumableLoader``), and
   ``load(..., layout="torch")`` of what ``steadfast train`` wrote into a ``torch.nn``
   module.
 - :mod:`steadfast.ddp`: a DDP communication hook and micro-batch helper whose final

@@ -18,9 +18,14 @@ Resuming::
 
 A checkpoint is a directory of safetensors shards and a manifest, written last, that
 checksums every byte; it only gets its ``step-*`` name once complete, so a kill at any
-instant leaves either the whole checkpoint or nothing, and ``load`` of a root falls back
-to the newest checkpoint that verifies. Loading a damaged one raises
-:class:`steadfast.CheckpointError` naming the file and tensor.
+instant leaves either the whole checkpoint or nothing, and ``load`` of a root falls back,
+with a warning, to the newest checkpoint whose every byte verifies. Loading a damaged
+checkpoint directory raises :class:`steadfast.CheckpointError` naming the file and tensor.
+``load(..., into=...)`` reads straight into tensors you have (a module's parameters).
+
+A loop that draws its batches through a ``DataLoader`` with worker processes uses
+:class:`ResumableLoader`, which counts the batches the loop took rather than those the
+workers drew ahead, so that the sampler's state resumes at the next batch.
 """
 from __future__ import annotations
 
