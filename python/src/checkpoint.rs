@@ -65,8 +65,18 @@ fn refs<'a>(described: &'a [Described], bytes: impl IntoIterator<Item = &'a [u8]
 
 /// The metadata of a checkpoint of `step` holding `tree` (JSON text).
 fn meta(step: u64, tree: &str) -> PyResult<Meta> {
-    let tree: serde_json::Value =
-        serde_json::from_str(tree).map_err(|e| bad(format!("the state tree is not valid JSON: {e}")))?;
+    let tree: serde_json::Value = serde_json::from_str(tree).map_err(|e| {
+        if e.to_string().contains("recursion limit") {
+            bad("the state nests too deeply for a checkpoint (its tree is over 128 levels of JSON, about 40 levels \
+                 of dicts): flatten it"
+                .into())
+        } else {
+            bad(format!("the state tree is not valid JSON: {e}"))
+        }
+    })?;
+    if tree.is_null() {
+        return Err(bad("the state is None: there is nothing to save".into()));
+    }
     Ok(Meta { step, world_size: 1, tree: Some(tree), ..Meta::default() })
 }
 
@@ -76,7 +86,16 @@ fn options(keep_last: Option<usize>, shards: usize) -> SaveOptions {
 
 /// Takes the root's writer lock, clearing what dead writers left.
 fn own(root: &Path) -> Result<Owner, CkptError> {
-    let owner = Owner::acquire(root, 0)?;
+    let owner = Owner::acquire(root, 0).map_err(|e| match e {
+        CkptError::Busy { dir, holder, .. } if holder.starts_with(&format!("pid {} ", std::process::id())) => {
+            CkptError::Mismatch(format!(
+                "{} is being written by this process already (an AsyncCheckpointer that is still open?): save \
+                 through it, or close it first",
+                dir.display()
+            ))
+        }
+        other => other,
+    })?;
     ckpt::store::remove_stale_temporaries(root)?;
     Ok(owner)
 }
@@ -100,44 +119,98 @@ fn save(
     let meta = meta(step, tree)?;
     let described = describe(&tensors)?;
     let refs = refs(&described, tensors.iter().map(|&(.., address, length)| host_bytes(address, length)));
-    let (dir, replaced) = py
+    let (dir, way) = py
         .allow_threads(|| {
             let _owner = own(&root)?;
-            let replaced = may_replace(&root, step, overwrite)?;
-            ckpt::store::save_raw(&root, &meta, &refs, &options(keep_last, shards)).map(|r| (r.dir, replaced))
+            let way = clear_way(&root, step, overwrite)?;
+            let dir = ckpt::store::save_raw(&root, &meta, &refs, &options(keep_last, shards))?.dir;
+            remove_later(&root, &way.later);
+            Ok::<_, CkptError>((dir, way))
         })
         .map_err(err)?;
-    warn_replaced(py, &dir, replaced)?;
+    warn_all(py, &way.said)?;
     Ok(dir)
 }
 
-/// Whether a save of `step` may go ahead in `root`: yes where it holds no checkpoint of
-/// that step, or with `overwrite`; where it holds one that verifies, no (saving a step
-/// twice is a mistake more often than not: a loop that resumed from an older checkpoint
-/// than it meant to); where it holds one that does not verify, yes, and the reason it
-/// did not is returned, to be said. A loop that resumed past a damaged newest checkpoint
-/// saves that step again.
-fn may_replace(root: &Path, step: u64, overwrite: bool) -> Result<Option<String>, CkptError> {
-    let dir = root.join(ckpt::store::step_dir_name(step));
-    if overwrite || !dir.exists() {
-        return Ok(None);
+/// What a save of a step must do about the checkpoints already in its root: what to
+/// tell the user, and the later steps to remove once it has committed.
+struct Way {
+    said: Vec<String>,
+    later: Vec<u64>,
+}
+
+/// Whether a save of `step` may go ahead in `root`, and what it must clear away.
+///
+/// A checkpoint of the same step that verifies is not replaced (saving a step twice is
+/// more often than not a loop that resumed from an older checkpoint than it meant to),
+/// nor are checkpoints of later steps that verify (a load of the root would take the
+/// newest of them, not this one): both only with `overwrite`, which replaces the first
+/// and removes the others once this save commits. Ones that do not verify, which a loop
+/// that resumed past them reaches again, are replaced or removed, and said.
+fn clear_way(root: &Path, step: u64, overwrite: bool) -> Result<Way, CkptError> {
+    let mut way = Way { said: Vec::new(), later: Vec::new() };
+    let committed = if root.is_dir() { ckpt::store::list(root)? } else { Vec::new() };
+    let mut intact = Vec::new();
+    for (s, dir) in committed.into_iter().filter(|(s, _)| *s >= step) {
+        let problem = ckpt::reader::check(&dir).into_iter().next();
+        match (s == step, problem) {
+            (true, None) if !overwrite => intact.push(s),
+            (true, Some(p)) => {
+                way.said.push(format!("replaced {}, which did not verify ({}: {})", dir.display(), p.file, p.reason))
+            }
+            (false, None) if !overwrite => intact.push(s),
+            (false, Some(p)) => {
+                way.said.push(format!(
+                    "removing {} once this save commits: it is of a later step than {step} and does not verify ({}: {})",
+                    dir.display(),
+                    p.file,
+                    p.reason
+                ));
+                way.later.push(s);
+            }
+            (false, None) => {
+                way.said.push(format!("removing {} once this save commits (overwrite=True)", dir.display()));
+                way.later.push(s);
+            }
+            (true, None) => {}
+        }
     }
-    match ckpt::reader::check(&dir).first() {
-        None => Err(CkptError::Mismatch(format!(
-            "{} already holds a checkpoint of step {step} that verifies: pass overwrite=True to replace it, or \
-             save another step",
+    match intact.as_slice() {
+        [] => Ok(way),
+        [only] if *only == step => Err(CkptError::Mismatch(format!(
+            "{} already holds a checkpoint of step {step} that verifies: pass overwrite=True to replace it, or save \
+             another step",
             root.display()
         ))),
-        Some(problem) => Ok(Some(format!("{}: {}", problem.file, problem.reason))),
+        later => {
+            let steps: Vec<String> = later.iter().map(u64::to_string).collect();
+            Err(CkptError::Mismatch(format!(
+                "{} holds checkpoints of steps {} that verify, at or after step {step}: a load of the root would take \
+                 the newest of them, not this one. Pass overwrite=True to replace them (those of later steps are \
+                 removed once this save commits), or save into another directory",
+                root.display(),
+                steps.join(", ")
+            )))
+        }
     }
 }
 
-/// Tells the user, as a Python warning, that the save replaced a damaged checkpoint.
-fn warn_replaced(py: Python<'_>, dir: &Path, replaced: Option<String>) -> PyResult<()> {
-    let Some(reason) = replaced else { return Ok(()) };
-    let text = format!("replaced {}, which did not verify ({reason})", dir.display());
-    let text = std::ffi::CString::new(text.replace('\0', " ")).expect("NUL bytes were replaced");
-    PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyUserWarning>(), &text, 2)
+/// Removes the checkpoints of `steps` (later than the one just committed), as
+/// [`clear_way`] decided; one that cannot be removed stays, and a load of the root
+/// passes over it where it does not verify.
+fn remove_later(root: &Path, steps: &[u64]) {
+    for &s in steps {
+        let _ = ckpt::store::remove_checkpoint(root, s);
+    }
+}
+
+/// Tells the user each of `said`, as a Python warning.
+fn warn_all(py: Python<'_>, said: &[String]) -> PyResult<()> {
+    for text in said {
+        let text = std::ffi::CString::new(text.replace('\0', " ")).expect("NUL bytes were replaced");
+        PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyUserWarning>(), &text, 2)?;
+    }
+    Ok(())
 }
 
 /// The checkpoint `path` names (a checkpoint directory, or a root: its newest valid
@@ -306,7 +379,12 @@ fn steps(root: PathBuf) -> PyResult<Vec<u64>> {
     if !root.exists() {
         return Ok(Vec::new());
     }
-    Ok(ckpt::store::list(&root).map_err(err)?.into_iter().map(|(s, _)| s).collect())
+    let committed = ckpt::store::list(&root).map_err(err)?;
+    Ok(committed
+        .into_iter()
+        .filter(|(_, dir)| dir.join(ckpt::manifest::MANIFEST_FILE).is_file())
+        .map(|(s, _)| s)
+        .collect())
 }
 
 /// Writes checkpoints in the background: `snapshot` returns once the tensors are copied,
@@ -359,12 +437,10 @@ impl Saver {
         let meta = meta(step, tree)?;
         let described = describe(&tensors)?;
         let previous = self.join(py)?;
-        let (root, step_overwrite) = (self.root.clone(), self.overwrite);
-        let replaced = py.allow_threads(|| may_replace(&root, step, step_overwrite)).map_err(err)?;
-        if let Some(reason) = replaced {
-            let dir = root.join(ckpt::store::step_dir_name(step));
-            warn_replaced(py, &dir, Some(reason))?;
-        }
+        let (root, overwrite) = (self.root.clone(), self.overwrite);
+        let way = py.allow_threads(|| clear_way(&root, step, overwrite)).map_err(err)?;
+        warn_all(py, &way.said)?;
+        let later = way.later;
         let mut buffers = std::mem::take(&mut self.spare);
         buffers.resize_with(tensors.len(), Vec::new);
         for (buffer, &(.., address, length)) in buffers.iter_mut().zip(&tensors) {
@@ -377,6 +453,9 @@ impl Saver {
             .spawn(move || {
                 let refs = refs(&described, buffers.iter().map(Vec::as_slice));
                 let result = ckpt::store::save_raw(&root, &meta, &refs, &options).map(|r| Some(r.dir));
+                if result.is_ok() {
+                    remove_later(&root, &later);
+                }
                 (result, buffers)
             })
             .map_err(|e| CheckpointError::new_err(format!("cannot start the background save: {e}")))?;

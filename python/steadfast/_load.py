@@ -10,6 +10,7 @@ before all of its checkpoint verified.
 """
 from __future__ import annotations
 
+import json
 import warnings
 from typing import Any, Optional
 
@@ -50,8 +51,9 @@ def read(path: str, *, targets: Optional[dict[str, torch.Tensor]] = None, torch_
             reasons = "; ".join(f"{d}: {why}" for d, why in skipped)
             raise CheckpointError(f"{path}: no checkpoint in it verifies ({reasons})") from None
         skipped.extend(opened.skipped)
+        plan = _plan(opened, targets or {})      # a mismatch with `into` is the caller's: raised, not passed over
         try:
-            tensors = _layout_torch(opened) if torch_layout else _read(opened, targets or {})
+            tensors = _read(opened, plan)
         except CheckpointError as e:
             if not opened.in_root:
                 raise
@@ -61,6 +63,10 @@ def read(path: str, *, targets: Optional[dict[str, torch.Tensor]] = None, torch_
         for dir, why in skipped:
             warnings.warn(f"{path}: passing over {dir}, which did not check out ({why}); "
                           f"loading step {opened.step}", stacklevel=3)
+        if torch_layout:
+            # The bytes verified; what remains is turning the model into torch.nn's layout,
+            # whose failure (not a model Steadfast trains) no older checkpoint would mend.
+            tensors = _layout_torch(opened)
         return Read(opened, tensors, skipped)
 
 
@@ -73,31 +79,63 @@ def _layout_torch(opened) -> dict[str, torch.Tensor]:
     return out
 
 
-def _read(opened, targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _shared_names(tree: Optional[str]) -> dict[str, str]:
+    """The second names of tensors stored once under their first (tied weights): ``{second:
+    first}``, from the tree's nodes that say ``shares``."""
+    if tree is None or '"shares"' not in tree:
+        return {}
+    found = {}
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "shares" in node and "tensor" in node:
+                found[node["tensor"]] = node["shares"]
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(tree))
+    return found
+
+
+def _plan(opened, targets: dict[str, torch.Tensor]) -> list:
+    """Per stored tensor: ``[name, the memory read into, where to copy it afterwards (or
+    None), the caller's tensor of that name (or None)]``, plus a last entry of the
+    caller's tensors under a tied weight's second name, to be copied from the first.
+    Checks ``targets`` against the checkpoint first: a name it lacks, or another dtype or
+    shape, raises before anything is written."""
     stored = opened.tensors
+    shared = _shared_names(opened.tree) if targets else {}
     names = {name for name, *_ in stored}
-    missing = sorted(set(targets) - names)
+    missing = sorted(set(targets) - names - set(shared))
     if missing:
         raise CheckpointError(f"{opened.dir}: `into` has tensors the checkpoint does not hold: {missing[:5]}")
-    # Per stored tensor: [name, the memory read into, where to copy it afterwards (or
-    # None), the caller's tensor of that name (or None)].
     plan = []
     for name, _role, dtype, shape, length in stored:
         if dtype not in _TORCH:
             raise CheckpointError(f"{opened.dir}: tensor {name} is {dtype}, which this PyTorch has no dtype for")
         want, shape = _TORCH[dtype], tuple(shape)
+        for alias in [name] + [second for second, first in shared.items() if first == name and second in targets]:
+            target = targets.get(alias)
+            if target is not None and (target.dtype != want or tuple(target.shape) != shape):
+                raise CheckpointError(f"{opened.dir}: tensor {alias} is {dtype} {list(shape)}, `into` has "
+                                      f"{target.dtype} {list(target.shape)} there")
         target = targets.get(name)
         if target is None:
             plan.append([name, torch.empty(shape, dtype=want), None, None])
-            continue
-        if target.dtype != want or tuple(target.shape) != shape:
-            raise CheckpointError(f"{opened.dir}: tensor {name} is {dtype} {list(shape)}, `into` has "
-                                  f"{target.dtype} {list(target.shape)} there")
-        if target.device.type == "cpu" and target.is_contiguous():
+        elif target.device.type == "cpu" and target.is_contiguous():
             plan.append([name, target.detach(), None, target])
         else:
             plan.append([name, torch.empty(shape, dtype=want), target, target])
     _share_nothing(plan)
+    seconds = [(second, targets[second]) for second, first in shared.items() if second in targets]
+    return plan + [seconds]
+
+
+def _read(opened, plan: list) -> dict[str, torch.Tensor]:
+    *plan, seconds = plan
     opened.read_into([(t.data_ptr() if t.numel() else 0, t.numel() * t.element_size()) for _, t, _, _ in plan])
     out = {}
     with torch.no_grad():
@@ -108,6 +146,11 @@ def _read(opened, targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 # Written behind autograd's back: tell it, as an in-place copy would.
                 _bump_version(user)
             out[name] = t if user is None else user
+        shared = _shared_names(opened.tree)
+        for second, target in seconds:
+            first = out[shared[second]]
+            if target.data_ptr() != first.data_ptr():   # an untied module: its own copy
+                target.copy_(first)
     return out
 
 

@@ -4,6 +4,7 @@ from (:func:`rng_state`, :func:`set_rng_state`) and where it is in its data
 processes). ``steadfast.torch`` re-exports all four."""
 from __future__ import annotations
 
+import operator
 import random
 import sys
 import warnings
@@ -82,10 +83,12 @@ class ResumableSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, data_source: Union[int, Sized], *, seed: int = 0, shuffle: bool = True) -> None:
-        self.n = data_source if isinstance(data_source, int) else len(data_source)
+        self.n = len(data_source) if hasattr(data_source, "__len__") else operator.index(data_source)
         if self.n < 0:
             raise ValueError(f"a sampler over {self.n} examples")
-        self.seed, self.shuffle = int(seed), bool(shuffle)
+        self.seed, self.shuffle = operator.index(seed), bool(shuffle)
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed {self.seed}: give an integer from 0 to 2**64 - 1")
         self.epoch, self.position = 0, 0
         self._loader: Optional[Callable[[], Any]] = None   # a weak reference to the ResumableLoader counting
 

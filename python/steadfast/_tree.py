@@ -94,20 +94,31 @@ def _clash(name, first, second):
 
 
 def _leaf(x, where):
-    """The node of a plain value, or None where ``x`` is not one."""
-    if isinstance(x, bool):
-        return {"bool": x}
-    if isinstance(x, int):
-        return {"int": str(x)}
-    if isinstance(x, float):
-        return {"float": struct.pack(">d", x).hex()}
-    if isinstance(x, str):
-        return {"str": x}
-    if isinstance(x, (bytes, bytearray)):
-        return {"bytes": bytes(x).hex()}
+    """The node of a plain value, or None where ``x`` is not one. A subclass of a plain
+    type (an ``IntEnum``, a ``str`` subclass) would come back as the plain type, and is
+    refused instead."""
     if isinstance(x, np.generic):
+        if isinstance(x, (np.str_, np.bytes_)):
+            raise TypeError(f"{where}: cannot save a NumPy {type(x).__name__}: convert it with str() or bytes()")
         arr = np.asarray(x)
         return {"scalar": _numpy_name(arr.dtype, where), "hex": arr.astype(arr.dtype.newbyteorder("<")).tobytes().hex()}
+    kind = type(x)
+    if kind is bool:
+        return {"bool": x}
+    if kind is int:
+        return {"int": str(x)}
+    if kind is float:
+        return {"float": struct.pack(">d", x).hex()}
+    if kind is str:
+        return {"str": x}
+    if kind is bytes:
+        return {"bytes": x.hex()}
+    if kind is bytearray:
+        return {"bytearray": x.hex()}
+    for plain in (bool, int, float, str, bytes):
+        if isinstance(x, plain):
+            raise TypeError(f"{where}: cannot save a {kind.__name__} (a subclass of {plain.__name__}), which would "
+                            f"come back as a plain {plain.__name__}: convert it ({plain.__name__}(x)) first")
     return None
 
 
@@ -206,7 +217,10 @@ def encode(state, *, share=False):
             raise TypeError(f"{_dotted(keys)}: cannot save a key of type {type(k).__name__}")
         return encoded
 
-    tree = walk(state, [])
+    try:
+        tree = walk(state, [])
+    except RecursionError:
+        raise ValueError("the state nests too deeply to save (or contains itself): flatten it") from None
     if sharing is not None:
         sharing.check_overlaps()
     return json.dumps(tree, separators=(",", ":")), tensors
@@ -311,6 +325,8 @@ def decode(tree_json, tensors, place=None):
             return value
         if kind == "bytes":
             return bytes.fromhex(value)
+        if kind == "bytearray":
+            return bytearray.fromhex(value)
         raise ValueError(f"unknown state tree node {kind!r}")
 
     state = walk(json.loads(tree_json))

@@ -202,7 +202,7 @@ def test_unsupported_values_are_refused_before_anything_is_written(tmp_path):
 def test_a_second_writer_of_a_root_is_refused(tmp_path):
     root = tmp_path / "ckpt"
     with st.AsyncCheckpointer(root) as first:
-        with pytest.raises(steadfast.CheckpointError, match="pid"):
+        with pytest.raises(steadfast.CheckpointError, match="written by this process already"):
             st.AsyncCheckpointer(root)
         with pytest.raises(steadfast.CheckpointError):
             st.save({"x": torch.zeros(1)}, root, step=9)

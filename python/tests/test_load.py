@@ -150,3 +150,80 @@ def test_a_legacy_pt_file_and_a_pickled_module_say_what_to_do(tmp_path):
     torch.save(model, tmp_path / "module.pt")
     with pytest.raises(steadfast.InjectError, match=r"pickled torch.nn.modules.linear.Linear object.*state_dict\(\)"):
         steadfast.tensors_in(tmp_path / "module.pt")
+
+
+def test_a_state_of_none_is_refused_and_deletes_nothing(tmp_path):
+    st.save({"w": torch.ones(3)}, tmp_path, step=1)
+    with pytest.raises(ValueError, match="the state is None"):
+        st.save(None, tmp_path, step=2, keep_last=1)
+    with st.AsyncCheckpointer(tmp_path) as saver, pytest.raises(ValueError, match="the state is None"):
+        saver.save(None, 3)
+    assert st.steps(tmp_path) == [1] and torch.equal(st.load(tmp_path)["w"], torch.ones(3))
+
+
+def test_saving_below_later_checkpoints_that_verify_is_refused_unless_overwrite_which_removes_them(tmp_path):
+    # A loop rolled back to an older checkpoint (a loss spike): a load of the root would
+    # take the abandoned later ones, and retention would prune the resumed run's.
+    for s in (498, 499, 500):
+        st.save({"s": s}, tmp_path, step=s, keep_last=3)
+    with pytest.raises(steadfast.CheckpointError, match="steps 498, 499, 500 that verify.*overwrite=True"):
+        st.save({"s": 301}, tmp_path, step=301, keep_last=3)
+    assert st.steps(tmp_path) == [498, 499, 500]
+    with pytest.warns(UserWarning, match="removing .*step-00000500 once this save commits"):
+        st.save({"s": 301}, tmp_path, step=301, keep_last=3, overwrite=True)
+    assert st.steps(tmp_path) == [301] and st.load(tmp_path)["s"] == 301
+    # Later ones that do not verify are removed without being asked, and said.
+    st.save({"w": torch.ones(1000)}, tmp_path, step=400)
+    flip_byte_in_w(tmp_path / "step-00000400")
+    with st.AsyncCheckpointer(tmp_path, keep_last=3) as saver, \
+            pytest.warns(UserWarning, match="removing .*step-00000400.*does not verify"):
+        saver.save({"s": 302}, 302)
+    assert st.steps(tmp_path) == [301, 302]
+
+
+def test_a_mismatch_with_into_is_raised_not_passed_over_for_an_older_checkpoint(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(1, 3)).sum().backward()
+    opt.step()
+    st.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path, step=1)
+    st.save({"model": model.state_dict()}, tmp_path, step=2)
+    fresh = torch.nn.Linear(3, 2)
+    before = fresh.weight.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(steadfast.CheckpointError, match="step-00000002: `into` has tensors the checkpoint does not hold"):
+            st.load(tmp_path, into={"model": fresh.state_dict(), "optimizer": {"state": {0: {"momentum_buffer": torch.zeros(2, 3)}}}})
+    assert torch.equal(fresh.weight, before)
+    with pytest.raises(steadfast.CheckpointError, match="layout|model|torch"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            st.load(tmp_path, layout="torch")
+
+
+def test_load_into_an_untied_module_from_a_tied_checkpoint_fills_both(tmp_path):
+    def lm(tied):
+        torch.manual_seed(1)
+        m = torch.nn.ModuleDict({"emb": torch.nn.Embedding(5, 3), "head": torch.nn.Linear(3, 5, bias=False)})
+        if tied:
+            m["head"].weight = m["emb"].weight
+        return m
+    st.save({"model": lm(True).state_dict()}, tmp_path, step=0)
+    untied = lm(False)
+    with torch.no_grad():
+        untied["head"].weight.zero_()
+    st.load(tmp_path, into={"model": untied.state_dict()})
+    assert torch.equal(untied["head"].weight, lm(True)["emb"].weight)
+    assert untied["head"].weight.data_ptr() != untied["emb"].weight.data_ptr()
+
+
+def test_steps_lists_committed_checkpoints_only(tmp_path):
+    st.save({"w": torch.ones(1)}, tmp_path, step=1)
+    (tmp_path / "step-00000003").mkdir()
+    assert st.steps(tmp_path) == [1]
+
+
+def test_a_second_saver_in_one_process_is_told_it_is_this_process(tmp_path):
+    with st.AsyncCheckpointer(tmp_path):
+        with pytest.raises(steadfast.CheckpointError, match="written by this process already"):
+            st.save({"w": torch.ones(1)}, tmp_path, step=1)

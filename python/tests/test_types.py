@@ -443,3 +443,44 @@ def test_the_asynchronous_save_returns_nothing_and_says_so():
     assert signature.return_annotation in (None, "None")
     doc = inspect.getdoc(st.AsyncCheckpointer.save)
     assert doc and "waits for the save in flight" in doc and "raises that save's error" in doc
+
+
+def test_numpy_scalars_plain_subclasses_and_bytearrays_keep_their_types_or_are_refused(tmp_path):
+    import enum
+    state = {"f64": np.float64(1.5), "b": np.bool_(True), "i": np.int32(-3), "ba": bytearray(b"\x00\xff")}
+    back = st.load(st.save(state, tmp_path, step=0))
+    assert {k: type(v) for k, v in back.items()} == {k: type(v) for k, v in state.items()}
+    assert back["f64"] == 1.5 and back["ba"] == bytearray(b"\x00\xff")
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    class Name(str):
+        pass
+
+    for value, plain in ((Color.RED, "int"), (Name("x"), "str")):
+        with pytest.raises(TypeError, match=f"a subclass of {plain}.*convert it"):
+            st.save({"v": value}, tmp_path, step=1)
+    with pytest.raises(TypeError, match="NumPy str_"):
+        st.save({"v": np.str_("x")}, tmp_path, step=1)
+
+
+def test_a_state_nested_too_deeply_or_containing_itself_is_refused_with_what_to_do(tmp_path):
+    deep = {}
+    node = deep
+    for _ in range(60):
+        node["d"] = {}
+        node = node["d"]
+    with pytest.raises(ValueError, match="nests too deeply.*flatten"):
+        st.save(deep, tmp_path, step=0)
+    loop = {"a": 1}
+    loop["self"] = loop
+    with pytest.raises(ValueError, match="nests too deeply to save \\(or contains itself\\)"):
+        st.save(loop, tmp_path, step=0)
+    assert st.steps(tmp_path) == []
+
+
+def test_a_sampler_takes_any_integer_and_refuses_a_negative_seed():
+    assert len(st.ResumableSampler(np.int64(10), seed=np.uint32(3))) == 10
+    with pytest.raises(ValueError, match="seed -1"):
+        st.ResumableSampler(10, seed=-1)

@@ -433,11 +433,14 @@ fn commit_dir(
     write_latest(root, &name)?;
     failpoint::hit("after_latest")?;
 
+    // The checkpoint is committed: a retention that cannot remove an old one is said, and
+    // does not fail the save (the next save tries again).
     let steps: Vec<u64> = list(root)?.into_iter().map(|(s, _)| s).collect();
-    let deleted = retention.to_delete(&steps);
-    for &old in &deleted {
-        if old != step {
-            remove_checkpoint(root, old)?;
+    let mut deleted = Vec::new();
+    for old in retention.to_delete(&steps).into_iter().filter(|&old| old != step) {
+        match remove_checkpoint(root, old) {
+            Ok(()) => deleted.push(old),
+            Err(e) => tracing::warn!(step = old, "keeping an old checkpoint that cannot be removed: {e}"),
         }
     }
     let bytes = manifest_bytes.len() as u64 + manifest.files.iter().map(|f| f.length).sum::<u64>();
