@@ -64,15 +64,20 @@ def _local(path):
     return os.path.expanduser(text)
 
 
+def _count(value, name, what):
+    """``value`` as an int (anything with ``__index__`` but a bool), or a TypeError that
+    says what to give: ``what``."""
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} {value!r} ({type(value).__name__}): give {what}") from None
+
+
 def _step(step):
     """``step`` as an int, or a TypeError or ValueError that says what to give."""
-    try:
-        if isinstance(step, (bool, np.bool_)):
-            raise TypeError
-        value = operator.index(step)
-    except TypeError:
-        raise TypeError(f"step {step!r} ({type(step).__name__}): give the step as an int, the count of "
-                        "optimizer steps done") from None
+    value = _count(step, "step", "the step as an int, the count of optimizer steps done")
     if not 0 <= value < 2**63:
         raise ValueError(f"step {value}: give an int from 0 to 2**63 - 1, the count of optimizer steps done")
     return value
@@ -82,13 +87,7 @@ def _keep_last(keep_last):
     """``keep_last`` checked: None (keep every checkpoint) or an int of at least 1."""
     if keep_last is None:
         return None
-    try:
-        if isinstance(keep_last, (bool, np.bool_)):
-            raise TypeError
-        value = operator.index(keep_last)
-    except TypeError:
-        raise TypeError(f"keep_last {keep_last!r} ({type(keep_last).__name__}): give an int, how many of the "
-                        "newest checkpoints to keep, or None to keep all") from None
+    value = _count(keep_last, "keep_last", "an int, how many of the newest checkpoints to keep, or None to keep all")
     if value < 1:
         raise ValueError(f"keep_last must be at least 1 (it keeps that many of the newest checkpoints), not "
                          f"{value}; give None to keep them all")

@@ -17,38 +17,9 @@ import torch
 
 import steadfast
 import steadfast.torch as st
+from bits import raw, same
 
 HERE = pathlib.Path(__file__).resolve().parent
-
-
-def raw_bytes(t):
-    t = t.detach().contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-
-
-def assert_same(a, b, path="state"):
-    """`a` and `b` are equal bit for bit, with the same types all the way down."""
-    assert type(a) is type(b), f"{path}: {type(a).__name__} became {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
-        assert (a.dtype, tuple(a.shape)) == (b.dtype, tuple(b.shape)), path
-        assert raw_bytes(a) == raw_bytes(b), path
-    elif isinstance(a, np.ndarray):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), path
-        assert a.tobytes() == b.tobytes(), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{path}: keys {list(a)} became {list(b)}"
-        if hasattr(a, "_metadata") or hasattr(b, "_metadata"):
-            assert_same(getattr(a, "_metadata", None), getattr(b, "_metadata", None), f"{path}._metadata")
-        for k in a:
-            assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        assert struct.pack(">d", a) == struct.pack(">d", b), f"{path}: {a!r} became {b!r}"
-    else:
-        assert a == b, f"{path}: {a!r} became {b!r}"
 
 
 def trained(seed=0, steps=3):
@@ -89,7 +60,7 @@ def test_a_nested_state_comes_back_bit_for_bit_with_its_types(tmp_path):
     back = st.load(tmp_path / "ckpt")
     # A strided tensor comes back contiguous, with the same values.
     state["odd"]["strided"] = state["odd"]["strided"].contiguous()
-    assert_same(state, back)
+    same(state, back)
     # What came back drives PyTorch as the original did.
     model2, opt2 = trained(seed=1)
     model2.load_state_dict(back["model"])
@@ -104,7 +75,7 @@ def test_a_nested_state_comes_back_bit_for_bit_with_its_types(tmp_path):
         loss.backward()
         o.step()
     for p, q in zip(model.parameters(), model2.parameters()):
-        assert raw_bytes(p) == raw_bytes(q)
+        assert raw(p) == raw(q)
 
 
 def test_steps_default_to_one_after_the_newest_and_retention_keeps_the_last(tmp_path):

@@ -13,6 +13,7 @@ import torch
 
 import steadfast
 import steadfast.torch as st
+from bits import raw, same
 from steadfast import _location, _tree
 
 Point = collections.namedtuple("Point", "x y")
@@ -21,30 +22,6 @@ Point = collections.namedtuple("Point", "x y")
 class Span(typing.NamedTuple):
     start: int
     stop: int = 0
-
-
-def raw(t):
-    t = t.detach().contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-
-
-def same(a, b, path="state"):
-    """Equal bit for bit, with the same types and requires_grad all the way down."""
-    assert type(a) is type(b), f"{path}: {type(a).__name__} became {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
-        assert (a.dtype, tuple(a.shape), a.requires_grad) == (b.dtype, tuple(b.shape), b.requires_grad), path
-        assert raw(a) == raw(b), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), path
-        assert getattr(a, "default_factory", None) is getattr(b, "default_factory", None), path
-        for k in a:
-            same(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} became {b!r}"
 
 
 def stored_names(step_dir):
