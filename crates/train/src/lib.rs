@@ -58,6 +58,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod pipeline;
+pub mod prepared;
 pub mod record;
 pub mod replay;
 pub mod schedule;

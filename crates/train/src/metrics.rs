@@ -139,3 +139,16 @@ mod tests {
         assert!(lines(&dir).iter().all(|v| v["time"].as_f64().is_some()));
     }
 }
+
+/// Held-out quality at one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalReport {
+    /// Step after which it was measured.
+    pub step: u64,
+    /// Mean cross-entropy per example (per token for text), in nats.
+    pub loss: f64,
+    /// Arg-max accuracy (images) or next-token accuracy (text).
+    pub accuracy: f64,
+    /// `exp(loss)`, for text.
+    pub perplexity: Option<f64>,
+}

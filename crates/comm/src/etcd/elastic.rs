@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use etcd_client::{
@@ -12,7 +11,7 @@ use etcd_client::{
 };
 use tokio::sync::oneshot;
 
-use super::{DONE, Target, coordinator_key, generations_key, over_key, worker_key, worker_of, workers};
+use super::{DONE, Stoppable, Target, coordinator_key, generations_key, over_key, worker_key, worker_of, workers};
 use crate::directory::Directory;
 use crate::protocol::WorkerId;
 use crate::transport::CommError;
@@ -76,8 +75,8 @@ pub enum Campaign {
 /// [`resign`](Role::resign), the lease is given back and a standby takes the role.
 pub struct Role {
     generation: u64,
-    stop: Option<oneshot::Sender<Option<String>>>,
-    thread: Option<JoinHandle<()>>,
+    /// Told the job's end, where it is over.
+    thread: Stoppable<Option<String>>,
 }
 
 impl Role {
@@ -89,22 +88,13 @@ impl Role {
     /// Gives the role back; with `over`, first records that the job is over (so that no
     /// standby takes the role to wait for workers that will never come).
     pub fn resign(mut self, over: Option<String>) {
-        self.end(over);
-    }
-
-    fn end(&mut self, over: Option<String>) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(over);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.thread.stop(over);
     }
 }
 
 impl Drop for Role {
     fn drop(&mut self) {
-        self.end(None);
+        self.thread.stop(None);
     }
 }
 
@@ -152,9 +142,7 @@ pub fn campaign(
         })
         .map_err(|e| setup(format!("cannot start the etcd campaign's thread: {e}")))?;
     match rx.recv().map_err(|_| setup("the etcd campaign's thread ended"))? {
-        Won::Generation(generation) => {
-            Ok(Campaign::Won(Role { generation, stop: Some(stop_tx), thread: Some(thread) }))
-        }
+        Won::Generation(generation) => Ok(Campaign::Won(Role { generation, thread: Stoppable::new(stop_tx, thread) })),
         Won::Over(what) => Ok(Campaign::Over(what)),
         Won::GaveUp => Ok(Campaign::GaveUp),
         Won::Role(..) => unreachable!("the role stays on its thread"),
@@ -372,9 +360,9 @@ async fn next_event(watch: &mut Option<WatchStream>) -> Result<Option<etcd_clien
 
 /// A thread that runs until dropped.
 pub struct Background {
-    stop: Option<oneshot::Sender<bool>>,
+    /// Told whether the worker it serves finished.
+    thread: Stoppable<bool>,
     stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Background {
@@ -395,7 +383,7 @@ impl Background {
             .name(name.into())
             .spawn(move || runtime.block_on(body(stop_rx, flag)))
             .map_err(|e| setup(format!("cannot start the thread {name}: {e}")))?;
-        Ok(Background { stop: Some(stop_tx), stopping, thread: Some(thread) })
+        Ok(Background { thread: Stoppable::new(stop_tx, thread), stopping })
     }
 
     /// Stops the thread; `finished`: the worker it serves finished (its lease is given
@@ -406,12 +394,7 @@ impl Background {
 
     fn end(&mut self, finished: bool) {
         self.stopping.store(true, Ordering::Relaxed);
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(finished);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.thread.stop(finished);
     }
 }
 

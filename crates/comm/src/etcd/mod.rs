@@ -164,6 +164,34 @@ pub use client::{Membership, join};
 #[cfg(feature = "etcd")]
 pub mod elastic;
 
+/// A thread of this module's that runs until it is told to stop, and with what: a
+/// membership's keep-alives, an elected coordinator's role, an elastic worker's lease.
+/// [`stop`](Stoppable::stop) tells it and waits for it to end; its owner calls that from
+/// `Drop` too, so a thread never outlives what it serves.
+#[cfg(feature = "etcd")]
+struct Stoppable<T> {
+    stop: Option<tokio::sync::oneshot::Sender<T>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(feature = "etcd")]
+impl<T> Stoppable<T> {
+    fn new(stop: tokio::sync::oneshot::Sender<T>, thread: std::thread::JoinHandle<()>) -> Self {
+        Stoppable { stop: Some(stop), thread: Some(thread) }
+    }
+
+    /// Tells the thread to stop with `why` (it may have ended already) and waits for it;
+    /// after the first call, does nothing.
+    fn stop(&mut self, why: T) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(why);
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Without the `etcd` feature: the same functions, each refusing.
 #[cfg(not(feature = "etcd"))]
 pub mod elastic {
@@ -275,7 +303,6 @@ mod client {
     use std::collections::BTreeSet;
     use std::net::SocketAddr;
     use std::sync::mpsc;
-    use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
 
     use etcd_client::{
@@ -284,7 +311,7 @@ mod client {
     };
     use tokio::sync::oneshot;
 
-    use super::{DONE, Target, member_key, members, rank_of};
+    use super::{DONE, Stoppable, Target, member_key, members, rank_of};
     use crate::supervisor::Notice;
     use crate::transport::CommError;
 
@@ -296,29 +323,20 @@ mod client {
     /// others'. Dropping it without [`finish`](Membership::finish) stops the keep-alives,
     /// and the others count this worker lost once its lease expires.
     pub struct Membership {
-        stop: Option<oneshot::Sender<bool>>,
-        thread: Option<JoinHandle<()>>,
+        /// Told whether this worker finished.
+        thread: Stoppable<bool>,
     }
 
     impl Membership {
         /// Says that this worker finished (its key holds `done`) and gives the lease back.
         pub fn finish(mut self) {
-            self.stop_thread(true);
-        }
-
-        fn stop_thread(&mut self, finished: bool) {
-            if let Some(stop) = self.stop.take() {
-                let _ = stop.send(finished);
-            }
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
+            self.thread.stop(true);
         }
     }
 
     impl Drop for Membership {
         fn drop(&mut self) {
-            self.stop_thread(false);
+            self.thread.stop(false);
         }
     }
 
@@ -366,7 +384,7 @@ mod client {
             })
             .map_err(|e| setup(format!("cannot start the etcd membership thread: {e}")))?;
         let table = ready_rx.recv().map_err(|_| setup("the etcd membership thread ended"))??;
-        Ok((table, Membership { stop: Some(stop_tx), thread: Some(thread) }))
+        Ok((table, Membership { thread: Stoppable::new(stop_tx, thread) }))
     }
 
     /// A job met: the client, the lease and its keep-alive stream, the table and the

@@ -24,11 +24,11 @@ use crate::checkpointing::{self, Restored};
 use crate::config::TrainConfig;
 use crate::driver::Runner;
 use crate::error::{ConfigError, TrainError};
+use crate::metrics::EvalReport;
 use crate::model::Stage;
 use crate::optim::Optimizer;
 use crate::schedule::Boundary;
 use crate::step::{At, Engine, TrainState};
-use crate::trainer::EvalReport;
 
 pub mod groups;
 pub(crate) mod recovery;

@@ -33,10 +33,10 @@ use super::{Staged, fresh_stage, recv_state, send_state};
 use crate::config::TrainConfig;
 use crate::error::{ConfigError, TrainError};
 use crate::job::Job;
+use crate::prepared::Prepared;
 use crate::replay::{Live, LoggedInputs, Replay, Task, replay};
 use crate::schedule::Boundary;
 use crate::step::{Engine, GradBuffer, TrainState};
-use crate::trainer::Prepared;
 
 /// The longest the other ranks wait for a replay (the coordinator's heartbeats, not this
 /// bound, catch a replacement that dies or stops).

@@ -27,21 +27,17 @@
 
 use std::time::{Duration, Instant};
 
-use burn::prelude::Device;
 use serde_json::json;
 
 use crate::checkpointing;
 use crate::config::{DistConfig, PipeSchedule, TrainConfig};
-use crate::data::sampler::Sampler;
-use crate::data::text::unigram_cross_entropy;
-use crate::data::{DataSpec, Dataset, Modality, Split};
+use crate::data::{Dataset, Split};
 use crate::driver::Driver;
 use crate::error::{ConfigError, TrainError};
 use crate::failpoint::ProcessFaults;
 use crate::job::Job;
 use crate::metrics::MetricsFile;
-use crate::model::{EvalSums, GptConfig, KernelSet, Kernels, Loaded, Model, ModelKind};
-use crate::optim::Optimizer;
+use crate::model::{EvalSums, Kernels, Loaded};
 use crate::pipeline::recovery::Standing;
 use crate::pipeline::{Layout, Staged};
 use crate::schedule::{self, Op};
@@ -50,23 +46,13 @@ use crate::step::{Engine, Injected, LiveFaults, TrainState};
 mod ranks;
 use ranks::Ranks;
 
+pub use crate::metrics::EvalReport;
+pub use crate::prepared::Prepared;
+
 /// Text sequences scored per evaluation (the first ones of the held-out split).
 pub const TEXT_EVAL_SEQUENCES: usize = 1024;
 /// Examples per forward pass during evaluation.
 const EVAL_CHUNK: usize = 500;
-
-/// Held-out quality at one step.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EvalReport {
-    /// Step after which it was measured.
-    pub step: u64,
-    /// Mean cross-entropy per example (per token for text), in nats.
-    pub loss: f64,
-    /// Arg-max accuracy (images) or next-token accuracy (text).
-    pub accuracy: f64,
-    /// `exp(loss)`, for text.
-    pub perplexity: Option<f64>,
-}
 
 /// What a run produced.
 #[derive(Clone, Debug)]
@@ -122,72 +108,6 @@ pub enum Progress<'a> {
     /// A line for whoever watches the run: a change in an elastic job's membership, a
     /// resumption from a checkpoint.
     Note(String),
-}
-
-/// A run's data and the shapes that follow from it.
-pub struct Prepared {
-    /// The data set.
-    pub data: Dataset,
-    /// The GPT's shape (its vocabulary follows the text); unused by other models.
-    pub gpt: GptConfig,
-    /// Tokens per example (1 for images): the loss's denominator is `batch * tokens`.
-    pub tokens_per_example: usize,
-    /// Perplexity of a unigram model on the held-out text (text only).
-    pub unigram_perplexity: Option<f64>,
-    /// The batch shape of the configuration loaded, checked against the data.
-    sampler: Sampler,
-    /// The kernels that compute the model.
-    pub kernels: Kernels,
-}
-
-impl Prepared {
-    /// Loads the data of `config` and checks the batch shape against it.
-    pub fn load(config: &TrainConfig) -> Result<Prepared, TrainError> {
-        // Before anything large is allocated: a state that cannot fit is refused, not
-        // grown until the allocator aborts.
-        crate::footprint::check(config, crate::footprint::available())?;
-        let modality = match config.model {
-            ModelKind::Mlp | ModelKind::Cnn => Modality::Images,
-            ModelKind::Gpt => Modality::Text,
-        };
-        let probe = GptConfig::small(0);
-        let spec = DataSpec {
-            kind: config.data,
-            dir: config.data_dir.clone(),
-            modality,
-            context: probe.context,
-            seed: config.seed,
-        };
-        let data = Dataset::load(&spec)?;
-        let (gpt, tokens_per_example, unigram_perplexity) = match &data {
-            Dataset::Text(t) => (GptConfig::small(t.vocab.len()), t.context, Some(unigram_cross_entropy(t).exp())),
-            Dataset::Images(_) => (probe, 1, None),
-        };
-        let sampler = Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;
-        if sampler.micro_batches() as u64 > config.reduce.max_parts() {
-            return Err(ConfigError::Invalid(format!(
-                "{} micro-batches per step exceed the {} parts that the {} sum can hold",
-                sampler.micro_batches(),
-                config.reduce.max_parts(),
-                config.reduce
-            ))
-            .into());
-        }
-        let kernels = resolve_kernels(config)?;
-        Ok(Prepared { data, gpt, tokens_per_example, unigram_perplexity, sampler, kernels })
-    }
-
-    /// The freshly initialised state and the engine that steps it, with the batch shape
-    /// (seed, batch, micro-batch) of the configuration that was loaded.
-    pub fn start(&self, config: &TrainConfig) -> (TrainState, Engine<'_>) {
-        let device = Device::flex().autodiff();
-        let model = Model::new(config.model, config.seed, self.gpt, config.mlp_width, &device);
-        let params = model.params();
-        let optimizer = Optimizer::new(config.optimizer, config.optim, &params);
-        let state = TrainState::new(params, optimizer);
-        let denominator = self.sampler.batch() * self.tokens_per_example;
-        (state, Engine::new(&self.data, model, device, self.sampler.clone(), config.reduce, denominator, self.kernels))
-    }
 }
 
 /// Runs training in one process or as a rank of a static job (not an elastic one: see
@@ -571,13 +491,4 @@ pub fn evaluate_first(model: &Loaded<'_>, data: &Dataset, step: u64, limit: usiz
         accuracy: sums.correct as f64 / sums.count as f64,
         perplexity: matches!(data, Dataset::Text(_)).then(|| loss.exp()),
     }
-}
-
-/// The kernels of `config`: the set it names (or the default), and for the fixed-order
-/// set the instruction set that `STEADFAST_ISA` names (or the best this CPU has).
-fn resolve_kernels(config: &TrainConfig) -> Result<Kernels, TrainError> {
-    Ok(match config.kernel_set() {
-        KernelSet::Fixed => Kernels::Fixed(kernels::isa::from_env().map_err(|e| ConfigError::Invalid(e.to_string()))?),
-        KernelSet::Framework => Kernels::Framework,
-    })
 }
