@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 
 use ckpt::{CkptError, DType, Meta, Owner, RawTensorRef, Retention, Role, SaveOptions};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyDict};
+use pyo3::types::PyByteArray;
 
 use crate::CheckpointError;
 use crate::host::{host_bytes, host_bytes_mut, mapped_buffer};
@@ -213,51 +213,8 @@ fn warn_all(py: Python<'_>, said: &[String]) -> PyResult<()> {
     Ok(())
 }
 
-/// The checkpoint `path` names (a checkpoint directory, or a root: its newest valid
-/// checkpoint), every checksum verified: a dict with `dir`, `step`, `tree` (JSON text or
-/// None), `tensors` (a list of `(name, role, dtype, shape, bytearray)`) and `skipped`
-/// (the newer checkpoints passed over, with why). With `torch_layout`, only the model's
-/// tensors, named and laid out as `torch.nn` modules hold them (`ckpt::torch_layout`),
-/// and no tree.
-#[pyfunction]
-#[pyo3(signature = (path, *, torch_layout=false))]
-fn load<'py>(py: Python<'py>, path: PathBuf, torch_layout: bool) -> PyResult<Bound<'py, PyDict>> {
-    let (resolved, mut manifest, tensors) = py
-        .allow_threads(|| {
-            let resolved = ckpt::reader::resolve_reporting(&path)?;
-            let c = ckpt::reader::open(&resolved.dir)?;
-            let tensors = if torch_layout {
-                let model = ckpt::torch_layout::to_torch(ckpt::export::model_tensors(&c)?);
-                let loaded = |t: ckpt::torch_layout::Named| ckpt::LoadedTensor {
-                    name: t.name,
-                    role: Role::Model,
-                    dtype: t.dtype,
-                    shape: t.shape,
-                    data: ckpt::TensorData::Bytes(t.bytes),
-                };
-                model.into_iter().map(loaded).collect()
-            } else {
-                c.load()?
-            };
-            Ok::<_, CkptError>((resolved, c.manifest, tensors))
-        })
-        .map_err(err)?;
-    if torch_layout {
-        manifest.meta.tree = None;
-    }
-    let out = PyDict::new(py);
-    out.set_item("dir", &resolved.dir)?;
-    out.set_item("step", manifest.meta.step)?;
-    out.set_item("tree", manifest.meta.tree.as_ref().map(|t| t.to_string()))?;
-    let skipped: Vec<(PathBuf, String)> = resolved.skipped;
-    out.set_item("skipped", skipped)?;
-    let list: Vec<_> = tensors
-        .iter()
-        .map(|t| (t.name.as_str(), t.role.as_str(), t.dtype.name(), t.shape.clone(), PyByteArray::new(py, t.bytes())))
-        .collect();
-    out.set_item("tensors", list)?;
-    Ok(out)
-}
+/// A tensor in `torch.nn`'s name and layout: `(name, dtype, shape, bytes)`.
+type LaidOut<'py> = (String, &'static str, Vec<usize>, Bound<'py, PyByteArray>);
 
 /// A checkpoint whose manifest has been read and checked, its tensors not yet read:
 /// the first half of a load that reads into memory the caller allocated.
@@ -294,6 +251,24 @@ impl Opened {
     fn tensors(&self) -> Vec<(String, String, String, Vec<u64>, u64)> {
         let m = &self.checkpoint.manifest;
         m.tensors.iter().map(|t| (t.name.clone(), t.role.clone(), t.dtype.clone(), t.shape.clone(), t.length)).collect()
+    }
+
+    /// The model's tensors of a checkpoint `steadfast train` wrote, read and verified,
+    /// named and laid out as `torch.nn` modules hold them (`ckpt::torch_layout`): a list
+    /// of `(name, dtype, shape, bytearray)`. A checkpoint saved from Python (one with a
+    /// state tree) is in its framework's layout already, and refused.
+    fn torch_layout<'py>(&self, py: Python<'py>) -> PyResult<Vec<LaidOut<'py>>> {
+        if self.tree.is_some() {
+            return Err(CheckpointError::new_err(format!(
+                "{} holds a framework's state (it was saved from Python), already in that framework's layout: load \
+                 it with layout='steadfast'",
+                self.checkpoint.dir.display()
+            )));
+        }
+        let model = py
+            .allow_threads(|| ckpt::export::model_tensors(&self.checkpoint).map(ckpt::torch_layout::to_torch))
+            .map_err(err)?;
+        Ok(model.into_iter().map(|t| (t.name, t.dtype.name(), t.shape, PyByteArray::new(py, &t.bytes))).collect())
     }
 
     /// Reads every tensor into the memory at `buffers[i] = (address, length)` (the
@@ -501,7 +476,6 @@ impl Saver {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save, m)?)?;
-    m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
     m.add_class::<Opened>()?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;

@@ -51,9 +51,14 @@ def read(path: str, *, targets: Optional[dict[str, torch.Tensor]] = None, torch_
             reasons = "; ".join(f"{d}: {why}" for d, why in skipped)
             raise CheckpointError(f"{path}: no checkpoint in it verifies ({reasons})") from None
         skipped.extend(opened.skipped)
-        plan = _plan(opened, targets or {})      # a mismatch with `into` is the caller's: raised, not passed over
+        # A mismatch with `into`, or a layout the checkpoint cannot take, is the caller's:
+        # raised, not passed over for an older checkpoint.
+        if torch_layout and opened.tree is not None:
+            raise CheckpointError(f"{opened.dir} holds a framework's state (it was saved from Python), already in "
+                                  "that framework's layout: load it with layout='steadfast'")
+        plan = None if torch_layout else _plan(opened, targets or {})
         try:
-            tensors = _read(opened, plan)
+            tensors = _layout_torch(opened) if torch_layout else _read(opened, plan)
         except CheckpointError as e:
             if not opened.in_root:
                 raise
@@ -63,17 +68,12 @@ def read(path: str, *, targets: Optional[dict[str, torch.Tensor]] = None, torch_
         for dir, why in skipped:
             warnings.warn(f"{path}: passing over {dir}, which did not check out ({why}); "
                           f"loading step {opened.step}", stacklevel=3)
-        if torch_layout:
-            # The bytes verified; what remains is turning the model into torch.nn's layout,
-            # whose failure (not a model Steadfast trains) no older checkpoint would mend.
-            tensors = _layout_torch(opened)
         return Read(opened, tensors, skipped)
 
 
 def _layout_torch(opened) -> dict[str, torch.Tensor]:
-    raw = _steadfast.load(str(opened.dir), torch_layout=True)
     out = {}
-    for name, _role, dtype, shape, data in raw["tensors"]:
+    for name, dtype, shape, data in opened.torch_layout():
         out[name] = torch.frombuffer(data, dtype=torch.uint8).view(_TORCH[dtype]).reshape(tuple(shape)) \
             if len(data) else torch.empty(tuple(shape), dtype=_TORCH[dtype])
     return out
@@ -130,7 +130,7 @@ def _plan(opened, targets: dict[str, torch.Tensor]) -> list:
         else:
             plan.append([name, torch.empty(shape, dtype=want), target, target])
     _share_nothing(plan)
-    seconds = [(second, targets[second]) for second, first in shared.items() if second in targets]
+    seconds = [(first, targets[second]) for second, first in shared.items() if second in targets]
     return plan + [seconds]
 
 
@@ -146,11 +146,9 @@ def _read(opened, plan: list) -> dict[str, torch.Tensor]:
                 # Written behind autograd's back: tell it, as an in-place copy would.
                 _bump_version(user)
             out[name] = t if user is None else user
-        shared = _shared_names(opened.tree)
-        for second, target in seconds:
-            first = out[shared[second]]
-            if target.data_ptr() != first.data_ptr():   # an untied module: its own copy
-                target.copy_(first)
+        for first, target in seconds:
+            if target.data_ptr() != out[first].data_ptr():   # an untied module: its own copy
+                target.copy_(out[first])
     return out
 
 

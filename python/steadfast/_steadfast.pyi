@@ -1,22 +1,14 @@
 """Type stubs of the native module (python/src). The public API is steadfast.torch."""
 from os import PathLike
-from typing import Optional, Sequence, Tuple, TypedDict, Union
+from typing import Optional, Sequence, Tuple, Union
 
 _Path = Union[str, PathLike[str]]
 # (name, role, dtype, shape, address of the little-endian bytes in host memory, their length)
 _TensorAt = Tuple[str, str, str, Sequence[int], int, int]
-_TensorOut = Tuple[str, str, str, list[int], bytearray]
 
 FORMAT_VERSION: int
 
 class CheckpointError(OSError): ...
-
-class _Loaded(TypedDict):
-    dir: str
-    step: int
-    tree: Optional[str]
-    tensors: list[_TensorOut]
-    skipped: list[Tuple[str, str]]
 
 __version__: str
 
@@ -24,7 +16,6 @@ def save(
     root: _Path, step: int, tensors: Sequence[_TensorAt], tree: str, keep_last: Optional[int] = None, shards: int = 2,
     overwrite: bool = False,
 ) -> str: ...
-def load(path: _Path, *, torch_layout: bool = False) -> _Loaded: ...
 def verify(path: _Path) -> list[Tuple[str, Optional[str], str]]: ...
 def steps(root: _Path) -> list[int]: ...
 def data_order(seed: int, examples: int, epoch: int) -> bytearray: ...
@@ -37,6 +28,7 @@ class Opened:
     skipped: list[Tuple[str, str]]
     tensors: list[Tuple[str, str, str, list[int], int]]
     def read_into(self, buffers: Sequence[Tuple[int, int]]) -> None: ...
+    def torch_layout(self) -> list[Tuple[str, str, list[int], bytearray]]: ...
 
 def open_checkpoint(path: _Path, below: Optional[int] = None) -> Opened: ...
 
