@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use repro::rng::Stream;
 
-use crate::protocol::{Action, Compared, Coordinator, Msg, Node, Timing, Worker, WorkerId, WorkerState};
+use crate::protocol::{Action, Checks, Coordinator, Event, Msg, Node, Saved, Timing, Worker, WorkerId, WorkerState};
 
 /// A fault at a moment of simulated time.
 #[derive(Clone, Debug, PartialEq)]
@@ -137,12 +137,14 @@ pub struct Config {
     /// Keep a copy of the state every this many steps, and go back to it on leaving an
     /// epoch (the rollback baseline of [`crate::protocol`]).
     pub copy_every: Option<u64>,
-    /// Compare the replicas after every this many updates and after the last (`None`:
-    /// never), as the shells of a job with `--fingerprint-every` do.
-    pub check_every: Option<u64>,
-    /// The job repairs divergence (`--on-divergence repair`): a worker checks its state at
-    /// rest before each step, and an outvoted replica fetches the majority's state.
-    pub repair: bool,
+    /// The replica checks and repair the job asks for (`--fingerprint-every`,
+    /// `--on-divergence repair`).
+    pub checks: Checks,
+    /// Take a checkpoint after every this many steps (`None`: none); each member writes
+    /// its part, durable `persist` after the update.
+    pub checkpoint_every: Option<u64>,
+    /// How long a part takes to become durable.
+    pub persist: Duration,
     /// Print every action to standard error (for reading a failing schedule).
     pub trace: bool,
 }
@@ -172,15 +174,20 @@ impl Config {
             faults: Vec::new(),
             limit: Duration::from_secs(600),
             copy_every: None,
-            check_every: None,
-            repair: false,
+            checks: Checks::default(),
+            checkpoint_every: None,
+            persist: Duration::from_millis(15),
             trace: false,
         }
     }
 
     /// The same job under a random schedule of faults drawn from `seed`: up to two kills
     /// (each replaced or not), perhaps a hang, a cut link, a coordinator restart, a worker
-    /// joining, and perhaps a lossy network.
+    /// joining, and perhaps a lossy network; replica checks at a drawn interval, perhaps
+    /// repair, perhaps checkpoints, and, where the job repairs, perhaps a state corrupted
+    /// at rest. (Not a corrupted update: one whose replica check a loss cuts short may be
+    /// the newest state the next quorum finds, and nothing then tells it from a healthy
+    /// one; see `corrupted` in the tests for those on their own.)
     pub fn random(seed: u64, workers: u32, steps: u64) -> Config {
         let mut c = Config::new(seed, workers, steps);
         let mut r = Stream::for_purpose(seed, "sim.schedule", &[]);
@@ -212,6 +219,12 @@ impl Config {
         }
         if r.below(10) < 3 {
             c.drop = 0.01;
+        }
+        // The checks, the checkpoints and silent corruption, in the same schedule.
+        c.checks = Checks { every: r.below(4), repair: r.below(2) == 0 };
+        c.checkpoint_every = (r.below(2) == 0).then(|| 2 + r.below(3));
+        if c.checks.repair && r.below(10) < 3 {
+            c.faults.push(Fault::Corrupt { at: at(&mut r), worker: r.below(u64::from(workers)) as u32 });
         }
         c
     }
@@ -262,6 +275,11 @@ pub struct Report {
     pub epochs: u64,
     /// Messages sent, and of those lost.
     pub messages: (u64, u64),
+    /// The checkpoints committed, by step, each once every member's part of it was
+    /// durable, with the fingerprint of the state they hold.
+    pub checkpoints: Vec<(u64, u64)>,
+    /// Replica checks that outvoted a member for repair.
+    pub repairs: u64,
 }
 
 /// The sum of step `step`, as every worker computes it.
@@ -324,8 +342,9 @@ struct Proc {
     dead: bool,
     hung_until: Option<Option<Duration>>,
     end: Option<End>,
-    /// Its state changed at rest since its last update or fetch.
-    corrupt: bool,
+    /// The root's lock: its epoch's committer holds it, so it writes its parts (as the
+    /// last vote agreed).
+    locked: bool,
     /// Its next update goes wrong.
     corrupt_update: bool,
     /// It compares its state with the others' after an update: its shell is blocked in
@@ -339,14 +358,15 @@ enum Scheduled {
     CollectiveDeadline { epoch: u64, step: u64 },
     Reduced { proc: usize, epoch: u64, step: u64, sum: Option<(bool, u64)> },
     CheckDeadline { epoch: u64, step: u64 },
-    Checked { proc: usize, step: u64, compared: Compared },
-    Fetched { proc: usize, epoch: u64, source: usize, step: u64 },
+    Checked { proc: usize, step: u64, own: u64, prints: Option<Vec<u64>> },
+    Fetched { proc: usize, epoch: u64, source: usize, step: u64, want: u64 },
     FetchFailed { proc: usize, epoch: u64 },
     Fault(usize),
     Resume(usize),
     Start(WorkerId),
     RestartCoordinator,
     Disconnected { proc: usize },
+    PeerLost { proc: usize, peer: WorkerId },
 }
 
 struct Collective {
@@ -356,6 +376,20 @@ struct Collective {
     /// Each joined worker's fingerprint when it joined (in a replica check: the one its
     /// shell took right after the update).
     prints: Vec<u64>,
+}
+
+/// A member's part of a checkpoint: who wrote it, the fingerprint of the state it holds,
+/// and when it is durable.
+struct Part {
+    writer: WorkerId,
+    fingerprint: u64,
+    durable_at: Duration,
+}
+
+impl Part {
+    fn durable(&self, now: Duration) -> bool {
+        self.durable_at <= now
+    }
 }
 
 struct Sim<'a> {
@@ -376,6 +410,10 @@ struct Sim<'a> {
     collectives: BTreeMap<(u64, u64), Collective>,
     /// The replica checks after the updates of `(epoch, step)`.
     checks: BTreeMap<(u64, u64), Collective>,
+    /// The checkpoint parts written, by `(epoch, step)`: each epoch's parts lie apart.
+    parts: BTreeMap<(u64, u64), Vec<Part>>,
+    /// The newest step committed of each epoch's checkpoints.
+    committed: BTreeMap<u64, u64>,
     /// Pending events that [`Sim::scheduled`] counts.
     scheduled: u64,
     /// Epochs of the quorums the coordinators sent.
@@ -401,6 +439,8 @@ pub fn run(c: &Config) -> Report {
         links: BTreeMap::new(),
         collectives: BTreeMap::new(),
         checks: BTreeMap::new(),
+        parts: BTreeMap::new(),
+        committed: BTreeMap::new(),
         scheduled: 0,
         quorums: std::collections::BTreeSet::new(),
         failed: false,
@@ -416,6 +456,8 @@ pub fn run(c: &Config) -> Report {
             hashed: 0,
             epochs: 0,
             messages: (0, 0),
+            checkpoints: Vec::new(),
+            repairs: 0,
         },
     };
     sim.start_coordinator();
@@ -484,10 +526,11 @@ impl Sim<'_> {
         let now = self.instant();
         let fingerprint = initial(self.c.seed);
         let incarnation = self.procs.iter().filter(|p| p.id == id).count() as u64;
-        let (mut machine, actions) = Worker::new((id, incarnation), self.c.steps, (0, fingerprint), self.c.timing, now);
+        let (mut machine, mut actions) =
+            Worker::new((id, incarnation), self.c.steps, (0, fingerprint), (self.c.timing, self.c.checks), now);
         let copy = self.c.copy_every.map(|_| (0, fingerprint));
-        if let Some((step, fp)) = copy {
-            machine.keep_copy(step, fp);
+        if let Some((step, fingerprint)) = copy {
+            actions.extend(machine.step(now, Event::Copied { step, fingerprint }));
         }
         self.procs.push(Proc {
             id,
@@ -499,12 +542,10 @@ impl Sim<'_> {
             dead: false,
             hung_until: None,
             end: None,
-            corrupt: false,
+            locked: false,
             corrupt_update: false,
             checking: false,
         });
-        let last = self.procs.len() - 1;
-        self.procs[last].machine.repairs(self.c.repair);
         let p = self.procs.len() - 1;
         self.perform(Node::Worker(id), Some(p), actions);
         self.after(self.tick_every(), Scheduled::Tick(Node::Worker(id), Some(p)));
@@ -535,44 +576,48 @@ impl Sim<'_> {
             }
             match a {
                 Action::Send { to, msg } => self.send(node, to, msg),
-                Action::Vote { epoch, step, ok, digest, to } => {
+                Action::Vote { epoch, step, ok, digest, saved, to } => {
                     for m in to {
-                        self.send(node, Node::Worker(m), Msg::Ballot { epoch, step, ok, digest });
+                        self.send(node, Node::Worker(m), Msg::Ballot { epoch, step, ok, digest, saved });
                     }
                 }
-                Action::Compute { epoch, step, members, .. } => {
+                Action::Compute { epoch, step, members, verify, .. } => {
                     let p = proc.expect("only workers compute");
-                    if self.c.repair && std::mem::take(&mut self.procs[p].corrupt) {
-                        // The shell's check at rest: the state is not the one committed.
-                        let (id, fingerprint, now) = (self.procs[p].id, self.procs[p].fingerprint, self.instant());
-                        let actions = self.procs[p].machine.on_corrupted(now, fingerprint);
-                        self.perform(Node::Worker(id), Some(p), actions);
+                    if self.changed(p, verify) {
                         continue;
                     }
                     self.join_collective(p, epoch, step, members);
                 }
-                Action::Apply { step } => {
+                Action::Apply { step, verify, hash, compare, agreed } => {
                     let p = proc.expect("only workers apply");
-                    self.apply(p, step);
+                    if let Some(agreed) = agreed {
+                        self.heard(p, agreed);
+                    }
+                    if self.changed(p, verify) {
+                        self.procs[p].held = None;
+                        continue;
+                    }
+                    self.apply(p, step, hash, compare);
                 }
-                Action::Fetch { epoch, step, sources, .. } => {
+                Action::Fetch { epoch, step, fingerprint, sources } => {
                     let p = proc.expect("only workers fetch");
-                    self.fetch(p, epoch, step, &sources);
+                    self.fetch(p, epoch, (step, fingerprint), &sources);
                 }
                 Action::Hash => {
                     let p = proc.expect("only workers hash");
                     let (id, fingerprint) = (self.procs[p].id, self.procs[p].fingerprint);
                     self.report.hashed += 1;
                     let now = self.instant();
-                    let actions = self.procs[p].machine.on_hashed(now, fingerprint);
+                    let actions = self.procs[p].machine.step(now, Event::Hashed { fingerprint });
                     self.perform(Node::Worker(id), Some(p), actions);
                 }
                 Action::Restore { step, fingerprint } => {
                     let p = &mut self.procs[proc.expect("only workers restore")];
                     assert_eq!(p.copy, Some((step, fingerprint)), "worker {} restores a copy it does not keep", p.id);
-                    (p.step, p.fingerprint, p.held, p.corrupt) = (step, fingerprint, None, false);
+                    (p.step, p.fingerprint, p.held) = (step, fingerprint, None);
                     self.report.restored += 1;
                 }
+                Action::Repair { .. } => self.report.repairs += 1,
                 Action::Finished => {
                     let p = &mut self.procs[proc.expect("only workers finish")];
                     p.end = Some(End::Finished { step: p.step, fingerprint: p.fingerprint });
@@ -657,18 +702,77 @@ impl Sim<'_> {
         }
     }
 
-    fn apply(&mut self, p: usize, step: u64) {
-        let pair = self.procs[p].machine.quorum().is_some_and(|q| q.members.len() == 2);
-        if self.c.repair && pair && self.procs[p].corrupt {
-            // The shell's check before the update in an epoch of two: no majority could
-            // name this replica afterwards, so it names itself now.
-            self.procs[p].corrupt = false;
-            let (id, fingerprint, now) = (self.procs[p].id, self.procs[p].fingerprint, self.instant());
-            self.procs[p].held = None;
-            let actions = self.procs[p].machine.on_corrupted(now, fingerprint);
-            self.perform(Node::Worker(id), Some(p), actions);
+    /// The shell's check of an action's `verify`: whether the state no longer has the
+    /// fingerprint it was committed with, in which case the worker hears so.
+    fn changed(&mut self, p: usize, verify: Option<u64>) -> bool {
+        let (id, fingerprint, now) = (self.procs[p].id, self.procs[p].fingerprint, self.instant());
+        if verify.is_none_or(|v| v == fingerprint) {
+            return false;
+        }
+        let actions = self.procs[p].machine.step(now, Event::Changed { fingerprint });
+        self.perform(Node::Worker(id), Some(p), actions);
+        true
+    }
+
+    /// The ballots' agreement on the epoch's checkpoints reached worker `p`: its part is
+    /// written from now on if the committer holds the root's lock, and the committer
+    /// commits every checkpoint of the epoch through `agreed.durable`. Committing one that
+    /// is not whole, or holds another state than the run that never failed, is a bug.
+    fn heard(&mut self, p: usize, agreed: Saved) {
+        self.procs[p].locked = agreed.locked;
+        let Some(q) = self.procs[p].machine.quorum() else { return };
+        let (epoch, members) = (q.epoch, q.members.clone());
+        if q.rank_of(self.procs[p].id) != Some(0) || !agreed.locked {
             return;
         }
+        let from = self.committed.get(&epoch).copied().unwrap_or(0);
+        if agreed.durable <= from {
+            return;
+        }
+        let due: Vec<u64> =
+            self.parts.range((epoch, from + 1)..=(epoch, agreed.durable)).map(|(&(_, s), _)| s).collect();
+        for step in due {
+            let parts = &self.parts[&(epoch, step)];
+            let context = || format!("seed {}: the checkpoint of step {step} in epoch {epoch}", self.c.seed);
+            for m in &members {
+                let part = parts.iter().find(|part| part.writer == *m);
+                assert!(part.is_some_and(|part| part.durable(self.now)), "{}: no durable part of {m}", context());
+            }
+            let prints: Vec<u64> = parts.iter().map(|part| part.fingerprint).collect();
+            assert!(prints.windows(2).all(|w| w[0] == w[1]), "{}: parts of different states {prints:?}", context());
+            self.report.checkpoints.push((step, prints[0]));
+            self.committed.insert(epoch, step);
+        }
+    }
+
+    /// A member writes its part of the checkpoint of the state it now holds, when one is
+    /// due and the committer holds the root's lock.
+    fn write_part(&mut self, p: usize) {
+        let proc = &self.procs[p];
+        let due = self.c.checkpoint_every.is_some_and(|k| proc.step.is_multiple_of(k));
+        let Some(q) = proc.machine.quorum() else { return };
+        if !due || !proc.locked || proc.machine.status().phase != WorkerState::Stepping {
+            return;
+        }
+        let part = Part { writer: proc.id, fingerprint: proc.fingerprint, durable_at: self.now + self.c.persist };
+        self.parts.entry((q.epoch, proc.step)).or_default().push(part);
+    }
+
+    /// Where worker `p`'s part of its epoch's checkpoints stands, for its ballot.
+    fn saved(&self, p: usize, epoch: u64) -> Saved {
+        let proc = &self.procs[p];
+        let mine = || {
+            self.parts
+                .range((epoch, 0)..=(epoch, u64::MAX))
+                .filter_map(|(&(_, s), parts)| Some((s, parts.iter().find(|part| part.writer == proc.id)?)))
+        };
+        let durable = mine().filter(|(_, part)| part.durable(self.now)).map(|(s, _)| s).max().unwrap_or(0);
+        let (written, print) = mine().last().map_or((0, 0), |(s, part)| (s, part.fingerprint));
+        let first = proc.machine.quorum().is_some_and(|q| q.epoch == epoch && q.rank_of(proc.id) == Some(0));
+        Saved { durable, locked: first, written, print }
+    }
+
+    fn apply(&mut self, p: usize, step: u64, hash: bool, compare: bool) {
         let seed = self.c.seed;
         let proc = &mut self.procs[p];
         let (held_step, sum) = proc.held.expect("a worker applies only a sum it holds");
@@ -687,34 +791,30 @@ impl Sim<'_> {
         self.report.applied += 1;
         self.report.rolled_forward += u64::from(rolling);
         self.keep_copy(p);
+        self.write_part(p);
         let proc = &self.procs[p];
         let (fp, id) = (proc.fingerprint, proc.id);
         let now = self.instant();
-        let due = self.c.check_every.is_some_and(|k| (step + 1).is_multiple_of(k) || step + 1 == self.c.steps);
-        if due
-            && !rolling
-            && let Some(q) = proc.machine.quorum()
-        {
+        if compare && let Some(q) = proc.machine.quorum() {
             let (epoch, members) = (q.epoch, q.members.clone());
             self.procs[p].checking = true;
             self.join_check(p, epoch, step, members);
             return;
         }
-        // Half the updates are not hashed: the worker asks for the fingerprint when it
-        // needs it (`Action::Hash`).
-        let hashed = (step + u64::from(id)).is_multiple_of(2).then_some(fp);
-        let actions = self.procs[p].machine.on_applied(now, step, hashed);
+        // Half the updates the protocol does not ask to hash are not hashed: the worker
+        // asks for the fingerprint when it needs it (`Action::Hash`).
+        let fingerprint = (hash || (step + u64::from(id)).is_multiple_of(2)).then_some(fp);
+        let actions = self.procs[p].machine.step(now, Event::Applied { step, fingerprint });
         self.perform(Node::Worker(id), Some(p), actions);
     }
 
     /// A worker applied the update of `step` and compares its state with the other
     /// members' (over the epoch's mesh, in a real job): a collective like the all-reduce.
     fn join_check(&mut self, p: usize, epoch: u64, step: u64, members: Vec<WorkerId>) {
-        let other = members.iter().copied().find(|&m| m != self.procs[p].id).unwrap_or_default();
         match enter(&self.procs, &mut self.checks, (epoch, step), members, p) {
             None => {
-                let lost = Scheduled::Checked { proc: p, step, compared: Compared::Lost(other) };
-                self.after(Duration::from_micros(1), lost);
+                let own = self.procs[p].fingerprint;
+                self.after(Duration::from_micros(1), Scheduled::Checked { proc: p, step, own, prints: None })
             }
             Some((fresh, everyone)) => {
                 if fresh {
@@ -740,17 +840,10 @@ impl Sim<'_> {
             .iter()
             .filter_map(|&m| joined.iter().position(|&j| self.procs[j].id == m).map(|k| taken[k]))
             .collect();
-        for j in joined {
-            let me = self.procs[j].id;
-            let compared = match crate::majority::compare(&prints) {
-                _ if !complete => Compared::Lost(members.iter().copied().find(|&m| m != me).unwrap_or(me)),
-                crate::majority::Comparison::Agree => Compared::Agree,
-                crate::majority::Comparison::Diverged { outvoted, majority } => {
-                    Compared::Diverged { outvoted: outvoted.iter().map(|&i| members[i]).collect(), majority }
-                }
-            };
+        for (k, j) in joined.into_iter().enumerate() {
+            let prints = complete.then(|| prints.clone());
             let d = self.latency();
-            self.after(d, Scheduled::Checked { proc: j, step, compared });
+            self.after(d, Scheduled::Checked { proc: j, step, own: taken[k], prints });
         }
     }
 
@@ -760,12 +853,14 @@ impl Sim<'_> {
         let Some(every) = self.c.copy_every else { return };
         let proc = &mut self.procs[p];
         if proc.step.is_multiple_of(every) {
-            proc.copy = Some((proc.step, proc.fingerprint));
-            proc.machine.keep_copy(proc.step, proc.fingerprint);
+            let (step, fingerprint) = (proc.step, proc.fingerprint);
+            proc.copy = Some((step, fingerprint));
+            // (Its answer is empty: a copy only changes what leaving an epoch does.)
+            let _ = proc.machine.step(self.base + self.now, Event::Copied { step, fingerprint });
         }
     }
 
-    fn fetch(&mut self, p: usize, epoch: u64, step: u64, sources: &[WorkerId]) {
+    fn fetch(&mut self, p: usize, epoch: u64, (step, want): (u64, u64), sources: &[WorkerId]) {
         let me = Node::Worker(self.procs[p].id);
         let reachable: Vec<usize> = sources
             .iter()
@@ -779,7 +874,7 @@ impl Sim<'_> {
         }
         let source = reachable[self.rng.below(reachable.len() as u64) as usize];
         let t = self.c.transfer + self.latency();
-        self.after(t, Scheduled::Fetched { proc: p, epoch, source, step });
+        self.after(t, Scheduled::Fetched { proc: p, epoch, source, step, want });
     }
 
     /// The worker process an event is for, if any.
@@ -789,20 +884,31 @@ impl Sim<'_> {
             Scheduled::Reduced { proc, .. }
             | Scheduled::Fetched { proc, .. }
             | Scheduled::FetchFailed { proc, .. }
-            | Scheduled::Checked { proc, .. } => Some(*proc),
+            | Scheduled::Checked { proc, .. }
+            | Scheduled::PeerLost { proc, .. } => Some(*proc),
             _ => None,
         }
     }
 
     /// A fetch from `source` of the state of `step` ended.
-    fn fetched(&mut self, proc: usize, epoch: u64, source: usize, step: u64) {
+    fn fetched(&mut self, proc: usize, epoch: u64, source: usize, (step, want): (u64, u64)) {
         let now = self.instant();
         if !self.usable(proc) {
             return;
         }
-        let ok = self.usable(source) && self.procs[source].step == step;
+        // A replica whose state was found changed may go back to an older healthy state.
+        let suspect = self.procs[proc].machine.status().suspect;
+        let mut ok = self.usable(source) && self.procs[source].step == step;
+        if ok && self.procs[source].fingerprint != want && self.procs[source].end.is_none() {
+            // The source's server hashes what it serves: a state changed at rest since its
+            // commit is refused, and its worker hears that it changed.
+            ok = false;
+            let (id, fingerprint) = (self.procs[source].id, self.procs[source].fingerprint);
+            let actions = self.procs[source].machine.step(now, Event::Changed { fingerprint });
+            self.perform(Node::Worker(id), Some(source), actions);
+        }
         let state = ok.then(|| (self.procs[source].step, self.procs[source].fingerprint));
-        let actions = self.procs[proc].machine.on_fetched(now, epoch, state);
+        let actions = self.procs[proc].machine.step(now, Event::Fetched { epoch, state });
         // The shell installs the state only if the machine took it (as the
         // quorum's, or as what it now holds).
         let p = &mut self.procs[proc];
@@ -811,10 +917,10 @@ impl Sim<'_> {
             && (st.step, st.fingerprint) == (s, f)
         {
             if st.phase == WorkerState::Synced {
-                self.report.rolled_back += u64::from(s < p.step);
+                self.report.rolled_back += u64::from(s < p.step && !suspect);
                 self.report.fetched += 1;
             }
-            (p.step, p.fingerprint, p.held, p.corrupt) = (s, f, None, false);
+            (p.step, p.fingerprint, p.held) = (s, f, None);
             self.keep_copy(proc);
         }
         let id = self.procs[proc].id;
@@ -849,7 +955,7 @@ impl Sim<'_> {
                 }
             }
             Scheduled::Deliver { to, to_proc: Some(p), from, msg } => {
-                let actions = self.procs[p].machine.on_message(now, from, msg);
+                let actions = self.procs[p].machine.step(now, Event::Message { from, msg });
                 self.perform(to, Some(p), actions);
             }
             Scheduled::Deliver { to_proc: None, .. } => {}
@@ -872,7 +978,7 @@ impl Sim<'_> {
                     let report = Msg::Report(self.procs[p].machine.status().clone());
                     self.send(node, Node::Coordinator, report);
                 } else if self.procs[p].hung_until.is_none() {
-                    let actions = self.procs[p].machine.tick(now);
+                    let actions = self.procs[p].machine.step(now, Event::Tick);
                     self.perform(node, Some(p), actions);
                 }
                 self.after(self.tick_every(), Scheduled::Tick(node, Some(p)));
@@ -883,31 +989,37 @@ impl Sim<'_> {
                 if !self.usable(proc) {
                     return;
                 }
-                let actions = self.procs[proc].machine.on_reduced(now, epoch, step, sum);
+                let saved = self.saved(proc, epoch);
+                let actions = self.procs[proc].machine.step(now, Event::Computed { epoch, step, sum, saved });
                 // The shell keeps the sum only if the machine took it (not a stale step's).
                 let p = &mut self.procs[proc];
                 if let Some((_, d)) = sum
                     && p.machine.status().step == step
-                    && actions.iter().any(|a| matches!(a, Action::Vote { .. }) || *a == Action::Apply { step })
+                    && actions.iter().any(|a| {
+                        matches!(a, Action::Vote { .. }) || matches!(a, Action::Apply { step: s, .. } if *s == step)
+                    })
                 {
                     p.held = Some((step, d));
                 }
                 let id = p.id;
                 self.perform(Node::Worker(id), Some(proc), actions);
             }
-            Scheduled::Fetched { proc, epoch, source, step } => self.fetched(proc, epoch, source, step),
+            Scheduled::Fetched { proc, epoch, source, step, want } => self.fetched(proc, epoch, source, (step, want)),
             Scheduled::CheckDeadline { epoch, step } => self.resolve_check(epoch, step, true),
-            Scheduled::Checked { proc, step, compared } => {
+            Scheduled::Checked { proc, step, own, prints } => {
                 self.procs[proc].checking = false;
                 if self.usable(proc) {
-                    let (id, fingerprint) = (self.procs[proc].id, self.procs[proc].fingerprint);
-                    let actions = self.procs[proc].machine.on_checked(now, step, fingerprint, compared);
+                    // The shell hands over the fingerprint it compared (taken right after
+                    // the update), whatever happened to the state since.
+                    let id = self.procs[proc].id;
+                    let event = Event::Compared { step, fingerprint: own, prints };
+                    let actions = self.procs[proc].machine.step(now, event);
                     self.perform(Node::Worker(id), Some(proc), actions);
                 }
             }
             Scheduled::FetchFailed { proc, epoch } => {
                 if self.usable(proc) {
-                    let actions = self.procs[proc].machine.on_fetched(now, epoch, None);
+                    let actions = self.procs[proc].machine.step(now, Event::Fetched { epoch, state: None });
                     let id = self.procs[proc].id;
                     self.perform(Node::Worker(id), Some(proc), actions);
                 }
@@ -919,17 +1031,24 @@ impl Sim<'_> {
             Scheduled::Start(id) if !self.failed => self.start_worker(id),
             Scheduled::Start(_) => {}
             Scheduled::RestartCoordinator => self.start_coordinator(),
+            Scheduled::PeerLost { proc, peer } => {
+                if self.procs[proc].end.is_none() {
+                    let actions = self.procs[proc].machine.step(now, Event::PeerLost(peer));
+                    let me = self.procs[proc].id;
+                    self.perform(Node::Worker(me), Some(proc), actions);
+                }
+            }
             Scheduled::Disconnected { proc } => {
                 let id = self.procs[proc].id;
                 if let Some(c) = self.coordinator.as_mut() {
                     let actions = c.on_disconnect(now, id);
                     self.perform(Node::Coordinator, None, actions);
                 }
+                // Each shell hears of it between its actions (one blocked in a replica check
+                // hears once the check is over).
                 for q in 0..self.procs.len() {
-                    if q != proc && self.usable(q) && self.procs[q].end.is_none() {
-                        let actions = self.procs[q].machine.on_peer_lost(now, id);
-                        let me = self.procs[q].id;
-                        self.perform(Node::Worker(me), Some(q), actions);
+                    if q != proc && !self.procs[q].dead && self.procs[q].end.is_none() {
+                        self.at(self.now, Scheduled::PeerLost { proc: q, peer: id });
                     }
                 }
             }
@@ -979,7 +1098,6 @@ impl Sim<'_> {
                 let Some(p) = self.proc_of(worker).filter(|&p| self.procs[p].end.is_none()) else { return };
                 let proc = &mut self.procs[p];
                 proc.fingerprint = mix(proc.fingerprint, CORRUPTION);
-                proc.corrupt = true;
             }
             Fault::CorruptUpdate { worker, .. } => {
                 if let Some(p) = self.proc_of(worker) {

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use comm::protocol::WorkerId;
+use comm::protocol::{Checks, WorkerId};
 use comm::sim::{self, Config, End, Fault, Report};
 
 /// Checks the end of a run; returns whether the job finished.
@@ -12,6 +12,9 @@ fn check(c: &Config, r: &Report) -> bool {
     let context = || format!("seed {} faults {:?}\n{r:#?}", c.seed, c.faults);
     assert!(r.settled, "the run did not settle: {}", context());
     assert_eq!(r.rolled_back, 0, "a survivor went back to an older state: {}", context());
+    for &(step, fingerprint) in &r.checkpoints {
+        assert_eq!(fingerprint, sim::reference(c.seed, step), "checkpoint {step} holds another state: {}", context());
+    }
     let reference = sim::reference(c.seed, c.steps);
     let finished: Vec<&(WorkerId, End)> = r.workers.iter().filter(|(_, e)| matches!(e, End::Finished { .. })).collect();
     for (_, e) in &r.workers {
@@ -21,6 +24,9 @@ fn check(c: &Config, r: &Report) -> bool {
             }
             End::Stopped(reason) => {
                 assert!(!reason.is_empty(), "{}", context());
+                if honest_end(reason) {
+                    continue;
+                }
                 // Once the job has finished, a worker that missed it is told so. (A
                 // divergence nobody can attribute ends the whole job.)
                 assert!(
@@ -51,14 +57,18 @@ fn without_faults_every_world_size_ends_with_the_reference_state() {
 fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
     let started = Instant::now();
     let (mut finished, mut recovered, mut rolled, mut hashed) = (0, 0, 0, 0);
+    let (mut checkpointed, mut repaired, mut diverged) = (0, 0, 0);
     let mut unfinished = Vec::new();
     // STEADFAST_SIM_SCHEDULES=1000000 for a soak run.
     let n: u64 = std::env::var("STEADFAST_SIM_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
     for seed in 0..n {
         let c = Config::random(seed, 3, 12);
         let r = sim::run(&c);
+        let ended_diverged = r.workers.iter().any(|(_, e)| matches!(e, End::Stopped(why) if honest_end(why)));
         if check(&c, &r) {
             finished += 1;
+        } else if ended_diverged {
+            diverged += 1;
         } else if r.workers.iter().any(|(_, e)| *e != End::Dead) {
             // With one worker allowed, a job ends unfinished only when nobody survives.
             unfinished.push((seed, c.faults.clone(), r.clone()));
@@ -66,17 +76,35 @@ fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
         recovered += u64::from(r.fetched + r.rolled_forward > 0);
         rolled += u64::from(r.rolled_forward > 0);
         hashed += u64::from(r.hashed > 0);
+        checkpointed += u64::from(!r.checkpoints.is_empty());
+        repaired += u64::from(r.repairs > 0 || (r.fetched > 0 && c.faults.iter().any(is_corruption)));
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     println!(
-        "{n} schedules, {finished} finished, {recovered} recovered state, {rolled} rolled a worker forward; \
-         {rate:.0} schedules/s"
+        "{n} schedules, {finished} finished, {recovered} recovered state, {rolled} rolled a worker forward, \
+         {checkpointed} committed checkpoints, {repaired} repaired a corruption, {diverged} ended on one they could \
+         not repair; {rate:.0} schedules/s"
     );
     assert!(unfinished.is_empty(), "survivors that did not finish: {:#?}", &unfinished[..1]);
     assert!(finished > n * 9 / 10, "{finished} of {n} finished");
     assert!(recovered > n / 10, "the schedules exercise recovery: {recovered}");
     assert!(rolled > 0, "some schedule leaves ranks one step apart");
-    assert!(hashed > n / 2, "the workers ask for fingerprints of updates not hashed: {hashed}");
+    // (Half the jobs repair, and hash every update.)
+    assert!(hashed > n / 4, "the workers ask for fingerprints of updates not hashed: {hashed}");
+    assert!(checkpointed > n / 5, "the schedules commit checkpoints: {checkpointed}");
+    assert!(repaired > n / 50, "the schedules repair corruption among the other faults: {repaired}");
+    assert!(diverged < n / 100, "few end on a corruption they cannot repair: {diverged}");
+}
+
+/// A stop that is the honest end of a job whose corruption cannot be repaired: two
+/// replicas that disagree with no majority to tell which is right, or no replica left
+/// whose state was not found changed.
+fn honest_end(reason: &str) -> bool {
+    reason.contains("diverged") || reason.contains("found changed since its commit")
+}
+
+fn is_corruption(f: &Fault) -> bool {
+    matches!(f, Fault::Corrupt { .. } | Fault::CorruptUpdate { .. })
 }
 
 /// A job of `workers` in which one replica's state is corrupted, at rest or inside an
@@ -88,8 +116,7 @@ fn corrupted(seed: u64, workers: u32) -> Config {
     let span = (c.compute.as_micros() as u64 + 2_000) * c.steps;
     let (at, worker) = (Duration::from_micros(r.below(span)), r.below(u64::from(workers)) as WorkerId);
     c.faults.push(if r.below(2) == 0 { Fault::Corrupt { at, worker } } else { Fault::CorruptUpdate { at, worker } });
-    c.check_every = Some(1);
-    c.repair = true;
+    c.checks = Checks { every: 1, repair: true };
     c.trace = std::env::var("STEADFAST_SIM_TRACE").is_ok_and(|v| v == seed.to_string());
     c
 }
@@ -122,19 +149,19 @@ fn random_corruptions_at_rest_and_in_updates_are_repaired_and_end_with_the_refer
 fn a_corrupted_update_stops_a_job_that_does_not_repair_and_is_repaired_in_one_that_does() {
     let mut c = Config::new(5, 3, 12);
     c.faults.push(Fault::CorruptUpdate { at: Duration::from_millis(40), worker: 2 });
-    c.check_every = Some(1);
+    c.checks.every = 1;
     let r = sim::run(&c);
     assert!(!check(&c, &r), "without repair the job cannot finish");
     let stopped = r.workers.iter().filter(|(_, e)| matches!(e, End::Stopped(why) if why.contains("diverged"))).count();
     assert_eq!(stopped, 3, "every member ends on the divergence: {r:#?}");
-    c.repair = true;
+    c.checks.repair = true;
     let r = sim::run(&c);
     assert!(check(&c, &r), "with repair the job finishes with the reference state: {r:#?}");
     assert_eq!(r.fetched, 1, "the outvoted replica fetched the state once");
     // A state corrupted at rest is found by its own check before the next step.
     let mut c = Config::new(6, 3, 12);
     c.faults.push(Fault::Corrupt { at: Duration::from_millis(40), worker: 1 });
-    c.repair = true;
+    c.checks.repair = true;
     let r = sim::run(&c);
     assert!(check(&c, &r), "{r:#?}");
     assert_eq!(r.fetched, 1);

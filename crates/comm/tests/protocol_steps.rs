@@ -3,7 +3,9 @@
 use std::time::{Duration, Instant};
 
 use comm::protocol::coordinator::JobState;
-use comm::protocol::{Action, Compared, Coordinator, Msg, Node, Quorum, Status, Timing, Worker, WorkerState};
+use comm::protocol::{
+    Action, Checks, Coordinator, Event, Msg, Node, Quorum, Saved, Status, Timing, Worker, WorkerState,
+};
 
 fn timing() -> Timing {
     Timing {
@@ -24,16 +26,69 @@ impl Clock {
     }
 }
 
+/// The worker's events, by name: each is one call of [`Worker::step`].
+trait Events {
+    fn on_message(&mut self, now: Instant, from: Node, msg: Msg) -> Vec<Action>;
+    fn on_reduced(&mut self, now: Instant, epoch: u64, step: u64, sum: Option<(bool, u64)>) -> Vec<Action>;
+    fn on_applied(&mut self, now: Instant, step: u64, fingerprint: Option<u64>) -> Vec<Action>;
+    fn on_fetched(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action>;
+    fn on_hashed(&mut self, now: Instant, fingerprint: u64) -> Vec<Action>;
+    fn on_peer_lost(&mut self, now: Instant, peer: u32) -> Vec<Action>;
+    fn tick(&mut self, now: Instant) -> Vec<Action>;
+    fn keep_copy(&mut self, step: u64, fingerprint: u64);
+}
+
+impl Events for Worker {
+    fn on_message(&mut self, now: Instant, from: Node, msg: Msg) -> Vec<Action> {
+        self.step(now, Event::Message { from, msg })
+    }
+    fn on_reduced(&mut self, now: Instant, epoch: u64, step: u64, sum: Option<(bool, u64)>) -> Vec<Action> {
+        self.step(now, Event::Computed { epoch, step, sum, saved: Saved::default() })
+    }
+    fn on_applied(&mut self, now: Instant, step: u64, fingerprint: Option<u64>) -> Vec<Action> {
+        self.step(now, Event::Applied { step, fingerprint })
+    }
+    fn on_fetched(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action> {
+        self.step(now, Event::Fetched { epoch, state })
+    }
+    fn on_hashed(&mut self, now: Instant, fingerprint: u64) -> Vec<Action> {
+        self.step(now, Event::Hashed { fingerprint })
+    }
+    fn on_peer_lost(&mut self, now: Instant, peer: u32) -> Vec<Action> {
+        self.step(now, Event::PeerLost(peer))
+    }
+    fn tick(&mut self, now: Instant) -> Vec<Action> {
+        self.step(now, Event::Tick)
+    }
+    fn keep_copy(&mut self, step: u64, fingerprint: u64) {
+        assert!(self.step(Instant::now(), Event::Copied { step, fingerprint }).is_empty());
+    }
+}
+
+/// A ballot with no checkpoint part.
+fn ballot(epoch: u64, step: u64, ok: bool, digest: u64) -> Msg {
+    Msg::Ballot { epoch, step, ok, digest, saved: Saved::default() }
+}
+
+/// The update of `step` after a vote with no checkpoints, compared when `compare`.
+fn apply(step: u64, compare: bool) -> Action {
+    Action::Apply { step, verify: None, hash: false, compare, agreed: Some(Saved::default()) }
+}
+
+/// The step of a member ranked `rank` of `members` in epoch 1, with no check at rest.
+fn compute(step: u64, rank: usize, members: &[u32]) -> Action {
+    Action::Compute { epoch: 1, step, rank, members: members.to_vec(), verify: None }
+}
+
 /// The messages sent, a vote as a ballot to each member it names.
 fn sent(actions: &[Action]) -> Vec<(Node, Msg)> {
     let mut out = Vec::new();
     for a in actions {
         match a {
             Action::Send { to, msg } => out.push((*to, msg.clone())),
-            Action::Vote { epoch, step, ok, digest, to } => out.extend(
-                to.iter()
-                    .map(|&m| (Node::Worker(m), Msg::Ballot { epoch: *epoch, step: *step, ok: *ok, digest: *digest })),
-            ),
+            Action::Vote { epoch, step, ok, digest, saved, to } => out.extend(to.iter().map(|&m| {
+                (Node::Worker(m), Msg::Ballot { epoch: *epoch, step: *step, ok: *ok, digest: *digest, saved: *saved })
+            })),
             _ => {}
         }
     }
@@ -50,7 +105,7 @@ fn quorum(epoch: u64, members: &[u32], step: u64, fingerprint: u64, commit: Opti
 
 /// Worker 1 of {0, 1}, synced in epoch 1 at step 0 with fingerprint 100, of a 2-step job.
 fn synced_worker(c: &Clock) -> Worker {
-    let (mut w, first) = Worker::new((1, 0), 2, (0, 100), timing(), c.at(0));
+    let (mut w, first) = Worker::new((1, 0), 2, (0, 100), (timing(), Checks::default()), c.at(0));
     assert_eq!(sent(&first)[0].0, Node::Coordinator);
     let a = w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(1, &[0, 1], 0, 100, None)));
     assert!(others(&a).is_empty(), "{a:?}");
@@ -62,13 +117,9 @@ fn synced_worker(c: &Clock) -> Worker {
 fn voting_worker(c: &Clock) -> Worker {
     let mut w = synced_worker(c);
     let a = w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
-    assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 0, rank: 1, members: vec![0, 1] }]);
+    assert_eq!(others(&a), vec![compute(0, 1, &[0, 1])]);
     let a = w.on_reduced(c.at(3), 1, 0, Some((true, 7)));
-    assert_eq!(
-        sent(&a),
-        vec![(Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 })],
-        "the ballot goes to the other member"
-    );
+    assert_eq!(sent(&a), vec![(Node::Worker(0), ballot(1, 0, true, 7))], "the ballot goes to the other member");
     assert_eq!(a.iter().filter(|a| matches!(a, Action::Vote { .. })).count(), 1, "one vote action: {a:?}");
     assert_eq!(w.status().unapplied, Some(7));
     w
@@ -93,7 +144,8 @@ fn worker_one_step_behind_with_the_committed_sum_rolls_forward() {
     let a = w.tick(c.at(60));
     assert_eq!((w.status().phase, w.status().unapplied), (WorkerState::Idle, Some(7)), "{a:?}");
     let a = w.on_message(c.at(61), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 555, Some(7))));
-    assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
+    let roll = Action::Apply { step: 0, verify: None, hash: false, compare: false, agreed: None };
+    assert_eq!(others(&a), vec![roll], "no vote, so nothing agreed of the checkpoints");
     assert_eq!(w.status().phase, WorkerState::Syncing);
     w.on_applied(c.at(62), 0, Some(555));
     assert_eq!((w.status().phase, w.status().step, w.status().last_commit), (WorkerState::Synced, 1, Some(7)));
@@ -121,10 +173,11 @@ fn worker_with_another_sum_or_state_fetches_and_a_bad_fetch_leaves_the_epoch() {
 fn worker_whose_state_is_corrupted_leaves_the_epoch_and_reports_it_as_it_is() {
     let c = Clock(Instant::now());
     let mut w = voting_worker(&c);
-    let a = w.on_corrupted(c.at(4), 999);
+    let a = w.step(c.at(4), Event::Changed { fingerprint: 999 });
     assert!(others(&a).is_empty(), "{a:?}");
     let s = w.status();
     assert_eq!((s.phase, s.step, s.fingerprint, s.unapplied, s.last_commit), (WorkerState::Idle, 0, 999, None, None));
+    assert!(s.suspect);
     assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(_))]));
     // The next quorum, whose majority holds the state at step 0 with fingerprint 100,
     // makes it fetch rather than start.
@@ -132,72 +185,150 @@ fn worker_whose_state_is_corrupted_leaves_the_epoch_and_reports_it_as_it_is() {
     assert!(matches!(others(&a)[..], [Action::Fetch { step: 0, fingerprint: 100, .. }]), "{a:?}");
 }
 
-/// The worker of [`voting_worker`] once both ballots agreed: it applies, and the shell
-/// then compares the replicas and reports what it found.
-fn checked_worker(c: &Clock, repair: bool, compared: Compared) -> (Worker, Vec<Action>) {
-    let mut w = voting_worker(c);
-    w.repairs(repair);
-    let a = w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
-    assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
-    let a = w.on_checked(c.at(5), 0, 101, compared);
+/// Worker 1 of {0, 1, 2} in a job of 4 steps with `checks`, in epoch 1 at step 0 with
+/// fingerprint 100, once the vote on step 0 (sum 7) is unanimous: returns it and the
+/// update it was asked for.
+fn voted_in_three(c: &Clock, checks: Checks) -> (Worker, Action) {
+    let (mut w, _) = Worker::new((1, 0), 4, (0, 100), (timing(), checks), c.at(0));
+    w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(1, &[0, 1, 2], 0, 100, None)));
+    let a = w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
+    let verify = checks.repair.then_some(100);
+    assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 0, rank: 1, members: vec![0, 1, 2], verify }]);
+    let saved = Saved { durable: 3, locked: false, written: 3, print: 103 };
+    w.step(c.at(3), Event::Computed { epoch: 1, step: 0, sum: Some((true, 7)), saved });
+    w.on_message(c.at(4), Node::Worker(2), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7, saved });
+    let first = Saved { durable: 2, locked: true, written: 3, print: 103 };
+    let a =
+        w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7, saved: first });
+    let [update] = &others(&a)[..] else { panic!("{a:?}") };
+    (w, update.clone())
+}
+
+/// The worker of [`voted_in_three`], with checks every update, once the shell compared
+/// the replicas after the update and gathered `prints` (fingerprint 101 its own).
+fn checked_worker(c: &Clock, repair: bool, prints: Option<Vec<u64>>) -> (Worker, Vec<Action>) {
+    let (mut w, update) = voted_in_three(c, Checks { every: 1, repair });
+    assert!(matches!(update, Action::Apply { step: 0, compare: true, .. }), "{update:?}");
+    let a = w.step(c.at(5), Event::Compared { step: 0, fingerprint: 101, prints });
     (w, a)
+}
+
+#[test]
+fn the_vote_decides_the_checks_of_the_update_and_what_the_checkpoints_agree_on() {
+    let c = Clock(Instant::now());
+    // The committer holds the root's lock; the parts are durable through step 2 on every
+    // member (the least of 2, 3 and 3).
+    let agreed = Some(Saved { durable: 2, locked: true, ..Saved::default() });
+    let (_, update) = voted_in_three(&c, Checks::default());
+    assert_eq!(update, Action::Apply { step: 0, verify: None, hash: false, compare: false, agreed });
+    // Compared every other update, and after the last; under repair, hashed after each.
+    let (_, update) = voted_in_three(&c, Checks { every: 2, repair: true });
+    assert_eq!(update, Action::Apply { step: 0, verify: Some(100), hash: true, compare: false, agreed });
+    let (_, update) = voted_in_three(&c, Checks { every: 1, repair: false });
+    assert_eq!(update, Action::Apply { step: 0, verify: None, hash: false, compare: true, agreed });
+    assert!(Checks::default().compare_after(4, 4) && !Checks::default().compare_after(3, 4));
+}
+
+#[test]
+fn a_repairing_worker_checks_its_state_just_before_the_update() {
+    let c = Clock(Instant::now());
+    let checks = Checks { every: 0, repair: true };
+    let (mut w, _) = Worker::new((1, 0), 4, (0, 100), (timing(), checks), c.at(0));
+    w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(1, &[0, 1], 0, 100, None)));
+    w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
+    w.on_reduced(c.at(3), 1, 0, Some((true, 7)));
+    let a = w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 7));
+    let agreed = Some(Saved::default());
+    assert_eq!(others(&a), vec![Action::Apply { step: 0, verify: Some(100), hash: true, compare: false, agreed }]);
+    // The state changed before the update: the worker names itself.
+    let a = w.step(c.at(5), Event::Changed { fingerprint: 666 });
+    assert!(others(&a).is_empty() && w.status().suspect && w.status().phase == WorkerState::Idle, "{a:?}");
+}
+
+#[test]
+fn a_roll_forward_that_lands_on_a_check_step_is_checked_against_the_quorum_not_the_old_mesh() {
+    let c = Clock(Instant::now());
+    // Every update is compared; worker 1 computed step 0 and voted, but its epoch ended
+    // before the ballots arrived.
+    let (mut w, _) = Worker::new((1, 0), 4, (0, 100), (timing(), Checks { every: 1, repair: true }), c.at(0));
+    w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(1, &[0, 1, 2], 0, 100, None)));
+    w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
+    w.on_reduced(c.at(3), 1, 0, Some((true, 7)));
+    w.on_message(c.at(4), Node::Coordinator, Msg::Reconfigure { epoch: 1 });
+    assert_eq!((w.status().phase, w.status().unapplied), (WorkerState::Idle, Some(7)));
+    // The others applied step 0 (a check step) and compared; epoch 2 rolls this one
+    // forward. Its update is not compared over any mesh (the epoch it computed in is
+    // gone, and the new one has not stepped): the quorum's fingerprint checks it.
+    let a = w.on_message(c.at(5), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 555, Some(7))));
+    let roll = Action::Apply { step: 0, verify: Some(100), hash: true, compare: false, agreed: None };
+    assert_eq!(others(&a), vec![roll], "verified before (an epoch of two), hashed after, never compared");
+    let a = w.on_applied(c.at(6), 0, Some(555));
+    assert_eq!((w.status().phase, w.status().step), (WorkerState::Synced, 1), "{a:?}");
+    // Rolled forward to another state than the quorum's: it fetches theirs.
+    let (mut w, _) = Worker::new((1, 0), 4, (0, 100), (timing(), Checks { every: 1, repair: true }), c.at(0));
+    w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(1, &[0, 1, 2], 0, 100, None)));
+    w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
+    w.on_reduced(c.at(3), 1, 0, Some((true, 7)));
+    w.on_message(c.at(4), Node::Coordinator, Msg::Reconfigure { epoch: 1 });
+    w.on_message(c.at(5), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1, 2], 1, 555, Some(7))));
+    let a = w.on_applied(c.at(6), 0, Some(556));
+    assert!(matches!(others(&a)[..], [Action::Fetch { step: 1, fingerprint: 555, .. }]), "{a:?}");
 }
 
 #[test]
 fn worker_whose_replicas_agree_after_an_update_steps_on() {
     let c = Clock(Instant::now());
-    let (w, a) = checked_worker(&c, false, Compared::Agree);
-    assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 1, rank: 1, members: vec![0, 1] }]);
+    let (w, a) = checked_worker(&c, false, Some(vec![101, 101, 101]));
+    assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 1, rank: 1, members: vec![0, 1, 2], verify: None }]);
     let s = w.status();
     assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (WorkerState::Stepping, 1, 101, Some(7)));
 }
 
 #[test]
-fn worker_that_loses_a_member_during_the_check_leaves_the_epoch_with_the_step_counted() {
+fn worker_whose_check_fails_leaves_the_epoch_with_the_step_counted_and_blames_nobody() {
     let c = Clock(Instant::now());
-    let (w, a) = checked_worker(&c, true, Compared::Lost(0));
-    assert!(others(&a).is_empty(), "no next step: {a:?}");
+    let (w, a) = checked_worker(&c, true, None);
+    assert!(others(&a).is_empty(), "no next step, no repair: {a:?}");
     let s = w.status();
-    assert_eq!((s.phase, s.step, s.last_commit), (WorkerState::Idle, 1, Some(7)));
+    assert_eq!((s.phase, s.step, s.last_commit, s.suspect), (WorkerState::Idle, 1, Some(7), false));
     assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(_))]));
 }
 
 #[test]
 fn worker_outvoted_by_a_strict_majority_reports_its_state_as_it_is_when_the_job_repairs() {
     let c = Clock(Instant::now());
-    let outvoted = Compared::Diverged { outvoted: vec![1], majority: true };
-    let (w, a) = checked_worker(&c, true, outvoted);
-    assert!(others(&a).is_empty(), "{a:?}");
+    let (w, a) = checked_worker(&c, true, Some(vec![202, 101, 202]));
+    assert_eq!(others(&a), vec![Action::Repair { step: 1, outvoted: vec![1] }]);
     let s = w.status();
-    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (WorkerState::Idle, 1, 101, None));
+    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit, s.suspect), (WorkerState::Idle, 1, 101, None, true));
     // A member of the majority leaves the epoch too, keeping its commit.
-    let (w, a) = checked_worker(&c, true, Compared::Diverged { outvoted: vec![0], majority: true });
-    assert!(others(&a).is_empty(), "{a:?}");
+    let (w, a) = checked_worker(&c, true, Some(vec![202, 101, 101]));
+    assert_eq!(others(&a), vec![Action::Repair { step: 1, outvoted: vec![0] }]);
     assert_eq!((w.status().phase, w.status().last_commit), (WorkerState::Idle, Some(7)));
 }
 
 #[test]
 fn worker_ends_the_job_on_a_divergence_it_does_not_repair_or_cannot_attribute() {
     let c = Clock(Instant::now());
-    let (_, a) = checked_worker(&c, false, Compared::Diverged { outvoted: vec![0], majority: true });
+    let (_, a) = checked_worker(&c, false, Some(vec![202, 101, 101]));
     assert_eq!(others(&a), vec![Action::Diverged { step: 1, outvoted: vec![0] }], "the job does not repair");
-    let (_, a) = checked_worker(&c, true, Compared::Diverged { outvoted: vec![0, 1], majority: false });
-    assert_eq!(others(&a), vec![Action::Diverged { step: 1, outvoted: vec![0, 1] }], "no strict majority");
+    let (_, a) = checked_worker(&c, true, Some(vec![202, 101, 303]));
+    assert_eq!(others(&a), vec![Action::Diverged { step: 1, outvoted: vec![0, 1, 2] }], "no strict majority");
 }
 
 #[test]
 fn worker_applies_only_a_unanimous_vote_and_steps_on_to_done() {
     let c = Clock(Instant::now());
     let mut w = voting_worker(&c);
-    let a = w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
-    assert_eq!(others(&a), vec![Action::Apply { step: 0 }]);
+    let a = w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 7));
+    assert_eq!(others(&a), vec![apply(0, false)]);
     let a = w.on_applied(c.at(5), 0, Some(101));
-    assert_eq!(others(&a), vec![Action::Compute { epoch: 1, step: 1, rank: 1, members: vec![0, 1] }]);
+    assert_eq!(others(&a), vec![compute(1, 1, &[0, 1])]);
     // The other member's ballot for step 1 comes before this worker's own sum.
-    w.on_message(c.at(6), Node::Worker(0), Msg::Ballot { epoch: 1, step: 1, ok: true, digest: 9 });
+    w.on_message(c.at(6), Node::Worker(0), ballot(1, 1, true, 9));
     let a = w.on_reduced(c.at(7), 1, 1, Some((true, 9)));
-    assert_eq!(others(&a), vec![Action::Apply { step: 1 }], "the early ballot was kept");
-    let a = w.on_applied(c.at(8), 1, Some(102));
+    assert_eq!(others(&a), vec![apply(1, true)], "the early ballot was kept; the last update is compared");
+    let a = w.step(c.at(8), Event::Compared { step: 1, fingerprint: 102, prints: Some(vec![102, 102]) });
     assert_eq!(w.status().phase, WorkerState::Done);
     assert!(matches!(&sent(&a)[..], [(Node::Coordinator, Msg::Report(Status { phase: WorkerState::Done, .. }))]));
     let a = w.on_message(c.at(9), Node::Coordinator, Msg::Finish);
@@ -210,11 +341,11 @@ fn worker_applies_only_a_unanimous_vote_and_steps_on_to_done() {
 fn worker_leaves_the_epoch_on_a_disagreeing_vote_a_failed_reduce_a_lost_peer_or_a_reconfigure() {
     let c = Clock(Instant::now());
     let mut w = voting_worker(&c);
-    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 8 });
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 8));
     assert_eq!((w.status().phase, w.status().unapplied, w.status().step), (WorkerState::Idle, None, 0));
 
     let mut w = voting_worker(&c);
-    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: false, digest: 7 });
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, false, 7));
     assert_eq!(w.status().phase, WorkerState::Idle, "a veto");
 
     let mut w = synced_worker(&c);
@@ -239,10 +370,10 @@ fn worker_leaves_the_epoch_on_a_disagreeing_vote_a_failed_reduce_a_lost_peer_or_
 fn worker_asks_for_the_fingerprint_of_an_unhashed_update_only_when_it_needs_it() {
     let c = Clock(Instant::now());
     let mut w = voting_worker(&c);
-    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 7));
     // Stepping on needs no fingerprint.
     let a = w.on_applied(c.at(5), 0, None);
-    assert_eq!(a, vec![Action::Compute { epoch: 1, step: 1, rank: 1, members: vec![0, 1] }]);
+    assert_eq!(a, vec![compute(1, 1, &[0, 1])]);
     // Leaving the epoch does: the report waits for it.
     let a = w.on_peer_lost(c.at(6), 0);
     assert_eq!(a, vec![Action::Hash], "no report pairs step 1 with step 0's fingerprint");
@@ -256,7 +387,7 @@ fn worker_asks_for_the_fingerprint_of_an_unhashed_update_only_when_it_needs_it()
 
     // A quorum that reaches a worker whose fingerprint is unknown waits for it.
     let mut w = voting_worker(&c);
-    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 7));
     w.on_applied(c.at(5), 0, None);
     let a = w.on_message(c.at(6), Node::Coordinator, Msg::Quorum(quorum(2, &[0, 1], 1, 101, None)));
     assert_eq!(a, vec![Action::Hash]);
@@ -275,9 +406,9 @@ fn worker_asks_for_the_fingerprint_of_an_unhashed_update_only_when_it_needs_it()
 
     // The last step's report (done) carries the fingerprint of the final state.
     let mut w = voting_worker(&c);
-    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 7));
     w.on_applied(c.at(5), 0, None);
-    w.on_message(c.at(6), Node::Worker(0), Msg::Ballot { epoch: 1, step: 1, ok: true, digest: 9 });
+    w.on_message(c.at(6), Node::Worker(0), ballot(1, 1, true, 9));
     w.on_reduced(c.at(7), 1, 1, Some((true, 9)));
     assert_eq!(w.on_applied(c.at(8), 1, None), vec![Action::Hash]);
     let a = w.on_hashed(c.at(9), 303);
@@ -300,7 +431,7 @@ fn worker_with_a_copy_puts_it_back_when_it_leaves_an_epoch_and_reports_the_copy(
     // After an update, leaving the epoch goes back to the copy, before the report.
     let mut w = voting_worker(&c);
     w.keep_copy(0, 100);
-    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 7));
     w.on_applied(c.at(5), 0, Some(101));
     assert_eq!((w.status().step, w.status().fingerprint), (1, 101));
     let a = w.on_message(c.at(6), Node::Coordinator, Msg::Reconfigure { epoch: 1 });
@@ -311,7 +442,7 @@ fn worker_with_a_copy_puts_it_back_when_it_leaves_an_epoch_and_reports_the_copy(
 
     // An update not hashed, of the copy's step, is the copy: nothing to put back or hash.
     let mut w = voting_worker(&c);
-    w.on_message(c.at(4), Node::Worker(0), Msg::Ballot { epoch: 1, step: 0, ok: true, digest: 7 });
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 7));
     w.keep_copy(1, 101);
     w.on_applied(c.at(5), 0, None);
     let a = w.on_peer_lost(c.at(6), 0);
@@ -328,7 +459,7 @@ fn worker_stops_when_told_or_when_the_coordinator_stays_silent() {
     assert_eq!(others(&a), vec![Action::Stopped { reason: "too few".into() }]);
     assert!(w.on_message(c.at(3), Node::Coordinator, Msg::Start { epoch: 1 }).is_empty());
 
-    let (mut w, _) = Worker::new((3, 0), 2, (0, 100), timing(), c.at(0));
+    let (mut w, _) = Worker::new((3, 0), 2, (0, 100), (timing(), Checks::default()), c.at(0));
     assert!(others(&w.tick(c.at(2499))).is_empty(), "sync timeout + twice the quorum timeout");
     let a = w.tick(c.at(2500));
     assert!(matches!(&others(&a)[..], [Action::Stopped { reason }] if reason.contains("no word")), "{a:?}");

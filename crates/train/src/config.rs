@@ -283,10 +283,9 @@ impl DistConfig {
 
 impl JobSettings {
     /// Whether the replicas are compared after step `done`: every `fingerprint_every`
-    /// steps, and after the last (`last`).
+    /// steps, and after the last (`last`); the one rule of the step protocol's checks.
     pub fn checks_after(&self, done: u64, last: u64) -> bool {
-        let every = self.fingerprint_every;
-        (every > 0 && done.is_multiple_of(every)) || done == last
+        comm::protocol::Checks { every: self.fingerprint_every, repair: false }.compare_after(done, last)
     }
 }
 

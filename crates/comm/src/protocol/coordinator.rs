@@ -382,18 +382,36 @@ impl Coordinator {
     /// fingerprints names the sources.
     fn form(&mut self, now: Instant, ready: &[WorkerId], out: &mut Vec<Action>) {
         let status = |id: WorkerId| &self.workers[&id].status;
-        let step = ready.iter().map(|&id| status(id).step).max().expect("at least one ready worker");
-        let newest: Vec<WorkerId> = ready.iter().copied().filter(|&id| status(id).step == step).collect();
-        // A worker that found its own state changed since its commit is no source, unless
-        // nobody else holds the newest step.
-        let trusted: Vec<WorkerId> = newest.iter().copied().filter(|&id| !status(id).suspect).collect();
-        let newest = if trusted.is_empty() { newest } else { trusted };
+        // A worker that found its own state changed since its commit is no source: the
+        // newest state wins among the others (a suspect ahead of them fetches theirs).
+        let trusted: Vec<WorkerId> = ready.iter().copied().filter(|&id| !status(id).suspect).collect();
+        let Some(step) = trusted.iter().map(|&id| status(id).step).max() else {
+            let reason = format!(
+                "every replica's state was found changed since its commit (workers {ready:?}): none is left to \
+                 repair them from; resume the job from its newest checkpoint"
+            );
+            self.stage = JobState::Stopped { reason: reason.clone() };
+            return self.stop_all(now, &reason, out);
+        };
+        let newest: Vec<WorkerId> = trusted.iter().copied().filter(|&id| status(id).step == step).collect();
         let fingerprints: Vec<u64> = newest.iter().map(|&id| status(id).fingerprint).collect();
-        // Without a strict majority (two replicas that disagree, neither of which found
-        // itself changed) nobody can tell which state is right; the lowest id's is kept, so
-        // that the choice is the same on every run.
-        let dissenters = crate::majority::dissenters(&fingerprints)
-            .unwrap_or_else(|| (0..newest.len()).filter(|&i| fingerprints[i] != fingerprints[0]).collect());
+        // Replicas at one step hold one state unless one was corrupted. Without a strict
+        // majority (two replicas that disagree, neither of which found itself changed)
+        // nobody can tell which state is right: going on with either could end the job
+        // with other bits than a run that never failed, so it stops, saying so.
+        let Some(dissenters) = crate::majority::dissenters(&fingerprints) else {
+            let prints: Vec<String> = newest
+                .iter()
+                .zip(&fingerprints)
+                .map(|(id, f)| format!("worker {id}: {}", repro::fingerprint::hex(*f)))
+                .collect();
+            let reason = format!(
+                "the replicas diverged at step {step} and no majority can tell which state is right ({})",
+                prints.join(", ")
+            );
+            self.stage = JobState::Stopped { reason: reason.clone() };
+            return self.stop_all(now, &reason, out);
+        };
         let sources: Vec<WorkerId> =
             newest.iter().enumerate().filter(|(i, _)| !dissenters.contains(i)).map(|(_, &id)| id).collect();
         let fingerprint = status(sources[0]).fingerprint;

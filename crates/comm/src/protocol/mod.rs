@@ -4,7 +4,11 @@
 //! Neither machine owns a socket, a thread or a clock. The caller (a TCP shell, or the
 //! simulated network of [`crate::sim`]) feeds each one what happened, with the time, and
 //! carries out the [`Action`]s it returns, in order: send a message, compute and all-reduce
-//! a step's gradients, apply the held sum, fetch the state from live replicas.
+//! a step's gradients, apply the held sum, fetch the state from live replicas. A worker has
+//! one entry, [`Worker::step`], for every [`Event`] (raft's `step(message)`): messages, the
+//! clock, and the shell's answer to each action. The worker decides every check and its
+//! consequence (see [`Checks`]); a shell makes the checks an action names and reports what
+//! it found, so the elastic trainer, the simulator and any other shell run one protocol.
 //!
 //! # The protocol, in order
 //!
@@ -25,7 +29,8 @@
 //!    report may predate a roll-forward or a fetch), or `settle` has passed.
 //! 3. **Form a quorum.** Among the idle workers, the newest step `M` wins. The workers
 //!    holding step `M` with the [`majority`](crate::majority)'s fingerprint are the
-//!    *sources* (without a strict majority, those agreeing with the lowest id). Every idle
+//!    *sources*. Without a strict majority (two replicas at one step that disagree) nobody
+//!    can tell which state is right, and the job stops, saying so. Every idle
 //!    worker is a member, ranked by id; the micro-batches of a step are spread over the
 //!    members by rank. The quorum ([`Quorum`]) gets an epoch above every epoch any worker
 //!    has reported; a restarted coordinator's epochs carry its generation in their top
@@ -63,7 +68,7 @@
 //!
 //! For comparison, a worker may also recover the way in-memory checkpointing does
 //! (Elastic Horovod's commits, CheckFreq's snapshots): its shell copies the state every
-//! few steps and tells the worker ([`Worker::keep_copy`]); whenever the worker leaves an
+//! few steps and tells the worker ([`Event::Copied`]); whenever the worker leaves an
 //! epoch it puts that copy back ([`Action::Restore`]) before it reports. Every survivor
 //! goes back to the last copy, the steps since are computed again, and a replacement
 //! fetches the copy's state. The bits are the same; the time and the memory are not.
@@ -248,7 +253,134 @@ pub enum Msg {
         ok: bool,
         /// The sum's digest.
         digest: u64,
+        /// Where the member's part of the epoch's checkpoints stands.
+        saved: Saved,
     },
+}
+
+/// Where a member's part of the epoch's checkpoints stands, carried in its ballot; in an
+/// [`Action::Apply`] after a vote, what the members agreed on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// The newest step whose part this member has made durable (0: none). Agreed: the
+    /// newest step the committer may commit: every member's part of it is durable, and
+    /// every member wrote its part from the same state.
+    pub durable: u64,
+    /// This member holds the checkpoint root's lock (only the committer, the member ranked
+    /// first, ever takes it). Agreed: the committer holds it, so the members write their
+    /// parts.
+    pub locked: bool,
+    /// The step of the newest part this member wrote in the epoch (0: none).
+    pub written: u64,
+    /// The fingerprint of the state it wrote that part from. A checkpoint whose parts
+    /// were written from different states (a replica corrupted since the last replica
+    /// check) is never committed: it would load as valid and not be the job's state.
+    pub print: u64,
+}
+
+/// The checks a job asks of its workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Checks {
+    /// Compare the replicas' states after every `every` updates (0: never), and always
+    /// after the last.
+    pub every: u64,
+    /// Repair a divergence (`--on-divergence repair`) instead of ending the job with it:
+    /// the state is hashed after every update and checked at rest before the next step
+    /// (and, in an epoch of two, whose replica check has no majority, just before the
+    /// update); a replica whose state changed, or that a replica check outvotes, fetches
+    /// the healthy replicas' state.
+    pub repair: bool,
+}
+
+impl Checks {
+    /// Whether the replicas are compared after the update that makes the state `done` in
+    /// a job of `total` steps.
+    pub fn compare_after(&self, done: u64, total: u64) -> bool {
+        (self.every > 0 && done.is_multiple_of(self.every)) || done == total
+    }
+}
+
+/// What happened to a worker: the one input of [`Worker::step`]. The shell hands each
+/// answer to an action as soon as it has it, and everything else as it happens, between
+/// actions: never while it is carrying one out (a peer lost during an update is heard
+/// once the update's answer is in).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A message arrived (from the coordinator, or a member's ballot).
+    Message {
+        /// From whom.
+        from: Node,
+        /// What.
+        msg: Msg,
+    },
+    /// Time passed (at least every half heartbeat).
+    Tick,
+    /// The answer to [`Action::Compute`]: `Some((finite, digest))` of the sum, or `None`
+    /// when the mesh or the all-reduce failed; with where this member's checkpoint part
+    /// stands, for its ballot.
+    Computed {
+        /// The epoch.
+        epoch: u64,
+        /// The step.
+        step: u64,
+        /// The sum's check.
+        sum: Option<(bool, u64)>,
+        /// This member's checkpoint part.
+        saved: Saved,
+    },
+    /// The vote's collective failed (a member was lost, or the epoch was aborted).
+    VoteFailed {
+        /// The epoch.
+        epoch: u64,
+    },
+    /// The answer to [`Action::Apply`]: the update of `step` is applied; the state has
+    /// `fingerprint` when the action asked for it (`hash`).
+    Applied {
+        /// The step whose sum was applied.
+        step: u64,
+        /// The new state's fingerprint, if taken.
+        fingerprint: Option<u64>,
+    },
+    /// The answer to [`Action::Apply`] with `compare`: the update is applied, the state
+    /// has `fingerprint`, and the replica check gathered `prints`, every member's in rank
+    /// order (`None`: the gather failed).
+    Compared {
+        /// The step whose sum was applied.
+        step: u64,
+        /// The new state's fingerprint.
+        fingerprint: u64,
+        /// The members' fingerprints, in rank order.
+        prints: Option<Vec<u64>>,
+    },
+    /// The answer to an action that asked to `verify` the state: it no longer has the
+    /// fingerprint it was committed with; it has `fingerprint` (corrupted at rest).
+    Changed {
+        /// What the state has now.
+        fingerprint: u64,
+    },
+    /// The answer to [`Action::Hash`].
+    Hashed {
+        /// The state's fingerprint.
+        fingerprint: u64,
+    },
+    /// The answer to [`Action::Fetch`]: `Some((step, fingerprint))` of what the state now
+    /// is, or `None` when the fetch failed and left it untouched.
+    Fetched {
+        /// The epoch of the fetch.
+        epoch: u64,
+        /// What the state is now.
+        state: Option<(u64, u64)>,
+    },
+    /// The shell copied the state, of `step` with `fingerprint` (the rollback baseline):
+    /// from now on leaving an epoch puts this copy back.
+    Copied {
+        /// The copy's step.
+        step: u64,
+        /// Its fingerprint.
+        fingerprint: u64,
+    },
+    /// The connection to another worker dropped.
+    PeerLost(WorkerId),
 }
 
 /// What the caller of a machine must do, in order.
@@ -263,8 +395,8 @@ pub enum Action {
     },
     /// Worker: cast this worker's ballot for `step` to the other members `to`. The shell
     /// carries every member's ballot to every other at once (one collective over the
-    /// epoch's mesh) and hands each it receives to [`Worker::on_message`] as a
-    /// [`Msg::Ballot`] from that member.
+    /// epoch's mesh) and hands each it receives to [`Worker::step`] as a
+    /// [`Msg::Ballot`] from that member, or [`Event::VoteFailed`].
     Vote {
         /// The epoch.
         epoch: u64,
@@ -274,12 +406,15 @@ pub enum Action {
         ok: bool,
         /// Its sum's digest.
         digest: u64,
+        /// Its checkpoint part.
+        saved: Saved,
         /// The other members, in rank order.
         to: Vec<WorkerId>,
     },
     /// Worker: compute the gradients of the micro-batches `i` with `i mod world == rank`
-    /// for `step`, all-reduce them with `members`, and answer with
-    /// [`Worker::on_reduced`].
+    /// for `step`, all-reduce them with `members`, and answer with [`Event::Computed`].
+    /// With `verify`, first check that the state still has that fingerprint (the one it
+    /// was committed with), and answer [`Event::Changed`] instead if not.
     Compute {
         /// The epoch.
         epoch: u64,
@@ -289,15 +424,28 @@ pub enum Action {
         rank: usize,
         /// The members, in rank order.
         members: Vec<WorkerId>,
+        /// The fingerprint the state must still have.
+        verify: Option<u64>,
     },
     /// Worker: apply the sum held for `step` to the state, and answer with
-    /// [`Worker::on_applied`].
+    /// [`Event::Applied`] (or [`Event::Compared`] with `compare`).
     Apply {
         /// The step.
         step: u64,
+        /// Just before the update, check that the state still has this fingerprint, and
+        /// answer [`Event::Changed`] without updating if not.
+        verify: Option<u64>,
+        /// Hash the state after the update.
+        hash: bool,
+        /// After the update, gather every member's fingerprint over the epoch's mesh.
+        compare: bool,
+        /// After a vote: what the members' ballots agreed on of the epoch's checkpoints
+        /// (the committer commits through `durable`; the members write their parts of
+        /// the checkpoints to come only when `locked`).
+        agreed: Option<Saved>,
     },
     /// Worker: fetch the state at `step` from `sources`, check it against `fingerprint`,
-    /// and answer with [`Worker::on_fetched`].
+    /// and answer with [`Event::Fetched`].
     Fetch {
         /// The epoch.
         epoch: u64,
@@ -308,10 +456,10 @@ pub enum Action {
         /// Who holds it.
         sources: Vec<WorkerId>,
     },
-    /// Worker: hash the state held now, and answer with [`Worker::on_hashed`] at once,
+    /// Worker: hash the state held now, and answer with [`Event::Hashed`] at once,
     /// carrying out what it returns before any action queued after this one.
     Hash,
-    /// Worker: put back the copy of the state kept at `step` (see [`Worker::keep_copy`]);
+    /// Worker: put back the copy of the state kept at `step` (see [`Event::Copied`]);
     /// it has `fingerprint`. No answer is needed.
     Restore {
         /// The step of the copy.
@@ -326,6 +474,15 @@ pub enum Action {
         /// Why.
         reason: String,
     },
+    /// Worker: a replica check found the members `outvoted` holding another state than a
+    /// strict majority after the update of step `step - 1`; they fetch the majority's
+    /// state in the next epoch. Record it; no answer is needed.
+    Repair {
+        /// The step the states are at.
+        step: u64,
+        /// The members outvoted.
+        outvoted: Vec<WorkerId>,
+    },
     /// Worker: the replicas' states diverged after the update of step `step - 1`, and the
     /// job does not repair them (or cannot tell who is right): end with that error, once
     /// every member holds the verdict.
@@ -334,24 +491,6 @@ pub enum Action {
         step: u64,
         /// The members outvoted (every member when there is no strict majority).
         outvoted: Vec<WorkerId>,
-    },
-}
-
-/// What a replica check after an update found: the shell compares the members'
-/// fingerprints over the epoch's mesh with the one majority rule.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Compared {
-    /// Every member holds the same state.
-    Agree,
-    /// The check failed: this member was lost during it.
-    Lost(WorkerId),
-    /// The members `outvoted` hold another state than the others; `majority` says whether
-    /// the others are a strict majority (otherwise every member is outvoted).
-    Diverged {
-        /// The members to distrust.
-        outvoted: Vec<WorkerId>,
-        /// Whether the rest are a strict majority, so that repair is safe.
-        majority: bool,
     },
 }
 

@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Msg, Quorum, Status, WorkerId, WorkerState};
+use super::{Msg, Quorum, Saved, Status, WorkerId, WorkerState};
 
 /// Frame kind of a protocol [`Msg`].
 pub const KIND_MSG: u8 = 0xC1;
@@ -184,12 +184,16 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             o.u8(5);
             o.text(reason);
         }
-        Msg::Ballot { epoch, step, ok, digest } => {
+        Msg::Ballot { epoch, step, ok, digest, saved } => {
             o.u8(6);
             o.u64(*epoch);
             o.u64(*step);
             o.u8(u8::from(*ok));
             o.u64(*digest);
+            o.u64(saved.durable);
+            o.u8(u8::from(saved.locked));
+            o.u64(saved.written);
+            o.u64(saved.print);
         }
     }
     o.0
@@ -229,7 +233,13 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, WireError> {
         3 => Msg::Reconfigure { epoch: i.u64()? },
         4 => Msg::Finish,
         5 => Msg::Stop { reason: i.text()? },
-        6 => Msg::Ballot { epoch: i.u64()?, step: i.u64()?, ok: i.bool()?, digest: i.u64()? },
+        6 => Msg::Ballot {
+            epoch: i.u64()?,
+            step: i.u64()?,
+            ok: i.bool()?,
+            digest: i.u64()?,
+            saved: Saved { durable: i.u64()?, locked: i.bool()?, written: i.u64()?, print: i.u64()? },
+        },
         t => return Err(WireError(format!("unknown message tag {t}"))),
     };
     i.end()?;
@@ -331,7 +341,13 @@ mod tests {
             Msg::Reconfigure { epoch: 5 },
             Msg::Finish,
             Msg::Stop { reason: "too few workers: ü".into() },
-            Msg::Ballot { epoch: 1, step: 2, ok: false, digest: 3 },
+            Msg::Ballot {
+                epoch: 1,
+                step: 2,
+                ok: false,
+                digest: 3,
+                saved: Saved { durable: 4, locked: true, written: 5, print: 6 },
+            },
         ]
     }
 

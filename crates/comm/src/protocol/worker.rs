@@ -1,10 +1,18 @@
 //! A worker's side of the step protocol (steps 1, 4, 5 and 6 of [`super`]).
+//!
+//! One entry, [`Worker::step`], takes every [`Event`]: a message, the clock, and the
+//! shell's answer to each action. Every decision of the worker's side is made here, so a
+//! shell (the elastic trainer's, the Python package's, the simulator's) only carries out
+//! actions: whether to check the state at rest or just before an update, when to compare
+//! the replicas and whom a comparison outvotes, what the ballots agree on of the epoch's
+//! checkpoints, when to hash, fetch, roll forward or leave an epoch.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{Action, Compared, Msg, Node, Quorum, Status, Timing, WorkerId, WorkerState, send};
+use super::{Action, Checks, Event, Msg, Node, Quorum, Saved, Status, Timing, WorkerId, WorkerState, send};
 use crate::commit::{Ballot, Decision, decide};
+use crate::majority::{Comparison, compare};
 
 /// One worker's protocol state.
 #[derive(Clone, Debug)]
@@ -16,7 +24,7 @@ pub struct Worker {
     /// The quorum of the epoch this worker is a member of.
     quorum: Option<Quorum>,
     /// Ballots by step (of the current epoch), by rank.
-    ballots: BTreeMap<u64, Vec<Option<(bool, u64)>>>,
+    ballots: BTreeMap<u64, Vec<Option<Cast>>>,
     vote_deadline: Option<Instant>,
     /// The copy of the state the shell keeps, `(step, fingerprint)`, for the rollback
     /// baseline.
@@ -28,19 +36,25 @@ pub struct Worker {
     after_hash: AfterHash,
     next_report: Instant,
     heard_coordinator: Instant,
-    /// Whether a divergence of the replicas is repaired.
-    repair: bool,
+    /// The checks the job asks for.
+    checks: Checks,
+    /// The newest checkpoint of the epoch whose parts every member wrote from the same
+    /// state (their ballots said so).
+    verified: u64,
 }
+
+/// A member's ballot: its sum is finite, the sum's digest, its checkpoint part.
+type Cast = (bool, u64, Saved);
 
 impl Worker {
     /// Process `incarnation` of worker `id`, holding the state of `step` (0 for a fresh
-    /// one) with `fingerprint`, in a job of `total` steps. Returns it with its first
-    /// report.
+    /// one) with `fingerprint`, in a job of `total` steps with `checks`. Returns it with
+    /// its first report.
     pub fn new(
         (id, incarnation): (WorkerId, u64),
         total: u64,
         (step, fingerprint): (u64, u64),
-        timing: Timing,
+        (timing, checks): (Timing, Checks),
         now: Instant,
     ) -> (Worker, Vec<Action>) {
         let status = Status {
@@ -66,7 +80,8 @@ impl Worker {
             after_hash: AfterHash::default(),
             next_report: now,
             heard_coordinator: now,
-            repair: false,
+            checks,
+            verified: 0,
         };
         let mut out = Vec::new();
         w.report(now, &mut out);
@@ -89,8 +104,39 @@ impl Worker {
         self.quorum.as_ref()
     }
 
-    /// A message arrived.
-    pub fn on_message(&mut self, now: Instant, from: Node, msg: Msg) -> Vec<Action> {
+    /// What happened: returns the actions to carry out, in order.
+    pub fn step(&mut self, now: Instant, event: Event) -> Vec<Action> {
+        let mut out = Vec::new();
+        match event {
+            Event::Message { from, msg } => return self.on_message(now, from, msg),
+            Event::Tick => return self.tick(now),
+            Event::Computed { epoch, step, sum, saved } => return self.on_computed(now, (epoch, step), sum, saved),
+            Event::VoteFailed { epoch } => {
+                if self.status.phase == WorkerState::Stepping && self.status.epoch == epoch {
+                    self.go_idle(now, &mut out);
+                }
+            }
+            Event::Applied { step, fingerprint } => return self.on_applied(now, step, fingerprint),
+            Event::Compared { step, fingerprint, prints } => return self.on_compared(now, step, fingerprint, prints),
+            Event::Changed { fingerprint } => return self.on_changed(now, fingerprint),
+            Event::Hashed { fingerprint } => return self.on_hashed(now, fingerprint),
+            Event::Fetched { epoch, state } => return self.on_fetched(now, epoch, state),
+            Event::Copied { step, fingerprint } => self.copy = Some((step, fingerprint)),
+            Event::PeerLost(peer) => {
+                let member = self.quorum.as_ref().is_some_and(|q| q.rank_of(peer).is_some());
+                if member && self.in_epoch() {
+                    self.go_idle(now, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    fn in_epoch(&self) -> bool {
+        matches!(self.status.phase, WorkerState::Syncing | WorkerState::Synced | WorkerState::Stepping)
+    }
+
+    fn on_message(&mut self, now: Instant, from: Node, msg: Msg) -> Vec<Action> {
         let mut out = Vec::new();
         if self.is_over() {
             // A finished worker acknowledges every finish: the first answer may be lost.
@@ -135,7 +181,7 @@ impl Worker {
                 }
             }
             Msg::Stop { reason } => self.stop(now, reason, &mut out),
-            Msg::Ballot { epoch, step, ok, digest } => {
+            Msg::Ballot { epoch, step, ok, digest, saved } => {
                 let Node::Worker(peer) = from else { return out };
                 let Some(q) = &self.quorum else { return out };
                 let Some(rank) = q.rank_of(peer) else { return out };
@@ -143,7 +189,7 @@ impl Worker {
                     return out;
                 }
                 let world = q.members.len();
-                self.ballots.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((ok, digest));
+                self.ballots.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((ok, digest, saved));
                 if self.status.phase == WorkerState::Stepping && step == self.status.step {
                     self.check_vote(now, &mut out);
                 }
@@ -156,7 +202,13 @@ impl Worker {
 
     /// The shell finished the gradients and all-reduce of `step`: `Some((finite, digest))`
     /// of the sum, or `None` when the all-reduce failed (a member was lost).
-    pub fn on_reduced(&mut self, now: Instant, epoch: u64, step: u64, sum: Option<(bool, u64)>) -> Vec<Action> {
+    fn on_computed(
+        &mut self,
+        now: Instant,
+        (epoch, step): (u64, u64),
+        sum: Option<(bool, u64)>,
+        saved: Saved,
+    ) -> Vec<Action> {
         let mut out = Vec::new();
         if self.status.phase != WorkerState::Stepping || self.status.epoch != epoch || self.status.step != step {
             return out;
@@ -170,10 +222,10 @@ impl Worker {
         // The sum is held until the vote says whether to apply it.
         self.status.unapplied = ok.then_some(digest);
         let world = q.members.len();
-        self.ballots.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((ok, digest));
+        self.ballots.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((ok, digest, saved));
         let to: Vec<WorkerId> = q.members.iter().copied().filter(|&m| m != self.id).collect();
         if !to.is_empty() {
-            out.push(Action::Vote { epoch, step, ok, digest, to });
+            out.push(Action::Vote { epoch, step, ok, digest, saved, to });
         }
         self.vote_deadline = Some(now + self.timing.vote_timeout);
         self.check_vote(now, &mut out);
@@ -184,7 +236,7 @@ impl Worker {
     /// the shell did not hash it (`None`), a fingerprint the worker asks for
     /// ([`Action::Hash`]) only when it needs it: to report, to check a roll-forward, to
     /// join a quorum. An epoch without failures hashes the state once, at its end.
-    pub fn on_applied(&mut self, now: Instant, step: u64, fingerprint: Option<u64>) -> Vec<Action> {
+    fn on_applied(&mut self, now: Instant, step: u64, fingerprint: Option<u64>) -> Vec<Action> {
         let mut out = Vec::new();
         if !self.applied(step, fingerprint) {
             return out;
@@ -202,41 +254,45 @@ impl Worker {
     }
 
     /// The shell applied the held sum of `step`, then compared the replicas (a check was
-    /// due after this update): the state has `fingerprint`, and the check found `compared`.
-    /// When the members agree, this is [`Worker::on_applied`]. Otherwise the step counts,
-    /// but the epoch ends here:
-    /// - a member lost during the check ends it as [`Worker::on_peer_lost`] does;
-    /// - a divergence the job repairs (see [`Worker::repairs`]) with a strict majority
-    ///   makes an outvoted worker report its state as it is ([`Worker::on_corrupted`]),
-    ///   and the others leave the epoch: the next quorum's majority decides who fetches;
+    /// due after this update): the state has `fingerprint`, and the members' are
+    /// `prints` (`None`: the comparison failed). When they agree, this is an ordinary
+    /// update. Otherwise the step counts, but the epoch ends here:
+    /// - a comparison that failed ends it as a lost member does;
+    /// - a divergence the job repairs with a strict majority makes an outvoted worker
+    ///   report its state as it is (as [`Event::Changed`] does), and the others leave
+    ///   the epoch: the next quorum's majority decides who fetches;
     /// - any other divergence ends the job with [`Action::Diverged`].
-    pub fn on_checked(&mut self, now: Instant, step: u64, fingerprint: u64, compared: Compared) -> Vec<Action> {
-        if compared == Compared::Agree {
+    fn on_compared(&mut self, now: Instant, step: u64, fingerprint: u64, prints: Option<Vec<u64>>) -> Vec<Action> {
+        let members = self.quorum.as_ref().map(|q| q.members.clone()).unwrap_or_default();
+        let comparison = match &prints {
+            Some(p) if p.len() == members.len() => compare(p),
+            // A gather that failed, or one of another epoch's size, compares nothing.
+            _ => Comparison::Diverged { outvoted: Vec::new(), majority: false },
+        };
+        if comparison == Comparison::Agree {
             return self.on_applied(now, step, Some(fingerprint));
         }
         let mut out = Vec::new();
         if !self.applied(step, Some(fingerprint)) {
             return out;
         }
-        match compared {
-            Compared::Agree => {}
-            Compared::Lost(peer) => out.extend(self.on_peer_lost(now, peer)),
-            Compared::Diverged { outvoted, majority: true } if self.repair => {
-                if outvoted.contains(&self.id) {
-                    out.extend(self.on_corrupted(now, fingerprint));
-                } else if let Some(&other) = outvoted.first() {
-                    out.extend(self.on_peer_lost(now, other));
-                }
+        let Comparison::Diverged { outvoted, majority } = comparison else { return out };
+        if outvoted.is_empty() {
+            self.go_idle(now, &mut out);
+            return out;
+        }
+        let outvoted: Vec<WorkerId> = outvoted.iter().map(|&r| members[r]).collect();
+        if majority && self.checks.repair {
+            out.push(Action::Repair { step: self.status.step, outvoted: outvoted.clone() });
+            if outvoted.contains(&self.id) {
+                out.extend(self.on_changed(now, fingerprint));
+            } else {
+                self.go_idle(now, &mut out);
             }
-            Compared::Diverged { outvoted, .. } => out.push(Action::Diverged { step: self.status.step, outvoted }),
+        } else {
+            out.push(Action::Diverged { step: self.status.step, outvoted });
         }
         out
-    }
-
-    /// Whether a divergence of the replicas is repaired (`--on-divergence repair`) rather
-    /// than the end of the job.
-    pub fn repairs(&mut self, repair: bool) {
-        self.repair = repair;
     }
 
     /// The bookkeeping of an applied update of `step`, whose state has `fingerprint` when
@@ -256,7 +312,7 @@ impl Worker {
 
     /// The shell hashed the state it holds, as asked by [`Action::Hash`]: it has
     /// `fingerprint`. Carry out the returned actions before any left from earlier calls.
-    pub fn on_hashed(&mut self, now: Instant, fingerprint: u64) -> Vec<Action> {
+    fn on_hashed(&mut self, now: Instant, fingerprint: u64) -> Vec<Action> {
         let mut out = Vec::new();
         self.status.fingerprint = fingerprint;
         self.fresh = true;
@@ -278,7 +334,7 @@ impl Worker {
     /// fetch that failed after overwriting part of the state answers with what the state
     /// now is: its fingerprint matches nobody's, so it fetches again in the next epoch and
     /// is never a source.
-    pub fn on_fetched(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action> {
+    fn on_fetched(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action> {
         let mut out = Vec::new();
         if self.status.phase != WorkerState::Syncing || self.status.epoch != epoch {
             return out;
@@ -313,7 +369,7 @@ impl Worker {
     /// changed at rest): it now has `fingerprint`. The worker leaves its epoch, dropping any
     /// sum it holds, and reports the state as it is, so that the next quorum names it a
     /// dissenter and it fetches the state from the healthy replicas.
-    pub fn on_corrupted(&mut self, now: Instant, fingerprint: u64) -> Vec<Action> {
+    fn on_changed(&mut self, now: Instant, fingerprint: u64) -> Vec<Action> {
         let mut out = Vec::new();
         if self.is_over() {
             return out;
@@ -327,24 +383,8 @@ impl Worker {
         out
     }
 
-    /// The shell copied the state it holds, of `step` with `fingerprint` (the rollback
-    /// baseline of [`super`]): from now on, leaving an epoch puts this copy back.
-    pub fn keep_copy(&mut self, step: u64, fingerprint: u64) {
-        self.copy = Some((step, fingerprint));
-    }
-
-    /// The shell saw the connection to another worker drop.
-    pub fn on_peer_lost(&mut self, now: Instant, peer: WorkerId) -> Vec<Action> {
-        let mut out = Vec::new();
-        let member = self.quorum.as_ref().is_some_and(|q| q.rank_of(peer).is_some());
-        if member && matches!(self.status.phase, WorkerState::Syncing | WorkerState::Synced | WorkerState::Stepping) {
-            self.go_idle(now, &mut out);
-        }
-        out
-    }
-
     /// Time passed.
-    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+    fn tick(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         if self.is_over() {
             return out;
@@ -427,7 +467,10 @@ impl Worker {
             self.status.unapplied = None;
             out.push(Action::Restore { step, fingerprint });
         }
-        self.status.phase = if self.status.step >= self.total { WorkerState::Done } else { WorkerState::Idle };
+        // A state found changed is not the job's result, even after the last step: it
+        // waits, idle, for a quorum that has it fetch the healthy replicas' state.
+        let done = self.status.step >= self.total && !self.status.suspect;
+        self.status.phase = if done { WorkerState::Done } else { WorkerState::Idle };
         self.report(now, out);
     }
 
@@ -444,6 +487,8 @@ impl Worker {
         self.status.epoch = q.epoch;
         self.ballots.clear();
         self.vote_deadline = None;
+        // Each epoch's checkpoints have parts of their own.
+        self.verified = 0;
         if q.rank_of(self.id).is_none() {
             self.quorum = None;
             self.go_idle(now, out);
@@ -459,7 +504,7 @@ impl Worker {
             self.status.phase = WorkerState::Syncing;
             self.quorum = Some(q);
             self.report(now, out);
-            out.push(Action::Apply { step: s.step });
+            out.push(self.apply(s.step, None));
             return;
         } else {
             self.status.phase = WorkerState::Syncing;
@@ -492,14 +537,36 @@ impl Worker {
         let first = self.status.phase != WorkerState::Stepping;
         self.status.phase = WorkerState::Stepping;
         self.vote_deadline = None;
+        // Under repair every update is hashed, so the state held has a known fingerprint
+        // to check at rest.
+        let verify = (self.checks.repair && self.fresh).then_some(self.status.fingerprint);
         out.push(Action::Compute {
             epoch: q.epoch,
             step: self.status.step,
             rank: q.rank_of(self.id).expect("a member has a rank"),
             members: q.members.clone(),
+            verify,
         });
         if first {
             self.report(now, out);
+        }
+    }
+
+    /// The update of `step`, with the checks the job asks of it: a replica comparison when
+    /// one is due (never on a roll-forward, whose result the quorum's fingerprint checks);
+    /// under repair a hash after it and a check of the state just before it. (The check
+    /// before the step keeps a changed state out of the sum; this one keeps a change made
+    /// while the step computed out of the update, where only a replica comparison could
+    /// find it, and an epoch of two has no majority to name the changed replica.)
+    fn apply(&self, step: u64, agreed: Option<Saved>) -> Action {
+        let rolling = self.status.phase == WorkerState::Syncing;
+        let repair = self.checks.repair;
+        Action::Apply {
+            step,
+            verify: (repair && self.fresh).then_some(self.status.fingerprint),
+            hash: repair,
+            compare: !rolling && self.checks.compare_after(step + 1, self.total),
+            agreed,
         }
     }
 
@@ -512,10 +579,24 @@ impl Worker {
         }
         // The one commit rule of every runner: every ballot ok, every digest the same (this
         // worker's own ballot among them, so the same as the sum it holds).
-        let cast: Vec<Ballot> =
-            ballots.iter().flatten().map(|&(ok, digest)| Ballot { ok, digest, durable: 0 }).collect();
+        let cast: Vec<Ballot> = ballots
+            .iter()
+            .flatten()
+            .map(|&(ok, digest, saved)| Ballot { ok, digest, durable: saved.durable })
+            .collect();
         if self.status.unapplied.is_some() && decide(&cast) == Decision::Commit {
-            out.push(Action::Apply { step: self.status.step });
+            // The checkpoints: the committer (ranked first) commits what every part has
+            // reached, and the parts are written while it holds the root's lock.
+            let saved: Vec<Saved> = ballots.iter().flatten().map(|&(_, _, s)| s).collect();
+            if saved.windows(2).all(|w| (w[0].written, w[0].print) == (w[1].written, w[1].print)) {
+                self.verified = self.verified.max(saved[0].written);
+            }
+            let agreed = Saved {
+                durable: crate::commit::durable_everywhere(&cast).min(self.verified),
+                locked: saved[0].locked,
+                ..Saved::default()
+            };
+            out.push(self.apply(self.status.step, Some(agreed)));
         } else {
             self.status.unapplied = None;
             self.go_idle(now, out);

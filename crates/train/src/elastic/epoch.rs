@@ -1,7 +1,8 @@
 //! An elastic worker's side of a step, as the step driver's [`Runner`]: the epoch's mesh,
-//! the all-reduce over it, the at-rest and before-update checks of `--on-divergence
-//! repair`, and the replica check. It decides nothing: what it found is left in
-//! [`Side::found`] for the shell to hand to the protocol.
+//! the all-reduce over it, and the checks the protocol's action asked for (the state's
+//! fingerprint at rest and just before the update, the gather of the replicas'
+//! fingerprints after it). It decides nothing: what it found is left in [`Side::found`]
+//! for the shell to hand to the protocol.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -9,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use comm::port::Port;
-use comm::protocol::{Compared, WorkerId};
-use comm::transport::{TcpConfig, TcpMesh, Transport};
+use comm::protocol::WorkerId;
+use comm::transport::{TcpConfig, TcpMesh};
 use serde_json::json;
 
 use crate::checkpointing;
-use crate::config::{ElasticWorker, OnDivergence, TrainConfig};
+use crate::config::{ElasticWorker, TrainConfig};
 use crate::driver::{Flow, Reduction, Runner};
 use crate::error::TrainError;
 use crate::metrics::MetricsFile;
@@ -53,8 +54,9 @@ pub(super) enum Found {
     Failed(String),
     /// The state changed since its commit: `(committed, found)`.
     Corrupted { changed: (u64, u64) },
-    /// After an update: what the replica check found, when one was due.
-    Checked(Compared),
+    /// After an update, when the action asked to compare: every member's fingerprint in
+    /// rank order (`None`: the gather failed).
+    Checked(Option<Vec<u64>>),
 }
 
 /// The worker's side of its steps.
@@ -80,9 +82,12 @@ pub(super) struct Side<'c, 'e> {
     /// The epoch of the step in progress, and its members in rank order.
     pub epoch: u64,
     pub members: Vec<WorkerId>,
-    /// The fingerprint the state was committed with (see `Held::fingerprint`), lent for
-    /// the step.
-    pub committed: Option<u64>,
+    /// The state's fingerprint where known (see `Held::fingerprint`), lent for the step.
+    pub known: Option<u64>,
+    /// What the protocol's action asked of the step: the fingerprints the state must
+    /// still have at rest and just before the update, whether to hash it after the update,
+    /// and whether to compare it with the other members'.
+    pub asked: Asked,
     /// What the step found.
     pub found: Option<Found>,
     pub step_started: Instant,
@@ -94,6 +99,15 @@ pub(super) struct Side<'c, 'e> {
     pub resumed_from: u64,
 }
 
+/// The checks an action asked of a step.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Asked {
+    pub at_rest: Option<u64>,
+    pub before_update: Option<u64>,
+    pub hash: bool,
+    pub compare: bool,
+}
+
 impl Side<'_, '_> {
     /// This member's part of the epoch's checkpoints: its rank among the members.
     pub(super) fn part(&self) -> ckpt::Part {
@@ -101,19 +115,13 @@ impl Side<'_, '_> {
         ckpt::Part { index, count: self.members.len().max(1), group: self.epoch }
     }
 
-    fn repairs(&self) -> bool {
-        self.d.on_divergence == OnDivergence::Repair
-    }
-
-    /// Whether `state` still has the fingerprint it was committed with; when not, returns
-    /// `(committed, found)` and takes `found` as the one it now holds. A state whose
-    /// fingerprint was never taken cannot be checked: it is taken now.
-    fn changed_since_commit(&mut self, state: &TrainState) -> Option<(u64, u64)> {
+    /// Whether `state` still has the fingerprint `expected` it was committed with; when
+    /// not, returns `(expected, found)`. Either way the fingerprint is known now.
+    fn changed_since_commit(&mut self, state: &TrainState, expected: Option<u64>) -> Option<(u64, u64)> {
+        let expected = expected?;
         let found = state.fingerprint();
-        match self.committed.replace(found) {
-            Some(committed) if committed != found => Some((committed, found)),
-            _ => None,
-        }
+        self.known = Some(found);
+        (found != expected).then_some((expected, found))
     }
 
     /// Logs and records a state found changed since its commit, and ends the step.
@@ -145,33 +153,24 @@ impl Side<'_, '_> {
         }
     }
 
-    /// Compares this member's `fingerprint` with every other member's.
-    fn compare_replicas(&self, mesh: &TcpMesh, fingerprint: u64) -> Compared {
+    /// Gathers every member's fingerprint, this one's `fingerprint` among them.
+    fn gather_prints(&self, mesh: &TcpMesh, fingerprint: u64) -> Option<Vec<u64>> {
         match comm::collective::all_gather_u64(mesh, fingerprint, self.d.job.timeout) {
-            Ok(all) => match comm::majority::compare(&all) {
-                comm::majority::Comparison::Agree => Compared::Agree,
-                comm::majority::Comparison::Diverged { outvoted, majority } => {
-                    Compared::Diverged { outvoted: outvoted.iter().map(|&r| self.members[r]).collect(), majority }
-                }
-            },
+            Ok(all) => Some(all),
             Err(e) => {
                 tracing::warn!("the replica check failed: {e}");
-                let me = mesh.rank();
-                let other = self.members.iter().enumerate().find(|(r, _)| *r != me).map_or(0, |(_, &m)| m);
-                Compared::Lost(other)
+                None
             }
         }
     }
 }
 
 impl Runner for Side<'_, '_> {
-    /// Under `--on-divergence repair`, the state at rest is checked against the
-    /// fingerprint it had after the last update; then the epoch's first step builds its
-    /// mesh (its time is written as a `mesh` record and left out of the training time).
+    /// The state at rest is checked against the fingerprint it was committed with, when
+    /// the action asked; then the epoch's first step builds its mesh (its time is written
+    /// as a `mesh` record and left out of the training time).
     fn loaded(&mut self, at: At, state: &mut TrainState) -> Result<Flow, TrainError> {
-        if self.repairs()
-            && let Some(changed) = self.changed_since_commit(state)
-        {
+        if let Some(changed) = self.changed_since_commit(state, self.asked.at_rest) {
             return self.corrupted(at.step, "at rest", changed);
         }
         match self.mesh() {
@@ -224,24 +223,20 @@ impl Runner for Side<'_, '_> {
         Ok(Flow::Pause)
     }
 
-    /// Two replicas that disagree after an update have no majority to name the bad one.
-    /// So in an epoch of two, under `--on-divergence repair`, each checks just before the
-    /// update that its state is still the one it committed: a replica whose state changed
-    /// names itself.
+    /// Just before the update, the state is checked against the fingerprint it was
+    /// committed with, when the action asked: a replica whose state changed while the
+    /// step computed names itself.
     fn updating(&mut self, at: At, state: &mut TrainState) -> Result<Flow, TrainError> {
-        if self.members.len() == 2
-            && self.repairs()
-            && let Some(changed) = self.changed_since_commit(state)
-        {
+        if let Some(changed) = self.changed_since_commit(state, self.asked.before_update) {
             return self.corrupted(at.step, "before the update", changed);
         }
         Ok(Flow::Go)
     }
 
-    /// Checking the state at rest needs its fingerprint after every update; otherwise the
-    /// protocol asks for it when it needs it.
+    /// The state is hashed after the update when the action asked (to check it at rest
+    /// later, or to compare it); otherwise the protocol asks for it when it needs it.
     fn updated(&mut self, _at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
-        self.committed = self.repairs().then(|| state.fingerprint());
+        self.known = (self.asked.hash || self.asked.compare).then(|| state.fingerprint());
         self.train_time += self.step_started.elapsed();
         self.last_loss = sum.loss();
         self.metrics.write(json!({"kind": "train", "step": state.step, "loss": self.last_loss}))?;
@@ -250,15 +245,15 @@ impl Runner for Side<'_, '_> {
     }
 
     fn check_replicas(&mut self, _at: At, state: &TrainState) -> Result<Flow, TrainError> {
-        if !self.d.job.checks_after(state.step, self.config.steps) {
+        if !self.asked.compare {
             return Ok(Flow::Go);
         }
-        let fingerprint = *self.committed.get_or_insert_with(|| state.fingerprint());
-        let check = match self.current.get() {
-            Some((_, mesh)) => self.compare_replicas(&mesh, fingerprint),
-            None => Compared::Agree,
+        let fingerprint = *self.known.get_or_insert_with(|| state.fingerprint());
+        let prints = match self.current.get() {
+            Some((_, mesh)) => self.gather_prints(&mesh, fingerprint),
+            None => None,
         };
-        self.found = Some(Found::Checked(check));
+        self.found = Some(Found::Checked(prints));
         Ok(Flow::Go)
     }
 
@@ -274,7 +269,9 @@ impl Runner for Side<'_, '_> {
         let part = self.part();
         let Some(saving) = self.saving.as_mut() else { return Ok(()) };
         let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), self.members.len());
-        saving.write(part, state, meta, &mut self.metrics)
+        // The ballots compare the states the parts were written from.
+        let print = *self.known.get_or_insert_with(|| state.fingerprint());
+        saving.write(part, (state, print), meta, &mut self.metrics)
     }
 
     fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {

@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::port::Port;
-use comm::protocol::{Worker, WorkerId};
+use comm::protocol::{Event, Worker, WorkerId};
 use comm::transfer::Want;
 use comm::transport::CommError;
 use fault::crash::Phase;
@@ -39,6 +39,12 @@ impl Held {
     /// The state's fingerprint, computed when unknown.
     pub(super) fn fingerprint(&mut self) -> u64 {
         *self.fingerprint.get_or_insert_with(|| self.state.fingerprint())
+    }
+
+    /// The state's fingerprint as it is now (the one known may be what it was committed
+    /// with, before a change at rest), which becomes the one known.
+    pub(super) fn fingerprint_now(&mut self) -> u64 {
+        *self.fingerprint.insert(self.state.fingerprint())
     }
 }
 
@@ -87,18 +93,19 @@ fn copy_in(state: &mut TrainState, range: Range<usize>, bytes: &[u8]) {
     }
 }
 
-/// Serves fetches of the state held, until the process ends.
+/// Serves fetches of the state held, until the process ends. A fetch's first chunk hashes
+/// the state: one changed since its commit is refused, and `changed` set for the shell.
 pub(super) fn spawn_server(
     port: &mut Port,
     held: Arc<RwLock<Held>>,
     layout: (u64, u64),
-    faults: ProcessFaults,
+    (faults, changed): (ProcessFaults, Arc<Mutex<bool>>),
     id: WorkerId,
 ) -> Result<(), TrainError> {
     let transfers = port.transfers().ok_or_else(|| CommError::Setup("the port's transfers are taken".into()))?;
     std::thread::spawn(move || {
         while let Ok((peer, stream)) = transfers.recv() {
-            let (held, faults) = (Arc::clone(&held), faults.clone());
+            let (held, faults, changed) = (Arc::clone(&held), faults.clone(), Arc::clone(&changed));
             std::thread::spawn(move || {
                 let mut served = 0u64;
                 comm::transfer::serve(stream, Duration::from_secs(60), &mut |want, range, out| {
@@ -119,6 +126,12 @@ pub(super) fn spawn_server(
                             want.step,
                             repro::fingerprint::hex(want.fingerprint)
                         ));
+                    }
+                    if served == 0 && h.state.fingerprint() != fingerprint {
+                        // The state changed at rest since its commit: it is not the one
+                        // asked for, and this worker's protocol hears so.
+                        *changed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                        return Err(format!("the state of step {} changed since its commit", h.state.step));
                     }
                     if served == 1 {
                         // The `transfer` phase: after the first chunk went out.
@@ -168,7 +181,8 @@ impl MemoryCopy {
             None => self.state = Some(Held { state: held.state.clone(), fingerprint: held.fingerprint }),
         }
         self.spent += started.elapsed();
-        worker.keep_copy(held.state.step, fingerprint);
+        // (The answer is empty: a copy only changes what leaving an epoch does.)
+        let _ = worker.step(Instant::now(), Event::Copied { step: held.state.step, fingerprint });
     }
 
     /// Puts the copy of `(step, fingerprint)` back into `held`.

@@ -38,7 +38,7 @@ use comm::control::Link;
 use comm::directory::Directory;
 use comm::port::Port;
 use comm::protocol::wire::Hello;
-use comm::protocol::{Msg, Timing, Worker, WorkerId};
+use comm::protocol::{Checks, Msg, Timing, Worker, WorkerId};
 use comm::transport::{CommError, TcpConfig};
 use serde_json::json;
 
@@ -99,7 +99,9 @@ pub(crate) fn run(
     let listener =
         TcpListener::bind((bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
     let mut port = Port::open(listener, secret, id)?;
-    held::spawn_server(&mut port, Arc::clone(&held), layout, faults.clone(), id)?;
+    // The server sets this when a fetch finds the state changed at rest.
+    let served_changed = Arc::new(std::sync::Mutex::new(false));
+    held::spawn_server(&mut port, Arc::clone(&held), layout, (faults.clone(), Arc::clone(&served_changed)), id)?;
     // The worker's own clocks: how often it reports, and how long it waits for ballots.
     let timing = Timing { vote_timeout: d.job.timeout, ..Timing::default() };
     let current = Current::default();
@@ -115,9 +117,11 @@ pub(crate) fn run(
     metrics.write(json!({"kind": "process", "worker": id, "incarnation": incarnation}))?;
 
     let tcp = mesh_config(d);
+    // The checks the protocol asks of the steps.
+    let checks =
+        Checks { every: d.job.fingerprint_every, repair: d.on_divergence == crate::config::OnDivergence::Repair };
     let (mut worker, first) =
-        Worker::new((id, incarnation), config.steps, (resumed_from, fingerprint), timing, Instant::now());
-    worker.repairs(d.on_divergence == crate::config::OnDivergence::Repair);
+        Worker::new((id, incarnation), config.steps, (resumed_from, fingerprint), (timing, checks), Instant::now());
     // The rollback baseline: a copy of the state every `copy_every` steps.
     let mut copy = MemoryCopy::new(d.copy_every);
     // (Step 0 here: the first copy is kept whatever step the state starts at.)
@@ -137,7 +141,8 @@ pub(crate) fn run(
         on_event,
         epoch: 0,
         members: Vec::new(),
-        committed: None,
+        known: None,
+        asked: Default::default(),
         found: None,
         step_started: Instant::now(),
         train_time: Duration::ZERO,
@@ -156,6 +161,7 @@ pub(crate) fn run(
         ops: Vec::new(),
         placed: None,
         layout,
+        served_changed,
         copy,
         last_eval: None,
         side,

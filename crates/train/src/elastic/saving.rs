@@ -3,11 +3,15 @@
 //!
 //! The members of an epoch hold equal replicas, so they share each checkpoint's writing:
 //! the member ranked `r` of `n` writes part `r` of `n` ([`ckpt::Part`], its group the
-//! epoch), and the member ranked first commits once every part is durable. Each member's
-//! newest durable step travels in the step's vote (one more word of its ballot), so every
-//! member learns the minimum at once, and the committer commits every pending checkpoint
-//! that all parts have reached. The last step's checkpoint is committed at the end, after
-//! one all-gather of the durable steps.
+//! epoch), and the member ranked first commits once every part is durable. Where each
+//! member's part stands travels in the step's vote (its ballot's [`Saved`]: the newest
+//! step it made durable, and the step and fingerprint of the state it wrote its newest
+//! part from), and the protocol's update action says what the ballots agreed on: the
+//! committer commits every pending checkpoint through that step, which every member's
+//! part has reached and every member wrote from the same state (a replica corrupted since
+//! the last replica check never gets its part committed). The last step's checkpoint,
+//! whose states the replica check after the last update compares, is committed at the
+//! end, after one all-gather of the durable steps.
 //!
 //! The committer takes the root's lock before it votes, and its ballot says whether it
 //! holds it: the members write their parts of a checkpoint only when it does, so that a
@@ -38,6 +42,7 @@
 use std::time::{Duration, Instant};
 
 use ckpt::{AsyncWriter, Part, WriterStats};
+use comm::protocol::Saved;
 use serde_json::json;
 
 use crate::checkpointing::{self, Schedule};
@@ -87,8 +92,10 @@ pub(super) struct Saving {
     other_run: Option<ckpt::CkptError>,
     /// Whether the epoch's committer holds the root's lock (its last ballot said).
     committer_ready: bool,
-    /// The newest step whose checkpoint the members wrote in this epoch (0: none).
+    /// The newest step whose checkpoint the members wrote in this epoch (0: none), and the
+    /// fingerprint of the state it was written from.
     written: u64,
+    print: u64,
     /// The newest step every member of the epoch has made durable (the last vote's).
     durable_everywhere: u64,
     /// The totals of the writers this worker has let go.
@@ -108,6 +115,7 @@ impl Saving {
             busy: None,
             committer_ready: false,
             written: 0,
+            print: 0,
             durable_everywhere: 0,
             done: WriterStats::default(),
         })
@@ -120,11 +128,12 @@ impl Saving {
         self.schedule.take(done, || Ok(idle))
     }
 
-    /// This member's words in the step's ballot, as writer `part` of the epoch: the newest
-    /// step of its part made durable, and (the committer) whether it holds the root's
-    /// lock, which it tries to take first (at most once a second while another holds it).
-    /// A writer of another epoch is let go first.
-    pub fn ballot(&mut self, part: Part) -> [u64; 2] {
+    /// Where this member's part stands, for its ballot, as writer `part` of the epoch: the
+    /// newest step of its part made durable, (the committer) whether it holds the root's
+    /// lock, which it tries to take first (at most once a second while another holds it),
+    /// and the newest part written with its state's fingerprint. A writer of another
+    /// epoch is let go first.
+    pub fn ballot(&mut self, part: Part) -> Saved {
         if self.writer.as_ref().is_some_and(|(p, _)| *p != part) {
             self.release();
         }
@@ -146,22 +155,23 @@ impl Saving {
                 Err(why) => self.busy = Some((why.to_string(), Instant::now())),
             }
         }
+        let (written, print) = (self.written, self.print);
         match self.writer.as_mut() {
             Some((_, w)) => {
                 // (A failed persist is said when the writer is let go.)
                 let _ = w.poll();
-                [w.durable(), 1]
+                Saved { durable: w.durable(), locked: part.index == 0, written, print }
             }
-            None => [0, 0],
+            None => Saved { written, print, ..Saved::default() },
         }
     }
 
-    /// Writes this member's part of the checkpoint of `state` (in the background), if the
-    /// committer holds the root's lock.
+    /// Writes this member's part of the checkpoint of `state`, whose fingerprint is
+    /// `print` (in the background), if the committer holds the root's lock.
     pub fn write(
         &mut self,
         part: Part,
-        state: &TrainState,
+        (state, print): (&TrainState, u64),
         meta: ckpt::Meta,
         metrics: &mut MetricsFile,
     ) -> Result<(), TrainError> {
@@ -176,7 +186,7 @@ impl Saving {
             tracing::warn!(step = state.step, "no checkpoint of step {}: {why}", state.step);
             return metrics.write(json!({"kind": "checkpoint_skipped", "step": state.step, "reason": why}));
         }
-        self.written = state.step;
+        (self.written, self.print) = (state.step, print);
         if self.writer.is_none() {
             let c = &self.config;
             let options = ckpt::SaveOptions { shards: c.shards, retention: c.retention };
@@ -189,11 +199,12 @@ impl Saving {
         metrics.write(json!({"kind": "checkpoint", "step": state.step, "stall_seconds": stall.as_secs_f64()}))
     }
 
-    /// The vote's ballots, in rank order (their words from [`ballot`](Saving::ballot)):
-    /// the committer commits what all parts have reached.
-    pub fn heard(&mut self, ballots: &[[u64; 2]]) {
-        self.committer_ready = ballots.first().is_some_and(|b| b[1] == 1);
-        self.commit_through(ballots.iter().map(|b| b[0]).min().unwrap_or(0));
+    /// What the vote's ballots agreed on (the protocol's update says): the committer
+    /// commits through `agreed.durable`, and the members write their parts while the
+    /// committer holds the root's lock.
+    pub fn heard(&mut self, agreed: Saved) {
+        self.committer_ready = agreed.locked;
+        self.commit_through(agreed.durable);
     }
 
     fn commit_through(&mut self, durable_everywhere: u64) {
@@ -209,7 +220,7 @@ impl Saving {
     /// ended. A part of an epoch that ended may have been removed under it by the next
     /// epoch's committer: the checkpoint is then not committed, which is said, not fatal.
     fn release(&mut self) {
-        (self.durable_everywhere, self.committer_ready, self.written) = (0, false, 0);
+        (self.durable_everywhere, self.committer_ready, self.written, self.print) = (0, false, 0, 0);
         if let Some((part, mut w)) = self.writer.take() {
             if let Err(e) = w.finish() {
                 tracing::warn!(epoch = %comm::control::epoch_text(part.group), "a checkpoint of an earlier epoch was not committed: {e}");

@@ -4,19 +4,18 @@
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::control::{Incoming, Link};
-use comm::protocol::{Action, Compared, Msg, Node, Worker, WorkerId};
+use comm::protocol::{Action, Event, Msg, Node, Saved, Worker, WorkerId};
 use comm::transfer::Want;
 use comm::transport::CommError;
 use serde_json::json;
 
-use super::epoch::{Found, Side};
+use super::epoch::{Asked, Found, Side};
 use super::held::{self, Held, MemoryCopy, lock_read, lock_write};
 use super::timeline::Timeline;
-use crate::config::OnDivergence;
 use crate::driver::{Driver, Stop};
 use crate::error::TrainError;
 use crate::schedule::{self, Op};
@@ -37,6 +36,8 @@ pub(super) struct Shell<'c, 'e, 'a> {
     pub(super) placed: Option<(usize, usize)>,
     /// The state's layout digest and element count, which a fetch asks for.
     pub(super) layout: (u64, u64),
+    /// Set by the server of fetches when it found the state changed at rest.
+    pub(super) served_changed: Arc<Mutex<bool>>,
     pub(super) copy: MemoryCopy,
     pub(super) last_eval: Option<EvalReport>,
     pub(super) timeline: Timeline,
@@ -62,23 +63,39 @@ impl Shell<'_, '_, '_> {
             if let Some(note) = self.timeline.observe(&self.worker, &mut self.side.metrics)? {
                 (self.side.on_event)(Progress::Note(note));
             }
+            if std::mem::take(&mut *self.served_changed.lock().unwrap_or_else(|e| e.into_inner())) {
+                let fingerprint = lock_write(&self.held).fingerprint_now();
+                tracing::error!(
+                    "a fetch found this worker's state changed since its commit: repairing it from the replicas"
+                );
+                self.side
+                    .metrics
+                    .write(json!({"kind": "divergence", "worker": self.side.id, "found": "serving a fetch"}))?;
+                self.queue.extend(self.worker.step(Instant::now(), Event::Changed { fingerprint }));
+            }
             let Some(action) = self.queue.pop_front() else {
                 self.listen(incoming, heartbeat);
                 continue;
             };
             match action {
                 Action::Send { to: Node::Coordinator, msg } => link.report(&msg),
-                Action::Vote { epoch, step, ok, digest, to } => self.vote(epoch, step, ok, digest, &to),
+                Action::Vote { epoch, step, ok, digest, saved, to } => {
+                    self.vote((epoch, step), (ok, digest, saved), &to)
+                }
                 Action::Send { .. } => {}
-                Action::Compute { epoch, step, rank, members } => self.compute(epoch, step, rank, members)?,
-                Action::Apply { step } => self.apply(step, prepared)?,
+                Action::Compute { epoch, step, rank, members, verify } => {
+                    self.compute(epoch, step, (rank, members), verify)?
+                }
+                Action::Apply { step, verify, hash, compare, agreed } => {
+                    self.apply(step, Asked { at_rest: None, before_update: verify, hash, compare }, agreed, prepared)?
+                }
                 Action::Fetch { epoch, step, fingerprint, sources } => {
                     self.fetch(epoch, step, fingerprint, &sources)?
                 }
                 Action::Hash => {
                     let fingerprint = lock_write(&self.held).fingerprint();
                     // Its answer comes before anything queued after the question.
-                    for a in self.worker.on_hashed(Instant::now(), fingerprint).into_iter().rev() {
+                    for a in self.worker.step(Instant::now(), Event::Hashed { fingerprint }).into_iter().rev() {
                         self.queue.push_front(a);
                     }
                 }
@@ -87,6 +104,12 @@ impl Shell<'_, '_, '_> {
                     self.side.sum_step = None;
                     tracing::warn!(step, "went back to the copy of step {step}");
                     self.side.metrics.write(json!({"kind": "restore", "step": step, "worker": self.side.id}))?;
+                }
+                Action::Repair { step, outvoted } => {
+                    tracing::error!(step, "workers {outvoted:?} hold another state: repairing them");
+                    self.side.metrics.write(json!({
+                        "kind": "divergence", "step": step, "workers": outvoted, "found": "replica check",
+                    }))?;
                 }
                 Action::Diverged { step, outvoted } => return Err(self.diverged(step, &outvoted)),
                 Action::Finished => return Ok(()),
@@ -105,14 +128,14 @@ impl Shell<'_, '_, '_> {
                         format!("the coordinator ended epoch {}", comm::control::epoch_text(epoch))
                     });
                 }
-                self.queue.extend(self.worker.on_message(now, Node::Coordinator, m))
+                self.queue.extend(self.worker.step(now, Event::Message { from: Node::Coordinator, msg: m }))
             }
             Ok(Incoming::Book(b)) => self.side.book.extend(b),
-            Err(RecvTimeoutError::Timeout) => self.queue.extend(self.worker.tick(now)),
+            Err(RecvTimeoutError::Timeout) => self.queue.extend(self.worker.step(now, Event::Tick)),
             // The link was severed for good (a `cut` fault): only the clock is left.
             Err(RecvTimeoutError::Disconnected) => {
                 std::thread::sleep(heartbeat / 2);
-                self.queue.extend(self.worker.tick(Instant::now()));
+                self.queue.extend(self.worker.step(Instant::now(), Event::Tick));
             }
         }
     }
@@ -120,31 +143,26 @@ impl Shell<'_, '_, '_> {
     /// Casts this worker's ballot: one all-gather over the epoch's mesh carries every
     /// member's to every other (`to`, the other members in rank order), and each reaches
     /// the protocol as a message.
-    fn vote(&mut self, epoch: u64, step: u64, ok: bool, digest: u64, to: &[u32]) {
+    fn vote(&mut self, (epoch, step): (u64, u64), (ok, digest, saved): (bool, u64, Saved), to: &[u32]) {
         let now = Instant::now();
         let Some((_, mesh)) = self.side.current.get().filter(|(e, _)| *e == epoch) else { return };
         let id = self.side.id;
-        // The ballot's last words are the checkpoints' ([`Saving::ballot`]).
-        let part = self.side.part();
-        let [durable, ready] = self.side.saving.as_mut().map_or([0, 0], |s| s.ballot(part));
-        let words = [u64::from(ok), digest, durable, ready];
+        let words = [u64::from(ok), digest, saved.durable, u64::from(saved.locked), saved.written, saved.print];
         match comm::collective::all_gather_words(&*mesh, &words, self.side.d.job.timeout) {
             Ok(all) => {
-                if let Some(s) = self.side.saving.as_mut() {
-                    s.heard(&all.iter().map(|w| [w[2], w[3]]).collect::<Vec<_>>());
-                }
                 // The gathered ballots are in rank order, this worker's among them.
                 let members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
-                for (r, words) in all.iter().enumerate() {
+                for (r, w) in all.iter().enumerate() {
                     let Some(&peer) = members.get(r).filter(|&&p| p != id) else { continue };
-                    let ballot = Msg::Ballot { epoch, step, ok: words[0] == 1, digest: words[1] };
-                    self.queue.extend(self.worker.on_message(now, Node::Worker(peer), ballot));
+                    let saved = Saved { durable: w[2], locked: w[3] == 1, written: w[4], print: w[5] };
+                    let msg = Msg::Ballot { epoch, step, ok: w[0] == 1, digest: w[1], saved };
+                    self.queue.extend(self.worker.step(now, Event::Message { from: Node::Worker(peer), msg }));
                 }
             }
             Err(err) => {
-                tracing::warn!(epoch = %comm::control::epoch_text(epoch), step, "the vote failed: {err}");
+                tracing::warn!(epoch = %comm::control::epoch_text(epoch), step, "the vote failed: {err} ({to:?})");
                 self.timeline.why = Some(format!("the vote failed: {err}"));
-                self.queue.extend(self.worker.on_peer_lost(now, to[0]));
+                self.queue.extend(self.worker.step(now, Event::VoteFailed { epoch }));
             }
         }
     }
@@ -153,41 +171,54 @@ impl Shell<'_, '_, '_> {
     fn step_ops(&mut self, from: usize) -> Result<Stop, TrainError> {
         let mut guard = lock_write(&self.held);
         let h = &mut *guard;
-        self.side.committed = h.fingerprint;
+        self.side.known = h.fingerprint;
         let stop = self.driver.run(&self.ops, from, &mut self.engine, &mut h.state, &mut self.hooks, &mut self.side);
-        h.fingerprint = self.side.committed;
+        h.fingerprint = self.side.known;
         stop
     }
 
-    /// The protocol's `Compute`: the step up to its vote, on the epoch's mesh.
-    fn compute(&mut self, epoch: u64, step: u64, rank: usize, members: Vec<WorkerId>) -> Result<(), TrainError> {
+    /// The protocol's `Compute`: the step up to its vote, on the epoch's mesh (after the
+    /// check at rest it asked for, if any).
+    fn compute(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        (rank, members): (usize, Vec<WorkerId>),
+        verify: Option<u64>,
+    ) -> Result<(), TrainError> {
         self.side.step_started = Instant::now();
         if self.placed != Some((rank, members.len())) {
             self.ops = schedule::data_parallel(self.engine.sampler().micro_batches(), rank, members.len());
             self.placed = Some((rank, members.len()));
         }
         (self.side.epoch, self.side.members) = (epoch, members);
+        self.side.asked = Asked { at_rest: verify, ..Asked::default() };
         let stop = self.step_ops(0)?;
         let now = Instant::now();
-        let next = match (stop, self.side.found.take()) {
+        let event = match (stop, self.side.found.take()) {
             (Stop::Paused { .. }, Some(Found::Reduced(check))) => {
                 self.side.sum_step = Some(step);
-                self.worker.on_reduced(now, epoch, step, Some((check.finite, check.digest)))
+                // Where this member's part of the epoch's checkpoints stands goes with its
+                // ballot.
+                let part = self.side.part();
+                let saved = self.side.saving.as_mut().map_or_else(Saved::default, |s| s.ballot(part));
+                Event::Computed { epoch, step, sum: Some((check.finite, check.digest)), saved }
             }
-            (Stop::Ended { .. }, Some(Found::Corrupted { changed })) => self.worker.on_corrupted(now, changed.1),
+            (Stop::Ended { .. }, Some(Found::Corrupted { changed })) => Event::Changed { fingerprint: changed.1 },
             (Stop::Ended { .. }, Some(Found::Failed(why))) => {
                 tracing::warn!(epoch = %comm::control::epoch_text(epoch), step, "{why}");
                 self.timeline.why = Some(why);
-                self.worker.on_reduced(now, epoch, step, None)
+                Event::Computed { epoch, step, sum: None, saved: Saved::default() }
             }
             (stop, found) => return Err(unexpected(stop, found)),
         };
-        self.queue.extend(next);
+        self.queue.extend(self.worker.step(now, event));
         Ok(())
     }
 
-    /// The protocol's `Apply`: the step from its update on, with the sum held.
-    fn apply(&mut self, step: u64, prepared: &Prepared) -> Result<(), TrainError> {
+    /// The protocol's `Apply`: the step from its update on, with the sum held and the
+    /// checks the action asked for; the checkpoints hear what the vote agreed on first.
+    fn apply(&mut self, step: u64, asked: Asked, agreed: Option<Saved>, prepared: &Prepared) -> Result<(), TrainError> {
         if self.side.sum_step != Some(step) {
             return Err(CommError::Setup(format!(
                 "the protocol applies the sum of step {step}, but the sum held is of step {:?}",
@@ -195,19 +226,24 @@ impl Shell<'_, '_, '_> {
             ))
             .into());
         }
+        if let (Some(agreed), Some(saving)) = (agreed, self.side.saving.as_mut()) {
+            saving.heard(agreed);
+        }
         let update = schedule::update_index(&self.ops).expect("a data-parallel step has an update");
         // The members of the epoch that applies: a worker that rolls forward applies in a
         // later epoch than the one it computed in.
         self.side.members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
+        self.side.asked = asked;
         let stop = self.step_ops(update)?;
         self.side.sum_step = None;
         let found = self.side.found.take();
-        let check = match (stop, found) {
+        let prints = match (stop, found) {
             (Stop::Ended { .. }, Some(Found::Corrupted { changed })) => {
-                self.queue.extend(self.worker.on_corrupted(Instant::now(), changed.1));
+                let event = Event::Changed { fingerprint: changed.1 };
+                self.queue.extend(self.worker.step(Instant::now(), event));
                 return Ok(());
             }
-            (Stop::Done, Some(Found::Checked(check))) => Some(check),
+            (Stop::Done, Some(Found::Checked(prints))) => Some(prints),
             (Stop::Done, None) => None,
             (stop, found) => return Err(unexpected(stop, found)),
         };
@@ -222,44 +258,28 @@ impl Shell<'_, '_, '_> {
         }
         self.side.step_started = Instant::now();
         self.copy.keep(&mut self.worker, done, &self.held);
-        let next = match check {
-            Some(check) => self.replicas_checked(step, check)?,
-            None => {
-                let repairs = self.side.d.on_divergence == OnDivergence::Repair;
-                self.worker.on_applied(Instant::now(), step, self.side.committed.filter(|_| repairs))
+        let event = match prints {
+            Some(prints) => {
+                if prints.is_none() {
+                    self.timeline.why = Some("the replica check failed".into());
+                }
+                let fingerprint = lock_write(&self.held).fingerprint();
+                Event::Compared { step, fingerprint, prints }
             }
+            None => Event::Applied { step, fingerprint: self.side.known.filter(|_| asked.hash) },
         };
-        self.queue.extend(next);
+        self.queue.extend(self.worker.step(Instant::now(), event));
         Ok(())
-    }
-
-    /// Tells the protocol of the update of `step` and of the replica check after it, and
-    /// records what the check found; the protocol decides what follows.
-    fn replicas_checked(&mut self, step: u64, check: Compared) -> Result<Vec<Action>, TrainError> {
-        let done = step + 1;
-        match &check {
-            Compared::Agree => {}
-            Compared::Lost(_) => self.timeline.why = Some("the replica check failed".into()),
-            Compared::Diverged { outvoted, .. } => {
-                self.side.metrics.write(json!({
-                    "kind": "divergence", "step": done, "workers": outvoted, "found": "replica check",
-                }))?;
-            }
-        }
-        let fingerprint = lock_write(&self.held).fingerprint();
-        let next = self.worker.on_checked(Instant::now(), step, fingerprint, check.clone());
-        if let Compared::Diverged { outvoted, .. } = check
-            && !next.iter().any(|a| matches!(a, Action::Diverged { .. }))
-        {
-            tracing::error!(step = done, "workers {outvoted:?} hold another state: repairing them");
-        }
-        Ok(next)
     }
 
     /// The protocol's `Diverged`: every member holds the verdict before any exits (a
     /// member that closed its connections early could make a peer's comparison fail, and
     /// that peer take it for a lost worker); then the job ends with the error.
-    fn diverged(&self, step: u64, outvoted: &[WorkerId]) -> TrainError {
+    fn diverged(&mut self, step: u64, outvoted: &[WorkerId]) -> TrainError {
+        let record = json!({"kind": "divergence", "step": step, "workers": outvoted, "found": "replica check"});
+        if let Err(e) = self.side.metrics.write(record) {
+            tracing::warn!("cannot record the divergence: {e}");
+        }
         if let Some((_, mesh)) = self.side.current.get() {
             let _ = comm::collective::barrier(&*mesh, self.side.d.job.timeout);
         }
@@ -295,7 +315,7 @@ impl Shell<'_, '_, '_> {
                 holds
             }
         };
-        self.queue.extend(self.worker.on_fetched(Instant::now(), epoch, got));
+        self.queue.extend(self.worker.step(Instant::now(), Event::Fetched { epoch, state: got }));
         Ok(())
     }
 
