@@ -11,7 +11,7 @@ use crate::DType;
 use crate::error::{CkptError, Result};
 use crate::foreign::{self, Order};
 use crate::reader::Checkpoint;
-use crate::safetensors::{Layout, encode_header};
+use crate::safetensors::{TensorSpec, encode_header};
 
 /// One tensor to write: its name, element type, shape and row-major bytes.
 pub struct Plain<'a> {
@@ -28,8 +28,8 @@ pub struct Plain<'a> {
 /// Writes `tensors` into the safetensors file `out`, atomically (temporary file, fsync,
 /// rename), with `metadata` as its `__metadata__`. Returns the bytes written.
 pub fn write_plain(out: &Path, tensors: &[Plain<'_>], metadata: &BTreeMap<String, String>) -> Result<u64> {
-    let layouts: Vec<Layout<'_>> =
-        tensors.iter().map(|t| Layout { name: t.name, dtype: t.dtype, shape: t.shape }).collect();
+    let layouts: Vec<TensorSpec<'_>> =
+        tensors.iter().map(|t| TensorSpec { name: t.name, dtype: t.dtype, shape: t.shape }).collect();
     let (prefix, _) = encode_header(&layouts, metadata);
     let file_name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "export".into());
     let tmp = out.with_file_name(format!(".{file_name}.tmp"));

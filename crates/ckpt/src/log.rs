@@ -1,7 +1,7 @@
 //! Boundary logs: what a pipeline stage sends across a stage boundary, step by step, kept
 //! on local storage so that a lost neighbour can be rebuilt by replaying its inputs.
 //!
-//! A [`LogWriter`] belongs to one directed boundary of one pipeline ([`Boundary`]: the
+//! A [`LogWriter`] belongs to one directed boundary of one pipeline ([`Edge`]: the
 //! activations stage `s` sends to `s + 1`, or the gradients `s + 1` sends back to `s`).
 //! Training hands it each tensor as it is sent ([`LogWriter::record`]); the call copies
 //! the values into a buffer and returns, and a background thread writes them. The bytes
@@ -50,7 +50,7 @@ const TRAILER: usize = 24;
 /// One directed boundary of one pipeline: what stage `from` of replica `replica` sends to
 /// stage `to` (its neighbour).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Boundary {
+pub struct Edge {
     /// The pipeline.
     pub replica: u32,
     /// The sending stage.
@@ -59,7 +59,7 @@ pub struct Boundary {
     pub to: u32,
 }
 
-impl Boundary {
+impl Edge {
     /// The boundary's directory under a log root.
     pub fn dir(&self, root: &Path) -> PathBuf {
         root.join(format!("replica-{}", self.replica)).join(format!("{}-to-{}", self.from, self.to))
@@ -147,7 +147,7 @@ pub struct LogStats {
     pub peak: u64,
 }
 
-enum Msg {
+enum ToWriter {
     Record { step: u64, micro: u32, values: Vec<f32> },
     EndStep(u64),
     Abandon,
@@ -163,7 +163,7 @@ struct Budget {
 
 /// The writer of one boundary's log (see the module's documentation).
 pub struct LogWriter {
-    tx: Option<Sender<Msg>>,
+    tx: Option<Sender<ToWriter>>,
     thread: Option<JoinHandle<()>>,
     budget: Arc<Budget>,
     /// Buffers the thread has written, for reuse.
@@ -177,7 +177,7 @@ impl LogWriter {
     /// Opens the log of `boundary` under `root`, holding at most `budget` bytes of values
     /// in memory. Fails if another live process writes it; removes the `.tmp` files a
     /// dead writer left.
-    pub fn open(root: &Path, boundary: Boundary, budget: u64) -> Result<LogWriter, LogError> {
+    pub fn open(root: &Path, boundary: Edge, budget: u64) -> Result<LogWriter, LogError> {
         let dir = boundary.dir(root);
         let owner = Owner::acquire(&dir, 0).map_err(|e| LogError::Busy(e.to_string()))?;
         for entry in std::fs::read_dir(&dir).map_err(io("cannot list", &dir))? {
@@ -228,25 +228,25 @@ impl LogWriter {
         buf.extend_from_slice(values);
         self.stats.records += 1;
         self.stats.bytes += bytes;
-        self.send(Msg::Record { step, micro, values: buf });
+        self.send(ToWriter::Record { step, micro, values: buf });
     }
 
     /// Every record of `step` was handed over: its file is completed.
     pub fn end_step(&mut self, step: u64) {
         self.stats.steps += 1;
-        self.send(Msg::EndStep(step));
+        self.send(ToWriter::EndStep(step));
     }
 
     /// The step being logged will not end (it failed, and is computed again): what was
     /// recorded of it is dropped.
     pub fn abandon(&mut self) {
-        self.send(Msg::Abandon);
+        self.send(ToWriter::Abandon);
     }
 
     /// Removes the files of the steps before `step` (a checkpoint of every stage at
     /// `step` or later makes them unnecessary).
     pub fn prune_before(&mut self, step: u64) {
-        self.send(Msg::Prune(step));
+        self.send(ToWriter::Prune(step));
     }
 
     /// Why the background thread stopped writing (a full disk, say), if it did: the log
@@ -270,7 +270,7 @@ impl LogWriter {
         }
     }
 
-    fn send(&mut self, msg: Msg) {
+    fn send(&mut self, msg: ToWriter) {
         if let Some(tx) = &self.tx {
             // The thread ends only when it is dropped; a failed one drains what it gets.
             let _ = tx.send(msg);
@@ -295,8 +295,8 @@ impl Drop for LogWriter {
 /// it at `EndStep`, prunes; after a failure it only frees the budget.
 fn background(
     dir: &Path,
-    boundary: Boundary,
-    rx: &Receiver<Msg>,
+    boundary: Edge,
+    rx: &Receiver<ToWriter>,
     budget: &Budget,
     spare: &Sender<Vec<f32>>,
     failure: &Mutex<Option<String>>,
@@ -305,7 +305,7 @@ fn background(
     for msg in rx {
         let failed = failure.lock().unwrap_or_else(|e| e.into_inner()).is_some();
         let result = match msg {
-            Msg::Record { step, micro, values } => {
+            ToWriter::Record { step, micro, values } => {
                 let bytes = 4 * values.len() as u64;
                 let r = if failed { Ok(()) } else { write_record(dir, boundary, &mut open, step, micro, &values) };
                 let mut waiting = budget.waiting.lock().unwrap_or_else(|e| e.into_inner());
@@ -315,13 +315,13 @@ fn background(
                 let _ = spare.send(values);
                 r
             }
-            Msg::EndStep(step) if !failed => match open.take() {
+            ToWriter::EndStep(step) if !failed => match open.take() {
                 Some(f) if f.step == step => f.complete(),
                 Some(f) => Err(LogError::Corrupt { path: f.tmp, reason: format!("step {} ended as {step}", f.step) }),
                 // A step that sent nothing across this boundary: an empty file says so.
                 None => StepFile::create(dir, boundary, step).and_then(StepFile::complete),
             },
-            Msg::Abandon => match open.take() {
+            ToWriter::Abandon => match open.take() {
                 Some(f) => {
                     let tmp = f.tmp.clone();
                     drop(f);
@@ -329,7 +329,7 @@ fn background(
                 }
                 None => Ok(()),
             },
-            Msg::Prune(before) if !failed => prune(dir, before),
+            ToWriter::Prune(before) if !failed => prune(dir, before),
             _ => Ok(()),
         };
         if let Err(e) = result {
@@ -342,7 +342,7 @@ fn background(
 
 fn write_record(
     dir: &Path,
-    boundary: Boundary,
+    boundary: Edge,
     open: &mut Option<StepFile>,
     step: u64,
     micro: u32,
@@ -369,7 +369,7 @@ struct StepFile {
 }
 
 impl StepFile {
-    fn create(dir: &Path, b: Boundary, step: u64) -> Result<StepFile, LogError> {
+    fn create(dir: &Path, b: Edge, step: u64) -> Result<StepFile, LogError> {
         let tmp = step_path(dir, step).with_extension("log.tmp");
         let file = File::create(&tmp).map_err(io("cannot create", &tmp))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
@@ -434,7 +434,7 @@ pub fn steps(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
 }
 
 /// Reads and checks the log of `step` of `boundary` under `root`.
-pub fn read_step(root: &Path, boundary: Boundary, step: u64) -> Result<Vec<Record>, LogError> {
+pub fn read_step(root: &Path, boundary: Edge, step: u64) -> Result<Vec<Record>, LogError> {
     let dir = boundary.dir(root);
     let path = step_path(&dir, step);
     let bytes = match std::fs::read(&path) {
@@ -449,7 +449,7 @@ pub fn read_step(root: &Path, boundary: Boundary, step: u64) -> Result<Vec<Recor
 }
 
 /// The records of a step file's `bytes`, or (whether it is cut short, what is wrong).
-fn parse(bytes: &[u8], b: Boundary, step: u64) -> Result<Vec<Record>, (bool, String)> {
+fn parse(bytes: &[u8], b: Edge, step: u64) -> Result<Vec<Record>, (bool, String)> {
     let short = |what: &str| (true, format!("it ends inside {what} ({} bytes)", bytes.len()));
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
@@ -509,7 +509,7 @@ fn parse(bytes: &[u8], b: Boundary, step: u64) -> Result<Vec<Record>, (bool, Str
 mod tests {
     use super::*;
 
-    const B: Boundary = Boundary { replica: 1, from: 0, to: 1 };
+    const B: Edge = Edge { replica: 1, from: 0, to: 1 };
 
     fn write_steps(root: &Path, steps: std::ops::Range<u64>, budget: u64) -> LogStats {
         let mut w = LogWriter::open(root, B, budget).unwrap();
@@ -533,7 +533,7 @@ mod tests {
         assert_eq!(got[1].values[7], 4307.0);
         assert_eq!(steps(&B.dir(root.path())).unwrap().iter().map(|s| s.0).collect::<Vec<_>>(), [3, 4, 5]);
         assert!(matches!(read_step(root.path(), B, 9), Err(LogError::Missing { step: 9, .. })));
-        let other = Boundary { replica: 1, from: 1, to: 0 };
+        let other = Edge { replica: 1, from: 1, to: 0 };
         assert!(matches!(read_step(root.path(), other, 4), Err(LogError::Missing { .. })));
     }
 
@@ -595,7 +595,7 @@ mod tests {
         let e = LogWriter::open(root.path(), B, 1 << 20).err().expect("refused");
         assert!(matches!(e, LogError::Busy(_)), "{e}");
         // Another boundary of the same pipeline is another writer.
-        LogWriter::open(root.path(), Boundary { replica: 1, from: 1, to: 0 }, 1 << 20).unwrap();
+        LogWriter::open(root.path(), Edge { replica: 1, from: 1, to: 0 }, 1 << 20).unwrap();
     }
 
     #[test]

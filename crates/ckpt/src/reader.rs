@@ -863,6 +863,20 @@ fn compare_sum(t: &TensorEntry, digest: u64) -> std::result::Result<(), String> 
     if actual == t.xxh3 { Ok(()) } else { Err(format!("checksum {actual} does not match the manifest's {}", t.xxh3)) }
 }
 
+/// The step of the newest checkpoint committed under `root` (`None`: none, or no
+/// directory). A pipeline job's root holds one directory of checkpoints per stage
+/// (`stage-S-of-N`): its newest checkpoint is the newest step that every stage has.
+pub fn newest_step(root: &Path) -> std::io::Result<Option<u64>> {
+    if !root.is_dir() {
+        return Ok(None);
+    }
+    let stages = stage_roots(root).map_err(std::io::Error::other)?;
+    match stages.first() {
+        None => Ok(crate::store::list(root).map_err(std::io::Error::other)?.last().map(|(step, _)| *step)),
+        Some(s) => common_step(root, s.stages).map_err(std::io::Error::other),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

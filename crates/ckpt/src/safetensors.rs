@@ -63,7 +63,7 @@ pub struct Header {
 
 /// A tensor to lay out in a new file: name, type, shape.
 #[derive(Clone, Debug)]
-pub struct Layout<'a> {
+pub struct TensorSpec<'a> {
     /// Tensor name.
     pub name: &'a str,
     /// Element type.
@@ -75,7 +75,7 @@ pub struct Layout<'a> {
 /// Builds the prefix of a safetensors file (length word and padded JSON header) for
 /// tensors stored back to back in the given order. Returns the prefix and each tensor's
 /// entry.
-pub fn encode_header(tensors: &[Layout<'_>], metadata: &BTreeMap<String, String>) -> (Vec<u8>, Vec<Entry>) {
+pub fn encode_header(tensors: &[TensorSpec<'_>], metadata: &BTreeMap<String, String>) -> (Vec<u8>, Vec<Entry>) {
     let mut map = Map::new();
     if !metadata.is_empty() {
         let m: Map<String, Value> = metadata.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
@@ -200,7 +200,7 @@ fn parse_entry(name: String, v: Value) -> Result<Entry, String> {
 mod tests {
     use super::*;
 
-    fn file(tensors: &[Layout<'_>], meta: &BTreeMap<String, String>) -> (Vec<u8>, Vec<Entry>) {
+    fn file(tensors: &[TensorSpec<'_>], meta: &BTreeMap<String, String>) -> (Vec<u8>, Vec<Entry>) {
         let (mut bytes, entries) = encode_header(tensors, meta);
         let data_len: u64 = entries.iter().map(Entry::len).sum();
         bytes.extend(std::iter::repeat_n(7u8, data_len as usize));
@@ -217,9 +217,9 @@ mod tests {
         let meta = BTreeMap::from([("step".to_string(), "12".to_string())]);
         let (bytes, entries) = file(
             &[
-                Layout { name: "b", dtype: DType::F32, shape: &[2, 3] },
-                Layout { name: "a", dtype: DType::BF16, shape: &[5] },
-                Layout { name: "s", dtype: DType::I64, shape: &[] },
+                TensorSpec { name: "b", dtype: DType::F32, shape: &[2, 3] },
+                TensorSpec { name: "a", dtype: DType::BF16, shape: &[5] },
+                TensorSpec { name: "s", dtype: DType::I64, shape: &[] },
             ],
             &meta,
         );

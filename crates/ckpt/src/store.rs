@@ -36,7 +36,7 @@ use crate::error::{CkptError, Result};
 use crate::failpoint;
 use crate::manifest::{FileEntry, MANIFEST_FILE, Manifest, Meta, TensorEntry, hex64};
 use crate::retention::Retention;
-use crate::safetensors::{Layout, encode_header};
+use crate::safetensors::{TensorSpec, encode_header};
 use crate::{DType, Role};
 
 #[cfg(target_endian = "big")]
@@ -258,8 +258,8 @@ fn write_shard(
     tensors: &[RawTensorRef<'_>],
     meta: &Meta,
 ) -> Result<(FileEntry, Vec<TensorEntry>)> {
-    let layouts: Vec<Layout<'_>> =
-        tensors.iter().map(|t| Layout { name: t.name, dtype: t.dtype, shape: t.shape }).collect();
+    let layouts: Vec<TensorSpec<'_>> =
+        tensors.iter().map(|t| TensorSpec { name: t.name, dtype: t.dtype, shape: t.shape }).collect();
     let metadata = BTreeMap::from([("steadfast.step".to_string(), meta.step.to_string())]);
     let (prefix, entries) = encode_header(&layouts, &metadata);
     let err = CkptError::io("cannot write", path);

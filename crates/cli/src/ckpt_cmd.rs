@@ -69,8 +69,8 @@ enum CkptCommand {
         /// tensors as `torch.nn` modules hold them: linear weights transposed to
         /// `[out, in]`, layer norms' `gamma`/`beta` named `weight`/`bias`, no `model.`
         /// prefix), for `module.load_state_dict(safetensors.torch.load_file(...))`.
-        #[arg(long, value_enum, default_value_t = Layout::Steadfast)]
-        layout: Layout,
+        #[arg(long, value_enum, default_value_t = ExportLayout::Steadfast)]
+        layout: ExportLayout,
     },
 }
 
@@ -188,17 +188,17 @@ fn diff(a: &std::path::Path, b: &std::path::Path, json: bool) -> anyhow::Result<
 
 /// The names and layouts an export writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Layout {
+pub enum ExportLayout {
     /// Every tensor as the checkpoint stores it.
     Steadfast,
     /// The model's tensors as `torch.nn` modules hold them.
     Torch,
 }
 
-fn export(path: &std::path::Path, to: &std::path::Path, layout: Layout, json: bool) -> anyhow::Result<ExitCode> {
+fn export(path: &std::path::Path, to: &std::path::Path, layout: ExportLayout, json: bool) -> anyhow::Result<ExitCode> {
     if !path.is_dir() {
         anyhow::ensure!(
-            layout == Layout::Steadfast,
+            layout == ExportLayout::Steadfast,
             "--layout torch lays out a Steadfast checkpoint's model; {} is a file of another format, whose \
              tensors are exported as they are",
             path.display()
@@ -207,8 +207,8 @@ fn export(path: &std::path::Path, to: &std::path::Path, layout: Layout, json: bo
     }
     let (c, skipped) = open(path)?;
     let (tensors, bytes) = match layout {
-        Layout::Steadfast => (c.manifest.tensors.len(), ckpt::export::export(&c, to)?),
-        Layout::Torch => ckpt::export::export_torch(&c, to)?,
+        ExportLayout::Steadfast => (c.manifest.tensors.len(), ckpt::export::export(&c, to)?),
+        ExportLayout::Torch => ckpt::export::export_torch(&c, to)?,
     };
     if json {
         println!("{}", json!({"from": c.dir, "to": to, "bytes": bytes, "tensors": tensors, "skipped": skipped}));

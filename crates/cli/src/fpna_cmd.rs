@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lab::fpna::{self, Dist, Plan};
+use lab::fpna::{self, Dist, Sweeps};
 use train::data::DataKind;
 
 const EXAMPLES: &str = "\
@@ -55,9 +55,9 @@ pub struct FpnaArgs {
 }
 
 impl FpnaArgs {
-    fn plan(&self) -> Plan {
+    fn plan(&self) -> Sweeps {
         let quick = self.quick;
-        Plan {
+        Sweeps {
             sizes: self.sizes.clone().unwrap_or(if quick {
                 vec![1_000, 10_000, 100_000]
             } else {

@@ -3,7 +3,7 @@
 //! ([`launch::place`] reads them).
 
 use clap::Args;
-use launch::place::{Engine, JoinFlags};
+use launch::place::{Collectives, JoinFlags};
 
 /// The flags that place a process in a job. Each falls back on the environment that the
 /// launchers (`steadfast launch`, torchrun, Slurm, Kubeflow) set.
@@ -50,8 +50,8 @@ impl JoinArgs {
     pub fn flags(&self) -> JoinFlags {
         JoinFlags {
             engine: match self.engine {
-                EngineArg::Steadfast => Engine::Steadfast,
-                EngineArg::Mpi => Engine::Mpi,
+                EngineArg::Steadfast => Collectives::Steadfast,
+                EngineArg::Mpi => Collectives::Mpi,
             },
             rank: self.rank,
             world_size: self.world_size,

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lab::fpna::{Accumulation, IndexRow, SumSample, Summary, TrainRun};
+use lab::fpna::{Accumulation, IndexRow, StudySummary, SumSample, TrainRun};
 use lab::table;
 
 #[test]
@@ -36,7 +36,7 @@ fn quick_lab_writes_results_and_its_deterministic_kernels_never_vary() {
         let text = std::fs::read_to_string(out.path().join(svg)).unwrap();
         assert!(text.contains("<svg") && text.contains("<text"), "{svg} has no labelled plot");
     }
-    let summary: Summary =
+    let summary: StudySummary =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary.sums.len() * summary.reps, samples.len());
     for row in &summary.sums {

@@ -40,7 +40,7 @@ const MAX_CONTROL_FRAME: u32 = 1 << 20;
 
 /// What the coordinator's shell saw, for the launcher's output and the job's events.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
+pub enum MembershipEvent {
     /// A worker process connected.
     Joined {
         /// Its slot.
@@ -89,14 +89,16 @@ pub enum Event {
     },
 }
 
-impl std::fmt::Display for Event {
+impl std::fmt::Display for MembershipEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Event::Joined { id, incarnation: 0 } => write!(f, "worker {id} joined"),
-            Event::Joined { id, incarnation } => write!(f, "worker {id} joined (process {})", incarnation + 1),
-            Event::Refused { id, reason, .. } => write!(f, "worker {id}: a process was refused: {reason}"),
-            Event::Lost { id, reason, .. } => write!(f, "worker {id} lost: {reason}"),
-            Event::Quorum { quorum: q, rolling, fetching } => {
+            MembershipEvent::Joined { id, incarnation: 0 } => write!(f, "worker {id} joined"),
+            MembershipEvent::Joined { id, incarnation } => {
+                write!(f, "worker {id} joined (process {})", incarnation + 1)
+            }
+            MembershipEvent::Refused { id, reason, .. } => write!(f, "worker {id}: a process was refused: {reason}"),
+            MembershipEvent::Lost { id, reason, .. } => write!(f, "worker {id} lost: {reason}"),
+            MembershipEvent::Quorum { quorum: q, rolling, fetching } => {
                 write!(
                     f,
                     "epoch {}: workers {:?} from step {} ({})",
@@ -113,9 +115,9 @@ impl std::fmt::Display for Event {
                 }
                 Ok(())
             }
-            Event::Started { epoch } => write!(f, "epoch {} steps", epoch_text(*epoch)),
-            Event::Finished => write!(f, "every member holds the final state"),
-            Event::Stopped { reason } => write!(f, "the job stops: {reason}"),
+            MembershipEvent::Started { epoch } => write!(f, "epoch {} steps", epoch_text(*epoch)),
+            MembershipEvent::Finished => write!(f, "every member holds the final state"),
+            MembershipEvent::Stopped { reason } => write!(f, "the job stops: {reason}"),
         }
     }
 }
@@ -167,7 +169,7 @@ pub fn coordinate(
     mut machine: Coordinator,
     timing: Timing,
     requests: &Arc<Requests>,
-    on_event: &mut dyn FnMut(Event),
+    on_event: &mut dyn FnMut(MembershipEvent),
 ) -> Result<JobState, CommError> {
     let (shutdown, stop_request) = (&requests.shutdown, &requests.stop);
     let gate = open_gate(listener, secret)?;
@@ -328,7 +330,7 @@ impl Told<'_> {
         machine: &Coordinator,
         conns: &BTreeMap<WorkerId, Conn>,
         lost_after: Duration,
-        on_event: &mut dyn FnMut(Event),
+        on_event: &mut dyn FnMut(MembershipEvent),
     ) -> JobState {
         for (id, status, is_lost) in machine.workers() {
             let over = matches!(status.phase, WorkerState::Finished | WorkerState::Stopped);
@@ -342,7 +344,7 @@ impl Told<'_> {
                 } else {
                     "its connection closed".to_owned()
                 };
-                on_event(Event::Lost { id, incarnation: status.incarnation, reason });
+                on_event(MembershipEvent::Lost { id, incarnation: status.incarnation, reason });
             }
         }
         if let Some(q) = machine.quorum()
@@ -354,9 +356,9 @@ impl Told<'_> {
         let stage = machine.stage().clone();
         if stage != *self.stage {
             match &stage {
-                JobState::Running => on_event(Event::Started { epoch: self.epoch.unwrap_or_default() }),
-                JobState::Finished => on_event(Event::Finished),
-                JobState::Stopped { reason } => on_event(Event::Stopped { reason: reason.clone() }),
+                JobState::Running => on_event(MembershipEvent::Started { epoch: self.epoch.unwrap_or_default() }),
+                JobState::Finished => on_event(MembershipEvent::Finished),
+                JobState::Stopped { reason } => on_event(MembershipEvent::Stopped { reason: reason.clone() }),
                 JobState::Gathering { .. } | JobState::Syncing { .. } => {}
             }
             *self.stage = stage.clone();
@@ -365,7 +367,7 @@ impl Told<'_> {
     }
 }
 
-fn quorum_event(machine: &Coordinator, q: &Quorum) -> Event {
+fn quorum_event(machine: &Coordinator, q: &Quorum) -> MembershipEvent {
     let mut rolling = Vec::new();
     let mut fetching = Vec::new();
     for &m in &q.members {
@@ -379,7 +381,7 @@ fn quorum_event(machine: &Coordinator, q: &Quorum) -> Event {
             fetching.push(m);
         }
     }
-    Event::Quorum { quorum: q.clone(), rolling, fetching }
+    MembershipEvent::Quorum { quorum: q.clone(), rolling, fetching }
 }
 
 /// Worker `id`'s process `incarnation` lost its lease in etcd: if it still holds its slot
@@ -421,7 +423,7 @@ fn admit(
     machine: &mut Coordinator,
     conns: &mut BTreeMap<WorkerId, Conn>,
     serial: &mut u64,
-    on_event: &mut dyn FnMut(Event),
+    on_event: &mut dyn FnMut(MembershipEvent),
 ) {
     let Joining { id, hello, mut stream, timing, tx } = j;
     let _ = stream.set_write_timeout(Some(timing.lost_after));
@@ -429,7 +431,7 @@ fn admit(
         Admission::Admit { superseded } => superseded,
         Admission::Refuse { reason } => {
             tracing::warn!(id, "refused a process for worker {id}: {reason}");
-            on_event(Event::Refused { id, incarnation: hello.incarnation, reason: reason.clone() });
+            on_event(MembershipEvent::Refused { id, incarnation: hello.incarnation, reason: reason.clone() });
             tell_to_stop(&mut stream, reason);
             return;
         }
@@ -459,7 +461,7 @@ fn admit(
     // The first pulse at once: the worker judges this coordinator by its bounds from now.
     send(conns, id, wire::KIND_PULSE, &wire::encode_pulse(&pulse_of(timing)));
     spawn_reader(id, *serial, reader, timing.lost_after, tx.clone());
-    on_event(Event::Joined { id, incarnation: hello.incarnation });
+    on_event(MembershipEvent::Joined { id, incarnation: hello.incarnation });
 }
 
 /// Carries out the machine's actions: its messages to workers (a quorum's members get

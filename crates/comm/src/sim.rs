@@ -767,7 +767,7 @@ impl Sim<'_> {
                 .filter_map(|(&(_, s), parts)| Some((s, parts.iter().find(|part| part.writer == proc.id)?)))
         };
         let durable = mine().filter(|(_, part)| part.durable(self.now)).map(|(s, _)| s).max().unwrap_or(0);
-        let (written, print) = mine().last().map_or((0, 0), |(s, part)| (s, part.fingerprint));
+        let (written, print) = mine().next_back().map_or((0, 0), |(s, part)| (s, part.fingerprint));
         let first = proc.machine.quorum().is_some_and(|q| q.epoch == epoch && q.rank_of(proc.id) == Some(0));
         Saved { durable, locked: first, written, print }
     }

@@ -40,7 +40,7 @@ pub fn ping_interval(timeout: Duration) -> Duration {
     (timeout / 4).max(Duration::from_millis(5))
 }
 
-enum Msg {
+enum Signal {
     Frame(usize),
     Closed { rank: usize, finished: bool },
 }
@@ -75,24 +75,24 @@ fn supervise_rounds(
         let tx = tx.clone();
         readers.push(std::thread::spawn(move || {
             let Ok(mut reader) = reader else {
-                let _ = tx.send(Msg::Closed { rank, finished: false });
+                let _ = tx.send(Signal::Closed { rank, finished: false });
                 return;
             };
             let _ = reader.set_read_timeout(Some(interval));
             loop {
                 match read_frame(&mut reader, MAX_CONTROL_FRAME) {
                     Ok(f) if f.kind == KIND_BYE => {
-                        let _ = tx.send(Msg::Closed { rank, finished: true });
+                        let _ = tx.send(Signal::Closed { rank, finished: true });
                         return;
                     }
                     Ok(_) => {
-                        if tx.send(Msg::Frame(rank)).is_err() {
+                        if tx.send(Signal::Frame(rank)).is_err() {
                             return;
                         }
                     }
                     Err(FrameError::Timeout) => {}
                     Err(_) => {
-                        let _ = tx.send(Msg::Closed { rank, finished: false });
+                        let _ = tx.send(Signal::Closed { rank, finished: false });
                         return;
                     }
                 }
@@ -114,11 +114,11 @@ fn supervise_rounds(
             membership.paused(paused);
         }
         let mut events = match received {
-            Ok(Msg::Frame(rank)) => {
+            Ok(Signal::Frame(rank)) => {
                 membership.heartbeat(rank, Instant::now());
                 Vec::new()
             }
-            Ok(Msg::Closed { rank, finished }) => membership.left(rank, finished),
+            Ok(Signal::Closed { rank, finished }) => membership.left(rank, finished),
             Err(RecvTimeoutError::Timeout) => Vec::new(),
             // Every reader has ended: whoever is still alive can no longer be heard.
             Err(RecvTimeoutError::Disconnected) => {

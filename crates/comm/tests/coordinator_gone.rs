@@ -19,11 +19,11 @@ use std::sync::mpsc::Receiver;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use comm::control::{Event, Incoming, Link, Requests, coordinate};
+use comm::control::{Incoming, Link, MembershipEvent, Requests, coordinate};
 use comm::directory::Directory;
 use comm::protocol::coordinator::JobState;
 use comm::protocol::wire::Hello;
-use comm::protocol::{Action, Coordinator, Msg, Node, Timing, Worker, WorkerId};
+use comm::protocol::{Action, Checks, Coordinator, Event, Msg, Node, Timing, Worker, WorkerId};
 
 const SECRET: &[u8] = b"coordinator-gone-secret";
 
@@ -34,8 +34,9 @@ fn serve(world: usize, timing: Timing) -> (SocketAddr, Arc<Requests>, JoinHandle
     let requests = Arc::new(Requests::default());
     let machine = Coordinator::new(0, world, 1, timing, Instant::now());
     let served = Arc::clone(&requests);
-    let thread =
-        std::thread::spawn(move || coordinate(listener, SECRET, machine, timing, &served, &mut |_: Event| {}).unwrap());
+    let thread = std::thread::spawn(move || {
+        coordinate(listener, SECRET, machine, timing, &served, &mut |_: MembershipEvent| {}).unwrap()
+    });
     (addr, requests, thread)
 }
 
@@ -102,7 +103,8 @@ fn a_worker_that_finds_no_coordinator_says_where_for_how_long_and_that_the_job_m
 
 /// Runs worker `id` of a job of no steps (its state is the final one) to its finish.
 fn finish(link: &Link, incoming: &Receiver<Incoming>, id: WorkerId) {
-    let (mut worker, first) = Worker::new((id, 0), 0, (0, 0xfeed), Timing::default(), Instant::now());
+    let (mut worker, first) =
+        Worker::new((id, 0), 0, (0, 0xfeed), (Timing::default(), Checks::default()), Instant::now());
     let mut queue: VecDeque<Action> = first.into();
     let started = Instant::now();
     loop {
@@ -115,9 +117,11 @@ fn finish(link: &Link, incoming: &Receiver<Incoming>, id: WorkerId) {
         }
         assert!(started.elapsed() < Duration::from_secs(10), "the job did not finish");
         match incoming.recv_timeout(Duration::from_millis(20)) {
-            Ok(Incoming::Msg(m)) => queue.extend(worker.on_message(Instant::now(), Node::Coordinator, m)),
+            Ok(Incoming::Msg(m)) => {
+                queue.extend(worker.step(Instant::now(), Event::Message { from: Node::Coordinator, msg: m }))
+            }
             Ok(Incoming::Book(_)) => {}
-            Err(_) => queue.extend(worker.tick(Instant::now())),
+            Err(_) => queue.extend(worker.step(Instant::now(), Event::Tick)),
         }
     }
 }

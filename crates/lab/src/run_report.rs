@@ -10,7 +10,7 @@
 //! drop), each event as a mark beneath it, a table of the recoveries with their causes and
 //! the time each took, and a table of the events.
 //!
-//! What counts, when the job's record is there (see [`train::record`]):
+//! What counts, when the job's record is there (see [`comm::record`]):
 //!
 //! - a **loss** is a `lost` event: one per lost process, with its cause (the signal that
 //!   killed it, its exit status, the coordinator's silence or closed connection, its
@@ -37,7 +37,7 @@ use crate::LabError;
 use crate::report::escape;
 
 /// The job's record, beside `metrics.jsonl`.
-const RECORD: &str = train::record::JobRecord::FILE;
+const RECORD: &str = comm::record::JobRecord::FILE;
 
 /// The kinds of line that mark an event, with their colour and what the legend calls them.
 const EVENTS: [(&str, RGBColor, &str); 23] = [

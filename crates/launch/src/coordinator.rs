@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use comm::etcd::elastic::{Background, Campaign, Role, campaign};
+use comm::etcd::elastic::{Background, Candidacy, CoordinatorRole, campaign};
 
 use comm::protocol::coordinator::JobState;
 use comm::protocol::{Coordinator, Timing};
@@ -138,7 +138,7 @@ fn elect(
     requests: &Arc<comm::control::Requests>,
     lost: &Arc<Mutex<Option<String>>>,
     say: &mut dyn FnMut(String),
-) -> Result<Option<(Role, Background)>, LaunchError> {
+) -> Result<Option<(CoordinatorRole, Background)>, LaunchError> {
     let mut addr = listener.local_addr().map_err(LaunchError::io("cannot read the listening address"))?;
     if addr.ip().is_unspecified() {
         // Listening on every interface: the workers dial the one that reaches etcd.
@@ -158,12 +158,12 @@ fn elect(
     };
     say(format!("campaigning for the coordinator role at {target}, to serve at {addr}"));
     let role = match campaign(target, addr, Arc::new(AtomicBool::new(false)), on_lost).map_err(failed)? {
-        Campaign::Won(role) => role,
-        Campaign::Over(how) => {
+        Candidacy::Won(role) => role,
+        Candidacy::Over(how) => {
             say(format!("the job is over in etcd ({how}): nothing to coordinate"));
             return Ok(None);
         }
-        Campaign::GaveUp => return Ok(None),
+        Candidacy::GaveUp => return Ok(None),
     };
     say(format!("this process holds the coordinator role (generation {})", role.generation()));
     let requests = Arc::clone(requests);

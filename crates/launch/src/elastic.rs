@@ -34,15 +34,15 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use comm::control::{Event, Requests};
-use comm::etcd::elastic::Campaign;
+use comm::control::{MembershipEvent, Requests};
+use comm::etcd::elastic::Candidacy;
 use comm::protocol::coordinator::JobState;
 use comm::protocol::{Coordinator, Timing};
 
 use crate::record::Recorder;
 use crate::static_job::Meeting;
 use crate::workers::{Exited, Workers};
-use crate::{Decision, Exit, KILL_GRACE, LaunchError, OnFailure, RestartPolicy, say};
+use crate::{Exit, KILL_GRACE, LaunchError, OnFailure, Remedy, RestartPolicy, say};
 
 /// How long a launcher elected in etcd waits before it kills a worker its coordinator lost:
 /// time for the role's thread to find out whether the role is still held.
@@ -106,7 +106,7 @@ enum Heard {
     /// This launcher lost the coordinator role (why): another serves it now.
     RoleLost(String),
     /// The coordinator this launcher serves said this (for the job's record).
-    Said(Event),
+    Said(MembershipEvent),
 }
 
 /// The launcher's side of the job while it runs.
@@ -139,7 +139,7 @@ struct Supervisor<'p> {
 }
 
 /// How this launcher takes part in coordinating the job.
-enum Role {
+enum Coordinating {
     /// It serves the coordinator on this listener from the start.
     Serves(TcpListener),
     /// It is a candidate for the role in etcd, and would serve it on this listener.
@@ -151,14 +151,14 @@ enum Role {
 /// Where the workers meet: how this launcher takes part, and the variable (and value)
 /// that tells the workers. `here` is the coordinator's `HOST:PORT` of a job on this host
 /// alone, if one was given.
-fn meeting(span: Option<&Span>, here: Option<&str>) -> Result<(Role, (&'static str, String)), LaunchError> {
+fn meeting(span: Option<&Span>, here: Option<&str>) -> Result<(Coordinating, (&'static str, String)), LaunchError> {
     let at = |a: String| ("STEADFAST_COORDINATOR", a);
     match span.map(|s| (s, &s.meeting)) {
-        None => crate::coordinator_listener(here).map(|(l, a)| (Role::Serves(l), at(a))),
+        None => crate::coordinator_listener(here).map(|(l, a)| (Coordinating::Serves(l), at(a))),
         Some((span, Meeting::Coordinator(address))) if span.node_rank == 0 => {
-            crate::coordinator_listener(Some(address)).map(|(l, a)| (Role::Serves(l), at(a)))
+            crate::coordinator_listener(Some(address)).map(|(l, a)| (Coordinating::Serves(l), at(a)))
         }
-        Some((_, Meeting::Coordinator(address))) => Ok((Role::Not, at(address.clone()))),
+        Some((_, Meeting::Coordinator(address))) => Ok((Coordinating::Not, at(address.clone()))),
         Some((span, Meeting::Etcd(target))) => {
             let ip = match span.local_addr {
                 Some(ip) => ip,
@@ -169,7 +169,7 @@ fn meeting(span: Option<&Span>, here: Option<&str>) -> Result<(Role, (&'static s
                 }
             };
             let l = TcpListener::bind((ip, 0)).map_err(LaunchError::io("cannot listen for the coordinator"))?;
-            Ok((Role::Candidate(l, target.clone()), ("STEADFAST_RENDEZVOUS", target.to_string())))
+            Ok((Coordinating::Candidate(l, target.clone()), ("STEADFAST_RENDEZVOUS", target.to_string())))
         }
         Some((_, Meeting::Loopback)) => Err(LaunchError::Config(
             "an elastic job of several nodes meets at a \
@@ -217,8 +217,8 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         first,
         incarnations: vec![0; plan.nproc],
         policy: RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, local_min),
-        serves: matches!(role, Role::Serves(_)),
-        elected: matches!(role, Role::Candidate(..)),
+        serves: matches!(role, Coordinating::Serves(_)),
+        elected: matches!(role, Coordinating::Candidate(..)),
         doomed: Vec::new(),
         finished: false,
         over_since: None,
@@ -249,7 +249,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
             give_up: Arc::clone(&give_up),
         };
         let coordinator = match role {
-            Role::Not => None,
+            Coordinating::Not => None,
             role => Some(s.spawn(move || serving.serve(role))),
         };
         let supervised = job.supervise(&rx, &requests);
@@ -279,9 +279,9 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
 /// The line that says where the coordinator this launcher serves listens (and where its
 /// workers dial it, `dial_at`), said before anything else: who starts workers by hand
 /// reads the address there. `None` when this launcher serves none.
-fn announcement(role: &Role, dial_at: &str, plan: &ElasticJob) -> Result<Option<String>, LaunchError> {
+fn announcement(role: &Coordinating, dial_at: &str, plan: &ElasticJob) -> Result<Option<String>, LaunchError> {
     Ok(match role {
-        Role::Serves(l) => {
+        Coordinating::Serves(l) => {
             let local = l.local_addr().map_err(LaunchError::io("cannot read the coordinator's address"))?;
             let dial =
                 if dial_at == local.to_string() { String::new() } else { format!(" (workers dial {})", dial_at) };
@@ -345,11 +345,11 @@ struct Serving<'a> {
 impl Serving<'_> {
     /// Serves the coordinator (once elected, for a candidate) until the job is over or
     /// the role is lost; `None` when this launcher never served it or lost it.
-    fn serve(self, role: Role) -> Result<Option<JobState>, LaunchError> {
+    fn serve(self, role: Coordinating) -> Result<Option<JobState>, LaunchError> {
         let (listener, generation, elected) = match role {
-            Role::Not => return Ok(None),
-            Role::Serves(listener) => (listener, 0, None),
-            Role::Candidate(listener, target) => match self.elect(&listener, &target)? {
+            Coordinating::Not => return Ok(None),
+            Coordinating::Serves(listener) => (listener, 0, None),
+            Coordinating::Candidate(listener, target) => match self.elect(&listener, &target)? {
                 Some((generation, held)) => (listener, generation, Some(held)),
                 None => return Ok(None),
             },
@@ -360,8 +360,10 @@ impl Serving<'_> {
             println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
             let _ = tx.send(Heard::Said(event.clone()));
             let _ = match event {
-                Event::Lost { id, incarnation, .. } => tx.send(Heard::Lost { slot: id as usize, incarnation }),
-                Event::Finished => tx.send(Heard::Finished),
+                MembershipEvent::Lost { id, incarnation, .. } => {
+                    tx.send(Heard::Lost { slot: id as usize, incarnation })
+                }
+                MembershipEvent::Finished => tx.send(Heard::Finished),
                 _ => Ok(()),
             };
         })
@@ -403,12 +405,12 @@ impl Serving<'_> {
         let failed = |e: comm::transport::CommError| LaunchError::Failed(format!("the coordinator role in etcd: {e}"));
         let role =
             match comm::etcd::elastic::campaign(target, addr, Arc::clone(&self.give_up), on_lost).map_err(failed)? {
-                Campaign::Won(role) => role,
-                Campaign::Over(how) => {
+                Candidacy::Won(role) => role,
+                Candidacy::Over(how) => {
                     say!(self.started, "the job is over in etcd ({how}): nothing to coordinate");
                     return Ok(None);
                 }
-                Campaign::GaveUp => return Ok(None),
+                Candidacy::GaveUp => return Ok(None),
             };
         let generation = role.generation();
         let _ = self.tx.send(Heard::Elected(generation));
@@ -423,7 +425,7 @@ impl Serving<'_> {
 
 /// The coordinator role held in etcd: given back when dropped.
 struct Elected {
-    role: comm::etcd::elastic::Role,
+    role: comm::etcd::elastic::CoordinatorRole,
     /// Set when the role was lost.
     lost: Arc<AtomicBool>,
     /// The watch on the workers' leases, for as long as the role is held.
@@ -552,22 +554,22 @@ impl Supervisor<'_> {
         }
         let over = self.over_since.is_some() || self.finished;
         match self.policy.on_exit(exit, over) {
-            Decision::Nothing | Decision::Shrink => {}
-            Decision::Replace { restart } => {
+            Remedy::Nothing | Remedy::Shrink => {}
+            Remedy::Replace { restart } => {
                 self.incarnations[slot - self.first] += 1;
                 say!(started, "replacing worker {slot} (restart {restart} of {})", self.plan.max_restarts);
                 let incarnation = self.incarnations[slot - self.first];
                 self.record.replaced(slot, incarnation, restart, self.plan.max_restarts);
                 self.start(slot)?;
             }
-            Decision::Fail => {
+            Remedy::Fail => {
                 say!(started, "worker {slot} stopped on an error: the job ends");
                 let reason = format!("worker {slot} stopped on an error (its output says which)");
-                self.record.said(&Event::Stopped { reason });
+                self.record.said(&MembershipEvent::Stopped { reason });
                 self.stopped_on_error = Some(slot);
                 self.over_since.get_or_insert_with(Instant::now);
             }
-            Decision::Stop { reason } => {
+            Remedy::Stop { reason } => {
                 say!(started, "the job ends: {reason}");
                 // The coordinator tells every survivor why, and they exit.
                 *requests.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);

@@ -47,7 +47,7 @@ pub mod static_job;
 pub mod workers;
 
 pub use comm::etcd::Target;
-pub use policy::{Decision, Exit, OnFailure, RestartPolicy};
+pub use policy::{Exit, OnFailure, Remedy, RestartPolicy};
 
 /// The environment variable in which a launcher gives its workers its pid, so that a
 /// worker ends when its launcher is gone.

@@ -8,13 +8,13 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use train::{CoordinatorAt, DistConfig, ElasticWorker, JobSettings, MeshRank, OnDivergence, Rendezvous};
+use comm::job::{CoordinatorAt, DistConfig, ElasticWorker, JobSettings, MeshRank, OnDivergence, Rendezvous};
 
 use crate::LaunchError;
 
 /// How the ranks of a job reach each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Engine {
+pub enum Collectives {
     /// Steadfast's authenticated TCP mesh, met through a coordinator or etcd.
     Steadfast,
     /// The system's MPI library (`mpirun` or `srun` starts the ranks).
@@ -25,7 +25,7 @@ pub enum Engine {
 #[derive(Clone, Debug)]
 pub struct JoinFlags {
     /// The engine.
-    pub engine: Engine,
+    pub engine: Collectives,
     /// This worker's rank [env: STEADFAST_RANK, RANK, SLURM_PROCID].
     pub rank: Option<usize>,
     /// Workers in the job [env: STEADFAST_WORLD_SIZE, WORLD_SIZE, SLURM_NTASKS].
@@ -167,7 +167,7 @@ pub fn place(flags: &JoinFlags, elastic: bool) -> Result<Option<Place>, LaunchEr
         return Err(bad("--comm-timeout must be a positive number of seconds"));
     }
     let timeout = Duration::from_secs_f64(flags.comm_timeout);
-    if flags.engine == Engine::Mpi {
+    if flags.engine == Collectives::Mpi {
         if elastic || flags.rank.is_some() || flags.world_size.is_some() {
             return Err(bad("--engine mpi takes its rank and size from MPI, and an MPI job is not elastic \
                  (a rank's failure ends it; run it again with --resume latest to go on from its last checkpoint)"));
@@ -256,7 +256,7 @@ mod tests {
 
     fn flags() -> JoinFlags {
         JoinFlags {
-            engine: Engine::Steadfast,
+            engine: Collectives::Steadfast,
             rank: Some(0),
             world_size: Some(2),
             coordinator: Some("127.0.0.1:29500".into()),
@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn places_that_cannot_be_are_refused_before_the_environment_is_read() {
-        let mpi = JoinFlags { engine: Engine::Mpi, ..flags() };
+        let mpi = JoinFlags { engine: Collectives::Mpi, ..flags() };
         assert!(refused(place(&mpi, false)).contains("--engine mpi takes its rank and size from MPI"));
         let slow = JoinFlags { comm_timeout: f64::NAN, ..flags() };
         assert!(refused(place(&slow, false)).contains("--comm-timeout"));

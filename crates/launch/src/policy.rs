@@ -76,7 +76,7 @@ impl Exit {
 
 /// What to do about an exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum Remedy {
     /// Nothing: the worker finished, or the job is over.
     Nothing,
     /// Start process `restart` (1-based, of `max`) in the slot.
@@ -120,22 +120,22 @@ impl RestartPolicy {
     }
 
     /// A worker's process ended as `exit`; `over` when the job is already over.
-    pub fn on_exit(&mut self, exit: Exit, over: bool) -> Decision {
+    pub fn on_exit(&mut self, exit: Exit, over: bool) -> Remedy {
         if exit == Exit::Success || over || self.ended {
-            return Decision::Nothing;
+            return Remedy::Nothing;
         }
         if exit == Exit::Failed {
             self.ended = true;
-            return Decision::Fail;
+            return Remedy::Fail;
         }
         if self.on_failure == OnFailure::Replace && self.restarts < self.max_restarts {
             self.restarts += 1;
-            return Decision::Replace { restart: self.restarts };
+            return Remedy::Replace { restart: self.restarts };
         }
         self.lost_for_good += 1;
         let left = self.nproc.saturating_sub(self.lost_for_good);
         if left >= self.min_world {
-            return Decision::Shrink;
+            return Remedy::Shrink;
         }
         self.ended = true;
         let reason = match self.on_failure {
@@ -148,7 +148,7 @@ impl RestartPolicy {
                 format!("too few workers remain: {left} of {}, at least {} needed", self.nproc, self.min_world)
             }
         };
-        Decision::Stop { reason }
+        Remedy::Stop { reason }
     }
 }
 
@@ -159,36 +159,36 @@ mod tests {
     #[test]
     fn a_worker_that_finished_or_a_job_that_is_over_needs_nothing() {
         let mut p = RestartPolicy::new(3, OnFailure::Replace, 1, 3);
-        assert_eq!(p.on_exit(Exit::Success, false), Decision::Nothing);
-        assert_eq!(p.on_exit(Exit::Died, true), Decision::Nothing);
-        assert_eq!(p.on_exit(Exit::Failed, true), Decision::Nothing);
+        assert_eq!(p.on_exit(Exit::Success, false), Remedy::Nothing);
+        assert_eq!(p.on_exit(Exit::Died, true), Remedy::Nothing);
+        assert_eq!(p.on_exit(Exit::Failed, true), Remedy::Nothing);
         assert_eq!(p.restarts(), 0, "nothing spent");
     }
 
     #[test]
     fn an_error_a_worker_reported_ends_the_job_and_is_not_retried() {
         let mut p = RestartPolicy::new(3, OnFailure::Replace, 5, 3);
-        assert_eq!(p.on_exit(Exit::Failed, false), Decision::Fail);
+        assert_eq!(p.on_exit(Exit::Failed, false), Remedy::Fail);
         assert_eq!(p.restarts(), 0);
         // The job is ending: later exits change nothing.
-        assert_eq!(p.on_exit(Exit::Died, false), Decision::Nothing);
+        assert_eq!(p.on_exit(Exit::Died, false), Remedy::Nothing);
     }
 
     #[test]
     fn a_dead_worker_is_replaced_while_restarts_remain_then_the_job_ends_at_once() {
         let mut p = RestartPolicy::new(3, OnFailure::Replace, 2, 3);
-        assert_eq!(p.on_exit(Exit::Died, false), Decision::Replace { restart: 1 });
-        assert_eq!(p.on_exit(Exit::Died, false), Decision::Replace { restart: 2 });
-        let Decision::Stop { reason } = p.on_exit(Exit::Died, false) else { panic!("the job must end") };
+        assert_eq!(p.on_exit(Exit::Died, false), Remedy::Replace { restart: 1 });
+        assert_eq!(p.on_exit(Exit::Died, false), Remedy::Replace { restart: 2 });
+        let Remedy::Stop { reason } = p.on_exit(Exit::Died, false) else { panic!("the job must end") };
         assert!(reason.contains("2 of 3") && reason.contains("2 restart(s) allowed are used up"), "{reason}");
     }
 
     #[test]
     fn shrinking_goes_on_down_to_the_fewest_workers_then_ends() {
         let mut p = RestartPolicy::new(4, OnFailure::Shrink, 9, 2);
-        assert_eq!(p.on_exit(Exit::Died, false), Decision::Shrink);
-        assert_eq!(p.on_exit(Exit::Died, false), Decision::Shrink);
-        let Decision::Stop { reason } = p.on_exit(Exit::Died, false) else { panic!("the job must end") };
+        assert_eq!(p.on_exit(Exit::Died, false), Remedy::Shrink);
+        assert_eq!(p.on_exit(Exit::Died, false), Remedy::Shrink);
+        let Remedy::Stop { reason } = p.on_exit(Exit::Died, false) else { panic!("the job must end") };
         assert_eq!(reason, "too few workers remain: 1 of 4, at least 2 needed");
         assert_eq!(p.restarts(), 0, "shrinking restarts nobody");
     }

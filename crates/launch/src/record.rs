@@ -1,4 +1,4 @@
-//! The launcher's part in the job's record ([`train::record`]): what it knows that no
+//! The launcher's part in the job's record ([`comm::record`]): what it knows that no
 //! worker does, written to `events.jsonl` in the workers' output directory (the worker
 //! command's `--out`).
 //!
@@ -27,8 +27,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
-use comm::control::Event;
-use train::record::{EventKind, JobEvent, JobRecord};
+use comm::control::MembershipEvent;
+use comm::record::{EventKind, JobEvent, JobRecord};
 
 /// The output directory of the worker command `command` (`train ... --out DIR`), where the
 /// job's record goes beside the workers' `metrics.jsonl`; `None` for a command that is not
@@ -48,7 +48,7 @@ pub fn out_dir(command: &[String]) -> Option<PathBuf> {
             dir = Some(PathBuf::from(d));
         }
     }
-    Some(dir.unwrap_or_else(|| PathBuf::from(train::config::DEFAULT_OUT)))
+    Some(dir.unwrap_or_else(|| PathBuf::from(comm::job::DEFAULT_OUT)))
 }
 
 /// How a process ended, in words: `killed by signal 9 (SIGKILL)`, `exited with status 1`.
@@ -216,13 +216,13 @@ impl Recorder {
     }
 
     /// What the coordinator this launcher serves said.
-    pub fn said(&mut self, event: &Event) {
+    pub fn said(&mut self, event: &MembershipEvent) {
         let e = match event {
-            Event::Lost { id, incarnation, reason } => {
+            MembershipEvent::Lost { id, incarnation, reason } => {
                 let slot = *id as usize;
                 if self.local.contains(&slot) {
                     // Written when the launcher reaps it, with how it ended.
-                    self.seen_lost.insert((slot, *incarnation), (reason.clone(), train::record::now()));
+                    self.seen_lost.insert((slot, *incarnation), (reason.clone(), comm::record::now()));
                     return;
                 }
                 JobEvent::of(EventKind::Lost)
@@ -230,16 +230,16 @@ impl Recorder {
                     .node(self.node_of(slot))
                     .cause(reason)
             }
-            Event::Joined { id, incarnation } => {
+            MembershipEvent::Joined { id, incarnation } => {
                 if !self.formed {
                     return;
                 }
                 JobEvent::of(EventKind::Joined).worker(u64::from(*id), *incarnation).node(self.node_of(*id as usize))
             }
-            Event::Refused { id, incarnation, reason } => {
+            MembershipEvent::Refused { id, incarnation, reason } => {
                 JobEvent::of(EventKind::Refused).worker(u64::from(*id), *incarnation).cause(reason)
             }
-            Event::Quorum { quorum: q, rolling, fetching } => {
+            MembershipEvent::Quorum { quorum: q, rolling, fetching } => {
                 self.formed = true;
                 let mut how = Vec::new();
                 if !rolling.is_empty() {
@@ -252,12 +252,12 @@ impl Recorder {
                 let event = event.members(q.members.iter().map(|&m| u64::from(m)));
                 if how.is_empty() { event } else { event.how(how.join("; ")) }
             }
-            Event::Started { epoch } => JobEvent::of(EventKind::EpochStarted).epoch(*epoch),
-            Event::Finished => {
+            MembershipEvent::Started { epoch } => JobEvent::of(EventKind::EpochStarted).epoch(*epoch),
+            MembershipEvent::Finished => {
                 self.over = true;
                 JobEvent::of(EventKind::Finished)
             }
-            Event::Stopped { reason } => {
+            MembershipEvent::Stopped { reason } => {
                 self.over = true;
                 JobEvent::of(EventKind::Stopped).cause(reason)
             }
@@ -322,7 +322,7 @@ mod tests {
         let out = tmp.0.join("run");
         let mut r = Recorder::new(&command(&out), 0..3, None);
         r.open(true);
-        let quorum = |epoch, fetching: Vec<u32>| Event::Quorum {
+        let quorum = |epoch, fetching: Vec<u32>| MembershipEvent::Quorum {
             quorum: comm::protocol::Quorum {
                 epoch,
                 members: vec![0, 1, 2],
@@ -335,18 +335,18 @@ mod tests {
             fetching,
         };
         for id in 0..3 {
-            r.said(&Event::Joined { id, incarnation: 0 });
+            r.said(&MembershipEvent::Joined { id, incarnation: 0 });
         }
         r.said(&quorum(1, Vec::new()));
-        r.said(&Event::Started { epoch: 1 });
+        r.said(&MembershipEvent::Started { epoch: 1 });
         // The coordinator hears the closed connection before the launcher reaps it.
-        r.said(&Event::Lost { id: 0, incarnation: 0, reason: "its connection closed".into() });
+        r.said(&MembershipEvent::Lost { id: 0, incarnation: 0, reason: "its connection closed".into() });
         r.exited(0, 0, Ok(ExitStatus::from_raw(9)));
         r.replaced(0, 1, 1, 1);
-        r.said(&Event::Joined { id: 0, incarnation: 1 });
+        r.said(&MembershipEvent::Joined { id: 0, incarnation: 1 });
         r.said(&quorum(2, vec![0]));
-        r.said(&Event::Started { epoch: 2 });
-        r.said(&Event::Finished);
+        r.said(&MembershipEvent::Started { epoch: 2 });
+        r.said(&MembershipEvent::Finished);
         // Killed after the end: no loss.
         r.exited(1, 0, Ok(ExitStatus::from_raw(9)));
         let events = record(&out);
@@ -372,13 +372,13 @@ mod tests {
         // Node 0 of two, two workers each.
         let mut r = Recorder::new(&command(&out), 0..2, Some(2));
         r.open(true);
-        r.said(&Event::Lost { id: 1, incarnation: 0, reason: "silent for 2.0 s".into() });
+        r.said(&MembershipEvent::Lost { id: 1, incarnation: 0, reason: "silent for 2.0 s".into() });
         r.killing(1, 0);
         r.exited(1, 0, Ok(ExitStatus::from_raw(9)));
-        r.said(&Event::Lost { id: 3, incarnation: 0, reason: "its lease in etcd expired".into() });
+        r.said(&MembershipEvent::Lost { id: 3, incarnation: 0, reason: "its lease in etcd expired".into() });
         r.role_lost("its lease expired", Some(0));
         // No longer the record's keeper: nothing more is written.
-        r.said(&Event::Lost { id: 2, incarnation: 0, reason: "its connection closed".into() });
+        r.said(&MembershipEvent::Lost { id: 2, incarnation: 0, reason: "its connection closed".into() });
         let events = record(&out);
         assert_eq!(events.len(), 3);
         assert_eq!(

@@ -21,7 +21,7 @@
 //! With `--on-failure shrink` no replacement comes: the coordinator forms the next
 //! membership from the survivors (ranked in the order of their slots), and each lost
 //! worker's micro-batches go to a surviving worker of its stage, which computes them
-//! besides its own (see `train::pipeline::Layout::rank`). Nothing is replayed, so nothing
+//! besides its own (see `train::pipeline::Grid::rank`). Nothing is replayed, so nothing
 //! is logged; the bits are still those of the run that never failed.
 
 use std::path::PathBuf;
@@ -93,7 +93,7 @@ pub(crate) fn pipeline_stages(command: &[String]) -> usize {
 /// temporary directory.
 pub(crate) fn checkpoint_root(save_dir: Option<&PathBuf>, command: &[String]) -> PathBuf {
     save_dir.cloned().unwrap_or_else(|| {
-        PathBuf::from(flag_value(command, "--out").unwrap_or(train::config::DEFAULT_OUT)).join("checkpoints")
+        PathBuf::from(flag_value(command, "--out").unwrap_or(comm::job::DEFAULT_OUT)).join("checkpoints")
     })
 }
 
@@ -363,8 +363,8 @@ fn watch(
         failure.get_or_insert_with(|| "no worker finished".to_owned());
     }
     record.said(&match &failure {
-        None => comm::control::Event::Finished,
-        Some(f) => comm::control::Event::Stopped { reason: f.clone() },
+        None => comm::control::MembershipEvent::Finished,
+        Some(f) => comm::control::MembershipEvent::Stopped { reason: f.clone() },
     });
     match failure {
         None if plan.shrink => {
@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(pipeline_stages(&words("train --pipeline-stages=2")), 2);
         assert_eq!(pipeline_stages(&words("train --steps 9")), 1);
         assert_eq!(checkpoint_root(None, &command), PathBuf::from("runs/a/checkpoints"));
-        let default = PathBuf::from(train::config::DEFAULT_OUT).join("checkpoints");
+        let default = PathBuf::from(comm::job::DEFAULT_OUT).join("checkpoints");
         assert_eq!(checkpoint_root(None, &words("train --output-dir x")), default);
         assert_eq!(checkpoint_root(Some(&PathBuf::from("ck")), &command), PathBuf::from("ck"));
     }

@@ -228,7 +228,7 @@ fn run_restart(r: LaunchRequest, spans: bool, asked: bool) -> Result<(), LaunchE
     own_coordinator("checkpoint", asked)?;
     crate::restart::run(crate::restart::RestartJob {
         nproc: r.nproc,
-        workers: crate::restart::Workers::Own {
+        workers: crate::restart::Spawner::Own {
             rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
             heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
         },
@@ -295,7 +295,7 @@ fn run_mpi(r: LaunchRequest) -> Result<(), LaunchError> {
     if let Some(max_restarts) = r.max_restarts {
         return crate::restart::run(crate::restart::RestartJob {
             nproc: r.nproc,
-            workers: crate::restart::Workers::Mpi(starter),
+            workers: crate::restart::Spawner::Mpi(starter),
             max_restarts,
             save_every: r.save_every,
             save_dir: r.save_dir,

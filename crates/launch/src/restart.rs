@@ -17,10 +17,10 @@ use crate::{LaunchError, say};
 
 /// How a checkpoint-restart job is run.
 pub struct RestartJob {
-    /// Workers.
+    /// Workers per run.
     pub nproc: usize,
     /// Who starts the workers.
-    pub workers: Workers,
+    pub workers: Spawner,
     /// Restarts of the whole job allowed.
     pub max_restarts: u32,
     /// Steps between checkpoints.
@@ -32,7 +32,7 @@ pub struct RestartJob {
 }
 
 /// Who starts the workers of each run of the job.
-pub enum Workers {
+pub enum Spawner {
     /// This launcher, on Steadfast's mesh, with its coordinator.
     Own {
         /// How long the workers have to join.
@@ -78,7 +78,7 @@ pub fn run(plan: RestartJob) -> Result<(), LaunchError> {
     let mut restarts = 0u32;
     loop {
         let incarnation = u64::from(restarts);
-        let last = train::checkpointing::newest_step(&dir)
+        let last = ckpt::reader::newest_step(&dir)
             .map_err(|e| LaunchError::Failed(format!("cannot list the checkpoints in {}: {e}", dir.display())))?;
         let mut command = plan.command.clone();
         command.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
@@ -92,8 +92,8 @@ pub fn run(plan: RestartJob) -> Result<(), LaunchError> {
         }
         let env = vec![("STEADFAST_INCARNATION".to_owned(), incarnation.to_string())];
         let failures = match &plan.workers {
-            Workers::Mpi(starter) => starter.run(plan.nproc, &command, &env)?,
-            &Workers::Own { rendezvous_timeout, heartbeat_timeout } => crate::static_job::run(&StaticJob {
+            Spawner::Mpi(starter) => starter.run(plan.nproc, &command, &env)?,
+            &Spawner::Own { rendezvous_timeout, heartbeat_timeout } => crate::static_job::run(&StaticJob {
                 nproc: plan.nproc,
                 nodes: Nodes::single(),
                 command: &command,

@@ -168,26 +168,12 @@ pub fn resume_from(arg: Option<PathBuf>, root: Option<&Path>) -> Result<Option<P
         Some(p) if p.as_os_str() == "latest" => Some(root.ok_or_else(|| needs_root("latest"))?.to_path_buf()),
         Some(p) if p.as_os_str() == "auto" => {
             let root = root.ok_or_else(|| needs_root("auto"))?;
-            let newest = newest_step(root)
+            let newest = ckpt::reader::newest_step(root)
                 .map_err(|e| crate::ConfigError::Invalid(format!("cannot list {}: {e}", root.display())))?;
             newest.map(|_| root.to_path_buf())
         }
         other => other,
     })
-}
-
-/// The step of the newest checkpoint committed under `root` (`None`: none, or no
-/// directory). A pipeline job's root holds one directory of checkpoints per stage
-/// (`stage-S-of-N`): its newest checkpoint is the newest step that every stage has.
-pub fn newest_step(root: &Path) -> std::io::Result<Option<u64>> {
-    if !root.is_dir() {
-        return Ok(None);
-    }
-    let stages = ckpt::reader::stage_roots(root).map_err(std::io::Error::other)?;
-    match stages.first() {
-        None => Ok(ckpt::store::list(root).map_err(std::io::Error::other)?.last().map(|(step, _)| *step)),
-        Some(s) => ckpt::reader::common_step(root, s.stages).map_err(std::io::Error::other),
-    }
 }
 
 /// Where a run resumed from.

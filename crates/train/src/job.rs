@@ -14,7 +14,7 @@ use comm::transport::{CommError, TcpMesh};
 
 use crate::config::{JobSettings, MeshRank, Rendezvous};
 use crate::error::{ConfigError, TrainError};
-use crate::pipeline::Layout;
+use crate::pipeline::Grid;
 use crate::step::SumCheck;
 
 /// This rank's connections to a job.
@@ -155,7 +155,7 @@ impl Job {
 
     /// Makes this a rank of the pipeline job `layout`: it sums with its stage's replicas,
     /// and sums and states are compared within each stage.
-    pub fn pipelined(&mut self, layout: &Layout) {
+    pub fn pipelined(&mut self, layout: &Grid) {
         self.reduce_among = Some(layout.replicas_of(layout.place(self.rank).1));
         self.group_of = layout.stage_of();
     }

@@ -59,7 +59,6 @@ pub mod model;
 pub mod optim;
 pub mod pipeline;
 pub mod prepared;
-pub mod record;
 pub mod replay;
 pub mod schedule;
 pub mod state;

@@ -199,17 +199,14 @@ impl LoggedInputs {
         if !self.read.contains_key(&key) {
             // Steps are replayed in order: the files of earlier steps are done with.
             self.read.retain(|k, _| k.0 >= step);
-            let boundary = ckpt::log::Boundary { replica, from, to: self.stage };
+            let boundary = ckpt::log::Edge { replica, from, to: self.stage };
             let records = ckpt::log::read_step(&self.root, boundary, step)?;
             self.read.insert(key, records);
         }
         let records = &self.read[&key];
         let found = records.iter().find(|r| r.micro as usize == micro).ok_or_else(|| {
             TrainError::from(ckpt::log::LogError::Corrupt {
-                path: ckpt::log::step_path(
-                    &ckpt::log::Boundary { replica, from, to: self.stage }.dir(&self.root),
-                    step,
-                ),
+                path: ckpt::log::step_path(&ckpt::log::Edge { replica, from, to: self.stage }.dir(&self.root), step),
                 reason: format!("no tensor of micro-batch {micro}"),
             })
         })?;

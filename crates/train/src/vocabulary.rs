@@ -2,12 +2,12 @@
 //! defined by the module that owns it, with one name per value. This module gives them
 //! their text form once: parsing (`FromStr`, and serde for spec files), printing
 //! (`Display`) and the list of words with a line of help each, which the command line
-//! shows, through [`repro::words`]. The reduce mode, owned by `comm`, is a word too.
+//! shows, through [`repro::words`]. The reduce mode and the divergence policy, owned by `comm`, are words too.
 
 use repro::text_form;
 pub use repro::words::{UnknownWord, Word};
 
-use crate::config::{OnDivergence, PipeSchedule, WhenBusy};
+use crate::config::{PipeSchedule, WhenBusy};
 use crate::data::DataKind;
 use crate::model::{KernelSet, ModelKind};
 use crate::optim::OptimKind;
@@ -106,24 +106,6 @@ impl Word for OptimKind {
 }
 text_form!(OptimKind);
 
-impl Word for OnDivergence {
-    const KIND: &'static str = "divergence policy";
-    const ALL: &'static [Self] = &[OnDivergence::Stop, OnDivergence::Repair];
-    fn word(self) -> &'static str {
-        match self {
-            OnDivergence::Stop => "stop",
-            OnDivergence::Repair => "repair",
-        }
-    }
-    fn help(self) -> &'static str {
-        match self {
-            OnDivergence::Stop => "stop the job, naming the replicas outvoted",
-            OnDivergence::Repair => "outvoted or corrupted replicas fetch the state from the healthy ones",
-        }
-    }
-}
-text_form!(OnDivergence);
-
 impl Word for WhenBusy {
     const KIND: &'static str = "busy-writer policy";
     const ALL: &'static [Self] = &[WhenBusy::Wait, WhenBusy::Defer];
@@ -159,7 +141,7 @@ mod tests {
         round_trips::<ModelKind>();
         round_trips::<DataKind>();
         round_trips::<OptimKind>();
-        round_trips::<OnDivergence>();
+        round_trips::<crate::config::OnDivergence>();
         round_trips::<WhenBusy>();
         let e = "resnet".parse::<ModelKind>().unwrap_err();
         assert_eq!(e.to_string(), "unknown model \"resnet\": expected mlp, cnn, gpt");

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use ckpt::log::{Boundary as LogKey, LogWriter};
+use ckpt::log::{Edge as LogKey, LogWriter};
 use train::driver::{Driver, Runner, Stop};
 use train::model::ModelKind;
 use train::optim::Optimizer;

@@ -62,9 +62,9 @@ fn etcd_error(target: &Target, what: &str, e: etcd_client::Error) -> CommError {
 }
 
 /// How a campaign for the coordinator role ended.
-pub enum Campaign {
+pub enum Candidacy {
     /// This process holds the role.
-    Won(Role),
+    Won(CoordinatorRole),
     /// The job is over (what its last coordinator wrote): there is nothing to coordinate.
     Over(String),
     /// The candidate gave up before winning.
@@ -72,14 +72,14 @@ pub enum Campaign {
 }
 
 /// The coordinator role, held under this process's lease. Dropped without
-/// [`resign`](Role::resign), the lease is given back and a standby takes the role.
-pub struct Role {
+/// [`resign`](CoordinatorRole::resign), the lease is given back and a standby takes the role.
+pub struct CoordinatorRole {
     generation: u64,
     /// Told the job's end, where it is over.
     thread: Stoppable<Option<String>>,
 }
 
-impl Role {
+impl CoordinatorRole {
     /// How many coordinators of this job were elected before this one.
     pub fn generation(&self) -> u64 {
         self.generation
@@ -92,7 +92,7 @@ impl Role {
     }
 }
 
-impl Drop for Role {
+impl Drop for CoordinatorRole {
     fn drop(&mut self) {
         self.thread.stop(None);
     }
@@ -108,7 +108,7 @@ pub fn campaign(
     addr: SocketAddr,
     give_up: Arc<AtomicBool>,
     on_lost: impl FnOnce(String) + Send + 'static,
-) -> Result<Campaign, CommError> {
+) -> Result<Candidacy, CommError> {
     let runtime = runtime()?;
     let (tx, rx) = mpsc::channel();
     let (stop_tx, stop_rx) = oneshot::channel();
@@ -130,7 +130,7 @@ pub fn campaign(
                     tokio::time::sleep(Duration::from_millis(300)).await;
                 };
                 match won {
-                    Won::Role(held, generation) => {
+                    Won::CoordinatorRole(held, generation) => {
                         let _ = tx.send(Won::Generation(generation));
                         hold(&target, *held, stop_rx, on_lost).await;
                     }
@@ -142,16 +142,18 @@ pub fn campaign(
         })
         .map_err(|e| setup(format!("cannot start the etcd campaign's thread: {e}")))?;
     match rx.recv().map_err(|_| setup("the etcd campaign's thread ended"))? {
-        Won::Generation(generation) => Ok(Campaign::Won(Role { generation, thread: Stoppable::new(stop_tx, thread) })),
-        Won::Over(what) => Ok(Campaign::Over(what)),
-        Won::GaveUp => Ok(Campaign::GaveUp),
-        Won::Role(..) => unreachable!("the role stays on its thread"),
+        Won::Generation(generation) => {
+            Ok(Candidacy::Won(CoordinatorRole { generation, thread: Stoppable::new(stop_tx, thread) }))
+        }
+        Won::Over(what) => Ok(Candidacy::Over(what)),
+        Won::GaveUp => Ok(Candidacy::GaveUp),
+        Won::CoordinatorRole(..) => unreachable!("the role stays on its thread"),
     }
 }
 
 /// What the campaign's thread found.
 enum Won {
-    Role(Box<Held>, u64),
+    CoordinatorRole(Box<RoleLease>, u64),
     Generation(u64),
     Over(String),
     GaveUp,
@@ -197,8 +199,8 @@ async fn run_for(
             ]);
         let taken = bounded(target, client.txn(take)).await.ok_or_else(unreachable)?;
         if taken.succeeded() {
-            let held = Held { client, lease, addr, keeper: Some((keeper, acks)) };
-            return Ok(Won::Role(Box::new(held), elections as u64));
+            let held = RoleLease { client, lease, addr, keeper: Some((keeper, acks)) };
+            return Ok(Won::CoordinatorRole(Box::new(held), elections as u64));
         }
         // Another holds the role: wait for its key to go (or a while, to look again).
         let revision = taken.header().map_or(0, |h| h.revision());
@@ -226,7 +228,7 @@ async fn run_for(
 }
 
 /// The role held: the client, the lease, this coordinator's address and the keep-alives.
-struct Held {
+struct RoleLease {
     client: Client,
     lease: i64,
     addr: SocketAddr,
@@ -239,7 +241,7 @@ struct Held {
 /// lease etcd says expired, is the role lost.
 async fn hold(
     target: &Target,
-    mut held: Held,
+    mut held: RoleLease,
     mut stop: oneshot::Receiver<Option<String>>,
     on_lost: impl FnOnce(String),
 ) {
@@ -326,7 +328,7 @@ async fn hold(
 
 /// Gives the role back: the job's outcome first, when it is over, under a lease of its
 /// own (a minute, or six leases' time) so that the job's name can be used again later.
-async fn resign(target: &Target, held: &mut Held, over: Option<String>) {
+async fn resign(target: &Target, held: &mut RoleLease, over: Option<String>) {
     let job = &target.job;
     if let Some(outcome) = over {
         let ttl = (target.ttl.as_secs() * 6).max(60) as i64;

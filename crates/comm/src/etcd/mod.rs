@@ -209,9 +209,9 @@ pub mod elastic {
     }
 
     /// How a campaign ended (none without etcd).
-    pub enum Campaign {
+    pub enum Candidacy {
         /// This process holds the role.
-        Won(Role),
+        Won(CoordinatorRole),
         /// The job is over.
         Over(String),
         /// The candidate gave up.
@@ -219,9 +219,9 @@ pub mod elastic {
     }
 
     /// The coordinator role (never held without etcd).
-    pub struct Role;
+    pub struct CoordinatorRole;
 
-    impl Role {
+    impl CoordinatorRole {
         /// The elections before this one.
         pub fn generation(&self) -> u64 {
             0
@@ -245,7 +245,7 @@ pub mod elastic {
         _addr: SocketAddr,
         _give_up: Arc<AtomicBool>,
         _on_lost: impl FnOnce(String) + Send + 'static,
-    ) -> Result<Campaign, CommError> {
+    ) -> Result<Candidacy, CommError> {
         Err(missing(target))
     }
 

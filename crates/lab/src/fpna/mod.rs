@@ -68,7 +68,7 @@ repro::text_form!(Dist);
 /// What to measure: the sizes, distributions, thread counts and repetitions of the sweeps,
 /// and the training experiment's runs.
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct Sweeps {
     /// Array sizes of the sum sweep.
     pub sizes: Vec<usize>,
     /// Distributions of the inputs.
@@ -89,7 +89,7 @@ pub struct Plan {
     pub seed: u64,
 }
 
-impl Plan {
+impl Sweeps {
     /// Units of work the sweeps and the experiment report through their progress callback.
     pub fn work(&self) -> u64 {
         (self.dists.len() * (self.sizes.len() + self.index_sizes.len()) * self.threads.len() + 2 * self.train_runs)
@@ -207,7 +207,7 @@ pub struct IndexRow {
 
 /// The sum sweep: for each distribution, size and thread count, `plan.reps` runs of the
 /// atomic, tree and reproducible sums. Calls `progress` before each configuration.
-pub fn sum_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<SumRow> {
+pub fn sum_sweep(plan: &Sweeps, progress: &mut dyn FnMut(&str)) -> Vec<SumRow> {
     let mut sums = Vec::new();
     for &dist in &plan.dists {
         for &n in &plan.sizes {
@@ -256,7 +256,7 @@ pub fn sum_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<SumRow> {
 
 /// The index-add sweep: atomic against sorted (deterministic) scatter-adds. Calls
 /// `progress` before each configuration.
-pub fn index_sweep(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Vec<IndexRow> {
+pub fn index_sweep(plan: &Sweeps, progress: &mut dyn FnMut(&str)) -> Vec<IndexRow> {
     let mut index_rows = Vec::new();
     for &dist in &plan.dists {
         for &n in &plan.index_sizes {
@@ -377,7 +377,7 @@ pub struct Training {
 
 /// Trains the MLP `plan.train_runs` times per accumulation (batch 128 as 8 micro-batches
 /// of 16), calling `progress` before each run. The data are loaded once.
-pub fn training_experiment(plan: &Plan, progress: &mut dyn FnMut(&str)) -> Result<Training, LabError> {
+pub fn training_experiment(plan: &Sweeps, progress: &mut dyn FnMut(&str)) -> Result<Training, LabError> {
     if plan.train_steps == 0 {
         return Err(LabError::Spec("the training experiment needs at least 1 step".into()));
     }
@@ -515,7 +515,7 @@ pub fn mode_summary(runs: &[TrainRun], mode: Accumulation) -> ModeSummary {
 
 /// `summary.json`: the sweeps and the training experiment's spread.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Summary {
+pub struct StudySummary {
     /// Repetitions per configuration.
     pub reps: usize,
     /// The sum sweep.
@@ -533,7 +533,7 @@ pub fn write_outputs(
     sums: &[SumRow],
     index: &[IndexRow],
     training: Option<&Training>,
-    plan: &Plan,
+    plan: &Sweeps,
 ) -> Result<(), LabError> {
     std::fs::create_dir_all(out).map_err(LabError::output(out))?;
     let samples: Vec<SumSample> = sums
@@ -545,7 +545,7 @@ pub fn write_outputs(
     table::write(&out.join("sums.csv"), &samples)?;
     table::write(&out.join("index_add.csv"), index)?;
     table::write(&out.join("training.csv"), training.map_or(&[][..], |t| t.runs.as_slice()))?;
-    let summary = Summary {
+    let summary = StudySummary {
         reps: plan.reps,
         sums: sums.to_vec(),
         index_add: index.to_vec(),
@@ -613,7 +613,7 @@ fn plot_vs_histograms(out: &Path, sums: &[SumRow]) -> Result<(), LabError> {
 }
 
 /// Distinct outputs (of `reps` runs) against size, per kernel and thread count.
-fn plot_distinct(out: &Path, sums: &[SumRow], plan: &Plan) -> Result<(), LabError> {
+fn plot_distinct(out: &Path, sums: &[SumRow], plan: &Sweeps) -> Result<(), LabError> {
     let path = out.join("distinct_outputs.svg");
     let root = SVGBackend::new(&path, (720, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(LabError::plot)?;

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use repro::words::Word;
 
-use super::{IndexRow, Plan, SumRow, Training};
+use super::{IndexRow, SumRow, Sweeps, Training};
 
 /// `writeln!` into a `String`, which cannot fail.
 macro_rules! row {
@@ -14,7 +14,7 @@ macro_rules! row {
 }
 
 /// The sums, the index-adds and the training runs as aligned text tables.
-pub fn tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Training>, plan: &Plan) -> String {
+pub fn tables(sums: &[SumRow], index: &[IndexRow], training: Option<&Training>, plan: &Sweeps) -> String {
     let mut out = String::new();
     row!(out, "Parallel sums, {} repetitions each (V_s = 1 - |S_atomic / S_tree|):", plan.reps);
     row!(

@@ -1,7 +1,7 @@
 //! An elastic worker's side of a step, as the step driver's [`Runner`]: the epoch's mesh,
 //! the all-reduce over it, and the checks the protocol's action asked for (the state's
 //! fingerprint at rest and just before the update, the gather of the replicas'
-//! fingerprints after it). It decides nothing: what it found is left in [`Side::found`]
+//! fingerprints after it). It decides nothing: what it found is left in [`ElasticRunner::found`]
 //! for the shell to hand to the protocol.
 
 use std::collections::BTreeMap;
@@ -60,7 +60,7 @@ pub(super) enum Found {
 }
 
 /// The worker's side of its steps.
-pub(super) struct Side<'c, 'e> {
+pub(super) struct ElasticRunner<'c, 'e> {
     pub config: &'c TrainConfig,
     pub d: &'c ElasticWorker,
     pub id: WorkerId,
@@ -82,7 +82,7 @@ pub(super) struct Side<'c, 'e> {
     /// The epoch of the step in progress, and its members in rank order.
     pub epoch: u64,
     pub members: Vec<WorkerId>,
-    /// The state's fingerprint where known (see `Held::fingerprint`), lent for the step.
+    /// The state's fingerprint where known (see `SharedState::fingerprint`), lent for the step.
     pub known: Option<u64>,
     /// What the protocol's action asked of the step: the fingerprints the state must
     /// still have at rest and just before the update, whether to hash it after the update,
@@ -108,7 +108,7 @@ pub(super) struct Asked {
     pub compare: bool,
 }
 
-impl Side<'_, '_> {
+impl ElasticRunner<'_, '_> {
     /// This member's part of the epoch's checkpoints: its rank among the members.
     pub(super) fn part(&self) -> ckpt::Part {
         let index = self.members.iter().position(|&m| m == self.id).unwrap_or(0);
@@ -165,7 +165,7 @@ impl Side<'_, '_> {
     }
 }
 
-impl Runner for Side<'_, '_> {
+impl Runner for ElasticRunner<'_, '_> {
     /// The state at rest is checked against the fingerprint it was committed with, when
     /// the action asked; then the epoch's first step builds its mesh (its time is written
     /// as a `mesh` record and left out of the training time).

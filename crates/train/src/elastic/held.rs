@@ -19,7 +19,7 @@ use crate::failpoint::ProcessFaults;
 use crate::step::{At, LiveFaults, TrainState};
 
 /// The state this worker holds, shared with the thread that serves it to fetchers.
-pub(super) struct Held {
+pub(super) struct SharedState {
     pub(super) state: TrainState,
     /// The state's fingerprint, once computed: an update leaves it unknown (a pass over
     /// the state that the protocol asks for only when it needs it), except where the
@@ -27,15 +27,15 @@ pub(super) struct Held {
     pub(super) fingerprint: Option<u64>,
 }
 
-pub(super) fn lock_read(h: &RwLock<Held>) -> std::sync::RwLockReadGuard<'_, Held> {
+pub(super) fn lock_read(h: &RwLock<SharedState>) -> std::sync::RwLockReadGuard<'_, SharedState> {
     h.read().unwrap_or_else(|e| e.into_inner())
 }
 
-pub(super) fn lock_write(h: &RwLock<Held>) -> std::sync::RwLockWriteGuard<'_, Held> {
+pub(super) fn lock_write(h: &RwLock<SharedState>) -> std::sync::RwLockWriteGuard<'_, SharedState> {
     h.write().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Held {
+impl SharedState {
     /// The state's fingerprint, computed when unknown.
     pub(super) fn fingerprint(&mut self) -> u64 {
         *self.fingerprint.get_or_insert_with(|| self.state.fingerprint())
@@ -97,7 +97,7 @@ fn copy_in(state: &mut TrainState, range: Range<usize>, bytes: &[u8]) {
 /// the state: one changed since its commit is refused, and `changed` set for the shell.
 pub(super) fn spawn_server(
     port: &mut Port,
-    held: Arc<RwLock<Held>>,
+    held: Arc<RwLock<SharedState>>,
     layout: (u64, u64),
     (faults, changed): (ProcessFaults, Arc<Mutex<bool>>),
     id: WorkerId,
@@ -153,7 +153,7 @@ pub(super) fn spawn_server(
 /// copy every few steps.
 pub(super) struct MemoryCopy {
     every: Option<u64>,
-    state: Option<Held>,
+    state: Option<SharedState>,
     /// Time spent copying.
     pub(super) spent: Duration,
 }
@@ -165,7 +165,7 @@ impl MemoryCopy {
 
     /// Copies `held`, which holds the state of `step`, when `step` is a multiple of the
     /// interval, and tells `worker`; locks `held` only then.
-    pub(super) fn keep(&mut self, worker: &mut Worker, step: u64, held: &RwLock<Held>) {
+    pub(super) fn keep(&mut self, worker: &mut Worker, step: u64, held: &RwLock<SharedState>) {
         let Some(every) = self.every else { return };
         if !step.is_multiple_of(every) {
             return;
@@ -178,7 +178,7 @@ impl MemoryCopy {
                 c.state.clone_from(&held.state);
                 c.fingerprint = held.fingerprint;
             }
-            None => self.state = Some(Held { state: held.state.clone(), fingerprint: held.fingerprint }),
+            None => self.state = Some(SharedState { state: held.state.clone(), fingerprint: held.fingerprint }),
         }
         self.spent += started.elapsed();
         // (The answer is empty: a copy only changes what leaving an epoch does.)
@@ -186,7 +186,7 @@ impl MemoryCopy {
     }
 
     /// Puts the copy of `(step, fingerprint)` back into `held`.
-    pub(super) fn restore(&self, held: &mut Held, want: (u64, u64)) -> Result<(), TrainError> {
+    pub(super) fn restore(&self, held: &mut SharedState, want: (u64, u64)) -> Result<(), TrainError> {
         match &self.state {
             Some(c) if (c.state.step, c.fingerprint) == (want.0, Some(want.1)) => {
                 held.state.clone_from(&c.state);
@@ -207,7 +207,7 @@ impl MemoryCopy {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fetch(
     port: &Port,
-    held: &RwLock<Held>,
+    held: &RwLock<SharedState>,
     book: &BTreeMap<WorkerId, SocketAddr>,
     sources: &[WorkerId],
     want: Want,

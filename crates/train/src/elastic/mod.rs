@@ -56,8 +56,8 @@ mod saving;
 mod shell;
 mod timeline;
 
-use epoch::{Current, Side};
-use held::{Held, MemoryCopy};
+use epoch::{Current, ElasticRunner};
+use held::{MemoryCopy, SharedState};
 use saving::Saving;
 use shell::Shell;
 use timeline::Timeline;
@@ -82,7 +82,7 @@ pub(crate) fn run(
     let parameters = state.parameters();
     let layout = held::layout_of(&state);
     let fingerprint = state.fingerprint();
-    let held = Arc::new(RwLock::new(Held { state, fingerprint: Some(fingerprint) }));
+    let held = Arc::new(RwLock::new(SharedState { state, fingerprint: Some(fingerprint) }));
     let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
     // Worker 0's first process writes the job's record from the start; after that, each
     // epoch's lowest-ranked member does (see `Timeline`): a replacement waits its turn.
@@ -126,7 +126,7 @@ pub(crate) fn run(
     let mut copy = MemoryCopy::new(d.copy_every);
     // (Step 0 here: the first copy is kept whatever step the state starts at.)
     copy.keep(&mut worker, 0, &held);
-    let side = Side {
+    let side = ElasticRunner {
         config,
         d,
         id,

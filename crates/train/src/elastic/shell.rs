@@ -1,6 +1,6 @@
 //! The elastic worker's loop: the protocol's actions carried out on the state, the engine
 //! and the sockets. The step's own operations run through the step driver, with
-//! [`Side`] as its runner; what a step found goes back to the protocol from here.
+//! [`ElasticRunner`] as its runner; what a step found goes back to the protocol from here.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -13,8 +13,8 @@ use comm::transfer::Want;
 use comm::transport::CommError;
 use serde_json::json;
 
-use super::epoch::{Asked, Found, Side};
-use super::held::{self, Held, MemoryCopy, lock_read, lock_write};
+use super::epoch::{Asked, ElasticRunner, Found};
+use super::held::{self, MemoryCopy, SharedState, lock_read, lock_write};
 use super::timeline::Timeline;
 use crate::driver::{Driver, Stop};
 use crate::error::TrainError;
@@ -29,7 +29,7 @@ pub(super) struct Shell<'c, 'e, 'a> {
     pub(super) driver: Driver,
     pub(super) worker: Worker,
     pub(super) queue: VecDeque<Action>,
-    pub(super) held: Arc<RwLock<Held>>,
+    pub(super) held: Arc<RwLock<SharedState>>,
     pub(super) hooks: LiveFaults,
     /// The data-parallel schedule of the current `(rank, world)`.
     pub(super) ops: Vec<Op>,
@@ -41,7 +41,7 @@ pub(super) struct Shell<'c, 'e, 'a> {
     pub(super) copy: MemoryCopy,
     pub(super) last_eval: Option<EvalReport>,
     pub(super) timeline: Timeline,
-    pub(super) side: Side<'c, 'e>,
+    pub(super) side: ElasticRunner<'c, 'e>,
 }
 
 impl Shell<'_, '_, '_> {

@@ -1,4 +1,4 @@
-//! Pipeline stages across a job's ranks: where each rank sits ([`Layout`]), the boundary
+//! Pipeline stages across a job's ranks: where each rank sits ([`Grid`]), the boundary
 //! tensors on the wire, a stage's runner over any transport ([`StageLink`]), and the
 //! stages' states put back together ([`gather`]).
 //!
@@ -42,33 +42,33 @@ const STATE_END: u8 = 0x53;
 
 /// Where the ranks of a pipeline job sit.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
+pub struct Grid {
     /// Stages of each pipeline.
     pub stages: usize,
     /// Data-parallel copies of the pipeline at the start (micro-batch `i` belongs to
     /// replica `i mod replicas` for the whole job).
     pub replicas: usize,
     /// Each rank's slot, its place at the start (`replica * stages + stage`): `0..D*S`
-    /// unless workers were lost and their work rerouted (see [`Layout::rank`]).
+    /// unless workers were lost and their work rerouted (see [`Grid::rank`]).
     slots: Vec<usize>,
     /// The rank that computes each place's micro-batches, by slot: every send and receive
     /// looks it up.
     cover: Vec<usize>,
 }
 
-impl Layout {
+impl Grid {
     /// The layout of `stages` stages on a job of `world` ranks.
-    pub fn of(stages: usize, world: usize) -> Result<Layout, ConfigError> {
+    pub fn of(stages: usize, world: usize) -> Result<Grid, ConfigError> {
         if stages == 0 || world == 0 || !world.is_multiple_of(stages) {
             return Err(ConfigError::Invalid(format!(
                 "a job of {world} ranks is not whole pipelines of {stages} stages"
             )));
         }
-        Ok(Layout::from_slots(stages, world / stages, (0..world).collect()))
+        Ok(Grid::from_slots(stages, world / stages, (0..world).collect()))
     }
 
-    /// The layout of `slots`, with who covers each place (see [`Layout::rank`]).
-    fn from_slots(stages: usize, replicas: usize, slots: Vec<usize>) -> Layout {
+    /// The layout of `slots`, with who covers each place (see [`Grid::rank`]).
+    fn from_slots(stages: usize, replicas: usize, slots: Vec<usize>) -> Grid {
         let holder = |place: usize| slots.iter().position(|&s| s == place);
         let cover = (0..replicas * stages)
             .map(|place| {
@@ -76,17 +76,17 @@ impl Layout {
                 (0..replicas).find_map(|k| holder((replica + k) % replicas * stages + stage)).unwrap_or(0)
             })
             .collect();
-        Layout { stages, replicas, slots, cover }
+        Grid { stages, replicas, slots, cover }
     }
 
     /// The layout of a job that went on with the workers of `slots` alone (each rank's
     /// place at the start, in rank order): every stage must keep a worker.
-    pub fn with_slots(&self, slots: Vec<usize>) -> Result<Layout, ConfigError> {
+    pub fn with_slots(&self, slots: Vec<usize>) -> Result<Grid, ConfigError> {
         let places = self.stages * self.replicas;
         if slots.iter().any(|&s| s >= places) || slots.windows(2).any(|w| w[0] >= w[1]) {
             return Err(ConfigError::Invalid(format!("the slots {slots:?} are not places of {places}")));
         }
-        let layout = Layout::from_slots(self.stages, self.replicas, slots);
+        let layout = Grid::from_slots(self.stages, self.replicas, slots);
         if let Some(stage) = (0..self.stages).find(|&s| layout.replicas_of(s).is_empty()) {
             return Err(ConfigError::Invalid(format!(
                 "every worker of stage {stage} was lost: its work has nowhere to go (restart the job from its checkpoints)"
@@ -231,14 +231,14 @@ impl<T: Transport> Runner for StageLink<T> {
     }
 }
 
-/// Puts replica 0's stages back together on the [`collector`](Layout::collector): every
+/// Puts replica 0's stages back together on the [`collector`](Grid::collector): every
 /// other stage of replica 0 sends its tensors (parameters, then the optimizer's slots),
 /// each named, and the collector writes them into `whole` (a state of the whole model),
 /// with the step and update count of its own `stage` state. Ranks of other replicas do
 /// nothing. Returns whether `whole` now holds the job's state (on the collector alone).
 pub fn gather(
     t: &dyn Transport,
-    layout: &Layout,
+    layout: &Grid,
     stage: &TrainState,
     whole: &mut TrainState,
     timeout: Duration,
@@ -377,12 +377,7 @@ pub struct Shared {
 
 /// Shares the collector's evaluation, fingerprint and loss with every rank of the job:
 /// the collector passes `Some`, the others `None`, and every rank gets the collector's.
-pub fn share(
-    t: &dyn Transport,
-    layout: &Layout,
-    mine: Option<&Shared>,
-    timeout: Duration,
-) -> Result<Shared, TrainError> {
+pub fn share(t: &dyn Transport, layout: &Grid, mine: Option<&Shared>, timeout: Duration) -> Result<Shared, TrainError> {
     let words = match mine {
         Some(Shared { report: r, fingerprint, loss }) => [
             r.step,
@@ -408,7 +403,7 @@ pub fn share(
 
 /// A rank's stage of a pipeline job, as the trainer keeps it.
 pub(crate) struct Staged {
-    pub(crate) layout: Layout,
+    pub(crate) layout: Grid,
     /// The stage.
     pub(crate) stage: Stage,
     /// The whole model's state, which the collector gathers the stages into (the
@@ -431,7 +426,7 @@ impl Staged {
     /// `engine` to the stage of `rank`.
     pub(crate) fn cut<'a>(
         config: &TrainConfig,
-        layout: Layout,
+        layout: Grid,
         rank: usize,
         state: &mut TrainState,
         engine: Engine<'a>,
@@ -613,7 +608,7 @@ impl Staged {
 /// boundary.
 fn open_logs(
     config: &TrainConfig,
-    layout: &Layout,
+    layout: &Grid,
     replica: usize,
     stage: usize,
 ) -> Result<Vec<(usize, ckpt::log::LogWriter)>, TrainError> {
@@ -622,7 +617,7 @@ fn open_logs(
     let neighbours = [(stage + 1 < layout.stages).then(|| (stage, stage + 1)), stage.checked_sub(1).map(|b| (b, b))];
     for (boundary, to) in neighbours.into_iter().flatten() {
         if log.boundaries.contains(&boundary) {
-            let key = ckpt::log::Boundary { replica: replica as u32, from: stage as u32, to: to as u32 };
+            let key = ckpt::log::Edge { replica: replica as u32, from: stage as u32, to: to as u32 };
             let writer = ckpt::log::LogWriter::open(&log.dir, key, log.memory)
                 .map_err(|e| ConfigError::Invalid(format!("cannot log boundary {boundary}: {e}")))?;
             logs.push((to, writer));
@@ -644,19 +639,19 @@ mod tests {
 
     #[test]
     fn a_replica_s_stages_are_neighbours_and_a_stage_s_replicas_a_group() {
-        let l = Layout::of(3, 6).unwrap();
+        let l = Grid::of(3, 6).unwrap();
         assert_eq!((l.replicas, l.place(4), l.rank(1, 1)), (2, (1, 1), 4));
         assert_eq!(l.replicas_of(2), [2, 5]);
         assert_eq!(l.stage_of(), [0, 1, 2, 0, 1, 2]);
         assert_eq!(l.collector(), 2);
-        assert!(Layout::of(4, 6).is_err());
-        assert!(Layout::of(0, 6).is_err());
+        assert!(Grid::of(4, 6).is_err());
+        assert!(Grid::of(0, 6).is_err());
     }
 
     #[test]
     fn a_lost_worker_s_micro_batches_go_to_its_stage_s_next_replica() {
         // Three replicas of two stages; slots 1 (replica 0, stage 1) and 2 are lost.
-        let l = Layout::of(2, 6).unwrap().with_slots(vec![0, 3, 4, 5]).unwrap();
+        let l = Grid::of(2, 6).unwrap().with_slots(vec![0, 3, 4, 5]).unwrap();
         assert!(!l.is_whole());
         assert_eq!((l.place(1), l.place(2)), ((1, 1), (2, 0)));
         // Stage 1: replica 0's micro-batches go to replica 1's worker (rank 1).
@@ -666,7 +661,7 @@ mod tests {
         assert_eq!((l.serves(1), l.serves(2), l.serves(0)), (vec![0, 1], vec![1, 2], vec![0]));
         assert_eq!((l.replicas_of(0), l.replicas_of(1)), (vec![0, 2], vec![1, 3]));
         assert_eq!(l.collector(), 1);
-        let gone = Layout::of(2, 4).unwrap().with_slots(vec![0, 2]).unwrap_err();
+        let gone = Grid::of(2, 4).unwrap().with_slots(vec![0, 2]).unwrap_err();
         assert!(gone.to_string().contains("every worker of stage 1 was lost"), "{gone}");
     }
 }

@@ -62,7 +62,7 @@ pub(crate) struct Repaired {
 
 /// The stages that replay together, and the checkpoint they start from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Plan {
+struct ReplayPlan {
     stages: Range<usize>,
     from: u64,
 }
@@ -123,10 +123,10 @@ pub(crate) fn repair(
         let plan = plan(config, pipe, (state.step.min(target), target), micro_batches, reproducible)?;
         mine = [1, plan.stages.start as u64, plan.stages.end as u64, plan.from];
     }
-    let mut plans: Vec<Plan> = comm::collective::all_gather_words(t, &mine, timeout)?
+    let mut plans: Vec<ReplayPlan> = comm::collective::all_gather_words(t, &mine, timeout)?
         .into_iter()
         .filter(|w| w[0] == 1)
-        .map(|w| Plan { stages: w[1] as usize..w[2] as usize, from: w[3] })
+        .map(|w| ReplayPlan { stages: w[1] as usize..w[2] as usize, from: w[3] })
         .collect();
     plans.sort_by_key(|p| (p.stages.start, p.stages.end, p.from));
     plans.dedup();
@@ -207,7 +207,7 @@ fn replay_stage(
     (t, pipe, config, prepared, timeout): Context<'_, '_>,
     engine: &mut Engine<'_>,
     state: &mut TrainState,
-    (plan, to): (&Plan, u64),
+    (plan, to): (&ReplayPlan, u64),
     (lost, helpers): (&[usize], &[usize]),
 ) -> Result<String, TrainError> {
     let (stage, rank) = (plan.stages.start, t.rank());
@@ -247,7 +247,7 @@ fn replay_group(
     (t, pipe, config, prepared, timeout): Context<'_, '_>,
     engine: &mut Engine<'_>,
     state: &mut TrainState,
-    (plan, to): (&Plan, u64),
+    (plan, to): (&ReplayPlan, u64),
 ) -> Result<String, TrainError> {
     let layout = &pipe.layout;
     let (replica, stage) = layout.place(t.rank());
@@ -277,11 +277,11 @@ fn plan(
     (bound, to): (u64, u64),
     micro_batches: usize,
     reproducible: bool,
-) -> Result<Plan, TrainError> {
+) -> Result<ReplayPlan, TrainError> {
     let stages = pipe.layout.stages;
     let logged = config.log.as_ref().map(|l| l.boundaries.clone()).unwrap_or_default();
     let mut group = group_of(pipe.stage.index, stages, &logged);
-    let everything = Plan { stages: 0..stages, from: 0 };
+    let everything = ReplayPlan { stages: 0..stages, from: 0 };
     loop {
         // The replicas of a group sum as in training; in a mode that is not reproducible
         // that is not the sum the logs came from.
@@ -306,7 +306,7 @@ fn plan(
             }
         }
         if grown == group {
-            return Ok(Plan { stages: group, from });
+            return Ok(ReplayPlan { stages: group, from });
         }
         group = grown;
     }

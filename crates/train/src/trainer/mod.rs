@@ -39,12 +39,12 @@ use crate::job::Job;
 use crate::metrics::MetricsFile;
 use crate::model::{EvalSums, Kernels, Loaded};
 use crate::pipeline::recovery::Standing;
-use crate::pipeline::{Layout, Staged};
+use crate::pipeline::{Grid, Staged};
 use crate::schedule::{self, Op};
 use crate::step::{Engine, Injected, LiveFaults, TrainState};
 
 mod ranks;
-use ranks::Ranks;
+use ranks::StaticRunner;
 
 pub use crate::metrics::EvalReport;
 pub use crate::prepared::Prepared;
@@ -139,7 +139,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     }
     let mut actions = actions(config, pipe.as_ref(), engine.sampler().micro_batches(), (rank, world));
     let mut driver = Driver::new(&engine, rank);
-    let mut runner = Ranks {
+    let mut runner = StaticRunner {
         config,
         rank,
         shared: world / config.pipeline.stages > 1,
@@ -183,7 +183,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
             Err(e) => return Err(e),
         }
     }
-    let Ranks { mut writer, job, mut pipe, schedule, mut metrics, train_time, last_loss, .. } = runner;
+    let StaticRunner { mut writer, job, mut pipe, schedule, mut metrics, train_time, last_loss, .. } = runner;
     let boundary_log = pipe.as_mut().and_then(Staged::finish_logs);
     if let Some(w) = writer.as_mut() {
         if let Some(j) = &job {
@@ -258,7 +258,7 @@ fn set_up<'a>(
     };
     let incarnation = config.dist.as_ref().map_or(0, |d| d.settings().incarnation);
     // A rank of a pipeline job holds one stage: its state, its engine, its checkpoints.
-    let layout = (config.pipeline.stages > 1).then(|| Layout::of(config.pipeline.stages, world)).transpose()?;
+    let layout = (config.pipeline.stages > 1).then(|| Grid::of(config.pipeline.stages, world)).transpose()?;
     let mut pipe = None;
     if let Some(l) = &layout {
         let (staged, for_stage) = Staged::cut(config, l.clone(), rank, state, engine)?;
@@ -269,7 +269,7 @@ fn set_up<'a>(
     let replacing = config.pipeline.recover && incarnation > 0 && pipe.is_some();
     let resume = match (&config.resume, &config.checkpoint) {
         (Some(r), _) => Some(r.clone()),
-        (None, Some(c)) if replacing => checkpointing::newest_step(&c.dir).ok().flatten().map(|_| c.dir.clone()),
+        (None, Some(c)) if replacing => ckpt::reader::newest_step(&c.dir).ok().flatten().map(|_| c.dir.clone()),
         _ => None,
     };
     let resume = resume.map(|r| pipe.as_ref().map_or_else(|| r.clone(), |p| p.root(&r)));
@@ -279,7 +279,7 @@ fn set_up<'a>(
     // part of each checkpoint (of its stage's). Writers exist before the job connects (or,
     // on MPI, before a barrier), so rank 0 has cleared crashed writers' leftovers before
     // anyone writes.
-    let reporter = layout.as_ref().map_or(0, Layout::collector);
+    let reporter = layout.as_ref().map_or(0, Grid::collector);
     let part = pipe.as_ref().map_or(ckpt::Part::of(rank, world), |p| p.part(rank));
     let writer = open_writer(config, pipe.as_ref(), part, state)?;
     // (Before the metrics file is emptied: a refused run changes nothing.)

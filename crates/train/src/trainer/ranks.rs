@@ -24,7 +24,7 @@ use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
 /// [`comm::commit`], a single process refuses a non-finite sum by itself; checkpoints
 /// are written by every rank (its own part) and committed by rank 0 once every part is
 /// durable.
-pub(super) struct Ranks<'c, 'e> {
+pub(super) struct StaticRunner<'c, 'e> {
     pub(super) config: &'c TrainConfig,
     /// This rank in the job's current membership.
     pub(super) rank: usize,
@@ -52,7 +52,7 @@ pub(super) struct Ranks<'c, 'e> {
     pub(super) reduced: Option<u64>,
 }
 
-impl Runner for Ranks<'_, '_> {
+impl Runner for StaticRunner<'_, '_> {
     fn reduce(&mut self, at: At, r: Reduction<'_, '_>) -> Result<Flow, TrainError> {
         match &self.job {
             Some(j) => j.sum_parts(&mut self.reducer, r.parts, r.sum.as_mut_slice(), self.config.reduce)?,
@@ -149,7 +149,7 @@ impl Runner for Ranks<'_, '_> {
     }
 }
 
-impl Ranks<'_, '_> {
+impl StaticRunner<'_, '_> {
     /// The job and this rank's stage, in a pipeline job.
     fn staged(&mut self) -> Result<(&Job, &mut Staged), TrainError> {
         match (&self.job, &mut self.pipe) {
