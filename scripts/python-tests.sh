@@ -16,6 +16,12 @@ export PATH="$PWD/$venv/bin:$PATH"   # the build backend runs `maturin` by name
   "torch==2.15.0" "numpy>=1.21" "pytest>=7" safetensors "maturin>=1.7,<2"
 # No build isolation: maturin comes from the environment, and cargo shares target/.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
-cargo build --release --locked -p steadfast   # a no-op after `cargo test --release`
+# After `cargo test --release --workspace` the binary is built, and newer than every source:
+# building `-p steadfast` alone would build it again with other features for its shared
+# dependencies (minutes in CI for nothing).
+bin=target/release/steadfast
+if [ ! -x "$bin" ] || [ -n "$(find crates python Cargo.toml Cargo.lock -newer "$bin" \( -name '*.rs' -o -name 'Cargo.*' \) -print -quit)" ]; then
+  cargo build --release --locked -p steadfast
+fi
 export STEADFAST_REQUIRE_BINARY=1 STEADFAST_REQUIRE_DATA=1
 STEADFAST_BIN="$PWD/target/release/steadfast" "$venv/bin/python" -m pytest -q python/tests "$@"

@@ -125,11 +125,11 @@ fn slurm_runs_the_example_in_every_mode_and_survives_a_killed_worker() {
     let Some(cluster) = start_cluster() else { return };
     let work = tempfile::tempdir().unwrap();
     let path = |name: &str| work.path().join(name);
-    let job = [&common::SMALL_MLP[1..], &["--reduce", "reproducible", "--steps", "300"]].concat();
+    let job = [&common::SMALL_MLP[1..], &["--reduce", "reproducible", "--steps", "150"]].concat();
     let single = common::fingerprint(&common::steadfast(
         &[
             common::SMALL_MLP,
-            &["--reduce", "reproducible", "--steps", "300", "--out", path("single").to_str().unwrap()],
+            &["--reduce", "reproducible", "--steps", "150", "--out", path("single").to_str().unwrap()],
         ]
         .concat(),
     ));

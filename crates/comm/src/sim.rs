@@ -985,25 +985,7 @@ impl Sim<'_> {
             }
             Scheduled::Tick(_, None) => {}
             Scheduled::CollectiveDeadline { epoch, step } => self.resolve(epoch, step, true),
-            Scheduled::Reduced { proc, epoch, step, sum } => {
-                if !self.usable(proc) {
-                    return;
-                }
-                let saved = self.saved(proc, epoch);
-                let actions = self.procs[proc].machine.step(now, Event::Computed { epoch, step, sum, saved });
-                // The shell keeps the sum only if the machine took it (not a stale step's).
-                let p = &mut self.procs[proc];
-                if let Some((_, d)) = sum
-                    && p.machine.status().step == step
-                    && actions.iter().any(|a| {
-                        matches!(a, Action::Vote { .. }) || matches!(a, Action::Apply { step: s, .. } if *s == step)
-                    })
-                {
-                    p.held = Some((step, d));
-                }
-                let id = p.id;
-                self.perform(Node::Worker(id), Some(proc), actions);
-            }
+            Scheduled::Reduced { proc, epoch, step, sum } => self.reduced(proc, (epoch, step), sum),
             Scheduled::Fetched { proc, epoch, source, step, want } => self.fetched(proc, epoch, source, (step, want)),
             Scheduled::CheckDeadline { epoch, step } => self.resolve_check(epoch, step, true),
             Scheduled::Checked { proc, step, own, prints } => {
@@ -1011,17 +993,12 @@ impl Sim<'_> {
                 if self.usable(proc) {
                     // The shell hands over the fingerprint it compared (taken right after
                     // the update), whatever happened to the state since.
-                    let id = self.procs[proc].id;
-                    let event = Event::Compared { step, fingerprint: own, prints };
-                    let actions = self.procs[proc].machine.step(now, event);
-                    self.perform(Node::Worker(id), Some(proc), actions);
+                    self.tell(proc, Event::Compared { step, fingerprint: own, prints });
                 }
             }
             Scheduled::FetchFailed { proc, epoch } => {
                 if self.usable(proc) {
-                    let actions = self.procs[proc].machine.step(now, Event::Fetched { epoch, state: None });
-                    let id = self.procs[proc].id;
-                    self.perform(Node::Worker(id), Some(proc), actions);
+                    self.tell(proc, Event::Fetched { epoch, state: None });
                 }
             }
             Scheduled::Fault(i) => self.fault(i),
@@ -1033,9 +1010,7 @@ impl Sim<'_> {
             Scheduled::RestartCoordinator => self.start_coordinator(),
             Scheduled::PeerLost { proc, peer } => {
                 if self.procs[proc].end.is_none() {
-                    let actions = self.procs[proc].machine.step(now, Event::PeerLost(peer));
-                    let me = self.procs[proc].id;
-                    self.perform(Node::Worker(me), Some(proc), actions);
+                    self.tell(proc, Event::PeerLost(peer));
                 }
             }
             Scheduled::Disconnected { proc } => {
@@ -1053,6 +1028,36 @@ impl Sim<'_> {
                 }
             }
         }
+    }
+
+    /// Worker process `p` hears `event`, and its shell carries out what it answers.
+    fn tell(&mut self, p: usize, event: Event) {
+        let now = self.instant();
+        let actions = self.procs[p].machine.step(now, event);
+        let id = self.procs[p].id;
+        self.perform(Node::Worker(id), Some(p), actions);
+    }
+
+    /// Worker process `p`'s all-reduce of `step` ended with `sum`; its shell keeps the sum
+    /// only if the worker took it (not a stale step's).
+    fn reduced(&mut self, p: usize, (epoch, step): (u64, u64), sum: Option<(bool, u64)>) {
+        if !self.usable(p) {
+            return;
+        }
+        let (saved, now) = (self.saved(p, epoch), self.instant());
+        let actions = self.procs[p].machine.step(now, Event::Computed { epoch, step, sum, saved });
+        let proc = &mut self.procs[p];
+        let took = actions
+            .iter()
+            .any(|a| matches!(a, Action::Vote { .. }) || matches!(a, Action::Apply { step: s, .. } if *s == step));
+        if let Some((_, d)) = sum
+            && proc.machine.status().step == step
+            && took
+        {
+            proc.held = Some((step, d));
+        }
+        let id = proc.id;
+        self.perform(Node::Worker(id), Some(p), actions);
     }
 
     fn fault(&mut self, i: usize) {

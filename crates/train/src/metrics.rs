@@ -10,6 +10,10 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
 use crate::error::TrainError;
 
 /// `metrics.jsonl`: one JSON object per line, flushed as written.
@@ -96,6 +100,82 @@ impl MetricsFile {
                 .and_then(|()| w.flush())
                 .map_err(|source| TrainError::Output { path: path.clone(), source })?;
         }
+        Ok(())
+    }
+}
+
+/// Progress reported while training.
+#[derive(Clone, Debug)]
+pub enum Progress<'a> {
+    /// Training starts.
+    Started {
+        /// Steps to run.
+        steps: u64,
+        /// Number of model parameters.
+        parameters: usize,
+    },
+    /// A step finished.
+    Step {
+        /// Steps done so far.
+        step: u64,
+        /// Mean training loss of that step.
+        loss: f32,
+    },
+    /// An evaluation finished.
+    Eval(&'a EvalReport),
+    /// A line for whoever watches the run: a change in an elastic job's membership, a
+    /// resumption from a checkpoint.
+    Note(String),
+}
+
+pub(crate) fn write_eval(
+    metrics: &mut MetricsFile,
+    report: &EvalReport,
+    unigram: Option<f64>,
+) -> Result<(), TrainError> {
+    let mut line = json!({
+        "kind": "eval", "step": report.step, "test_loss": report.loss, "test_accuracy": report.accuracy,
+    });
+    if let Some(p) = report.perplexity {
+        line["test_perplexity"] = json!(p);
+        line["unigram_perplexity"] = json!(unigram);
+    }
+    metrics.write(line)
+}
+
+/// What every runner keeps of its steps beside the state, kept once for the static and
+/// the elastic runner: the record, whoever watches the run, the time spent in steps and
+/// the last step's loss.
+pub(crate) struct Ledger<'e> {
+    pub metrics: MetricsFile,
+    pub on_event: &'e mut dyn FnMut(Progress),
+    /// When the step in progress started.
+    pub started: Instant,
+    /// Time spent in steps, up to each one's update (evaluation and checkpoints excluded).
+    pub train_time: Duration,
+    /// The mean loss of the last step taken.
+    pub last_loss: f32,
+}
+
+impl<'e> Ledger<'e> {
+    pub fn new(metrics: MetricsFile, on_event: &'e mut dyn FnMut(Progress)) -> Ledger<'e> {
+        Ledger { metrics, on_event, started: Instant::now(), train_time: Duration::ZERO, last_loss: f32::NAN }
+    }
+
+    /// A step's update is done, with `loss`, and the state is at `step`: its time counts,
+    /// and its loss is recorded and shown.
+    pub fn stepped(&mut self, step: u64, loss: f32) -> Result<(), TrainError> {
+        self.train_time += self.started.elapsed();
+        self.last_loss = loss;
+        self.metrics.write(json!({"kind": "train", "step": step, "loss": loss}))?;
+        (self.on_event)(Progress::Step { step, loss });
+        Ok(())
+    }
+
+    /// An evaluation: recorded and shown.
+    pub fn evaluated(&mut self, report: &EvalReport, unigram: Option<f64>) -> Result<(), TrainError> {
+        write_eval(&mut self.metrics, report, unigram)?;
+        (self.on_event)(Progress::Eval(report));
         Ok(())
     }
 }

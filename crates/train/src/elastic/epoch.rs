@@ -18,9 +18,9 @@ use crate::checkpointing;
 use crate::config::{ElasticWorker, TrainConfig};
 use crate::driver::{Flow, Reduction, Runner};
 use crate::error::TrainError;
-use crate::metrics::MetricsFile;
+use crate::metrics::Ledger;
 use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
-use crate::trainer::{Progress, report_injections};
+use crate::trainer::report_injections;
 
 use super::saving::Saving;
 
@@ -77,8 +77,8 @@ pub(super) struct ElasticRunner<'c, 'e> {
     pub work: GradBuffer,
     /// The step whose sum the driver holds, not yet applied.
     pub sum_step: Option<u64>,
-    pub metrics: MetricsFile,
-    pub on_event: &'e mut dyn FnMut(Progress),
+    /// The record, the watcher, the time in steps and the last loss.
+    pub ledger: Ledger<'e>,
     /// The epoch of the step in progress, and its members in rank order.
     pub epoch: u64,
     pub members: Vec<WorkerId>,
@@ -90,9 +90,6 @@ pub(super) struct ElasticRunner<'c, 'e> {
     pub asked: Asked,
     /// What the step found.
     pub found: Option<Found>,
-    pub step_started: Instant,
-    pub train_time: Duration,
-    pub last_loss: f32,
     /// The job's checkpoints, if it takes any.
     pub saving: Option<Saving>,
     /// The step of the checkpoint this worker resumed from (0: none).
@@ -133,7 +130,7 @@ impl ElasticRunner<'_, '_> {
             repro::fingerprint::hex(changed.0),
             repro::fingerprint::hex(changed.1)
         );
-        self.metrics.write(json!({"kind": "divergence", "step": step, "worker": self.id, "found": when}))?;
+        self.ledger.metrics.write(json!({"kind": "divergence", "step": step, "worker": self.id, "found": when}))?;
         self.found = Some(Found::Corrupted { changed });
         Ok(Flow::End)
     }
@@ -177,8 +174,8 @@ impl Runner for ElasticRunner<'_, '_> {
             Ok((_, Some(took))) => {
                 // Building the epoch's mesh is the epoch's setup, as a static job's mesh
                 // is the job's: it is recorded on its own, not as the step's time.
-                self.step_started += took;
-                self.metrics.write(json!({
+                self.ledger.started += took;
+                self.ledger.metrics.write(json!({
                     "kind": "mesh", "epoch": self.epoch, "members": self.members.len(),
                     "seconds": took.as_secs_f64(),
                 }))?;
@@ -237,10 +234,7 @@ impl Runner for ElasticRunner<'_, '_> {
     /// later, or to compare it); otherwise the protocol asks for it when it needs it.
     fn updated(&mut self, _at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
         self.known = (self.asked.hash || self.asked.compare).then(|| state.fingerprint());
-        self.train_time += self.step_started.elapsed();
-        self.last_loss = sum.loss();
-        self.metrics.write(json!({"kind": "train", "step": state.step, "loss": self.last_loss}))?;
-        (self.on_event)(Progress::Step { step: state.step, loss: self.last_loss });
+        self.ledger.stepped(state.step, sum.loss())?;
         Ok(())
     }
 
@@ -271,10 +265,10 @@ impl Runner for ElasticRunner<'_, '_> {
         let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), self.members.len());
         // The ballots compare the states the parts were written from.
         let print = *self.known.get_or_insert_with(|| state.fingerprint());
-        saving.write(part, (state, print), meta, &mut self.metrics)
+        saving.write(part, (state, print), meta, &mut self.ledger.metrics)
     }
 
     fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
-        report_injections(&mut self.metrics, flips)
+        report_injections(&mut self.ledger.metrics, flips)
     }
 }

@@ -46,7 +46,7 @@ use crate::config::{CoordinatorAt, ElasticWorker, TrainConfig};
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::failpoint::ProcessFaults;
-use crate::metrics::MetricsFile;
+use crate::metrics::{Ledger, MetricsFile};
 use crate::step::{LiveFaults, TrainState};
 use crate::trainer::{Prepared, Progress, Summary};
 
@@ -137,16 +137,12 @@ pub(crate) fn run(
         reducer: comm::collective::Reducer::default(),
         work: engine.buffer(),
         sum_step: None,
-        metrics,
-        on_event,
+        ledger: Ledger::new(metrics, on_event),
         epoch: 0,
         members: Vec::new(),
         known: None,
         asked: Default::default(),
         found: None,
-        step_started: Instant::now(),
-        train_time: Duration::ZERO,
-        last_loss: f32::NAN,
         saving: Saving::new(config, job),
         resumed_from,
     };

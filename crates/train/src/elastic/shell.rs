@@ -20,7 +20,7 @@ use crate::driver::{Driver, Stop};
 use crate::error::TrainError;
 use crate::schedule::{self, Op};
 use crate::step::{Engine, LiveFaults, TrainState};
-use crate::trainer::{EvalReport, Prepared, Progress, Summary, evaluate_state, write_eval, write_summary};
+use crate::trainer::{EvalReport, Prepared, Progress, Summary, evaluate_state, write_summary};
 
 /// The worker's loop: the protocol's actions, carried out on the state, the engine and
 /// the sockets.
@@ -60,8 +60,8 @@ impl Shell<'_, '_, '_> {
             if let Some(reason) = link.gave_up() {
                 return Err(TrainError::CoordinatorLost(reason));
             }
-            if let Some(note) = self.timeline.observe(&self.worker, &mut self.side.metrics)? {
-                (self.side.on_event)(Progress::Note(note));
+            if let Some(note) = self.timeline.observe(&self.worker, &mut self.side.ledger.metrics)? {
+                (self.side.ledger.on_event)(Progress::Note(note));
             }
             if std::mem::take(&mut *self.served_changed.lock().unwrap_or_else(|e| e.into_inner())) {
                 let fingerprint = lock_write(&self.held).fingerprint_now();
@@ -69,6 +69,7 @@ impl Shell<'_, '_, '_> {
                     "a fetch found this worker's state changed since its commit: repairing it from the replicas"
                 );
                 self.side
+                    .ledger
                     .metrics
                     .write(json!({"kind": "divergence", "worker": self.side.id, "found": "serving a fetch"}))?;
                 self.queue.extend(self.worker.step(Instant::now(), Event::Changed { fingerprint }));
@@ -103,11 +104,11 @@ impl Shell<'_, '_, '_> {
                     self.copy.restore(&mut lock_write(&self.held), (step, fingerprint))?;
                     self.side.sum_step = None;
                     tracing::warn!(step, "went back to the copy of step {step}");
-                    self.side.metrics.write(json!({"kind": "restore", "step": step, "worker": self.side.id}))?;
+                    self.side.ledger.metrics.write(json!({"kind": "restore", "step": step, "worker": self.side.id}))?;
                 }
                 Action::Repair { step, outvoted } => {
                     tracing::error!(step, "workers {outvoted:?} hold another state: repairing them");
-                    self.side.metrics.write(json!({
+                    self.side.ledger.metrics.write(json!({
                         "kind": "divergence", "step": step, "workers": outvoted, "found": "replica check",
                     }))?;
                 }
@@ -186,7 +187,7 @@ impl Shell<'_, '_, '_> {
         (rank, members): (usize, Vec<WorkerId>),
         verify: Option<u64>,
     ) -> Result<(), TrainError> {
-        self.side.step_started = Instant::now();
+        self.side.ledger.started = Instant::now();
         if self.placed != Some((rank, members.len())) {
             self.ops = schedule::data_parallel(self.engine.sampler().micro_batches(), rank, members.len());
             self.placed = Some((rank, members.len()));
@@ -252,11 +253,10 @@ impl Shell<'_, '_, '_> {
         if config.eval_every > 0 && done.is_multiple_of(config.eval_every) && done < config.steps {
             let report =
                 evaluate_state(&mut self.engine, &prepared.data, &lock_read(&self.held).state, config.eval_limit);
-            write_eval(&mut self.side.metrics, &report, prepared.unigram_perplexity)?;
-            (self.side.on_event)(Progress::Eval(&report));
+            self.side.ledger.evaluated(&report, prepared.unigram_perplexity)?;
             self.last_eval = Some(report);
         }
-        self.side.step_started = Instant::now();
+        self.side.ledger.started = Instant::now();
         self.copy.keep(&mut self.worker, done, &self.held);
         let event = match prints {
             Some(prints) => {
@@ -277,7 +277,7 @@ impl Shell<'_, '_, '_> {
     /// that peer take it for a lost worker); then the job ends with the error.
     fn diverged(&mut self, step: u64, outvoted: &[WorkerId]) -> TrainError {
         let record = json!({"kind": "divergence", "step": step, "workers": outvoted, "found": "replica check"});
-        if let Err(e) = self.side.metrics.write(record) {
+        if let Err(e) = self.side.ledger.metrics.write(record) {
             tracing::warn!("cannot record the divergence: {e}");
         }
         if let Some((_, mesh)) = self.side.current.get() {
@@ -303,7 +303,7 @@ impl Shell<'_, '_, '_> {
                     retried = stats.retried,
                     "fetched the state"
                 );
-                self.side.metrics.write(json!({
+                self.side.ledger.metrics.write(json!({
                     "kind": "fetch", "step": step, "bytes": stats.bytes,
                     "seconds": stats.elapsed.as_secs_f64(), "sources": sources, "retried": stats.retried,
                 }))?;
@@ -347,19 +347,18 @@ impl Shell<'_, '_, '_> {
             Some(e) => e,
             None => {
                 let report = evaluate_state(&mut self.engine, &prepared.data, &state, config.eval_limit);
-                write_eval(&mut self.side.metrics, &report, prepared.unigram_perplexity)?;
-                (self.side.on_event)(Progress::Eval(&report));
+                self.side.ledger.evaluated(&report, prepared.unigram_perplexity)?;
                 report
             }
         };
         let summary = Summary {
             steps: config.steps,
-            final_loss: self.side.last_loss,
+            final_loss: self.side.ledger.last_loss,
             eval: last_eval,
             unigram_perplexity: prepared.unigram_perplexity,
             fingerprint: state.fingerprint(),
             kernels: self.engine.kernels(),
-            train_time: self.side.train_time,
+            train_time: self.side.ledger.train_time,
             optimizer_time: self.driver.update_time(),
             parameters,
             resumed_from: self.side.resumed_from,
@@ -367,7 +366,7 @@ impl Shell<'_, '_, '_> {
             checkpoints_deferred,
             boundary_log: None,
         };
-        write_summary(&mut self.side.metrics, &summary)?;
+        write_summary(&mut self.side.ledger.metrics, &summary)?;
         Ok((summary, state))
     }
 }

@@ -46,7 +46,8 @@ use crate::step::{Engine, Injected, LiveFaults, TrainState};
 mod ranks;
 use ranks::StaticRunner;
 
-pub use crate::metrics::EvalReport;
+pub(crate) use crate::metrics::Ledger;
+pub use crate::metrics::{EvalReport, Progress};
 pub use crate::prepared::Prepared;
 
 /// Text sequences scored per evaluation (the first ones of the held-out split).
@@ -84,30 +85,6 @@ pub struct Summary {
     pub checkpoints_deferred: u64,
     /// The totals of this rank's boundary logs (a pipeline job that logs).
     pub boundary_log: Option<ckpt::log::LogStats>,
-}
-
-/// Progress reported while training.
-#[derive(Clone, Debug)]
-pub enum Progress<'a> {
-    /// Training starts.
-    Started {
-        /// Steps to run.
-        steps: u64,
-        /// Number of model parameters.
-        parameters: usize,
-    },
-    /// A step finished.
-    Step {
-        /// Steps done so far.
-        step: u64,
-        /// Mean training loss of that step.
-        loss: f32,
-    },
-    /// An evaluation finished.
-    Eval(&'a EvalReport),
-    /// A line for whoever watches the run: a change in an elastic job's membership, a
-    /// resumption from a checkpoint.
-    Note(String),
 }
 
 /// Runs training in one process or as a rank of a static job (not an elastic one: see
@@ -149,11 +126,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         writer,
         writers_idle: true,
         reducer: comm::collective::Reducer::default(),
-        metrics,
-        on_event,
-        started: Instant::now(),
-        train_time: Duration::ZERO,
-        last_loss: f32::NAN,
+        ledger: Ledger::new(metrics, on_event),
         reduced: None,
     };
     if replacing {
@@ -167,7 +140,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         last_eval = runner.evaluate_if_due(&mut engine, &prepared, &state)?;
     }
     while state.step < config.steps {
-        runner.started = Instant::now();
+        runner.ledger.started = Instant::now();
         let outcome = driver
             .run(&actions, 0, &mut engine, &mut state, &mut hooks, &mut runner)
             .and_then(|_| runner.evaluate_if_due(&mut engine, &prepared, &state));
@@ -183,7 +156,8 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
             Err(e) => return Err(e),
         }
     }
-    let StaticRunner { mut writer, job, mut pipe, schedule, mut metrics, train_time, last_loss, .. } = runner;
+    let StaticRunner { mut writer, job, mut pipe, schedule, ledger, .. } = runner;
+    let Ledger { mut metrics, train_time, last_loss, .. } = ledger;
     let boundary_log = pipe.as_mut().and_then(Staged::finish_logs);
     if let Some(w) = writer.as_mut() {
         if let Some(j) = &job {
@@ -423,21 +397,6 @@ pub(crate) fn evaluate_state(
     limit: Option<usize>,
 ) -> EvalReport {
     engine.with_model(&state.params, |model| evaluate_first(model, data, state.step, limit.unwrap_or(usize::MAX)))
-}
-
-pub(crate) fn write_eval(
-    metrics: &mut MetricsFile,
-    report: &EvalReport,
-    unigram: Option<f64>,
-) -> Result<(), TrainError> {
-    let mut line = json!({
-        "kind": "eval", "step": report.step, "test_loss": report.loss, "test_accuracy": report.accuracy,
-    });
-    if let Some(p) = report.perplexity {
-        line["test_perplexity"] = json!(p);
-        line["unigram_perplexity"] = json!(unigram);
-    }
-    metrics.write(line)
 }
 
 /// Logs the flips of live faults (as warnings, and in `metrics.jsonl`).

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{EvalReport, Prepared, Progress, evaluate_state, report_injections, write_eval};
+use super::{EvalReport, Ledger, Prepared, Progress, evaluate_state, report_injections};
 use crate::checkpointing;
 use crate::config::{DistConfig, TrainConfig};
 use crate::data::Dataset;
@@ -40,14 +40,8 @@ pub(super) struct StaticRunner<'c, 'e> {
     pub(super) writers_idle: bool,
     /// The all-reduce's working space.
     pub(super) reducer: comm::collective::Reducer,
-    pub(super) metrics: MetricsFile,
-    pub(super) on_event: &'e mut dyn FnMut(Progress),
-    /// When the step in progress started.
-    pub(super) started: Instant,
-    /// Time spent in steps, up to each one's update (evaluation and checkpoints excluded).
-    pub(super) train_time: Duration,
-    /// The mean loss of the last step taken.
-    pub(super) last_loss: f32,
+    /// The record, the watcher, the time in steps and the last loss.
+    pub(super) ledger: Ledger<'e>,
     /// The step whose sum this rank computed in full (until it applies it).
     pub(super) reduced: Option<u64>,
 }
@@ -88,13 +82,9 @@ impl Runner for StaticRunner<'_, '_> {
     }
 
     fn updated(&mut self, at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
-        self.train_time += self.started.elapsed();
-        let (step, loss) = (state.step, sum.loss());
-        self.last_loss = loss;
-        self.metrics.write(json!({"kind": "train", "step": step, "loss": loss}))?;
-        (self.on_event)(Progress::Step { step, loss });
+        self.ledger.stepped(state.step, sum.loss())?;
         if let Some(failure) = self.pipe.as_mut().and_then(|p| p.end_step(at.step)) {
-            self.metrics.write(json!({"kind": "log_failed", "step": at.step, "reason": failure}))?;
+            self.ledger.metrics.write(json!({"kind": "log_failed", "step": at.step, "reason": failure}))?;
         }
         Ok(())
     }
@@ -119,11 +109,13 @@ impl Runner for StaticRunner<'_, '_> {
         let world = self.job.as_ref().map_or(1, |j| j.place().1);
         let meta = checkpointing::meta(self.config, engine.sampler(), state, engine.kernels(), world);
         let stall = w.snapshot(meta, &checkpointing::tensor_refs(state))?;
-        self.metrics.write(json!({"kind": "checkpoint", "step": state.step, "stall_seconds": stall.as_secs_f64()}))
+        self.ledger
+            .metrics
+            .write(json!({"kind": "checkpoint", "step": state.step, "stall_seconds": stall.as_secs_f64()}))
     }
 
     fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
-        report_injections(&mut self.metrics, flips)
+        report_injections(&mut self.ledger.metrics, flips)
     }
 
     fn send(&mut self, at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
@@ -171,8 +163,7 @@ impl StaticRunner<'_, '_> {
             return Ok(None);
         }
         let report = self.evaluate(engine, &prepared.data, state)?;
-        write_eval(&mut self.metrics, &report, prepared.unigram_perplexity)?;
-        (self.on_event)(Progress::Eval(&report));
+        self.ledger.evaluated(&report, prepared.unigram_perplexity)?;
         Ok(Some(report))
     }
 
@@ -201,7 +192,7 @@ impl StaticRunner<'_, '_> {
         };
         let with = if config.pipeline.reroute { "without the lost worker" } else { "with a replacement" };
         tracing::warn!("{e}: joining the job again, to go on {with}");
-        (self.on_event)(Progress::Note(format!("step {} failed ({e}): joining the job again", state.step)));
+        (self.ledger.on_event)(Progress::Note(format!("step {} failed ({e}): joining the job again", state.step)));
         // The old membership stays open until the new one forms: the coordinator then
         // hears of the lost worker's departure first, not of a survivor's.
         let mut job = Job::connect(m)?;
@@ -236,10 +227,10 @@ impl StaticRunner<'_, '_> {
             self.writer = super::open_writer(config, Some(pipe), part, state)?;
         }
         if collector == rank && !was_collector {
-            self.metrics = MetricsFile::create(config.out_dir.as_ref(), true)?;
+            self.ledger.metrics = MetricsFile::create(config.out_dir.as_ref(), true)?;
         }
         if serves.len() > 1 {
-            (self.on_event)(Progress::Note(format!(
+            (self.ledger.on_event)(Progress::Note(format!(
                 "stage {} on worker {} computes the micro-batches of replicas {serves:?}",
                 pipe.stage.index,
                 pipe.layout.slot(rank)
@@ -267,9 +258,11 @@ impl StaticRunner<'_, '_> {
         let done = recovery::repair(job, pipe, (config, prepared), engine, state, me)?;
         let seconds = since.elapsed().as_secs_f64();
         self.reduced = None;
-        self.metrics.write(json!({"kind": "recovered", "step": done.step, "how": done.how, "seconds": seconds}))?;
+        self.ledger
+            .metrics
+            .write(json!({"kind": "recovered", "step": done.step, "how": done.how, "seconds": seconds}))?;
         let how = if done.how.is_empty() { "as it was".to_owned() } else { done.how };
-        (self.on_event)(Progress::Note(format!(
+        (self.ledger.on_event)(Progress::Note(format!(
             "the job goes on from step {} ({how}) after {seconds:.2} s",
             done.step
         )));
@@ -291,7 +284,7 @@ impl StaticRunner<'_, '_> {
         state: &TrainState,
     ) -> Result<EvalReport, TrainError> {
         let limit = self.config.eval_limit;
-        let (timeout, loss) = (self.timeout(), self.last_loss);
+        let (timeout, loss) = (self.timeout(), self.ledger.last_loss);
         let Ok((job, pipe)) = self.staged() else { return Ok(evaluate_state(engine, data, state, limit)) };
         let t = job.transport()?;
         let mine = if pipeline::gather(t, &pipe.layout, state, &mut pipe.whole, timeout)? {
