@@ -1,6 +1,6 @@
 //! Where an elastic job's coordinator is found: a fixed list of addresses (the first, then
 //! standbys that an operator may start), or one kept up to date by whoever knows better
-//! (the holder of the coordinator role published in etcd, [`crate::etcd::follow`]).
+//! (the holder of the coordinator role published in etcd, `etcd::elastic::follow`).
 //!
 //! A worker's [`Link`](crate::control::Link) dials the addresses it holds, and when the
 //! directory changes (a new coordinator was elected elsewhere) it drops the connection it

@@ -89,7 +89,7 @@ impl Worker {
     }
 
     /// What this worker would report now (its fingerprint only once known: see
-    /// [`Worker::on_applied`]).
+    /// [`Event::Applied`]).
     pub fn status(&self) -> &Status {
         &self.status
     }
@@ -416,7 +416,7 @@ impl Worker {
     }
 
     /// Reports the status; when the fingerprint is unknown, asks for it first, and
-    /// reports when it comes ([`Worker::on_hashed`]): a report never pairs a step with
+    /// reports when it comes ([`Event::Hashed`]): a report never pairs a step with
     /// the fingerprint of another.
     fn report(&mut self, now: Instant, out: &mut Vec<Action>) {
         self.next_report = now + self.timing.heartbeat;
