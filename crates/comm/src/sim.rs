@@ -605,11 +605,8 @@ impl Sim<'_> {
                 }
                 Action::Hash => {
                     let p = proc.expect("only workers hash");
-                    let (id, fingerprint) = (self.procs[p].id, self.procs[p].fingerprint);
                     self.report.hashed += 1;
-                    let now = self.instant();
-                    let actions = self.procs[p].machine.step(now, Event::Hashed { fingerprint });
-                    self.perform(Node::Worker(id), Some(p), actions);
+                    self.tell(p, Event::Hashed { fingerprint: self.procs[p].fingerprint });
                 }
                 Action::Restore { step, fingerprint } => {
                     let p = &mut self.procs[proc.expect("only workers restore")];
@@ -705,12 +702,11 @@ impl Sim<'_> {
     /// The shell's check of an action's `verify`: whether the state no longer has the
     /// fingerprint it was committed with, in which case the worker hears so.
     fn changed(&mut self, p: usize, verify: Option<u64>) -> bool {
-        let (id, fingerprint, now) = (self.procs[p].id, self.procs[p].fingerprint, self.instant());
+        let fingerprint = self.procs[p].fingerprint;
         if verify.is_none_or(|v| v == fingerprint) {
             return false;
         }
-        let actions = self.procs[p].machine.step(now, Event::Changed { fingerprint });
-        self.perform(Node::Worker(id), Some(p), actions);
+        self.tell(p, Event::Changed { fingerprint });
         true
     }
 
@@ -794,7 +790,6 @@ impl Sim<'_> {
         self.write_part(p);
         let proc = &self.procs[p];
         let (fp, id) = (proc.fingerprint, proc.id);
-        let now = self.instant();
         if compare && let Some(q) = proc.machine.quorum() {
             let (epoch, members) = (q.epoch, q.members.clone());
             self.procs[p].checking = true;
@@ -804,8 +799,7 @@ impl Sim<'_> {
         // Half the updates the protocol does not ask to hash are not hashed: the worker
         // asks for the fingerprint when it needs it (`Action::Hash`).
         let fingerprint = (hash || (step + u64::from(id)).is_multiple_of(2)).then_some(fp);
-        let actions = self.procs[p].machine.step(now, Event::Applied { step, fingerprint });
-        self.perform(Node::Worker(id), Some(p), actions);
+        self.tell(p, Event::Applied { step, fingerprint });
     }
 
     /// A worker applied the update of `step` and compares its state with the other
@@ -903,9 +897,7 @@ impl Sim<'_> {
             // The source's server hashes what it serves: a state changed at rest since its
             // commit is refused, and its worker hears that it changed.
             ok = false;
-            let (id, fingerprint) = (self.procs[source].id, self.procs[source].fingerprint);
-            let actions = self.procs[source].machine.step(now, Event::Changed { fingerprint });
-            self.perform(Node::Worker(id), Some(source), actions);
+            self.tell(source, Event::Changed { fingerprint: self.procs[source].fingerprint });
         }
         let state = ok.then(|| (self.procs[source].step, self.procs[source].fingerprint));
         let actions = self.procs[proc].machine.step(now, Event::Fetched { epoch, state });
@@ -954,10 +946,7 @@ impl Sim<'_> {
                     self.perform(Node::Coordinator, None, actions);
                 }
             }
-            Scheduled::Deliver { to, to_proc: Some(p), from, msg } => {
-                let actions = self.procs[p].machine.step(now, Event::Message { from, msg });
-                self.perform(to, Some(p), actions);
-            }
+            Scheduled::Deliver { to_proc: Some(p), from, msg, .. } => self.tell(p, Event::Message { from, msg }),
             Scheduled::Deliver { to_proc: None, .. } => {}
             Scheduled::Tick(Node::Coordinator, _) => {
                 let life = self.coordinator_life;
@@ -978,8 +967,7 @@ impl Sim<'_> {
                     let report = Msg::Report(self.procs[p].machine.status().clone());
                     self.send(node, Node::Coordinator, report);
                 } else if self.procs[p].hung_until.is_none() {
-                    let actions = self.procs[p].machine.step(now, Event::Tick);
-                    self.perform(node, Some(p), actions);
+                    self.tell(p, Event::Tick);
                 }
                 self.after(self.tick_every(), Scheduled::Tick(node, Some(p)));
             }

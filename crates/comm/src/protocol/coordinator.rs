@@ -321,6 +321,12 @@ impl Coordinator {
         }
     }
 
+    /// The job cannot go on: every worker is told why, now and until it stops.
+    fn stop_job(&mut self, now: Instant, reason: String, out: &mut Vec<Action>) {
+        self.stop_all(now, &reason, out);
+        self.stage = JobState::Stopped { reason };
+    }
+
     fn stop_all(&mut self, now: Instant, reason: &str, out: &mut Vec<Action>) {
         let waiting: Vec<WorkerId> =
             self.live().filter(|(_, s)| s.status.phase != WorkerState::Stopped).map(|(id, _)| id).collect();
@@ -373,8 +379,7 @@ impl Coordinator {
                 self.min_world,
                 waited.as_secs_f64()
             );
-            self.stage = JobState::Stopped { reason: reason.clone() };
-            self.stop_all(now, &reason, out);
+            self.stop_job(now, reason, out);
         }
     }
 
@@ -390,8 +395,7 @@ impl Coordinator {
                 "every replica's state was found changed since its commit (workers {ready:?}): none is left to \
                  repair them from; resume the job from its newest checkpoint"
             );
-            self.stage = JobState::Stopped { reason: reason.clone() };
-            return self.stop_all(now, &reason, out);
+            return self.stop_job(now, reason, out);
         };
         let newest: Vec<WorkerId> = trusted.iter().copied().filter(|&id| status(id).step == step).collect();
         let fingerprints: Vec<u64> = newest.iter().map(|&id| status(id).fingerprint).collect();
@@ -409,8 +413,7 @@ impl Coordinator {
                 "the replicas diverged at step {step} and no majority can tell which state is right ({})",
                 prints.join(", ")
             );
-            self.stage = JobState::Stopped { reason: reason.clone() };
-            return self.stop_all(now, &reason, out);
+            return self.stop_job(now, reason, out);
         };
         let sources: Vec<WorkerId> =
             newest.iter().enumerate().filter(|(i, _)| !dissenters.contains(i)).map(|(_, &id)| id).collect();

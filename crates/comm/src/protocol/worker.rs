@@ -537,9 +537,7 @@ impl Worker {
         let first = self.status.phase != WorkerState::Stepping;
         self.status.phase = WorkerState::Stepping;
         self.vote_deadline = None;
-        // Under repair every update is hashed, so the state held has a known fingerprint
-        // to check at rest.
-        let verify = (self.checks.repair && self.fresh).then_some(self.status.fingerprint);
+        let verify = self.verify();
         out.push(Action::Compute {
             epoch: q.epoch,
             step: self.status.step,
@@ -563,11 +561,17 @@ impl Worker {
         let repair = self.checks.repair;
         Action::Apply {
             step,
-            verify: (repair && self.fresh).then_some(self.status.fingerprint),
+            verify: self.verify(),
             hash: repair,
             compare: !rolling && self.checks.compare_after(step + 1, self.total),
             agreed,
         }
+    }
+
+    /// Under repair, the fingerprint the state must still have when the shell checks it
+    /// (every update is hashed then, so the state held has a known one).
+    fn verify(&self) -> Option<u64> {
+        (self.checks.repair && self.fresh).then_some(self.status.fingerprint)
     }
 
     /// Step 5: apply the held sum when every member voted for it; leave the epoch when a

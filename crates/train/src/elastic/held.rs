@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::port::Port;
@@ -99,7 +100,7 @@ pub(super) fn spawn_server(
     port: &mut Port,
     held: Arc<RwLock<SharedState>>,
     layout: (u64, u64),
-    (faults, changed): (ProcessFaults, Arc<Mutex<bool>>),
+    (faults, changed): (ProcessFaults, Arc<AtomicBool>),
     id: WorkerId,
 ) -> Result<(), TrainError> {
     let transfers = port.transfers().ok_or_else(|| CommError::Setup("the port's transfers are taken".into()))?;
@@ -130,7 +131,7 @@ pub(super) fn spawn_server(
                     if served == 0 && h.state.fingerprint() != fingerprint {
                         // The state changed at rest since its commit: it is not the one
                         // asked for, and this worker's protocol hears so.
-                        *changed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                        changed.store(true, Ordering::Relaxed);
                         return Err(format!("the state of step {} changed since its commit", h.state.step));
                     }
                     if served == 1 {

@@ -100,7 +100,7 @@ pub(crate) fn run(
         TcpListener::bind((bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
     let mut port = Port::open(listener, secret, id)?;
     // The server sets this when a fetch finds the state changed at rest.
-    let served_changed = Arc::new(std::sync::Mutex::new(false));
+    let served_changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     held::spawn_server(&mut port, Arc::clone(&held), layout, (faults.clone(), Arc::clone(&served_changed)), id)?;
     // The worker's own clocks: how often it reports, and how long it waits for ballots.
     let timing = Timing { vote_timeout: d.job.timeout, ..Timing::default() };

@@ -3,8 +3,9 @@
 //! [`ElasticRunner`] as its runner; what a step found goes back to the protocol from here.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::control::{Incoming, Link};
@@ -37,7 +38,7 @@ pub(super) struct Shell<'c, 'e, 'a> {
     /// The state's layout digest and element count, which a fetch asks for.
     pub(super) layout: (u64, u64),
     /// Set by the server of fetches when it found the state changed at rest.
-    pub(super) served_changed: Arc<Mutex<bool>>,
+    pub(super) served_changed: Arc<AtomicBool>,
     pub(super) copy: MemoryCopy,
     pub(super) last_eval: Option<EvalReport>,
     pub(super) timeline: Timeline,
@@ -63,7 +64,7 @@ impl Shell<'_, '_, '_> {
             if let Some(note) = self.timeline.observe(&self.worker, &mut self.side.ledger.metrics)? {
                 (self.side.ledger.on_event)(Progress::Note(note));
             }
-            if std::mem::take(&mut *self.served_changed.lock().unwrap_or_else(|e| e.into_inner())) {
+            if self.served_changed.swap(false, Ordering::Relaxed) {
                 let fingerprint = lock_write(&self.held).fingerprint_now();
                 tracing::error!(
                     "a fetch found this worker's state changed since its commit: repairing it from the replicas"
@@ -80,9 +81,7 @@ impl Shell<'_, '_, '_> {
             };
             match action {
                 Action::Send { to: Node::Coordinator, msg } => link.report(&msg),
-                Action::Vote { epoch, step, ok, digest, saved, to } => {
-                    self.vote((epoch, step), (ok, digest, saved), &to)
-                }
+                Action::Vote { epoch, step, ok, digest, saved, .. } => self.vote((epoch, step), (ok, digest, saved)),
                 Action::Send { .. } => {}
                 Action::Compute { epoch, step, rank, members, verify } => {
                     self.compute(epoch, step, (rank, members), verify)?
@@ -144,7 +143,7 @@ impl Shell<'_, '_, '_> {
     /// Casts this worker's ballot: one all-gather over the epoch's mesh carries every
     /// member's to every other (`to`, the other members in rank order), and each reaches
     /// the protocol as a message.
-    fn vote(&mut self, (epoch, step): (u64, u64), (ok, digest, saved): (bool, u64, Saved), to: &[u32]) {
+    fn vote(&mut self, (epoch, step): (u64, u64), (ok, digest, saved): (bool, u64, Saved)) {
         let now = Instant::now();
         let Some((_, mesh)) = self.side.current.get().filter(|(e, _)| *e == epoch) else { return };
         let id = self.side.id;
@@ -161,7 +160,7 @@ impl Shell<'_, '_, '_> {
                 }
             }
             Err(err) => {
-                tracing::warn!(epoch = %comm::control::epoch_text(epoch), step, "the vote failed: {err} ({to:?})");
+                tracing::warn!(epoch = %comm::control::epoch_text(epoch), step, "the vote failed: {err}");
                 self.timeline.why = Some(format!("the vote failed: {err}"));
                 self.queue.extend(self.worker.step(now, Event::VoteFailed { epoch }));
             }
@@ -266,7 +265,8 @@ impl Shell<'_, '_, '_> {
                 let fingerprint = lock_write(&self.held).fingerprint();
                 Event::Compared { step, fingerprint, prints }
             }
-            None => Event::Applied { step, fingerprint: self.side.known.filter(|_| asked.hash) },
+            // (Known only when the action asked for a hash.)
+            None => Event::Applied { step, fingerprint: self.side.known },
         };
         self.queue.extend(self.worker.step(Instant::now(), event));
         Ok(())
