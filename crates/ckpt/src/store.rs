@@ -514,6 +514,15 @@ pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<Ten
         shards.iter().map(|(i, tensors)| Ok((*i, raw(tensors)?))).collect::<Result<_>>()?;
     let dir = parts_dir(root, meta.step, part.group);
     std::fs::create_dir_all(&dir).map_err(CkptError::io("cannot create", &dir))?;
+    // A record or shard of this part already here is left by an abandoned attempt at this
+    // step (the job went back to an older step and reached this one again, before any
+    // commit of it): it is replaced, the record first, so that no record names a shard
+    // being written again.
+    let path = part_record_path(&dir, part.index);
+    remove_if_present(&path)?;
+    for (i, _) in &shards {
+        remove_if_present(&dir.join(shard_name(*i)))?;
+    }
     let (files, tensors) = write_shards(&dir, meta, &shards)?;
     failpoint::hit("after_shard_write")?;
     let record = PartRecord {
@@ -525,7 +534,6 @@ pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<Ten
         tensors,
     };
     let bytes = record.files.iter().map(|f| f.length).sum();
-    let path = part_record_path(&dir, part.index);
     let json =
         serde_json::to_vec(&record).map_err(|e| CkptError::Mismatch(format!("cannot encode a part record: {e}")))?;
     let mut f = File::create_new(&path).map_err(CkptError::io("cannot write", &path))?;
@@ -533,6 +541,14 @@ pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<Ten
     f.sync_all().map_err(CkptError::io("cannot fsync", &path))?;
     fsync_dir(&dir)?;
     Ok(bytes)
+}
+
+/// Removes the file `path` if there is one.
+fn remove_if_present(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CkptError::io("cannot remove", path)(e)),
+        _ => Ok(()),
+    }
 }
 
 /// A parted checkpoint, phase two, run by writer 0 once every writer reported its part

@@ -195,6 +195,8 @@ impl AsyncWriter {
         let options = self.options;
         let part = self.part;
         if part.count > 1 && part.index == 0 {
+            // A pending step not older than this one was abandoned: the job went back.
+            self.pending.retain(|m| m.step < meta.step);
             self.pending.push(meta.clone());
         }
         // Shard i of the plan holds the next `r.len()` buffers.

@@ -103,6 +103,27 @@ fn a_part_record_from_another_step_or_job_shape_is_refused() {
 }
 
 #[test]
+fn a_step_written_again_after_the_job_went_back_replaces_its_uncommitted_parts() {
+    let root = tempfile::tempdir().unwrap();
+    let mut ws = writers(root.path(), 2);
+    // The parts of step 4 are durable (holding other bits) but not committed when the job
+    // goes back to an older step; the same writers reach step 4 again.
+    let other = state(3, SIZES);
+    let s = state(4, SIZES);
+    for bits in [&other, &s] {
+        for w in &mut ws {
+            w.snapshot(meta(4), &refs(bits)).unwrap();
+            w.wait_persisted().unwrap();
+            assert_eq!(w.durable(), 4);
+        }
+    }
+    ws[0].commit_through(4).unwrap();
+    let report = ws[0].finish().unwrap().expect("committed");
+    assert!(ckpt::reader::open(&report.dir).unwrap().verify().is_empty());
+    assert_eq!(assert_holds_step(&report.dir, SIZES), 4, "the second attempt's bits");
+}
+
+#[test]
 fn each_writer_copies_only_its_own_shards() {
     let sizes: Vec<u64> = SIZES.iter().map(|&n| n as u64 * 4).collect();
     let mut covered = Vec::new();
