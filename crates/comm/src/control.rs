@@ -31,7 +31,7 @@ use crate::gate::{Gate, Limits};
 use crate::handshake::handshake;
 use crate::protocol::coordinator::{Admission, JobState};
 use crate::protocol::wire::{self, Hello};
-use crate::protocol::{Action, Coordinator, Msg, Node, Quorum, Timing, WorkerId, WorkerState};
+use crate::protocol::{Action, Arrival, Coordinator, Msg, Node, Quorum, Timing, WorkerId, WorkerState};
 use crate::rendezvous::COORDINATOR_RANK;
 use crate::transport::{CommError, DialError, dial};
 use crate::watch::{CoordinatorWatch, DEFAULT_BOUNDS, Verdict};
@@ -99,19 +99,16 @@ impl std::fmt::Display for MembershipEvent {
             MembershipEvent::Refused { id, reason, .. } => write!(f, "worker {id}: a process was refused: {reason}"),
             MembershipEvent::Lost { id, reason, .. } => write!(f, "worker {id} lost: {reason}"),
             MembershipEvent::Quorum { quorum: q, rolling, fetching } => {
-                write!(
-                    f,
-                    "epoch {}: workers {:?} from step {} ({})",
-                    epoch_text(q.epoch),
-                    q.members,
-                    q.step,
-                    repro::fingerprint::hex(q.fingerprint)
-                )?;
-                if !rolling.is_empty() {
-                    write!(f, "; {rolling:?} roll forward")?;
-                }
-                if !fetching.is_empty() {
-                    write!(f, "; {fetching:?} fetch the state from {:?}", q.sources)?;
+                let prints: Vec<String> = q
+                    .stages
+                    .iter()
+                    .map(|s| s.fingerprint.map_or("rolled forward".into(), repro::fingerprint::hex))
+                    .collect();
+                write!(f, "epoch {}: workers {:?} from step {} ({})", epoch_text(q.epoch), q.members, q.step, {
+                    prints.join(", ")
+                })?;
+                for how in how_members_sync(q, rolling, fetching) {
+                    write!(f, "; {how}")?;
                 }
                 Ok(())
             }
@@ -120,6 +117,29 @@ impl std::fmt::Display for MembershipEvent {
             MembershipEvent::Stopped { reason } => write!(f, "the job stops: {reason}"),
         }
     }
+}
+
+/// How the members of quorum `q` that do not hold its state get it, in words: those
+/// `rolling` forward, those `fetching` (from which sources, by stage in a pipeline).
+pub fn how_members_sync(q: &Quorum, rolling: &[WorkerId], fetching: &[WorkerId]) -> Vec<String> {
+    let mut how = Vec::new();
+    if !rolling.is_empty() {
+        how.push(format!("{rolling:?} roll forward"));
+    }
+    match &q.stages[..] {
+        _ if fetching.is_empty() => {}
+        [one] => how.push(format!("{fetching:?} fetch the state from {:?}", one.sources)),
+        stages => {
+            let from: Vec<String> = stages
+                .iter()
+                .enumerate()
+                .filter(|(s, _)| fetching.iter().any(|&m| q.stage_of(m) == *s))
+                .map(|(s, state)| format!("stage {s} from {:?}", state.sources))
+                .collect();
+            how.push(format!("{fetching:?} fetch their stages' states ({})", from.join(", ")));
+        }
+    }
+    how
 }
 
 /// An epoch as `generation.counter` when a restarted coordinator issued it.
@@ -372,13 +392,10 @@ fn quorum_event(machine: &Coordinator, q: &Quorum) -> MembershipEvent {
     let mut fetching = Vec::new();
     for &m in &q.members {
         let Some((s, _)) = machine.worker(m) else { continue };
-        if s.step == q.step && s.fingerprint == q.fingerprint {
-            continue;
-        }
-        if s.step + 1 == q.step && s.unapplied.is_some() && s.unapplied == q.commit {
-            rolling.push(m);
-        } else {
-            fetching.push(m);
+        match q.sync_of(m, s) {
+            Arrival::Holds => {}
+            Arrival::RollsForward => rolling.push(m),
+            Arrival::Fetches => fetching.push(m),
         }
     }
     MembershipEvent::Quorum { quorum: q.clone(), rolling, fetching }

@@ -64,6 +64,38 @@ pub fn compare<T: PartialEq>(fingerprints: &[T]) -> Comparison {
     }
 }
 
+/// [`compare`] within each group of replicas (a pipeline's stages: replicas of different
+/// stages hold different states): `group_of[i]` is replica `i`'s group. The replicas
+/// outvoted in every group, by index; a majority only if every group that diverged has one.
+///
+/// ```
+/// use comm::majority::{Comparison, compare_in_groups};
+///
+/// // Stage 0 on replicas 0, 2 and 4; stage 1 on replicas 1 and 3.
+/// let stages = [0, 1, 0, 1, 0];
+/// assert_eq!(compare_in_groups(&[3, 8, 3, 8, 3], &stages), Comparison::Agree);
+/// let one_off = Comparison::Diverged { outvoted: vec![2], majority: true };
+/// assert_eq!(compare_in_groups(&[3, 8, 5, 8, 3], &stages), one_off);
+/// let no_majority = Comparison::Diverged { outvoted: vec![1, 3], majority: false };
+/// assert_eq!(compare_in_groups(&[3, 8, 3, 9, 3], &stages), no_majority);
+/// ```
+pub fn compare_in_groups<T: PartialEq>(fingerprints: &[T], group_of: &[usize]) -> Comparison {
+    let mut groups: Vec<usize> = group_of.to_vec();
+    groups.sort_unstable();
+    groups.dedup();
+    let (mut outvoted, mut majority) = (Vec::new(), true);
+    for g in groups {
+        let members: Vec<usize> = (0..fingerprints.len()).filter(|&i| group_of.get(i) == Some(&g)).collect();
+        let values: Vec<&T> = members.iter().map(|&i| &fingerprints[i]).collect();
+        if let Comparison::Diverged { outvoted: o, majority: m } = compare(&values) {
+            outvoted.extend(o.into_iter().map(|i| members[i]));
+            majority &= m;
+        }
+    }
+    outvoted.sort_unstable();
+    if outvoted.is_empty() { Comparison::Agree } else { Comparison::Diverged { outvoted, majority } }
+}
+
 /// [`dissenters`], with every index when there is no majority: the replicas to distrust.
 pub fn suspects<T: PartialEq>(values: &[T]) -> Vec<usize> {
     dissenters(values).unwrap_or_else(|| (0..values.len()).collect())

@@ -145,6 +145,9 @@ pub struct Config {
     pub checkpoint_every: Option<u64>,
     /// How long a part takes to become durable.
     pub persist: Duration,
+    /// The pipeline stages (1: data-parallel): worker `id` holds stage `id mod stages`,
+    /// whose state and sums are its own.
+    pub stages: usize,
     /// Print every action to standard error (for reading a failing schedule).
     pub trace: bool,
 }
@@ -177,6 +180,7 @@ impl Config {
             checks: Checks::default(),
             checkpoint_every: None,
             persist: Duration::from_millis(15),
+            stages: 1,
             trace: false,
         }
     }
@@ -275,9 +279,10 @@ pub struct Report {
     pub epochs: u64,
     /// Messages sent, and of those lost.
     pub messages: (u64, u64),
-    /// The checkpoints committed, by step, each once every member's part of it was
-    /// durable, with the fingerprint of the state they hold.
-    pub checkpoints: Vec<(u64, u64)>,
+    /// The checkpoints committed, `(step, stage, fingerprint)`: each stage's once every
+    /// member's part of the step (of every stage) was durable, with the fingerprint of the
+    /// stage's state its parts hold.
+    pub checkpoints: Vec<(u64, usize, u64)>,
     /// Replica checks that outvoted a member for repair.
     pub repairs: u64,
 }
@@ -285,6 +290,17 @@ pub struct Report {
 /// The sum of step `step`, as every worker computes it.
 pub fn digest(seed: u64, step: u64) -> u64 {
     mix(seed ^ 0x5eed_5eed_5eed_5eed, step)
+}
+
+/// The seed of pipeline stage `stage`'s states and sums (stage 0's is the job's: a
+/// data-parallel job is a pipeline of one stage).
+pub fn stage_seed(seed: u64, stage: usize) -> u64 {
+    if stage == 0 { seed } else { mix(seed, stage as u64) }
+}
+
+/// Stage `stage`'s state after `steps` steps, each applied once, in order.
+pub fn stage_reference(seed: u64, stage: usize, steps: u64) -> u64 {
+    reference(stage_seed(seed, stage), steps)
 }
 
 /// The fingerprint of the initial state.
@@ -412,8 +428,8 @@ struct Sim<'a> {
     checks: BTreeMap<(u64, u64), Collective>,
     /// The checkpoint parts written, by `(epoch, step)`: each epoch's parts lie apart.
     parts: BTreeMap<(u64, u64), Vec<Part>>,
-    /// The newest step committed of each epoch's checkpoints.
-    committed: BTreeMap<u64, u64>,
+    /// The newest step committed of each epoch's checkpoints, by `(epoch, stage)`.
+    committed: BTreeMap<(u64, usize), u64>,
     /// Pending events that [`Sim::scheduled`] counts.
     scheduled: u64,
     /// Epochs of the quorums the coordinators sent.
@@ -482,9 +498,19 @@ pub fn run(c: &Config) -> Report {
     sim.finish()
 }
 
+/// The member of quorum `q` that commits stage `stage`'s checkpoints: its first-ranked.
+fn committer_of(q: &crate::protocol::Quorum, stage: usize) -> WorkerId {
+    q.members.iter().copied().find(|&m| q.stage_of(m) == stage).expect("every stage has a member")
+}
+
 impl Sim<'_> {
     fn instant(&self) -> Instant {
         self.base + self.now
+    }
+
+    /// The seed of the stage worker `id` holds.
+    fn seed_of(&self, id: WorkerId) -> u64 {
+        stage_seed(self.c.seed, crate::protocol::stage_of(id, self.c.stages))
     }
 
     fn at(&mut self, t: Duration, e: Scheduled) {
@@ -516,15 +542,15 @@ impl Sim<'_> {
     fn start_coordinator(&mut self) {
         let now = self.instant();
         let generation = self.coordinator_life;
-        self.coordinator =
-            Some(Coordinator::new(generation, self.c.workers as usize, self.c.min_world, self.c.timing, now));
+        let coordinator = Coordinator::new(generation, self.c.workers as usize, self.c.min_world, self.c.timing, now);
+        self.coordinator = Some(coordinator.with_stages(self.c.stages));
         self.coordinator_life += 1;
         self.after(self.tick_every(), Scheduled::Tick(Node::Coordinator, None));
     }
 
     fn start_worker(&mut self, id: WorkerId) {
         let now = self.instant();
-        let fingerprint = initial(self.c.seed);
+        let fingerprint = initial(self.seed_of(id));
         let incarnation = self.procs.iter().filter(|p| p.id == id).count() as u64;
         let (mut machine, mut actions) =
             Worker::new((id, incarnation), self.c.steps, (0, fingerprint), (self.c.timing, self.c.checks), now);
@@ -691,9 +717,10 @@ impl Sim<'_> {
                 .iter()
                 .enumerate()
                 .all(|(i, &a)| members[i + 1..].iter().all(|&b| !self.cut(Node::Worker(a), Node::Worker(b))));
-        let sum = complete.then_some((true, digest(self.c.seed, step)));
         let delay = if complete { self.c.compute } else { Duration::from_micros(1) };
         for j in joined {
+            // Each stage's members sum their stage's gradients.
+            let sum = complete.then_some((true, digest(self.seed_of(self.procs[j].id), step)));
             let d = delay + self.latency();
             self.after(d, Scheduled::Reduced { proc: j, epoch, step, sum });
         }
@@ -716,12 +743,13 @@ impl Sim<'_> {
     /// is not whole, or holds another state than the run that never failed, is a bug.
     fn heard(&mut self, p: usize, agreed: Saved) {
         self.procs[p].locked = agreed.locked;
+        let id = self.procs[p].id;
         let Some(q) = self.procs[p].machine.quorum() else { return };
-        let (epoch, members) = (q.epoch, q.members.clone());
-        if q.rank_of(self.procs[p].id) != Some(0) || !agreed.locked {
+        let (epoch, members, stage) = (q.epoch, q.members.clone(), q.stage_of(id));
+        if committer_of(q, stage) != id || !agreed.locked {
             return;
         }
-        let from = self.committed.get(&epoch).copied().unwrap_or(0);
+        let from = self.committed.get(&(epoch, stage)).copied().unwrap_or(0);
         if agreed.durable <= from {
             return;
         }
@@ -734,10 +762,15 @@ impl Sim<'_> {
                 let part = parts.iter().find(|part| part.writer == *m);
                 assert!(part.is_some_and(|part| part.durable(self.now)), "{}: no durable part of {m}", context());
             }
-            let prints: Vec<u64> = parts.iter().map(|part| part.fingerprint).collect();
+            let stages = self.c.stages;
+            let prints: Vec<u64> = parts
+                .iter()
+                .filter(|part| crate::protocol::stage_of(part.writer, stages) == stage)
+                .map(|part| part.fingerprint)
+                .collect();
             assert!(prints.windows(2).all(|w| w[0] == w[1]), "{}: parts of different states {prints:?}", context());
-            self.report.checkpoints.push((step, prints[0]));
-            self.committed.insert(epoch, step);
+            self.report.checkpoints.push((step, stage, prints[0]));
+            self.committed.insert((epoch, stage), step);
         }
     }
 
@@ -764,7 +797,8 @@ impl Sim<'_> {
         };
         let durable = mine().filter(|(_, part)| part.durable(self.now)).map(|(s, _)| s).max().unwrap_or(0);
         let (written, print) = mine().next_back().map_or((0, 0), |(s, part)| (s, part.fingerprint));
-        let first = proc.machine.quorum().is_some_and(|q| q.epoch == epoch && q.rank_of(proc.id) == Some(0));
+        let first =
+            proc.machine.quorum().is_some_and(|q| q.epoch == epoch && committer_of(q, q.stage_of(proc.id)) == proc.id);
         Saved { durable, locked: first, written, print }
     }
 
@@ -778,7 +812,8 @@ impl Sim<'_> {
             "worker {} applies the sum of step {step} out of turn",
             proc.id
         );
-        assert_eq!(sum, digest(seed, step), "worker {} applies a wrong sum", proc.id);
+        let stage = crate::protocol::stage_of(proc.id, self.c.stages);
+        assert_eq!(sum, digest(stage_seed(seed, stage), step), "worker {} applies a wrong sum", proc.id);
         let rolling = proc.machine.status().phase == WorkerState::Syncing;
         proc.step += 1;
         let wrong = std::mem::take(&mut proc.corrupt_update);

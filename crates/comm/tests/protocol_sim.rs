@@ -12,14 +12,15 @@ fn check(c: &Config, r: &Report) -> bool {
     let context = || format!("seed {} faults {:?}\n{r:#?}", c.seed, c.faults);
     assert!(r.settled, "the run did not settle: {}", context());
     assert_eq!(r.rolled_back, 0, "a survivor went back to an older state: {}", context());
-    for &(step, fingerprint) in &r.checkpoints {
-        assert_eq!(fingerprint, sim::reference(c.seed, step), "checkpoint {step} holds another state: {}", context());
+    for &(step, stage, fingerprint) in &r.checkpoints {
+        let reference = sim::stage_reference(c.seed, stage, step);
+        assert_eq!(fingerprint, reference, "checkpoint {step} of stage {stage} holds another state: {}", context());
     }
-    let reference = sim::reference(c.seed, c.steps);
     let finished: Vec<&(WorkerId, End)> = r.workers.iter().filter(|(_, e)| matches!(e, End::Finished { .. })).collect();
-    for (_, e) in &r.workers {
+    for (id, e) in &r.workers {
         match e {
             End::Finished { step, fingerprint } => {
+                let reference = sim::stage_reference(c.seed, comm::protocol::stage_of(*id, c.stages), c.steps);
                 assert_eq!((*step, *fingerprint), (c.steps, reference), "{}", context());
             }
             End::Stopped(reason) => {
@@ -94,6 +95,63 @@ fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
     assert!(checkpointed > n / 5, "the schedules commit checkpoints: {checkpointed}");
     assert!(repaired > n / 50, "the schedules repair corruption among the other faults: {repaired}");
     assert!(diverged < n / 100, "few end on a corruption they cannot repair: {diverged}");
+}
+
+/// The same random schedules on pipeline jobs: two pipelines of three stages, whose
+/// stages synchronise apart (each from its own replicas), vote in groups and compare
+/// each stage's replicas. A stage that loses every replica holding the newest step
+/// cannot go on from a live replica: its job stops, saying so.
+#[test]
+fn random_schedules_of_pipeline_jobs_end_with_every_stage_s_reference_state() {
+    let n: u64 = std::env::var("STEADFAST_SIM_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
+    let (mut finished, mut recovered, mut checkpointed, mut lost_stage) = (0, 0, 0, 0);
+    for seed in 0..n {
+        let mut c = Config::random(seed, 6, 12);
+        c.stages = 3;
+        let r = sim::run(&c);
+        if check(&c, &r) {
+            finished += 1;
+        } else if r.workers.iter().any(|(_, e)| matches!(e, End::Stopped(why) if why.contains("of stage"))) {
+            lost_stage += 1;
+        }
+        recovered += u64::from(r.fetched + r.rolled_forward > 0);
+        checkpointed += u64::from(r.checkpoints.iter().any(|&(_, stage, _)| stage == 2));
+    }
+    println!(
+        "{n} pipeline schedules, {finished} finished, {recovered} recovered state, {checkpointed} checkpointed, {lost_stage} lost a stage"
+    );
+    assert!(finished > n * 9 / 10, "{finished} of {n} finished");
+    assert!(recovered > n / 10, "the schedules exercise recovery: {recovered}");
+    assert!(checkpointed > n / 5, "every stage commits checkpoints: {checkpointed}");
+}
+
+#[test]
+fn a_pipeline_stage_fetches_from_its_own_replica_and_the_others_keep_their_state() {
+    let mut c = Config::new(7, 4, 16);
+    c.stages = 2;
+    // Worker 3 (stage 1 of the second pipeline) dies and is replaced.
+    c.faults =
+        vec![Fault::Kill { at: Duration::from_millis(60), worker: 3, replace_after: Some(Duration::from_millis(5)) }];
+    let r = sim::run(&c);
+    assert!(check(&c, &r), "{r:#?}");
+    assert_eq!(r.fetched, 1, "only the replacement fetches: {r:#?}");
+    let finished = r.workers.iter().filter(|(_, e)| matches!(e, End::Finished { .. })).count();
+    assert_eq!(finished, 4);
+}
+
+#[test]
+fn a_pipeline_that_loses_every_replica_of_a_stage_stops_saying_which() {
+    let mut c = Config::new(8, 4, 16);
+    c.stages = 2;
+    // Both workers of stage 1 die; their replacements start from the initial state.
+    let at = Duration::from_millis(60);
+    c.faults = [1, 3].map(|worker| Fault::Kill { at, worker, replace_after: Some(Duration::from_millis(5)) }).to_vec();
+    let r = sim::run(&c);
+    assert!(!check(&c, &r), "{r:#?}");
+    for (_, e) in r.workers.iter().filter(|(_, e)| *e != End::Dead) {
+        let End::Stopped(why) = e else { panic!("{e:?}") };
+        assert!(why.contains("no live worker of stage 1 holds step"), "{why}");
+    }
 }
 
 /// A stop that is the honest end of a job whose corruption cannot be repaired: two

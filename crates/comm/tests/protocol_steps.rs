@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use comm::protocol::coordinator::JobState;
 use comm::protocol::{
-    Action, Checks, Coordinator, Event, Msg, Node, Quorum, Saved, Status, Timing, Worker, WorkerState,
+    Action, Checks, Coordinator, Event, Msg, Node, Quorum, Saved, StageState, Status, Timing, Worker, WorkerState,
 };
 
 fn timing() -> Timing {
@@ -100,7 +100,7 @@ fn others(actions: &[Action]) -> Vec<Action> {
 }
 
 fn quorum(epoch: u64, members: &[u32], step: u64, fingerprint: u64, commit: Option<u64>) -> Quorum {
-    Quorum { epoch, members: members.to_vec(), step, fingerprint, commit, sources: vec![members[0]] }
+    Quorum::of_replicas((epoch, members.to_vec()), (step, fingerprint, commit), vec![members[0]])
 }
 
 /// Worker 1 of {0, 1}, synced in epoch 1 at step 0 with fingerprint 100, of a 2-step job.
@@ -316,6 +316,57 @@ fn worker_ends_the_job_on_a_divergence_it_does_not_repair_or_cannot_attribute() 
     assert_eq!(others(&a), vec![Action::Diverged { step: 1, outvoted: vec![0, 1, 2] }], "no strict majority");
 }
 
+/// Worker 1 of a pipeline of two stages on workers 0 to 3 (stage `id mod 2`), synced in
+/// epoch 1 at step 0 and computing it: its stage's sum is 7.
+fn pipeline_worker(c: &Clock, checks: Checks) -> Worker {
+    let (mut w, _) = Worker::new((1, 0), 2, (0, 200), (timing(), checks), c.at(0));
+    let state = |fingerprint, sources| StageState { fingerprint: Some(fingerprint), commit: None, sources };
+    let q =
+        Quorum { epoch: 1, members: vec![0, 1, 2, 3], step: 0, stages: vec![state(100, vec![0]), state(200, vec![1])] };
+    w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(q));
+    assert_eq!(w.status().phase, WorkerState::Synced, "its own stage's state");
+    w.on_message(c.at(2), Node::Coordinator, Msg::Start { epoch: 1 });
+    w.on_reduced(c.at(3), 1, 0, Some((true, 7)));
+    w
+}
+
+#[test]
+fn a_pipeline_s_vote_commits_when_each_stage_s_members_agree_among_themselves() {
+    let c = Clock(Instant::now());
+    let mut w = pipeline_worker(&c, Checks::default());
+    // Stage 0's members hold sum 5, stage 1's sum 7: each stage agrees.
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 5));
+    w.on_message(c.at(4), Node::Worker(2), ballot(1, 0, true, 5));
+    let a = w.on_message(c.at(4), Node::Worker(3), ballot(1, 0, true, 7));
+    assert_eq!(others(&a), vec![apply(0, false)]);
+    // Its stage's replica holds another sum: the vote fails.
+    let mut w = pipeline_worker(&c, Checks::default());
+    w.on_message(c.at(4), Node::Worker(0), ballot(1, 0, true, 5));
+    w.on_message(c.at(4), Node::Worker(2), ballot(1, 0, true, 5));
+    w.on_message(c.at(4), Node::Worker(3), ballot(1, 0, true, 8));
+    assert_eq!((w.status().phase, w.status().unapplied), (WorkerState::Idle, None));
+}
+
+#[test]
+fn a_pipeline_s_replica_check_compares_each_stage_s_replicas_with_each_other() {
+    let c = Clock(Instant::now());
+    let checks = Checks { every: 1, repair: false };
+    let compared = |prints: Vec<u64>| {
+        let mut w = pipeline_worker(&c, checks);
+        for (peer, digest) in [(0, 5), (2, 5), (3, 7)] {
+            w.on_message(c.at(4), Node::Worker(peer), ballot(1, 0, true, digest));
+        }
+        let a = w.step(c.at(5), Event::Compared { step: 0, fingerprint: prints[1], prints: Some(prints) });
+        (w, others(&a))
+    };
+    // Stage 0 holds 10 on both replicas, stage 1 holds 20: they agree.
+    let (w, a) = compared(vec![10, 20, 10, 20]);
+    assert_eq!((w.status().phase, w.status().step), (WorkerState::Stepping, 1), "{a:?}");
+    // Stage 1's two replicas disagree: nobody can tell which is right.
+    let (_, a) = compared(vec![10, 20, 10, 21]);
+    assert_eq!(a, vec![Action::Diverged { step: 1, outvoted: vec![1, 3] }]);
+}
+
 #[test]
 fn worker_applies_only_a_unanimous_vote_and_steps_on_to_done() {
     let c = Clock(Instant::now());
@@ -512,7 +563,7 @@ fn coordinator_forms_the_first_quorum_when_the_expected_workers_are_idle_or_afte
     report(&mut co, c.at(150), 0, idle(0, 100, None));
     let a = co.tick(c.at(200));
     let q = quorum_sent(&a).expect("formed after settling");
-    assert_eq!((q.epoch, q.members.clone(), q.sources.clone()), (1, vec![0, 2], vec![0, 2]));
+    assert_eq!((q.epoch, q.members.clone(), q.stages[0].sources.clone()), (1, vec![0, 2], vec![0, 2]));
     assert_eq!(sent(&a).len(), 2, "the quorum goes to each member");
 }
 
@@ -549,8 +600,78 @@ fn coordinator_picks_the_newest_step_and_its_most_common_fingerprint() {
     report(&mut co, c.at(1), 2, idle(6, 60, Some(3)));
     let a = report(&mut co, c.at(1), 3, idle(6, 60, Some(3)));
     let q = quorum_sent(&a).unwrap();
-    assert_eq!((q.step, q.fingerprint, q.commit, q.sources), (6, 60, Some(3), vec![2, 3]));
+    let s = &q.stages[0];
+    assert_eq!((q.step, s.fingerprint, s.commit, s.sources.clone()), (6, Some(60), Some(3), vec![2, 3]));
     assert_eq!(q.members, vec![0, 1, 2, 3], "the stale and the odd replica sync from the sources");
+}
+
+/// A coordinator of a pipeline of two stages on workers 0 to 3, which expects four.
+fn pipeline_coordinator(c: &Clock) -> Coordinator {
+    Coordinator::new(0, 4, 1, timing(), c.at(0)).with_stages(2)
+}
+
+#[test]
+fn coordinator_of_a_pipeline_names_each_stage_s_sources_among_its_own_replicas() {
+    let c = Clock(Instant::now());
+    let mut co = pipeline_coordinator(&c);
+    report(&mut co, c.at(1), 0, idle(6, 60, Some(1)));
+    report(&mut co, c.at(1), 2, idle(5, 50, Some(9)));
+    report(&mut co, c.at(1), 1, idle(6, 61, Some(2)));
+    let q = quorum_sent(&report(&mut co, c.at(1), 3, idle(6, 61, Some(2)))).unwrap();
+    assert_eq!((q.step, q.members.clone()), (6, vec![0, 1, 2, 3]));
+    assert_eq!(q.stages[0], StageState { fingerprint: Some(60), commit: Some(1), sources: vec![0] });
+    assert_eq!(q.stages[1], StageState { fingerprint: Some(61), commit: Some(2), sources: vec![1, 3] });
+}
+
+#[test]
+fn a_pipeline_stage_whose_holders_were_lost_after_the_vote_rolls_forward_without_a_source() {
+    let c = Clock(Instant::now());
+    let mut co = Coordinator::new(0, 5, 1, timing(), c.at(0)).with_stages(2);
+    // Stage 1's replicas are one step behind with the sum their stage agreed on; worker 5
+    // (stage 1, a replacement) has nothing: it waits for the next epoch.
+    let behind = Status { unapplied: Some(77), epoch: 3, ..idle(5, 51, Some(2)) };
+    for (id, status) in [(0, idle(6, 60, Some(1))), (2, idle(6, 60, Some(1))), (1, behind.clone()), (3, behind)] {
+        report(&mut co, c.at(1), id, status);
+    }
+    let q = quorum_sent(&report(&mut co, c.at(1), 5, idle(0, 1, None))).unwrap();
+    assert_eq!((q.step, q.members.clone()), (6, vec![0, 1, 2, 3]), "worker 5 is left out");
+    assert_eq!(q.stages[1], StageState { fingerprint: None, commit: Some(77), sources: vec![] });
+    // A member of that stage rolls forward, and holds the quorum's state once it has.
+    let (mut w, _) = Worker::new((3, 0), 9, (5, 51), (timing(), Checks::default()), c.at(0));
+    w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(3, &[1, 3], 5, 51, None)));
+    w.on_message(c.at(1), Node::Coordinator, Msg::Start { epoch: 3 });
+    w.on_reduced(c.at(2), 3, 5, Some((true, 77)));
+    w.on_message(c.at(3), Node::Coordinator, Msg::Reconfigure { epoch: 3 });
+    assert_eq!((w.status().step, w.status().unapplied), (5, Some(77)));
+    let a = w.on_message(c.at(4), Node::Coordinator, Msg::Quorum(q));
+    assert!(matches!(&others(&a)[..], [Action::Apply { step: 5, .. }]), "{a:?}");
+    w.on_applied(c.at(5), 5, Some(62));
+    assert_eq!(w.status().phase, WorkerState::Synced);
+}
+
+#[test]
+fn a_pipeline_stage_with_no_live_holder_stops_the_job_and_one_not_yet_ready_is_waited_for() {
+    let c = Clock(Instant::now());
+    // Both replicas of stage 1 are fresh replacements: stage 1's state is lost.
+    let mut co = pipeline_coordinator(&c);
+    for (id, status) in [(0, idle(6, 60, Some(1))), (2, idle(6, 60, Some(1))), (1, idle(0, 1, None))] {
+        report(&mut co, c.at(1), id, status);
+    }
+    let a = report(&mut co, c.at(1), 3, idle(0, 1, None));
+    let stop = sent(&a).into_iter().find_map(|(_, m)| if let Msg::Stop { reason } = m { Some(reason) } else { None });
+    assert!(stop.is_some_and(|r| r.contains("no live worker of stage 1 holds step 6")), "{a:?}");
+    // No worker of stage 1 has reported yet: the coordinator waits for one, and stops
+    // after the quorum timeout, saying why.
+    let mut co = pipeline_coordinator(&c);
+    let mut said = Vec::new();
+    for at in (1..1000).step_by(50) {
+        for id in [0, 2] {
+            said.extend(report(&mut co, c.at(at), id, idle(6, 60, Some(1))));
+        }
+    }
+    assert!(quorum_sent(&said).is_none() && *co.stage() != JobState::Running, "it waits: {said:?}");
+    let a = co.tick(c.at(1001));
+    assert!(matches!(co.stage(), JobState::Stopped { reason } if reason.contains("no worker of stage 1")), "{a:?}");
 }
 
 #[test]

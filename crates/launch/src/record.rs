@@ -241,13 +241,7 @@ impl Recorder {
             }
             MembershipEvent::Quorum { quorum: q, rolling, fetching } => {
                 self.formed = true;
-                let mut how = Vec::new();
-                if !rolling.is_empty() {
-                    how.push(format!("{rolling:?} roll forward"));
-                }
-                if !fetching.is_empty() {
-                    how.push(format!("{fetching:?} fetch the state from {:?}", q.sources));
-                }
+                let how = comm::control::how_members_sync(q, rolling, fetching);
                 let event = JobEvent::of(EventKind::Quorum).epoch(q.epoch).step(q.step);
                 let event = event.members(q.members.iter().map(|&m| u64::from(m)));
                 if how.is_empty() { event } else { event.how(how.join("; ")) }
@@ -323,14 +317,7 @@ mod tests {
         let mut r = Recorder::new(&command(&out), 0..3, None);
         r.open(true);
         let quorum = |epoch, fetching: Vec<u32>| MembershipEvent::Quorum {
-            quorum: comm::protocol::Quorum {
-                epoch,
-                members: vec![0, 1, 2],
-                step: 20,
-                fingerprint: 1,
-                commit: None,
-                sources: vec![1, 2],
-            },
+            quorum: comm::protocol::Quorum::of_replicas((epoch, vec![0, 1, 2]), (20, 1, None), vec![1, 2]),
             rolling: Vec::new(),
             fetching,
         };

@@ -8,7 +8,20 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::{Action, Msg, Node, Quorum, Status, Timing, WorkerId, WorkerState, send};
+use super::{Action, Arrival, Msg, Node, Quorum, StageState, Status, Timing, WorkerId, WorkerState, send};
+
+/// A quorum's step, members and the state each stage starts from.
+type Formed = (u64, Vec<WorkerId>, Vec<StageState>);
+
+/// What the coordinator can do with the workers ready now ([`Coordinator::plan`]).
+enum Plan {
+    /// Form this quorum.
+    Form(u64, Vec<WorkerId>, Vec<StageState>),
+    /// Wait for more workers (until the quorum timeout; then stop, saying why).
+    Wait(String),
+    /// The job cannot go on.
+    Stop(String),
+}
 
 /// What the coordinator is doing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,6 +101,8 @@ pub struct Coordinator {
     timing: Timing,
     expected: usize,
     min_world: usize,
+    /// The pipeline stages of the job (1: data-parallel).
+    stages: usize,
     workers: BTreeMap<WorkerId, Seen>,
     /// The newest epoch issued or reported.
     epoch: u64,
@@ -115,6 +130,7 @@ impl Coordinator {
             timing,
             expected,
             min_world: min_world.max(1),
+            stages: 1,
             workers: BTreeMap::new(),
             epoch: generation << 40,
             stage: JobState::Gathering { since: now },
@@ -124,6 +140,14 @@ impl Coordinator {
             newcomers_since: None,
             quiet_until: None,
         }
+    }
+
+    /// The coordinator of a pipeline job of `stages` stages: worker `id` holds stage `id
+    /// mod stages`, and each stage's replicas synchronise apart (see
+    /// [pipelines](super#pipelines)).
+    pub fn with_stages(mut self, stages: usize) -> Coordinator {
+        self.stages = stages.max(1);
+        self
     }
 
     /// A process connects for slot `id`, as process `incarnation` of it, listening at
@@ -371,7 +395,15 @@ impl Coordinator {
             return;
         }
         if ready.len() >= self.min_world {
-            self.form(now, &ready, out);
+            match self.plan(&ready) {
+                Plan::Form(step, members, stages) => self.form(now, (step, members, stages), out),
+                Plan::Wait(why) if waited >= self.timing.quorum_timeout => {
+                    let reason = format!("{why}, after {:.1} s", waited.as_secs_f64());
+                    self.stop_job(now, reason, out);
+                }
+                Plan::Wait(_) => {}
+                Plan::Stop(reason) => self.stop_job(now, reason, out),
+            }
         } else if waited >= self.timing.quorum_timeout {
             let reason = format!(
                 "too few workers remain: {} ready, at least {} needed, after {:.1} s",
@@ -383,44 +415,11 @@ impl Coordinator {
         }
     }
 
-    /// Step 3: the newest state wins; the [`majority`](crate::majority) of its
-    /// fingerprints names the sources.
-    fn form(&mut self, now: Instant, ready: &[WorkerId], out: &mut Vec<Action>) {
-        let status = |id: WorkerId| &self.workers[&id].status;
-        // A worker that found its own state changed since its commit is no source: the
-        // newest state wins among the others (a suspect ahead of them fetches theirs).
-        let trusted: Vec<WorkerId> = ready.iter().copied().filter(|&id| !status(id).suspect).collect();
-        let Some(step) = trusted.iter().map(|&id| status(id).step).max() else {
-            let reason = format!(
-                "every replica's state was found changed since its commit (workers {ready:?}): none is left to \
-                 repair them from; resume the job from its newest checkpoint"
-            );
-            return self.stop_job(now, reason, out);
-        };
-        let newest: Vec<WorkerId> = trusted.iter().copied().filter(|&id| status(id).step == step).collect();
-        let fingerprints: Vec<u64> = newest.iter().map(|&id| status(id).fingerprint).collect();
-        // Replicas at one step hold one state unless one was corrupted. Without a strict
-        // majority (two replicas that disagree, neither of which found itself changed)
-        // nobody can tell which state is right: going on with either could end the job
-        // with other bits than a run that never failed, so it stops, saying so.
-        let Some(dissenters) = crate::majority::dissenters(&fingerprints) else {
-            let prints: Vec<String> = newest
-                .iter()
-                .zip(&fingerprints)
-                .map(|(id, f)| format!("worker {id}: {}", repro::fingerprint::hex(*f)))
-                .collect();
-            let reason = format!(
-                "the replicas diverged at step {step} and no majority can tell which state is right ({})",
-                prints.join(", ")
-            );
-            return self.stop_job(now, reason, out);
-        };
-        let sources: Vec<WorkerId> =
-            newest.iter().enumerate().filter(|(i, _)| !dissenters.contains(i)).map(|(_, &id)| id).collect();
-        let fingerprint = status(sources[0]).fingerprint;
-        let commit = status(sources[0]).last_commit;
+    /// Step 3: the newest state wins; in each stage, the [`majority`](crate::majority) of
+    /// its fingerprints names the sources.
+    fn form(&mut self, now: Instant, (step, members, stages): Formed, out: &mut Vec<Action>) {
         self.epoch += 1;
-        let q = Quorum { epoch: self.epoch, members: ready.to_vec(), step, fingerprint, commit, sources };
+        let q = Quorum { epoch: self.epoch, members, step, stages };
         for &m in &q.members {
             if let Some(seen) = self.workers.get_mut(&m) {
                 seen.nudged = Some(now);
@@ -431,6 +430,85 @@ impl Coordinator {
         self.quorum = Some(q);
         self.formed = true;
         self.stage = JobState::Syncing { since: now };
+    }
+
+    /// The step of the quorum of the `ready` workers, its members (those of a stage that
+    /// rolls forward without a source wait for the next epoch, unless they roll forward
+    /// themselves) and the state each stage starts from; or why the job cannot go on.
+    fn plan(&self, ready: &[WorkerId]) -> Plan {
+        let status = |id: WorkerId| &self.workers[&id].status;
+        // A worker that found its own state changed since its commit is no source: the
+        // newest state wins among the others (a suspect ahead of them fetches theirs).
+        let trusted: Vec<WorkerId> = ready.iter().copied().filter(|&id| !status(id).suspect).collect();
+        let Some(step) = trusted.iter().map(|&id| status(id).step).max() else {
+            return Plan::Stop(format!(
+                "every replica's state was found changed since its commit (workers {ready:?}): none is left to \
+                 repair them from; resume the job from its newest checkpoint"
+            ));
+        };
+        let newest: Vec<WorkerId> = trusted.iter().copied().filter(|&id| status(id).step == step).collect();
+        let mut states = Vec::with_capacity(self.stages);
+        let mut left_out = Vec::new();
+        for stage in 0..self.stages {
+            let of_stage = |id: &WorkerId| super::stage_of(*id, self.stages) == stage;
+            let holders: Vec<WorkerId> = newest.iter().copied().filter(of_stage).collect();
+            let named = if self.stages > 1 { format!(" of stage {stage}") } else { String::new() };
+            if holders.is_empty() {
+                // Every worker of the stage that held step `M` was lost after the vote
+                // (some worker applied its sum, so every ballot was cast and agreed): those
+                // left one step behind with their stage's agreed sum roll forward, and the
+                // stage's other workers join the next epoch, fetching from them.
+                let behind: Vec<WorkerId> = trusted
+                    .iter()
+                    .copied()
+                    .filter(|&id| of_stage(&id) && status(id).step + 1 == step && status(id).unapplied.is_some())
+                    .collect();
+                let sums: Vec<Option<u64>> = behind.iter().map(|&id| status(id).unapplied).collect();
+                let rolling = crate::majority::dissenters(&sums).map(|d| {
+                    behind.iter().enumerate().filter(|(i, _)| !d.contains(i)).map(|(_, &id)| id).collect::<Vec<_>>()
+                });
+                if let Some(rolling) = rolling.filter(|r| !r.is_empty()) {
+                    left_out.extend(ready.iter().copied().filter(|id| of_stage(id) && !rolling.contains(id)));
+                    let commit = status(rolling[0]).unapplied;
+                    states.push(StageState { fingerprint: None, commit, sources: Vec::new() });
+                    continue;
+                }
+                let at: Vec<(WorkerId, u64)> =
+                    ready.iter().filter(|id| of_stage(id)).map(|&id| (id, status(id).step)).collect();
+                // A live worker of the stage that is not ready yet (busy, or not yet heard
+                // by a coordinator that took over) may hold it.
+                if at.is_empty() || self.live().any(|(id, _)| of_stage(&id) && !ready.contains(&id)) {
+                    return Plan::Wait(format!("no worker{named} that holds step {step} is ready (ready: {at:?})"));
+                }
+                return Plan::Stop(format!(
+                    "no live worker{named} holds step {step}, the newest any worker reached (workers at steps \
+                     {at:?}): its state is lost; resume the job from its newest checkpoint"
+                ));
+            }
+            let fingerprints: Vec<u64> = holders.iter().map(|&id| status(id).fingerprint).collect();
+            // Replicas at one step hold one state unless one was corrupted. Without a
+            // strict majority (two replicas that disagree, neither of which found itself
+            // changed) nobody can tell which state is right: going on with either could
+            // end the job with other bits than a run that never failed, so it stops.
+            let Some(dissenters) = crate::majority::dissenters(&fingerprints) else {
+                let prints: Vec<String> = holders
+                    .iter()
+                    .zip(&fingerprints)
+                    .map(|(id, f)| format!("worker {id}: {}", repro::fingerprint::hex(*f)))
+                    .collect();
+                return Plan::Stop(format!(
+                    "the replicas{named} diverged at step {step} and no majority can tell which state is right \
+                     ({})",
+                    prints.join(", ")
+                ));
+            };
+            let sources: Vec<WorkerId> =
+                holders.iter().enumerate().filter(|(i, _)| !dissenters.contains(i)).map(|(_, &id)| id).collect();
+            let (fingerprint, commit) = (status(sources[0]).fingerprint, status(sources[0]).last_commit);
+            states.push(StageState { fingerprint: Some(fingerprint), commit, sources });
+        }
+        let members = ready.iter().copied().filter(|id| !left_out.contains(id)).collect();
+        Plan::Form(step, members, states)
     }
 
     /// Step 4: start when every member holds the quorum's state.
@@ -446,11 +524,7 @@ impl Coordinator {
             }
             if s.epoch < q.epoch {
                 self.nudge(now, m, Msg::Quorum(q.clone()), out);
-            } else if s.epoch == q.epoch
-                && s.phase == WorkerState::Synced
-                && s.step == q.step
-                && s.fingerprint == q.fingerprint
-            {
+            } else if s.epoch == q.epoch && s.phase == WorkerState::Synced && q.sync_of(m, s) == Arrival::Holds {
                 synced += 1;
             }
         }

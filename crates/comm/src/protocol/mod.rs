@@ -1,4 +1,5 @@
-//! The step protocol of an elastic data-parallel job, as two state machines with no I/O:
+//! The step protocol of an elastic job (data-parallel, or pipelined: see
+//! [pipelines](#pipelines)), as two state machines with no I/O:
 //! a [`Worker`] per training process and one [`Coordinator`].
 //!
 //! Neither machine owns a socket, a thread or a clock. The caller (a TCP shell, or the
@@ -63,6 +64,30 @@
 //! - Every quorum's members start from the same step and fingerprint.
 //! - Survivors never go back to an older state: `M` is the newest step any of them holds.
 //!   (Unless they keep copies: the baseline below.)
+//!
+//! # Pipelines
+//!
+//! In a pipeline job of `S` stages ([`Coordinator::with_stages`]) worker `id` holds stage
+//! `id mod S` (the launcher's slots: replica `id / S`), and the replicas of each stage
+//! hold one state. Everything above holds stage by stage:
+//!
+//! - the newest step `M` any trusted worker holds is the job's; each stage's sources are
+//!   its own workers at `M` with the majority of that stage's fingerprints, and a member
+//!   holds, rolls forward to or fetches its own stage's state ([`Quorum::sync_of`]);
+//! - a stage none of whose live workers holds `M`, but whose workers one step behind hold
+//!   the sum their stage agreed on (every holder was lost after the vote), rolls forward
+//!   with no source ([`StageState::fingerprint`] is `None`); its other workers join the
+//!   next epoch and fetch from them;
+//! - a stage with neither has lost its state: the coordinator waits (up to
+//!   `quorum_timeout`) while a live worker of the stage may still report it, and then
+//!   stops the job, naming the stage;
+//! - a ballot carries the member's stage's sum: the vote commits when every ballot is
+//!   finite and the ballots of each stage agree ([`decide_in_groups`](crate::commit::decide_in_groups));
+//!   a replica check compares each stage's replicas with each other
+//!   ([`compare_in_groups`](crate::majority::compare_in_groups)); each stage's first-ranked
+//!   member commits its stage's checkpoints, once every part of every stage is durable.
+//!
+//! A data-parallel job is a pipeline of one stage.
 //!
 //! # The rollback baseline
 //!
@@ -204,19 +229,82 @@ pub struct Quorum {
     pub members: Vec<WorkerId>,
     /// The step every member starts the epoch from.
     pub step: u64,
-    /// The fingerprint of the state at that step.
-    pub fingerprint: u64,
+    /// The state each pipeline stage's members start from, by stage: one entry in a
+    /// data-parallel job (see [pipelines](self#pipelines)).
+    pub stages: Vec<StageState>,
+}
+
+/// The state that the members of one pipeline stage start an epoch from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageState {
+    /// The fingerprint of the stage's state at the quorum's step; `None` when no live
+    /// worker of the stage holds that step, and its members (every one of them one step
+    /// behind, holding the sum the others applied) roll forward to it.
+    pub fingerprint: Option<u64>,
     /// The digest of the sum that produced it, for members that roll forward.
     pub commit: Option<u64>,
-    /// Members that hold the state, for members that fetch it.
+    /// Members of the stage that hold that state, for members that fetch it.
     pub sources: Vec<WorkerId>,
 }
 
+/// How a member of a quorum gets to the quorum's state ([`Quorum::sync_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// It holds it.
+    Holds,
+    /// It is one step behind holding the sum that the sources applied: it applies it.
+    RollsForward,
+    /// It fetches the state from the sources of its stage.
+    Fetches,
+}
+
 impl Quorum {
+    /// The quorum of a data-parallel job (one stage): every member starts from the state
+    /// of `step` with `fingerprint`, produced by the sum `commit`, held by `sources`.
+    pub fn of_replicas(
+        (epoch, members): (u64, Vec<WorkerId>),
+        (step, fingerprint, commit): (u64, u64, Option<u64>),
+        sources: Vec<WorkerId>,
+    ) -> Quorum {
+        Quorum { epoch, members, step, stages: vec![StageState { fingerprint: Some(fingerprint), commit, sources }] }
+    }
+
     /// The rank of `id` in the epoch.
     pub fn rank_of(&self, id: WorkerId) -> Option<usize> {
         self.members.iter().position(|&m| m == id)
     }
+
+    /// The pipeline stage worker `id` holds: `id mod stages`.
+    pub fn stage_of(&self, id: WorkerId) -> usize {
+        stage_of(id, self.stages.len())
+    }
+
+    /// The state worker `id`'s stage starts the epoch from.
+    pub fn state_of(&self, id: WorkerId) -> &StageState {
+        &self.stages[self.stage_of(id)]
+    }
+
+    /// Each member's stage, in rank order.
+    pub fn member_stages(&self) -> Vec<usize> {
+        self.members.iter().map(|&m| self.stage_of(m)).collect()
+    }
+
+    /// How worker `id`, whose last report is `s`, gets to the quorum's state.
+    pub fn sync_of(&self, id: WorkerId, s: &Status) -> Arrival {
+        let state = self.state_of(id);
+        if s.step == self.step && state.fingerprint.is_none_or(|f| f == s.fingerprint) {
+            Arrival::Holds
+        } else if s.step + 1 == self.step && s.unapplied.is_some() && s.unapplied == state.commit {
+            Arrival::RollsForward
+        } else {
+            Arrival::Fetches
+        }
+    }
+}
+
+/// The pipeline stage that worker `id` holds in a job of `stages` stages (at least one).
+pub fn stage_of(id: WorkerId, stages: usize) -> usize {
+    id as usize % stages.max(1)
 }
 
 /// The protocol's messages.

@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Msg, Quorum, Saved, Status, WorkerId, WorkerState};
+use super::{Msg, Quorum, Saved, StageState, Status, WorkerId, WorkerState};
 
 /// Frame kind of a protocol [`Msg`].
 pub const KIND_MSG: u8 = 0xC1;
@@ -167,9 +167,12 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             o.u64(q.epoch);
             o.ids(&q.members);
             o.u64(q.step);
-            o.u64(q.fingerprint);
-            o.opt(q.commit);
-            o.ids(&q.sources);
+            o.u32(q.stages.len() as u32);
+            for stage in &q.stages {
+                o.opt(stage.fingerprint);
+                o.opt(stage.commit);
+                o.ids(&stage.sources);
+            }
         }
         Msg::Start { epoch } => {
             o.u8(2);
@@ -221,14 +224,18 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, WireError> {
                 },
             })
         }
-        1 => Msg::Quorum(Quorum {
-            epoch: i.u64()?,
-            members: i.ids()?,
-            step: i.u64()?,
-            fingerprint: i.u64()?,
-            commit: i.opt()?,
-            sources: i.ids()?,
-        }),
+        1 => {
+            let (epoch, members, step) = (i.u64()?, i.ids()?, i.u64()?);
+            // A stage takes at least 6 bytes: two presence bytes and a count.
+            let n = i.count(6)?;
+            if n == 0 {
+                return Err(WireError("a quorum of no stage".into()));
+            }
+            let stages = (0..n)
+                .map(|_| Ok(StageState { fingerprint: i.opt()?, commit: i.opt()?, sources: i.ids()? }))
+                .collect::<Result<_, WireError>>()?;
+            Msg::Quorum(Quorum { epoch, members, step, stages })
+        }
         2 => Msg::Start { epoch: i.u64()? },
         3 => Msg::Reconfigure { epoch: i.u64()? },
         4 => Msg::Finish,
@@ -329,13 +336,15 @@ mod tests {
                 unapplied: None,
                 suspect: true,
             }),
+            Msg::Quorum(Quorum::of_replicas((9, vec![0, 2, 5]), (40, u64::MAX, None), vec![2])),
             Msg::Quorum(Quorum {
-                epoch: 9,
-                members: vec![0, 2, 5],
-                step: 40,
-                fingerprint: u64::MAX,
-                commit: None,
-                sources: vec![2],
+                epoch: 10,
+                members: vec![0, 1, 2, 3],
+                step: 7,
+                stages: vec![
+                    StageState { fingerprint: Some(1), commit: Some(2), sources: vec![0, 2] },
+                    StageState { fingerprint: None, commit: Some(3), sources: vec![] },
+                ],
             }),
             Msg::Start { epoch: 4 },
             Msg::Reconfigure { epoch: 5 },

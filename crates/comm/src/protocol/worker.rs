@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{Action, Checks, Event, Msg, Node, Quorum, Saved, Status, Timing, WorkerId, WorkerState, send};
-use crate::commit::{Ballot, Decision, decide};
-use crate::majority::{Comparison, compare};
+use super::{Action, Arrival, Checks, Event, Msg, Node, Quorum, Saved, Status, Timing, WorkerId, WorkerState, send};
+use crate::commit::{Ballot, Decision, decide_in_groups};
+use crate::majority::{Comparison, compare_in_groups};
 
 /// One worker's protocol state.
 #[derive(Clone, Debug)]
@@ -264,8 +264,11 @@ impl Worker {
     /// - any other divergence ends the job with [`Action::Diverged`].
     fn on_compared(&mut self, now: Instant, step: u64, fingerprint: u64, prints: Option<Vec<u64>>) -> Vec<Action> {
         let members = self.quorum.as_ref().map(|q| q.members.clone()).unwrap_or_default();
+        let stages = self.quorum.as_ref().map(Quorum::member_stages).unwrap_or_default();
+        // Each stage's replicas are compared with each other (in a data-parallel job, every
+        // member with every other).
         let comparison = match &prints {
-            Some(p) if p.len() == members.len() => compare(p),
+            Some(p) if p.len() == members.len() => compare_in_groups(p, &stages),
             // A gather that failed, or one of another epoch's size, compares nothing.
             _ => Comparison::Diverged { outvoted: Vec::new(), majority: false },
         };
@@ -340,12 +343,13 @@ impl Worker {
             return out;
         }
         let q = self.quorum.as_ref().expect("a syncing worker is a member");
+        let target = q.state_of(self.id);
         match state {
-            Some((step, fingerprint)) if step == q.step && fingerprint == q.fingerprint => {
+            Some((step, fingerprint)) if step == q.step && Some(fingerprint) == target.fingerprint => {
                 self.status.step = step;
                 self.status.fingerprint = fingerprint;
                 self.fresh = true;
-                self.status.last_commit = q.commit;
+                self.status.last_commit = target.commit;
                 self.status.unapplied = None;
                 self.status.suspect = false;
                 self.status.phase = WorkerState::Synced;
@@ -495,21 +499,25 @@ impl Worker {
             return;
         }
         let s = self.status.clone();
-        if s.step == q.step && s.fingerprint == q.fingerprint {
-            // The quorum's state, held: whatever this worker found of it before.
-            self.status.suspect = false;
-            self.status.phase = WorkerState::Synced;
-        } else if s.step + 1 == q.step && s.unapplied.is_some() && s.unapplied == q.commit {
-            // Step 4: the others applied the sum this worker holds; apply it too.
-            self.status.phase = WorkerState::Syncing;
-            self.quorum = Some(q);
-            self.report(now, out);
-            out.push(self.apply(s.step, None));
-            return;
-        } else {
-            self.status.phase = WorkerState::Syncing;
-            self.status.unapplied = None;
-            out.push(fetch_from(&q));
+        match q.sync_of(self.id, &s) {
+            Arrival::Holds => {
+                // The quorum's state, held: whatever this worker found of it before.
+                self.status.suspect = false;
+                self.status.phase = WorkerState::Synced;
+            }
+            Arrival::RollsForward => {
+                // Step 4: the others applied the sum this worker holds; apply it too.
+                self.status.phase = WorkerState::Syncing;
+                self.quorum = Some(q);
+                self.report(now, out);
+                out.push(self.apply(s.step, None));
+                return;
+            }
+            Arrival::Fetches => {
+                self.status.phase = WorkerState::Syncing;
+                self.status.unapplied = None;
+                out.extend(fetch_from(&q, self.id));
+            }
         }
         self.quorum = Some(q);
         self.report(now, out);
@@ -518,12 +526,12 @@ impl Worker {
     /// After a roll-forward: synced when the state is the quorum's, else fetch it.
     fn check_rolled(&mut self, now: Instant, out: &mut Vec<Action>) {
         let q = self.quorum.as_ref().expect("a syncing worker is a member");
-        if self.status.step == q.step && self.status.fingerprint == q.fingerprint {
+        if q.sync_of(self.id, &self.status) == Arrival::Holds {
             self.status.phase = WorkerState::Synced;
             self.report(now, out);
         } else {
             // Rolled forward to a state that is not the sources': take theirs.
-            out.push(fetch_from(q));
+            out.extend(fetch_from(q, self.id));
         }
     }
 
@@ -581,23 +589,35 @@ impl Worker {
         if ballots.iter().any(Option::is_none) {
             return;
         }
-        // The one commit rule of every runner: every ballot ok, every digest the same (this
-        // worker's own ballot among them, so the same as the sum it holds).
+        let q = self.quorum.as_ref().expect("a voting worker is a member");
+        let stages = q.member_stages();
+        // The one commit rule of every runner: every ballot ok, and every digest the same
+        // among the members of one stage (this worker's own ballot among them, so the same
+        // as the sum it holds); in a data-parallel job, among all of them.
         let cast: Vec<Ballot> = ballots
             .iter()
             .flatten()
             .map(|&(ok, digest, saved)| Ballot { ok, digest, durable: saved.durable })
             .collect();
-        if self.status.unapplied.is_some() && decide(&cast) == Decision::Commit {
-            // The checkpoints: the committer (ranked first) commits what every part has
-            // reached, and the parts are written while it holds the root's lock.
+        if self.status.unapplied.is_some() && decide_in_groups(&cast, &stages) == Decision::Commit {
+            // The checkpoints: each stage's committer (its member ranked first) commits
+            // what every part of every stage has reached, and the parts are written while
+            // it holds its stage root's lock. A checkpoint is verified when every member
+            // wrote its part of the same step, and the parts of each stage from one state.
             let saved: Vec<Saved> = ballots.iter().flatten().map(|&(_, _, s)| s).collect();
-            if saved.windows(2).all(|w| (w[0].written, w[0].print) == (w[1].written, w[1].print)) {
+            let one_step = saved.windows(2).all(|w| w[0].written == w[1].written);
+            let one_state = |g: usize| {
+                let prints = saved.iter().zip(&stages).filter(|(_, s)| **s == g).map(|(s, _)| s.print);
+                prints.collect::<Vec<u64>>().windows(2).all(|w| w[0] == w[1])
+            };
+            if one_step && (0..q.stages.len()).all(one_state) {
                 self.verified = self.verified.max(saved[0].written);
             }
+            let mine = q.stage_of(self.id);
+            let committer = stages.iter().position(|&s| s == mine).expect("this worker's stage has a member");
             let agreed = Saved {
                 durable: crate::commit::durable_everywhere(&cast).min(self.verified),
-                locked: saved[0].locked,
+                locked: saved[committer].locked,
                 ..Saved::default()
             };
             out.push(self.apply(self.status.step, Some(agreed)));
@@ -620,6 +640,10 @@ struct AfterHash {
     quorum: Option<Quorum>,
 }
 
-fn fetch_from(q: &Quorum) -> Action {
-    Action::Fetch { epoch: q.epoch, step: q.step, fingerprint: q.fingerprint, sources: q.sources.clone() }
+/// Worker `id` fetches its stage's state from the stage's sources (a stage whose members
+/// roll forward has none: the coordinator makes only those members).
+fn fetch_from(q: &Quorum, id: WorkerId) -> Option<Action> {
+    let state = q.state_of(id);
+    let fingerprint = state.fingerprint?;
+    Some(Action::Fetch { epoch: q.epoch, step: q.step, fingerprint, sources: state.sources.clone() })
 }

@@ -52,7 +52,7 @@ impl Timeline {
             metrics.hold(q.members.first() == Some(&worker.id()))?;
             metrics.write(json!({
                 "kind": "quorum", "epoch": q.epoch, "members": q.members, "step": q.step,
-                "sources": q.sources, "synced": s.phase == WorkerState::Synced,
+                "sources": q.state_of(worker.id()).sources, "synced": s.phase == WorkerState::Synced,
             }))?;
             let left: Vec<WorkerId> = self.members.iter().copied().filter(|m| !q.members.contains(m)).collect();
             let joined: Vec<WorkerId> = q.members.iter().copied().filter(|m| !self.members.contains(m)).collect();
