@@ -3,7 +3,9 @@
 //! failure within the bound; a two-node `launch` as torchrun users run it, giving the
 //! single-process bits; and an elastic job of three nodes that loses a node (killed, then
 //! started again) or a node's link, or the host of its coordinator (a coordinator started
-//! on another host takes over), and ends with the single-process bits. Skipped where
+//! on another host takes over), and ends with the single-process bits; and a pipeline job
+//! over two hosts (a replica on each) that loses a host and gets it back, or goes on
+//! without it, with the single-process bits. Skipped where
 //! namespaces cannot be made (not root, or a sandbox without them). The scripts run one at
 //! a time: each times heartbeats, which a neighbour's load would only blur.
 
@@ -66,5 +68,17 @@ fn an_elastic_job_of_three_nodes_survives_a_lost_node_and_a_cut_link_with_the_si
         // The coordinator's host lost and a coordinator started on another: both workers.
         assert_eq!(text.matches("ok: failover: the worker").count(), 2, "{text}");
         assert!(text.contains("ok: failover: the coordinator on host 1 saw the job finish"), "{text}");
+    }
+}
+
+#[test]
+fn a_pipeline_job_over_two_hosts_gets_a_lost_host_back_or_goes_on_without_it_with_the_single_process_bits() {
+    if let Some(text) = run_script("netns-pipeline-test.sh") {
+        // Host 1 (replica 1) killed at a drawn step and started again: all four workers,
+        // its two fetching their stages' states from host 0's.
+        assert_eq!(text.matches("ok: kill: worker").count(), 4, "{text}");
+        assert!(text.contains("ok: host 1's new workers fetched their stages' states from host 0's"), "{text}");
+        // Host 1 lost for good: host 0's workers finish the job, computing its micro-batches.
+        assert_eq!(text.matches("ok: shrink: worker").count(), 2, "{text}");
     }
 }

@@ -241,6 +241,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         let serving = Serving {
             key: secret.as_bytes(),
             world,
+            stages: crate::replay_job::pipeline_stages(&plan.command),
             min_world,
             timing,
             requests: &requests,
@@ -334,6 +335,8 @@ fn outcome(
 struct Serving<'a> {
     key: &'a [u8],
     world: usize,
+    /// The pipeline stages of the workers' command (1: data-parallel).
+    stages: usize,
     min_world: usize,
     timing: Timing,
     requests: &'a Arc<Requests>,
@@ -354,7 +357,8 @@ impl Serving<'_> {
                 None => return Ok(None),
             },
         };
-        let machine = Coordinator::new(generation, self.world, self.min_world, self.timing, Instant::now());
+        let machine = Coordinator::new(generation, self.world, self.min_world, self.timing, Instant::now())
+            .with_stages(self.stages);
         let (tx, started) = (&self.tx, self.started);
         let state = comm::control::coordinate(listener, self.key, machine, self.timing, self.requests, &mut |event| {
             println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());

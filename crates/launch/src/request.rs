@@ -163,8 +163,10 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
-    if matches!(recovery, Recovery::Live | Recovery::Memory) && crate::replay_job::pipeline_stages(&r.command) > 1 {
-        return Err(bad(elastic_pipeline_advice(&r, recovery)));
+    // A pipeline job recovers a lost stage worker from a live replica of its stage; the
+    // in-memory copies of the rollback baseline hold whole models only.
+    if recovery == Recovery::Memory && crate::replay_job::pipeline_stages(&r.command) > 1 {
+        return Err(bad(memory_pipeline_advice(&r)));
     }
     // The baselines serve a coordinator of their own on a free loopback port.
     let asked = here.is_some() && r.coordinator.is_some();
@@ -252,20 +254,19 @@ fn own_coordinator(mode: &str, asked: bool) -> Result<(), LaunchError> {
     Ok(())
 }
 
-/// Why an elastic job (`recovery` from live replicas or in-memory copies) cannot run the
-/// pipeline stages of `r`'s command, with the command that recovers a pipeline job: said
-/// once, here, rather than by each worker as it refuses its configuration.
-fn elastic_pipeline_advice(r: &LaunchRequest, recovery: Recovery) -> String {
-    let mut flags = vec![format!("--nproc {}", r.nproc * r.nnodes)];
+/// Why the rollback baseline (`--recovery memory`, in-memory copies of the whole model)
+/// cannot run the pipeline stages of `r`'s command, with the commands that recover a
+/// pipeline job: said once, here, rather than by each worker as it refuses its
+/// configuration.
+fn memory_pipeline_advice(r: &LaunchRequest) -> String {
+    let mut flags = vec![format!("--nproc {}", r.nproc)];
     flags.extend(r.max_restarts.map(|k| format!("--max-restarts {k}")));
     flags.extend(r.on_failure.map(|f| format!("--on-failure {f}")));
-    flags.push("--recovery replay".to_owned());
-    let one_node = if r.max_nnodes > 1 { " (on one node)" } else { "" };
     format!(
-        "an elastic job (--recovery {recovery}) rebuilds a lost worker from the others' copies of the whole model, \
-         but this job's workers hold {} pipeline stages: a pipeline job recovers a lost stage worker from its \
-         checkpoint and its neighbours' boundary logs. Run it so{one_node}:\n  steadfast launch {} -- {}\n(or \
-         restart every worker from the last checkpoint with --recovery checkpoint)",
+        "--recovery memory keeps in-memory copies of the whole model, but this job's workers hold {} pipeline \
+         stages: a pipeline job recovers a lost stage worker from a live replica of its stage:\n  steadfast launch \
+         {} -- {}\n(or replays its neighbours' boundary logs with --recovery replay, or restarts every worker from \
+         the last checkpoint with --recovery checkpoint)",
         crate::replay_job::pipeline_stages(&r.command),
         flags.join(" "),
         r.command.join(" ")
@@ -382,13 +383,13 @@ mod tests {
     }
 
     #[test]
-    fn an_elastic_launcher_of_pipeline_stages_names_the_replay_command_to_run_instead() {
+    fn the_rollback_baseline_of_pipeline_stages_names_the_commands_to_run_instead() {
         let command: Vec<String> = ["train", "--pipeline-stages", "2"].iter().map(|s| s.to_string()).collect();
         let r = LaunchRequest { nproc: 4, max_restarts: Some(2), command, ..request() };
-        let why = elastic_pipeline_advice(&r, Recovery::Live);
+        let why = memory_pipeline_advice(&r);
         assert!(why.contains("hold 2 pipeline stages"), "{why}");
-        let instead = "steadfast launch --nproc 4 --max-restarts 2 --recovery replay -- train --pipeline-stages 2";
-        assert!(why.contains(instead), "{why}");
+        let instead = "steadfast launch --nproc 4 --max-restarts 2 -- train --pipeline-stages 2";
+        assert!(why.contains(instead) && why.contains("--recovery replay"), "{why}");
     }
 
     #[test]

@@ -219,8 +219,8 @@ impl TrainConfig {
         self.dist.as_ref().map_or(Duration::from_secs(60), |d| d.settings().timeout)
     }
 
-    /// What a pipeline job needs: a static job on the mesh whose ranks are whole
-    /// pipelines, and no feature that pipeline stages do not have yet.
+    /// What a pipeline job needs: a job on the mesh (static or elastic) whose ranks are
+    /// whole pipelines, and no feature that pipeline stages do not have yet.
     fn check_pipeline(&self) -> Result<(), crate::ConfigError> {
         let stages = self.pipeline.stages;
         let invalid = |text: String| Err(crate::ConfigError::Invalid(text));
@@ -238,12 +238,16 @@ impl TrainConfig {
         let world = match &self.dist {
             Some(DistConfig::Mesh(m)) => m.world,
             Some(DistConfig::Mpi(_)) => return invalid("pipeline stages run on Steadfast's mesh, not MPI's".into()),
-            Some(DistConfig::Elastic(_)) => {
-                return invalid(format!(
-                    "an elastic job's workers are replicas of the whole model, not pipeline stages: a pipeline job \
-                     recovers a lost stage worker under `steadfast launch --max-restarts K --recovery replay -- train \
-                     --pipeline-stages {stages} ...`"
-                ));
+            Some(DistConfig::Elastic(e)) => {
+                if self.log.is_some() {
+                    return invalid(
+                        "an elastic pipeline job recovers a lost stage worker from a live replica of its stage and \
+                         logs no boundary: leave out --log-boundaries and --log-budget (a job that replays its \
+                         boundary logs runs under `steadfast launch --recovery replay`)"
+                            .into(),
+                    );
+                }
+                e.world
             }
             None => {
                 return invalid(format!(

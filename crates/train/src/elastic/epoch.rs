@@ -11,18 +11,22 @@ use std::time::{Duration, Instant};
 
 use comm::port::Port;
 use comm::protocol::WorkerId;
-use comm::transport::{TcpConfig, TcpMesh};
+use comm::transport::{CommError, TcpConfig, TcpMesh};
 use serde_json::json;
 
 use crate::checkpointing;
 use crate::config::{ElasticWorker, TrainConfig};
 use crate::driver::{Flow, Reduction, Runner};
+use crate::error::ConfigError;
 use crate::error::TrainError;
 use crate::metrics::Ledger;
+use crate::pipeline::{self, Staged};
+use crate::schedule::Boundary;
 use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
 use crate::trainer::report_injections;
 
 use super::saving::Saving;
+use super::stages::Stages;
 
 /// The mesh of the current epoch, shared with the link's thread, which aborts it when a
 /// message from the coordinator ends the epoch while the loop is blocked in a collective.
@@ -94,6 +98,8 @@ pub(super) struct ElasticRunner<'c, 'e> {
     pub saving: Option<Saving>,
     /// The step of the checkpoint this worker resumed from (0: none).
     pub resumed_from: u64,
+    /// In a pipeline job: this worker's stage, and the epoch's layout.
+    pub pipe: Option<Stages>,
 }
 
 /// The checks an action asked of a step.
@@ -106,10 +112,27 @@ pub(super) struct Asked {
 }
 
 impl ElasticRunner<'_, '_> {
-    /// This member's part of the epoch's checkpoints: its rank among the members.
+    /// This member's part of the epoch's checkpoints: its rank among the members (of its
+    /// stage, in a pipeline job, whose stages each have a root of their own).
     pub(super) fn part(&self) -> ckpt::Part {
-        let index = self.members.iter().position(|&m| m == self.id).unwrap_or(0);
-        ckpt::Part { index, count: self.members.len().max(1), group: self.epoch }
+        let writers: Vec<WorkerId> = match &self.pipe {
+            Some(p) => {
+                let stages = self.config.pipeline.stages;
+                self.members.iter().copied().filter(|&m| comm::protocol::stage_of(m, stages) == p.stage()).collect()
+            }
+            None => self.members.clone(),
+        };
+        let index = writers.iter().position(|&m| m == self.id).unwrap_or(0);
+        ckpt::Part { index, count: writers.len().max(1), group: self.epoch }
+    }
+
+    /// The epoch's mesh and this worker's stage, in a pipeline job.
+    fn staged(&mut self) -> Result<(Arc<TcpMesh>, &mut Staged), TrainError> {
+        let mesh = self.mesh().map_err(CommError::Setup)?.0;
+        match self.pipe.as_mut() {
+            Some(p) => Ok((mesh, &mut p.staged)),
+            None => Err(ConfigError::Invalid("this worker holds no pipeline stage".into()).into()),
+        }
     }
 
     /// Whether `state` still has the fingerprint `expected` it was committed with; when
@@ -199,7 +222,17 @@ impl Runner for ElasticRunner<'_, '_> {
         };
         let holds = self.sum_step.is_some();
         let out = if holds { &mut self.work } else { &mut *r.sum };
-        match self.reducer.sum_parts(&*mesh, r.parts, out.as_mut_slice(), self.config.reduce, self.d.job.timeout) {
+        let (mode, timeout) = (self.config.reduce, self.d.job.timeout);
+        // A pipeline stage sums with its own replicas.
+        let summed = match &self.pipe {
+            Some(p) => {
+                let layout = &p.staged.layout;
+                comm::group::Group::new(&*mesh, layout.replicas_of(p.stage()))
+                    .and_then(|group| self.reducer.sum_parts(&group, r.parts, out.as_mut_slice(), mode, timeout))
+            }
+            None => self.reducer.sum_parts(&*mesh, r.parts, out.as_mut_slice(), mode, timeout),
+        };
+        match summed {
             Ok(()) => {
                 if holds {
                     std::mem::swap(&mut self.work, r.sum);
@@ -270,5 +303,28 @@ impl Runner for ElasticRunner<'_, '_> {
 
     fn injected(&mut self, flips: Vec<Injected>) -> Result<(), TrainError> {
         report_injections(&mut self.ledger.metrics, flips)
+    }
+
+    /// A boundary tensor goes to the worker that computes `micro` at stage `peer`, over
+    /// the epoch's mesh. A failed send or receive ends the step like a failed all-reduce:
+    /// the protocol hears that the computation failed.
+    fn send(&mut self, _at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
+        let (mesh, pipe) = self.staged()?;
+        let to = pipe.layout.rank(micro % pipe.layout.replicas, peer);
+        pipeline::send_tensor(&*mesh, to, tensor, data, &mut pipe.bytes)
+    }
+
+    fn recv(
+        &mut self,
+        _at: At,
+        peer: usize,
+        micro: usize,
+        tensor: Boundary,
+        data: &mut Vec<f32>,
+    ) -> Result<(), TrainError> {
+        let timeout = self.d.job.timeout;
+        let (mesh, pipe) = self.staged()?;
+        let from = pipe.layout.rank(micro % pipe.layout.replicas, peer);
+        pipeline::recv_tensor(&*mesh, (from, micro, tensor), timeout, &mut pipe.bytes, data)
     }
 }

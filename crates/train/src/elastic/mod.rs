@@ -54,12 +54,14 @@ mod epoch;
 mod held;
 mod saving;
 mod shell;
+mod stages;
 mod timeline;
 
 use epoch::{Current, ElasticRunner};
 use held::{MemoryCopy, SharedState};
 use saving::Saving;
 use shell::Shell;
+use stages::Stages;
 use timeline::Timeline;
 
 /// Runs worker `d.slot` (process `d.job.incarnation` of the slot) of an elastic job.
@@ -70,25 +72,34 @@ pub(crate) fn run(
 ) -> Result<(Summary, TrainState), TrainError> {
     let (secret, bind, incarnation) = (&d.secret, d.bind, d.job.incarnation);
     let id = d.slot as WorkerId;
+    // A pipeline stage's checkpoints go under its own root.
+    let own = stages::stage_config(config, d);
+    let config = own.as_ref().unwrap_or(config);
     let job = saving::job_tag(d);
     saving::refuse_other_jobs(config, &job)?;
     crate::checkpointing::refuse_other_configuration(config)?;
     let prepared = Prepared::load(config)?;
     let (mut state, engine) = prepared.start(config);
+    let parameters = state.parameters();
+    let (pipe, engine) = Stages::cut(config, d, &mut state, engine)?;
     // After a total loss the job starts again from its newest valid checkpoint, on any
     // number of workers; a worker that joins a running job fetches a newer state anyway.
-    let restored = crate::trainer::restore(config, config.resume.as_deref(), &mut state)?;
+    let restored = match &pipe {
+        Some(p) => stages::restore(config, config.pipeline.stages, p.stage(), &mut state)?,
+        None => crate::trainer::restore(config, config.resume.as_deref(), &mut state)?,
+    };
     let resumed_from = state.step;
-    let parameters = state.parameters();
     let layout = held::layout_of(&state);
     let fingerprint = state.fingerprint();
     let held = Arc::new(RwLock::new(SharedState { state, fingerprint: Some(fingerprint) }));
     let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
     // Worker 0's first process writes the job's record from the start; after that, each
     // epoch's lowest-ranked member does (see `Timeline`): a replacement waits its turn.
+    // (The first collector: worker 0, or the last stage of a pipeline's first replica.)
+    let collector = config.pipeline.stages as WorkerId - 1;
     let mut metrics = MetricsFile::in_turns(
         config.out_dir.as_ref(),
-        id == 0 && incarnation == 0,
+        id == collector && incarnation == 0,
         incarnation > 0 || resumed_from > 0,
     )?;
     if let Some(r) = &restored {
@@ -145,6 +156,7 @@ pub(crate) fn run(
         found: None,
         saving: Saving::new(config, job),
         resumed_from,
+        pipe,
     };
     let mut shell = Shell {
         driver: Driver::new(&engine, id as usize),

@@ -19,6 +19,7 @@ use super::held::{self, MemoryCopy, SharedState, lock_read, lock_write};
 use super::timeline::Timeline;
 use crate::driver::{Driver, Stop};
 use crate::error::TrainError;
+use crate::pipeline;
 use crate::schedule::{self, Op};
 use crate::step::{Engine, LiveFaults, TrainState};
 use crate::trainer::{EvalReport, Prepared, Progress, Summary, evaluate_state, write_summary};
@@ -32,9 +33,10 @@ pub(super) struct Shell<'c, 'e, 'a> {
     pub(super) queue: VecDeque<Action>,
     pub(super) held: Arc<RwLock<SharedState>>,
     pub(super) hooks: LiveFaults,
-    /// The data-parallel schedule of the current `(rank, world)`.
+    /// The step of the current place: the data-parallel schedule of `(rank, world)`, or
+    /// a pipeline stage's of `(epoch, rank)`.
     pub(super) ops: Vec<Op>,
-    pub(super) placed: Option<(usize, usize)>,
+    pub(super) placed: Option<(u64, usize)>,
     /// The state's layout digest and element count, which a fetch asks for.
     pub(super) layout: (u64, u64),
     /// Set by the server of fetches when it found the state changed at rest.
@@ -187,13 +189,33 @@ impl Shell<'_, '_, '_> {
         verify: Option<u64>,
     ) -> Result<(), TrainError> {
         self.side.ledger.started = Instant::now();
-        if self.placed != Some((rank, members.len())) {
-            self.ops = schedule::data_parallel(self.engine.sampler().micro_batches(), rank, members.len());
-            self.placed = Some((rank, members.len()));
+        let micro_batches = self.engine.sampler().micro_batches();
+        match self.side.pipe.as_mut() {
+            // A pipeline's layout is the epoch's: which worker computes which place.
+            Some(p) if self.placed != Some((epoch, rank)) => {
+                p.enter(&members)?;
+                self.ops = p.ops(self.side.config, rank, micro_batches);
+                self.placed = Some((epoch, rank));
+            }
+            Some(_) => {}
+            None if self.placed != Some((rank as u64, members.len())) => {
+                self.ops = schedule::data_parallel(micro_batches, rank, members.len());
+                self.placed = Some((rank as u64, members.len()));
+            }
+            None => {}
         }
         (self.side.epoch, self.side.members) = (epoch, members);
         self.side.asked = Asked { at_rest: verify, ..Asked::default() };
-        let stop = self.step_ops(0)?;
+        let stop = match self.step_ops(0) {
+            Ok(stop) => stop,
+            // A pipeline stage's boundary tensors cross the epoch's mesh too: a peer lost
+            // there fails the step as a lost member fails the all-reduce.
+            Err(TrainError::Comm(e)) if self.side.pipe.is_some() => {
+                self.side.found = Some(Found::Failed(format!("a boundary tensor did not cross: {e}")));
+                Stop::Ended { at: schedule::Op::Load }
+            }
+            Err(e) => return Err(e),
+        };
         let now = Instant::now();
         let event = match (stop, self.side.found.take()) {
             (Stop::Paused { .. }, Some(Found::Reduced(check))) => {
@@ -250,10 +272,16 @@ impl Shell<'_, '_, '_> {
         let done = step + 1;
         let config = self.side.config;
         if config.eval_every > 0 && done.is_multiple_of(config.eval_every) && done < config.steps {
-            let report =
-                evaluate_state(&mut self.engine, &prepared.data, &lock_read(&self.held).state, config.eval_limit);
-            self.side.ledger.evaluated(&report, prepared.unigram_perplexity)?;
-            self.last_eval = Some(report);
+            match self.evaluate(prepared) {
+                Ok(report) => {
+                    self.side.ledger.evaluated(&report, prepared.unigram_perplexity)?;
+                    self.last_eval = Some(report);
+                }
+                // (A pipeline's evaluation gathers the stages: a lost one ends the epoch
+                // at its next collective, not here.)
+                Err(TrainError::Comm(e)) => tracing::warn!(step = done, "no evaluation after step {done}: {e}"),
+                Err(e) => return Err(e),
+            }
         }
         self.side.ledger.started = Instant::now();
         self.copy.keep(&mut self.worker, done, &self.held);
@@ -270,6 +298,29 @@ impl Shell<'_, '_, '_> {
         };
         self.queue.extend(self.worker.step(Instant::now(), event));
         Ok(())
+    }
+
+    /// Scores the state held on the held-out split: a pipeline's collector gathers its
+    /// replica's stages over the epoch's mesh and shares the result with every member.
+    fn evaluate(&mut self, prepared: &Prepared) -> Result<EvalReport, TrainError> {
+        let config = self.side.config;
+        let guard = lock_read(&self.held);
+        let Some(p) = self.side.pipe.as_mut() else {
+            return Ok(evaluate_state(&mut self.engine, &prepared.data, &guard.state, config.eval_limit));
+        };
+        let (_, mesh) = self.side.current.get().ok_or_else(|| CommError::Setup("no epoch's mesh".into()))?;
+        let (staged, timeout) = (&mut p.staged, self.side.d.job.timeout);
+        let mine = if pipeline::gather(&*mesh, &staged.layout, &guard.state, &mut staged.whole, timeout)? {
+            let report = evaluate_state(&mut self.engine, &prepared.data, &staged.whole, config.eval_limit);
+            let loss = self.side.ledger.last_loss;
+            Some(pipeline::Shared { report, fingerprint: staged.whole.fingerprint(), loss })
+        } else {
+            None
+        };
+        let shared = pipeline::share(&*mesh, &staged.layout, mine.as_ref(), timeout)?;
+        let report = shared.report.clone();
+        staged.shared = Some(shared);
+        Ok(report)
     }
 
     /// The protocol's `Diverged`: every member holds the verdict before any exits (a
@@ -328,8 +379,6 @@ impl Shell<'_, '_, '_> {
         if self.side.d.copy_every.is_some() {
             tracing::info!(seconds = self.copy.spent.as_secs_f64(), "time spent copying the state in memory");
         }
-        let state = Arc::try_unwrap(self.held)
-            .map_or_else(|h| lock_read(&h).state.clone(), |h| h.into_inner().unwrap_or_else(|e| e.into_inner()).state);
         let config = self.side.config;
         // The last checkpoint, the final step's, is committed before the summary.
         let (checkpoints, checkpoints_deferred) = match self.side.saving.take() {
@@ -343,20 +392,26 @@ impl Shell<'_, '_, '_> {
             }
             None => (ckpt::WriterStats::default(), 0),
         };
-        let last_eval = match self.last_eval.filter(|e| e.step == state.step) {
+        let step = lock_read(&self.held).state.step;
+        let last_eval = match self.last_eval.take().filter(|e| e.step == step) {
             Some(e) => e,
             None => {
-                let report = evaluate_state(&mut self.engine, &prepared.data, &state, config.eval_limit);
+                let report = self.evaluate(prepared)?;
                 self.side.ledger.evaluated(&report, prepared.unigram_perplexity)?;
                 report
             }
         };
+        let state = Arc::try_unwrap(self.held)
+            .map_or_else(|h| lock_read(&h).state.clone(), |h| h.into_inner().unwrap_or_else(|e| e.into_inner()).state);
+        // A pipeline's stages hold parts of the state: the job's is the gathered one's, and
+        // its loss the collector's.
+        let shared = self.side.pipe.as_ref().and_then(|p| p.staged.shared.clone());
         let summary = Summary {
             steps: config.steps,
-            final_loss: self.side.ledger.last_loss,
+            final_loss: shared.as_ref().map_or(self.side.ledger.last_loss, |s| s.loss),
             eval: last_eval,
             unigram_perplexity: prepared.unigram_perplexity,
-            fingerprint: state.fingerprint(),
+            fingerprint: shared.map_or_else(|| state.fingerprint(), |s| s.fingerprint),
             kernels: self.engine.kernels(),
             train_time: self.side.ledger.train_time,
             optimizer_time: self.driver.update_time(),

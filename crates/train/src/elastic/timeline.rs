@@ -13,7 +13,7 @@ use crate::metrics::MetricsFile;
 /// Every worker also says the changes of membership in a line.
 ///
 /// The record is written by the lowest-ranked member of each epoch (worker 0 while it is
-/// a member): each worker takes it over, or hands it on, when it joins a quorum, so that
+/// a member; in a pipeline job, of the last stage, which holds the loss): each worker takes it over, or hands it on, when it joins a quorum, so that
 /// the record (its steps, its summary) goes on when worker 0 or its node is lost. The
 /// launcher that serves the coordinator keeps the job's own record of losses and
 /// replacements beside it, in `events.jsonl`.
@@ -48,8 +48,10 @@ impl Timeline {
         }
         if let Some(q) = worker.quorum().filter(|q| q.epoch == s.epoch && s.epoch != self.epoch) {
             self.why = None;
-            // (Members are in rank order: the first is the lowest-ranked.)
-            metrics.hold(q.members.first() == Some(&worker.id()))?;
+            // The lowest-ranked member of the last stage holds the loss (members are in rank
+            // order; in a data-parallel job every member is of the one stage).
+            let last = q.stages.len() - 1;
+            metrics.hold(q.members.iter().find(|&&m| q.stage_of(m) == last) == Some(&worker.id()))?;
             metrics.write(json!({
                 "kind": "quorum", "epoch": q.epoch, "members": q.members, "step": q.step,
                 "sources": q.state_of(worker.id()).sources, "synced": s.phase == WorkerState::Synced,

@@ -21,13 +21,14 @@ use std::time::{Duration, Instant};
 use comm::transport::{CommError, Transport};
 
 use crate::checkpointing::{self, Restored};
+use crate::config::PipeSchedule;
 use crate::config::TrainConfig;
 use crate::driver::Runner;
 use crate::error::{ConfigError, TrainError};
 use crate::metrics::EvalReport;
 use crate::model::Stage;
 use crate::optim::Optimizer;
-use crate::schedule::Boundary;
+use crate::schedule::{Boundary, Op};
 use crate::step::{At, Engine, TrainState};
 
 pub mod groups;
@@ -142,6 +143,20 @@ impl Grid {
     /// last stage of replica 0.
     pub fn collector(&self) -> usize {
         self.rank(0, self.stages - 1)
+    }
+
+    /// The step of `rank` in `schedule`: its stage's passes over its replica's
+    /// micro-batches (of `micro_batches` a step), and over those rerouted to it.
+    pub fn ops(&self, schedule: PipeSchedule, rank: usize, micro_batches: usize) -> Vec<Op> {
+        let (replica, stage) = self.place(rank);
+        if self.is_whole() {
+            return crate::schedule::pipeline(schedule, self.stages, stage, micro_batches, replica, self.replicas);
+        }
+        // A worker that computes another replica's micro-batches too orders them by GPipe,
+        // and so does every stage: their exchanges then come in one order on each link
+        // (the schedule changes no bit).
+        let serves = self.serves(rank);
+        crate::schedule::serving(PipeSchedule::GPipe, self.stages, stage, micro_batches, (&serves, self.replicas))
     }
 }
 

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::checkpointing;
-use crate::config::{DistConfig, PipeSchedule, TrainConfig};
+use crate::config::{DistConfig, TrainConfig};
 use crate::data::{Dataset, Split};
 use crate::driver::Driver;
 use crate::error::{ConfigError, TrainError};
@@ -288,19 +288,7 @@ fn actions(
     (rank, world): (usize, usize),
 ) -> Vec<Op> {
     match pipe {
-        Some(p) => {
-            let (replica, stage) = p.layout.place(rank);
-            let (stages, replicas) = (p.layout.stages, p.layout.replicas);
-            if p.layout.is_whole() {
-                schedule::pipeline(config.pipeline.schedule, stages, stage, micro_batches, replica, replicas)
-            } else {
-                // A worker that computes another replica's micro-batches too orders them
-                // by GPipe, and so does every stage: their exchanges then come in one
-                // order on each link (the schedule changes no bit).
-                let serves = p.layout.serves(rank);
-                schedule::serving(PipeSchedule::GPipe, stages, stage, micro_batches, (&serves, replicas))
-            }
-        }
+        Some(p) => p.layout.ops(config.pipeline.schedule, rank, micro_batches),
         None => schedule::data_parallel(micro_batches, rank, world),
     }
 }

@@ -1,0 +1,99 @@
+//! An elastic worker that holds a pipeline stage (`train --pipeline-stages S` under
+//! `steadfast launch --max-restarts K`).
+//!
+//! Worker `id` holds stage `id mod S` of replica `id / S`, as in a static pipeline job
+//! ([`crate::pipeline::Grid`]); the step protocol synchronises each stage's replicas apart
+//! (see [`comm::protocol`]'s pipelines). Each epoch's layout is the start's, cut to the
+//! epoch's members: a worker lost for good (`--on-failure shrink`) leaves its micro-batches
+//! to the next replica's worker of its stage ([`Grid::rank`]), and a replacement takes its
+//! slot's place again. The stage's checkpoints go to its own root under the job's
+//! (`stage-S-of-N`), written in parts by the stage's members; a job that starts again
+//! after a total loss resumes from the newest step of which every stage has one.
+
+use std::path::Path;
+
+use comm::protocol::WorkerId;
+
+use crate::checkpointing::Restored;
+use crate::config::{ElasticWorker, TrainConfig};
+use crate::error::{ConfigError, TrainError};
+use crate::pipeline::{Grid, Staged};
+use crate::schedule::Op;
+use crate::step::{Engine, TrainState};
+
+/// The stage an elastic worker holds, and where the job's workers sit.
+pub(super) struct Stages {
+    /// The layout at the start: every slot.
+    start: Grid,
+    /// The stage, its neighbours' places in the current epoch, and the whole model's
+    /// state for evaluations.
+    pub staged: Staged,
+}
+
+/// `config` for worker `d` of a pipeline job: its checkpoints under its stage's root.
+pub(super) fn stage_config(config: &TrainConfig, d: &ElasticWorker) -> Option<TrainConfig> {
+    let stages = config.pipeline.stages;
+    if stages < 2 {
+        return None;
+    }
+    let mut own = config.clone();
+    if let Some(c) = own.checkpoint.as_mut() {
+        c.dir = c.dir.join(ckpt::reader::stage_dir_name(d.slot % stages, stages));
+    }
+    Some(own)
+}
+
+impl Stages {
+    /// Cuts `state` (the whole model's initial state) and `engine` to worker `d.slot`'s
+    /// stage of a job of `d.world` workers; `None` for a job that is not a pipeline.
+    pub fn cut<'a>(
+        config: &TrainConfig,
+        d: &ElasticWorker,
+        state: &mut TrainState,
+        engine: Engine<'a>,
+    ) -> Result<(Option<Stages>, Engine<'a>), TrainError> {
+        if config.pipeline.stages < 2 {
+            return Ok((None, engine));
+        }
+        let start = Grid::of(config.pipeline.stages, d.world)?;
+        let (staged, engine) = Staged::cut(config, start.clone(), d.slot, state, engine)?;
+        Ok((Some(Stages { start, staged }), engine))
+    }
+
+    /// The stage's index.
+    pub fn stage(&self) -> usize {
+        self.staged.stage.index
+    }
+
+    /// Enters the epoch of `members` (ids, in rank order): the layout is the start's, cut
+    /// to them.
+    pub fn enter(&mut self, members: &[WorkerId]) -> Result<(), TrainError> {
+        let slots: Vec<usize> = members.iter().map(|&m| m as usize).collect();
+        self.staged.layout = self.start.with_slots(slots)?;
+        Ok(())
+    }
+
+    /// The step of the member ranked `rank` in the current epoch.
+    pub fn ops(&self, config: &TrainConfig, rank: usize, micro_batches: usize) -> Vec<Op> {
+        self.staged.layout.ops(config.pipeline.schedule, rank, micro_batches)
+    }
+}
+
+/// The checkpoint a pipeline worker resumes from (`--resume ROOT`, the job's root of
+/// stage roots): its stage's checkpoint of the newest step of which every stage has one.
+pub(super) fn restore(
+    config: &TrainConfig,
+    stages: usize,
+    stage: usize,
+    state: &mut TrainState,
+) -> Result<Option<Restored>, TrainError> {
+    let Some(root) = config.resume.as_deref() else { return Ok(None) };
+    let step = ckpt::reader::common_step(root, stages)?.ok_or_else(|| {
+        ConfigError::Invalid(format!(
+            "--resume {}: no step of which every one of the {stages} stages has a checkpoint there",
+            root.display()
+        ))
+    })?;
+    let dir = root.join(ckpt::reader::stage_dir_name(stage, stages)).join(ckpt::store::step_dir_name(step));
+    crate::trainer::restore(config, Some(Path::new(&dir)), state)
+}

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# A pipeline job across hosts on one machine: two hosts as network namespaces, each one
+# replica of a two-stage pipeline (`steadfast launch --nnodes 2 --node-rank I
+# --nproc-per-node 2 --coordinator HOST0:PORT --max-restarts 1 -- train --pipeline-stages
+# 2`: host I runs slots 2I and 2I+1, stages 0 and 1 of replica I), reproducible sums.
+#  1. Host 1's launcher and workers are killed with SIGKILL at a step drawn at random; host
+#     0's workers go on alone, each computing replica 1's micro-batches of its stage too,
+#     then host 1's launcher is started again with the same command: its workers join the
+#     running job and fetch their stages' states from host 0's. All four workers end with
+#     single-process `train`'s fingerprint.
+#  2. The same job with `--on-failure shrink` loses host 1 for good at a drawn step, and
+#     host 0's workers finish it alone with that fingerprint.
+#
+# Needs root and iproute2. Usage: scripts/netns-pipeline-test.sh path/to/steadfast
+# Exit status: 0 pass, 1 fail, 77 cannot run here (no namespaces).
+set -uo pipefail
+bin=${1:?usage: netns-pipeline-test.sh path/to/steadfast}
+. "$(dirname "$0")/netns-hosts.sh"
+make_hosts 2
+
+export STEADFAST_SECRET=netns-pipeline-secret
+steps=300
+model=(--model mlp --data synthetic --steps "$steps" --batch 32 --micro-batch 8 --reduce reproducible --eval-every 0)
+job=(train "${model[@]}" --comm-timeout 3 --pipeline-stages 2)
+reference=$("$bin" train "${model[@]}" --out "$work/single" 2>"$work/single.log" |
+  sed -n 's/^fingerprint: \([0-9a-f]*\).*/\1/p')
+[ -n "$reference" ] || { echo "FAIL: single-process train printed no fingerprint"; exit 1; }
+status=0
+
+# Starts host i's launcher for run $1 (its recovery flags in $2); its output goes to
+# $work/$1-node$i.log.
+start_node() {
+  local run=$1 recovery=$2 i=$3
+  # shellcheck disable=SC2086 # $recovery is flags
+  on_host "$i" "$bin" launch --nnodes 2 --node-rank "$i" --nproc-per-node 2 --coordinator "$net.10:29500" \
+    $recovery --min-nproc 2 --rendezvous-timeout 30 --heartbeat-timeout 1.5 --quorum-timeout 30 \
+    -- "${job[@]}" --out "$work/$run-out$i" >>"$work/$run-node$i.log" 2>&1 &
+  eval "pid$i=$!"
+}
+
+# The steps logged in run $1 (by its collector, the last stage of replica 0, on host 0).
+steps_logged() {
+  local f="$work/$1-out0/metrics.jsonl"
+  if [ -f "$f" ]; then grep -c '"kind":"train"' "$f"; else echo 0; fi
+}
+
+# Waits (bounded, 60 s) until run $1 has logged $2 steps.
+wait_steps() {
+  for _ in $(seq 1 600); do
+    [ "$(steps_logged "$1")" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  echo "FAIL: run $1 did not reach step $2"; cat "$work/$1"-node*.log; exit 1
+}
+
+# Kills every process in host i's namespace with SIGKILL: its launcher and its workers.
+kill_host() { ip netns pids "$tag-h$1" | xargs -r kill -9; }
+
+# Checks that each of run $1's workers on the hosts given printed the reference.
+check_workers() {
+  local run=$1; shift
+  for i in "$@"; do
+    for rank in $((2 * i)) $((2 * i + 1)); do
+      got=$(sed -n "s/^\[$rank\] fingerprint: \([0-9a-f]*\).*/\1/p" "$work/$run-node$i.log" | tail -1)
+      if [ "$got" = "$reference" ]; then
+        echo "ok: $run: worker $rank on host $i ended with the single-process fingerprint $got"
+      else
+        echo "FAIL: $run: worker $rank on host $i printed '$got', single-process train $reference"; status=1
+      fi
+    done
+  done
+}
+
+# Waits (bounded, 120 s) for host i's launcher; its exit status in rc$i.
+wait_node() {
+  local i=$1 pid_var="pid$1"
+  for _ in $(seq 1 1200); do kill -0 "${!pid_var}" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "${!pid_var}" 2>/dev/null; then
+    echo "FAIL: host $i's launcher still runs 120 s on"; kill -9 "${!pid_var}"; status=1
+  fi
+  wait "${!pid_var}"; eval "rc$i=$?"
+}
+
+# Checks that host i's launcher of run $1 exited well.
+check_exit() {
+  local run=$1 i=$2 rc_var="rc$2"
+  [ "${!rc_var}" = 0 ] || { echo "FAIL: $run: host $i's launcher exited with ${!rc_var}"; status=1; }
+}
+
+# 1. Host 1 killed at a drawn step, then started again.
+at=$((30 + RANDOM % 150))
+for i in 0 1; do start_node kill "--max-restarts 1" "$i"; done
+wait_steps kill "$at"
+kill_host 1
+echo "ok: killed host 1 (its launcher and workers) at step $(steps_logged kill)"
+before=$(steps_logged kill)
+wait_steps kill $((before + 20))
+echo "ok: host 0's workers went on to step $(steps_logged kill) without host 1"
+start_node kill "--max-restarts 1" 1
+for i in 0 1; do wait_node "$i"; check_exit kill "$i"; done
+# The coordinator's account: host 1's workers lost, host 0's going on, then the returning
+# workers fetching their stages' states.
+grep -E "worker [23] lost|workers \[0, 1\] from|fetch their stages' states" "$work/kill-node0.log" | sed 's/^/    /'
+if grep -qE "\[2, 3\] fetch their stages' states \(stage 0 from \[0\], stage 1 from \[1\]\)" "$work/kill-node0.log"; then
+  echo "ok: host 1's new workers fetched their stages' states from host 0's"
+else
+  echo "FAIL: host 1's new workers did not fetch their stages' states from host 0's"; status=1
+fi
+check_workers kill 0 1
+[ "$status" = 0 ] || { cat "$work"/kill-node*.log; }
+
+# 2. Host 1 lost for good: its micro-batches rerouted to host 0's workers.
+at=$((30 + RANDOM % 150))
+for i in 0 1; do start_node shrink "--on-failure shrink" "$i"; done
+wait_steps shrink "$at"
+kill_host 1
+echo "ok: killed host 1 for good at step $(steps_logged shrink)"
+wait_node 0
+check_exit shrink 0
+check_workers shrink 0
+[ "$status" = 0 ] || { cat "$work"/shrink-node*.log; }
+exit $status
