@@ -10,6 +10,10 @@
 #     single-process `train`'s fingerprint.
 #  2. The same job with `--on-failure shrink` loses host 1 for good at a drawn step, and
 #     host 0's workers finish it alone with that fingerprint.
+#  3. One pipeline of two stages, a stage on each host, checkpointing every 20 steps: host
+#     1 is killed at a drawn step, so stage 1's state is lost with it; its launcher is
+#     started again, and every stage goes back to the newest step of which both have a
+#     checkpoint. Both workers end with that fingerprint.
 #
 # Needs root and iproute2. Usage: scripts/netns-pipeline-test.sh path/to/steadfast
 # Exit status: 0 pass, 1 fail, 77 cannot run here (no namespaces).
@@ -19,35 +23,36 @@ bin=${1:?usage: netns-pipeline-test.sh path/to/steadfast}
 make_hosts 2
 
 export STEADFAST_SECRET=netns-pipeline-secret
-steps=300
-model=(--model mlp --data synthetic --steps "$steps" --batch 32 --micro-batch 8 --reduce reproducible --eval-every 0)
+steps=1000
+model=(--model mlp --data synthetic --steps "$steps" --batch 64 --micro-batch 8 --reduce reproducible --eval-every 0)
 job=(train "${model[@]}" --comm-timeout 3 --pipeline-stages 2)
 reference=$("$bin" train "${model[@]}" --out "$work/single" 2>"$work/single.log" |
   sed -n 's/^fingerprint: \([0-9a-f]*\).*/\1/p')
 [ -n "$reference" ] || { echo "FAIL: single-process train printed no fingerprint"; exit 1; }
 status=0
 
-# Starts host i's launcher for run $1 (its recovery flags in $2); its output goes to
-# $work/$1-node$i.log.
+# Starts host i's launcher for run $1 (its launcher flags in $2, the worker's extra flags
+# in $3); its output goes to $work/$1-node$i.log.
 start_node() {
-  local run=$1 recovery=$2 i=$3
-  # shellcheck disable=SC2086 # $recovery is flags
-  on_host "$i" "$bin" launch --nnodes 2 --node-rank "$i" --nproc-per-node 2 --coordinator "$net.10:29500" \
-    $recovery --min-nproc 2 --rendezvous-timeout 30 --heartbeat-timeout 1.5 --quorum-timeout 30 \
-    -- "${job[@]}" --out "$work/$run-out$i" >>"$work/$run-node$i.log" 2>&1 &
+  local run=$1 flags=$2 extra=$3 i=$4
+  # shellcheck disable=SC2086 # $flags and $extra are flags
+  on_host "$i" "$bin" launch --nnodes 2 --node-rank "$i" --coordinator "$net.10:29500" \
+    $flags --rendezvous-timeout 30 --heartbeat-timeout 1.5 --quorum-timeout 30 \
+    -- "${job[@]}" --out "$work/$run-out$i" $extra >>"$work/$run-node$i.log" 2>&1 &
   eval "pid$i=$!"
 }
 
-# The steps logged in run $1 (by its collector, the last stage of replica 0, on host 0).
+# The steps logged in run $1 (by its collector, the last stage of replica 0: on host 0,
+# or on host 1 when $2 says so).
 steps_logged() {
-  local f="$work/$1-out0/metrics.jsonl"
+  local f="$work/$1-out${2:-0}/metrics.jsonl"
   if [ -f "$f" ]; then grep -c '"kind":"train"' "$f"; else echo 0; fi
 }
 
-# Waits (bounded, 60 s) until run $1 has logged $2 steps.
+# Waits (bounded, 60 s) until run $1 has logged $2 steps (on host ${3:-0}).
 wait_steps() {
   for _ in $(seq 1 600); do
-    [ "$(steps_logged "$1")" -ge "$2" ] && return 0
+    [ "$(steps_logged "$1" "${3:-0}")" -ge "$2" ] && return 0
     sleep 0.1
   done
   echo "FAIL: run $1 did not reach step $2"; cat "$work/$1"-node*.log; exit 1
@@ -89,14 +94,15 @@ check_exit() {
 
 # 1. Host 1 killed at a drawn step, then started again.
 at=$((30 + RANDOM % 150))
-for i in 0 1; do start_node kill "--max-restarts 1" "$i"; done
+replicas="--nproc-per-node 2 --min-nproc 2"
+for i in 0 1; do start_node kill "$replicas --max-restarts 1" "" "$i"; done
 wait_steps kill "$at"
 kill_host 1
 echo "ok: killed host 1 (its launcher and workers) at step $(steps_logged kill)"
 before=$(steps_logged kill)
 wait_steps kill $((before + 20))
 echo "ok: host 0's workers went on to step $(steps_logged kill) without host 1"
-start_node kill "--max-restarts 1" 1
+start_node kill "$replicas --max-restarts 1" "" 1
 for i in 0 1; do wait_node "$i"; check_exit kill "$i"; done
 # The coordinator's account: host 1's workers lost, host 0's going on, then the returning
 # workers fetching their stages' states.
@@ -111,7 +117,7 @@ check_workers kill 0 1
 
 # 2. Host 1 lost for good: its micro-batches rerouted to host 0's workers.
 at=$((30 + RANDOM % 150))
-for i in 0 1; do start_node shrink "--on-failure shrink" "$i"; done
+for i in 0 1; do start_node shrink "$replicas --on-failure shrink" "" "$i"; done
 wait_steps shrink "$at"
 kill_host 1
 echo "ok: killed host 1 for good at step $(steps_logged shrink)"
@@ -119,4 +125,31 @@ wait_node 0
 check_exit shrink 0
 check_workers shrink 0
 [ "$status" = 0 ] || { cat "$work"/shrink-node*.log; }
+
+# 3. A stage on each host; host 1 killed at a drawn step, with stage 1's state.
+at=$((30 + RANDOM % 150))
+stages="--nproc-per-node 1 --min-nproc 2 --max-restarts 1"
+saving="--checkpoint-every 20 --checkpoint-dir $work/stage-ck"
+for i in 0 1; do start_node stage "$stages" "$saving" "$i"; done
+wait_steps stage "$at" 1
+kill_host 1
+echo "ok: killed host 1 (stage 1) at step $(steps_logged stage 1)"
+sleep 1
+start_node stage "$stages" "$saving" 1
+for i in 0 1; do wait_node "$i"; check_exit stage "$i"; done
+back=$(grep -oE "every stage goes back to its checkpoint of step [0-9]+" "$work/stage-node0.log" | head -1)
+if [ -n "$back" ]; then
+  echo "ok: stage 1's state was lost with host 1: $back"
+else
+  echo "FAIL: the stages did not go back to a common checkpoint"; status=1
+fi
+for i in 0 1; do
+  got=$(sed -n "s/^\[$i\] fingerprint: \([0-9a-f]*\).*/\1/p" "$work/stage-node$i.log" | tail -1)
+  if [ "$got" = "$reference" ]; then
+    echo "ok: stage: worker $i on host $i ended with the single-process fingerprint $got"
+  else
+    echo "FAIL: stage: worker $i on host $i printed '$got', single-process train $reference"; status=1
+  fi
+done
+[ "$status" = 0 ] || { cat "$work"/stage-node*.log; }
 exit $status

@@ -4,8 +4,8 @@
 //! single-process bits; and an elastic job of three nodes that loses a node (killed, then
 //! started again) or a node's link, or the host of its coordinator (a coordinator started
 //! on another host takes over), and ends with the single-process bits; and a pipeline job
-//! over two hosts (a replica on each) that loses a host and gets it back, or goes on
-//! without it, with the single-process bits. Skipped where
+//! over two hosts (a replica on each, or a stage on each) that loses a host and gets it
+//! back, or goes on without it, with the single-process bits. Skipped where
 //! namespaces cannot be made (not root, or a sandbox without them). The scripts run one at
 //! a time: each times heartbeats, which a neighbour's load would only blur.
 
@@ -80,5 +80,9 @@ fn a_pipeline_job_over_two_hosts_gets_a_lost_host_back_or_goes_on_without_it_wit
         assert!(text.contains("ok: host 1's new workers fetched their stages' states from host 0's"), "{text}");
         // Host 1 lost for good: host 0's workers finish the job, computing its micro-batches.
         assert_eq!(text.matches("ok: shrink: worker").count(), 2, "{text}");
+        // A stage on each host: host 1 lost with stage 1's state, every stage goes back to
+        // the newest checkpoint both have, and both workers end with the bits.
+        assert!(text.contains("ok: stage 1's state was lost with host 1"), "{text}");
+        assert_eq!(text.matches("ok: stage: worker").count(), 2, "{text}");
     }
 }

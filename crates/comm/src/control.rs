@@ -102,7 +102,7 @@ impl std::fmt::Display for MembershipEvent {
                 let prints: Vec<String> = q
                     .stages
                     .iter()
-                    .map(|s| s.fingerprint.map_or("rolled forward".into(), repro::fingerprint::hex))
+                    .map(|s| s.fingerprint.map_or_else(|| unknown(s), repro::fingerprint::hex))
                     .collect();
                 write!(f, "epoch {}: workers {:?} from step {} ({})", epoch_text(q.epoch), q.members, q.step, {
                     prints.join(", ")
@@ -119,10 +119,21 @@ impl std::fmt::Display for MembershipEvent {
     }
 }
 
+/// What a quorum says of a stage whose fingerprint it does not know.
+fn unknown(s: &crate::protocol::StageState) -> String {
+    if s.restore { "its checkpoint".into() } else { "rolled forward".into() }
+}
+
 /// How the members of quorum `q` that do not hold its state get it, in words: those
 /// `rolling` forward, those `fetching` (from which sources, by stage in a pipeline).
 pub fn how_members_sync(q: &Quorum, rolling: &[WorkerId], fetching: &[WorkerId]) -> Vec<String> {
     let mut how = Vec::new();
+    if q.stages.iter().any(|s| s.restore) {
+        how.push(match q.step {
+            0 => "a stage's state was lost: every stage goes back to its initial state".to_owned(),
+            step => format!("a stage's state was lost: every stage goes back to its checkpoint of step {step}"),
+        });
+    }
     if !rolling.is_empty() {
         how.push(format!("{rolling:?} roll forward"));
     }
@@ -396,6 +407,7 @@ fn quorum_event(machine: &Coordinator, q: &Quorum) -> MembershipEvent {
             Arrival::Holds => {}
             Arrival::RollsForward => rolling.push(m),
             Arrival::Fetches => fetching.push(m),
+            Arrival::Loads => {}
         }
     }
     MembershipEvent::Quorum { quorum: q.clone(), rolling, fetching }

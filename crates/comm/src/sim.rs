@@ -285,6 +285,8 @@ pub struct Report {
     pub checkpoints: Vec<(u64, usize, u64)>,
     /// Replica checks that outvoted a member for repair.
     pub repairs: u64,
+    /// Stage checkpoints loaded (a pipeline that lost a stage's state went back).
+    pub loaded: u64,
 }
 
 /// The sum of step `step`, as every worker computes it.
@@ -474,6 +476,7 @@ pub fn run(c: &Config) -> Report {
             messages: (0, 0),
             checkpoints: Vec::new(),
             repairs: 0,
+            loaded: 0,
         },
     };
     sim.start_coordinator();
@@ -628,6 +631,10 @@ impl Sim<'_> {
                 Action::Fetch { epoch, step, fingerprint, sources } => {
                     let p = proc.expect("only workers fetch");
                     self.fetch(p, epoch, (step, fingerprint), &sources);
+                }
+                Action::Load { epoch, step } => {
+                    let p = proc.expect("only workers load");
+                    self.load(p, epoch, step);
                 }
                 Action::Hash => {
                     let p = proc.expect("only workers hash");
@@ -906,6 +913,33 @@ impl Sim<'_> {
         self.after(t, Scheduled::Fetched { proc: p, epoch, source, step, want });
     }
 
+    /// Worker `p` loads its stage's checkpoint of `step` (its initial state at step 0),
+    /// which must have been committed: a pipeline that lost a stage's state goes back.
+    fn load(&mut self, p: usize, epoch: u64, step: u64) {
+        let stage = crate::protocol::stage_of(self.procs[p].id, self.c.stages);
+        let committed = self.report.checkpoints.iter().any(|&(s, g, _)| (s, g) == (step, stage));
+        assert!(step == 0 || committed, "seed {}: stage {stage} loads step {step}, never committed", self.c.seed);
+        let fingerprint = stage_reference(self.c.seed, stage, step);
+        let proc = &mut self.procs[p];
+        (proc.step, proc.fingerprint, proc.held) = (step, fingerprint, None);
+        self.report.loaded += 1;
+        self.tell(p, Event::Loaded { epoch, state: Some((step, fingerprint)) });
+    }
+
+    /// The steps of the checkpoints of worker `p`'s stage committed so far, newest first,
+    /// as a pipeline's shell lists them.
+    fn list_checkpoints(&mut self, p: usize) {
+        if self.c.stages < 2 {
+            return;
+        }
+        let stage = crate::protocol::stage_of(self.procs[p].id, self.c.stages);
+        let mut steps: Vec<u64> =
+            self.report.checkpoints.iter().filter(|&&(_, g, _)| g == stage).map(|&(s, _, _)| s).collect();
+        steps.sort_unstable_by(|a, b| b.cmp(a));
+        steps.dedup();
+        self.tell(p, Event::Checkpoints { steps });
+    }
+
     /// The worker process an event is for, if any.
     fn target(event: &Scheduled) -> Option<usize> {
         match event {
@@ -1002,6 +1036,7 @@ impl Sim<'_> {
                     let report = Msg::Report(self.procs[p].machine.status().clone());
                     self.send(node, Node::Coordinator, report);
                 } else if self.procs[p].hung_until.is_none() {
+                    self.list_checkpoints(p);
                     self.tell(p, Event::Tick);
                 }
                 self.after(self.tick_every(), Scheduled::Tick(node, Some(p)));

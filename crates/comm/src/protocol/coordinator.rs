@@ -470,7 +470,7 @@ impl Coordinator {
                 if let Some(rolling) = rolling.filter(|r| !r.is_empty()) {
                     left_out.extend(ready.iter().copied().filter(|id| of_stage(id) && !rolling.contains(id)));
                     let commit = status(rolling[0]).unapplied;
-                    states.push(StageState { fingerprint: None, commit, sources: Vec::new() });
+                    states.push(StageState { fingerprint: None, commit, sources: Vec::new(), restore: false });
                     continue;
                 }
                 let at: Vec<(WorkerId, u64)> =
@@ -480,10 +480,9 @@ impl Coordinator {
                 if at.is_empty() || self.live().any(|(id, _)| of_stage(&id) && !ready.contains(&id)) {
                     return Plan::Wait(format!("no worker{named} that holds step {step} is ready (ready: {at:?})"));
                 }
-                return Plan::Stop(format!(
-                    "no live worker{named} holds step {step}, the newest any worker reached (workers at steps \
-                     {at:?}): its state is lost; resume the job from its newest checkpoint"
-                ));
+                // The stage's state is lost: every stage goes back to its checkpoint of the
+                // newest step that every stage has.
+                return self.roll_back(ready, step);
             }
             let fingerprints: Vec<u64> = holders.iter().map(|&id| status(id).fingerprint).collect();
             // Replicas at one step hold one state unless one was corrupted. Without a
@@ -505,10 +504,34 @@ impl Coordinator {
             let sources: Vec<WorkerId> =
                 holders.iter().enumerate().filter(|(i, _)| !dissenters.contains(i)).map(|(_, &id)| id).collect();
             let (fingerprint, commit) = (status(sources[0]).fingerprint, status(sources[0]).last_commit);
-            states.push(StageState { fingerprint: Some(fingerprint), commit, sources });
+            states.push(StageState { fingerprint: Some(fingerprint), commit, sources, restore: false });
         }
         let members = ready.iter().copied().filter(|id| !left_out.contains(id)).collect();
         Plan::Form(step, members, states)
+    }
+
+    /// A pipeline that lost a stage's state (no live worker holds the newest step `M`, nor
+    /// the sum to roll forward to it): every `ready` worker loads its stage's checkpoint of
+    /// the newest step, no newer than `M`, of which every stage has one that some ready
+    /// worker of the stage can load (the initial state, step 0, at worst).
+    fn roll_back(&self, ready: &[WorkerId], newest: u64) -> Plan {
+        let mut common: Option<Vec<u64>> = None;
+        for stage in 0..self.stages {
+            let mut steps: Vec<u64> = ready
+                .iter()
+                .filter(|&&id| super::stage_of(id, self.stages) == stage)
+                .flat_map(|&id| self.workers[&id].status.saved.iter().copied())
+                .filter(|&s| s <= newest)
+                .collect();
+            steps.push(0);
+            common = Some(match common {
+                None => steps,
+                Some(c) => c.into_iter().filter(|s| steps.contains(s)).collect(),
+            });
+        }
+        let step = common.and_then(|c| c.into_iter().max()).unwrap_or(0);
+        let state = StageState { fingerprint: None, commit: None, sources: Vec::new(), restore: true };
+        Plan::Form(step, ready.to_vec(), vec![state; self.stages])
     }
 
     /// Step 4: start when every member holds the quorum's state.

@@ -218,6 +218,10 @@ pub struct Status {
     /// outvoted by a replica check), until it holds a state it fetched: it cannot be a
     /// source.
     pub suspect: bool,
+    /// The steps of its stage's committed checkpoints that it can load, newest first (a
+    /// pipeline's worker says them: a stage that lost every replica goes back to one; see
+    /// [`Event::Checkpoints`]).
+    pub saved: Vec<u64>,
 }
 
 /// The coordinator's decision for an epoch.
@@ -245,6 +249,11 @@ pub struct StageState {
     pub commit: Option<u64>,
     /// Members of the stage that hold that state, for members that fetch it.
     pub sources: Vec<WorkerId>,
+    /// The stage's members load its checkpoint of the quorum's step (or its initial
+    /// state, at step 0): a stage of a pipeline that lost every worker holding the newest
+    /// state takes the whole job back to the newest step of which every stage has a
+    /// checkpoint.
+    pub restore: bool,
 }
 
 /// How a member of a quorum gets to the quorum's state ([`Quorum::sync_of`]).
@@ -256,6 +265,8 @@ pub enum Arrival {
     RollsForward,
     /// It fetches the state from the sources of its stage.
     Fetches,
+    /// It loads its stage's checkpoint of the quorum's step.
+    Loads,
 }
 
 impl Quorum {
@@ -266,7 +277,8 @@ impl Quorum {
         (step, fingerprint, commit): (u64, u64, Option<u64>),
         sources: Vec<WorkerId>,
     ) -> Quorum {
-        Quorum { epoch, members, step, stages: vec![StageState { fingerprint: Some(fingerprint), commit, sources }] }
+        let state = StageState { fingerprint: Some(fingerprint), commit, sources, restore: false };
+        Quorum { epoch, members, step, stages: vec![state] }
     }
 
     /// The rank of `id` in the epoch.
@@ -292,6 +304,11 @@ impl Quorum {
     /// How worker `id`, whose last report is `s`, gets to the quorum's state.
     pub fn sync_of(&self, id: WorkerId, s: &Status) -> Arrival {
         let state = self.state_of(id);
+        if state.restore {
+            // (A worker at that step holds the checkpoint's state: its stage's replicas
+            // computed it alike, and a replacement loaded it as it started.)
+            return if s.step == self.step && !s.suspect { Arrival::Holds } else { Arrival::Loads };
+        }
         if s.step == self.step && state.fingerprint.is_none_or(|f| f == s.fingerprint) {
             Arrival::Holds
         } else if s.step + 1 == self.step && s.unapplied.is_some() && s.unapplied == state.commit {
@@ -469,6 +486,20 @@ pub enum Event {
     },
     /// The connection to another worker dropped.
     PeerLost(WorkerId),
+    /// The steps of the committed checkpoints of this worker's stage that it can load,
+    /// as the shell last listed them (newest first): its reports say them.
+    Checkpoints {
+        /// The steps.
+        steps: Vec<u64>,
+    },
+    /// The answer to [`Action::Load`]: `Some((step, fingerprint))` of the state loaded,
+    /// or `None` when it could not be loaded (the state is then as before).
+    Loaded {
+        /// The epoch of the load.
+        epoch: u64,
+        /// What the state is now.
+        state: Option<(u64, u64)>,
+    },
 }
 
 /// What the caller of a machine must do, in order.
@@ -543,6 +574,14 @@ pub enum Action {
         fingerprint: u64,
         /// Who holds it.
         sources: Vec<WorkerId>,
+    },
+    /// Worker: load this worker's stage's checkpoint of `step` (its initial state at step
+    /// 0), and answer with [`Event::Loaded`].
+    Load {
+        /// The epoch.
+        epoch: u64,
+        /// The checkpoint's step.
+        step: u64,
     },
     /// Worker: hash the state held now, and answer with [`Event::Hashed`] at once,
     /// carrying out what it returns before any action queued after this one.

@@ -75,6 +75,12 @@ impl Out {
             self.u32(id);
         }
     }
+    fn u64s(&mut self, values: &[u64]) {
+        self.u32(values.len() as u32);
+        for &v in values {
+            self.u64(v);
+        }
+    }
     fn text(&mut self, s: &str) {
         self.u32(s.len() as u32);
         self.0.extend_from_slice(s.as_bytes());
@@ -124,6 +130,10 @@ impl<'a> In<'a> {
         let n = self.count(4)?;
         (0..n).map(|_| self.u32()).collect()
     }
+    fn u64s(&mut self) -> Result<Vec<u64>, WireError> {
+        let n = self.count(8)?;
+        (0..n).map(|_| self.u64()).collect()
+    }
     fn text(&mut self) -> Result<String, WireError> {
         let n = self.count(1)?;
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| WireError("text is not UTF-8".into()))
@@ -161,6 +171,7 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             o.opt(s.last_commit);
             o.opt(s.unapplied);
             o.u8(u8::from(s.suspect));
+            o.u64s(&s.saved);
         }
         Msg::Quorum(q) => {
             o.u8(1);
@@ -172,6 +183,7 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
                 o.opt(stage.fingerprint);
                 o.opt(stage.commit);
                 o.ids(&stage.sources);
+                o.u8(u8::from(stage.restore));
             }
         }
         Msg::Start { epoch } => {
@@ -222,17 +234,21 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, WireError> {
                     1 => true,
                     _ => return Err(WireError("a suspect flag is 0 or 1".into())),
                 },
+                saved: i.u64s()?,
             })
         }
         1 => {
             let (epoch, members, step) = (i.u64()?, i.ids()?, i.u64()?);
-            // A stage takes at least 6 bytes: two presence bytes and a count.
-            let n = i.count(6)?;
+            // A stage takes at least 7 bytes: two presence bytes, a count and a flag.
+            let n = i.count(7)?;
             if n == 0 {
                 return Err(WireError("a quorum of no stage".into()));
             }
             let stages = (0..n)
-                .map(|_| Ok(StageState { fingerprint: i.opt()?, commit: i.opt()?, sources: i.ids()? }))
+                .map(|_| {
+                    let (fingerprint, commit, sources) = (i.opt()?, i.opt()?, i.ids()?);
+                    Ok(StageState { fingerprint, commit, sources, restore: i.bool()? })
+                })
                 .collect::<Result<_, WireError>>()?;
             Msg::Quorum(Quorum { epoch, members, step, stages })
         }
@@ -335,6 +351,7 @@ mod tests {
                 last_commit: Some(5),
                 unapplied: None,
                 suspect: true,
+                saved: vec![9, 6],
             }),
             Msg::Quorum(Quorum::of_replicas((9, vec![0, 2, 5]), (40, u64::MAX, None), vec![2])),
             Msg::Quorum(Quorum {
@@ -342,8 +359,8 @@ mod tests {
                 members: vec![0, 1, 2, 3],
                 step: 7,
                 stages: vec![
-                    StageState { fingerprint: Some(1), commit: Some(2), sources: vec![0, 2] },
-                    StageState { fingerprint: None, commit: Some(3), sources: vec![] },
+                    StageState { fingerprint: Some(1), commit: Some(2), sources: vec![0, 2], restore: false },
+                    StageState { fingerprint: None, commit: None, sources: vec![], restore: true },
                 ],
             }),
             Msg::Start { epoch: 4 },

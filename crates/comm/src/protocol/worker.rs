@@ -66,6 +66,7 @@ impl Worker {
             last_commit: None,
             unapplied: None,
             suspect: false,
+            saved: Vec::new(),
         };
         let mut w = Worker {
             id,
@@ -122,6 +123,16 @@ impl Worker {
             Event::Hashed { fingerprint } => return self.on_hashed(now, fingerprint),
             Event::Fetched { epoch, state } => return self.on_fetched(now, epoch, state),
             Event::Copied { step, fingerprint } => self.copy = Some((step, fingerprint)),
+            Event::Checkpoints { steps } => {
+                // An idle worker says them at once: the next quorum may need them.
+                if steps != self.status.saved {
+                    self.status.saved = steps;
+                    if self.status.phase == WorkerState::Idle {
+                        self.report(now, &mut out);
+                    }
+                }
+            }
+            Event::Loaded { epoch, state } => return self.on_loaded(now, epoch, state),
             Event::PeerLost(peer) => {
                 let member = self.quorum.as_ref().is_some_and(|q| q.rank_of(peer).is_some());
                 if member && self.in_epoch() {
@@ -368,6 +379,31 @@ impl Worker {
         out
     }
 
+    /// The shell loaded its stage's checkpoint for `epoch`'s quorum: `Some((step,
+    /// fingerprint))` of what it now holds, or `None` when it could not (its state is
+    /// untouched, and it leaves the epoch: the next quorum knows better).
+    fn on_loaded(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.status.phase != WorkerState::Syncing || self.status.epoch != epoch {
+            return out;
+        }
+        let q = self.quorum.as_ref().expect("a syncing worker is a member");
+        match state {
+            Some((step, fingerprint)) if step == q.step => {
+                self.status.step = step;
+                self.status.fingerprint = fingerprint;
+                self.fresh = true;
+                self.status.last_commit = None;
+                self.status.unapplied = None;
+                self.status.suspect = false;
+                self.status.phase = WorkerState::Synced;
+                self.report(now, &mut out);
+            }
+            _ => self.go_idle(now, &mut out),
+        }
+        out
+    }
+
     /// The shell found that the state it holds is not the state the protocol believes it
     /// holds (a check after the update disagreed with the other replicas, or the state
     /// changed at rest): it now has `fingerprint`. The worker leaves its epoch, dropping any
@@ -517,6 +553,11 @@ impl Worker {
                 self.status.phase = WorkerState::Syncing;
                 self.status.unapplied = None;
                 out.extend(fetch_from(&q, self.id));
+            }
+            Arrival::Loads => {
+                self.status.phase = WorkerState::Syncing;
+                self.status.unapplied = None;
+                out.push(Action::Load { epoch: q.epoch, step: q.step });
             }
         }
         self.quorum = Some(q);

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::control::{Incoming, Link};
-use comm::protocol::{Action, Event, Msg, Node, Saved, Worker, WorkerId};
+use comm::protocol::{Action, Event, Msg, Node, Saved, Worker, WorkerId, WorkerState};
 use comm::transfer::Want;
 use comm::transport::CommError;
 use serde_json::json;
@@ -94,6 +94,7 @@ impl Shell<'_, '_, '_> {
                 Action::Fetch { epoch, step, fingerprint, sources } => {
                     self.fetch(epoch, step, fingerprint, &sources)?
                 }
+                Action::Load { epoch, step } => self.load(epoch, step, prepared)?,
                 Action::Hash => {
                     let fingerprint = lock_write(&self.held).fingerprint();
                     // Its answer comes before anything queued after the question.
@@ -120,8 +121,13 @@ impl Shell<'_, '_, '_> {
         }
     }
 
-    /// Waits for the coordinator's next message, or for the next tick of the clocks.
+    /// Waits for the coordinator's next message, or for the next tick of the clocks. An
+    /// idle pipeline worker says which of its stage's checkpoints it can load first.
     fn listen(&mut self, incoming: &Receiver<Incoming>, heartbeat: Duration) {
+        if self.side.pipe.is_some() && self.worker.status().phase == WorkerState::Idle {
+            let steps = super::stages::saved_steps(self.side.config);
+            self.queue.extend(self.worker.step(Instant::now(), Event::Checkpoints { steps }));
+        }
         let now = Instant::now();
         match incoming.recv_timeout(heartbeat / 2) {
             Ok(Incoming::Msg(m)) => {
@@ -335,6 +341,30 @@ impl Shell<'_, '_, '_> {
             let _ = comm::collective::barrier(&*mesh, self.side.d.job.timeout);
         }
         TrainError::ReplicasDiverged { step, ranks: outvoted.iter().map(|&w| w as usize).collect() }
+    }
+
+    /// The protocol's `Load`: the stage's checkpoint of `step` (a pipeline that lost a
+    /// stage's state goes back to it).
+    fn load(&mut self, epoch: u64, step: u64, prepared: &Prepared) -> Result<(), TrainError> {
+        let pipe = self.side.pipe.as_ref().ok_or_else(|| CommError::Setup("only a pipeline stage loads".into()))?;
+        let state = match pipe.load(self.side.config, prepared, step) {
+            Ok(state) => {
+                let mut guard = lock_write(&self.held);
+                guard.state = state;
+                let fingerprint = guard.fingerprint_now();
+                drop(guard);
+                tracing::warn!(step, "a stage's state was lost: this stage went back to its checkpoint of step {step}");
+                self.side.ledger.metrics.write(json!({"kind": "load", "step": step, "worker": self.side.id}))?;
+                Some((step, fingerprint))
+            }
+            Err(e) => {
+                tracing::warn!(step, "cannot load this stage's checkpoint of step {step}: {e}");
+                None
+            }
+        };
+        self.side.sum_step = None;
+        self.queue.extend(self.worker.step(Instant::now(), Event::Loaded { epoch, state }));
+        Ok(())
     }
 
     /// The protocol's `Fetch`: the state of `step` from `sources`.

@@ -20,6 +20,7 @@ use crate::error::{ConfigError, TrainError};
 use crate::pipeline::{Grid, Staged};
 use crate::schedule::Op;
 use crate::step::{Engine, TrainState};
+use crate::trainer::Prepared;
 
 /// The stage an elastic worker holds, and where the job's workers sit.
 pub(super) struct Stages {
@@ -77,6 +78,35 @@ impl Stages {
     pub fn ops(&self, config: &TrainConfig, rank: usize, micro_batches: usize) -> Vec<Op> {
         self.staged.layout.ops(config.pipeline.schedule, rank, micro_batches)
     }
+}
+
+impl Stages {
+    /// The stage's state at `step`: its checkpoint of that step under `config`'s root (the
+    /// stage's), or its initial state at step 0.
+    pub fn load(&self, config: &TrainConfig, prepared: &Prepared, step: u64) -> Result<TrainState, TrainError> {
+        let (whole, _) = prepared.start(config);
+        let mut state = crate::pipeline::fresh_stage(config, &self.staged.stage, &whole);
+        if step > 0 {
+            let c = config
+                .checkpoint
+                .as_ref()
+                .ok_or_else(|| ConfigError::Invalid("the job keeps no checkpoints".into()))?;
+            let dir = c.dir.join(ckpt::store::step_dir_name(step));
+            crate::checkpointing::restore(&dir, config, &mut state)?;
+        }
+        Ok(state)
+    }
+}
+
+/// The steps of the committed checkpoints under the stage's root of `config`, newest
+/// first (at most eight): what the worker can load.
+pub(super) fn saved_steps(config: &TrainConfig) -> Vec<u64> {
+    let Some(c) = &config.checkpoint else { return Vec::new() };
+    let mut steps: Vec<u64> =
+        ckpt::store::list(&c.dir).map(|l| l.into_iter().map(|(s, _)| s).collect()).unwrap_or_default();
+    steps.sort_unstable_by(|a, b| b.cmp(a));
+    steps.truncate(8);
+    steps
 }
 
 /// The checkpoint a pipeline worker resumes from (`--resume ROOT`, the job's root of
