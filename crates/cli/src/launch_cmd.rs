@@ -35,6 +35,8 @@ Examples:
   # restart every worker from the checkpoint written every 20 steps
   steadfast launch --nproc 3 --max-restarts 3 --recovery memory --save-every 20 -- train --reduce reproducible
   steadfast launch --nproc 3 --max-restarts 3 --recovery checkpoint --save-every 20 -- train --reduce reproducible
+  # 2 replicas of a 2-stage pipeline: a lost stage worker fetches its stage from its replica
+  steadfast launch --nproc 4 --max-restarts 2 -- train --pipeline-stages 2 --reduce reproducible
   # A 3-stage pipeline whose lost stage is replayed from its neighbours' logs by 2 ranks
   steadfast launch --nproc 3 --max-restarts 1 --recovery replay --replay-helpers 2 -- train --pipeline-stages 3
 
@@ -133,8 +135,11 @@ pub struct LaunchArgs {
     /// live replicas' current state (no rollback); the baselines `memory` (every worker
     /// copies its state in memory every --save-every steps and all go back to the copy)
     /// and `checkpoint` (every worker restarts from the last checkpoint on disk, written
-    /// every --save-every steps) are there to compare with; `replay` (a pipeline job) rebuilds
-    /// a lost stage from its checkpoint and its neighbours' boundary logs.
+    /// every --save-every steps) are there to compare with. A pipeline job recovers `live`
+    /// stage by stage (a lost stage worker fetches its stage from a live replica; a stage
+    /// lost whole takes every stage back to their common checkpoint); `replay` (a pipeline
+    /// job on one host) rebuilds a lost stage from its checkpoint and its neighbours'
+    /// boundary logs instead.
     /// [default: live; checkpoint with --engine mpi, the only one it has]
     #[arg(long, value_parser = crate::choice::of::<Recovery>())]
     recovery: Option<Recovery>,

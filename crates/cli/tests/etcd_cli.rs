@@ -436,3 +436,47 @@ fn standby_coordinators_take_over_in_etcd_and_a_worker_stopped_past_its_lease_re
         assert_eq!(common::fingerprints_in(log), vec![single.clone()], "{log}");
     }
 }
+
+/// `launch` of node `node` of a pipeline job of two nodes, each one replica of two stages,
+/// electing the coordinator in etcd.
+fn pipeline_node(url: &str, node: usize, dir: &Path, log: &str) -> Logged {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_steadfast"));
+    c.env("STEADFAST_FAILPOINTS", PACE);
+    c.args(["launch", "--nnodes", "2", "--node-rank", &node.to_string(), "--nproc-per-node", "2"])
+        .args(["--rendezvous", url, "--heartbeat-timeout", "2", "--max-restarts", "2", "--min-nproc", "2", "--"])
+        .args(common::SMALL_MLP)
+        .args(["--reduce", "reproducible", "--steps", ELASTIC_STEPS, "--pipeline-stages", "2", "--out"])
+        .arg(dir.join(format!("node{node}")))
+        .env("STEADFAST_SECRET", "pipeline-etcd");
+    Logged::start(&mut c, dir.join(log))
+}
+
+#[test]
+fn a_pipeline_job_elects_its_coordinator_in_etcd_and_gets_back_the_holder_s_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = Etcd::start(dir.path()) else { return };
+    let single = single_process_fingerprint(dir.path());
+    let url = etcd.url("pipeline-nodes");
+    // Node 1 (replica 1: workers 2 and 3) takes the coordinator role; node 0's worker 1,
+    // the last stage of replica 0, logs the steps.
+    let mut holder = pipeline_node(&url, 1, dir.path(), "node1.log");
+    holder.wait_for("holds the coordinator role (generation 0)");
+    let node0 = pipeline_node(&url, 0, dir.path(), "node0.log");
+    let steps = dir.path().join("node0");
+    wait_for_step(&steps, 40);
+    // The holder's node is lost: node 0's launcher is elected, and its two workers go on,
+    // each computing replica 1's micro-batches of its stage too.
+    holder.kill_with_children();
+    node0.wait_for("holds the coordinator role (generation 1)");
+    node0.wait_for("workers [2, 3] left");
+    let now = common::steps_recorded(&steps).last().copied().unwrap_or(0);
+    wait_for_step(&steps, now + 40);
+    // The node comes back with the same command: its workers fetch their stages' states.
+    let back = pipeline_node(&url, 1, dir.path(), "node1-again.log");
+    let (ok0, log0) = node0.wait();
+    let (ok1, log1) = back.wait();
+    assert!(ok0 && ok1, "{log0}\n{log1}");
+    assert!(log0.contains("fetch their stages' states"), "{log0}");
+    assert_eq!(common::fingerprints_in(&log0), vec![single.clone(); 2], "{log0}");
+    assert_eq!(common::fingerprints_in(&log1), vec![single; 2], "{log1}");
+}

@@ -78,9 +78,7 @@ impl Stages {
     pub fn ops(&self, config: &TrainConfig, rank: usize, micro_batches: usize) -> Vec<Op> {
         self.staged.layout.ops(config.pipeline.schedule, rank, micro_batches)
     }
-}
 
-impl Stages {
     /// The stage's state at `step`: its checkpoint of that step under `config`'s root (the
     /// stage's), or its initial state at step 0.
     pub fn load(&self, config: &TrainConfig, prepared: &Prepared, step: u64) -> Result<TrainState, TrainError> {
