@@ -163,6 +163,13 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
+    let stages = crate::replay_job::pipeline_stages(&r.command);
+    if stages > 1 && !world.is_multiple_of(stages) {
+        return Err(bad(format!(
+            "the job's {world} workers are not whole pipelines of {stages} stages: give a multiple of {stages} \
+             workers in all (--nproc-per-node x --nnodes)"
+        )));
+    }
     // A pipeline job recovers a lost stage worker from a live replica of its stage; the
     // in-memory copies of the rollback baseline hold whole models only.
     if recovery == Recovery::Memory && crate::replay_job::pipeline_stages(&r.command) > 1 {
@@ -397,6 +404,15 @@ mod tests {
         let cases: Vec<(LaunchRequest, &str)> = vec![
             (LaunchRequest { nproc: 0, ..request() }, "--nproc-per-node must be at least 1"),
             (LaunchRequest { command: vec!["ckpt".into()], ..request() }, "must be `train ...`"),
+            (
+                LaunchRequest {
+                    nproc: 4,
+                    max_restarts: Some(1),
+                    command: ["train", "--pipeline-stages", "3"].map(str::to_owned).to_vec(),
+                    ..request()
+                },
+                "not whole pipelines of 3 stages",
+            ),
             (
                 LaunchRequest { command: vec!["bench".into(), "collective".into()], ..request() },
                 "restart training, not a benchmark",
