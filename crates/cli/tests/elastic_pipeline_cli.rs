@@ -1,9 +1,11 @@
 //! Pipeline jobs as elastic jobs (`launch --max-restarts K -- train --pipeline-stages S`):
 //! the step protocol synchronises each stage's replicas apart, so a lost stage worker is
 //! replaced by one that fetches its stage's state from a live replica, or (`--on-failure
-//! shrink`) its micro-batches go to its stage's next replica; each stage's checkpoints are
-//! written in parts by its members, and a job lost whole resumes from them on another
-//! number of replicas. Every job ends with single-process `train`'s fingerprint. Faults
+//! shrink`) its micro-batches go to its stage's next replica; a stage lost in every replica
+//! is replayed from its checkpoint on its neighbours' logs while the other stages keep
+//! their state, or, without logs, every stage goes back to a common checkpoint; each
+//! stage's checkpoints are written in parts by its members, and a job lost whole resumes
+//! from them on another number of replicas. Every job ends with single-process `train`'s fingerprint. Faults
 //! strike at places drawn from a seed that the test prints (`STEADFAST_PIPELINE_SEED`
 //! replays one).
 
@@ -133,4 +135,38 @@ fn each_stage_checkpoints_in_parts_and_a_job_lost_whole_resumes_on_fewer_replica
     let resumed = ["6", "9"].iter().any(|s| text.contains(&format!("resumed from the checkpoint of step {s} ")));
     assert!(resumed, "{text}");
     assert_eq!(fingerprints(&text), vec![reference; 2], "{text}");
+}
+
+/// Two replicas of three stages, checkpointing every 3 steps, whose stage 1 is lost in
+/// both replicas at once at a drawn step: returns the output and its context.
+fn stage_lost(extra: &[&str]) -> (Output, String, String) {
+    let mut d = Draw::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path());
+    let step = 2 + d.below(STEPS - 3);
+    let ck = tmp.path().join("ck").display().to_string();
+    let mut flags: Vec<String> = ["--checkpoint-every", "3", "--checkpoint-dir", &ck].map(str::to_owned).to_vec();
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    for rank in [1, 4] {
+        flags.extend(["--fault".into(), format!("crash:rank={rank},step={step},phase=update")]);
+    }
+    let (out, text) = launch("--nproc 6 --max-restarts 2", 3, tmp.path(), &flags);
+    assert!(out.status.success(), "step {step}\n{text}");
+    assert_eq!(fingerprints(&text), vec![reference; 6], "step {step}\n{text}");
+    (out, text, format!("step {step}"))
+}
+
+#[test]
+fn a_stage_lost_in_every_replica_is_replayed_on_its_neighbours_logs_while_the_others_keep_their_state() {
+    let (_, text, context) = stage_lost(&["--log-boundaries", "all"]);
+    let replay = "stage 1's state was lost: its workers replay it from its checkpoint of step";
+    assert!(text.contains(replay), "{context}\n{text}");
+    assert!(!text.contains("every stage goes back"), "{context}\n{text}");
+}
+
+#[test]
+fn without_logs_a_stage_lost_in_every_replica_takes_every_stage_back_to_a_common_checkpoint() {
+    let (_, text, context) = stage_lost(&[]);
+    assert!(text.contains("cannot replay this stage"), "{context}\n{text}");
+    assert!(text.contains("every stage goes back to its checkpoint of step"), "{context}\n{text}");
 }

@@ -80,8 +80,8 @@ fn a_pipeline_job_over_two_hosts_gets_a_lost_host_back_or_goes_on_without_it_wit
         assert!(text.contains("ok: host 1's new workers fetched their stages' states from host 0's"), "{text}");
         // Host 1 lost for good: host 0's workers finish the job, computing its micro-batches.
         assert_eq!(text.matches("ok: shrink: worker").count(), 2, "{text}");
-        // A stage on each host: host 1 lost with stage 1's state, every stage goes back to
-        // the newest checkpoint both have, and both workers end with the bits.
+        // A stage on each host: host 1 lost with stage 1's state, which its new worker
+        // replays on stage 0's log, and both workers end with the bits.
         assert!(text.contains("ok: stage 1's state was lost with host 1"), "{text}");
         assert_eq!(text.matches("ok: stage: worker").count(), 2, "{text}");
     }

@@ -121,7 +121,11 @@ impl std::fmt::Display for MembershipEvent {
 
 /// What a quorum says of a stage whose fingerprint it does not know.
 fn unknown(s: &crate::protocol::StageState) -> String {
-    if s.restore { "its checkpoint".into() } else { "rolled forward".into() }
+    match (s.restore, s.replay_from) {
+        (true, _) => "its checkpoint".into(),
+        (_, Some(_)) => "replayed".into(),
+        _ => "rolled forward".into(),
+    }
 }
 
 /// How the members of quorum `q` that do not hold its state get it, in words: those
@@ -133,6 +137,14 @@ pub fn how_members_sync(q: &Quorum, rolling: &[WorkerId], fetching: &[WorkerId])
             0 => "a stage's state was lost: every stage goes back to its initial state".to_owned(),
             step => format!("a stage's state was lost: every stage goes back to its checkpoint of step {step}"),
         });
+    }
+    for (stage, state) in q.stages.iter().enumerate() {
+        if let Some(from) = state.replay_from {
+            how.push(format!(
+                "stage {stage}'s state was lost: its workers replay it from its checkpoint of step {from} on its \
+                 neighbours' logs"
+            ));
+        }
     }
     if !rolling.is_empty() {
         how.push(format!("{rolling:?} roll forward"));
@@ -407,7 +419,7 @@ fn quorum_event(machine: &Coordinator, q: &Quorum) -> MembershipEvent {
             Arrival::Holds => {}
             Arrival::RollsForward => rolling.push(m),
             Arrival::Fetches => fetching.push(m),
-            Arrival::Loads => {}
+            Arrival::Loads | Arrival::Replays => {}
         }
     }
     MembershipEvent::Quorum { quorum: q.clone(), rolling, fetching }

@@ -148,6 +148,9 @@ pub struct Config {
     /// The pipeline stages (1: data-parallel): worker `id` holds stage `id mod stages`,
     /// whose state and sums are its own.
     pub stages: usize,
+    /// A pipeline's stages log the tensors they send: a stage that lost its state can
+    /// replay it from a checkpoint (otherwise a replay fails, and the job goes back).
+    pub logged: bool,
     /// Print every action to standard error (for reading a failing schedule).
     pub trace: bool,
 }
@@ -181,6 +184,7 @@ impl Config {
             checkpoint_every: None,
             persist: Duration::from_millis(15),
             stages: 1,
+            logged: false,
             trace: false,
         }
     }
@@ -287,6 +291,8 @@ pub struct Report {
     pub repairs: u64,
     /// Stage checkpoints loaded (a pipeline that lost a stage's state went back).
     pub loaded: u64,
+    /// Stages replayed from a checkpoint on their neighbours' logs.
+    pub replayed: u64,
 }
 
 /// The sum of step `step`, as every worker computes it.
@@ -477,6 +483,7 @@ pub fn run(c: &Config) -> Report {
             checkpoints: Vec::new(),
             repairs: 0,
             loaded: 0,
+            replayed: 0,
         },
     };
     sim.start_coordinator();
@@ -635,6 +642,10 @@ impl Sim<'_> {
                 Action::Load { epoch, step } => {
                     let p = proc.expect("only workers load");
                     self.load(p, epoch, step);
+                }
+                Action::Replay { epoch, from, to } => {
+                    let p = proc.expect("only workers replay");
+                    self.replay(p, epoch, (from, to));
                 }
                 Action::Hash => {
                     let p = proc.expect("only workers hash");
@@ -924,6 +935,24 @@ impl Sim<'_> {
         (proc.step, proc.fingerprint, proc.held) = (step, fingerprint, None);
         self.report.loaded += 1;
         self.tell(p, Event::Loaded { epoch, state: Some((step, fingerprint)) });
+    }
+
+    /// Worker `p` replays its stage from its checkpoint of `from` (committed, or the
+    /// initial state) to step `to`, when the job logs its boundaries.
+    fn replay(&mut self, p: usize, epoch: u64, (from, to): (u64, u64)) {
+        let stage = crate::protocol::stage_of(self.procs[p].id, self.c.stages);
+        let committed = self.report.checkpoints.iter().any(|&(s, g, _)| (s, g) == (from, stage));
+        assert!(from == 0 || committed, "seed {}: stage {stage} replays from {from}, never committed", self.c.seed);
+        assert!(from <= to, "seed {}: a replay from {from} back to {to}", self.c.seed);
+        if !self.c.logged {
+            self.tell(p, Event::Replayed { epoch, state: None });
+            return;
+        }
+        let fingerprint = stage_reference(self.c.seed, stage, to);
+        let proc = &mut self.procs[p];
+        (proc.step, proc.fingerprint, proc.held) = (to, fingerprint, None);
+        self.report.replayed += 1;
+        self.tell(p, Event::Replayed { epoch, state: Some((to, fingerprint)) });
     }
 
     /// The steps of the checkpoints of worker `p`'s stage committed so far, newest first,

@@ -104,22 +104,29 @@ fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
 #[test]
 fn random_schedules_of_pipeline_jobs_end_with_every_stage_s_reference_state() {
     let n: u64 = std::env::var("STEADFAST_SIM_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
-    let (mut finished, mut recovered, mut checkpointed, mut went_back) = (0, 0, 0, 0);
+    let (mut finished, mut recovered, mut checkpointed, mut went_back, mut replayed) = (0, 0, 0, 0, 0);
     for seed in 0..n {
         let mut c = Config::random(seed, 6, 12);
         c.stages = 3;
+        // Half the jobs log their boundaries: a lost stage replays, the others keep theirs.
+        c.logged = seed % 2 == 0;
         let r = sim::run(&c);
         finished += u64::from(check(&c, &r));
         recovered += u64::from(r.fetched + r.rolled_forward > 0);
         checkpointed += u64::from(r.checkpoints.iter().any(|&(_, stage, _)| stage == 2));
         went_back += u64::from(r.loaded > 0);
+        replayed += u64::from(r.replayed > 0);
+        if !c.logged {
+            assert_eq!(r.replayed, 0, "seed {seed}: a replay without logs");
+        }
     }
     println!(
         "{n} pipeline schedules, {finished} finished, {recovered} recovered state, {checkpointed} checkpointed, \
-         {went_back} lost a stage's state and went back to a checkpoint"
+         {replayed} replayed a lost stage, {went_back} went back to a checkpoint"
     );
     assert!(finished > n * 97 / 100, "{finished} of {n} finished");
-    assert!(went_back > n / 50, "the schedules lose a stage's state: {went_back}");
+    assert!(replayed > n / 100, "the logged schedules replay lost stages: {replayed}");
+    assert!(went_back > n / 100, "the others go back: {went_back}");
     assert!(recovered > n / 10, "the schedules exercise recovery: {recovered}");
     assert!(checkpointed > n / 5, "every stage commits checkpoints: {checkpointed}");
 }
@@ -149,6 +156,13 @@ fn a_pipeline_that_loses_every_replica_of_a_stage_goes_back_to_the_newest_common
     let r = sim::run(&c);
     assert!(check(&c, &r), "{r:#?}");
     assert_eq!(r.loaded, 4, "every worker loads its stage's checkpoint: {r:#?}");
+    assert_eq!(r.replayed, 0, "a job that logs nothing cannot replay: {r:#?}");
+    // A job that logs its boundaries replays the lost stage alone: nobody loads.
+    let mut logged = c.clone();
+    logged.logged = true;
+    let r = sim::run(&logged);
+    assert!(check(&logged, &r), "{r:#?}");
+    assert_eq!((r.replayed, r.loaded), (2, 0), "{r:#?}");
     let finished = r.workers.iter().filter(|(_, e)| matches!(e, End::Finished { .. })).count();
     assert_eq!(finished, 4);
     // Without checkpoints, every stage goes back to its initial state (where the

@@ -238,17 +238,7 @@ impl TrainConfig {
         let world = match &self.dist {
             Some(DistConfig::Mesh(m)) => m.world,
             Some(DistConfig::Mpi(_)) => return invalid("pipeline stages run on Steadfast's mesh, not MPI's".into()),
-            Some(DistConfig::Elastic(e)) => {
-                if self.log.is_some() {
-                    return invalid(
-                        "an elastic pipeline job recovers a lost stage worker from a live replica of its stage and \
-                         logs no boundary: leave out --log-boundaries and --log-budget (a job that replays its \
-                         boundary logs runs under `steadfast launch --recovery replay`)"
-                            .into(),
-                    );
-                }
-                e.world
-            }
+            Some(DistConfig::Elastic(e)) => e.world,
             None => {
                 return invalid(format!(
                     "--pipeline-stages {stages} needs a job of D x {stages} ranks: \

@@ -10,6 +10,20 @@ use std::time::{Duration, Instant};
 
 use super::{Action, Arrival, Msg, Node, Quorum, StageState, Status, Timing, WorkerId, WorkerState, send};
 
+/// The newest step, no newer than `newest`, in every one of the `lists` of checkpoint
+/// steps (0, the initial state, at worst).
+fn newest_common<'a>(lists: impl Iterator<Item = &'a [u64]>, newest: u64) -> u64 {
+    let mut common: Option<Vec<u64>> = None;
+    for list in lists {
+        let steps: Vec<u64> = list.iter().copied().filter(|&s| s <= newest).collect();
+        common = Some(match common {
+            None => steps,
+            Some(c) => c.into_iter().filter(|s| steps.contains(s)).collect(),
+        });
+    }
+    common.and_then(|c| c.into_iter().max()).unwrap_or(0)
+}
+
 /// A quorum's step, members and the state each stage starts from.
 type Formed = (u64, Vec<WorkerId>, Vec<StageState>);
 
@@ -470,7 +484,7 @@ impl Coordinator {
                 if let Some(rolling) = rolling.filter(|r| !r.is_empty()) {
                     left_out.extend(ready.iter().copied().filter(|id| of_stage(id) && !rolling.contains(id)));
                     let commit = status(rolling[0]).unapplied;
-                    states.push(StageState { fingerprint: None, commit, sources: Vec::new(), restore: false });
+                    states.push(StageState { commit, ..StageState::unknown() });
                     continue;
                 }
                 let at: Vec<(WorkerId, u64)> =
@@ -480,9 +494,17 @@ impl Coordinator {
                 if at.is_empty() || self.live().any(|(id, _)| of_stage(&id) && !ready.contains(&id)) {
                     return Plan::Wait(format!("no worker{named} that holds step {step} is ready (ready: {at:?})"));
                 }
-                // The stage's state is lost: every stage goes back to its checkpoint of the
-                // newest step that every stage has.
-                return self.roll_back(ready, step);
+                // The stage's state is lost. Its workers replay it from the newest checkpoint
+                // they can all load, on the inputs its neighbours logged, while the other
+                // stages keep theirs; once one of them could not (a log lacks an input),
+                // every stage goes back to its checkpoint of the newest step all have.
+                if at.iter().any(|&(id, _)| status(id).unreplayable == Some(step)) {
+                    return self.roll_back(ready, step);
+                }
+                let from = newest_common(at.iter().map(|&(id, _)| &status(id).saved[..]), step);
+                let state = StageState { replay_from: Some(from), ..StageState::unknown() };
+                states.push(state);
+                continue;
             }
             let fingerprints: Vec<u64> = holders.iter().map(|&id| status(id).fingerprint).collect();
             // Replicas at one step hold one state unless one was corrupted. Without a
@@ -504,7 +526,7 @@ impl Coordinator {
             let sources: Vec<WorkerId> =
                 holders.iter().enumerate().filter(|(i, _)| !dissenters.contains(i)).map(|(_, &id)| id).collect();
             let (fingerprint, commit) = (status(sources[0]).fingerprint, status(sources[0]).last_commit);
-            states.push(StageState { fingerprint: Some(fingerprint), commit, sources, restore: false });
+            states.push(StageState { fingerprint: Some(fingerprint), commit, sources, ..StageState::unknown() });
         }
         let members = ready.iter().copied().filter(|id| !left_out.contains(id)).collect();
         Plan::Form(step, members, states)
@@ -530,7 +552,7 @@ impl Coordinator {
             });
         }
         let step = common.and_then(|c| c.into_iter().max()).unwrap_or(0);
-        let state = StageState { fingerprint: None, commit: None, sources: Vec::new(), restore: true };
+        let state = StageState { restore: true, ..StageState::unknown() };
         Plan::Form(step, ready.to_vec(), vec![state; self.stages])
     }
 

@@ -78,9 +78,13 @@
 //!   the sum their stage agreed on (every holder was lost after the vote), rolls forward
 //!   with no source ([`StageState::fingerprint`] is `None`); its other workers join the
 //!   next epoch and fetch from them;
-//! - a stage with neither has lost its state: the coordinator waits (up to
-//!   `quorum_timeout`) while a live worker of the stage may still report it, and then
-//!   stops the job, naming the stage;
+//! - a stage with neither has lost its state. The coordinator waits while a live worker of
+//!   the stage may still report it (a stage with no live worker at all stops the job after
+//!   `quorum_timeout`, naming it); then the stage's workers replay it from the newest
+//!   checkpoint they can all load on the tensors its neighbours logged
+//!   ([`Action::Replay`]), while the other stages keep theirs. Once one of them could not
+//!   ([`Status::unreplayable`]), every stage goes back to its checkpoint of the newest step
+//!   all stages have ([`StageState::restore`], [`Action::Load`]), the initial state at worst;
 //! - a ballot carries the member's stage's sum: the vote commits when every ballot is
 //!   finite and the ballots of each stage agree ([`decide_in_groups`](crate::commit::decide_in_groups));
 //!   a replica check compares each stage's replicas with each other
@@ -222,6 +226,9 @@ pub struct Status {
     /// pipeline's worker says them: a stage that lost every replica goes back to one; see
     /// [`Event::Checkpoints`]).
     pub saved: Vec<u64>,
+    /// The step it was asked to replay its stage to and could not (its neighbours' logs
+    /// do not hold the inputs): the next quorum takes the job back instead.
+    pub unreplayable: Option<u64>,
 }
 
 /// The coordinator's decision for an epoch.
@@ -254,6 +261,18 @@ pub struct StageState {
     /// state takes the whole job back to the newest step of which every stage has a
     /// checkpoint.
     pub restore: bool,
+    /// The stage's members load its checkpoint of this step and replay their stage from
+    /// it to the quorum's step on the inputs its neighbours logged: a pipeline stage that
+    /// lost every worker holding the newest state, while the other stages keep theirs.
+    pub replay_from: Option<u64>,
+}
+
+impl StageState {
+    /// A stage whose state no member holds yet: no fingerprint, commit or source, to be
+    /// completed by its one way of getting there.
+    pub fn unknown() -> StageState {
+        StageState { fingerprint: None, commit: None, sources: Vec::new(), restore: false, replay_from: None }
+    }
 }
 
 /// How a member of a quorum gets to the quorum's state ([`Quorum::sync_of`]).
@@ -267,6 +286,8 @@ pub enum Arrival {
     Fetches,
     /// It loads its stage's checkpoint of the quorum's step.
     Loads,
+    /// It replays its stage from a checkpoint to the quorum's step.
+    Replays,
 }
 
 impl Quorum {
@@ -277,7 +298,7 @@ impl Quorum {
         (step, fingerprint, commit): (u64, u64, Option<u64>),
         sources: Vec<WorkerId>,
     ) -> Quorum {
-        let state = StageState { fingerprint: Some(fingerprint), commit, sources, restore: false };
+        let state = StageState { fingerprint: Some(fingerprint), commit, sources, restore: false, replay_from: None };
         Quorum { epoch, members, step, stages: vec![state] }
     }
 
@@ -304,6 +325,9 @@ impl Quorum {
     /// How worker `id`, whose last report is `s`, gets to the quorum's state.
     pub fn sync_of(&self, id: WorkerId, s: &Status) -> Arrival {
         let state = self.state_of(id);
+        if state.replay_from.is_some() {
+            return if s.step == self.step && !s.suspect { Arrival::Holds } else { Arrival::Replays };
+        }
         if state.restore {
             // (A worker at that step holds the checkpoint's state: its stage's replicas
             // computed it alike, and a replacement loaded it as it started.)
@@ -492,6 +516,14 @@ pub enum Event {
         /// The steps.
         steps: Vec<u64>,
     },
+    /// The answer to [`Action::Replay`]: `Some((step, fingerprint))` of the state
+    /// replayed, or `None` when the replay could not be done (the logs lack an input).
+    Replayed {
+        /// The epoch of the replay.
+        epoch: u64,
+        /// What the state is now.
+        state: Option<(u64, u64)>,
+    },
     /// The answer to [`Action::Load`]: `Some((step, fingerprint))` of the state loaded,
     /// or `None` when it could not be loaded (the state is then as before).
     Loaded {
@@ -582,6 +614,17 @@ pub enum Action {
         epoch: u64,
         /// The checkpoint's step.
         step: u64,
+    },
+    /// Worker: load this worker's stage's checkpoint of `from` (its initial state at 0)
+    /// and replay the stage to step `to` on the inputs its neighbours logged; answer with
+    /// [`Event::Replayed`].
+    Replay {
+        /// The epoch.
+        epoch: u64,
+        /// The checkpoint's step.
+        from: u64,
+        /// The step to replay to.
+        to: u64,
     },
     /// Worker: hash the state held now, and answer with [`Event::Hashed`] at once,
     /// carrying out what it returns before any action queued after this one.

@@ -172,6 +172,7 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             o.opt(s.unapplied);
             o.u8(u8::from(s.suspect));
             o.u64s(&s.saved);
+            o.opt(s.unreplayable);
         }
         Msg::Quorum(q) => {
             o.u8(1);
@@ -184,6 +185,7 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
                 o.opt(stage.commit);
                 o.ids(&stage.sources);
                 o.u8(u8::from(stage.restore));
+                o.opt(stage.replay_from);
             }
         }
         Msg::Start { epoch } => {
@@ -235,19 +237,21 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, WireError> {
                     _ => return Err(WireError("a suspect flag is 0 or 1".into())),
                 },
                 saved: i.u64s()?,
+                unreplayable: i.opt()?,
             })
         }
         1 => {
             let (epoch, members, step) = (i.u64()?, i.ids()?, i.u64()?);
-            // A stage takes at least 7 bytes: two presence bytes, a count and a flag.
-            let n = i.count(7)?;
+            // A stage takes at least 8 bytes: three presence bytes, a count and a flag.
+            let n = i.count(8)?;
             if n == 0 {
                 return Err(WireError("a quorum of no stage".into()));
             }
             let stages = (0..n)
                 .map(|_| {
                     let (fingerprint, commit, sources) = (i.opt()?, i.opt()?, i.ids()?);
-                    Ok(StageState { fingerprint, commit, sources, restore: i.bool()? })
+                    let (restore, replay_from) = (i.bool()?, i.opt()?);
+                    Ok(StageState { fingerprint, commit, sources, restore, replay_from })
                 })
                 .collect::<Result<_, WireError>>()?;
             Msg::Quorum(Quorum { epoch, members, step, stages })
@@ -352,6 +356,7 @@ mod tests {
                 unapplied: None,
                 suspect: true,
                 saved: vec![9, 6],
+                unreplayable: Some(12),
             }),
             Msg::Quorum(Quorum::of_replicas((9, vec![0, 2, 5]), (40, u64::MAX, None), vec![2])),
             Msg::Quorum(Quorum {
@@ -359,8 +364,9 @@ mod tests {
                 members: vec![0, 1, 2, 3],
                 step: 7,
                 stages: vec![
-                    StageState { fingerprint: Some(1), commit: Some(2), sources: vec![0, 2], restore: false },
-                    StageState { fingerprint: None, commit: None, sources: vec![], restore: true },
+                    StageState { fingerprint: Some(1), commit: Some(2), sources: vec![0, 2], restore: false, replay_from: None },
+                    StageState { fingerprint: None, commit: None, sources: vec![], restore: true, replay_from: None },
+                    StageState { fingerprint: None, commit: None, sources: vec![], restore: false, replay_from: Some(3) },
                 ],
             }),
             Msg::Start { epoch: 4 },

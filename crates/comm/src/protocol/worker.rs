@@ -67,6 +67,7 @@ impl Worker {
             unapplied: None,
             suspect: false,
             saved: Vec::new(),
+            unreplayable: None,
         };
         let mut w = Worker {
             id,
@@ -133,6 +134,14 @@ impl Worker {
                 }
             }
             Event::Loaded { epoch, state } => return self.on_loaded(now, epoch, state),
+            Event::Replayed { epoch, state } => {
+                let target = self.quorum.as_ref().filter(|q| q.epoch == epoch).map(|q| q.step);
+                if state.is_none() && self.status.phase == WorkerState::Syncing {
+                    // Said in its reports: the next quorum takes the job back instead.
+                    self.status.unreplayable = target;
+                }
+                return self.on_loaded(now, epoch, state);
+            }
             Event::PeerLost(peer) => {
                 let member = self.quorum.as_ref().is_some_and(|q| q.rank_of(peer).is_some());
                 if member && self.in_epoch() {
@@ -379,9 +388,9 @@ impl Worker {
         out
     }
 
-    /// The shell loaded its stage's checkpoint for `epoch`'s quorum: `Some((step,
-    /// fingerprint))` of what it now holds, or `None` when it could not (its state is
-    /// untouched, and it leaves the epoch: the next quorum knows better).
+    /// The shell loaded its stage's checkpoint for `epoch`'s quorum, or replayed its stage
+    /// from one: `Some((step, fingerprint))` of what it now holds, or `None` when it could
+    /// not (its state is untouched, and it leaves the epoch: the next quorum knows better).
     fn on_loaded(&mut self, now: Instant, epoch: u64, state: Option<(u64, u64)>) -> Vec<Action> {
         let mut out = Vec::new();
         if self.status.phase != WorkerState::Syncing || self.status.epoch != epoch {
@@ -396,6 +405,7 @@ impl Worker {
                 self.status.last_commit = None;
                 self.status.unapplied = None;
                 self.status.suspect = false;
+                self.status.unreplayable = None;
                 self.status.phase = WorkerState::Synced;
                 self.report(now, &mut out);
             }
@@ -558,6 +568,12 @@ impl Worker {
                 self.status.phase = WorkerState::Syncing;
                 self.status.unapplied = None;
                 out.push(Action::Load { epoch: q.epoch, step: q.step });
+            }
+            Arrival::Replays => {
+                self.status.phase = WorkerState::Syncing;
+                self.status.unapplied = None;
+                let from = q.state_of(self.id).replay_from.unwrap_or(0);
+                out.push(Action::Replay { epoch: q.epoch, from, to: q.step });
             }
         }
         self.quorum = Some(q);

@@ -265,9 +265,13 @@ impl Runner for ElasticRunner<'_, '_> {
 
     /// The state is hashed after the update when the action asked (to check it at rest
     /// later, or to compare it); otherwise the protocol asks for it when it needs it.
-    fn updated(&mut self, _at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
+    fn updated(&mut self, at: At, state: &TrainState, sum: &GradBuffer) -> Result<(), TrainError> {
         self.known = (self.asked.hash || self.asked.compare).then(|| state.fingerprint());
         self.ledger.stepped(state.step, sum.loss())?;
+        // A pipeline stage's logs of the step are complete.
+        if let Some(failure) = self.pipe.as_mut().and_then(|p| p.staged.end_step(at.step)) {
+            self.ledger.metrics.write(json!({"kind": "log_failed", "step": at.step, "reason": failure}))?;
+        }
         Ok(())
     }
 
@@ -308,10 +312,12 @@ impl Runner for ElasticRunner<'_, '_> {
     /// A boundary tensor goes to the worker that computes `micro` at stage `peer`, over
     /// the epoch's mesh. A failed send or receive ends the step like a failed all-reduce:
     /// the protocol hears that the computation failed.
-    fn send(&mut self, _at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
+    fn send(&mut self, at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
         let (mesh, pipe) = self.staged()?;
         let to = pipe.layout.rank(micro % pipe.layout.replicas, peer);
-        pipeline::send_tensor(&*mesh, to, tensor, data, &mut pipe.bytes)
+        pipeline::send_tensor(&*mesh, to, tensor, data, &mut pipe.bytes)?;
+        pipe.log_sent(peer, at.step, micro, data);
+        Ok(())
     }
 
     fn recv(

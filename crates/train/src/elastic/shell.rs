@@ -95,6 +95,7 @@ impl Shell<'_, '_, '_> {
                     self.fetch(epoch, step, fingerprint, &sources)?
                 }
                 Action::Load { epoch, step } => self.load(epoch, step, prepared)?,
+                Action::Replay { epoch, from, to } => self.replay(epoch, (from, to), prepared)?,
                 Action::Hash => {
                     let fingerprint = lock_write(&self.held).fingerprint();
                     // Its answer comes before anything queued after the question.
@@ -212,6 +213,10 @@ impl Shell<'_, '_, '_> {
         }
         (self.side.epoch, self.side.members) = (epoch, members);
         self.side.asked = Asked { at_rest: verify, ..Asked::default() };
+        // What a pipeline stage logged of a step that did not end is sent again.
+        if let Some(p) = self.side.pipe.as_mut() {
+            p.staged.abandon_logs();
+        }
         let stop = match self.step_ops(0) {
             Ok(stop) => stop,
             // A pipeline stage's boundary tensors cross the epoch's mesh too: a peer lost
@@ -256,6 +261,13 @@ impl Shell<'_, '_, '_> {
         }
         if let (Some(agreed), Some(saving)) = (agreed, self.side.saving.as_mut()) {
             saving.heard(agreed);
+            // Every stage's checkpoint of that step is durable: a pipeline stage's logs
+            // older than the one before it go.
+            if let Some(p) = self.side.pipe.as_mut()
+                && agreed.durable > 0
+            {
+                p.staged.checkpointed(agreed.durable);
+            }
         }
         let update = schedule::update_index(&self.ops).expect("a data-parallel step has an update");
         // The members of the epoch that applies: a worker that rolls forward applies in a
@@ -367,6 +379,34 @@ impl Shell<'_, '_, '_> {
         Ok(())
     }
 
+    /// The protocol's `Replay`: the stage's checkpoint of `from`, replayed to `to` on its
+    /// neighbours' logs (a stage that lost every worker holding the newest state).
+    fn replay(&mut self, epoch: u64, (from, to): (u64, u64), prepared: &Prepared) -> Result<(), TrainError> {
+        let pipe = self.side.pipe.as_ref().ok_or_else(|| CommError::Setup("only a pipeline stage replays".into()))?;
+        let began = Instant::now();
+        let state = match pipe.replay((self.side.config, prepared), &mut self.engine, (from, to)) {
+            Ok(state) => {
+                let mut guard = lock_write(&self.held);
+                guard.state = state;
+                let fingerprint = guard.fingerprint_now();
+                drop(guard);
+                let seconds = began.elapsed().as_secs_f64();
+                tracing::warn!(from, to, "a stage's state was lost: this stage replayed steps {from} to {to} in {seconds:.2} s");
+                self.side.ledger.metrics.write(json!({
+                    "kind": "replay", "from": from, "to": to, "worker": self.side.id, "seconds": seconds,
+                }))?;
+                Some((to, fingerprint))
+            }
+            Err(e) => {
+                tracing::warn!(from, to, "cannot replay this stage from step {from} to {to}: {e}");
+                None
+            }
+        };
+        self.side.sum_step = None;
+        self.queue.extend(self.worker.step(Instant::now(), Event::Replayed { epoch, state }));
+        Ok(())
+    }
+
     /// The protocol's `Fetch`: the state of `step` from `sources`.
     fn fetch(&mut self, epoch: u64, step: u64, fingerprint: u64, sources: &[WorkerId]) -> Result<(), TrainError> {
         let want = Want { step, fingerprint, layout: self.layout.0, elements: self.layout.1 };
@@ -449,7 +489,7 @@ impl Shell<'_, '_, '_> {
             resumed_from: self.side.resumed_from,
             checkpoints,
             checkpoints_deferred,
-            boundary_log: None,
+            boundary_log: self.side.pipe.as_mut().and_then(|p| p.staged.finish_logs()),
         };
         write_summary(&mut self.side.ledger.metrics, &summary)?;
         Ok((summary, state))

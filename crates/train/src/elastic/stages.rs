@@ -18,7 +18,8 @@ use crate::checkpointing::Restored;
 use crate::config::{ElasticWorker, TrainConfig};
 use crate::error::{ConfigError, TrainError};
 use crate::pipeline::{Grid, Staged};
-use crate::schedule::Op;
+use crate::replay::{LoggedInputs, Replay, Task};
+use crate::schedule::{Boundary, Op};
 use crate::step::{Engine, TrainState};
 use crate::trainer::Prepared;
 
@@ -64,6 +65,41 @@ impl Stages {
     /// The stage's index.
     pub fn stage(&self) -> usize {
         self.staged.stage.index
+    }
+
+    /// Replays the stage from its checkpoint of `from` to step `to` on the inputs its
+    /// neighbours logged (every replica's: this worker computes all of the stage's
+    /// micro-batches), on `engine`; returns the state replayed. Fails, touching nothing,
+    /// when the logs lack an input or the job's sums would not give the same bits.
+    pub fn replay(
+        &self,
+        (config, prepared): (&TrainConfig, &Prepared),
+        engine: &mut Engine<'_>,
+        (from, to): (u64, u64),
+    ) -> Result<TrainState, TrainError> {
+        let log = config.log.as_ref().ok_or_else(|| ConfigError::Invalid("the job logs no boundary".into()))?;
+        let (stages, stage, replicas) = (self.start.stages, self.stage(), self.start.replicas);
+        if replicas > 1 && !config.reduce.is_reproducible() {
+            return Err(ConfigError::Invalid(format!(
+                "a replay sums the stage's micro-batches in another order than its {replicas} replicas did: the bits \
+                 are kept only with --reduce reproducible, not {}",
+                config.reduce
+            ))
+            .into());
+        }
+        let mut inputs = LoggedInputs::new(&log.dir, stage, replicas);
+        let kinds: Vec<Boundary> =
+            [(stage > 0).then_some(Boundary::Activation), (stage + 1 < stages).then_some(Boundary::Gradient)]
+                .into_iter()
+                .flatten()
+                .collect();
+        inputs.check(from..to, engine.sampler().micro_batches(), &kinds)?;
+        let mut state = self.load(config, prepared, from)?;
+        let task = Task { stages, stage, helper: 0, helpers: 1 };
+        let mut get = |step, micro, tensor| inputs.get(step, micro, tensor);
+        let mut runner = Replay { inputs: &mut get, helpers: None, live: None, reducer: Default::default() };
+        crate::replay::replay(engine, &mut state, task, to, &mut runner)?;
+        Ok(state)
     }
 
     /// Enters the epoch of `members` (ids, in rank order): the layout is the start's, cut
