@@ -320,8 +320,7 @@ fn worker_ends_the_job_on_a_divergence_it_does_not_repair_or_cannot_attribute() 
 /// epoch 1 at step 0 and computing it: its stage's sum is 7.
 fn pipeline_worker(c: &Clock, checks: Checks) -> Worker {
     let (mut w, _) = Worker::new((1, 0), 2, (0, 200), (timing(), checks), c.at(0));
-    let state =
-        |fingerprint, sources| StageState { fingerprint: Some(fingerprint), commit: None, sources, restore: false };
+    let state = |fingerprint, sources| StageState { fingerprint: Some(fingerprint), sources, ..StageState::unknown() };
     let q =
         Quorum { epoch: 1, members: vec![0, 1, 2, 3], step: 0, stages: vec![state(100, vec![0]), state(200, vec![1])] };
     w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(q));
@@ -532,6 +531,7 @@ fn idle(step: u64, fingerprint: u64, last_commit: Option<u64>) -> Status {
         unapplied: None,
         suspect: false,
         saved: Vec::new(),
+        unreplayable: None,
     }
 }
 
@@ -621,8 +621,9 @@ fn coordinator_of_a_pipeline_names_each_stage_s_sources_among_its_own_replicas()
     report(&mut co, c.at(1), 1, idle(6, 61, Some(2)));
     let q = quorum_sent(&report(&mut co, c.at(1), 3, idle(6, 61, Some(2)))).unwrap();
     assert_eq!((q.step, q.members.clone()), (6, vec![0, 1, 2, 3]));
-    assert_eq!(q.stages[0], StageState { fingerprint: Some(60), commit: Some(1), sources: vec![0], restore: false });
-    let stage1 = StageState { fingerprint: Some(61), commit: Some(2), sources: vec![1, 3], restore: false };
+    let stage0 = StageState { fingerprint: Some(60), commit: Some(1), sources: vec![0], ..StageState::unknown() };
+    assert_eq!(q.stages[0], stage0);
+    let stage1 = StageState { fingerprint: Some(61), commit: Some(2), sources: vec![1, 3], ..StageState::unknown() };
     assert_eq!(q.stages[1], stage1);
 }
 
@@ -638,7 +639,7 @@ fn a_pipeline_stage_whose_holders_were_lost_after_the_vote_rolls_forward_without
     }
     let q = quorum_sent(&report(&mut co, c.at(1), 5, idle(0, 1, None))).unwrap();
     assert_eq!((q.step, q.members.clone()), (6, vec![0, 1, 2, 3]), "worker 5 is left out");
-    assert_eq!(q.stages[1], StageState { fingerprint: None, commit: Some(77), sources: vec![], restore: false });
+    assert_eq!(q.stages[1], StageState { commit: Some(77), ..StageState::unknown() });
     // A member of that stage rolls forward, and holds the quorum's state once it has.
     let (mut w, _) = Worker::new((3, 0), 9, (5, 51), (timing(), Checks::default()), c.at(0));
     w.on_message(c.at(1), Node::Coordinator, Msg::Quorum(quorum(3, &[1, 3], 5, 51, None)));
@@ -653,27 +654,44 @@ fn a_pipeline_stage_whose_holders_were_lost_after_the_vote_rolls_forward_without
 }
 
 #[test]
-fn a_pipeline_stage_with_no_live_holder_takes_the_job_back_and_one_not_yet_ready_is_waited_for() {
+fn a_pipeline_stage_with_no_live_holder_is_replayed_or_else_takes_the_job_back_and_one_not_ready_is_waited_for() {
     let c = Clock(Instant::now());
     // Both replicas of stage 1 are fresh replacements: stage 1's state is lost. Stage 0
     // has checkpoints of steps 3 and 6, stage 1 of step 3 only (its step 6 was never
-    // committed): the job goes back to step 3.
+    // committed): stage 1's workers replay it from step 3 to 6, stage 0 keeps its state.
     let mut co = pipeline_coordinator(&c);
     let saved = |steps: &[u64], status: Status| Status { saved: steps.to_vec(), ..status };
     report(&mut co, c.at(1), 0, saved(&[6, 3], idle(6, 60, Some(1))));
     report(&mut co, c.at(1), 2, saved(&[6, 3], idle(6, 60, Some(1))));
     report(&mut co, c.at(1), 1, saved(&[3], idle(3, 31, None)));
     let q = quorum_sent(&report(&mut co, c.at(1), 3, saved(&[3], idle(0, 1, None)))).expect("a quorum");
+    assert_eq!((q.step, q.members.clone()), (6, vec![0, 1, 2, 3]));
+    assert_eq!(q.stages[0].sources, vec![0, 2]);
+    assert_eq!(q.stages[1], StageState { replay_from: Some(3), ..StageState::unknown() });
+    let (mut w, _) = Worker::new((3, 0), 9, (0, 1), (timing(), Checks::default()), c.at(0));
+    let a = w.on_message(c.at(2), Node::Coordinator, Msg::Quorum(q.clone()));
+    assert_eq!(others(&a), vec![Action::Replay { epoch: q.epoch, from: 3, to: 6 }]);
+    // It cannot (a log lacks an input): it says so, and the next quorum takes every stage
+    // back to step 3, which both stages have.
+    let a = w.step(c.at(3), Event::Replayed { epoch: q.epoch, state: None });
+    assert_eq!((w.status().phase, w.status().unreplayable), (WorkerState::Idle, Some(6)));
+    let Some((_, Msg::Report(said))) = sent(&a).into_iter().next() else { panic!("{a:?}") };
+    for (id, status) in [(0, idle(6, 60, Some(1))), (2, idle(6, 60, Some(1))), (1, idle(3, 31, None))] {
+        let steps = if id == 1 { vec![3] } else { vec![6, 3] };
+        report(&mut co, c.at(4), id, Status { epoch: q.epoch, saved: steps, ..status });
+    }
+    report(&mut co, c.at(4), 3, said);
+    let q = quorum_sent(&co.tick(c.at(40))).expect("a quorum after the join window");
     assert_eq!((q.step, q.members.clone()), (3, vec![0, 1, 2, 3]));
     assert!(q.stages.iter().all(|s| s.restore && s.sources.is_empty()), "{q:?}");
     // Worker 1 restored that checkpoint as it started: it holds the state. The others load.
     let (mut w, _) = Worker::new((2, 0), 9, (6, 60), (timing(), Checks::default()), c.at(0));
-    let a = w.on_message(c.at(2), Node::Coordinator, Msg::Quorum(q.clone()));
+    let a = w.on_message(c.at(42), Node::Coordinator, Msg::Quorum(q.clone()));
     assert_eq!(others(&a), vec![Action::Load { epoch: q.epoch, step: 3 }]);
-    w.step(c.at(3), Event::Loaded { epoch: q.epoch, state: Some((3, 30)) });
+    w.step(c.at(43), Event::Loaded { epoch: q.epoch, state: Some((3, 30)) });
     assert_eq!((w.status().phase, w.status().step, w.status().fingerprint), (WorkerState::Synced, 3, 30));
     let (mut w, _) = Worker::new((1, 0), 9, (3, 31), (timing(), Checks::default()), c.at(0));
-    w.on_message(c.at(2), Node::Coordinator, Msg::Quorum(q));
+    w.on_message(c.at(42), Node::Coordinator, Msg::Quorum(q));
     assert_eq!(w.status().phase, WorkerState::Synced);
     // No worker of stage 1 has reported yet: the coordinator waits for one, and stops
     // after the quorum timeout, saying why.

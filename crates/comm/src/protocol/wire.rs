@@ -364,9 +364,21 @@ mod tests {
                 members: vec![0, 1, 2, 3],
                 step: 7,
                 stages: vec![
-                    StageState { fingerprint: Some(1), commit: Some(2), sources: vec![0, 2], restore: false, replay_from: None },
+                    StageState {
+                        fingerprint: Some(1),
+                        commit: Some(2),
+                        sources: vec![0, 2],
+                        restore: false,
+                        replay_from: None,
+                    },
                     StageState { fingerprint: None, commit: None, sources: vec![], restore: true, replay_from: None },
-                    StageState { fingerprint: None, commit: None, sources: vec![], restore: false, replay_from: Some(3) },
+                    StageState {
+                        fingerprint: None,
+                        commit: None,
+                        sources: vec![],
+                        restore: false,
+                        replay_from: Some(3),
+                    },
                 ],
             }),
             Msg::Start { epoch: 4 },

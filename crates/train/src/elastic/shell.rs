@@ -391,7 +391,11 @@ impl Shell<'_, '_, '_> {
                 let fingerprint = guard.fingerprint_now();
                 drop(guard);
                 let seconds = began.elapsed().as_secs_f64();
-                tracing::warn!(from, to, "a stage's state was lost: this stage replayed steps {from} to {to} in {seconds:.2} s");
+                tracing::warn!(
+                    from,
+                    to,
+                    "a stage's state was lost: this stage replayed steps {from} to {to} in {seconds:.2} s"
+                );
                 self.side.ledger.metrics.write(json!({
                     "kind": "replay", "from": from, "to": to, "worker": self.side.id, "seconds": seconds,
                 }))?;

@@ -23,6 +23,9 @@ use crate::schedule::{Boundary, Op};
 use crate::step::{Engine, TrainState};
 use crate::trainer::Prepared;
 
+/// How long a replay waits for its neighbours' newest log files before it gives up.
+const LOGS_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The stage an elastic worker holds, and where the job's workers sit.
 pub(super) struct Stages {
     /// The layout at the start: every slot.
@@ -93,7 +96,16 @@ impl Stages {
                 .into_iter()
                 .flatten()
                 .collect();
-        inputs.check(from..to, engine.sampler().micro_batches(), &kinds)?;
+        // The neighbours write their logs in the background, and one that rolls forward
+        // in this very epoch writes its last step's after: the newest files may come
+        // moments after the replay was asked for.
+        let settle = std::time::Instant::now() + LOGS_SETTLE;
+        while let Err(e) = inputs.check(from..to, engine.sampler().micro_batches(), &kinds) {
+            if std::time::Instant::now() >= settle {
+                return Err(e);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         let mut state = self.load(config, prepared, from)?;
         let task = Task { stages, stage, helper: 0, helpers: 1 };
         let mut get = |step, micro, tensor| inputs.get(step, micro, tensor);
