@@ -81,6 +81,12 @@ pub(crate) fn run(
     let prepared = Prepared::load(config)?;
     let (mut state, engine) = prepared.start(config);
     let parameters = state.parameters();
+    // A pipeline's `--log-budget` chooses the boundaries it logs.
+    let budgeted = crate::pipeline::groups::apply_budget(config, &engine, &state.params)?;
+    let config = budgeted.as_ref().map_or(config, |(c, _)| c);
+    if let Some((_, note)) = &budgeted {
+        on_event(Progress::Note(note.clone()));
+    }
     let (pipe, engine) = Stages::cut(config, d, &mut state, engine)?;
     // After a total loss the job starts again from its newest valid checkpoint, on any
     // number of workers; a worker that joins a running job fetches a newer state anyway.

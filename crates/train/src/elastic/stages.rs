@@ -90,6 +90,15 @@ impl Stages {
             ))
             .into());
         }
+        // Boundary `b` lies between stages `b` and `b + 1`.
+        let needed = [stage.checked_sub(1), (stage + 1 < stages).then_some(stage)];
+        if let Some(b) = needed.into_iter().flatten().find(|b| !log.boundaries.contains(b)) {
+            return Err(ConfigError::Invalid(format!(
+                "boundary {b} is not logged: the stages on both sides of it would replay together, which an \
+                 elastic job does not do"
+            ))
+            .into());
+        }
         let mut inputs = LoggedInputs::new(&log.dir, stage, replicas);
         let kinds: Vec<Boundary> =
             [(stage > 0).then_some(Boundary::Activation), (stage + 1 < stages).then_some(Boundary::Gradient)]
