@@ -37,49 +37,6 @@ start_node() {
   eval "pid$i=$!"
 }
 
-# The steps worker 0 (on host 0) has logged in run $1.
-steps_logged() {
-  local f="$work/$1-out0/metrics.jsonl"
-  if [ -f "$f" ]; then grep -c '"kind":"train"' "$f"; else echo 0; fi
-}
-
-# Waits (bounded, 60 s) until worker 0 of run $1 has logged $2 steps.
-wait_steps() {
-  for _ in $(seq 1 600); do
-    [ "$(steps_logged "$1")" -ge "$2" ] && return 0
-    sleep 0.1
-  done
-  echo "FAIL: run $1 did not reach step $2"; cat "$work/$1"-node*.log; exit 1
-}
-
-# Kills every process in host i's namespace with SIGKILL: its launcher and its workers.
-kill_host() { ip netns pids "$tag-h$1" | xargs -r kill -9; }
-
-# Checks that each of run $1's workers on the hosts given printed the reference.
-check_workers() {
-  local run=$1; shift
-  for i in "$@"; do
-    for rank in $((2 * i)) $((2 * i + 1)); do
-      got=$(sed -n "s/^\[$rank\] fingerprint: \([0-9a-f]*\).*/\1/p" "$work/$run-node$i.log" | tail -1)
-      if [ "$got" = "$reference" ]; then
-        echo "ok: $run: worker $rank on host $i ended with the single-process fingerprint $got"
-      else
-        echo "FAIL: $run: worker $rank on host $i printed '$got', single-process train $reference"; status=1
-      fi
-    done
-  done
-}
-
-# Waits (bounded, 120 s) for host i's launcher; its exit status in rc$i.
-wait_node() {
-  local i=$1 pid_var="pid$1"
-  for _ in $(seq 1 1200); do kill -0 "${!pid_var}" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "${!pid_var}" 2>/dev/null; then
-    echo "FAIL: host $i's launcher still runs 120 s on"; kill -9 "${!pid_var}"; status=1
-  fi
-  wait "${!pid_var}"; eval "rc$i=$?"
-}
-
 # 1. Host 2 killed, then started again.
 for i in 0 1 2; do start_node kill "$i"; done
 wait_steps kill 60

@@ -20,7 +20,7 @@ use crate::driver::{Flow, Reduction, Runner};
 use crate::error::ConfigError;
 use crate::error::TrainError;
 use crate::metrics::Ledger;
-use crate::pipeline::{self, Staged};
+use crate::pipeline::Staged;
 use crate::schedule::Boundary;
 use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
 use crate::trainer::report_injections;
@@ -314,10 +314,7 @@ impl Runner for ElasticRunner<'_, '_> {
     /// the protocol hears that the computation failed.
     fn send(&mut self, at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
         let (mesh, pipe) = self.staged()?;
-        let to = pipe.layout.rank(micro % pipe.layout.replicas, peer);
-        pipeline::send_tensor(&*mesh, to, tensor, data, &mut pipe.bytes)?;
-        pipe.log_sent(peer, at.step, micro, data);
-        Ok(())
+        pipe.send(&*mesh, (at.step, peer, micro), tensor, data)
     }
 
     fn recv(
@@ -330,7 +327,6 @@ impl Runner for ElasticRunner<'_, '_> {
     ) -> Result<(), TrainError> {
         let timeout = self.d.job.timeout;
         let (mesh, pipe) = self.staged()?;
-        let from = pipe.layout.rank(micro % pipe.layout.replicas, peer);
-        pipeline::recv_tensor(&*mesh, (from, micro, tensor), timeout, &mut pipe.bytes, data)
+        pipe.recv(&*mesh, (peer, micro, tensor), timeout, data)
     }
 }

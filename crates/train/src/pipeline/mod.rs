@@ -464,6 +464,35 @@ impl Staged {
         Ok((staged, engine.for_stage(stage)))
     }
 
+    /// Sends `data`, the boundary `tensor` of micro-batch `micro` at `step`, over `t` to the
+    /// rank that computes that micro-batch at stage `peer`, and logs it if that boundary is
+    /// logged.
+    pub(crate) fn send(
+        &mut self,
+        t: &dyn Transport,
+        (step, peer, micro): (u64, usize, usize),
+        tensor: Boundary,
+        data: &[f32],
+    ) -> Result<(), TrainError> {
+        let to = self.layout.rank(micro % self.layout.replicas, peer);
+        send_tensor(t, to, tensor, data, &mut self.bytes)?;
+        self.log_sent(peer, step, micro, data);
+        Ok(())
+    }
+
+    /// Receives into `data` the boundary `tensor` of micro-batch `micro` over `t` from the
+    /// rank that computes that micro-batch at stage `peer`, within `timeout`.
+    pub(crate) fn recv(
+        &mut self,
+        t: &dyn Transport,
+        (peer, micro, tensor): (usize, usize, Boundary),
+        timeout: Duration,
+        data: &mut Vec<f32>,
+    ) -> Result<(), TrainError> {
+        let from = self.layout.rank(micro % self.layout.replicas, peer);
+        recv_tensor(t, (from, micro, tensor), timeout, &mut self.bytes, data)
+    }
+
     /// Logs `data`, sent to stage `to` at `step` for micro-batch `micro`, if that boundary
     /// is logged.
     pub(crate) fn log_sent(&mut self, to: usize, step: u64, micro: usize, data: &[f32]) {

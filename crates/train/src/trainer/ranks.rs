@@ -120,10 +120,7 @@ impl Runner for StaticRunner<'_, '_> {
 
     fn send(&mut self, at: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
         let (job, pipe) = self.staged()?;
-        let to = pipe.layout.rank(micro % pipe.layout.replicas, peer);
-        pipeline::send_tensor(job.transport()?, to, tensor, data, &mut pipe.bytes)?;
-        pipe.log_sent(peer, at.step, micro, data);
-        Ok(())
+        pipe.send(job.transport()?, (at.step, peer, micro), tensor, data)
     }
 
     fn recv(
@@ -136,8 +133,7 @@ impl Runner for StaticRunner<'_, '_> {
     ) -> Result<(), TrainError> {
         let timeout = self.timeout();
         let (job, pipe) = self.staged()?;
-        let from = pipe.layout.rank(micro % pipe.layout.replicas, peer);
-        pipeline::recv_tensor(job.transport()?, (from, micro, tensor), timeout, &mut pipe.bytes, data)
+        pipe.recv(job.transport()?, (peer, micro, tensor), timeout, data)
     }
 }
 
