@@ -39,12 +39,12 @@ start_node() {
 
 # 1. Host 2 killed, then started again.
 for i in 0 1 2; do start_node kill "$i"; done
-wait_steps kill 60
+wait_run_steps kill 60
 kill_host 2
-echo "ok: killed host 2 (its launcher and workers) at step $(steps_logged kill)"
-before=$(steps_logged kill)
-wait_steps kill $((before + 40))
-echo "ok: the survivors went on to step $(steps_logged kill) without host 2"
+echo "ok: killed host 2 (its launcher and workers) at step $(run_steps kill)"
+before=$(run_steps kill)
+wait_run_steps kill $((before + 40))
+echo "ok: the survivors went on to step $(run_steps kill) without host 2"
 start_node kill 2
 for i in 0 1 2; do wait_node "$i"; done
 for i in 0 1 2; do
@@ -75,9 +75,9 @@ done
 
 # 2. Host 1's link cut.
 for i in 0 1 2; do start_node cut "$i"; done
-wait_steps cut 60
+wait_run_steps cut 60
 cut_host 1
-echo "ok: cut host 1's link at step $(steps_logged cut)"
+echo "ok: cut host 1's link at step $(run_steps cut)"
 for i in 0 2; do wait_node "$i"; done
 for i in 0 2; do
   rc_var="rc$i"

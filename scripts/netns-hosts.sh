@@ -38,15 +38,15 @@ cut_host() { ip link set "$tag-v$1" down; }
 # $reference is the single process's fingerprint; a failure sets status=1).
 
 # The steps logged in run $1 by the worker that writes its metrics, on host ${2:-0}.
-steps_logged() {
+run_steps() {
   local f="$work/$1-out${2:-0}/metrics.jsonl"
   if [ -f "$f" ]; then grep -c '"kind":"train"' "$f"; else echo 0; fi
 }
 
 # Waits (bounded, 60 s) until run $1 has logged $2 steps (on host ${3:-0}).
-wait_steps() {
+wait_run_steps() {
   for _ in $(seq 1 600); do
-    [ "$(steps_logged "$1" "${3:-0}")" -ge "$2" ] && return 0
+    [ "$(run_steps "$1" "${3:-0}")" -ge "$2" ] && return 0
     sleep 0.1
   done
   echo "FAIL: run $1 did not reach step $2"; cat "$work/$1"-node*.log; exit 1

@@ -53,12 +53,12 @@ check_exit() {
 at=$((30 + RANDOM % 150))
 replicas="--nproc-per-node 2 --min-nproc 2"
 for i in 0 1; do start_node kill "$replicas --max-restarts 1" "" "$i"; done
-wait_steps kill "$at"
+wait_run_steps kill "$at"
 kill_host 1
-echo "ok: killed host 1 (its launcher and workers) at step $(steps_logged kill)"
-before=$(steps_logged kill)
-wait_steps kill $((before + 20))
-echo "ok: host 0's workers went on to step $(steps_logged kill) without host 1"
+echo "ok: killed host 1 (its launcher and workers) at step $(run_steps kill)"
+before=$(run_steps kill)
+wait_run_steps kill $((before + 20))
+echo "ok: host 0's workers went on to step $(run_steps kill) without host 1"
 start_node kill "$replicas --max-restarts 1" "" 1
 for i in 0 1; do wait_node "$i"; check_exit kill "$i"; done
 # The coordinator's account: host 1's workers lost, host 0's going on, then the returning
@@ -75,9 +75,9 @@ check_workers kill 0 1
 # 2. Host 1 lost for good: its micro-batches rerouted to host 0's workers.
 at=$((30 + RANDOM % 150))
 for i in 0 1; do start_node shrink "$replicas --on-failure shrink" "" "$i"; done
-wait_steps shrink "$at"
+wait_run_steps shrink "$at"
 kill_host 1
-echo "ok: killed host 1 for good at step $(steps_logged shrink)"
+echo "ok: killed host 1 for good at step $(run_steps shrink)"
 wait_node 0
 check_exit shrink 0
 check_workers shrink 0
@@ -88,9 +88,9 @@ at=$((30 + RANDOM % 150))
 stages="--nproc-per-node 1 --min-nproc 2 --max-restarts 1"
 saving="--checkpoint-every 20 --checkpoint-dir $work/stage-ck --log-boundaries all --log-dir $work/stage-logs"
 for i in 0 1; do start_node stage "$stages" "$saving" "$i"; done
-wait_steps stage "$at" 1
+wait_run_steps stage "$at" 1
 kill_host 1
-echo "ok: killed host 1 (stage 1) at step $(steps_logged stage 1)"
+echo "ok: killed host 1 (stage 1) at step $(run_steps stage 1)"
 sleep 1
 start_node stage "$stages" "$saving" 1
 for i in 0 1; do wait_node "$i"; check_exit stage "$i"; done
