@@ -99,19 +99,7 @@ pub(crate) fn run(
     let fingerprint = state.fingerprint();
     let held = Arc::new(RwLock::new(SharedState { state, fingerprint: Some(fingerprint) }));
     let faults = ProcessFaults::new(config.faults.clone(), Instant::now()).for_incarnation(incarnation);
-    // Worker 0's first process writes the job's record from the start; after that, each
-    // epoch's lowest-ranked member does (see `Timeline`): a replacement waits its turn.
-    // (The first collector: worker 0, or the last stage of a pipeline's first replica.)
-    let collector = config.pipeline.stages as WorkerId - 1;
-    let mut metrics = MetricsFile::in_turns(
-        config.out_dir.as_ref(),
-        id == collector && incarnation == 0,
-        incarnation > 0 || resumed_from > 0,
-    )?;
-    if let Some(r) = &restored {
-        crate::trainer::record_resume(&mut metrics, r)?;
-        on_event(Progress::Note(crate::trainer::resumed_note(r)));
-    }
+    let mut metrics = open_record(config, (id, incarnation), restored.as_ref(), on_event)?;
 
     let listener =
         TcpListener::bind((bind, 0)).map_err(|e| CommError::Setup(format!("cannot listen on {bind}: {e}")))?;
@@ -193,6 +181,30 @@ pub(crate) fn run(
     }
     outcome?;
     shell.finish(&prepared, parameters)
+}
+
+/// Worker `id`'s process `incarnation`'s part in the job's record (`metrics.jsonl`), which
+/// says where it resumed from (`restored`). The first collector's first process (worker 0,
+/// or a pipeline's last stage of replica 0) writes it from the start; after that each
+/// epoch's collector does (see `Timeline`): a replacement waits its turn.
+fn open_record(
+    config: &TrainConfig,
+    (id, incarnation): (WorkerId, u64),
+    restored: Option<&crate::checkpointing::Restored>,
+    on_event: &mut dyn FnMut(Progress),
+) -> Result<MetricsFile, TrainError> {
+    let collector = config.pipeline.stages as WorkerId - 1;
+    let resumed = restored.is_some_and(|r| r.step > 0);
+    let mut metrics = MetricsFile::in_turns(
+        config.out_dir.as_ref(),
+        id == collector && incarnation == 0,
+        incarnation > 0 || resumed,
+    )?;
+    if let Some(r) = restored {
+        crate::trainer::record_resume(&mut metrics, r)?;
+        on_event(Progress::Note(crate::trainer::resumed_note(r)));
+    }
+    Ok(metrics)
 }
 
 /// The settings of the links of the epochs' meshes: the job's secret, and its timeout
