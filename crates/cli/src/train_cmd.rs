@@ -168,17 +168,6 @@ pub struct TrainArgs {
     /// The order of a pipeline stage's passes.
     #[arg(long, value_parser = choice::of::<train::PipeSchedule>(), default_value = "1f1b")]
     schedule: train::PipeSchedule,
-    /// Share the replay of a lost pipeline stage among R ranks: its replacement and R - 1
-    /// survivors [env: STEADFAST_REPLAY_HELPERS].
-    #[arg(long, value_name = "R", env = "STEADFAST_REPLAY_HELPERS", default_value_t = 1, hide_env = true)]
-    replay_helpers: usize,
-    /// Join the job again after a lost peer (`launch --recovery replay` sets it).
-    #[arg(long, hide = true, env = "STEADFAST_RECOVER_BY_REPLAY")]
-    recover_by_replay: bool,
-    /// Give a lost stage worker's micro-batches to its stage's other workers
-    /// (`launch --recovery replay --on-failure shrink` sets it).
-    #[arg(long, hide = true, env = "STEADFAST_REROUTE")]
-    reroute: bool,
     /// Log what crosses these stage boundaries (`all`, `none`, or numbers such as `0,2`;
     /// boundary 0 lies between stages 0 and 1), for recovery by replay.
     #[arg(long, value_name = "all|none|LIST", default_value = "none")]
@@ -269,9 +258,7 @@ impl TrainArgs {
             memory,
             budget,
         });
-        let (recover, helpers) = (self.recover_by_replay, self.replay_helpers.max(1));
-        let reroute = self.reroute;
-        c.pipeline = train::Pipeline { stages, schedule: self.schedule, recover, helpers, reroute };
+        c.pipeline = train::Pipeline { stages, schedule: self.schedule };
         c.dist = dist;
         c.inject = self.inject;
         c.faults = self.fault;

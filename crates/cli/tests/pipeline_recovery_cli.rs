@@ -1,6 +1,8 @@
-//! Pipeline jobs that lose a stage worker (`launch --recovery replay`): the replacement is
-//! rebuilt from its stage's checkpoint by replaying its neighbours' boundary logs (alone or
-//! with helpers), or fetched from a live replica of its stage, and the job ends with the
+//! Pipeline jobs that lose a stage worker under `launch --recovery replay` (the elastic job
+//! of every pipeline, with its boundaries logged and its checkpoints kept for the user):
+//! a stage lost in every replica is rebuilt from its checkpoint by replaying its
+//! neighbours' boundary logs (alone, with helpers, or with the stages an unreadable log
+//! joins it to), a stage with a live replica is fetched from it, and the job ends with the
 //! bits of a run that never failed. The faults strike at steps and phases drawn from a
 //! seed that the test prints (`STEADFAST_PIPELINE_SEED` replays one).
 
@@ -71,8 +73,8 @@ fn replay_job(model: &str, (nproc, stages, helpers): (usize, usize, usize), step
 }
 
 /// A job of `model` for `steps` steps in `dir`, of (ranks, stages, helpers) `shape`, with
-/// `fault` and `extra` train flags: checks that it ends with `reference`; returns its
-/// recovery's line and a description of the case.
+/// `fault` and `extra` train flags: checks that it ends with `reference`; returns how its
+/// epochs were formed and a description of the case.
 fn crash(
     (model, reference): (&str, &str),
     shape: (usize, usize, usize),
@@ -84,13 +86,12 @@ fn crash(
     args.extend(extra.iter().map(|s| s.to_string()));
     args.extend(["--fault".into(), fault.to_owned()]);
     let context = format!("{model}, (ranks, stages, helpers) {shape:?}, {fault}");
-    let line = recovered(&args, reference, dir, &context);
-    (line, context)
+    recovered(&args, reference, dir, &context)
 }
 
-/// Runs `args` and checks that every rank ends with `reference`; returns the recovery's
-/// line of `metrics.jsonl`.
-fn recovered(args: &[String], reference: &str, dir: &Path, context: &str) -> String {
+/// Runs `args` and checks that every rank ends with `reference`; returns how the epochs
+/// after the loss were formed (the coordinator's lines) and the output, for context.
+fn recovered(args: &[String], reference: &str, dir: &Path, context: &str) -> (String, String) {
     let out = run(args);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let context = format!("{context}\n{stdout}\n{stderr}");
@@ -104,7 +105,9 @@ fn recovered(args: &[String], reference: &str, dir: &Path, context: &str) -> Str
         metrics.lines().any(|l| l.contains("\"kind\":\"train\"") && l.contains(&format!("\"step\":{step},")))
     };
     assert!(trained(1), "the first step's line is lost: {context}\n{metrics}");
-    metrics.lines().find(|l| l.contains("\"kind\":\"recovered\"")).unwrap_or_else(|| panic!("{context}")).to_owned()
+    let epochs: Vec<&str> =
+        stdout.lines().filter(|l| l.starts_with("[coordinator]") && l.contains(" epoch ")).collect();
+    (epochs.join("\n"), context)
 }
 
 #[test]
@@ -117,8 +120,13 @@ fn a_stage_worker_lost_at_a_random_step_is_replayed_to_the_same_bits_by_one_or_m
         let dir = tmp.path().join(format!("case{case}"));
         let (rank, step, phase) = (d.below(stages as u64), 2 + d.below(steps - 3), PHASES[d.below(5) as usize]);
         let fault = format!("crash:rank={rank},step={step},phase={phase}");
-        let (line, context) = crash(("mlp", &reference), (stages, stages, helpers), steps, &dir, (&fault, &[]));
-        assert!(line.contains(&format!("rank {rank} (stage {rank}) replayed from step")), "{context}: {line}");
+        let (epochs, context) = crash(("mlp", &reference), (stages, stages, helpers), steps, &dir, (&fault, &[]));
+        let replays =
+            format!("stage {rank}'s state was lost: its workers [{rank}] replay it from its checkpoint of step");
+        assert!(epochs.contains(&replays), "{context}");
+        // The helpers are the lowest-numbered workers of the other stages.
+        let helped: Vec<u64> = (0..stages as u64).filter(|&w| w != rank).take(helpers - 1).collect();
+        assert_eq!(epochs.contains(&format!("helped by {helped:?}")), helpers > 1, "{context}");
     }
 }
 
@@ -130,8 +138,9 @@ fn the_worker_that_holds_the_loss_lost_before_any_checkpoint_keeps_the_metrics()
     // Stage 2 holds the loss; no checkpoint comes before step 3: its replacement starts
     // from step 0 and replays.
     let fault = "crash:rank=2,step=2,phase=backward";
-    let (line, context) = crash(("mlp", &reference), (3, 3, 1), steps, tmp.path(), (fault, &[]));
-    assert!(line.contains("rank 2 (stage 2) replayed from step 0"), "{context}: {line}");
+    let (epochs, context) = crash(("mlp", &reference), (3, 3, 1), steps, tmp.path(), (fault, &[]));
+    let replays = "stage 2's state was lost: its workers [2] replay it from its checkpoint of step 0";
+    assert!(epochs.contains(replays), "{context}");
 }
 
 #[test]
@@ -142,8 +151,8 @@ fn the_gpt_s_lost_stage_is_replayed_in_parallel_to_the_same_bits() {
     let reference = reference("gpt", steps, tmp.path());
     let (rank, step) = (d.below(3), 4 + d.below(3));
     let fault = format!("crash:rank={rank},step={step},phase=backward");
-    let (line, context) = crash(("gpt", &reference), (3, 3, 2), steps, tmp.path(), (&fault, &[]));
-    assert!(line.contains("replayed from step"), "{context}: {line}");
+    let (epochs, context) = crash(("gpt", &reference), (3, 3, 2), steps, tmp.path(), (&fault, &[]));
+    assert!(epochs.contains(&format!("stage {rank}'s state was lost")) && epochs.contains("helped by"), "{context}");
 }
 
 #[test]
@@ -154,13 +163,14 @@ fn a_lost_stage_worker_with_a_live_replica_fetches_its_stage() {
     let reference = reference("mlp", steps, tmp.path());
     let (rank, step, phase) = (d.below(4), 2 + d.below(6), PHASES[d.below(5) as usize]);
     let fault = format!("crash:rank={rank},step={step},phase={phase}");
-    let (line, _) = crash(("mlp", &reference), (4, 2, 1), steps, tmp.path(), (&fault, &[]));
-    // Ranks 0 and 2 hold stage 0, ranks 1 and 3 stage 1.
+    let (epochs, context) = crash(("mlp", &reference), (4, 2, 1), steps, tmp.path(), (&fault, &[]));
+    // Workers 0 and 2 hold stage 0, workers 1 and 3 stage 1.
     let replica = (rank + 2) % 4;
     assert!(
-        line.contains(&format!("rank {rank} (stage {}) fetched its state from rank {replica}", rank % 2)),
-        "{line}"
+        epochs.contains(&format!("[{rank}] fetch their stages' states (stage {} from [{replica}])", rank % 2)),
+        "{context}"
     );
+    assert!(!epochs.contains("state was lost"), "{context}");
 }
 
 #[test]
@@ -174,9 +184,13 @@ fn a_budget_logs_some_boundaries_and_a_lost_stage_s_group_replays_together_to_th
     let (rank, step, phase) = (d.below(3), 2 + d.below(steps - 3), PHASES[d.below(5) as usize]);
     let fault = format!("crash:rank={rank},step={step},phase={phase}");
     let budget: &[&str] = &["--log-budget", "70kB"];
-    let (line, context) = crash(("mlp", &reference), (3, 3, 1), steps, tmp.path(), (&fault, budget));
-    let expected = if rank == 0 { "rank 0 (stage 0) replayed from step" } else { "stages 1 to 2 went back to step" };
-    assert!(line.contains(expected), "{context}: {line}");
+    let (epochs, context) = crash(("mlp", &reference), (3, 3, 1), steps, tmp.path(), (&fault, budget));
+    let expected = if rank == 0 {
+        "stage 0's state was lost: its workers [0] replay it"
+    } else {
+        "stages 1 to 2 go back to their checkpoints of step"
+    };
+    assert!(epochs.contains(expected), "{context}");
 }
 
 #[test]
@@ -201,26 +215,23 @@ fn a_stage_lost_in_every_replica_replays_with_its_group_across_replicas_to_the_s
     assert!(out.status.success(), "{context}");
     let fps = common::fingerprints_in(&stdout);
     assert!(fps.len() == 6 && fps.iter().all(|f| *f == reference), "{context}");
-    let metrics = std::fs::read_to_string(tmp.path().join("out/metrics.jsonl")).unwrap();
-    assert!(metrics.contains("stages 0 to 1 went back to step"), "{context}\n{metrics}");
+    assert!(stdout.contains("stages 0 to 1 go back to their checkpoints of step"), "{context}");
+    assert!(stdout.contains("([[0, 3], [1, 4]])"), "each stage's two workers replay it: {context}");
 }
 
 /// A job of 2 replicas of 3 stages that goes on without its lost workers (`--on-failure
-/// shrink`), each lost at a step and phase drawn from `d`; returns its output, the
-/// reference fingerprint and the recovery lines.
-fn rerouted(d: &mut Draw, lost: &[usize], dir: &Path) -> (Output, String, String) {
+/// shrink`), each lost at a step and phase drawn from `d`; returns its output and the
+/// reference fingerprint.
+fn rerouted(d: &mut Draw, lost: &[usize], dir: &Path) -> (Output, String) {
     let steps = 12;
     let reference = reference("mlp", steps, dir);
     let mut args = replay_job("mlp", (6, 3, 1), steps, dir);
-    args.splice(1..3, ["--on-failure".to_owned(), "shrink".to_owned()]);
+    args.splice(1..3, ["--on-failure".to_owned(), "shrink".to_owned(), "--quorum-timeout".to_owned(), "3".to_owned()]);
     for &rank in lost {
         let (step, phase) = (2 + d.below(steps - 3), PHASES[d.below(5) as usize]);
         args.extend(["--fault".into(), format!("crash:rank={rank},step={step},phase={phase}")]);
     }
-    let out = run(&args);
-    let metrics = std::fs::read_to_string(dir.join("out/metrics.jsonl")).unwrap_or_default();
-    let lines: Vec<&str> = metrics.lines().filter(|l| l.contains("\"kind\":\"recovered\"")).collect();
-    (out, reference, lines.join("\n"))
+    (run(&args), reference)
 }
 
 #[test]
@@ -233,15 +244,14 @@ fn a_lost_stage_worker_s_micro_batches_go_to_its_stage_s_peers_with_the_same_bit
     let two = [a, 3 + (a + 1 + d.below(2) as usize) % 3];
     for (case, lost) in [vec![one], two.to_vec()].into_iter().enumerate() {
         let dir = tmp.path().join(format!("case{case}"));
-        let (out, reference, recovered) = rerouted(&mut d, &lost, &dir);
+        let (out, reference) = rerouted(&mut d, &lost, &dir);
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         let context = format!("lost {lost:?}\n{stdout}\n{stderr}");
         assert!(out.status.success(), "{context}");
-        let left = 6 - lost.len();
-        assert!(stdout.contains(&format!("with {left} of 6 workers")), "{context}");
+        let left: Vec<usize> = (0..6).filter(|w| !lost.contains(w)).collect();
+        assert!(stdout.contains(&format!(": workers {left:?} from step")), "{context}");
         let fps = common::fingerprints_in(&stdout);
-        assert!(fps.len() == left && fps.iter().all(|f| *f == reference), "expected {reference}: {context}");
-        assert!(recovered.contains("computes the micro-batches of replicas [0, 1]"), "{context}\n{recovered}");
+        assert!(fps.len() == left.len() && fps.iter().all(|f| *f == reference), "expected {reference}: {context}");
     }
 }
 
@@ -250,10 +260,11 @@ fn a_stage_that_loses_every_worker_without_a_replacement_ends_the_job_clearly() 
     let mut d = Draw(seed());
     let tmp = tempfile::tempdir().unwrap();
     let stage = d.below(3) as usize;
-    let (out, _, _) = rerouted(&mut d, &[stage, stage + 3], tmp.path());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out, _) = rerouted(&mut d, &[stage, stage + 3], tmp.path());
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success());
-    assert!(stderr.contains(&format!("every worker of stage {stage} was lost")), "{stderr}");
+    let stops = format!("the job stops: no worker of stage {stage} that holds step");
+    assert!(stdout.contains(&stops), "{stdout}\n{stderr}");
 }
 
 /// The environment variable `name` of process `pid`.
@@ -298,7 +309,8 @@ fn a_stage_worker_killed_from_outside_is_replayed_to_the_same_bits() {
     let reference = reference("mlp", steps, tmp.path());
     let args = replay_job("mlp", (3, 3, 1), steps, tmp.path());
     let (stdout, stderr) = kill_the_middle_stage(&args, tmp.path(), || {});
-    assert!(stdout.contains("rank 1 exited with signal: 9"), "{stdout}");
+    assert!(stdout.contains("worker 1 (process 1) exited with signal: 9"), "{stdout}");
+    assert!(stdout.contains("stage 1's state was lost: its workers [1] replay it"), "{stdout}");
     let fps = common::fingerprints_in(&stdout);
     assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
 }
@@ -311,7 +323,8 @@ fn a_stage_worker_killed_from_outside_is_rerouted_to_the_same_bits() {
     let mut args = replay_job("mlp", (6, 3, 1), steps, tmp.path());
     args.splice(1..3, ["--on-failure".to_owned(), "shrink".to_owned()]);
     let (stdout, stderr) = kill_the_middle_stage(&args, tmp.path(), || {});
-    assert!(stdout.contains("rank 1 exited with signal: 9") && stdout.contains("with 5 of 6 workers"), "{stdout}");
+    assert!(stdout.contains("worker 1 (process 1) exited with signal: 9"), "{stdout}");
+    assert!(stdout.contains(": workers [0, 2, 3, 4, 5] from step"), "{stdout}");
     let fps = common::fingerprints_in(&stdout);
     assert!(fps.len() == 5 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
 }
@@ -325,8 +338,9 @@ fn without_logs_every_stage_goes_back_to_the_checkpoint_with_the_same_bits() {
     let (rank, step) = (d.below(3), 4 + d.below(7));
     let fault = format!("crash:rank={rank},step={step},phase=backward");
     let no_logs: &[&str] = &["--log-boundaries", "none"];
-    let (line, context) = crash(("mlp", &reference), (3, 3, 1), steps, tmp.path(), (&fault, no_logs));
-    assert!(line.contains("cannot be replayed from its logs: every stage went back to step"), "{context}: {line}");
+    let (epochs, context) = crash(("mlp", &reference), (3, 3, 1), steps, tmp.path(), (&fault, no_logs));
+    let back = ["every stage goes back to its checkpoint of step", "every stage goes back to its initial state"];
+    assert!(back.iter().any(|b| epochs.contains(b)), "{context}");
 }
 
 #[test]
@@ -348,9 +362,8 @@ fn a_corrupted_log_is_refused_and_its_stages_go_back_together_with_the_same_bits
     assert!(stderr.contains("step-00000010.log is corrupt"), "{stderr}");
     let fps = common::fingerprints_in(&stdout);
     assert!(fps.len() == 3 && fps.iter().all(|f| *f == reference), "{stdout}\n{stderr}");
-    // Stage 1's group grows across the unreadable boundary 0; stage 2 does not roll back.
-    let metrics = std::fs::read_to_string(tmp.path().join("out/metrics.jsonl")).unwrap();
-    assert!(metrics.contains("stages 0 to 1 went back to step 0 and replayed to step"), "{metrics}");
+    // Stage 1's group grows across the unreadable boundary 0; stage 2 does not go back.
+    assert!(stdout.contains("stages 0 to 1 go back to their checkpoints of step 0 and replay together"), "{stdout}");
 }
 
 /// Whether process `pid` still runs (neither gone nor a zombie that nobody reaped).
@@ -466,8 +479,8 @@ fn a_pipeline_job_without_a_save_dir_keeps_its_checkpoints_under_its_out_and_res
 }
 
 /// The report of a pipeline job that lost a stage worker: the launcher's record has the
-/// loss (how the process ended) and the replacement, the collector's metrics the replay
-/// that ended the recovery; `steadfast report` counts them and tables the recovery.
+/// loss (how the process ended), the replacement and the quorum that replayed the stage;
+/// `steadfast report` counts them and tables the recovery.
 #[test]
 fn the_report_of_a_pipeline_job_says_which_worker_was_lost_and_how_it_was_replayed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -475,8 +488,9 @@ fn the_report_of_a_pipeline_job_says_which_worker_was_lost_and_how_it_was_replay
     let reference = reference("mlp", steps, tmp.path());
     let dir = tmp.path().join("report");
     let fault = "crash:rank=1,step=6,phase=forward";
-    let (line, context) = crash(("mlp", &reference), (3, 3, 1), steps, &dir, (fault, &[]));
-    assert!(line.contains("rank 1 (stage 1) replayed from step"), "{context}: {line}");
+    let (epochs, context) = crash(("mlp", &reference), (3, 3, 1), steps, &dir, (fault, &[]));
+    let replays = "stage 1's state was lost: its workers [1] replay it from its checkpoint of step";
+    assert!(epochs.contains(replays), "{context}");
     let record = std::fs::read_to_string(dir.join("out").join("events.jsonl")).unwrap();
     let lost: Vec<&str> = record.lines().filter(|l| l.contains("\"kind\":\"lost\"")).collect();
     assert_eq!(lost.len(), 1, "{context}\n{record}");
@@ -488,6 +502,5 @@ fn the_report_of_a_pipeline_job_says_which_worker_was_lost_and_how_it_was_replay
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let page = std::fs::read_to_string(page).unwrap();
     assert!(page.contains("; 1 loss, 1 replacement, 1 recovery.</p>"), "{context}\n{page}");
-    assert!(page.contains("rank 1 (stage 1) replayed from step"), "{context}\n{page}");
-    assert!(page.contains("a pipeline job repaired"), "{context}\n{page}");
+    assert!(page.contains("state was lost: its workers [1] replay it from its checkpoint"), "{context}\n{page}");
 }

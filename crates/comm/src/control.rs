@@ -121,7 +121,7 @@ impl std::fmt::Display for MembershipEvent {
 
 /// What a quorum says of a stage whose fingerprint it does not know.
 fn unknown(s: &crate::protocol::StageState) -> String {
-    match (s.restore, s.replay_from) {
+    match (s.restore, &s.replay) {
         (true, _) => "its checkpoint".into(),
         (_, Some(_)) => "replayed".into(),
         _ => "rolled forward".into(),
@@ -139,11 +139,29 @@ pub fn how_members_sync(q: &Quorum, rolling: &[WorkerId], fetching: &[WorkerId])
         });
     }
     for (stage, state) in q.stages.iter().enumerate() {
-        if let Some(from) = state.replay_from {
-            how.push(format!(
-                "stage {stage}'s state was lost: its workers replay it from its checkpoint of step {from} on its \
-                 neighbours' logs"
-            ));
+        let Some(r) = &state.replay else { continue };
+        let first = stage == 0 || q.stages[stage - 1].replay.as_ref().is_none_or(|p| !p.with_next);
+        let group = q.replay_of(r.workers[0]).filter(|_| first);
+        match group {
+            Some(g) if g.workers.len() == 1 => {
+                let (own, helpers): (Vec<WorkerId>, Vec<WorkerId>) =
+                    r.workers.iter().partition(|&&w| q.stage_of(w) == stage);
+                let shared = if helpers.is_empty() { String::new() } else { format!(", helped by {helpers:?}") };
+                how.push(format!(
+                    "stage {stage}'s state was lost: its workers {own:?} replay it from its checkpoint of step {} on \
+                     its neighbours' logs{shared}",
+                    r.from
+                ));
+            }
+            Some(g) => how.push(format!(
+                "stages {} to {} go back to their checkpoints of step {} and replay together ({:?}), the tensors \
+                 between them live",
+                g.first,
+                g.stages().end - 1,
+                g.from,
+                g.workers
+            )),
+            None => {}
         }
     }
     if !rolling.is_empty() {

@@ -6,7 +6,9 @@
 //! connection names its epoch; [`Port::mesh`] builds the epoch's [`TcpMesh`] from those,
 //! dialling the members ranked below this worker and waiting for those ranked above, and
 //! keeps connections of a newer epoch (a quorum this worker has not heard of yet) for
-//! later. A transfer connection goes to the queue that the state server reads
+//! later. The workers that replay a pipeline's lost stage as an epoch begins meet on a
+//! mesh of their own first ([`Port::replay_mesh`]), which comes before the epoch's in that
+//! order. A transfer connection goes to the queue that the state server reads
 //! ([`Port::transfers`]).
 
 use std::collections::{BTreeMap, HashMap};
@@ -32,6 +34,11 @@ pub enum Intro {
         /// The epoch.
         epoch: u64,
     },
+    /// A link of the mesh of the workers that replay a stage as `epoch` begins.
+    Replay {
+        /// The epoch.
+        epoch: u64,
+    },
     /// Fetching state from this worker.
     Transfer,
 }
@@ -41,28 +48,46 @@ impl Intro {
         match self {
             Intro::Mesh { epoch } => [&[0u8][..], &epoch.to_le_bytes()].concat(),
             Intro::Transfer => vec![1],
+            Intro::Replay { epoch } => [&[2u8][..], &epoch.to_le_bytes()].concat(),
         }
     }
+    /// The order of the meshes a connection may be for: an epoch's replay mesh, then its
+    /// mesh, then the next epoch's.
+    fn mesh_key(self) -> Option<MeshKey> {
+        match self {
+            Intro::Replay { epoch } => Some((epoch, 0)),
+            Intro::Mesh { epoch } => Some((epoch, 1)),
+            Intro::Transfer => None,
+        }
+    }
+
     fn decode(b: &[u8]) -> Result<Intro, String> {
         match b {
             [0, rest @ ..] if rest.len() == 8 => {
                 Ok(Intro::Mesh { epoch: u64::from_le_bytes(rest.try_into().expect("8 bytes")) })
             }
             [1] => Ok(Intro::Transfer),
+            [2, rest @ ..] if rest.len() == 8 => {
+                Ok(Intro::Replay { epoch: u64::from_le_bytes(rest.try_into().expect("8 bytes")) })
+            }
             _ => Err(format!("malformed introduction of {} bytes", b.len())),
         }
     }
 }
+
+/// A mesh's place in the order meshes are built in: its epoch, then 0 for the replay's
+/// and 1 for the epoch's own.
+type MeshKey = (u64, u8);
 
 /// A worker's port.
 pub struct Port {
     id: WorkerId,
     addr: SocketAddr,
     secret: Vec<u8>,
-    meshes: Receiver<(WorkerId, u64, TcpStream)>,
+    meshes: Receiver<(WorkerId, MeshKey, TcpStream)>,
     transfers: Option<Receiver<(WorkerId, TcpStream)>>,
-    /// Mesh connections of epochs newer than the last one built.
-    pending: Vec<(WorkerId, u64, TcpStream)>,
+    /// Mesh connections of meshes after the last one built.
+    pending: Vec<(WorkerId, MeshKey, TcpStream)>,
     closed: Arc<AtomicBool>,
 }
 
@@ -95,9 +120,10 @@ impl Port {
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let Some(a) = gate.next(Instant::now() + Duration::from_secs(1)) else { continue };
-                let sent = match a.value {
-                    (peer, Intro::Mesh { epoch }) => mesh_tx.send((peer, epoch, a.stream)).is_ok(),
-                    (peer, Intro::Transfer) => transfer_tx.send((peer, a.stream)).is_ok(),
+                let (peer, intro) = a.value;
+                let sent = match intro.mesh_key() {
+                    Some(key) => mesh_tx.send((peer, key, a.stream)).is_ok(),
+                    None => transfer_tx.send((peer, a.stream)).is_ok(),
                 };
                 if !sent {
                     return;
@@ -126,6 +152,30 @@ impl Port {
         book: &BTreeMap<WorkerId, SocketAddr>,
         config: &TcpConfig,
     ) -> Result<TcpMesh, CommError> {
+        self.build(Intro::Mesh { epoch }, members, book, config)
+    }
+
+    /// Builds the mesh of the workers `members` that replay a stage as `epoch` begins,
+    /// as [`Port::mesh`] does (before the epoch's own).
+    pub fn replay_mesh(
+        &mut self,
+        epoch: u64,
+        members: &[WorkerId],
+        book: &BTreeMap<WorkerId, SocketAddr>,
+        config: &TcpConfig,
+    ) -> Result<TcpMesh, CommError> {
+        self.build(Intro::Replay { epoch }, members, book, config)
+    }
+
+    fn build(
+        &mut self,
+        intro: Intro,
+        members: &[WorkerId],
+        book: &BTreeMap<WorkerId, SocketAddr>,
+        config: &TcpConfig,
+    ) -> Result<TcpMesh, CommError> {
+        let key = intro.mesh_key().expect("a mesh's introduction");
+        let epoch = key.0;
         let setup = |what: String| CommError::Setup(format!("epoch {}: {what}", crate::control::epoch_text(epoch)));
         let rank = members.iter().position(|&m| m == self.id).ok_or_else(|| setup("not a member".into()))?;
         let deadline = Instant::now() + config.connect_timeout;
@@ -141,15 +191,15 @@ impl Port {
             if got != m {
                 return Err(CommError::Protocol { peer, reason: format!("answered as worker {got}, not {m}") });
             }
-            write_frame(&mut s, KIND_INTRO, &Intro::Mesh { epoch }.encode())
+            write_frame(&mut s, KIND_INTRO, &intro.encode())
                 .map_err(|e| setup(format!("introducing to worker {m}: {e}")))?;
             streams.insert(peer, s);
         }
         let above = |id: WorkerId| members.iter().position(|&m| m == id).filter(|&r| r > rank);
-        // Connections that arrived early for this epoch; older ones are of dead epochs.
+        // Connections that arrived early for this mesh; older ones are of dead meshes.
         let mut keep = Vec::new();
         for (peer, e, s) in self.pending.drain(..) {
-            match (e.cmp(&epoch), above(peer)) {
+            match (e.cmp(&key), above(peer)) {
                 (std::cmp::Ordering::Equal, Some(r)) => {
                     streams.insert(r, s);
                 }
@@ -160,7 +210,7 @@ impl Port {
         self.pending = keep;
         while streams.len() < members.len() - 1 {
             match self.meshes.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok((peer, e, s)) if e == epoch => match above(peer) {
+                Ok((peer, e, s)) if e == key => match above(peer) {
                     Some(r) => {
                         streams.insert(r, s);
                     }
@@ -168,7 +218,7 @@ impl Port {
                         tracing::warn!(peer, epoch = %crate::control::epoch_text(epoch), "a mesh connection from a worker not ranked above this one")
                     }
                 },
-                Ok((peer, e, s)) if e > epoch => self.pending.push((peer, e, s)),
+                Ok((peer, e, s)) if e > key => self.pending.push((peer, e, s)),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {
                     let missing: Vec<WorkerId> =

@@ -24,7 +24,10 @@ use std::time::{Duration, Instant};
 
 use repro::rng::Stream;
 
-use crate::protocol::{Action, Checks, Coordinator, Event, Msg, Node, Saved, Timing, Worker, WorkerId, WorkerState};
+use crate::protocol::{
+    Action, Checks, Coordinator, Event, Msg, Node, ReplayFailure, ReplayGroup, Saved, Timing, Worker, WorkerId,
+    WorkerState,
+};
 
 /// A fault at a moment of simulated time.
 #[derive(Clone, Debug, PartialEq)]
@@ -151,6 +154,11 @@ pub struct Config {
     /// A pipeline's stages log the tensors they send: a stage that lost its state can
     /// replay it from a checkpoint (otherwise a replay fails, and the job goes back).
     pub logged: bool,
+    /// The boundaries not logged even so (bit `b`: between stages `b` and `b + 1`): the
+    /// stages on both sides replay together.
+    pub unlogged: u64,
+    /// Workers that share a replay, at most ([`Coordinator::with_replay_helpers`]).
+    pub helpers: usize,
     /// Print every action to standard error (for reading a failing schedule).
     pub trace: bool,
 }
@@ -185,6 +193,8 @@ impl Config {
             persist: Duration::from_millis(15),
             stages: 1,
             logged: false,
+            unlogged: 0,
+            helpers: 1,
             trace: false,
         }
     }
@@ -291,8 +301,13 @@ pub struct Report {
     pub repairs: u64,
     /// Stage checkpoints loaded (a pipeline that lost a stage's state went back).
     pub loaded: u64,
-    /// Stages replayed from a checkpoint on their neighbours' logs.
+    /// Stages replayed from a checkpoint on their neighbours' logs, by each worker that
+    /// keeps the state.
     pub replayed: u64,
+    /// Of those, replayed together with another stage (a boundary between them not logged).
+    pub replayed_together: u64,
+    /// Replays a worker of another stage helped with.
+    pub helped: u64,
 }
 
 /// The sum of step `step`, as every worker computes it.
@@ -385,6 +400,7 @@ enum Scheduled {
     Checked { proc: usize, step: u64, own: u64, prints: Option<Vec<u64>> },
     Fetched { proc: usize, epoch: u64, source: usize, step: u64, want: u64 },
     FetchFailed { proc: usize, epoch: u64 },
+    Replayed { proc: usize, epoch: u64, to: u64, group: ReplayGroup },
     Fault(usize),
     Resume(usize),
     Start(WorkerId),
@@ -484,6 +500,8 @@ pub fn run(c: &Config) -> Report {
             repairs: 0,
             loaded: 0,
             replayed: 0,
+            replayed_together: 0,
+            helped: 0,
         },
     };
     sim.start_coordinator();
@@ -553,7 +571,7 @@ impl Sim<'_> {
         let now = self.instant();
         let generation = self.coordinator_life;
         let coordinator = Coordinator::new(generation, self.c.workers as usize, self.c.min_world, self.c.timing, now);
-        self.coordinator = Some(coordinator.with_stages(self.c.stages));
+        self.coordinator = Some(coordinator.with_stages(self.c.stages).with_replay_helpers(self.c.helpers));
         self.coordinator_life += 1;
         self.after(self.tick_every(), Scheduled::Tick(Node::Coordinator, None));
     }
@@ -643,9 +661,9 @@ impl Sim<'_> {
                     let p = proc.expect("only workers load");
                     self.load(p, epoch, step);
                 }
-                Action::Replay { epoch, from, to } => {
+                Action::Replay { epoch, to, group } => {
                     let p = proc.expect("only workers replay");
-                    self.replay(p, epoch, (from, to));
+                    self.replay(p, epoch, to, group);
                 }
                 Action::Hash => {
                     let p = proc.expect("only workers hash");
@@ -937,22 +955,69 @@ impl Sim<'_> {
         self.tell(p, Event::Loaded { epoch, state: Some((step, fingerprint)) });
     }
 
-    /// Worker `p` replays its stage from its checkpoint of `from` (committed, or the
-    /// initial state) to step `to`, when the job logs its boundaries.
-    fn replay(&mut self, p: usize, epoch: u64, (from, to): (u64, u64)) {
-        let stage = crate::protocol::stage_of(self.procs[p].id, self.c.stages);
-        let committed = self.report.checkpoints.iter().any(|&(s, g, _)| (s, g) == (from, stage));
-        assert!(from == 0 || committed, "seed {}: stage {stage} replays from {from}, never committed", self.c.seed);
-        assert!(from <= to, "seed {}: a replay from {from} back to {to}", self.c.seed);
-        if !self.c.logged {
-            self.tell(p, Event::Replayed { epoch, state: None });
+    /// Worker `p` starts its place of a replay (see [`Action::Replay`]) from the stage's
+    /// checkpoint of `group.from` (committed, or the initial state) to step `to`: it fails
+    /// at once when an edge of the group it reads is not logged, and otherwise ends after
+    /// a step's compute time per step replayed.
+    fn replay(&mut self, p: usize, epoch: u64, to: u64, group: ReplayGroup) {
+        let id = self.procs[p].id;
+        let (stage, _) = group.place_of(id).expect("a worker replays its place");
+        let committed = self.report.checkpoints.iter().any(|&(s, g, _)| (s, g) == (group.from, stage));
+        let seed = self.c.seed;
+        assert!(
+            group.from == 0 || committed,
+            "seed {seed}: stage {stage} replays from {}, never committed",
+            group.from
+        );
+        assert!(group.from <= to, "seed {seed}: a replay from {} back to {to}", group.from);
+        let range = group.stages();
+        let edges = [
+            (stage == range.start && stage > 0).then(|| stage - 1),
+            (stage + 1 == range.end && stage + 1 < self.c.stages).then_some(stage),
+        ];
+        let unlogged: u64 = edges
+            .into_iter()
+            .flatten()
+            .filter(|&b| !self.c.logged || self.c.unlogged & (1 << b) != 0)
+            .fold(0, |m, b| m | 1 << b);
+        if unlogged != 0 {
+            self.tell(p, Event::Replayed { epoch, state: Err(ReplayFailure::Unlogged(unlogged)) });
             return;
         }
-        let fingerprint = stage_reference(self.c.seed, stage, to);
-        let proc = &mut self.procs[p];
-        (proc.step, proc.fingerprint, proc.held) = (to, fingerprint, None);
-        self.report.replayed += 1;
-        self.tell(p, Event::Replayed { epoch, state: Some((to, fingerprint)) });
+        let t = self.c.compute * (to - group.from).max(1) as u32;
+        self.after(t, Scheduled::Replayed { proc: p, epoch, to, group });
+    }
+
+    /// Worker `p`'s place of a replay ended: done when every worker of it was there to the
+    /// end (alive, in the epoch), and the stage's state is its reference at `to`.
+    fn replayed(&mut self, p: usize, epoch: u64, to: u64, group: &ReplayGroup) {
+        if !self.usable(p) {
+            return;
+        }
+        let present = group.participants().into_iter().all(|w| {
+            self.proc_of(w).is_some_and(|q| {
+                let s = self.procs[q].machine.status();
+                self.usable(q) && s.epoch == epoch && matches!(s.phase, WorkerState::Syncing | WorkerState::Synced)
+            })
+        });
+        if !present {
+            self.tell(p, Event::Replayed { epoch, state: Err(ReplayFailure::Lost) });
+            return;
+        }
+        let own = crate::protocol::stage_of(self.procs[p].id, self.c.stages);
+        let (stage, _) = group.place_of(self.procs[p].id).expect("a worker replays its place");
+        let state = if stage == own {
+            let fingerprint = stage_reference(self.c.seed, stage, to);
+            let proc = &mut self.procs[p];
+            (proc.step, proc.fingerprint, proc.held) = (to, fingerprint, None);
+            self.report.replayed += 1;
+            self.report.replayed_together += u64::from(group.workers.len() > 1);
+            (to, fingerprint)
+        } else {
+            self.report.helped += 1;
+            (self.procs[p].step, self.procs[p].fingerprint)
+        };
+        self.tell(p, Event::Replayed { epoch, state: Ok(state) });
     }
 
     /// The steps of the checkpoints of worker `p`'s stage committed so far, newest first,
@@ -976,6 +1041,7 @@ impl Sim<'_> {
             Scheduled::Reduced { proc, .. }
             | Scheduled::Fetched { proc, .. }
             | Scheduled::FetchFailed { proc, .. }
+            | Scheduled::Replayed { proc, .. }
             | Scheduled::Checked { proc, .. }
             | Scheduled::PeerLost { proc, .. } => Some(*proc),
             _ => None,
@@ -1083,6 +1149,7 @@ impl Sim<'_> {
                     self.tell(proc, Event::Compared { step, fingerprint: own, prints });
                 }
             }
+            Scheduled::Replayed { proc, epoch, to, group } => self.replayed(proc, epoch, to, &group),
             Scheduled::FetchFailed { proc, epoch } => {
                 if self.usable(proc) {
                     self.tell(proc, Event::Fetched { epoch, state: None });

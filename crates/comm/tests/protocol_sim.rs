@@ -105,12 +105,21 @@ fn thousands_of_random_schedules_end_with_the_survivors_agreeing() {
 fn random_schedules_of_pipeline_jobs_end_with_every_stage_s_reference_state() {
     let n: u64 = std::env::var("STEADFAST_SIM_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
     let (mut finished, mut recovered, mut checkpointed, mut went_back, mut replayed) = (0, 0, 0, 0, 0);
+    let (mut together, mut helped) = (0, 0);
     for seed in 0..n {
         let mut c = Config::random(seed, 6, 12);
         c.stages = 3;
         // Half the jobs log their boundaries: a lost stage replays, the others keep theirs.
+        // A third of those leave one boundary out (its stages replay together), and the
+        // replays are shared by up to three workers.
         c.logged = seed % 2 == 0;
+        if seed % 3 == 0 {
+            c.unlogged = 1 << (seed / 6 % 2);
+        }
+        c.helpers = 1 + (seed / 2 % 3) as usize;
         let r = sim::run(&c);
+        together += u64::from(r.replayed_together > 0);
+        helped += u64::from(r.helped > 0);
         finished += u64::from(check(&c, &r));
         recovered += u64::from(r.fetched + r.rolled_forward > 0);
         checkpointed += u64::from(r.checkpoints.iter().any(|&(_, stage, _)| stage == 2));
@@ -122,10 +131,12 @@ fn random_schedules_of_pipeline_jobs_end_with_every_stage_s_reference_state() {
     }
     println!(
         "{n} pipeline schedules, {finished} finished, {recovered} recovered state, {checkpointed} checkpointed, \
-         {replayed} replayed a lost stage, {went_back} went back to a checkpoint"
+         {replayed} replayed a lost stage ({together} with another, {helped} helped), {went_back} went back to a \
+         checkpoint"
     );
     assert!(finished > n * 97 / 100, "{finished} of {n} finished");
     assert!(replayed > n / 100, "the logged schedules replay lost stages: {replayed}");
+    assert!(together > 0 && helped > 0, "replays together ({together}) and shared ({helped})");
     assert!(went_back > n / 100, "the others go back: {went_back}");
     assert!(recovered > n / 10, "the schedules exercise recovery: {recovered}");
     assert!(checkpointed > n / 5, "every stage commits checkpoints: {checkpointed}");

@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use comm::protocol::coordinator::JobState;
 use comm::protocol::{
-    Action, Checks, Coordinator, Event, Msg, Node, Quorum, Saved, StageState, Status, Timing, Worker, WorkerState,
+    Action, Checks, Coordinator, Event, Msg, Node, Quorum, ReplayFailure, ReplayGroup, Saved, StageReplay, StageState,
+    Status, Timing, Worker, WorkerState,
 };
 
 fn timing() -> Timing {
@@ -532,6 +533,7 @@ fn idle(step: u64, fingerprint: u64, last_commit: Option<u64>) -> Status {
         suspect: false,
         saved: Vec::new(),
         unreplayable: None,
+        unlogged: 0,
     }
 }
 
@@ -667,13 +669,15 @@ fn a_pipeline_stage_with_no_live_holder_is_replayed_or_else_takes_the_job_back_a
     let q = quorum_sent(&report(&mut co, c.at(1), 3, saved(&[3], idle(0, 1, None)))).expect("a quorum");
     assert_eq!((q.step, q.members.clone()), (6, vec![0, 1, 2, 3]));
     assert_eq!(q.stages[0].sources, vec![0, 2]);
-    assert_eq!(q.stages[1], StageState { replay_from: Some(3), ..StageState::unknown() });
+    let replay = StageReplay { from: 3, workers: vec![1, 3], with_next: false };
+    assert_eq!(q.stages[1], StageState { replay: Some(replay), ..StageState::unknown() });
     let (mut w, _) = Worker::new((3, 0), 9, (0, 1), (timing(), Checks::default()), c.at(0));
     let a = w.on_message(c.at(2), Node::Coordinator, Msg::Quorum(q.clone()));
-    assert_eq!(others(&a), vec![Action::Replay { epoch: q.epoch, from: 3, to: 6 }]);
-    // It cannot (a log lacks an input): it says so, and the next quorum takes every stage
-    // back to step 3, which both stages have.
-    let a = w.step(c.at(3), Event::Replayed { epoch: q.epoch, state: None });
+    let group = ReplayGroup { from: 3, first: 1, workers: vec![vec![1, 3]] };
+    assert_eq!(others(&a), vec![Action::Replay { epoch: q.epoch, to: 6, group }]);
+    // It cannot (its checkpoint does not load): it says so, and the next quorum takes
+    // every stage back to step 3, which both stages have.
+    let a = w.step(c.at(3), Event::Replayed { epoch: q.epoch, state: Err(ReplayFailure::Impossible) });
     assert_eq!((w.status().phase, w.status().unreplayable), (WorkerState::Idle, Some(6)));
     let Some((_, Msg::Report(said))) = sent(&a).into_iter().next() else { panic!("{a:?}") };
     for (id, status) in [(0, idle(6, 60, Some(1))), (2, idle(6, 60, Some(1))), (1, idle(3, 31, None))] {
@@ -705,6 +709,85 @@ fn a_pipeline_stage_with_no_live_holder_is_replayed_or_else_takes_the_job_back_a
     assert!(quorum_sent(&said).is_none() && *co.stage() != JobState::Running, "it waits: {said:?}");
     let a = co.tick(c.at(1001));
     assert!(matches!(co.stage(), JobState::Stopped { reason } if reason.contains("no worker of stage 1")), "{a:?}");
+}
+
+#[test]
+fn a_lost_stage_s_replay_is_shared_with_a_worker_of_another_stage_which_keeps_its_own_state() {
+    let c = Clock(Instant::now());
+    // Stage 1 of a 2 x 2 pipeline is lost; three workers may share a replay: its two new
+    // workers and worker 0, a holder of stage 0.
+    let mut co = pipeline_coordinator(&c).with_replay_helpers(3);
+    for (id, status) in [(0, idle(6, 60, Some(1))), (2, idle(6, 60, Some(1))), (1, idle(0, 1, None))] {
+        report(&mut co, c.at(1), id, status);
+    }
+    let q = quorum_sent(&report(&mut co, c.at(1), 3, idle(0, 1, None))).expect("a quorum");
+    let replay = StageReplay { from: 0, workers: vec![1, 3, 0], with_next: false };
+    assert_eq!(q.stages[1], StageState { replay: Some(replay), ..StageState::unknown() });
+    assert_eq!(q.stages[0].sources, vec![0, 2], "stage 0 keeps its state");
+    // The helper replays stage 1 as the third of three, and keeps its own state.
+    let (mut w, _) = Worker::new((0, 0), 9, (6, 60), (timing(), Checks::default()), c.at(0));
+    let a = w.on_message(c.at(2), Node::Coordinator, Msg::Quorum(q.clone()));
+    let group = ReplayGroup { from: 0, first: 1, workers: vec![vec![1, 3, 0]] };
+    assert_eq!(group.place_of(0), Some((1, 2)));
+    assert_eq!(others(&a), vec![Action::Replay { epoch: q.epoch, to: 6, group: group.clone() }]);
+    w.step(c.at(3), Event::Replayed { epoch: q.epoch, state: Ok((6, 60)) });
+    let s = w.status().clone();
+    assert_eq!((s.phase, s.step, s.fingerprint, s.last_commit), (WorkerState::Synced, 6, 60, None));
+    // Stage 1's workers hold the replayed state; worker 2 holds its own: the epoch starts
+    // once every one has said so.
+    let synced = |status: Status| Status { phase: WorkerState::Synced, epoch: q.epoch, ..status };
+    report(&mut co, c.at(4), 0, synced(s));
+    report(&mut co, c.at(4), 2, synced(idle(6, 60, Some(1))));
+    report(&mut co, c.at(4), 1, synced(idle(6, 61, None)));
+    assert_ne!(*co.stage(), JobState::Running, "worker 3 is still replaying");
+    let a = report(&mut co, c.at(5), 3, synced(idle(6, 61, None)));
+    assert_eq!(sent(&a).iter().filter(|(_, m)| *m == Msg::Start { epoch: q.epoch }).count(), 4, "{a:?}");
+}
+
+#[test]
+fn stages_joined_by_a_boundary_whose_logs_cannot_be_read_replay_together() {
+    let c = Clock(Instant::now());
+    // One pipeline of three stages: stage 1's worker is new. It is asked to replay alone,
+    // and finds boundary 1 (to stage 2) not logged.
+    let mut co = Coordinator::new(0, 3, 1, timing(), c.at(0)).with_stages(3);
+    let saved = |steps: &[u64], status: Status| Status { saved: steps.to_vec(), ..status };
+    report(&mut co, c.at(1), 0, saved(&[6, 3], idle(6, 60, Some(1))));
+    report(&mut co, c.at(1), 2, saved(&[6, 3], idle(6, 62, Some(2))));
+    let q = quorum_sent(&report(&mut co, c.at(1), 1, saved(&[3], idle(3, 31, None)))).expect("a quorum");
+    let alone = ReplayGroup { from: 3, first: 1, workers: vec![vec![1]] };
+    assert_eq!(q.replay_of(1), Some(alone.clone()));
+    let (mut w, _) = Worker::new((1, 0), 9, (3, 31), (timing(), Checks::default()), c.at(0));
+    w.step(c.at(1), Event::Checkpoints { steps: vec![3] });
+    let a = w.on_message(c.at(2), Node::Coordinator, Msg::Quorum(q.clone()));
+    assert_eq!(others(&a), vec![Action::Replay { epoch: q.epoch, to: 6, group: alone }]);
+    let a = w.step(c.at(3), Event::Replayed { epoch: q.epoch, state: Err(ReplayFailure::Unlogged(0b10)) });
+    assert_eq!((w.status().phase, w.status().unlogged, w.status().unreplayable), (WorkerState::Idle, 0b10, None));
+    // The next quorum joins stages 1 and 2: both go back to step 3, the newest both have,
+    // and replay together; stage 0 keeps its state.
+    let Some((_, Msg::Report(said))) = sent(&a).into_iter().next() else { panic!("{a:?}") };
+    report(&mut co, c.at(4), 0, saved(&[6, 3], Status { epoch: q.epoch, ..idle(6, 60, Some(1)) }));
+    report(&mut co, c.at(4), 2, saved(&[6, 3], Status { epoch: q.epoch, ..idle(6, 62, Some(2)) }));
+    report(&mut co, c.at(4), 1, said);
+    let q = quorum_sent(&co.tick(c.at(40))).expect("a quorum after the join window");
+    assert_eq!((q.step, q.stages[0].sources.clone()), (6, vec![0]));
+    let together = ReplayGroup { from: 3, first: 1, workers: vec![vec![1], vec![2]] };
+    assert_eq!(
+        (q.replay_of(1), q.replay_of(2), q.replay_of(0)),
+        (Some(together.clone()), Some(together.clone()), None)
+    );
+    assert!(q.stages[1].replay.as_ref().is_some_and(|r| r.with_next));
+    // Worker 2 held step 6 of its stage: it goes back and replays too.
+    let (mut w, _) = Worker::new((2, 0), 9, (6, 62), (timing(), Checks::default()), c.at(0));
+    let a = w.on_message(c.at(42), Node::Coordinator, Msg::Quorum(q.clone()));
+    assert_eq!(others(&a), vec![Action::Replay { epoch: q.epoch, to: 6, group: together }]);
+    // Had stage 0 been joined too, the group would be the whole pipeline: every stage
+    // goes back to its checkpoint instead.
+    let mut co = Coordinator::new(0, 3, 1, timing(), c.at(0)).with_stages(3);
+    report(&mut co, c.at(1), 0, saved(&[6, 3], Status { unlogged: 0b11, ..idle(6, 60, Some(1)) }));
+    report(&mut co, c.at(1), 2, saved(&[6, 3], idle(6, 62, Some(2))));
+    let q = quorum_sent(&report(&mut co, c.at(1), 1, saved(&[3], idle(3, 31, None)))).expect("a quorum");
+    assert_eq!(q.step, 3);
+    assert!(q.stages.iter().all(|s| s.restore), "{q:?}");
 }
 
 #[test]

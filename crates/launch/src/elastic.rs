@@ -73,6 +73,8 @@ pub struct ElasticJob {
     /// its port and the workers dial it (`None`: a free loopback port). Unused with `span`,
     /// which says where the job meets.
     pub coordinator: Option<String>,
+    /// Workers that share the replay of a lost pipeline stage, at most.
+    pub replay_helpers: usize,
     /// The worker command (`train ...`).
     pub command: Vec<String>,
 }
@@ -241,7 +243,8 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         let serving = Serving {
             key: secret.as_bytes(),
             world,
-            stages: crate::replay_job::pipeline_stages(&plan.command),
+            stages: crate::replay::pipeline_stages(&plan.command),
+            helpers: plan.replay_helpers,
             min_world,
             timing,
             requests: &requests,
@@ -309,6 +312,9 @@ fn outcome(
     started: Instant,
 ) -> Result<(), LaunchError> {
     match state {
+        Some(JobState::Finished) if errored => {
+            Err(LaunchError::Failed("the job finished, but a worker failed as it ended (its output says why)".into()))
+        }
         Some(JobState::Finished) => {
             println!(
                 "[launcher] the job finished in {:.1} s with {restarts} replacement(s)",
@@ -337,6 +343,8 @@ struct Serving<'a> {
     world: usize,
     /// The pipeline stages of the workers' command (1: data-parallel).
     stages: usize,
+    /// Workers that share a replay, at most.
+    helpers: usize,
     min_world: usize,
     timing: Timing,
     requests: &'a Arc<Requests>,
@@ -358,7 +366,8 @@ impl Serving<'_> {
             },
         };
         let machine = Coordinator::new(generation, self.world, self.min_world, self.timing, Instant::now())
-            .with_stages(self.stages);
+            .with_stages(self.stages)
+            .with_replay_helpers(self.helpers);
         let (tx, started) = (&self.tx, self.started);
         let state = comm::control::coordinate(listener, self.key, machine, self.timing, self.requests, &mut |event| {
             println!("[coordinator] {:>7.2} s  {event}", started.elapsed().as_secs_f64());
@@ -557,6 +566,11 @@ impl Supervisor<'_> {
             }
         }
         let over = self.over_since.is_some() || self.finished;
+        // A worker that fails as it ends (its last checkpoint, evaluation or summary) fails
+        // the job, finished or not.
+        if exit != Exit::Success && !self.killed && over {
+            self.stopped_on_error.get_or_insert(slot);
+        }
         match self.policy.on_exit(exit, over) {
             Remedy::Nothing | Remedy::Shrink => {}
             Remedy::Replace { restart } => {

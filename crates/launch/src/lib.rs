@@ -11,8 +11,9 @@
 //!   and the job's state ([`RestartPolicy::on_exit`]), tested rule by rule;
 //! - [`static_job`]: a static job on one node or several, which fails when any worker
 //!   fails (node 0 serves the rendezvous and the heartbeat membership);
-//! - [`elastic`]: an elastic job on one host, which replaces or sheds lost workers, with
-//!   the step protocol's coordinator;
+//! - [`elastic`]: an elastic job on one host or several, which replaces or sheds lost
+//!   workers, with the step protocol's coordinator (data-parallel or pipelined;
+//!   [`replay`]: what `--recovery replay` adds to a pipeline job's command);
 //! - [`restart`]: the checkpoint-restart baseline, which starts every worker again from
 //!   the last checkpoint (and the way an MPI job survives a failure);
 //! - [`mpi`]: one run of a job under the system's MPI starter;
@@ -40,7 +41,7 @@ pub mod mpi;
 pub mod place;
 pub mod policy;
 pub mod record;
-pub mod replay_job;
+pub mod replay;
 pub mod request;
 pub mod restart;
 pub mod static_job;

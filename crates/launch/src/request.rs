@@ -163,7 +163,7 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
-    let stages = crate::replay_job::pipeline_stages(&r.command);
+    let stages = crate::replay::pipeline_stages(&r.command);
     if stages > 1 && !world.is_multiple_of(stages) {
         return Err(bad(format!(
             "the job's {world} workers are not whole pipelines of {stages} stages: give a multiple of {stages} \
@@ -172,16 +172,25 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
     }
     // A pipeline job recovers a lost stage worker from a live replica of its stage; the
     // in-memory copies of the rollback baseline hold whole models only.
-    if recovery == Recovery::Memory && crate::replay_job::pipeline_stages(&r.command) > 1 {
+    if recovery == Recovery::Memory && crate::replay::pipeline_stages(&r.command) > 1 {
         return Err(bad(memory_pipeline_advice(&r)));
     }
     // The baselines serve a coordinator of their own on a free loopback port.
     let asked = here.is_some() && r.coordinator.is_some();
-    match recovery {
-        Recovery::Replay => return run_replay(r, span.is_some(), asked, world),
-        Recovery::Checkpoint => return run_restart(r, span.is_some(), asked),
-        Recovery::Live | Recovery::Memory => {}
+    if recovery == Recovery::Checkpoint {
+        return run_restart(r, span.is_some(), asked);
     }
+    if r.replay_helpers == 0 || r.replay_helpers > world {
+        return Err(bad(format!("--replay-helpers must be between 1 and the job's {world} workers")));
+    }
+    // A replay job is the elastic job with the logs and checkpoints a replay needs.
+    let command = match recovery {
+        Recovery::Replay => {
+            let shrink = r.on_failure == Some(OnFailure::Shrink);
+            crate::replay::replay_command(&r.command, r.save_dir.as_ref(), r.save_every, shrink)?
+        }
+        _ => r.command,
+    };
     crate::elastic::run(crate::elastic::ElasticJob {
         nproc: r.nproc,
         max_restarts: r.max_restarts.unwrap_or(0),
@@ -197,31 +206,8 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         copy_every: (recovery == Recovery::Memory).then_some(r.save_every),
         span,
         coordinator: here,
-        command: r.command,
-    })
-}
-
-/// A pipeline job that recovers by replaying its boundary logs (`--recovery replay`), on
-/// this node (`spans`: the request names other nodes; `asked`: it names a coordinator
-/// address, which this mode's own coordinator would ignore).
-fn run_replay(r: LaunchRequest, spans: bool, asked: bool, world: usize) -> Result<(), LaunchError> {
-    if spans {
-        return Err(bad("--recovery replay recovers a pipeline job on one node"));
-    }
-    own_coordinator("replay", asked)?;
-    if r.replay_helpers == 0 || r.replay_helpers > world {
-        return Err(bad(format!("--replay-helpers must be between 1 and the job's {world} workers")));
-    }
-    crate::replay_job::run(crate::replay_job::ReplayJob {
-        nproc: r.nproc,
-        max_restarts: r.max_restarts.unwrap_or(0),
-        save_every: r.save_every,
-        save_dir: r.save_dir,
-        helpers: r.replay_helpers,
-        command: r.command,
-        rendezvous_timeout: seconds(r.rendezvous_timeout, "rendezvous-timeout")?,
-        heartbeat_timeout: seconds(r.heartbeat_timeout, "heartbeat-timeout")?,
-        shrink: r.on_failure == Some(OnFailure::Shrink),
+        replay_helpers: r.replay_helpers,
+        command,
     })
 }
 
@@ -274,7 +260,7 @@ fn memory_pipeline_advice(r: &LaunchRequest) -> String {
          stages: a pipeline job recovers a lost stage worker from a live replica of its stage:\n  steadfast launch \
          {} -- {}\n(or replays its neighbours' boundary logs with --recovery replay, or restarts every worker from \
          the last checkpoint with --recovery checkpoint)",
-        crate::replay_job::pipeline_stages(&r.command),
+        crate::replay::pipeline_stages(&r.command),
         flags.join(" "),
         r.command.join(" ")
     )

@@ -77,19 +77,11 @@ pub struct Pipeline {
     pub stages: usize,
     /// The order of each stage's forward and backward passes.
     pub schedule: PipeSchedule,
-    /// Whether a rank whose step fails on a lost peer joins the job again, where a
-    /// replacement is rebuilt by replay (`launch --recovery replay` sets it).
-    pub recover: bool,
-    /// Ranks that share the replay of a lost stage (`--replay-helpers`).
-    pub helpers: usize,
-    /// Whether a lost stage worker's micro-batches go to its stage's other workers instead
-    /// of a replacement (`launch --recovery replay --on-failure shrink` sets it).
-    pub reroute: bool,
 }
 
 impl Default for Pipeline {
     fn default() -> Self {
-        Pipeline { stages: 1, schedule: PipeSchedule::OneFOneB, recover: false, helpers: 1, reroute: false }
+        Pipeline { stages: 1, schedule: PipeSchedule::OneFOneB }
     }
 }
 
@@ -253,12 +245,6 @@ impl TrainConfig {
         if self.micro_batch == 0 || self.batch / self.micro_batch.max(1) < replicas {
             return invalid(format!(
                 "{replicas} replicas of the pipeline need at least {replicas} micro-batches a step (--micro-batch)"
-            ));
-        }
-        if self.pipeline.reroute && !self.reduce.is_reproducible() {
-            return invalid(format!(
-                "rerouting a lost stage's micro-batches keeps the bits only with --reduce reproducible, not {}",
-                self.reduce
             ));
         }
         Ok(())

@@ -51,10 +51,12 @@ pub struct Replay<'a> {
 
 /// The stages of a group that replay together, and how to reach them.
 pub struct Live<'a> {
-    /// The job's transport.
+    /// The transport of the group's ranks.
     pub transport: &'a dyn Transport,
-    /// The rank that replays each stage of this pipeline, for the stages of the group.
-    pub ranks: Vec<Option<usize>>,
+    /// The ranks that replay each stage of the pipeline: none for a stage outside the
+    /// group (its tensors are in the logs). Of a stage's `r` ranks, the `k`-th computes
+    /// the micro-batches `i` with `i mod r == k`.
+    pub ranks: Vec<Vec<usize>>,
     /// The bound on a tensor's wait.
     pub timeout: Duration,
     /// A tensor's wire form.
@@ -62,8 +64,10 @@ pub struct Live<'a> {
 }
 
 impl Live<'_> {
-    fn peer(&self, stage: usize) -> Option<usize> {
-        self.ranks.get(stage).copied().flatten()
+    /// The rank that replays micro-batch `micro` of `stage`, if the stage is in the group.
+    fn peer(&self, stage: usize, micro: usize) -> Option<usize> {
+        let ranks = self.ranks.get(stage).filter(|r| !r.is_empty())?;
+        Some(ranks[micro % ranks.len()])
     }
 }
 
@@ -78,9 +82,9 @@ impl Runner for Replay<'_> {
         Ok(Flow::Go)
     }
 
-    fn send(&mut self, _: At, peer: usize, _: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
+    fn send(&mut self, _: At, peer: usize, micro: usize, tensor: Boundary, data: &[f32]) -> Result<(), TrainError> {
         match &mut self.live {
-            Some(live) => match live.peer(peer) {
+            Some(live) => match live.peer(peer, micro) {
                 Some(rank) => crate::pipeline::send_tensor(live.transport, rank, tensor, data, &mut live.bytes),
                 None => Ok(()),
             },
@@ -97,7 +101,7 @@ impl Runner for Replay<'_> {
         data: &mut Vec<f32>,
     ) -> Result<(), TrainError> {
         if let Some(live) = &mut self.live
-            && let Some(rank) = live.peer(peer)
+            && let Some(rank) = live.peer(peer, micro)
         {
             let (t, timeout) = (live.transport, live.timeout);
             return crate::pipeline::recv_tensor(t, (rank, micro, tensor), timeout, &mut live.bytes, data);

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::{Action, Arrival, Msg, Node, Quorum, StageState, Status, Timing, WorkerId, WorkerState, send};
+use super::{Action, Arrival, Msg, Node, Quorum, StageReplay, StageState, Status, Timing, WorkerId, WorkerState, send};
 
 /// The newest step, no newer than `newest`, in every one of the `lists` of checkpoint
 /// steps (0, the initial state, at worst).
@@ -117,6 +117,8 @@ pub struct Coordinator {
     min_world: usize,
     /// The pipeline stages of the job (1: data-parallel).
     stages: usize,
+    /// Workers that share the replay of a stage, at most.
+    helpers: usize,
     workers: BTreeMap<WorkerId, Seen>,
     /// The newest epoch issued or reported.
     epoch: u64,
@@ -145,6 +147,7 @@ impl Coordinator {
             expected,
             min_world: min_world.max(1),
             stages: 1,
+            helpers: 1,
             workers: BTreeMap::new(),
             epoch: generation << 40,
             stage: JobState::Gathering { since: now },
@@ -161,6 +164,14 @@ impl Coordinator {
     /// [pipelines](super#pipelines)).
     pub fn with_stages(mut self, stages: usize) -> Coordinator {
         self.stages = stages.max(1);
+        self
+    }
+
+    /// A pipeline job whose lost stage is replayed by up to `helpers` workers: its own,
+    /// and members of stages that keep their state, which sum with them (the job's sums
+    /// must not depend on how its micro-batches are shared out: a reproducible reduce).
+    pub fn with_replay_helpers(mut self, helpers: usize) -> Coordinator {
+        self.helpers = helpers.max(1);
         self
     }
 
@@ -463,6 +474,7 @@ impl Coordinator {
         let newest: Vec<WorkerId> = trusted.iter().copied().filter(|&id| status(id).step == step).collect();
         let mut states = Vec::with_capacity(self.stages);
         let mut left_out = Vec::new();
+        let mut lost = Vec::new();
         for stage in 0..self.stages {
             let of_stage = |id: &WorkerId| super::stage_of(*id, self.stages) == stage;
             let holders: Vec<WorkerId> = newest.iter().copied().filter(of_stage).collect();
@@ -494,16 +506,9 @@ impl Coordinator {
                 if at.is_empty() || self.live().any(|(id, _)| of_stage(&id) && !ready.contains(&id)) {
                     return Plan::Wait(format!("no worker{named} that holds step {step} is ready (ready: {at:?})"));
                 }
-                // The stage's state is lost. Its workers replay it from the newest checkpoint
-                // they can all load, on the inputs its neighbours logged, while the other
-                // stages keep theirs; once one of them could not (a log lacks an input),
-                // every stage goes back to its checkpoint of the newest step all have.
-                if at.iter().any(|&(id, _)| status(id).unreplayable == Some(step)) {
-                    return self.roll_back(ready, step);
-                }
-                let from = newest_common(at.iter().map(|&(id, _)| &status(id).saved[..]), step);
-                let state = StageState { replay_from: Some(from), ..StageState::unknown() };
-                states.push(state);
+                // The stage's state is lost: it is replayed (see `replays`).
+                lost.push(stage);
+                states.push(StageState::unknown());
                 continue;
             }
             let fingerprints: Vec<u64> = holders.iter().map(|&id| status(id).fingerprint).collect();
@@ -528,8 +533,73 @@ impl Coordinator {
             let (fingerprint, commit) = (status(sources[0]).fingerprint, status(sources[0]).last_commit);
             states.push(StageState { fingerprint: Some(fingerprint), commit, sources, ..StageState::unknown() });
         }
+        if !lost.is_empty() {
+            if let Some(back) = self.replays(ready, step, &lost, &mut states) {
+                return back;
+            }
+            // The workers of a stage that replays all replay it, rolling forward or not.
+            left_out.retain(|&id| states[super::stage_of(id, self.stages)].replay.is_none());
+        }
         let members = ready.iter().copied().filter(|id| !left_out.contains(id)).collect();
         Plan::Form(step, members, states)
+    }
+
+    /// The replays of the `lost` stages of a pipeline whose newest step is `step`, into
+    /// `states`: each lost stage with the stages joined to it by boundaries whose logs some
+    /// `ready` worker could not read, from the newest checkpoint every worker of those
+    /// stages can load; a lone stage's replay shared with members of stages that keep
+    /// their state, up to `helpers`. Returns the plan that takes every stage back instead
+    /// when the group would be the whole pipeline, or a worker could not replay.
+    fn replays(&self, ready: &[WorkerId], step: u64, lost: &[usize], states: &mut [StageState]) -> Option<Plan> {
+        let status = |id: WorkerId| &self.workers[&id].status;
+        let of_stage = |stage: usize| -> Vec<WorkerId> {
+            ready.iter().copied().filter(|&id| super::stage_of(id, self.stages) == stage).collect()
+        };
+        let unlogged = ready.iter().fold(0u64, |m, &id| m | status(id).unlogged);
+        let cut = |b: usize| b < 64 && unlogged & (1 << b) != 0;
+        let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+        for &stage in lost {
+            let (mut first, mut last) = (stage, stage);
+            while first > 0 && cut(first - 1) {
+                first -= 1;
+            }
+            while last + 1 < self.stages && cut(last) {
+                last += 1;
+            }
+            if !groups.contains(&(first..last + 1)) {
+                groups.push(first..last + 1);
+            }
+        }
+        let workers_of = |g: &std::ops::Range<usize>| g.clone().flat_map(of_stage).collect::<Vec<_>>();
+        let impossible = groups.iter().flat_map(workers_of).any(|id| status(id).unreplayable == Some(step));
+        if impossible || groups.iter().any(|g| g.len() == self.stages) {
+            return Some(self.roll_back(ready, step));
+        }
+        // Members of the stages that keep their state, holding it, may help.
+        let mut idle: Vec<WorkerId> = ready
+            .iter()
+            .copied()
+            .filter(|&id| {
+                let stage = super::stage_of(id, self.stages);
+                !groups.iter().any(|g| g.contains(&stage))
+                    && status(id).step == step
+                    && states[stage].fingerprint.is_some_and(|f| f == status(id).fingerprint)
+            })
+            .collect();
+        for g in &groups {
+            let from = newest_common(workers_of(g).into_iter().map(|id| &status(id).saved[..]), step);
+            for stage in g.clone() {
+                let mut workers = of_stage(stage);
+                if g.len() == 1 && workers.len() < self.helpers {
+                    let take = (self.helpers - workers.len()).min(idle.len());
+                    workers.extend(idle.drain(..take));
+                }
+                let with_next = stage + 1 < g.end;
+                states[stage] =
+                    StageState { replay: Some(StageReplay { from, workers, with_next }), ..StageState::unknown() };
+            }
+        }
+        None
     }
 
     /// A pipeline that lost a stage's state (no live worker holds the newest step `M`, nor
@@ -559,6 +629,13 @@ impl Coordinator {
     /// Step 4: start when every member holds the quorum's state.
     fn syncing(&mut self, now: Instant, since: Instant, out: &mut Vec<Action>) {
         let q = self.quorum.clone().expect("syncing has a quorum");
+        // (A worker that replayed holds the quorum's step: its own stage's state replayed,
+        // or kept while it helped with another's.)
+        let holds = |m: WorkerId, s: &Status| match q.sync_of(m, s) {
+            Arrival::Holds => true,
+            Arrival::Replays => s.step == q.step,
+            _ => false,
+        };
         let mut synced = 0;
         for &m in &q.members {
             let seen = &self.workers[&m];
@@ -569,7 +646,7 @@ impl Coordinator {
             }
             if s.epoch < q.epoch {
                 self.nudge(now, m, Msg::Quorum(q.clone()), out);
-            } else if s.epoch == q.epoch && s.phase == WorkerState::Synced && q.sync_of(m, s) == Arrival::Holds {
+            } else if s.epoch == q.epoch && s.phase == WorkerState::Synced && holds(m, s) {
                 synced += 1;
             }
         }

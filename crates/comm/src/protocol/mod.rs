@@ -81,10 +81,16 @@
 //! - a stage with neither has lost its state. The coordinator waits while a live worker of
 //!   the stage may still report it (a stage with no live worker at all stops the job after
 //!   `quorum_timeout`, naming it); then the stage's workers replay it from the newest
-//!   checkpoint they can all load on the tensors its neighbours logged
-//!   ([`Action::Replay`]), while the other stages keep theirs. Once one of them could not
-//!   ([`Status::unreplayable`]), every stage goes back to its checkpoint of the newest step
-//!   all stages have ([`StageState::restore`], [`Action::Load`]), the initial state at worst;
+//!   checkpoint they can all load on the tensors its neighbours logged ([`Action::Replay`]),
+//!   while the other stages keep theirs. Up to `helpers` workers share a replay
+//!   ([`Coordinator::with_replay_helpers`]): the stage's own, and members of other stages
+//!   that sum with them. A boundary whose logs a worker found it cannot read
+//!   ([`Status::unlogged`]: not logged, or cut short) joins the stages on both sides: they
+//!   go back to their newest common checkpoint and replay together, the tensors between
+//!   them going live ([`StageReplay::with_next`]). A group of every stage, or a replay
+//!   that cannot be done ([`Status::unreplayable`]), takes every stage back to its
+//!   checkpoint of the newest step all stages have ([`StageState::restore`],
+//!   [`Action::Load`]), the initial state at worst;
 //! - a ballot carries the member's stage's sum: the vote commits when every ballot is
 //!   finite and the ballots of each stage agree ([`decide_in_groups`](crate::commit::decide_in_groups));
 //!   a replica check compares each stage's replicas with each other
@@ -226,9 +232,14 @@ pub struct Status {
     /// pipeline's worker says them: a stage that lost every replica goes back to one; see
     /// [`Event::Checkpoints`]).
     pub saved: Vec<u64>,
-    /// The step it was asked to replay its stage to and could not (its neighbours' logs
-    /// do not hold the inputs): the next quorum takes the job back instead.
+    /// The step it was asked to replay a stage to and could not (a checkpoint that does
+    /// not load, sums that would not give the same bits): the next quorum takes the job
+    /// back instead.
     pub unreplayable: Option<u64>,
+    /// The pipeline boundaries whose logs it found it cannot replay from (bit `b`: the
+    /// tensors between stages `b` and `b + 1`; not logged, or cut short): the stages on
+    /// both sides of one replay together.
+    pub unlogged: u64,
 }
 
 /// The coordinator's decision for an epoch.
@@ -261,17 +272,67 @@ pub struct StageState {
     /// state takes the whole job back to the newest step of which every stage has a
     /// checkpoint.
     pub restore: bool,
-    /// The stage's members load its checkpoint of this step and replay their stage from
-    /// it to the quorum's step on the inputs its neighbours logged: a pipeline stage that
-    /// lost every worker holding the newest state, while the other stages keep theirs.
-    pub replay_from: Option<u64>,
+    /// The stage is replayed from a checkpoint to the quorum's step: a pipeline stage
+    /// that lost every worker holding the newest state, or one joined to such a stage by
+    /// a boundary whose logs cannot be read, while the other stages keep theirs.
+    pub replay: Option<StageReplay>,
 }
 
 impl StageState {
     /// A stage whose state no member holds yet: no fingerprint, commit or source, to be
     /// completed by its one way of getting there.
     pub fn unknown() -> StageState {
-        StageState { fingerprint: None, commit: None, sources: Vec::new(), restore: false, replay_from: None }
+        StageState { fingerprint: None, commit: None, sources: Vec::new(), restore: false, replay: None }
+    }
+}
+
+/// How a pipeline stage is replayed ([`StageState::replay`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageReplay {
+    /// The step of the checkpoint the replay starts from (0: the initial state).
+    pub from: u64,
+    /// The workers that replay it, in order: the `k`-th of `r` computes the micro-batches
+    /// `i` with `i mod r == k`, and they sum together. The stage's own members (each ends
+    /// holding the state) and, sharing the work, members of stages that keep theirs.
+    pub workers: Vec<WorkerId>,
+    /// It replays together with the next stage: the tensors between them go live, from
+    /// worker to worker, instead of being read from logs.
+    pub with_next: bool,
+}
+
+/// The stages that replay together, as the members that replay one see them
+/// ([`Quorum::replay_of`], [`Action::Replay`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayGroup {
+    /// The step of the checkpoints the stages start from.
+    pub from: u64,
+    /// The first stage of the group.
+    pub first: usize,
+    /// The workers that replay each stage of the group, in order (see
+    /// [`StageReplay::workers`]).
+    pub workers: Vec<Vec<WorkerId>>,
+}
+
+impl ReplayGroup {
+    /// The stages of the group.
+    pub fn stages(&self) -> std::ops::Range<usize> {
+        self.first..self.first + self.workers.len()
+    }
+
+    /// The stage worker `id` replays, and its place among that stage's workers.
+    pub fn place_of(&self, id: WorkerId) -> Option<(usize, usize)> {
+        self.workers.iter().enumerate().find_map(|(i, w)| Some((self.first + i, w.iter().position(|&x| x == id)?)))
+    }
+
+    /// Every worker of the replay, once each, stage by stage: the ranks of its mesh.
+    pub fn participants(&self) -> Vec<WorkerId> {
+        let mut all: Vec<WorkerId> = Vec::new();
+        for &w in self.workers.iter().flatten() {
+            if !all.contains(&w) {
+                all.push(w);
+            }
+        }
+        all
     }
 }
 
@@ -286,7 +347,8 @@ pub enum Arrival {
     Fetches,
     /// It loads its stage's checkpoint of the quorum's step.
     Loads,
-    /// It replays its stage from a checkpoint to the quorum's step.
+    /// It replays a stage from a checkpoint to the quorum's step: its own, or another
+    /// whose replay it shares.
     Replays,
 }
 
@@ -298,7 +360,7 @@ impl Quorum {
         (step, fingerprint, commit): (u64, u64, Option<u64>),
         sources: Vec<WorkerId>,
     ) -> Quorum {
-        let state = StageState { fingerprint: Some(fingerprint), commit, sources, restore: false, replay_from: None };
+        let state = StageState { fingerprint: Some(fingerprint), commit, sources, restore: false, replay: None };
         Quorum { epoch, members, step, stages: vec![state] }
     }
 
@@ -322,11 +384,30 @@ impl Quorum {
         self.members.iter().map(|&m| self.stage_of(m)).collect()
     }
 
-    /// How worker `id`, whose last report is `s`, gets to the quorum's state.
+    /// The replay worker `id` takes part in, if any: the stages that replay together with
+    /// the one it replays (its own, or one it helps with).
+    pub fn replay_of(&self, id: WorkerId) -> Option<ReplayGroup> {
+        let stage = self.stages.iter().position(|s| s.replay.as_ref().is_some_and(|r| r.workers.contains(&id)))?;
+        let joined = |s: usize| self.stages[s].replay.as_ref().is_some_and(|r| r.with_next);
+        let mut first = stage;
+        while first > 0 && joined(first - 1) {
+            first -= 1;
+        }
+        let mut last = stage;
+        while joined(last) && last + 1 < self.stages.len() {
+            last += 1;
+        }
+        let replays: Vec<&StageReplay> = self.stages[first..=last].iter().filter_map(|s| s.replay.as_ref()).collect();
+        Some(ReplayGroup { from: replays[0].from, first, workers: replays.iter().map(|r| r.workers.clone()).collect() })
+    }
+
+    /// How worker `id`, whose last report is `s`, gets to the quorum's state. (A worker
+    /// that replays says so until the epoch starts: the coordinator counts it synced once
+    /// it reports the quorum's step.)
     pub fn sync_of(&self, id: WorkerId, s: &Status) -> Arrival {
         let state = self.state_of(id);
-        if state.replay_from.is_some() {
-            return if s.step == self.step && !s.suspect { Arrival::Holds } else { Arrival::Replays };
+        if self.replay_of(id).is_some() {
+            return Arrival::Replays;
         }
         if state.restore {
             // (A worker at that step holds the checkpoint's state: its stage's replicas
@@ -516,13 +597,14 @@ pub enum Event {
         /// The steps.
         steps: Vec<u64>,
     },
-    /// The answer to [`Action::Replay`]: `Some((step, fingerprint))` of the state
-    /// replayed, or `None` when the replay could not be done (the logs lack an input).
+    /// The answer to [`Action::Replay`]: `Ok((step, fingerprint))` of the state this
+    /// worker holds now (the stage replayed, or its own, untouched, after helping with
+    /// another's), or why the replay was not done (the state is then as before).
     Replayed {
         /// The epoch of the replay.
         epoch: u64,
         /// What the state is now.
-        state: Option<(u64, u64)>,
+        state: Result<(u64, u64), ReplayFailure>,
     },
     /// The answer to [`Action::Load`]: `Some((step, fingerprint))` of the state loaded,
     /// or `None` when it could not be loaded (the state is then as before).
@@ -532,6 +614,19 @@ pub enum Event {
         /// What the state is now.
         state: Option<(u64, u64)>,
     },
+}
+
+/// Why a replay was not done ([`Event::Replayed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayFailure {
+    /// A worker of the replay was lost, or the epoch ended: the next quorum tries again.
+    Lost,
+    /// The logs of these boundaries (bit `b`: between stages `b` and `b + 1`) cannot be
+    /// read: the next quorum replays the stages on both sides together.
+    Unlogged(u64),
+    /// It cannot be done (a checkpoint that does not load, sums that would not give the
+    /// same bits): the next quorum takes the job back to a checkpoint.
+    Impossible,
 }
 
 /// What the caller of a machine must do, in order.
@@ -615,16 +710,19 @@ pub enum Action {
         /// The checkpoint's step.
         step: u64,
     },
-    /// Worker: load this worker's stage's checkpoint of `from` (its initial state at 0)
-    /// and replay the stage to step `to` on the inputs its neighbours logged; answer with
-    /// [`Event::Replayed`].
+    /// Worker: replay its place of `group` (see [`ReplayGroup::place_of`]) from the
+    /// stage's checkpoint of `group.from` (its initial state at 0) to step `to`, with the
+    /// group's other workers: the tensors at the group's edges come from the neighbours'
+    /// logs, those inside it from the workers replaying the next and previous stages, and
+    /// each stage's workers sum together. A worker of the replayed stage keeps the state
+    /// replayed; a helper drops it. Answer with [`Event::Replayed`].
     Replay {
         /// The epoch.
         epoch: u64,
-        /// The checkpoint's step.
-        from: u64,
         /// The step to replay to.
         to: u64,
+        /// Who replays what.
+        group: ReplayGroup,
     },
     /// Worker: hash the state held now, and answer with [`Event::Hashed`] at once,
     /// carrying out what it returns before any action queued after this one.

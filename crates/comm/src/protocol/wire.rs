@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Msg, Quorum, Saved, StageState, Status, WorkerId, WorkerState};
+use super::{Msg, Quorum, Saved, StageReplay, StageState, Status, WorkerId, WorkerState};
 
 /// Frame kind of a protocol [`Msg`].
 pub const KIND_MSG: u8 = 0xC1;
@@ -173,6 +173,7 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             o.u8(u8::from(s.suspect));
             o.u64s(&s.saved);
             o.opt(s.unreplayable);
+            o.u64(s.unlogged);
         }
         Msg::Quorum(q) => {
             o.u8(1);
@@ -185,7 +186,15 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
                 o.opt(stage.commit);
                 o.ids(&stage.sources);
                 o.u8(u8::from(stage.restore));
-                o.opt(stage.replay_from);
+                match &stage.replay {
+                    None => o.u8(0),
+                    Some(r) => {
+                        o.u8(1);
+                        o.u64(r.from);
+                        o.ids(&r.workers);
+                        o.u8(u8::from(r.with_next));
+                    }
+                }
             }
         }
         Msg::Start { epoch } => {
@@ -238,6 +247,7 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, WireError> {
                 },
                 saved: i.u64s()?,
                 unreplayable: i.opt()?,
+                unlogged: i.u64()?,
             })
         }
         1 => {
@@ -250,8 +260,13 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, WireError> {
             let stages = (0..n)
                 .map(|_| {
                     let (fingerprint, commit, sources) = (i.opt()?, i.opt()?, i.ids()?);
-                    let (restore, replay_from) = (i.bool()?, i.opt()?);
-                    Ok(StageState { fingerprint, commit, sources, restore, replay_from })
+                    let restore = i.bool()?;
+                    let replay = match i.u8()? {
+                        0 => None,
+                        1 => Some(StageReplay { from: i.u64()?, workers: i.ids()?, with_next: i.bool()? }),
+                        _ => return Err(WireError("a replay's presence byte is 0 or 1".into())),
+                    };
+                    Ok(StageState { fingerprint, commit, sources, restore, replay })
                 })
                 .collect::<Result<_, WireError>>()?;
             Msg::Quorum(Quorum { epoch, members, step, stages })
@@ -357,6 +372,7 @@ mod tests {
                 suspect: true,
                 saved: vec![9, 6],
                 unreplayable: Some(12),
+                unlogged: 0b101,
             }),
             Msg::Quorum(Quorum::of_replicas((9, vec![0, 2, 5]), (40, u64::MAX, None), vec![2])),
             Msg::Quorum(Quorum {
@@ -369,15 +385,12 @@ mod tests {
                         commit: Some(2),
                         sources: vec![0, 2],
                         restore: false,
-                        replay_from: None,
+                        replay: None,
                     },
-                    StageState { fingerprint: None, commit: None, sources: vec![], restore: true, replay_from: None },
+                    StageState { fingerprint: None, commit: None, sources: vec![], restore: true, replay: None },
                     StageState {
-                        fingerprint: None,
-                        commit: None,
-                        sources: vec![],
-                        restore: false,
-                        replay_from: Some(3),
+                        replay: Some(StageReplay { from: 3, workers: vec![2, 0], with_next: true }),
+                        ..StageState::unknown()
                     },
                 ],
             }),

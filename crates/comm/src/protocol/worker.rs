@@ -10,7 +10,10 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{Action, Arrival, Checks, Event, Msg, Node, Quorum, Saved, Status, Timing, WorkerId, WorkerState, send};
+use super::{
+    Action, Arrival, Checks, Event, Msg, Node, Quorum, ReplayFailure, Saved, Status, Timing, WorkerId, WorkerState,
+    send,
+};
 use crate::commit::{Ballot, Decision, decide_in_groups};
 use crate::majority::{Comparison, compare_in_groups};
 
@@ -68,6 +71,7 @@ impl Worker {
             suspect: false,
             saved: Vec::new(),
             unreplayable: None,
+            unlogged: 0,
         };
         let mut w = Worker {
             id,
@@ -134,14 +138,7 @@ impl Worker {
                 }
             }
             Event::Loaded { epoch, state } => return self.on_loaded(now, epoch, state),
-            Event::Replayed { epoch, state } => {
-                let target = self.quorum.as_ref().filter(|q| q.epoch == epoch).map(|q| q.step);
-                if state.is_none() && self.status.phase == WorkerState::Syncing {
-                    // Said in its reports: the next quorum takes the job back instead.
-                    self.status.unreplayable = target;
-                }
-                return self.on_loaded(now, epoch, state);
-            }
+            Event::Replayed { epoch, state } => return self.on_replayed(now, epoch, state),
             Event::PeerLost(peer) => {
                 let member = self.quorum.as_ref().is_some_and(|q| q.rank_of(peer).is_some());
                 if member && self.in_epoch() {
@@ -414,6 +411,40 @@ impl Worker {
         out
     }
 
+    /// The shell replayed its place of the epoch's replay, or could not (see
+    /// [`ReplayFailure`]): what it could not do is said in its reports, for the next quorum.
+    fn on_replayed(&mut self, now: Instant, epoch: u64, state: Result<(u64, u64), ReplayFailure>) -> Vec<Action> {
+        let syncing = self.status.phase == WorkerState::Syncing && self.status.epoch == epoch;
+        let q = self.quorum.as_ref().filter(|q| q.epoch == epoch);
+        match state {
+            Ok((step, fingerprint)) => {
+                // A helper's own stage is untouched: it is synced as it was.
+                let replayed = q.and_then(|q| Some((q.replay_of(self.id)?.place_of(self.id)?.0, q.stage_of(self.id))));
+                if replayed.is_some_and(|(stage, own)| stage != own) {
+                    let mut out = Vec::new();
+                    if syncing && step == self.status.step {
+                        self.status.phase = WorkerState::Synced;
+                        self.report(now, &mut out);
+                    } else if syncing {
+                        self.go_idle(now, &mut out);
+                    }
+                    return out;
+                }
+                self.on_loaded(now, epoch, Some((step, fingerprint)))
+            }
+            Err(why) => {
+                if syncing {
+                    match why {
+                        ReplayFailure::Lost => {}
+                        ReplayFailure::Unlogged(boundaries) => self.status.unlogged |= boundaries,
+                        ReplayFailure::Impossible => self.status.unreplayable = q.map(|q| q.step),
+                    }
+                }
+                self.on_loaded(now, epoch, None)
+            }
+        }
+    }
+
     /// The shell found that the state it holds is not the state the protocol believes it
     /// holds (a check after the update disagreed with the other replicas, or the state
     /// changed at rest): it now has `fingerprint`. The worker leaves its epoch, dropping any
@@ -571,9 +602,12 @@ impl Worker {
             }
             Arrival::Replays => {
                 self.status.phase = WorkerState::Syncing;
-                self.status.unapplied = None;
-                let from = q.state_of(self.id).replay_from.unwrap_or(0);
-                out.push(Action::Replay { epoch: q.epoch, from, to: q.step });
+                let group = q.replay_of(self.id).expect("a worker that replays has a place in a replay");
+                // A helper keeps its own stage's state, and the sum it holds of it.
+                if group.place_of(self.id).is_some_and(|(stage, _)| stage == q.stage_of(self.id)) {
+                    self.status.unapplied = None;
+                }
+                out.push(Action::Replay { epoch: q.epoch, to: q.step, group });
             }
         }
         self.quorum = Some(q);

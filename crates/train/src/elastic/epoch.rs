@@ -41,8 +41,13 @@ impl Current {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// No mesh is current (the next step builds the epoch's).
+    pub(super) fn clear(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// Makes `mesh` the current one, and returns it.
-    fn set(&self, epoch: u64, mesh: TcpMesh) -> Arc<TcpMesh> {
+    pub(super) fn set(&self, epoch: u64, mesh: TcpMesh) -> Arc<TcpMesh> {
         let mesh = Arc::new(mesh);
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, Arc::clone(&mesh)));
         mesh
@@ -160,7 +165,7 @@ impl ElasticRunner<'_, '_> {
 
     /// The epoch's mesh, built by its first step, and how long building it took if this
     /// call built it.
-    fn mesh(&mut self) -> Result<(Arc<TcpMesh>, Option<Duration>), String> {
+    pub(super) fn mesh(&mut self) -> Result<(Arc<TcpMesh>, Option<Duration>), String> {
         match self.current.get() {
             Some((e, m)) if e == self.epoch => Ok((m, None)),
             _ => {

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::control::{Incoming, Link};
-use comm::protocol::{Action, Event, Msg, Node, Saved, Worker, WorkerId, WorkerState};
+use comm::protocol::{Action, Event, Msg, Node, ReplayFailure, ReplayGroup, Saved, Worker, WorkerId, WorkerState};
 use comm::transfer::Want;
 use comm::transport::CommError;
 use serde_json::json;
@@ -95,7 +95,7 @@ impl Shell<'_, '_, '_> {
                     self.fetch(epoch, step, fingerprint, &sources)?
                 }
                 Action::Load { epoch, step } => self.load(epoch, step, prepared)?,
-                Action::Replay { epoch, from, to } => self.replay(epoch, (from, to), prepared)?,
+                Action::Replay { epoch, to, group } => self.replay(epoch, to, &group, prepared)?,
                 Action::Hash => {
                     let fingerprint = lock_write(&self.held).fingerprint();
                     // Its answer comes before anything queued after the question.
@@ -379,36 +379,92 @@ impl Shell<'_, '_, '_> {
         Ok(())
     }
 
-    /// The protocol's `Replay`: the stage's checkpoint of `from`, replayed to `to` on its
-    /// neighbours' logs (a stage that lost every worker holding the newest state).
-    fn replay(&mut self, epoch: u64, (from, to): (u64, u64), prepared: &Prepared) -> Result<(), TrainError> {
-        let pipe = self.side.pipe.as_ref().ok_or_else(|| CommError::Setup("only a pipeline stage replays".into()))?;
+    /// The protocol's `Replay`: this worker's place of `group`, replayed to `to` with the
+    /// group's other workers (a pipeline stage that lost every worker holding the newest
+    /// state, and the stages replayed with it); a helper keeps its own state.
+    fn replay(&mut self, epoch: u64, to: u64, group: &ReplayGroup, prepared: &Prepared) -> Result<(), TrainError> {
         let began = Instant::now();
-        let state = match pipe.replay((self.side.config, prepared), &mut self.engine, (from, to)) {
-            Ok(state) => {
+        let outcome = self.replay_place(epoch, to, group, prepared);
+        // The replay's mesh is done with: the epoch's own is built by its first step.
+        self.side.current.clear();
+        self.side.sum_step = None;
+        let (id, from) = (self.side.id, group.from);
+        let state = match outcome {
+            Ok(Some(state)) => {
                 let mut guard = lock_write(&self.held);
                 guard.state = state;
                 let fingerprint = guard.fingerprint_now();
                 drop(guard);
                 let seconds = began.elapsed().as_secs_f64();
+                let stages = group.stages();
+                let with = group.participants().len();
                 tracing::warn!(
                     from,
                     to,
-                    "a stage's state was lost: this stage replayed steps {from} to {to} in {seconds:.2} s"
+                    "a stage's state was lost: stages {stages:?} replayed steps {from} to {to} in {seconds:.2} s on \
+                     {with} worker(s)"
                 );
                 self.side.ledger.metrics.write(json!({
-                    "kind": "replay", "from": from, "to": to, "worker": self.side.id, "seconds": seconds,
+                    "kind": "replay", "from": from, "to": to, "worker": id, "seconds": seconds,
+                    "stages": [stages.start, stages.end - 1], "workers": group.participants(),
                 }))?;
-                Some((to, fingerprint))
+                Ok((to, fingerprint))
             }
-            Err(e) => {
-                tracing::warn!(from, to, "cannot replay this stage from step {from} to {to}: {e}");
-                None
+            Ok(None) => {
+                let guard = lock_read(&self.held);
+                tracing::info!(from, to, "helped replay a lost stage from step {from} to {to}");
+                Ok((guard.state.step, guard.fingerprint.unwrap_or_else(|| guard.state.fingerprint())))
             }
+            Err(why) => Err(why),
         };
-        self.side.sum_step = None;
         self.queue.extend(self.worker.step(Instant::now(), Event::Replayed { epoch, state }));
         Ok(())
+    }
+
+    /// The work of [`Shell::replay`]: the state replayed when this worker's stage is the
+    /// one replayed, `None` after helping with another's, or why it was not done.
+    fn replay_place(
+        &mut self,
+        epoch: u64,
+        to: u64,
+        group: &ReplayGroup,
+        prepared: &Prepared,
+    ) -> Result<Option<TrainState>, ReplayFailure> {
+        let config = self.side.config;
+        let Some(pipe) = self.side.pipe.as_ref() else { return Err(ReplayFailure::Impossible) };
+        let id = self.side.id;
+        let checked = pipe.check_replay(config, (group, id), to, self.engine.sampler().micro_batches());
+        if let Err(ReplayFailure::Unlogged(mask)) = checked {
+            let boundaries: Vec<u32> = (0..64).filter(|b| mask & (1 << b) != 0).collect();
+            tracing::warn!(
+                from = group.from,
+                to,
+                "stage {} cannot be replayed alone: the logs of boundaries {boundaries:?} are missing or cut short \
+                 (the stages beside them replay with it)",
+                group.place_of(id).map_or(0, |(s, _)| s)
+            );
+        }
+        checked?;
+        let everyone = group.participants();
+        let mesh = match self.side.port.replay_mesh(epoch, &everyone, &self.side.book, &self.side.tcp) {
+            // Registered as the epoch's, so that a message that ends the epoch aborts it.
+            Ok(mesh) => self.side.current.set(epoch, mesh),
+            Err(e) => {
+                tracing::warn!(from = group.from, to, "cannot meet the replay's other workers: {e}");
+                return Err(ReplayFailure::Lost);
+            }
+        };
+        match pipe.replay((config, prepared), (group, id), to, &*mesh) {
+            Ok(state) => Ok((group.place_of(id).map(|(s, _)| s) == Some(pipe.stage())).then_some(state)),
+            Err(TrainError::Comm(e)) => {
+                tracing::warn!(from = group.from, to, "the replay lost a worker: {e}");
+                Err(ReplayFailure::Lost)
+            }
+            Err(e) => {
+                tracing::error!(from = group.from, to, "cannot replay from step {} to {to}: {e}", group.from);
+                Err(ReplayFailure::Impossible)
+            }
+        }
     }
 
     /// The protocol's `Fetch`: the state of `step` from `sources`.
@@ -454,6 +510,17 @@ impl Shell<'_, '_, '_> {
             tracing::info!(seconds = self.copy.spent.as_secs_f64(), "time spent copying the state in memory");
         }
         let config = self.side.config;
+        // A job resumed at its last step ran no step: the epoch's mesh, which the last
+        // checkpoint's agreement and a pipeline's evaluation use, is built here.
+        if self.side.current.get().is_none()
+            && let Some(q) = self.worker.quorum()
+        {
+            (self.side.epoch, self.side.members) = (q.epoch, q.members.clone());
+            if let Some(p) = self.side.pipe.as_mut() {
+                p.enter(&q.members)?;
+            }
+            self.side.mesh().map_err(CommError::Setup)?;
+        }
         // The last checkpoint, the final step's, is committed before the summary.
         let (checkpoints, checkpoints_deferred) = match self.side.saving.take() {
             Some(saving) => {

@@ -12,13 +12,15 @@
 
 use std::path::Path;
 
-use comm::protocol::WorkerId;
+use comm::group::Group;
+use comm::protocol::{ReplayFailure, ReplayGroup, WorkerId};
+use comm::transport::Transport;
 
 use crate::checkpointing::Restored;
 use crate::config::{ElasticWorker, TrainConfig};
 use crate::error::{ConfigError, TrainError};
 use crate::pipeline::{Grid, Staged};
-use crate::replay::{LoggedInputs, Replay, Task};
+use crate::replay::{Live, LoggedInputs, Replay, Task};
 use crate::schedule::{Boundary, Op};
 use crate::step::{Engine, TrainState};
 use crate::trainer::Prepared;
@@ -70,57 +72,129 @@ impl Stages {
         self.staged.stage.index
     }
 
-    /// Replays the stage from its checkpoint of `from` to step `to` on the inputs its
-    /// neighbours logged (every replica's: this worker computes all of the stage's
-    /// micro-batches), on `engine`; returns the state replayed. Fails, touching nothing,
-    /// when the logs lack an input or the job's sums would not give the same bits.
+    /// Whether worker `id` can take its place in `group`'s replay to step `to`: the sums
+    /// give the same bits whoever computes which micro-batches, and the neighbours' logs
+    /// hold every tensor it reads at the group's edges. Reads every one of them first, so
+    /// that a replay that cannot finish is known before anyone waits for it.
+    pub fn check_replay(
+        &self,
+        config: &TrainConfig,
+        (group, id): (&ReplayGroup, WorkerId),
+        to: u64,
+        micro_batches: usize,
+    ) -> Result<(), ReplayFailure> {
+        let (stage, _) = group.place_of(id).ok_or(ReplayFailure::Impossible)?;
+        let sharers = group.workers[stage - group.first].len();
+        if (self.start.replicas > 1 || sharers > 1) && !config.reduce.is_reproducible() {
+            tracing::error!(
+                "a replay sums stage {stage}'s micro-batches in another order than its {} replicas did: the bits are \
+                 kept only with --reduce reproducible, not {}",
+                self.start.replicas,
+                config.reduce
+            );
+            return Err(ReplayFailure::Impossible);
+        }
+        let stages = self.start.stages;
+        // Boundary `b` lies between stages `b` and `b + 1`: the group reads its edges.
+        let edges = [
+            (stage == group.first && stage > 0).then(|| (stage - 1, Boundary::Activation)),
+            (stage + 1 == group.stages().end && stage + 1 < stages).then_some((stage, Boundary::Gradient)),
+        ];
+        let logged = config.log.as_ref().map(|l| l.boundaries.clone()).unwrap_or_default();
+        let mut unlogged = 0u64;
+        for (b, kind) in edges.into_iter().flatten() {
+            if !logged.contains(&b) {
+                unlogged |= 1 << b.min(63);
+                continue;
+            }
+            let dir = &config.log.as_ref().expect("a logged boundary has a log").dir;
+            let mut inputs = LoggedInputs::new(dir, stage, self.start.replicas);
+            // The neighbours write their logs in the background, and one that rolls
+            // forward in this very epoch writes its last step's after: the newest files
+            // may come moments after the replay was asked for.
+            let settle = std::time::Instant::now() + LOGS_SETTLE;
+            while let Err(e) = inputs.check(group.from..to, micro_batches, &[kind]) {
+                if std::time::Instant::now() >= settle {
+                    tracing::error!("stage {stage} cannot be replayed from boundary {b}'s logs: {e}");
+                    unlogged |= 1 << b.min(63);
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+        if unlogged != 0 {
+            return Err(ReplayFailure::Unlogged(unlogged));
+        }
+        Ok(())
+    }
+
+    /// Replays worker `id`'s place of `group` to step `to` (see [`Action::Replay`]) from
+    /// its stage's checkpoint: its share of the stage's micro-batches, summed with the
+    /// stage's other workers over `mesh` (ranked as `group.participants()`), the tensors
+    /// inside the group exchanged there too and those at its edges read from the logs.
+    /// Returns the stage's state replayed.
+    ///
+    /// [`Action::Replay`]: comm::protocol::Action::Replay
     pub fn replay(
         &self,
         (config, prepared): (&TrainConfig, &Prepared),
-        engine: &mut Engine<'_>,
-        (from, to): (u64, u64),
+        (group, id): (&ReplayGroup, WorkerId),
+        to: u64,
+        mesh: &dyn Transport,
     ) -> Result<TrainState, TrainError> {
-        let log = config.log.as_ref().ok_or_else(|| ConfigError::Invalid("the job logs no boundary".into()))?;
-        let (stages, stage, replicas) = (self.start.stages, self.stage(), self.start.replicas);
-        if replicas > 1 && !config.reduce.is_reproducible() {
-            return Err(ConfigError::Invalid(format!(
-                "a replay sums the stage's micro-batches in another order than its {replicas} replicas did: the bits \
-                 are kept only with --reduce reproducible, not {}",
-                config.reduce
-            ))
-            .into());
-        }
-        // Boundary `b` lies between stages `b` and `b + 1`.
-        let needed = [stage.checked_sub(1), (stage + 1 < stages).then_some(stage)];
-        if let Some(b) = needed.into_iter().flatten().find(|b| !log.boundaries.contains(b)) {
-            return Err(ConfigError::Invalid(format!(
-                "boundary {b} is not logged: the stages on both sides of it would replay together, which an \
-                 elastic job does not do"
-            ))
-            .into());
-        }
-        let mut inputs = LoggedInputs::new(&log.dir, stage, replicas);
-        let kinds: Vec<Boundary> =
-            [(stage > 0).then_some(Boundary::Activation), (stage + 1 < stages).then_some(Boundary::Gradient)]
-                .into_iter()
-                .flatten()
-                .collect();
-        // The neighbours write their logs in the background, and one that rolls forward
-        // in this very epoch writes its last step's after: the newest files may come
-        // moments after the replay was asked for.
-        let settle = std::time::Instant::now() + LOGS_SETTLE;
-        while let Err(e) = inputs.check(from..to, engine.sampler().micro_batches(), &kinds) {
-            if std::time::Instant::now() >= settle {
-                return Err(e);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        let mut state = self.load(config, prepared, from)?;
-        let task = Task { stages, stage, helper: 0, helpers: 1 };
-        let mut get = |step, micro, tensor| inputs.get(step, micro, tensor);
-        let mut runner = Replay { inputs: &mut get, helpers: None, live: None, reducer: Default::default() };
-        crate::replay::replay(engine, &mut state, task, to, &mut runner)?;
+        let (stage, helper) =
+            group.place_of(id).ok_or_else(|| ConfigError::Invalid("no place in the replay".into()))?;
+        let everyone = group.participants();
+        let rank_of = |w: &WorkerId| everyone.iter().position(|x| x == w).expect("a participant");
+        let ranks: Vec<Vec<usize>> = (0..self.start.stages)
+            .map(|s| match s.checked_sub(group.first).and_then(|i| group.workers.get(i)) {
+                Some(workers) => workers.iter().map(rank_of).collect(),
+                None => Vec::new(),
+            })
+            .collect();
+        let sharers = ranks[stage].clone();
+        let (mut state, mut engine) = self.stage_at(config, prepared, stage, group.from)?;
+        let timeout = config.collective_timeout();
+        let sum = Group::new(mesh, sharers.clone())?;
+        let live = (group.workers.len() > 1).then(|| Live { transport: mesh, ranks, timeout, bytes: Vec::new() });
+        let log = config.log.as_ref();
+        let mut inputs = log.map(|l| LoggedInputs::new(&l.dir, stage, self.start.replicas));
+        let mut get = |step, micro, tensor| match inputs.as_mut() {
+            Some(i) => i.get(step, micro, tensor),
+            None => Err(ConfigError::Invalid("the job logs no boundary".into()).into()),
+        };
+        let helpers = (sharers.len() > 1).then_some((&sum as &dyn Transport, timeout));
+        let mut runner = Replay { inputs: &mut get, helpers, live, reducer: Default::default() };
+        let task = Task { stages: self.start.stages, stage, helper, helpers: sharers.len() };
+        crate::replay::replay(&mut engine, &mut state, task, to, &mut runner)?;
         Ok(state)
+    }
+
+    /// An engine of stage `stage`, and the stage's state at `step`: its checkpoint of that
+    /// step under the stage's root (or its initial state at step 0).
+    fn stage_at<'p>(
+        &self,
+        config: &TrainConfig,
+        prepared: &'p Prepared,
+        stage: usize,
+        step: u64,
+    ) -> Result<(TrainState, Engine<'p>), TrainError> {
+        let (whole, engine) = prepared.start(config);
+        let cut = engine.stage(self.start.stages, stage)?;
+        let mut state = crate::pipeline::fresh_stage(config, &cut, &whole);
+        if step > 0 {
+            let c = config
+                .checkpoint
+                .as_ref()
+                .ok_or_else(|| ConfigError::Invalid("the job keeps no checkpoints".into()))?;
+            // `stage_config` put this worker's stage root under the job's.
+            let root = c.dir.parent().unwrap_or(&c.dir);
+            let dir = root
+                .join(ckpt::reader::stage_dir_name(stage, self.start.stages))
+                .join(ckpt::store::step_dir_name(step));
+            crate::checkpointing::restore(&dir, config, &mut state)?;
+        }
+        Ok((state, engine.for_stage(cut)))
     }
 
     /// Enters the epoch of `members` (ids, in rank order): the layout is the start's, cut
@@ -136,20 +210,10 @@ impl Stages {
         self.staged.layout.ops(config.pipeline.schedule, rank, micro_batches)
     }
 
-    /// The stage's state at `step`: its checkpoint of that step under `config`'s root (the
-    /// stage's), or its initial state at step 0.
+    /// The stage's state at `step`: its checkpoint of that step under its root, or its
+    /// initial state at step 0.
     pub fn load(&self, config: &TrainConfig, prepared: &Prepared, step: u64) -> Result<TrainState, TrainError> {
-        let (whole, _) = prepared.start(config);
-        let mut state = crate::pipeline::fresh_stage(config, &self.staged.stage, &whole);
-        if step > 0 {
-            let c = config
-                .checkpoint
-                .as_ref()
-                .ok_or_else(|| ConfigError::Invalid("the job keeps no checkpoints".into()))?;
-            let dir = c.dir.join(ckpt::store::step_dir_name(step));
-            crate::checkpointing::restore(&dir, config, &mut state)?;
-        }
-        Ok(state)
+        Ok(self.stage_at(config, prepared, self.stage(), step)?.0)
     }
 }
 

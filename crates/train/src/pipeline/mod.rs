@@ -32,7 +32,6 @@ use crate::schedule::{Boundary, Op};
 use crate::step::{At, Engine, TrainState};
 
 pub mod groups;
-pub(crate) mod recovery;
 
 /// The frame kinds of an activation, a gradient, and a named tensor of a stage's state.
 const ACTIVATION: u8 = 0x50;

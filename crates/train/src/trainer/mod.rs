@@ -38,7 +38,6 @@ use crate::failpoint::ProcessFaults;
 use crate::job::Job;
 use crate::metrics::MetricsFile;
 use crate::model::{EvalSums, Kernels, Loaded};
-use crate::pipeline::recovery::Standing;
 use crate::pipeline::{Grid, Staged};
 use crate::schedule::{self, Op};
 use crate::step::{Engine, Injected, LiveFaults, TrainState};
@@ -90,7 +89,6 @@ pub struct Summary {
 /// Runs training in one process or as a rank of a static job (not an elastic one: see
 /// [`crate::train`], which picks). Returns the summary and the final state.
 pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(Summary, TrainState), TrainError> {
-    let began = Instant::now();
     let prepared = Prepared::load(config)?;
     let (mut state, mut engine) = prepared.start(config);
     let parameters = state.parameters();
@@ -98,7 +96,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     let config = budgeted.as_ref().map_or(config, |(c, _)| c);
     let (setup, for_rank) = set_up(config, &mut state, engine)?;
     engine = for_rank;
-    let Setup { rank, world, incarnation, pipe, restored, replacing, mut metrics, writer, job } = setup;
+    let Setup { rank, world, incarnation, pipe, restored, mut metrics, writer, job } = setup;
     let first_step = state.step;
     if let Some(r) = &restored {
         record_resume(&mut metrics, r)?;
@@ -114,11 +112,10 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
     if let Some(j) = &job {
         hooks.process_mut().on_cut(j.link_cutter()?);
     }
-    let mut actions = actions(config, pipe.as_ref(), engine.sampler().micro_batches(), (rank, world));
+    let actions = actions(config, pipe.as_ref(), engine.sampler().micro_batches(), (rank, world));
     let mut driver = Driver::new(&engine, rank);
     let mut runner = StaticRunner {
         config,
-        rank,
         shared: world / config.pipeline.stages > 1,
         job,
         pipe,
@@ -129,10 +126,6 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         ledger: Ledger::new(metrics, on_event),
         reduced: None,
     };
-    if replacing {
-        let me = Standing { replacement: true, held: None, helpers: config.pipeline.helpers };
-        runner.repair(&prepared, &mut engine, &mut state, me, began)?;
-    }
     let mut last_eval = None;
     // Resumed at the final step, a pipeline's stages still put the whole state together to
     // score and fingerprint it (a stage alone holds only its part).
@@ -144,17 +137,7 @@ pub fn run(config: &TrainConfig, on_event: &mut dyn FnMut(Progress)) -> Result<(
         let outcome = driver
             .run(&actions, 0, &mut engine, &mut state, &mut hooks, &mut runner)
             .and_then(|_| runner.evaluate_if_due(&mut engine, &prepared, &state));
-        match outcome {
-            Ok(report) => last_eval = report.or(last_eval),
-            Err(e) if runner.recovers(&e) => {
-                let held = (runner.reduced == Some(state.step)).then(|| driver.sum());
-                runner.recover(e, &prepared, &mut engine, &mut state, held)?;
-                // Workers lost for good leave their micro-batches to others: new steps.
-                let place = runner.job.as_ref().map_or((rank, world), Job::place);
-                actions = self::actions(config, runner.pipe.as_ref(), engine.sampler().micro_batches(), place);
-            }
-            Err(e) => return Err(e),
-        }
+        last_eval = outcome?.or(last_eval);
     }
     let StaticRunner { mut writer, job, mut pipe, schedule, ledger, .. } = runner;
     let Ledger { mut metrics, train_time, last_loss, .. } = ledger;
@@ -203,8 +186,6 @@ struct Setup {
     pipe: Option<Staged>,
     /// The checkpoint the state was restored from.
     restored: Option<checkpointing::Restored>,
-    /// Whether this process replaces a lost stage worker of a job that recovers by replay.
-    replacing: bool,
     metrics: MetricsFile,
     writer: Option<ckpt::AsyncWriter>,
     job: Option<Job>,
@@ -239,14 +220,7 @@ fn set_up<'a>(
         engine = for_stage;
         pipe = Some(staged);
     }
-    // A replacement in a job that recovers by replay starts from its stage's checkpoint.
-    let replacing = config.pipeline.recover && incarnation > 0 && pipe.is_some();
-    let resume = match (&config.resume, &config.checkpoint) {
-        (Some(r), _) => Some(r.clone()),
-        (None, Some(c)) if replacing => ckpt::reader::newest_step(&c.dir).ok().flatten().map(|_| c.dir.clone()),
-        _ => None,
-    };
-    let resume = resume.map(|r| pipe.as_ref().map_or_else(|| r.clone(), |p| p.root(&r)));
+    let resume = config.resume.as_ref().map(|r| pipe.as_ref().map_or_else(|| r.clone(), |p| p.root(r)));
     let mut restored = restore(config, resume.as_deref(), state)?;
     // In a data-parallel job the replicas are equal: rank 0 alone writes metrics (in a
     // pipeline job, the rank that holds the summed loss), and every rank writes its own
@@ -259,8 +233,7 @@ fn set_up<'a>(
     // (Before the metrics file is emptied: a refused run changes nothing.)
     checkpointing::refuse_other_configuration(config)?;
     // A replacement appends to what its predecessor wrote, even from step 0.
-    let metrics =
-        MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), state.step > 0 || replacing)?;
+    let metrics = MetricsFile::create(config.out_dir.as_ref().filter(|_| rank == reporter), state.step > 0)?;
     let mut job = match (mpi_job, &config.dist) {
         (Some(j), _) => {
             j.barrier()?;
@@ -271,13 +244,10 @@ fn set_up<'a>(
     };
     if let (Some(p), Some(j)) = (pipe.as_mut(), job.as_mut()) {
         j.pipelined(&p.layout);
-        // Each stage resumed from its own newest checkpoint: all go to the newest in common
-        // (a replacement goes to the survivors' step instead, below).
-        if !replacing {
-            restored = p.agree_on_resume(j.transport()?, config, state, restored)?;
-        }
+        // Each stage resumed from its own newest checkpoint: all go to the newest in common.
+        restored = p.agree_on_resume(j.transport()?, config, state, restored)?;
     }
-    Ok((Setup { rank, world, incarnation, pipe, restored, replacing, metrics, writer, job }, engine))
+    Ok((Setup { rank, world, incarnation, pipe, restored, metrics, writer, job }, engine))
 }
 
 /// The step of `rank` of `world`: its stage's pipeline schedule, or the data-parallel one.

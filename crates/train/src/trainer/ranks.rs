@@ -1,20 +1,18 @@
 //! One process, or one rank of a static job, as the step driver's runner: the
 //! collectives of its job, its checkpoints and metrics, and, in a pipeline job, its
-//! stage's boundary tensors and the recovery from a lost stage worker.
+//! stage's boundary tensors.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
-use super::{EvalReport, Ledger, Prepared, Progress, evaluate_state, report_injections};
+use super::{EvalReport, Ledger, Prepared, evaluate_state, report_injections};
 use crate::checkpointing;
-use crate::config::{DistConfig, TrainConfig};
+use crate::config::TrainConfig;
 use crate::data::Dataset;
 use crate::driver::{self, Flow, Reduction, Runner};
 use crate::error::{ConfigError, TrainError};
 use crate::job::Job;
-use crate::metrics::MetricsFile;
-use crate::pipeline::recovery::{self, Standing};
 use crate::pipeline::{self, Staged};
 use crate::schedule::Boundary;
 use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
@@ -26,8 +24,6 @@ use crate::step::{At, Engine, GradBuffer, Injected, SumCheck, TrainState};
 /// durable.
 pub(super) struct StaticRunner<'c, 'e> {
     pub(super) config: &'c TrainConfig,
-    /// This rank in the job's current membership.
-    pub(super) rank: usize,
     /// Whether other ranks hold the same sum (data-parallel replicas).
     pub(super) shared: bool,
     pub(super) job: Option<Job>,
@@ -161,108 +157,6 @@ impl StaticRunner<'_, '_> {
         let report = self.evaluate(engine, &prepared.data, state)?;
         self.ledger.evaluated(&report, prepared.unigram_perplexity)?;
         Ok(Some(report))
-    }
-
-    /// Whether this rank joins the job again after `e` instead of failing: a pipeline job
-    /// that recovers by replay, whose step failed on a lost link or peer.
-    pub(super) fn recovers(&self, e: &TrainError) -> bool {
-        self.config.pipeline.recover && self.pipe.is_some() && matches!(e, TrainError::Comm(_))
-    }
-
-    /// After `e`: joins the job again (where a replacement takes the lost worker's place)
-    /// and repairs it; `held` is the sum of the step that failed, if this rank computed
-    /// all of it.
-    pub(super) fn recover(
-        &mut self,
-        e: TrainError,
-        prepared: &Prepared,
-        engine: &mut Engine<'_>,
-        state: &mut TrainState,
-        held: Option<&GradBuffer>,
-    ) -> Result<(), TrainError> {
-        let since = Instant::now();
-        let config = self.config;
-        let (Some(DistConfig::Mesh(m)), Some(old)) = (&config.dist, self.pipe.as_ref().map(|p| p.layout.clone()))
-        else {
-            return Err(e);
-        };
-        let with = if config.pipeline.reroute { "without the lost worker" } else { "with a replacement" };
-        tracing::warn!("{e}: joining the job again, to go on {with}");
-        (self.ledger.on_event)(Progress::Note(format!("step {} failed ({e}): joining the job again", state.step)));
-        // The old membership stays open until the new one forms: the coordinator then
-        // hears of the lost worker's departure first, not of a survivor's.
-        let mut job = Job::connect(m)?;
-        drop(self.job.take());
-        // Without a replacement the job forms from the survivors, whose ranks follow.
-        let layout = old.with_slots(job.slots().to_vec())?;
-        let rerouted = layout != old;
-        job.pipelined(&layout);
-        let was_collector = old.collector() == self.rank;
-        if let Some(p) = self.pipe.as_mut() {
-            p.layout = layout;
-        }
-        self.rank = job.place().0;
-        self.job = Some(job);
-        let me = Standing { replacement: false, held, helpers: config.pipeline.helpers };
-        if rerouted {
-            self.reroute(state, was_collector)?;
-        }
-        self.repair(prepared, engine, state, me, since)
-    }
-
-    /// After workers were lost and their micro-batches rerouted: this rank writes its
-    /// stage's checkpoints as one of fewer parts, and writes the metrics if it now holds
-    /// the loss.
-    fn reroute(&mut self, state: &TrainState, was_collector: bool) -> Result<(), TrainError> {
-        let (config, rank) = (self.config, self.rank);
-        let pipe = self.pipe.as_ref().ok_or_else(|| ConfigError::Invalid("no pipeline stage".into()))?;
-        let (collector, part) = (pipe.layout.collector(), pipe.part(rank));
-        let serves = pipe.layout.serves(rank);
-        if self.writer.is_some() {
-            drop(self.writer.take());
-            self.writer = super::open_writer(config, Some(pipe), part, state)?;
-        }
-        if collector == rank && !was_collector {
-            self.ledger.metrics = MetricsFile::create(config.out_dir.as_ref(), true)?;
-        }
-        if serves.len() > 1 {
-            (self.ledger.on_event)(Progress::Note(format!(
-                "stage {} on worker {} computes the micro-batches of replicas {serves:?}",
-                pipe.stage.index,
-                pipe.layout.slot(rank)
-            )));
-        }
-        Ok(())
-    }
-
-    /// Brings every rank of the job, joined again, to one step ([`recovery::repair`]);
-    /// the time it took counts from `since` (when this rank failed, or started).
-    pub(super) fn repair(
-        &mut self,
-        prepared: &Prepared,
-        engine: &mut Engine<'_>,
-        state: &mut TrainState,
-        me: Standing<'_>,
-        since: Instant,
-    ) -> Result<(), TrainError> {
-        let config = self.config;
-        // A lost writer's parts of the pending checkpoints will never come.
-        if let Some(w) = self.writer.as_mut() {
-            w.forget_pending();
-        }
-        let (job, pipe) = self.staged()?;
-        let done = recovery::repair(job, pipe, (config, prepared), engine, state, me)?;
-        let seconds = since.elapsed().as_secs_f64();
-        self.reduced = None;
-        self.ledger
-            .metrics
-            .write(json!({"kind": "recovered", "step": done.step, "how": done.how, "seconds": seconds}))?;
-        let how = if done.how.is_empty() { "as it was".to_owned() } else { done.how };
-        (self.ledger.on_event)(Progress::Note(format!(
-            "the job goes on from step {} ({how}) after {seconds:.2} s",
-            done.step
-        )));
-        Ok(())
     }
 
     /// The job's bound on a collective step.
