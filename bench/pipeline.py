@@ -116,22 +116,29 @@ def logging_cost(tmp, steps=30, repeats=5):
     return rows
 
 
-def recovered_line(out_dir):
-    for line in open(os.path.join(out_dir, "metrics.jsonl")):
-        if '"kind":"recovered"' in line:
-            return json.loads(line)
-    return None
+def recovery_seconds(out_dir):
+    """From the job's record: the first loss to the first epoch that steps after it
+    (detection, the replacement's start, the quorum, the replay or fetch)."""
+    path = os.path.join(out_dir, "events.jsonl")
+    if not os.path.exists(path):
+        return None
+    events = [json.loads(l) for l in open(path)]
+    lost = next((e["time"] for e in events if e.get("kind") == "lost"), None)
+    if lost is None:
+        return None
+    return next((e["time"] - lost for e in events if e.get("kind") == "epoch_started" and e["time"] > lost), None)
 
 
 def around_loss(out_dir):
-    """From the collector's metrics: the stall a loss caused (from the last step finished
-    before it to the first new step after it: detection, rejoin, replay and any steps
-    computed again) and the steps/s after it."""
+    """From the collector's metrics and the job's record: the stall a loss caused (from
+    the last step finished before it to the first new step after it: detection, rejoin,
+    replay and any steps computed again) and the steps/s after it."""
     lines = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
-    at = next(i for i, l in enumerate(lines) if l.get("kind") == "recovered")
-    before = [l for l in lines[:at] if l.get("kind") == "train"]
+    events = [json.loads(l) for l in open(os.path.join(out_dir, "events.jsonl"))]
+    lost = next(e["time"] for e in events if e.get("kind") == "lost")
+    before = [l for l in lines if l.get("kind") == "train" and l["time"] <= lost]
     last = before[-1]
-    after = [l for l in lines[at:] if l.get("kind") == "train" and l["step"] > last["step"]]
+    after = [l for l in lines if l.get("kind") == "train" and l["time"] > lost and l["step"] > last["step"]]
     rate = (len(after) - 1) / (after[-1]["time"] - after[0]["time"]) if len(after) > 1 else float("nan")
     return after[0]["time"] - last["time"], rate
 
@@ -167,9 +174,9 @@ def recovery(tmp, steps=40, every=20, crash=33):
             args = ["launch"] + common + launch + ["--save-dir", os.path.join(d, "ck"), "--", "train"]
             wall, _ = run(args + base_args + ["--out", os.path.join(d, "out")] + fault + extra)
             walls.append(wall)
-            line = recovered_line(os.path.join(d, "out"))
-            if line:
-                repairs.append(line["seconds"])
+            seconds = recovery_seconds(os.path.join(d, "out"))
+            if seconds is not None:
+                repairs.append(seconds)
         w = statistics.median(walls)
         repair = f"{statistics.median(repairs):.2f} s" if repairs else "(whole job restarted)"
         rows.append(f"| {name} | {w:.2f} s | {w - free:+.2f} s | {repair} |")

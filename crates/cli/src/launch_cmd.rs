@@ -120,7 +120,7 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "K")]
     max_restarts: Option<u32>,
     /// What an elastic job does when a worker fails [default: replace with --max-restarts,
-    /// shrink without]. With `--recovery replay`, `shrink` gives a lost stage worker's
+    /// shrink without]. In a pipeline job, `shrink` gives a lost stage worker's
     /// micro-batches to its stage's other workers (the same bits, no replacement).
     #[arg(long, value_parser = crate::choice::of::<OnFailure>())]
     on_failure: Option<OnFailure>,
@@ -137,9 +137,9 @@ pub struct LaunchArgs {
     /// and `checkpoint` (every worker restarts from the last checkpoint on disk, written
     /// every --save-every steps) are there to compare with. A pipeline job recovers `live`
     /// stage by stage (a lost stage worker fetches its stage from a live replica; a stage
-    /// lost whole takes every stage back to their common checkpoint); `replay` (a pipeline
-    /// job on one host) rebuilds a lost stage from its checkpoint and its neighbours'
-    /// boundary logs instead.
+    /// lost whole is replayed from its checkpoint on its neighbours' boundary logs, when
+    /// the command logs them and keeps checkpoints); `replay` is `live` with every
+    /// boundary logged and checkpoints every --save-every steps set for the command.
     /// [default: live; checkpoint with --engine mpi, the only one it has]
     #[arg(long, value_parser = crate::choice::of::<Recovery>())]
     recovery: Option<Recovery>,
@@ -150,7 +150,8 @@ pub struct LaunchArgs {
     /// replay, OUT/checkpoints under train's --out; checkpoint, a temporary directory removed on success].
     #[arg(long, value_name = "DIR")]
     save_dir: Option<std::path::PathBuf>,
-    /// Ranks that share the replay of a lost pipeline stage (`--recovery replay`).
+    /// Workers that share the replay of a lost pipeline stage: its own and workers of
+    /// other stages (they sum reproducibly: give `--reduce reproducible`).
     #[arg(long, value_name = "R", default_value_t = 1)]
     replay_helpers: usize,
     /// How the workers reach each other: `steadfast` (this launcher starts them, and they

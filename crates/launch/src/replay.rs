@@ -105,6 +105,10 @@ pub(crate) fn replay_command(
     if shrink && command.iter().any(chooses) {
         return Err(bad("--on-failure shrink reroutes a lost stage's work and replays nothing: log no boundary"));
     }
+    if shrink && flag_value(&command, "--reduce") != Some("reproducible") {
+        return Err(bad("rerouting a lost stage's micro-batches to its other replicas sums them in another order: \
+             the bits are kept only with --reduce reproducible"));
+    }
     if !shrink && !command.iter().any(chooses) {
         command.extend(["--log-boundaries".into(), "all".into()]);
     }
