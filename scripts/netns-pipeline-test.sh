@@ -94,7 +94,7 @@ echo "ok: killed host 1 (stage 1) at step $(run_steps stage 1)"
 sleep 1
 start_node stage "$stages" "$saving" 1
 for i in 0 1; do wait_node "$i"; check_exit stage "$i"; done
-replayed=$(grep -oE "its workers replay it from its checkpoint of step [0-9]+" "$work/stage-node0.log" | head -1)
+replayed=$(grep -oE "its workers \[[0-9, ]*\] replay it from its checkpoint of step [0-9]+" "$work/stage-node0.log" | head -1)
 if [ -n "$replayed" ] && ! grep -q "every stage goes back" "$work/stage-node0.log"; then
   echo "ok: stage 1's state was lost with host 1: $replayed"
 else

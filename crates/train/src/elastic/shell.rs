@@ -397,12 +397,16 @@ impl Shell<'_, '_, '_> {
                 drop(guard);
                 let seconds = began.elapsed().as_secs_f64();
                 let stages = group.stages();
+                let named = match stages.len() {
+                    1 => format!("stage {}", stages.start),
+                    _ => format!("stages {} to {}", stages.start, stages.end - 1),
+                };
                 let with = group.participants().len();
                 tracing::warn!(
                     from,
                     to,
-                    "a stage's state was lost: stages {stages:?} replayed steps {from} to {to} in {seconds:.2} s on \
-                     {with} worker(s)"
+                    "a stage's state was lost: {named} replayed steps {from} to {to} in {seconds:.2} s on {with} \
+                     worker(s)"
                 );
                 self.side.ledger.metrics.write(json!({
                     "kind": "replay", "from": from, "to": to, "worker": id, "seconds": seconds,
