@@ -477,13 +477,8 @@ mod tests {
                 "needs the coordinator's address",
             ),
             (
-                LaunchRequest {
-                    coordinator: Some("127.0.0.1:1".into()),
-                    recovery: Some(Recovery::Replay),
-                    ..request()
-                },
-                "--recovery replay serves its coordinator on a free loopback port of this host: --coordinator does \
-                 not apply",
+                LaunchRequest { recovery: Some(Recovery::Replay), ..request() },
+                "--recovery replay replays the stages of a pipeline: the command needs --pipeline-stages S",
             ),
             (
                 LaunchRequest {

@@ -387,7 +387,11 @@ impl Shell<'_, '_, '_> {
         let outcome = self.replay_place(epoch, to, group, prepared);
         // The replay's mesh is done with: the epoch's own is built by its first step.
         self.side.current.clear();
-        self.side.sum_step = None;
+        // A helper keeps its own state, and the sum it holds of it (as the protocol does).
+        let own = self.side.pipe.as_ref().map(|p| p.stage());
+        if group.place_of(self.side.id).map(|(stage, _)| stage) == own {
+            self.side.sum_step = None;
+        }
         let (id, from) = (self.side.id, group.from);
         let state = match outcome {
             Ok(Some(state)) => {
