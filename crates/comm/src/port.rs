@@ -7,7 +7,7 @@
 //! dialling the members ranked below this worker and waiting for those ranked above, and
 //! keeps connections of a newer epoch (a quorum this worker has not heard of yet) for
 //! later. The workers that replay a pipeline's lost stage as an epoch begins meet on a
-//! mesh of their own first ([`Port::replay_mesh`]), which comes before the epoch's in that
+//! mesh of their own first ([`Intro::Replay`]), which comes before the epoch's in that
 //! order. A transfer connection goes to the queue that the state server reads
 //! ([`Port::transfers`]).
 
@@ -143,38 +143,17 @@ impl Port {
         self.transfers.take()
     }
 
-    /// Builds the mesh of `epoch` among `members` (in rank order; this worker among them),
-    /// whose ports `book` lists, within `config.connect_timeout`.
+    /// Builds the mesh `intro` names ([`Intro::Mesh`] of an epoch, or [`Intro::Replay`] of
+    /// the workers that replay a stage as it begins) among `members` (in rank order; this
+    /// worker among them), whose ports `book` lists, within `config.connect_timeout`.
     pub fn mesh(
-        &mut self,
-        epoch: u64,
-        members: &[WorkerId],
-        book: &BTreeMap<WorkerId, SocketAddr>,
-        config: &TcpConfig,
-    ) -> Result<TcpMesh, CommError> {
-        self.build(Intro::Mesh { epoch }, members, book, config)
-    }
-
-    /// Builds the mesh of the workers `members` that replay a stage as `epoch` begins,
-    /// as [`Port::mesh`] does (before the epoch's own).
-    pub fn replay_mesh(
-        &mut self,
-        epoch: u64,
-        members: &[WorkerId],
-        book: &BTreeMap<WorkerId, SocketAddr>,
-        config: &TcpConfig,
-    ) -> Result<TcpMesh, CommError> {
-        self.build(Intro::Replay { epoch }, members, book, config)
-    }
-
-    fn build(
         &mut self,
         intro: Intro,
         members: &[WorkerId],
         book: &BTreeMap<WorkerId, SocketAddr>,
         config: &TcpConfig,
     ) -> Result<TcpMesh, CommError> {
-        let key = intro.mesh_key().expect("a mesh's introduction");
+        let key = intro.mesh_key().ok_or_else(|| CommError::Setup("a transfer is no mesh".into()))?;
         let epoch = key.0;
         let setup = |what: String| CommError::Setup(format!("epoch {}: {what}", crate::control::epoch_text(epoch)));
         let rank = members.iter().position(|&m| m == self.id).ok_or_else(|| setup("not a member".into()))?;

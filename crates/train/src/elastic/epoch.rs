@@ -170,7 +170,8 @@ impl ElasticRunner<'_, '_> {
             Some((e, m)) if e == self.epoch => Ok((m, None)),
             _ => {
                 let began = Instant::now();
-                match self.port.mesh(self.epoch, &self.members, &self.book, &self.tcp) {
+                let intro = comm::port::Intro::Mesh { epoch: self.epoch };
+                match self.port.mesh(intro, &self.members, &self.book, &self.tcp) {
                     Ok(m) => Ok((self.current.set(self.epoch, m), Some(began.elapsed()))),
                     Err(e) => Err(format!("cannot build the epoch's mesh: {e}")),
                 }

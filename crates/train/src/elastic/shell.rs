@@ -454,7 +454,8 @@ impl Shell<'_, '_, '_> {
         }
         checked?;
         let everyone = group.participants();
-        let mesh = match self.side.port.replay_mesh(epoch, &everyone, &self.side.book, &self.side.tcp) {
+        let intro = comm::port::Intro::Replay { epoch };
+        let mesh = match self.side.port.mesh(intro, &everyone, &self.side.book, &self.side.tcp) {
             // Registered as the epoch's, so that a message that ends the epoch aborts it.
             Ok(mesh) => self.side.current.set(epoch, mesh),
             Err(e) => {

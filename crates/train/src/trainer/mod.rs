@@ -11,9 +11,9 @@
 //! every `eval_every` steps the model is scored on the held-out split.
 //!
 //! In a pipeline job (`--pipeline-stages`) each rank's step is its stage's pipeline
-//! schedule instead, its state and checkpoints are its stage's ([`crate::pipeline`]), and
-//! a job that recovers by replay joins again after a lost peer instead of failing
-//! ([`crate::pipeline::recovery`]). The runner of all of it is in `ranks.rs`.
+//! schedule instead, and its state and checkpoints are its stage's ([`crate::pipeline`]);
+//! a static job fails together (a pipeline job that survives a loss is an elastic one:
+//! `elastic`). The runner of all of it is in `ranks.rs`.
 //!
 //! In a job, a heartbeat thread ([`comm::supervisor::Heartbeat`]) listens to the
 //! coordinator; when it reports a lost member, the transport is aborted, so that the step
