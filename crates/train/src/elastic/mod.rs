@@ -169,18 +169,20 @@ pub(crate) fn run(
         side,
     };
     let outcome = shell.run(&incoming, &link, timing.heartbeat, &prepared);
-    // The last report (finished or stopped) goes out before the link closes. On an error
-    // of its own the worker leaves the link open until the process ends: the coordinator
-    // would take a closed link for a lost worker, and the launcher end this process
-    // before it says why it stopped.
-    if matches!(outcome, Ok(()) | Err(TrainError::JobStopped(_))) {
+    // The job's end (its last checkpoint's agreement, a pipeline's evaluation) still needs
+    // every member: the link stays open through it, since the coordinator takes a closed
+    // link for a lost worker and the launcher would end this process mid-way. On an error
+    // of its own the worker leaves the link open until the process ends, so that it says
+    // why it stopped before the launcher ends it.
+    let outcome = outcome.and_then(|()| shell.finish(&prepared, parameters));
+    // The last report (finished or stopped) goes out before the link closes.
+    if matches!(outcome, Ok(_) | Err(TrainError::JobStopped(_))) {
         link.close();
     }
     for thread in in_etcd {
         thread.finish(outcome.is_ok());
     }
-    outcome?;
-    shell.finish(&prepared, parameters)
+    outcome
 }
 
 /// Worker `id`'s process `incarnation`'s part in the job's record (`metrics.jsonl`), which
