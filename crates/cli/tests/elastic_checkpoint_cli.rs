@@ -103,6 +103,28 @@ fn sixty_steps(mut args: Vec<String>) -> Vec<String> {
     args
 }
 
+/// A worker that fails as the job ends (here: the commit of the final step's checkpoint
+/// fails) fails the job, although its peers finished: the launcher does not call a job
+/// whose last checkpoint is missing a success. (A worker killed from outside after the
+/// final state is a loss instead, which `scripts/chaos.sh`'s kills test.)
+#[test]
+fn a_worker_that_fails_its_last_checkpoint_fails_the_finished_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ckpt, out) = (tmp.path().join("ckpt"), tmp.path().join("out"));
+    let mut args = sixty_steps(launch_args(2, &out, &ckpt, &[]));
+    let every = args.iter().position(|a| a == "--checkpoint-every").unwrap();
+    args[every + 1] = "1000".into(); // the final step's checkpoint only
+    let run = Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(&args)
+        .env("STEADFAST_FAILPOINTS", "before_latest=error")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(!run.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("failpoint before_latest fired"), "{stderr}");
+    assert!(!stdout.contains("the job finished in"), "{stdout}");
+}
+
 /// A checkpoint root whose committer's lock another run holds (a plain `train`, here this
 /// test process): the elastic job is refused before its first step, names the holder, and
 /// writes nothing there.

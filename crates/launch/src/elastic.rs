@@ -566,9 +566,12 @@ impl Supervisor<'_> {
             }
         }
         let over = self.over_since.is_some() || self.finished;
-        // A worker that fails as it ends (its last checkpoint, evaluation or summary) fails
-        // the job, finished or not.
-        if exit != Exit::Success && !self.killed && over {
+        // A worker that fails as it ends (its last checkpoint, evaluation or summary: an
+        // error, or a panic) fails the job, finished or not. One killed from outside once
+        // the job is over is a loss, not an error: its peers hold the final state, and a
+        // kill during the last checkpoint's agreement fails them, which fails the job.
+        let killed_from_outside = std::os::unix::process::ExitStatusExt::signal(&status).is_some();
+        if exit != Exit::Success && !self.killed && over && !killed_from_outside {
             self.stopped_on_error.get_or_insert(slot);
         }
         match self.policy.on_exit(exit, over) {
