@@ -30,6 +30,7 @@
 #![deny(unsafe_code)]
 
 mod checkpoint;
+mod elastic;
 mod fpna;
 mod host;
 mod inject;
@@ -73,6 +74,7 @@ fn _steadfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(data_order, m)?)?;
     checkpoint::register(m)?;
+    elastic::register(m)?;
     fpna::register(m)?;
     reduce::register(m)?;
     inject::register(m)?;

@@ -32,6 +32,7 @@ pub mod directory;
 pub mod etcd;
 pub mod job;
 pub mod majority;
+pub mod member;
 pub mod membership;
 pub mod port;
 pub mod protocol;

@@ -27,6 +27,8 @@ use crate::transport::CommError;
 const KIND_GET: u8 = 0xC5;
 const KIND_PART: u8 = 0xC6;
 const KIND_REFUSE: u8 = 0xC7;
+const KIND_DESCRIBE: u8 = 0xC8;
+const KIND_DESCRIBED: u8 = 0xC9;
 
 /// The most elements a chunk may hold: 4 MiB.
 pub const CHUNK_ELEMENTS: usize = 1 << 20;
@@ -70,15 +72,43 @@ impl Want {
 /// How a source reads a chunk of the state it holds: see [`serve`].
 pub type ReadChunk<'a> = dyn FnMut(&Want, Range<usize>, &mut Vec<u8>) -> Result<u64, String> + 'a;
 
+/// How a source says what the state of `(step, fingerprint)` is: its layout digest and
+/// element count, or why it does not hold it. See [`serve_described`].
+pub type Describe<'a> = dyn FnMut(u64, u64) -> Result<(u64, u64), String> + 'a;
+
 /// Serves transfer requests on `stream` until the fetcher closes it. `read` appends the
 /// elements of a range of the state `want` names to the buffer as little-endian bytes,
 /// returning the optimizer's update count, or says why it cannot (it holds another state).
-pub fn serve(mut stream: TcpStream, idle: Duration, read: &mut ReadChunk<'_>) {
+pub fn serve(stream: TcpStream, idle: Duration, read: &mut ReadChunk<'_>) {
+    serve_described(stream, idle, &mut |_, _| Err("this source does not describe its state".into()), read)
+}
+
+/// [`serve`], answering [`describe`] requests too: a fetcher that does not know the
+/// state's layout (its shapes are the sources', as an optimizer's state is before its
+/// first step) asks a source first.
+pub fn serve_described(mut stream: TcpStream, idle: Duration, describe: &mut Describe<'_>, read: &mut ReadChunk<'_>) {
     let _ = stream.set_read_timeout(Some(idle));
     let mut request = Vec::new();
     // The reply: the update count and checksum, then the chunk, read in place after them.
     let mut reply = Vec::new();
     while let Ok(kind) = read_frame_into(&mut stream, 64, &mut request) {
+        if kind == KIND_DESCRIBE {
+            let asked = (request.len() == 16).then(|| {
+                let word = |i: usize| u64::from_le_bytes(request[i..i + 8].try_into().expect("8 bytes"));
+                (word(0), word(8))
+            });
+            let sent = match asked.ok_or_else(|| "malformed request".to_owned()).and_then(|(s, f)| describe(s, f)) {
+                Ok((layout, elements)) => {
+                    let words: Vec<u8> = [layout, elements].iter().flat_map(|v| v.to_le_bytes()).collect();
+                    write_frame(&mut stream, KIND_DESCRIBED, &words)
+                }
+                Err(why) => write_frame(&mut stream, KIND_REFUSE, why.as_bytes()),
+            };
+            if sent.is_err() || stream.flush().is_err() {
+                return;
+            }
+            continue;
+        }
         reply.clear();
         reply.resize(16, 0);
         let answer = match (kind, Want::decode(&request)) {
@@ -98,6 +128,40 @@ pub fn serve(mut stream: TcpStream, idle: Duration, read: &mut ReadChunk<'_>) {
             return;
         }
     }
+}
+
+/// What the state of `(step, fingerprint)` is, `(layout, elements)`, as the first of
+/// `sources` that holds it says: the [`Want`] of a fetcher that does not know it. Each
+/// source is asked in turn until one answers.
+pub fn describe(
+    sources: &[(WorkerId, SocketAddr)],
+    connect: &(dyn Fn(WorkerId, SocketAddr) -> Result<TcpStream, CommError> + Sync),
+    (step, fingerprint): (u64, u64),
+    timeout: Duration,
+) -> Result<(u64, u64), CommError> {
+    let mut why = Vec::new();
+    for &(id, addr) in sources {
+        let asked = connect(id, addr).and_then(|mut stream| {
+            stream.set_read_timeout(Some(timeout)).map_err(setup)?;
+            let words: Vec<u8> = [step, fingerprint].iter().flat_map(|v| v.to_le_bytes()).collect();
+            write_frame(&mut stream, KIND_DESCRIBE, &words).map_err(setup)?;
+            stream.flush().map_err(setup)?;
+            let mut answer = Vec::new();
+            match read_frame_into(&mut stream, 1024, &mut answer).map_err(setup)? {
+                KIND_DESCRIBED if answer.len() == 16 => {
+                    let word = |i: usize| u64::from_le_bytes(answer[i..i + 8].try_into().expect("8 bytes"));
+                    Ok((word(0), word(8)))
+                }
+                KIND_REFUSE => Err(CommError::Setup(format!("refused: {}", String::from_utf8_lossy(&answer)))),
+                k => Err(CommError::Setup(format!("unexpected frame kind {k:#x}"))),
+            }
+        });
+        match asked {
+            Ok(described) => return Ok(described),
+            Err(e) => why.push(format!("worker {id}: {e}")),
+        }
+    }
+    Err(CommError::Setup(format!("no source describes the state of step {step}: {}", why.join("; "))))
 }
 
 /// What a fetch moved.
@@ -313,6 +377,10 @@ pub fn fetch(
     }
 }
 
+fn setup(e: impl std::fmt::Display) -> CommError {
+    CommError::Setup(e.to_string())
+}
+
 /// One request and its verified answer: the update count, then the checksum, then the
 /// bytes, in `payload`.
 fn get(stream: &mut TcpStream, want: &Want, range: &Range<usize>, payload: &mut Vec<u8>) -> Result<u64, String> {
@@ -402,5 +470,32 @@ mod tests {
         let mut c = Chunks::new(0, 4, 3);
         assert_eq!(c.next(2), Next::Stop);
         assert_eq!(c.outcome(), Ok(0));
+    }
+
+    /// A source that serves over TCP: refuses to describe any state but `(step, print)`.
+    fn source(step: u64, print: u64, described: (u64, u64)) -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut describe = |s: u64, f: u64| {
+                    if (s, f) == (step, print) { Ok(described) } else { Err(format!("holds step {step}")) }
+                };
+                serve_described(stream, Duration::from_secs(5), &mut describe, &mut |_, _, _| Err("no".into()));
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn a_fetcher_learns_the_layout_from_the_first_source_that_holds_the_state() {
+        let connect = |_: WorkerId, addr: SocketAddr| TcpStream::connect(addr).map_err(setup);
+        let (old, new) = (source(6, 0xAB, (1, 2)), source(7, 0xCD, (11, 4096)));
+        let sources = [(3, old), (4, new)];
+        assert_eq!(describe(&sources, &connect, (7, 0xCD), Duration::from_secs(5)).unwrap(), (11, 4096));
+        let err = describe(&sources, &connect, (8, 0xEF), Duration::from_secs(5)).unwrap_err().to_string();
+        assert!(err.contains("no source describes the state of step 8"), "{err}");
+        assert!(err.contains("worker 3: ") && err.contains("refused: holds step 6"), "{err}");
+        assert!(err.contains("worker 4: ") && err.contains("refused: holds step 7"), "{err}");
     }
 }

@@ -115,14 +115,19 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
     }
     let words: Vec<&str> = r.command.iter().take(2).map(String::as_str).collect();
     let trains = words.first() == Some(&"train");
-    if !trains && words != ["bench", "collective"] {
+    let benches = words == ["bench", "collective"];
+    let restarts = r.max_restarts.is_some() || r.on_failure.is_some();
+    let program = crate::workers::own_subcommand(&r.command).is_none();
+    if r.command.is_empty() || (!program && !trains && !benches) {
         return Err(bad(format!(
-            "the worker command must be `train ...` or `bench collective ...`, got {:?}",
+            "the worker command must be `train ...`, `bench collective ...` or a program of an elastic job              (`python train.py` with steadfast.elastic), got {:?}",
             r.command
         )));
     }
-    let restarts = r.max_restarts.is_some() || r.on_failure.is_some();
-    if restarts && !trains {
+    if program {
+        other_program(&r, restarts)?;
+    }
+    if restarts && benches {
         return Err(bad("--max-restarts and --on-failure restart training, not a benchmark"));
     }
     if r.save_every == 0 && restarts {
@@ -209,6 +214,27 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         replay_helpers: r.replay_helpers,
         command,
     })
+}
+
+/// A worker command that is another program (a PyTorch loop with `steadfast.elastic`)
+/// runs as a worker of an elastic job, which recovers from the live replicas.
+fn other_program(r: &LaunchRequest, restarts: bool) -> Result<(), LaunchError> {
+    let shown = r.command.join(" ");
+    if !restarts {
+        return Err(bad(format!(
+            "`{shown}` is not a steadfast subcommand: another program runs as a worker of an elastic job              (steadfast.elastic in a PyTorch loop); make the job elastic with --max-restarts K              (0: no replacements)"
+        )));
+    }
+    if r.mpirun.is_some() {
+        return Err(bad(format!("`{shown}` is not a steadfast subcommand: --mpirun starts `steadfast train` only")));
+    }
+    match r.recovery {
+        None | Some(Recovery::Live) => Ok(()),
+        Some(other) => Err(bad(format!(
+            "`{shown}` recovers from its live replicas (--recovery live): --recovery {other} runs `steadfast train` \
+             only"
+        ))),
+    }
 }
 
 /// The checkpoint-restart baseline (`--recovery checkpoint`), on this node.

@@ -37,6 +37,13 @@ struct Running {
     child: Arc<Mutex<Child>>,
 }
 
+/// The subcommand of this executable that `command` runs (`train`, `bench`), or `None`
+/// when it runs another program (`python train.py`), which the workers start as it is,
+/// found on the `PATH`.
+pub fn own_subcommand(command: &[String]) -> Option<&str> {
+    command.first().map(String::as_str).filter(|w| matches!(*w, "train" | "bench"))
+}
+
 /// The workers this launcher started, by slot; their exits go to a channel as `T`.
 pub struct Workers<T> {
     exe: PathBuf,
@@ -53,7 +60,8 @@ fn lock(child: &Mutex<Child>) -> std::sync::MutexGuard<'_, Child> {
 }
 
 impl<T: Send + 'static> Workers<T> {
-    /// Workers that run this executable with `command` (`train ...`) and `env` (the job's
+    /// Workers that run this executable with `command` (`train ...`), or the program it
+    /// names (`python train.py`), and `env` (the job's
     /// settings, the same for every worker); each exit is sent to `events` as `wrap(exit)`.
     pub fn new(
         command: &[String],
@@ -61,10 +69,19 @@ impl<T: Send + 'static> Workers<T> {
         events: Sender<T>,
         wrap: fn(Exited) -> T,
     ) -> Result<Self, LaunchError> {
-        let exe = std::env::current_exe().map_err(LaunchError::io("cannot find this executable"))?;
+        let (exe, command) = match own_subcommand(command) {
+            Some(_) => {
+                (std::env::current_exe().map_err(LaunchError::io("cannot find this executable"))?, command.to_vec())
+            }
+            None => {
+                let (program, args) =
+                    command.split_first().ok_or_else(|| LaunchError::Config("no worker command".into()))?;
+                (PathBuf::from(program), args.to_vec())
+            }
+        };
         let mut env = env;
         env.push((crate::LAUNCHER_PID.to_owned(), std::process::id().to_string()));
-        Ok(Workers { exe, command: command.to_vec(), env, running: BTreeMap::new(), events, wrap, waiters: Vec::new() })
+        Ok(Workers { exe, command, env, running: BTreeMap::new(), events, wrap, waiters: Vec::new() })
     }
 
     /// Starts process `incarnation` of `slot`, with `env` besides the job's; returns its pid.

@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use comm::member::Current;
 use comm::port::Port;
 use comm::protocol::WorkerId;
 use comm::transport::{CommError, TcpConfig, TcpMesh};
@@ -27,32 +28,6 @@ use crate::trainer::report_injections;
 
 use super::saving::Saving;
 use super::stages::Stages;
-
-/// The mesh of the current epoch, shared with the link's thread, which aborts it when a
-/// message from the coordinator ends the epoch while the loop is blocked in a collective.
-#[derive(Clone, Default)]
-pub(super) struct Current(Arc<Mutex<Option<EpochMesh>>>);
-
-/// An epoch and its mesh.
-type EpochMesh = (u64, Arc<TcpMesh>);
-
-impl Current {
-    pub(super) fn get(&self) -> Option<EpochMesh> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// No mesh is current (the next step builds the epoch's).
-    pub(super) fn clear(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    /// Makes `mesh` the current one, and returns it.
-    pub(super) fn set(&self, epoch: u64, mesh: TcpMesh) -> Arc<TcpMesh> {
-        let mesh = Arc::new(mesh);
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, Arc::clone(&mesh)));
-        mesh
-    }
-}
 
 /// What a step found that the protocol must hear.
 #[derive(Debug)]

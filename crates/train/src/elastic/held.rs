@@ -216,7 +216,7 @@ pub(super) fn fetch(
     hooks: &LiveFaults,
     id: WorkerId,
 ) -> Result<comm::transfer::Fetched, (CommError, Option<(u64, u64)>)> {
-    let sources: Vec<(WorkerId, SocketAddr)> = sources.iter().filter_map(|s| book.get(s).map(|a| (*s, *a))).collect();
+    let sources = comm::member::addresses_of(sources, book);
     let deadline = Instant::now() + timeout;
     let dialer = port.dialer();
     let connect = |peer: WorkerId, addr: SocketAddr| dialer.transfer(peer, addr, deadline);

@@ -35,14 +35,13 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use comm::control::Link;
-use comm::directory::Directory;
 use comm::port::Port;
 use comm::protocol::wire::Hello;
-use comm::protocol::{Checks, Msg, Timing, Worker, WorkerId};
-use comm::transport::{CommError, TcpConfig};
+use comm::protocol::{Checks, Timing, Worker, WorkerId};
+use comm::transport::CommError;
 use serde_json::json;
 
-use crate::config::{CoordinatorAt, ElasticWorker, TrainConfig};
+use crate::config::{ElasticWorker, TrainConfig};
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::failpoint::ProcessFaults;
@@ -57,7 +56,8 @@ mod shell;
 mod stages;
 mod timeline;
 
-use epoch::{Current, ElasticRunner};
+use comm::member::Current;
+use epoch::ElasticRunner;
 use held::{MemoryCopy, SharedState};
 use saving::Saving;
 use shell::Shell;
@@ -110,10 +110,12 @@ pub(crate) fn run(
     // The worker's own clocks: how often it reports, and how long it waits for ballots.
     let timing = Timing { vote_timeout: d.job.timeout, ..Timing::default() };
     let current = Current::default();
-    let interrupt = aborts_moot_collectives(current.clone());
+    let interrupt = current.aborts_moot_collectives();
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
-    let (directory, in_etcd) = find_coordinator(&d.coordinator, id, incarnation)?;
+    // (A warning: the lease's thread says it at any moment.)
+    let (directory, in_etcd) =
+        comm::member::find_coordinator(&d.coordinator, id, incarnation, |note| tracing::warn!("{note}"))?;
     let (link, incoming) = Link::connect(&directory, secret, id, hello, timing.heartbeat, deadline, interrupt)
         .map_err(|e| with_finished_record(e, config.out_dir.as_deref(), deadline))?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
@@ -121,7 +123,7 @@ pub(crate) fn run(
     on_event(Progress::Started { steps: config.steps, parameters });
     metrics.write(json!({"kind": "process", "worker": id, "incarnation": incarnation}))?;
 
-    let tcp = mesh_config(d);
+    let tcp = comm::member::mesh_config(&d.secret, d.job.timeout);
     // The checks the protocol asks of the steps.
     let checks =
         Checks { every: d.job.fingerprint_every, repair: d.on_divergence == crate::config::OnDivergence::Repair };
@@ -209,19 +211,6 @@ fn open_record(
     Ok(metrics)
 }
 
-/// The settings of the links of the epochs' meshes: the job's secret, and its timeout
-/// for connecting and writing.
-fn mesh_config(d: &ElasticWorker) -> TcpConfig {
-    TcpConfig {
-        secret: d.secret.clone(),
-        max_frame: comm::frame::DEFAULT_MAX_FRAME,
-        connect_timeout: d.job.timeout,
-        write_timeout: d.job.timeout,
-        abort_grace: Duration::ZERO,
-        shared_memory: comm::local::default_dir(),
-    }
-}
-
 /// A `cut` fault severs this worker's link to the coordinator and aborts the collective
 /// of the epoch in progress, as a cut cable would.
 fn sever_on_cut(hooks: &mut LiveFaults, current: Current, link: &Link) {
@@ -232,25 +221,6 @@ fn sever_on_cut(hooks: &mut LiveFaults, current: Current, link: &Link) {
             mesh.abort("this worker's links were cut (fault injection)".into());
         }
     }));
-}
-
-/// Where the coordinator is found, and the threads that keep this worker's part in etcd
-/// (where the coordinator role is followed, and the worker's lease kept).
-fn find_coordinator(
-    at: &CoordinatorAt,
-    id: WorkerId,
-    incarnation: u64,
-) -> Result<(Directory, Vec<comm::etcd::elastic::Background>), CommError> {
-    match at {
-        CoordinatorAt::Listed(addrs) => Ok((Directory::fixed(addrs.clone()), Vec::new())),
-        CoordinatorAt::Etcd(target) => {
-            let directory = Directory::default();
-            let follower = comm::etcd::elastic::follow(target, directory.clone())?;
-            // (A warning: it happens on the lease's thread, at any moment.)
-            let lease = comm::etcd::elastic::keep_worker(target, id, incarnation, |note| tracing::warn!("{note}"))?;
-            Ok((directory, vec![lease, follower]))
-        }
-    }
 }
 
 /// A first connection that found no coordinator until its deadline, with what this
@@ -290,22 +260,6 @@ fn finished_record(out: &std::path::Path) -> Option<String> {
          over",
         path.display()
     ))
-}
-
-/// What the link does with each message from the coordinator before the training loop
-/// hears it: a message that makes the collective in progress moot (the epoch ended, the
-/// job stopped) aborts it, so that a loop blocked in it hears the message at once.
-fn aborts_moot_collectives(current: Current) -> Box<dyn Fn(&Msg) + Send> {
-    Box::new(move |m: &Msg| {
-        let Some((epoch, mesh)) = current.get() else { return };
-        match m {
-            Msg::Reconfigure { epoch: e } if *e >= epoch => {
-                mesh.abort(format!("the coordinator ended epoch {}", comm::control::epoch_text(*e)))
-            }
-            Msg::Stop { reason } => mesh.abort(format!("the coordinator stopped the job: {reason}")),
-            _ => {}
-        }
-    })
 }
 
 #[cfg(test)]

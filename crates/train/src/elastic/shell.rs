@@ -155,16 +155,12 @@ impl Shell<'_, '_, '_> {
     fn vote(&mut self, (epoch, step): (u64, u64), (ok, digest, saved): (bool, u64, Saved)) {
         let now = Instant::now();
         let Some((_, mesh)) = self.side.current.get().filter(|(e, _)| *e == epoch) else { return };
-        let id = self.side.id;
-        let words = [u64::from(ok), digest, saved.durable, u64::from(saved.locked), saved.written, saved.print];
-        match comm::collective::all_gather_words(&*mesh, &words, self.side.d.job.timeout) {
-            Ok(all) => {
-                // The gathered ballots are in rank order, this worker's among them.
-                let members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
-                for (r, w) in all.iter().enumerate() {
-                    let Some(&peer) = members.get(r).filter(|&&p| p != id) else { continue };
-                    let saved = Saved { durable: w[2], locked: w[3] == 1, written: w[4], print: w[5] };
-                    let msg = Msg::Ballot { epoch, step, ok: w[0] == 1, digest: w[1], saved };
+        let members = self.worker.quorum().map(|q| q.members.clone()).unwrap_or_default();
+        let ballot = comm::member::Ballot { ok, digest, saved };
+        let timeout = self.side.d.job.timeout;
+        match comm::member::cast_ballots(&mesh, (&members, self.side.id), (epoch, step), ballot, timeout) {
+            Ok(ballots) => {
+                for (peer, msg) in ballots {
                     self.queue.extend(self.worker.step(now, Event::Message { from: Node::Worker(peer), msg }));
                 }
             }

@@ -1,0 +1,84 @@
+"""A PyTorch job that survives the loss of workers with the same bits.
+
+The MLP of the checkpoint/restart study (784-256-128-10 with ReLU) trained by AdamW on
+Fashion-MNIST, or with --model transformer a small transformer over the image's rows;
+each step is a global batch of --batch examples split into --micro-batches micro-batches.
+Run alone, it trains as one process; under Steadfast's launcher each process is a worker
+of an elastic job, and a worker killed, stopped or lost with its node is replaced from the
+live replicas of the state. Either way it prints the SHA-256 of the final weights, which
+is the same for one process, any number of workers, and any losses along the way:
+
+    python examples/elastic_ddp.py --steps 100
+    steadfast launch --nproc 4 --max-restarts 3 -- python examples/elastic_ddp.py --steps 100
+    # and kill -9 one of the workers while it runs: the same weights sha256
+"""
+import argparse
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import steadfast.elastic as se
+from exact_restart import fashion_mnist  # the same loader, beside this file
+
+
+def mlp(width):
+    return torch.nn.Sequential(torch.nn.Linear(784, width), torch.nn.ReLU(), torch.nn.Linear(width, 128),
+                               torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+class Rows(torch.nn.Module):
+    """A small transformer encoder that reads an image as 28 tokens of 28 pixels."""
+
+    def __init__(self, width=64, heads=4, blocks=2):
+        super().__init__()
+        self.embed = torch.nn.Linear(28, width)
+        self.position = torch.nn.Parameter(torch.randn(28, width) * 0.02)
+        layer = torch.nn.TransformerEncoderLayer(width, heads, 2 * width, dropout=0.1, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        h = self.encoder(self.embed(x.view(-1, 28, 28)) + self.position)
+        return self.head(h.mean(dim=1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
+    ap.add_argument("--width", type=int, default=256, help="the MLP's first hidden layer")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--micro-batches", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check-every", type=int, default=1, help="compare the replicas every this many steps")
+    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    x, y = fashion_mnist(a.data)
+    torch.manual_seed(a.seed)
+    model = mlp(a.width) if a.model == "mlp" else Rows()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(a.steps, 1))
+    job = se.Job(model, opt, steps=a.steps, micro_batches=a.micro_batches, scheduler=schedule,
+                 data=(len(x), a.batch), seed=a.seed, check_every=a.check_every)
+    started, loss = time.perf_counter(), None
+    for step in job:
+        for i in step.micro_batches:
+            with step.micro_batch(i):
+                part = step.examples(i)
+                loss = F.cross_entropy(model(x[part]), y[part])
+                loss.backward()
+        if step.index % 50 == 0 and loss is not None:
+            print(f"step {step.index:5d}  loss {loss.item():.4f}", file=sys.stderr)
+    seconds = time.perf_counter() - started
+    print(f"{a.steps} steps in {seconds:.1f} s", file=sys.stderr)
+    print(f"weights sha256: {job.weights_sha256()}")
+
+
+if __name__ == "__main__":
+    main()
