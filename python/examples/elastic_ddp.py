@@ -19,6 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import steadfast
 import steadfast.elastic as se
 from exact_restart import fashion_mnist  # the same loader, beside this file
 
@@ -56,6 +57,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check-every", type=int, default=1, help="compare the replicas every this many steps")
     ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    ap.add_argument("--flip", metavar="STEP:WORKER",
+                    help="flip a bit of a weight in worker WORKER's memory after step STEP (the job finds it at rest "
+                         "and repairs it from the replicas)")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -66,6 +70,18 @@ def main():
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(a.steps, 1))
     job = se.Job(model, opt, steps=a.steps, micro_batches=a.micro_batches, scheduler=schedule,
                  data=(len(x), a.batch), seed=a.seed, check_every=a.check_every)
+    if a.flip:
+        at, worker = (int(v) for v in a.flip.split(":"))
+
+        @job.at_rest
+        def flip(done):
+            # One bit of one weight's exponent, in the first process of that worker only.
+            if done == at and job.worker in (worker, None) and job.incarnation == 0:
+                log = steadfast.inject(model, target="*.weight", bits="exponent", count=1, seed=at)
+                f = log["flips"][0]
+                print(f"flipped a bit of {f['tensor']}[{f['element']}] after step {done}: "
+                      f"{f['old_value']} -> {f['new_value']}", file=sys.stderr)
+
     started, loss = time.perf_counter(), None
     for step in job:
         for i in step.micro_batches:

@@ -185,6 +185,10 @@ class _Host:
     def apply(self, step: int, which: int) -> None:
         self.job._apply(self.job._sums[which])
 
+    def at_rest(self, done: int) -> None:
+        for hook in self.job._at_rest:
+            hook(done)
+
     def load(self, image: bytearray, header_len: int) -> None:
         header = json.loads(bytes(image[8:8 + header_len]))
         dtypes = _tree._torch_dtypes(torch)
@@ -252,38 +256,44 @@ class Job:
         # Every worker starts with the same generators: they are part of the replicated
         # state (the model's initial weights are the caller's to seed).
         _seed_generators(seed)
+        self._at_rest: list[Any] = []
         self._host = _Host(self)
         self._worker = None
+        self._id: Optional[int] = None
+        self._incarnation = 0
         if _steadfast.launched():
             self._worker = _steadfast.ElasticWorker(self._host, 0, steps, micro_batches,
                                                     [_at(s) for s in self._sums], check_every, repair)
+            # (Read once: the native worker is busy while it calls back into Python.)
+            self._id, self._incarnation = self._worker.id, self._worker.incarnation
 
     @property
     def worker(self) -> Optional[int]:
         """This worker's id in the elastic job (None when it runs alone)."""
-        return None if self._worker is None else self._worker.id
+        return self._id
 
     def __iter__(self) -> Iterator[Step]:
         if self._worker is None:
             yield from self._alone()
             return
         worker = self._worker
-        try:
-            while True:
-                try:
-                    got = worker.next(self._host)
-                except JobError as e:
-                    if "diverged at step 0" in str(e):
-                        raise JobError(str(e) + _UNSEEDED) from None
-                    raise
-                if got is None:
-                    return
-                index, rank, world = got
-                step = Step(self, index, list(range(rank, self.micro_batches, world)))
-                yield step
-                worker.computed([_at(t) for t in step._terms()])
-        finally:
-            worker.close()
+        # The link to the coordinator closes once the job is over; a worker that stops on
+        # an error leaves it open until the process ends, so that the error is printed
+        # before the launcher (which takes a closed link for a lost worker) ends it.
+        while True:
+            try:
+                got = worker.next(self._host)
+            except JobError as e:
+                if "diverged at step 0" in str(e):
+                    raise JobError(str(e) + _UNSEEDED) from None
+                raise
+            if got is None:
+                worker.close()
+                return
+            index, rank, world = got
+            step = Step(self, index, list(range(rank, self.micro_batches, world)))
+            yield step
+            worker.computed([_at(t) for t in step._terms()])
 
     def _alone(self) -> Iterator[Step]:
         for index in range(self.steps):
@@ -292,6 +302,21 @@ class Job:
             terms = step._terms()
             _steadfast.mean_of_micro_batches([_at(t) for t in terms], _at(self._sums[0]), self.micro_batches)
             self._apply(self._sums[0])
+            self._host.at_rest(index + 1)
+
+    @property
+    def incarnation(self) -> int:
+        """Which process of its worker's slot this is: 0 for the first, counting up with
+        each replacement (0 when it runs alone)."""
+        return self._incarnation
+
+    def at_rest(self, hook: Any) -> Any:
+        """Registers ``hook(steps_done)``, called after each update once the job has taken
+        the state's fingerprint: the state is at rest until the next step, and a change made
+        then (a fault campaign's bit flip, ``steadfast.inject`` on the model) is what the
+        job's check at rest finds and repairs from the replicas. Returns ``hook``."""
+        self._at_rest.append(hook)
+        return hook
 
     def weights_sha256(self) -> str:
         """The SHA-256 of the model's weights: every tensor of its ``state_dict()``, in

@@ -132,16 +132,22 @@ impl Served {
             while let Ok((_peer, stream)) = transfers.recv() {
                 let served = served.clone();
                 std::thread::spawn(move || {
-                    let describe = &mut |step, fingerprint| served.with((step, fingerprint), |i| (i.layout, i.elements()));
-                    comm::transfer::serve_described(stream, Duration::from_secs(60), describe, &mut |want, range, out| {
-                        served.with((want.step, want.fingerprint), |i| {
-                            if (want.layout, want.elements) != (i.layout, i.elements()) {
-                                return Err("the image's layout differs".to_owned());
-                            }
-                            out.extend_from_slice(&i.bytes[4 * range.start..4 * range.end]);
-                            Ok(0)
-                        })?
-                    });
+                    let describe =
+                        &mut |step, fingerprint| served.with((step, fingerprint), |i| (i.layout, i.elements()));
+                    comm::transfer::serve_described(
+                        stream,
+                        Duration::from_secs(60),
+                        describe,
+                        &mut |want, range, out| {
+                            served.with((want.step, want.fingerprint), |i| {
+                                if (want.layout, want.elements) != (i.layout, i.elements()) {
+                                    return Err("the image's layout differs".to_owned());
+                                }
+                                out.extend_from_slice(&i.bytes[4 * range.start..4 * range.end]);
+                                Ok(0)
+                            })?
+                        },
+                    );
                 });
             }
         });

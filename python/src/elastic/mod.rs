@@ -11,7 +11,8 @@
 //!   every member's with the reproducible all-reduce over the epoch's mesh (the same bits
 //!   for any number of members) and casts the ballot.
 //! - **apply**: the host's `apply(step, which)` runs the optimizer on the sum in buffer
-//!   `which` of the two the Python side allocated.
+//!   `which` of the two the Python side allocated; once the update is hashed, the host
+//!   hears `at_rest(steps_done)` (where its hooks may touch the state at rest).
 //! - **the state**: the host's `state()` returns it as a header and tensors (see
 //!   [`image`]), which this shell hashes (the fingerprint the protocol compares), images
 //!   once per epoch for the workers that fetch it, and the host's `load(image, header)`
@@ -109,7 +110,9 @@ fn mean_of_micro_batches(py: Python<'_>, terms: Vec<At>, out: At, micro_batches:
         return Err(PyValueError::new_err("the micro-batches' gradients differ in length from the sum's"));
     }
     py.allow_threads(|| {
-        ReduceMode::Reproducible.check_parts(parts.len() as u64, 1).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        ReduceMode::Reproducible
+            .check_parts(parts.len() as u64, 1)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         comm::sum_parts_into(ReduceMode::Reproducible, &parts, out, &mut repro::batched::Scratch::default());
         divide(out, micro_batches);
         Ok(())
@@ -210,8 +213,9 @@ impl ElasticWorker {
         let deadline = Instant::now() + timeout.max(Duration::from_secs(30));
         let (link, incoming, in_etcd) = py
             .allow_threads(|| {
-                let (directory, in_etcd) =
-                    comm::member::find_coordinator(&d.coordinator, id, incarnation, |note| eprintln!("[steadfast] {note}"))?;
+                let (directory, in_etcd) = comm::member::find_coordinator(&d.coordinator, id, incarnation, |note| {
+                    eprintln!("[steadfast] {note}")
+                })?;
                 let interrupt = current.aborts_moot_collectives();
                 let (link, incoming) =
                     Link::connect(&directory, &d.secret, id, hello, timing.heartbeat, deadline, interrupt)?;
@@ -219,7 +223,8 @@ impl ElasticWorker {
             })
             .map_err(setup)?;
         let checks = Checks { every: check_every, repair };
-        let (worker, first) = Worker::new((id, incarnation), steps, (step, fingerprint), (timing, checks), Instant::now());
+        let (worker, first) =
+            Worker::new((id, incarnation), steps, (step, fingerprint), (timing, checks), Instant::now());
         Ok(ElasticWorker {
             id,
             incarnation,
@@ -314,7 +319,9 @@ impl ElasticWorker {
                     self.hear(Event::Replayed { epoch, state: Err(ReplayFailure::Impossible) })
                 }
                 Action::Restore { step, .. } => {
-                    return Err(JobError::new_err(format!("the protocol restores a copy of step {step}, and none is kept")));
+                    return Err(JobError::new_err(format!(
+                        "the protocol restores a copy of step {step}, and none is kept"
+                    )));
                 }
                 Action::Repair { step, outvoted } => {
                     eprintln!("[steadfast] step {step}: workers {outvoted:?} hold another state: repairing them");
@@ -452,12 +459,7 @@ impl ElasticWorker {
 
     /// The protocol's `Compute`: the epoch's mesh (built by its first step); returns the step for Python to compute, or `None` when
     /// the mesh could not be built (the protocol has heard so).
-    fn begin(
-        &mut self,
-        py: Python<'_>,
-        (epoch, step): (u64, u64),
-        members: Vec<WorkerId>,
-    ) -> PyResult<Option<u64>> {
+    fn begin(&mut self, py: Python<'_>, (epoch, step): (u64, u64), members: Vec<WorkerId>) -> PyResult<Option<u64>> {
         self.members = members;
         if !matches!(self.current.get(), Some((e, _)) if e == epoch) {
             let intro = comm::port::Intro::Mesh { epoch };
@@ -512,6 +514,9 @@ impl ElasticWorker {
             _ => Event::Applied { step, fingerprint },
         };
         self.hear(event);
+        // The state is at rest until the next step's check: where the host's hooks (a
+        // fault campaign's, a test's) may alter it.
+        host.call_method1("at_rest", (step + 1,))?;
         Ok(())
     }
 
@@ -530,7 +535,8 @@ impl ElasticWorker {
         let fetched = py.allow_threads(|| fetch_image(&dialer, book, sources, (step, fingerprint), timeout));
         let state = match fetched {
             Ok((bytes, stats)) => {
-                let header = Image::header_len(&bytes).ok_or_else(|| JobError::new_err("a fetched image is cut short"))?;
+                let header =
+                    Image::header_len(&bytes).ok_or_else(|| JobError::new_err("a fetched image is cut short"))?;
                 let image = PyByteArray::new(py, &bytes);
                 host.call_method1("load", (image, header))?;
                 let found = hash_host(py, host)?;
@@ -603,10 +609,18 @@ fn hash_host(py: Python<'_>, host: &Bound<'_, PyAny>) -> PyResult<u64> {
     Ok(py.allow_threads(|| image::fingerprint(&header, &tensors)))
 }
 
-/// `Some(found)` when the host's state no longer has `fingerprint`.
+/// `Some(found)` when the host's state no longer has `fingerprint` (said on stderr).
 fn changed(py: Python<'_>, host: &Bound<'_, PyAny>, fingerprint: u64) -> PyResult<Option<u64>> {
     let found = hash_host(py, host)?;
-    Ok((found != fingerprint).then_some(found))
+    if found == fingerprint {
+        return Ok(None);
+    }
+    eprintln!(
+        "[steadfast] the state changed at rest since its commit ({} -> {}): repairing it from the replicas",
+        repro::fingerprint::hex(fingerprint),
+        repro::fingerprint::hex(found)
+    );
+    Ok(Some(found))
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

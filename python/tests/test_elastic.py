@@ -1,0 +1,170 @@
+"""A PyTorch job under Steadfast's launcher (``steadfast.elastic``, the example
+``python/examples/elastic_ddp.py``): the final weights' SHA-256 is the undisturbed
+single-process run's on any number of workers, and after a worker is killed with SIGKILL
+or stopped past its heartbeat at a random moment (replaced from the live replicas, or the
+job shrinks). Each random moment comes from a seed the test prints."""
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+import steadfast.elastic as se
+
+EXAMPLE = ROOT / "python" / "examples" / "elastic_ddp.py"
+SHA = re.compile(r"weights sha256: ([0-9a-f]{64})")
+
+
+def _env(data):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLE.parent), env.get("PYTHONPATH")]))
+    return env
+
+
+def _alone(data, *args):
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--data", str(data), *args], env=_env(data),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return SHA.findall(out.stdout)[0]
+
+
+def _launch(cli, data, nproc, args, launch_args=(), log=None):
+    command = [cli, "launch", "--nproc", str(nproc), *launch_args, "--", sys.executable, str(EXAMPLE),
+               "--data", str(data), *args]
+    return subprocess.Popen(command, env=_env(data), stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _pid(log_text, worker):
+    pids = re.findall(rf"worker {worker} started: process \d+ \(pid (\d+)\)", log_text)
+    return int(pids[-1]) if pids else None
+
+
+def _wait_for(path, pattern, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace")
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} never appeared:\n{path.read_text(errors='replace')}")
+
+
+def _ended(job, path):
+    try:
+        job.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        raise AssertionError("the job did not end within 300 s:\n" + path.read_text(errors="replace"))
+    return path.read_text(errors="replace")
+
+
+def test_one_process_and_two_workers_give_the_same_weights_for_the_transformer(cli, fashion_mnist, tmp_path):
+    # The transformer's dropout draws from the generator each micro-batch's context seeds.
+    args = ["--model", "transformer", "--steps", "12", "--batch", "64"]
+    alone = _alone(fashion_mnist, *args)
+    log = tmp_path / "launch.log"
+    with open(log, "w") as f:
+        text = _ended(_launch(cli, fashion_mnist, 2, args, ["--max-restarts", "0"], f), log)
+    assert "the job finished" in text, text
+    assert SHA.findall(text) == [alone, alone], text
+
+
+@pytest.mark.parametrize("blow", ["kill", "stop"])
+def test_a_worker_lost_at_a_random_moment_is_replaced_from_the_replicas_with_the_same_bits(
+        cli, fashion_mnist, tmp_path, blow):
+    seed = int(os.environ.get("STEADFAST_TEST_SEED", time.time_ns() % 100000))
+    print(f"seed {seed} (STEADFAST_TEST_SEED={seed} draws the same moment)")
+    draw = random.Random(seed)
+    args = ["--steps", "150", "--batch", "96", "--micro-batches", "6"]
+    alone = _alone(fashion_mnist, *args)
+    log = tmp_path / "launch.log"
+    with open(log, "w") as f:
+        job = _launch(cli, fashion_mnist, 3, args, ["--max-restarts", "2", "--heartbeat-timeout", "2"], f)
+        _wait_for(log, r"epoch 1 steps", 120)
+        time.sleep(draw.uniform(0.2, 3.0))
+        victim = draw.randrange(3)
+        pid = _pid(log.read_text(errors="replace"), victim)
+        os.kill(pid, signal.SIGKILL if blow == "kill" else signal.SIGSTOP)
+        text = _ended(job, log)
+    assert job.returncode == 0, text
+    shas = SHA.findall(text)
+    assert shas and set(shas) == {alone}, text
+    if "every member holds the final state" not in text.split(f"worker {victim} (process 1)")[0]:
+        # The blow landed while the job trained: a replacement fetched the state.
+        assert re.search(rf"replacing worker {victim}", text), text
+        assert re.search(r"\[\d\] \[steadfast\] fetched the state of step \d+", text), text
+        assert len(shas) == 3, text
+
+
+def test_a_bit_flipped_at_rest_in_one_worker_is_found_and_repaired_from_the_replicas(cli, fashion_mnist, tmp_path):
+    args = ["--steps", "90", "--batch", "96", "--micro-batches", "6"]
+    alone = _alone(fashion_mnist, *args)
+    log = tmp_path / "launch.log"
+    with open(log, "w") as f:
+        text = _ended(_launch(cli, fashion_mnist, 3, [*args, "--flip", "40:1"], ["--max-restarts", "0"], f), log)
+    assert re.search(r"\[1\] flipped a bit of \S+ after step 40", text), text
+    assert re.search(r"\[1\] \[steadfast\] the state changed at rest since its commit", text), text
+    assert re.search(r"epoch 2: workers \[0, 1, 2\] from step 40 \S+; \[1\] fetch the state from \[0, 2\]", text), text
+    assert SHA.findall(text) == [alone] * 3, text
+
+
+def test_a_job_that_shrinks_ends_with_the_same_bits(cli, fashion_mnist, tmp_path):
+    args = ["--steps", "120", "--batch", "96", "--micro-batches", "6"]
+    alone = _alone(fashion_mnist, *args)
+    log = tmp_path / "launch.log"
+    with open(log, "w") as f:
+        job = _launch(cli, fashion_mnist, 3, args, ["--on-failure", "shrink", "--min-nproc", "1"], f)
+        _wait_for(log, r"epoch 1 steps", 120)
+        time.sleep(1.0)
+        os.kill(_pid(log.read_text(errors="replace"), 1), signal.SIGKILL)
+        text = _ended(job, log)
+    assert job.returncode == 0, text
+    assert re.search(r"epoch 2: workers \[0, 2\]", text), text
+    assert SHA.findall(text) == [alone, alone], text
+
+
+def test_the_launcher_refuses_another_program_outside_an_elastic_job(cli):
+    for flags, said in ([[], "make the job elastic with --max-restarts K"],
+                        [["--max-restarts", "1", "--recovery", "checkpoint"], "recovers from its live replicas"]):
+        out = subprocess.run([cli, "launch", "--nproc", "2", *flags, "--", sys.executable, "train.py"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0 and said in out.stderr, out.stderr
+
+
+def test_the_steps_of_a_job_alone_refuse_a_micro_batch_out_of_turn_or_left_out():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = se.Job(model, opt, steps=2, micro_batches=2)
+    assert job.worker is None
+    steps = iter(job)
+    step = next(steps)
+    with pytest.raises(ValueError, match="micro-batch 1 out of turn: this worker computes 0 next"):
+        with step.micro_batch(1):
+            pass
+    with step.micro_batch(0):
+        model(torch.ones(1, 4)).sum().backward()
+    with pytest.raises(RuntimeError, match=r"micro-batches \[1\] not computed"):
+        next(steps)
+
+
+def test_a_job_alone_applies_the_mean_of_its_micro_batches():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=False)
+    before = model.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    xs = [torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[3.0, 0.0, -1.0]])]
+    for step in se.Job(model, opt, steps=1, micro_batches=2):
+        for i in step.micro_batches:
+            with step.micro_batch(i):
+                model(xs[i]).sum().backward()
+    # d(w.x)/dw = x: the mean gradient of the two micro-batches is (2, 1, 1).
+    assert torch.equal(model.weight.detach(), before - torch.tensor([[2.0, 1.0, 1.0]]))
