@@ -19,7 +19,7 @@
 #   bench/run.sh pipeline   # pipeline steps/s by stage count, boundary logging's cost, recovery times
 #   bench/run.sh study [--quick]  # the checkpoint/restart study across systems (docs/checkpoint-study.md)
 #   bench/run.sh python-ckpt  # a PyTorch loop's checkpoint stall against torch.save and DCP; load against torch.load; the first async save
-#   bench/run.sh python-ddp   # the reproducible DDP hook's cost against DDP's default, and its bits on 1/2/4 processes
+#   bench/run.sh python-ddp   # the reproducible DDP hook and steadfast.elastic against DDP's default, and their bits on 1/2/4 processes
 #   bench/run.sh torch-determinism  # PyTorch's deterministic mode on the CPU audited (a section of docs/fpna.md)
 #   bench/run.sh sdc-study [--quick]  # checkpoint alteration in PyTorch DDP and Horovod jobs beside Steadfast's campaigns (docs/sdc-study.md)
 #

@@ -13,6 +13,7 @@ is the same for one process, any number of workers, and any losses along the way
     # and kill -9 one of the workers while it runs: the same weights sha256
 """
 import argparse
+import json
 import sys
 import time
 
@@ -57,6 +58,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check-every", type=int, default=1, help="compare the replicas every this many steps")
     ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    ap.add_argument("--json", action="store_true", help="end with a JSON line: the weights' SHA-256 and the "
+                    "seconds per step after the first")
     ap.add_argument("--flip", metavar="STEP:WORKER",
                     help="flip a bit of a weight in worker WORKER's memory after step STEP (the job finds it at rest "
                          "and repairs it from the replicas)")
@@ -82,8 +85,10 @@ def main():
                 print(f"flipped a bit of {f['tensor']}[{f['element']}] after step {done}: "
                       f"{f['old_value']} -> {f['new_value']}", file=sys.stderr)
 
-    started, loss = time.perf_counter(), None
+    started, loss, second = time.perf_counter(), None, None
     for step in job:
+        if step.index == 1 and second is None:
+            second = time.perf_counter()      # the first step builds the epoch's mesh
         for i in step.micro_batches:
             with step.micro_batch(i):
                 part = step.examples(i)
@@ -91,9 +96,12 @@ def main():
                 loss.backward()
         if step.index % 50 == 0 and loss is not None:
             print(f"step {step.index:5d}  loss {loss.item():.4f}", file=sys.stderr)
-    seconds = time.perf_counter() - started
-    print(f"{a.steps} steps in {seconds:.1f} s", file=sys.stderr)
+    ended = time.perf_counter()
+    print(f"{a.steps} steps in {ended - started:.1f} s", file=sys.stderr)
     print(f"weights sha256: {job.weights_sha256()}")
+    if a.json:
+        per_step = (ended - second) / (a.steps - 1) if second is not None and a.steps > 1 else None
+        print(json.dumps({"worker": job.worker, "weights_sha256": job.weights_sha256(), "step_seconds": per_step}))
 
 
 if __name__ == "__main__":

@@ -58,11 +58,12 @@ import contextlib
 import hashlib
 import json
 import math
+import pickle
 from typing import Any, Iterator, Optional
 
 import torch
 
-from . import _resume, _steadfast, _tree
+from . import _steadfast, _tree
 
 __all__ = ["Job", "Step", "JobError"]
 
@@ -92,7 +93,7 @@ def _seed_generators(seed: int) -> None:
 
     import numpy as np
 
-    torch.manual_seed(_mix(seed, 0x6A6F62))
+    torch.default_generator.manual_seed(_mix(seed, 0x6A6F62))
     np.random.seed(_mix(seed, 0x6E70) % 2**32)
     random.seed(_mix(seed, 0x7079))
 
@@ -139,11 +140,15 @@ class Step:
         for p, v in zip(job._params, views):
             p.grad = v
         self._current = i
+        # (The CPU generator's alone: torch.manual_seed would seed every device's too, and
+        # that costs more than the micro-batch of a small model.)
+        generator = torch.default_generator
+        kept = generator.get_state()
         try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(_mix(job.seed, self.index, i))
-                yield
+            generator.manual_seed(_mix(job.seed, self.index, i))
+            yield
         finally:
+            generator.set_state(kept)
             self._current = None
             for p, v in zip(job._params, views):
                 # A backward pass accumulates into the gradient it finds; one that replaced
@@ -161,6 +166,29 @@ class Step:
         return [self._job._term(k) for k in range(self._done)]
 
 
+def _rng_state() -> dict[str, Any]:
+    """Every generator's state: torch's as its tensor, NumPy's and Python's pickled into
+    one string (their 600-odd words each as leaves of the state's tree would cost more to
+    encode every step than the rest of the state)."""
+    import random
+
+    import numpy as np
+
+    return {"torch": torch.get_rng_state(),
+            "host": pickle.dumps((np.random.get_state(), random.getstate()), protocol=4)}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    numpy_state, python_state = pickle.loads(state["host"])
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
+
+
 class _Host:
     """What the native worker asks of Python: the state as bytes, the update, a fetched
     state put back."""
@@ -171,7 +199,7 @@ class _Host:
 
     def state(self) -> tuple[bytes, list[tuple[int, int]]]:
         job = self.job
-        state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(), "rng": _resume.rng_state()}
+        state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(), "rng": _rng_state()}
         if job.scheduler is not None:
             state["scheduler"] = job.scheduler.state_dict()
         if job.extra:
@@ -212,7 +240,7 @@ class _Host:
                 v.load_state_dict(state["extra"][k])
             else:
                 job.extra[k] = state["extra"][k]
-        _resume.set_rng_state(state["rng"])
+        _set_rng_state(state["rng"])
 
 
 class Job:

@@ -169,6 +169,12 @@ pub struct ElasticWorker {
     spare: Vec<u8>,
     /// The step handed to Python to compute.
     pending: Option<Pending>,
+    /// The state as the host last handed it over (`state()`): its header, and where its
+    /// tensors lie, which the host keeps alive until it hands the state over again. A
+    /// check at rest hashes them again without asking Python: between an update and the
+    /// next step nothing but the state's own memory can change (and a flip in it is what
+    /// the check is for).
+    last_state: Option<(Vec<u8>, Vec<At>)>,
     /// The members of the epoch whose step is computed, in rank order.
     members: Vec<WorkerId>,
     /// Whether the job is over (finished, or stopped).
@@ -248,6 +254,7 @@ impl ElasticWorker {
             imaged: None,
             spare: Vec::new(),
             pending: None,
+            last_state: None,
             members: Vec::new(),
             over: false,
         })
@@ -292,7 +299,7 @@ impl ElasticWorker {
                     py.allow_threads(|| self.vote((epoch, step), Ballot { ok, digest, saved }))
                 }
                 Action::Compute { epoch, step, rank, members, verify } => {
-                    if let Some(found) = verify.and_then(|v| changed(py, host, v).transpose()) {
+                    if let Some(found) = verify.and_then(|v| self.changed(py, host, v).transpose()) {
                         self.hear(Event::Changed { fingerprint: found? });
                         continue;
                     }
@@ -308,7 +315,7 @@ impl ElasticWorker {
                     self.fetch(py, host, (epoch, step, fingerprint), &sources)?
                 }
                 Action::Hash => {
-                    let fingerprint = hash_host(py, host)?;
+                    let fingerprint = self.hash(py, host)?;
                     for a in self.worker.step(Instant::now(), Event::Hashed { fingerprint }).into_iter().rev() {
                         self.queue.push_front(a);
                     }
@@ -453,6 +460,7 @@ impl ElasticWorker {
         let spare = std::mem::take(&mut self.spare);
         let image = py.allow_threads(|| Image::build(step, &header, &tensors, spare));
         self.spare = self.served.put(image);
+        self.last_state = Some((header, tensors));
         self.imaged = Some(epoch);
         Ok(())
     }
@@ -495,13 +503,13 @@ impl ElasticWorker {
                 self.sum_step
             )));
         }
-        if let Some(found) = verify.and_then(|v| changed(py, host, v).transpose()) {
+        if let Some(found) = verify.and_then(|v| self.changed(py, host, v).transpose()) {
             self.hear(Event::Changed { fingerprint: found? });
             return Ok(());
         }
         host.call_method1("apply", (step, self.held))?;
         self.sum_step = None;
-        let fingerprint = if hash || compare { Some(hash_host(py, host)?) } else { None };
+        let fingerprint = if hash || compare { Some(self.hash(py, host)?) } else { None };
         let event = match (compare, fingerprint) {
             (true, Some(fingerprint)) => {
                 let prints = self.current.get().and_then(|(_, mesh)| {
@@ -539,7 +547,7 @@ impl ElasticWorker {
                     Image::header_len(&bytes).ok_or_else(|| JobError::new_err("a fetched image is cut short"))?;
                 let image = PyByteArray::new(py, &bytes);
                 host.call_method1("load", (image, header))?;
-                let found = hash_host(py, host)?;
+                let found = self.hash(py, host)?;
                 if found == fingerprint {
                     eprintln!(
                         "[steadfast] fetched the state of step {step} ({} bytes) from workers {:?} in {:.2} s",
@@ -563,6 +571,34 @@ impl ElasticWorker {
         };
         self.hear(Event::Fetched { epoch, state });
         Ok(())
+    }
+}
+
+impl ElasticWorker {
+    /// The fingerprint of the host's state now, handed over afresh.
+    fn hash(&mut self, py: Python<'_>, host: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let (header, tensors, _keep) = host_state(host)?;
+        let fingerprint = py.allow_threads(|| image::fingerprint(&header, &tensors));
+        self.last_state = Some((header, tensors));
+        Ok(fingerprint)
+    }
+
+    /// `Some(found)` when the host's state no longer has `fingerprint` (said on stderr):
+    /// the state last handed over, hashed again where it lies.
+    fn changed(&mut self, py: Python<'_>, host: &Bound<'_, PyAny>, fingerprint: u64) -> PyResult<Option<u64>> {
+        let found = match &self.last_state {
+            Some((header, tensors)) => py.allow_threads(|| image::fingerprint(header, tensors)),
+            None => self.hash(py, host)?,
+        };
+        if found == fingerprint {
+            return Ok(None);
+        }
+        eprintln!(
+            "[steadfast] the state changed at rest since its commit ({} -> {}): repairing it from the replicas",
+            repro::fingerprint::hex(fingerprint),
+            repro::fingerprint::hex(found)
+        );
+        Ok(Some(found))
     }
 }
 
@@ -603,24 +639,10 @@ fn host_state<'py>(host: &Bound<'py, PyAny>) -> PyResult<(Vec<u8>, Vec<At>, Boun
     Ok((header.as_bytes().to_vec(), tensors, state))
 }
 
-/// The fingerprint of the host's state now.
+/// The fingerprint of the host's state now, as it hands it over.
 fn hash_host(py: Python<'_>, host: &Bound<'_, PyAny>) -> PyResult<u64> {
     let (header, tensors, _keep) = host_state(host)?;
     Ok(py.allow_threads(|| image::fingerprint(&header, &tensors)))
-}
-
-/// `Some(found)` when the host's state no longer has `fingerprint` (said on stderr).
-fn changed(py: Python<'_>, host: &Bound<'_, PyAny>, fingerprint: u64) -> PyResult<Option<u64>> {
-    let found = hash_host(py, host)?;
-    if found == fingerprint {
-        return Ok(None);
-    }
-    eprintln!(
-        "[steadfast] the state changed at rest since its commit ({} -> {}): repairing it from the replicas",
-        repro::fingerprint::hex(fingerprint),
-        repro::fingerprint::hex(found)
-    );
-    Ok(Some(found))
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
