@@ -20,6 +20,8 @@ import steadfast.elastic as se
 
 EXAMPLE = ROOT / "python" / "examples" / "elastic_ddp.py"
 SHA = re.compile(r"weights sha256: ([0-9a-f]{64})")
+# The MLP's job in every test that disturbs it (one undisturbed run to compare with).
+MLP = ("--steps", "150", "--batch", "96", "--micro-batches", "6")
 
 
 def _env(data):
@@ -28,11 +30,18 @@ def _env(data):
     return env
 
 
+_ALONE = {}
+
+
 def _alone(data, *args):
+    """The undisturbed single-process run's digest (once per arguments in a session)."""
+    if args in _ALONE:
+        return _ALONE[args]
     out = subprocess.run([sys.executable, str(EXAMPLE), "--data", str(data), *args], env=_env(data),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    return SHA.findall(out.stdout)[0]
+    _ALONE[args] = SHA.findall(out.stdout)[0]
+    return _ALONE[args]
 
 
 def _launch(cli, data, nproc, args, launch_args=(), log=None):
@@ -83,7 +92,7 @@ def test_a_worker_lost_at_a_random_moment_is_replaced_from_the_replicas_with_the
     seed = int(os.environ.get("STEADFAST_TEST_SEED", time.time_ns() % 100000))
     print(f"seed {seed} (STEADFAST_TEST_SEED={seed} draws the same moment)")
     draw = random.Random(seed)
-    args = ["--steps", "150", "--batch", "96", "--micro-batches", "6"]
+    args = MLP
     alone = _alone(fashion_mnist, *args)
     log = tmp_path / "launch.log"
     with open(log, "w") as f:
@@ -105,7 +114,7 @@ def test_a_worker_lost_at_a_random_moment_is_replaced_from_the_replicas_with_the
 
 
 def test_a_bit_flipped_at_rest_in_one_worker_is_found_and_repaired_from_the_replicas(cli, fashion_mnist, tmp_path):
-    args = ["--steps", "90", "--batch", "96", "--micro-batches", "6"]
+    args = MLP
     alone = _alone(fashion_mnist, *args)
     log = tmp_path / "launch.log"
     with open(log, "w") as f:
@@ -117,7 +126,7 @@ def test_a_bit_flipped_at_rest_in_one_worker_is_found_and_repaired_from_the_repl
 
 
 def test_a_job_that_shrinks_ends_with_the_same_bits(cli, fashion_mnist, tmp_path):
-    args = ["--steps", "120", "--batch", "96", "--micro-batches", "6"]
+    args = MLP
     alone = _alone(fashion_mnist, *args)
     log = tmp_path / "launch.log"
     with open(log, "w") as f:
