@@ -11,6 +11,9 @@ is the same for one process, any number of workers, and any losses along the way
     python examples/elastic_ddp.py --steps 100
     steadfast launch --nproc 4 --max-restarts 3 -- python examples/elastic_ddp.py --steps 100
     # and kill -9 one of the workers while it runs: the same weights sha256
+    steadfast launch --nproc 2 --max-restarts 1 -- python examples/elastic_ddp.py --steps 100 \
+        --checkpoint-dir ckpt --checkpoint-every 10 --resume latest
+    # kill the whole job, start it again on any number of workers: the same weights sha256
 """
 import argparse
 import json
@@ -58,6 +61,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check-every", type=int, default=1, help="compare the replicas every this many steps")
     ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    ap.add_argument("--checkpoint-dir", help="where the job's checkpoints go")
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="a checkpoint every this many steps (0: none)")
+    ap.add_argument("--resume", help="'latest' (the newest checkpoint under --checkpoint-dir) or a checkpoint's path")
     ap.add_argument("--json", action="store_true", help="end with a JSON line: the weights' SHA-256 and the "
                     "seconds per step after the first")
     ap.add_argument("--flip", metavar="STEP:WORKER",
@@ -72,7 +78,8 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(a.steps, 1))
     job = se.Job(model, opt, steps=a.steps, micro_batches=a.micro_batches, scheduler=schedule,
-                 data=(len(x), a.batch), seed=a.seed, check_every=a.check_every)
+                 data=(len(x), a.batch), seed=a.seed, check_every=a.check_every,
+                 checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, resume=a.resume)
     if a.flip:
         at, worker = (int(v) for v in a.flip.split(":"))
 

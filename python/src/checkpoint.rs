@@ -55,7 +55,7 @@ pub(crate) fn describe(tensors: &[TensorAt]) -> PyResult<Vec<Described>> {
 }
 
 /// The tensors described, over their bytes (`bytes[i]` of `described[i]`).
-fn refs<'a>(described: &'a [Described], bytes: impl IntoIterator<Item = &'a [u8]>) -> Vec<RawTensorRef<'a>> {
+pub(crate) fn refs<'a>(described: &'a [Described], bytes: impl IntoIterator<Item = &'a [u8]>) -> Vec<RawTensorRef<'a>> {
     described
         .iter()
         .zip(bytes)
@@ -64,7 +64,7 @@ fn refs<'a>(described: &'a [Described], bytes: impl IntoIterator<Item = &'a [u8]
 }
 
 /// The metadata of a checkpoint of `step` holding `tree` (JSON text).
-fn meta(step: u64, tree: &str) -> PyResult<Meta> {
+pub(crate) fn meta(step: u64, tree: &str) -> PyResult<Meta> {
     let tree: serde_json::Value = serde_json::from_str(tree).map_err(|e| {
         if e.to_string().contains("recursion limit") {
             bad("the state nests too deeply for a checkpoint (its tree is over 128 levels of JSON, about 40 levels \

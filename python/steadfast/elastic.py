@@ -58,12 +58,14 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import pickle
 from typing import Any, Iterator, Optional
 
 import torch
 
 from . import _steadfast, _tree
+from . import torch as _st
 
 __all__ = ["Job", "Step", "JobError"]
 
@@ -197,18 +199,24 @@ class _Host:
         self.job = job
         self._keep: Any = None
 
-    def state(self) -> tuple[bytes, list[tuple[int, int]]]:
+    def state_dict(self) -> dict[str, Any]:
+        """The replicated state, as a checkpoint holds it."""
         job = self.job
         state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(), "rng": _rng_state()}
         if job.scheduler is not None:
             state["scheduler"] = job.scheduler.state_dict()
         if job.extra:
             state["extra"] = {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in job.extra.items()}
-        tree, tensors = _tree.encode(state)
+        return state
+
+    def state(self) -> tuple[bytes, str, list[tuple]]:
+        """The state as the native worker reads it: the header its image and fingerprint
+        begin with, the tree (JSON), and each tensor's name, role, dtype, shape and bytes."""
+        tree, tensors = _tree.encode(self.state_dict())
         header = json.dumps({"tree": tree, "tensors": [[t.name, t.dtype, list(t.shape)] for t in tensors]},
                             separators=(",", ":")).encode()
         self._keep = tensors          # the native side reads their memory until the next call
-        return header, [tuple(t.address()[4:6]) for t in tensors]
+        return header, tree, [t.address() for t in tensors]
 
     def apply(self, step: int, which: int) -> None:
         self.job._apply(self.job._sums[which])
@@ -229,7 +237,10 @@ class _Host:
             flat = torch.frombuffer(image, dtype=dt, count=n, offset=offset) if n else torch.empty(0, dtype=dt)
             tensors[name] = flat.reshape(shape).clone()
             offset = _align8(offset + size)
-        state = _tree.decode(header["tree"], tensors)
+        self.put_back(_tree.decode(header["tree"], tensors))
+
+    def put_back(self, state: dict[str, Any]) -> None:
+        """Makes the job's state `state` (what :meth:`state_dict` gave)."""
         job = self.job
         job.model.load_state_dict(state["model"])
         job.optimizer.load_state_dict(state["optimizer"])
@@ -254,12 +265,21 @@ class Job:
     torch's, NumPy's and Python's global generators, which are part of the replicated state.
     ``check_every``: compare the replicas' fingerprints after every that many updates (and
     after the last); ``repair``: a replica found holding another state than the others'
-    fetches theirs (otherwise the job stops)."""
+    fetches theirs (otherwise the job stops).
+
+    ``checkpoint_dir`` and ``checkpoint_every``: a checkpoint of the whole replicated state
+    every that many steps and after the last (an ordinary Steadfast checkpoint that
+    ``steadfast.torch.load`` reads), written by the workers in parts, a part each, in the
+    background, and committed once every part is durable; ``keep_last`` of them are kept.
+    ``resume``: ``"latest"`` (the newest checkpoint under ``checkpoint_dir`` that verifies,
+    if any) or a checkpoint's path: the job starts from its state and step, on any number
+    of workers, with the bits of the run that never stopped."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, steps: int, micro_batches: int,
                  scheduler: Any = None, extra: Optional[dict[str, Any]] = None,
                  data: Optional[tuple[int, int]] = None, seed: int = 0, check_every: int = 1,
-                 repair: bool = True) -> None:
+                 repair: bool = True, checkpoint_dir: Any = None, checkpoint_every: int = 0,
+                 keep_last: Optional[int] = 3, resume: Any = None) -> None:
         if steps < 0 or micro_batches < 1:
             raise ValueError(f"steps={steps}, micro_batches={micro_batches}: give steps >= 0 and micro_batches >= 1")
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -286,12 +306,20 @@ class Job:
         _seed_generators(seed)
         self._at_rest: list[Any] = []
         self._host = _Host(self)
+        if checkpoint_every < 0 or (checkpoint_every and checkpoint_dir is None):
+            raise ValueError("checkpoint_every needs a checkpoint_dir (and is at least 0)")
+        self._checkpoint = (os.fspath(checkpoint_dir), checkpoint_every, keep_last) if checkpoint_every else None
+        #: The step the job starts from (0, or the resumed checkpoint's).
+        self.start = 0
+        if resume is not None:
+            self.start = self._resume(resume, checkpoint_dir)
         self._worker = None
         self._id: Optional[int] = None
         self._incarnation = 0
         if _steadfast.launched():
-            self._worker = _steadfast.ElasticWorker(self._host, 0, steps, micro_batches,
-                                                    [_at(s) for s in self._sums], check_every, repair)
+            self._worker = _steadfast.ElasticWorker(self._host, self.start, steps, micro_batches,
+                                                    [_at(s) for s in self._sums], check_every, repair,
+                                                    self._checkpoint)
             # (Read once: the native worker is busy while it calls back into Python.)
             self._id, self._incarnation = self._worker.id, self._worker.incarnation
 
@@ -324,13 +352,35 @@ class Job:
             worker.computed([_at(t) for t in step._terms()])
 
     def _alone(self) -> Iterator[Step]:
-        for index in range(self.steps):
+        for index in range(self.start, self.steps):
             step = Step(self, index, list(range(self.micro_batches)))
             yield step
             terms = step._terms()
             _steadfast.mean_of_micro_batches([_at(t) for t in terms], _at(self._sums[0]), self.micro_batches)
             self._apply(self._sums[0])
-            self._host.at_rest(index + 1)
+            done = index + 1
+            if self._checkpoint is not None and (done % self._checkpoint[1] == 0 or done == self.steps):
+                root, _, keep_last = self._checkpoint
+                _st.save(self._host.state_dict(), root, step=done, keep_last=keep_last)
+            self._host.at_rest(done)
+
+    def _resume(self, resume: Any, checkpoint_dir: Any) -> int:
+        """Puts back the state of the checkpoint ``resume`` names (``"latest"``: the newest
+        under ``checkpoint_dir`` that verifies; none there starts at step 0); returns its
+        step."""
+        path = checkpoint_dir if resume == "latest" else resume
+        if path is None:
+            raise ValueError("resume='latest' needs a checkpoint_dir")
+        if resume == "latest" and not _st.steps(path):
+            return 0
+        state, info = _st.load(path, with_info=True)
+        for key in ("model", "optimizer", "rng"):
+            if key not in state:
+                raise ValueError(f"{info['dir']} holds no {key!r}: it is not an elastic job's checkpoint")
+        self._host.put_back(state)
+        if info["step"] > self.steps:
+            raise ValueError(f"{info['dir']} is of step {info['step']}, past the job's {self.steps} steps")
+        return info["step"]
 
     @property
     def incarnation(self) -> int:

@@ -140,6 +140,32 @@ def test_a_job_that_shrinks_ends_with_the_same_bits(cli, fashion_mnist, tmp_path
     assert SHA.findall(text) == [alone, alone], text
 
 
+def test_a_job_killed_whole_resumes_from_its_parted_checkpoints_on_another_worker_count(cli, fashion_mnist,
+                                                                                         tmp_path):
+    seed = int(os.environ.get("STEADFAST_TEST_SEED", time.time_ns() % 100000))
+    print(f"seed {seed} (STEADFAST_TEST_SEED={seed} draws the same moment)")
+    args = ("--steps", "400", "--batch", "96", "--micro-batches", "6")
+    alone = _alone(fashion_mnist, *args)
+    root = tmp_path / "ckpt"
+    saving = [*args, "--checkpoint-dir", str(root), "--checkpoint-every", "20", "--resume", "latest"]
+    log = tmp_path / "first.log"
+    with open(log, "w") as f:
+        job = _launch(cli, fashion_mnist, 2, saving, ["--max-restarts", "0"], f)
+        _wait_for(log, r"epoch 1 steps", 120)
+        time.sleep(random.Random(seed).uniform(1.0, 3.0))
+        os.killpg(job.pid, signal.SIGKILL)          # the launcher and every worker at once
+        job.wait()
+    steps = [int(d.name.split("-")[1]) for d in root.glob("step-*")]
+    verified = subprocess.run([cli, "ckpt", "verify", str(root)], capture_output=True, text=True)
+    assert verified.returncode == 0 and " 0 corrupt" in verified.stdout, verified.stdout + verified.stderr
+    log = tmp_path / "second.log"
+    with open(log, "w") as f:
+        text = _ended(_launch(cli, fashion_mnist, 3, saving, ["--max-restarts", "0"], f), log)
+    assert SHA.findall(text) == [alone] * 3, f"checkpoints at {sorted(steps)} before the second run\n{text}"
+    if steps:
+        assert re.search(rf"from step {max(steps)} ", text), text
+
+
 def test_the_launcher_refuses_another_program_outside_an_elastic_job(cli):
     for flags, said in ([[], "make the job elastic with --max-restarts K"],
                         [["--max-restarts", "1", "--recovery", "checkpoint"], "recovers from its live replicas"]):

@@ -52,6 +52,7 @@ pub mod owner;
 pub mod reader;
 mod retention;
 pub mod safetensors;
+pub mod share;
 pub mod store;
 pub mod torch_layout;
 mod writer;

@@ -512,6 +512,14 @@ fn part_record_path(dir: &Path, index: usize) -> PathBuf {
 pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<TensorRef<'_>>)]) -> Result<u64> {
     let shards: Vec<(usize, Vec<RawTensorRef<'_>>)> =
         shards.iter().map(|(i, tensors)| Ok((*i, raw(tensors)?))).collect::<Result<_>>()?;
+    save_part_raw(root, meta, part, &shards)
+}
+
+/// [`save_part`] of tensors of any element type.
+pub fn save_part_raw(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<RawTensorRef<'_>>)]) -> Result<u64> {
+    for (_, tensors) in shards {
+        check_shapes(tensors)?;
+    }
     let dir = parts_dir(root, meta.step, part.group);
     std::fs::create_dir_all(&dir).map_err(CkptError::io("cannot create", &dir))?;
     // A record or shard of this part already here is left by an abandoned attempt at this
@@ -520,10 +528,10 @@ pub fn save_part(root: &Path, meta: &Meta, part: Part, shards: &[(usize, Vec<Ten
     // being written again.
     let path = part_record_path(&dir, part.index);
     remove_if_present(&path)?;
-    for (i, _) in &shards {
+    for (i, _) in shards {
         remove_if_present(&dir.join(shard_name(*i)))?;
     }
-    let (files, tensors) = write_shards(&dir, meta, &shards)?;
+    let (files, tensors) = write_shards(&dir, meta, shards)?;
     failpoint::hit("after_shard_write")?;
     let record = PartRecord {
         step: meta.step,

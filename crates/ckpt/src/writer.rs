@@ -29,21 +29,29 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::Role;
 use crate::error::{CkptError, Result};
 use crate::manifest::Meta;
 use crate::owner::Owner;
 use crate::store::{
-    Part, SaveOptions, SaveReport, TensorRef, commit_parts, remove_stale_temporaries_for, save, save_part,
+    Part, RawTensorRef, SaveOptions, SaveReport, TensorRef, commit_parts, remove_stale_temporaries_for, save_part_raw,
+    save_raw,
 };
+use crate::{DType, Role};
 
 /// An owned copy of one tensor (a reusable snapshot buffer).
 #[derive(Debug)]
 struct Buffer {
     name: String,
     role: Role,
+    dtype: DType,
     shape: Vec<usize>,
-    data: Vec<f32>,
+    data: Vec<u8>,
+}
+
+impl Buffer {
+    fn as_ref(&self) -> RawTensorRef<'_> {
+        RawTensorRef { name: &self.name, role: self.role, dtype: self.dtype, shape: &self.shape, bytes: &self.data }
+    }
 }
 
 /// What a persist achieved: a committed checkpoint, or a durable part of one.
@@ -186,6 +194,13 @@ impl AsyncWriter {
     /// own shards only) and starts persisting them as the checkpoint described by `meta`.
     /// Returns how long the caller was blocked.
     pub fn snapshot(&mut self, meta: Meta, all: &[TensorRef<'_>]) -> Result<Duration> {
+        let raw: Vec<RawTensorRef<'_>> = all.iter().map(|&t| t.into()).collect();
+        self.snapshot_raw(meta, &raw)
+    }
+
+    /// [`snapshot`](AsyncWriter::snapshot) of tensors of any element type (a PyTorch
+    /// state's), as little-endian bytes.
+    pub fn snapshot_raw(&mut self, meta: Meta, all: &[RawTensorRef<'_>]) -> Result<Duration> {
         let started = Instant::now();
         self.wait_in_flight()?;
         let backpressure = started.elapsed();
@@ -204,16 +219,13 @@ impl AsyncWriter {
         let nice = self.persist_nice;
         self.in_flight = Some(std::thread::spawn(move || {
             let nice = lower_own_priority(nice);
-            let refs: Vec<TensorRef<'_>> = buffers
-                .iter()
-                .map(|b| TensorRef { name: &b.name, role: b.role, shape: &b.shape, data: &b.data })
-                .collect();
+            let refs: Vec<RawTensorRef<'_>> = buffers.iter().map(Buffer::as_ref).collect();
             let result = if part.count == 1 {
-                save(&root, &meta, &refs, &options).map(Persisted::Committed)
+                save_raw(&root, &meta, &refs, &options).map(Persisted::Committed)
             } else {
                 let started = Instant::now();
                 let mut rest = &refs[..];
-                let shards: Vec<(usize, Vec<TensorRef<'_>>)> = counts
+                let shards: Vec<(usize, Vec<RawTensorRef<'_>>)> = counts
                     .iter()
                     .map(|&(i, n)| {
                         let (head, tail) = rest.split_at(n);
@@ -221,7 +233,7 @@ impl AsyncWriter {
                         (i, head.to_vec())
                     })
                     .collect();
-                save_part(&root, &meta, part, &shards).map(|bytes| Persisted::Part {
+                save_part_raw(&root, &meta, part, &shards).map(|bytes| Persisted::Part {
                     step: meta.step,
                     bytes,
                     duration: started.elapsed(),
@@ -246,17 +258,21 @@ impl AsyncWriter {
     /// Optional: a first snapshot without it allocates the buffers itself.
     pub fn prepare(&mut self, all: &[TensorRef<'_>]) -> Result<()> {
         self.wait_in_flight()?;
-        let (_, mine) = self.own_tensors(all);
+        let raw: Vec<RawTensorRef<'_>> = all.iter().map(|&t| t.into()).collect();
+        let (_, mine) = self.own_tensors(&raw);
         self.idle = Self::copy_into(std::mem::take(&mut self.idle), &mine)?;
         Ok(())
     }
 
     /// The shard plan (parted writers) and the tensors this writer copies, in order.
-    fn own_tensors<'a>(&self, all: &[TensorRef<'a>]) -> (Vec<(usize, std::ops::Range<usize>)>, Vec<TensorRef<'a>>) {
+    fn own_tensors<'a>(
+        &self,
+        all: &[RawTensorRef<'a>],
+    ) -> (Vec<(usize, std::ops::Range<usize>)>, Vec<RawTensorRef<'a>>) {
         if self.part.count == 1 {
             return (Vec::new(), all.to_vec());
         }
-        let sizes: Vec<u64> = all.iter().map(|t| t.data.len() as u64 * 4).collect();
+        let sizes: Vec<u64> = all.iter().map(|t| t.bytes.len() as u64).collect();
         let plan = self.part.shards(&sizes, self.options.shards);
         let mine = plan.iter().flat_map(|(_, r)| all[r.clone()].iter().copied()).collect();
         (plan, mine)
@@ -264,9 +280,9 @@ impl AsyncWriter {
 
     /// Copies `tensors` into `buffers`, reusing them when they have the same names and
     /// lengths and allocating new ones (filled by the copy itself) when not.
-    fn copy_into(mut buffers: Vec<Buffer>, tensors: &[TensorRef<'_>]) -> Result<Vec<Buffer>> {
+    fn copy_into(mut buffers: Vec<Buffer>, tensors: &[RawTensorRef<'_>]) -> Result<Vec<Buffer>> {
         let reusable = buffers.len() == tensors.len()
-            && buffers.iter().zip(tensors).all(|(b, t)| b.name == t.name && b.data.len() == t.data.len());
+            && buffers.iter().zip(tensors).all(|(b, t)| b.name == t.name && b.data.len() == t.bytes.len());
         if !reusable {
             // The snapshot is a second copy of the state: where memory runs short, that is
             // an error naming the tensor, not an abort of the process.
@@ -274,18 +290,18 @@ impl AsyncWriter {
                 .iter()
                 .map(|t| {
                     let mut data = Vec::new();
-                    data.try_reserve_exact(t.data.len()).map_err(|_| CkptError::OutOfMemory {
-                        bytes: t.data.len() as u64 * 4,
+                    data.try_reserve_exact(t.bytes.len()).map_err(|_| CkptError::OutOfMemory {
+                        bytes: t.bytes.len() as u64,
                         tensor: t.name.to_owned(),
                     })?;
-                    data.extend_from_slice(t.data);
-                    Ok(Buffer { name: t.name.to_owned(), role: t.role, shape: t.shape.to_vec(), data })
+                    data.extend_from_slice(t.bytes);
+                    Ok(Buffer { name: t.name.to_owned(), role: t.role, dtype: t.dtype, shape: t.shape.to_vec(), data })
                 })
                 .collect();
         }
         for (b, t) in buffers.iter_mut().zip(tensors) {
-            b.data.copy_from_slice(t.data);
-            b.role = t.role;
+            b.data.copy_from_slice(t.bytes);
+            (b.role, b.dtype) = (t.role, t.dtype);
             b.shape.clear();
             b.shape.extend_from_slice(t.shape);
         }

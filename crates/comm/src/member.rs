@@ -80,6 +80,21 @@ pub fn find_coordinator(
     }
 }
 
+/// The name that a job's committers write into the root's lock: the same in every
+/// process of one job, another in any other job. It follows from the job's secret (a
+/// launcher on one node draws a fresh one for each job) and, for a job that meets in
+/// etcd, the job's name there; not from addresses, which each node may resolve in its own
+/// way. The secret itself is never written. Two jobs of several nodes given the same
+/// `STEADFAST_SECRET` share a tag: the lock does not tell them apart, though a root of
+/// another configuration refuses either (the store's configuration check).
+pub fn job_tag(d: &crate::job::ElasticWorker) -> String {
+    let mut text = d.secret.clone();
+    if let CoordinatorAt::Etcd(target) = &d.coordinator {
+        text.extend_from_slice(format!("\0etcd job {}", target.job).as_bytes());
+    }
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&text))
+}
+
 /// The settings of the links of the epochs' meshes: the job's `secret`, and its
 /// `timeout` for connecting and writing.
 pub fn mesh_config(secret: &[u8], timeout: Duration) -> TcpConfig {

@@ -24,6 +24,7 @@
 #![deny(unsafe_code)]
 
 mod image;
+mod saving;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{SocketAddr, TcpListener};
@@ -43,8 +44,10 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 
+use crate::checkpoint::TensorAt;
 use crate::host::{host_bytes, host_bytes_mut};
 use image::{At, Image, Served};
+use saving::Saving;
 
 pyo3::create_exception!(
     steadfast,
@@ -136,8 +139,9 @@ fn divide(sum: &mut [f32], micro_batches: usize) {
     }
 }
 
-/// A step handed to Python to compute: `(epoch, step)`.
-type Pending = (u64, u64);
+/// A step handed to Python to compute: `(epoch, step)`, and this worker's rank among the
+/// epoch's members and their number.
+type Pending = ((u64, u64), (usize, usize));
 
 /// One worker of an elastic PyTorch job.
 #[pyclass(module = "steadfast._steadfast", unsendable)]
@@ -179,6 +183,8 @@ pub struct ElasticWorker {
     members: Vec<WorkerId>,
     /// Whether the job is over (finished, or stopped).
     over: bool,
+    /// The job's checkpoints, if it takes any.
+    saving: Option<Saving>,
 }
 
 #[pymethods]
@@ -190,7 +196,12 @@ impl ElasticWorker {
     /// updates (0: after the last only); `repair`: repair a replica whose state changed
     /// from the healthy ones instead of stopping the job.
     #[new]
-    #[pyo3(signature = (host, step, steps, micro_batches, sums, check_every, repair))]
+    ///
+    /// `checkpoint`: `(root, every, keep_last)`: the members write a checkpoint of the
+    /// state under `root` every `every` steps and after the last, a part each, in the
+    /// background; `keep_last` of them are kept (None: all).
+    #[pyo3(signature = (host, step, steps, micro_batches, sums, check_every, repair, checkpoint=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         host: &Bound<'_, PyAny>,
@@ -200,9 +211,11 @@ impl ElasticWorker {
         sums: [At; 2],
         check_every: u64,
         repair: bool,
+        checkpoint: Option<(std::path::PathBuf, u64, Option<usize>)>,
     ) -> PyResult<Self> {
         let d = placed(check_every, repair)?
             .ok_or_else(|| PyRuntimeError::new_err("this process was not started by `steadfast launch`"))?;
+        let saving = checkpoint.map(|c| Saving::new(c, steps, comm::member::job_tag(&d))).transpose()?;
         let fingerprint = hash_host(py, host)?;
         let id = d.slot as WorkerId;
         let incarnation = d.job.incarnation;
@@ -257,6 +270,7 @@ impl ElasticWorker {
             last_state: None,
             members: Vec::new(),
             over: false,
+            saving,
         })
     }
 
@@ -304,11 +318,14 @@ impl ElasticWorker {
                         continue;
                     }
                     let world = members.len();
-                    if let Some(out) = self.begin(py, (epoch, step), members)? {
+                    if let Some(out) = self.begin(py, (epoch, step), (rank, members))? {
                         return Ok(Some((out, rank, world)));
                     }
                 }
-                Action::Apply { step, verify, hash, compare, agreed: _ } => {
+                Action::Apply { step, verify, hash, compare, agreed } => {
+                    if let (Some(agreed), Some(saving)) = (agreed, self.saving.as_mut()) {
+                        saving.heard(agreed);
+                    }
                     self.apply(py, host, step, verify, (hash, compare))?
                 }
                 Action::Fetch { epoch, step, fingerprint, sources } => {
@@ -344,6 +361,7 @@ impl ElasticWorker {
                 }
                 Action::Finished => {
                     self.over = true;
+                    self.finish_checkpoints(py)?;
                     return Ok(None);
                 }
                 Action::Stopped { reason } => {
@@ -359,7 +377,7 @@ impl ElasticWorker {
     /// indices. Sums them with every member's; the protocol hears the outcome (a lost
     /// member fails the step, which a later epoch computes again).
     fn computed(&mut self, py: Python<'_>, terms: Vec<At>) -> PyResult<()> {
-        let (epoch, step) =
+        let ((epoch, step), (rank, world)) =
             self.pending.take().ok_or_else(|| PyRuntimeError::new_err("no step was handed out to compute"))?;
         let parts = terms.iter().map(|&t| floats(t)).collect::<PyResult<Vec<_>>>()?;
         let into = if self.sum_step.is_some() { 1 - self.held } else { self.held };
@@ -388,7 +406,10 @@ impl ElasticWorker {
                 None
             }
         };
-        self.hear(Event::Computed { epoch, step, sum, saved: Saved::default() });
+        // Where this member's part of the epoch's checkpoints stands goes with its ballot.
+        let part = ckpt::Part { index: rank, count: world, group: epoch };
+        let saved = self.saving.as_mut().map_or_else(Saved::default, |s| s.ballot(part));
+        self.hear(Event::Computed { epoch, step, sum, saved });
         Ok(())
     }
 
@@ -456,18 +477,26 @@ impl ElasticWorker {
             return Ok(());
         }
         let (epoch, step) = (q.epoch, q.step);
-        let (header, tensors, _keep) = host_state(host)?;
+        let state = HostState::of(host)?;
+        let (header, at) = (&state.header, state.at());
         let spare = std::mem::take(&mut self.spare);
-        let image = py.allow_threads(|| Image::build(step, &header, &tensors, spare));
+        let image = py.allow_threads(|| Image::build(step, header, &at, spare));
         self.spare = self.served.put(image);
-        self.last_state = Some((header, tensors));
+        self.last_state = Some((state.header.clone(), at));
         self.imaged = Some(epoch);
         Ok(())
     }
 
-    /// The protocol's `Compute`: the epoch's mesh (built by its first step); returns the step for Python to compute, or `None` when
-    /// the mesh could not be built (the protocol has heard so).
-    fn begin(&mut self, py: Python<'_>, (epoch, step): (u64, u64), members: Vec<WorkerId>) -> PyResult<Option<u64>> {
+    /// The protocol's `Compute`: the epoch's mesh (built by its first step); returns the
+    /// step for Python to compute, or `None` when the mesh could not be built (the
+    /// protocol has heard so).
+    fn begin(
+        &mut self,
+        py: Python<'_>,
+        (epoch, step): (u64, u64),
+        (rank, members): (usize, Vec<WorkerId>),
+    ) -> PyResult<Option<u64>> {
+        let world = members.len();
         self.members = members;
         if !matches!(self.current.get(), Some((e, _)) if e == epoch) {
             let intro = comm::port::Intro::Mesh { epoch };
@@ -483,7 +512,7 @@ impl ElasticWorker {
                 }
             }
         }
-        self.pending = Some((epoch, step));
+        self.pending = Some(((epoch, step), (rank, world)));
         Ok(Some(step))
     }
 
@@ -509,7 +538,13 @@ impl ElasticWorker {
         }
         host.call_method1("apply", (step, self.held))?;
         self.sum_step = None;
-        let fingerprint = if hash || compare { Some(self.hash(py, host)?) } else { None };
+        let done = step + 1;
+        let due = self.saving.as_ref().is_some_and(|s| s.due(done));
+        let fingerprint = match (due, hash || compare) {
+            (true, _) => Some(self.checkpoint(py, host, done)?),
+            (false, true) => Some(self.hash(py, host)?),
+            (false, false) => None,
+        };
         let event = match (compare, fingerprint) {
             (true, Some(fingerprint)) => {
                 let prints = self.current.get().and_then(|(_, mesh)| {
@@ -524,8 +559,36 @@ impl ElasticWorker {
         self.hear(event);
         // The state is at rest until the next step's check: where the host's hooks (a
         // fault campaign's, a test's) may alter it.
-        host.call_method1("at_rest", (step + 1,))?;
+        host.call_method1("at_rest", (done,))?;
         Ok(())
+    }
+
+    /// The last checkpoint, committed once every member's part of it is durable (one
+    /// all-gather of the members' durable steps over the epoch's mesh).
+    fn finish_checkpoints(&mut self, py: Python<'_>) -> PyResult<()> {
+        let Some(saving) = self.saving.take() else { return Ok(()) };
+        let (mesh, timeout) = (self.current.get(), self.timeout);
+        py.allow_threads(|| {
+            saving.finish(|own| {
+                let (_, mesh) = mesh.ok_or_else(|| "no epoch's mesh".to_owned())?;
+                let all = comm::collective::all_gather_words(&*mesh, &[own], timeout).map_err(|e| e.to_string())?;
+                Ok(all.iter().map(|w| w[0]).min().unwrap_or(0))
+            })
+        })
+    }
+
+    /// This member's part of the checkpoint of the state after `done` updates; returns
+    /// the state's fingerprint (the one the part was written from).
+    fn checkpoint(&mut self, py: Python<'_>, host: &Bound<'_, PyAny>, done: u64) -> PyResult<u64> {
+        let state = HostState::of(host)?;
+        let print = self.hash_state(py, &state);
+        let (epoch, members) = self.worker.quorum().map(|q| (q.epoch, q.members.clone())).unwrap_or_default();
+        let index = members.iter().position(|&m| m == self.id).unwrap_or(0);
+        let part = ckpt::Part { index, count: members.len().max(1), group: epoch };
+        if let Some(saving) = self.saving.as_mut() {
+            saving.write(part, (done, print, members.len()), &state)?;
+        }
+        Ok(print)
     }
 
     /// The protocol's `Fetch`: the state of `step` from `sources`, several at once, into
@@ -577,10 +640,15 @@ impl ElasticWorker {
 impl ElasticWorker {
     /// The fingerprint of the host's state now, handed over afresh.
     fn hash(&mut self, py: Python<'_>, host: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let (header, tensors, _keep) = host_state(host)?;
-        let fingerprint = py.allow_threads(|| image::fingerprint(&header, &tensors));
-        self.last_state = Some((header, tensors));
-        Ok(fingerprint)
+        Ok(self.hash_state(py, &HostState::of(host)?))
+    }
+
+    /// The fingerprint of `state`, kept as the state last handed over.
+    fn hash_state(&mut self, py: Python<'_>, state: &HostState<'_>) -> u64 {
+        let (header, at) = (&state.header, state.at());
+        let fingerprint = py.allow_threads(|| image::fingerprint(header, &at));
+        self.last_state = Some((state.header.clone(), at));
+        fingerprint
     }
 
     /// `Some(found)` when the host's state no longer has `fingerprint` (said on stderr):
@@ -631,18 +699,34 @@ fn fetch_image(
     Ok((bytes, stats))
 }
 
-/// The host's state: its header, its tensors, and what keeps them alive while they are
-/// read.
-fn host_state<'py>(host: &Bound<'py, PyAny>) -> PyResult<(Vec<u8>, Vec<At>, Bound<'py, PyAny>)> {
-    let state = host.call_method0("state")?;
-    let (header, tensors): (Bound<'py, PyBytes>, Vec<At>) = state.extract()?;
-    Ok((header.as_bytes().to_vec(), tensors, state))
+/// The host's state as it hands it over (`state()`): its header (what the image and the
+/// fingerprint begin with), its tree (JSON text, what a checkpoint's metadata holds) and
+/// its tensors, with what keeps them alive while they are read.
+struct HostState<'py> {
+    header: Vec<u8>,
+    tree: String,
+    tensors: Vec<TensorAt>,
+    _keep: Bound<'py, PyAny>,
+}
+
+impl HostState<'_> {
+    fn of<'py>(host: &Bound<'py, PyAny>) -> PyResult<HostState<'py>> {
+        let state = host.call_method0("state")?;
+        let (header, tree, tensors): (Bound<'py, PyBytes>, String, Vec<TensorAt>) = state.extract()?;
+        Ok(HostState { header: header.as_bytes().to_vec(), tree, tensors, _keep: state })
+    }
+
+    /// Where the tensors' bytes lie.
+    fn at(&self) -> Vec<At> {
+        self.tensors.iter().map(|t| (t.4, t.5)).collect()
+    }
 }
 
 /// The fingerprint of the host's state now, as it hands it over.
 fn hash_host(py: Python<'_>, host: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let (header, tensors, _keep) = host_state(host)?;
-    Ok(py.allow_threads(|| image::fingerprint(&header, &tensors)))
+    let state = HostState::of(host)?;
+    let (header, at) = (&state.header, state.at());
+    Ok(py.allow_threads(|| image::fingerprint(header, &at)))
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

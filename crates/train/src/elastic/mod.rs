@@ -75,7 +75,7 @@ pub(crate) fn run(
     // A pipeline stage's checkpoints go under its own root.
     let own = stages::stage_config(config, d);
     let config = own.as_ref().unwrap_or(config);
-    let job = saving::job_tag(d);
+    let job = comm::member::job_tag(d);
     saving::refuse_other_jobs(config, &job)?;
     crate::checkpointing::refuse_other_configuration(config)?;
     let prepared = Prepared::load(config)?;
