@@ -20,6 +20,7 @@
 #   bench/run.sh study [--quick]  # the checkpoint/restart study across systems (docs/checkpoint-study.md)
 #   bench/run.sh python-ckpt  # a PyTorch loop's checkpoint stall against torch.save and DCP; load against torch.load; the first async save
 #   bench/run.sh python-ddp   # the reproducible DDP hook and steadfast.elastic against DDP's default, and their bits on 1/2/4 processes
+#   bench/run.sh torchft      # steadfast.elastic beside torchft under repeated kills: steps, skipped samples, recovery, bits
 #   bench/run.sh torch-determinism  # PyTorch's deterministic mode on the CPU audited (a section of docs/fpna.md)
 #   bench/run.sh sdc-study [--quick]  # checkpoint alteration in PyTorch DDP and Horovod jobs beside Steadfast's campaigns (docs/sdc-study.md)
 #
@@ -59,6 +60,20 @@ case "$which" in
   pipeline) python3 bench/pipeline.py ;;  # runs PyTorch from bench/.venv
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
   sdc-study) "$venv/bin/python" bench/sdc/study.py "${@:2}" ;;  # installs its pinned PyTorch and Horovod in bench/.venv-horovod
+  torchft)
+    # The Python package, as below; torchft in an environment of its own that shares the
+    # bench's PyTorch (torchft's declared dependencies would pull another 5 GB build of it).
+    "$venv/bin/pip" install -q "maturin>=1.7,<2"
+    PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps ./python
+    tf=bench/.venv-torchft
+    if [ ! -x "$tf/bin/torchft_lighthouse" ]; then
+      python3 -m venv "$tf"
+      shared=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+      echo "$shared" > "$("$tf/bin/python" -c 'import site; print(site.getsitepackages()[0])')/bench-venv.pth"
+      "$tf/bin/pip" install -q --no-deps torchft==0.2.0
+      "$tf/bin/pip" install -q "opentelemetry-exporter-otlp-proto-http>=1.39.0" "opentelemetry-sdk>=1.39.0"
+    fi
+    PATH="$PWD/$tf/bin:$PATH" "$tf/bin/python" bench/side_by_side_torchft.py ;;
   python-ckpt|python-ddp|torch-determinism)
     # The Python package, built into this environment (maturin shares target/).
     "$venv/bin/pip" install -q "maturin>=1.7,<2"
@@ -81,5 +96,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torch-determinism)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
 esac
