@@ -712,9 +712,7 @@ impl Link {
                     tracing::info!("connected to the coordinator again");
                     let Ok(w) = stream.try_clone() else { continue };
                     *shared.writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
-                    if let Some(r) = shared.report.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-                        write_to(&shared, &r);
-                    }
+                    repeat_report(&shared);
                 }
             })
         };
@@ -734,9 +732,7 @@ impl Link {
                         }
                         continue;
                     }
-                    if let Some(r) = shared.report.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-                        write_to(&shared, &r);
-                    }
+                    repeat_report(&shared);
                 }
             })
         };
@@ -753,8 +749,12 @@ impl Link {
     /// Sends `msg` (a report) now, and repeats it every heartbeat until the next.
     pub fn report(&self, msg: &Msg) {
         let payload = wire::encode(msg);
+        // Sent and kept under one lock, which the repeats take too: a repeat of the report
+        // before never goes out after this one (the coordinator would take the worker
+        // back to where it was, e.g. still stepping after it said it was done).
+        let mut kept = self.shared.report.lock().unwrap_or_else(|e| e.into_inner());
         write_to(&self.shared, &payload);
-        *self.shared.report.lock().unwrap_or_else(|e| e.into_inner()) = Some(payload);
+        *kept = Some(payload);
     }
 
     /// A handle on the current connection, to sever it on purpose (the `cut` fault).
@@ -816,6 +816,14 @@ fn unanswered(directory: &Directory, started: Instant, deadline: Instant, error:
         )
     };
     CommError::Setup(text)
+}
+
+/// Sends the newest report again, holding it while it goes out (see [`Link::report`]).
+fn repeat_report(shared: &LinkShared) {
+    let kept = shared.report.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = kept.as_ref() {
+        write_to(shared, r);
+    }
 }
 
 fn write_to(shared: &LinkShared, payload: &[u8]) {
