@@ -37,11 +37,20 @@ struct Running {
     child: Arc<Mutex<Child>>,
 }
 
-/// The subcommand of this executable that `command` runs (`train`, `bench`), or `None`
-/// when it runs another program (`python train.py`), which the workers start as it is,
-/// found on the `PATH`.
+/// The subcommand of this executable that `command` runs (`train`, `bench`, or a word
+/// that names no program), or `None` when it runs another program (`python train.py`: a
+/// path, or a name found on the `PATH`), which the workers start as it is.
 pub fn own_subcommand(command: &[String]) -> Option<&str> {
-    command.first().map(String::as_str).filter(|w| matches!(*w, "train" | "bench"))
+    let first = command.first().map(String::as_str)?;
+    (matches!(first, "train" | "bench") || !is_program(first)).then_some(first)
+}
+
+/// Whether `name` is a program to run: a path to a file, or a file found on the `PATH`.
+fn is_program(name: &str) -> bool {
+    if name.contains('/') {
+        return std::path::Path::new(name).is_file();
+    }
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
 }
 
 /// The workers this launcher started, by slot; their exits go to a channel as `T`.
@@ -181,5 +190,25 @@ fn each_line(pipe: impl std::io::Read, mut f: impl FnMut(&str)) {
                 f(text.trim_end_matches(['\n', '\r']));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod program_tests {
+    use super::own_subcommand;
+
+    fn words(w: &[&str]) -> Vec<String> {
+        w.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_worker_command_runs_this_executable_unless_it_names_another_program() {
+        assert_eq!(own_subcommand(&words(&["train", "--steps", "3"])), Some("train"));
+        // A word that names no program is this executable's (and refused unless train).
+        assert_eq!(own_subcommand(&words(&["no-such-program-here"])), Some("no-such-program-here"));
+        // A program on the PATH, or a path to one, runs as it is.
+        assert_eq!(own_subcommand(&words(&["sh", "-c", "true"])), None);
+        assert_eq!(own_subcommand(&words(&["/bin/sh"])), None);
+        assert_eq!(own_subcommand(&[]), None);
     }
 }
