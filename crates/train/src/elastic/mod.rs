@@ -113,7 +113,6 @@ pub(crate) fn run(
     let interrupt = current.aborts_moot_collectives();
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
-    // (A warning: the lease's thread says it at any moment.)
     let (directory, in_etcd) =
         comm::member::find_coordinator(&d.coordinator, id, incarnation, |note| tracing::warn!("{note}"))?;
     let (link, incoming) = Link::connect(&directory, secret, id, hello, timing.heartbeat, deadline, interrupt)
