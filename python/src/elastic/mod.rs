@@ -95,13 +95,6 @@ fn launched() -> bool {
     launch::place::env_first(&["STEADFAST_ELASTIC"]).is_some_and(|v| v == "1")
 }
 
-/// The fingerprint of a state handed over as `(header, tensors)`.
-#[pyfunction]
-fn state_fingerprint(py: Python<'_>, header: &[u8], tensors: Vec<At>) -> u64 {
-    let header = header.to_vec();
-    py.allow_threads(|| image::fingerprint(&header, &tensors))
-}
-
 /// The reproducible mean of micro-batch gradients in one process: what the elastic
 /// worker's all-reduce gives for any number of members, into `out` (float32, `n` elements
 /// each), divided by `micro_batches`.
@@ -733,6 +726,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("JobError", m.py().get_type::<JobError>())?;
     m.add_class::<ElasticWorker>()?;
     m.add_function(wrap_pyfunction!(launched, m)?)?;
-    m.add_function(wrap_pyfunction!(state_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(mean_of_micro_batches, m)?)
 }
