@@ -60,6 +60,7 @@ import json
 import math
 import os
 import pickle
+import sys
 from typing import Any, Iterator, Optional
 
 import torch
@@ -67,9 +68,18 @@ import torch
 from . import _steadfast, _tree
 from . import torch as _st
 
-__all__ = ["Job", "Step", "JobError"]
+__all__ = ["Job", "Step", "JobError", "JobOver"]
 
 JobError = _steadfast.JobError
+JobOver = _steadfast.JobOver
+
+
+def _leave(over: Exception) -> None:
+    """Ends a process that joined after the job had finished (a replacement started before
+    its end): it holds nothing of the final state, so nothing after the job's loop (a
+    save, a print of the weights) may run; and it is no failure."""
+    print(f"[steadfast] {over}: this process has nothing to do", file=sys.stderr)
+    raise SystemExit(0)
 
 
 def _at(t: torch.Tensor) -> tuple[int, int]:
@@ -273,7 +283,12 @@ class Job:
     background, and committed once every part is durable; ``keep_last`` of them are kept.
     ``resume``: ``"latest"`` (the newest checkpoint under ``checkpoint_dir`` that verifies,
     if any) or a checkpoint's path: the job starts from its state and step, on any number
-    of workers, with the bits of the run that never stopped."""
+    of workers, with the bits of the run that never stopped.
+
+    A replacement that starts before the job's end and joins after it (the others went on
+    without it and finished) holds nothing of the final state: its iteration says so and
+    exits the process with status 0 (`JobOver`, caught), so that nothing after the loop (a
+    save, a print of the weights) runs on a state that is not the job's."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, steps: int, micro_batches: int,
                  scheduler: Any = None, extra: Optional[dict[str, Any]] = None,
@@ -317,9 +332,12 @@ class Job:
         self._id: Optional[int] = None
         self._incarnation = 0
         if _steadfast.launched():
-            self._worker = _steadfast.ElasticWorker(self._host, self.start, steps, micro_batches,
-                                                    [_at(s) for s in self._sums], check_every, repair,
-                                                    self._checkpoint)
+            try:
+                self._worker = _steadfast.ElasticWorker(self._host, self.start, steps, micro_batches,
+                                                        [_at(s) for s in self._sums], check_every, repair,
+                                                        self._checkpoint)
+            except JobOver as e:
+                _leave(e)
             # (Read once: the native worker is busy while it calls back into Python.)
             self._id, self._incarnation = self._worker.id, self._worker.incarnation
 
@@ -339,6 +357,9 @@ class Job:
         while True:
             try:
                 got = worker.next(self._host)
+            except JobOver as e:
+                worker.close()
+                _leave(e)
             except JobError as e:
                 if "diverged at step 0" in str(e):
                     raise JobError(str(e) + _UNSEEDED) from None

@@ -124,9 +124,12 @@ pub struct LaunchArgs {
     /// micro-batches to its stage's other workers (the same bits, no replacement).
     #[arg(long, value_parser = crate::choice::of::<OnFailure>())]
     on_failure: Option<OnFailure>,
-    /// The fewest workers an elastic job that shrinks goes on with.
-    #[arg(long, default_value_t = 1)]
-    min_nproc: usize,
+    /// The fewest workers an elastic job goes on with [default: 1; with replace on one
+    /// host, every worker: the job waits for a replacement]. Given with replace, the
+    /// survivors step on while a replacement starts (the same bits with `--reduce
+    /// reproducible` and for Python workers).
+    #[arg(long)]
+    min_nproc: Option<usize>,
     /// Seconds an elastic job waits for enough workers (a replacement, say) before it
     /// stops.
     #[arg(long, default_value_t = 60.0)]

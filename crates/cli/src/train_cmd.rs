@@ -298,7 +298,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         };
         if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) }
     };
-    let (summary, _) = train::train(&config, &mut on_event).context("training failed")?;
+    let (summary, _) = match train::train(&config, &mut on_event) {
+        // A replacement that joined after the end: nothing to do, nothing to print.
+        Err(e @ train::TrainError::JoinedAfterTheEnd) => {
+            bar.finish_and_clear();
+            eprintln!("{e}");
+            return Ok(());
+        }
+        outcome => outcome.context("training failed")?,
+    };
     bar.finish_and_clear();
     print!("{}", train::summary::text(&config, &summary));
     Ok(())

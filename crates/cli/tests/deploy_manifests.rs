@@ -46,6 +46,42 @@ fn with_value(mut command: Vec<String>, flag: &str, value: &str) -> Vec<String> 
     command
 }
 
+/// What an elastic JobSet's service and coordinator agree on, checked: the headless
+/// service selects the set's pods, names their subdomain and serves the coordinator's
+/// port; the set succeeds with its coordinator.
+struct ElasticSet<'a> {
+    name: String,
+    subdomain: String,
+    port: String,
+    co_command: Vec<String>,
+    workers: &'a Yaml,
+}
+
+impl<'a> ElasticSet<'a> {
+    fn read(docs: &'a [Yaml]) -> ElasticSet<'a> {
+        let service = docs.iter().find(|d| d["kind"].as_str() == Some("Service")).expect("a Service");
+        let jobset = docs.iter().find(|d| d["kind"].as_str() == Some("JobSet")).expect("a JobSet");
+        let name = jobset["metadata"]["name"].as_str().unwrap();
+        let subdomain = jobset["spec"]["network"]["subdomain"].as_str().unwrap();
+        assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+        assert_eq!(service["spec"]["selector"]["jobset.sigs.k8s.io/jobset-name"].as_str(), Some(name));
+        assert_eq!(service["metadata"]["name"].as_str(), Some(subdomain));
+        let jobs = jobset["spec"]["replicatedJobs"].as_vec().unwrap();
+        let by_name = |n: &str| jobs.iter().find(|j| j["name"].as_str() == Some(n)).unwrap_or_else(|| panic!("no {n}"));
+        let (coordinator, workers) = (by_name("coordinator"), by_name("workers"));
+        // The set succeeds with its coordinator, which exits 0 once the job has finished.
+        assert_eq!(jobset["spec"]["successPolicy"]["targetReplicatedJobs"][0].as_str(), Some("coordinator"));
+        let co_container = &coordinator["template"]["spec"]["template"]["spec"]["containers"][0];
+        let co_command: Vec<String> = co_container["command"].as_vec().unwrap().iter().map(text).collect();
+        assert_eq!(co_command[..3], ["steadfast", "coordinator", "--elastic"]);
+        let at = co_command.iter().position(|w| w == "--bind").expect("--bind");
+        let port = co_command[at + 1].rsplit_once(':').unwrap().1.to_owned();
+        assert_eq!(text(&service["spec"]["ports"][0]["port"]), port);
+        assert_eq!(text(&co_container["ports"][0]["containerPort"]), port);
+        ElasticSet { name: name.to_owned(), subdomain: subdomain.to_owned(), port, co_command, workers }
+    }
+}
+
 #[test]
 fn the_jobset_manifest_is_consistent_and_its_pods_command_gives_the_single_process_bits() {
     let docs = load("jobset.yaml");
@@ -154,29 +190,12 @@ fn the_elastic_jobset_is_consistent_and_survives_a_worker_its_kubelet_restarts()
     use std::time::{Duration, Instant};
 
     let docs = load("elastic.yaml");
-    let service = docs.iter().find(|d| d["kind"].as_str() == Some("Service")).expect("a Service");
-    let jobset = docs.iter().find(|d| d["kind"].as_str() == Some("JobSet")).expect("a JobSet");
-    let name = jobset["metadata"]["name"].as_str().unwrap();
-    let subdomain = jobset["spec"]["network"]["subdomain"].as_str().unwrap();
-    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
-    assert_eq!(service["spec"]["selector"]["jobset.sigs.k8s.io/jobset-name"].as_str(), Some(name));
-    assert_eq!(service["metadata"]["name"].as_str(), Some(subdomain));
-    let jobs = jobset["spec"]["replicatedJobs"].as_vec().unwrap();
-    let by_name = |n: &str| jobs.iter().find(|j| j["name"].as_str() == Some(n)).unwrap_or_else(|| panic!("no {n}"));
-    let (coordinator, workers) = (by_name("coordinator"), by_name("workers"));
-    // The set succeeds with its coordinator, which exits 0 once the job has finished.
-    assert_eq!(jobset["spec"]["successPolicy"]["targetReplicatedJobs"][0].as_str(), Some("coordinator"));
-
-    let co_container = &coordinator["template"]["spec"]["template"]["spec"]["containers"][0];
-    let co_command: Vec<String> = co_container["command"].as_vec().unwrap().iter().map(text).collect();
-    assert_eq!(co_command[..3], ["steadfast", "coordinator", "--elastic"]);
+    let set = ElasticSet::read(&docs);
+    let (name, subdomain, port, co_command) = (set.name, set.subdomain, set.port, set.co_command);
     let flag = |command: &[String], f: &str| {
         command[command.iter().position(|w| w == f).unwrap_or_else(|| panic!("no {f}")) + 1].clone()
     };
-    let port = flag(&co_command, "--bind").rsplit_once(':').unwrap().1.to_owned();
-    assert_eq!(text(&service["spec"]["ports"][0]["port"]), port);
-    assert_eq!(text(&co_container["ports"][0]["containerPort"]), port);
-
+    let workers = set.workers;
     let job = &workers["template"]["spec"];
     assert_eq!(job["completionMode"].as_str(), Some("Indexed"));
     let pods = job["parallelism"].as_i64().unwrap();
@@ -257,4 +276,40 @@ fn the_elastic_jobset_is_consistent_and_survives_a_worker_its_kubelet_restarts()
     }
     let single = common::fingerprint(&common::steadfast(&reference.iter().map(String::as_str).collect::<Vec<_>>()));
     assert_eq!(prints, vec![single; pods as usize], "{co_text}");
+}
+
+/// The PyTorch job's JobSet: the elastic set's shape, whose worker pods run the user's
+/// script and tell it its job through the environment the elastic worker reads (its run,
+/// a coordinator and Python workers restarted as the kubelet would, is
+/// python/tests/test_elastic.py's).
+#[test]
+fn the_pytorch_jobset_tells_its_python_workers_their_job_in_their_environment() {
+    let docs = load("elastic-pytorch.yaml");
+    let set = ElasticSet::read(&docs);
+    let job = &set.workers["template"]["spec"];
+    assert_eq!(job["completionMode"].as_str(), Some("Indexed"));
+    assert_eq!(job["template"]["spec"]["restartPolicy"].as_str(), Some("OnFailure"));
+    let pods = job["parallelism"].as_i64().unwrap().to_string();
+    let container = &job["template"]["spec"]["containers"][0];
+    let command: Vec<String> = container["command"].as_vec().unwrap().iter().map(text).collect();
+    assert_eq!(command[..2], ["python", "/app/train.py"]);
+    let env = &container["env"];
+    assert_eq!(text(env_var(env, "STEADFAST_ELASTIC")), "1");
+    assert_eq!(text(env_var(env, "STEADFAST_WORLD_SIZE")), pods);
+    let world = set.co_command.iter().position(|w| w == "--world-size").expect("--world-size");
+    assert_eq!(set.co_command[world + 1], pods);
+    assert_eq!(
+        text(env_var(env, "STEADFAST_COORDINATOR")),
+        format!("{}-coordinator-0-0.{}:{}", set.name, set.subdomain, set.port)
+    );
+    assert_eq!(
+        env_var(env, "STEADFAST_RANK")["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.annotations['batch.kubernetes.io/job-completion-index']")
+    );
+    assert!(env_var(env, "STEADFAST_SECRET")["secretKeyRef"]["key"].as_str().is_some());
+    // The image puts the example where the command runs it.
+    let dockerfile =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/Dockerfile"))
+            .unwrap();
+    assert!(dockerfile.contains("COPY python/examples/elastic_ddp.py /app/train.py"), "{dockerfile}");
 }

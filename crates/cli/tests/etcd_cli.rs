@@ -359,6 +359,13 @@ fn an_elastic_job_elects_its_coordinator_in_etcd_and_outlives_etcd_and_the_holde
     assert!(joined.contains(": 4 workers)"), "both returned:\n{log0}");
     assert_eq!(common::fingerprints_in(&log0), vec![single.clone(); 2], "{log0}");
     assert_eq!(common::fingerprints_in(&log1), vec![single; 2], "{log1}");
+    // A node started again after the end (its outcome is in etcd): its workers have
+    // nothing to do, say so, print no fingerprint, and the node ends well.
+    let late = elastic_node(&url, 1, dir.path(), "node1-late.log");
+    let (ok, late) = late.wait();
+    assert!(ok, "{late}");
+    assert!(late.contains("the job had finished before this process joined"), "{late}");
+    assert!(common::fingerprints_in(&late).is_empty(), "{late}");
     // Node 0's directory has the job's record from its launcher's election on: the
     // holder's node lost (workers 2 and 3, whom the new coordinator never knew: the steps'
     // writer saw them leave) as a recovery, the node's return as joins.

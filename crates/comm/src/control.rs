@@ -334,11 +334,16 @@ pub fn coordinate(
     }
 }
 
+/// Why a process that joins a job that has finished is stopped: not an error (a
+/// replacement that started before the end and joined after it has nothing to do), which
+/// the workers tell apart by this reason.
+pub const JOINED_AFTER_THE_END: &str = "it had finished before this process joined: every member holds the final state";
+
 /// What a process that joins a job that is over is told.
 fn too_late(stage: &JobState) -> String {
     match stage {
         JobState::Stopped { reason } => format!("{reason} (before this process joined: the job is over)"),
-        _ => "it had finished before this process joined: every member holds the final state".to_owned(),
+        _ => JOINED_AFTER_THE_END.to_owned(),
     }
 }
 

@@ -72,6 +72,13 @@ pub fn find_coordinator(
     match at {
         CoordinatorAt::Listed(addrs) => Ok((Directory::fixed(addrs.clone()), Vec::new())),
         CoordinatorAt::Etcd(target) => {
+            // A process that starts after the job's end (a node's launcher started again
+            // late) hears so at once, as a late joiner hears it from the coordinator.
+            match crate::etcd::elastic::outcome(target)?.as_deref() {
+                Some("finished") => return Err(CommError::Aborted(crate::control::JOINED_AFTER_THE_END.to_owned())),
+                Some(how) => return Err(CommError::Aborted(format!("the job is over in etcd: {how}"))),
+                None => {}
+            }
             let directory = Directory::default();
             let follower = crate::etcd::elastic::follow(target, directory.clone())?;
             let lease = crate::etcd::elastic::keep_worker(target, id, incarnation, note)?;

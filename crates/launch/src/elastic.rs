@@ -56,8 +56,8 @@ pub struct ElasticJob {
     pub max_restarts: u32,
     /// Replace or shrink.
     pub on_failure: OnFailure,
-    /// The fewest workers the job goes on with (in all).
-    pub min_nproc: usize,
+    /// The fewest workers the job goes on with (in all), when the user said.
+    pub min_nproc: Option<usize>,
     /// Silence after which a worker is lost.
     pub heartbeat_timeout: Duration,
     /// How long the first quorum waits for every worker.
@@ -191,12 +191,14 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     let world = plan.nproc * span.map_or(1, |s| s.nnodes);
     let first = plan.nproc * span.map_or(0, |s| s.node_rank);
     let timing = Timing::for_coordinator(plan.heartbeat_timeout, plan.settle, plan.quorum_timeout);
-    let min_world = match (span, plan.on_failure) {
-        // On one host a replaced worker is waited for: the job keeps its world size (and,
-        // in the `deterministic` mode, its bits).
-        (None, OnFailure::Replace) => plan.nproc,
-        // Across nodes the quorum goes on without a lost node, down to the fewest workers.
-        (None, OnFailure::Shrink) | (Some(_), _) => plan.min_nproc,
+    let min_world = match (span, plan.on_failure, plan.min_nproc) {
+        // On one host a replaced worker is waited for unless the user gave the fewest
+        // workers to go on with: the job keeps its world size (and, in the
+        // `deterministic` mode, its bits).
+        (None, OnFailure::Replace, None) => plan.nproc,
+        // Otherwise the survivors step on while a replacement starts (the same bits where
+        // the sum is reproducible); across nodes the quorum goes on without a lost node.
+        (_, _, given) => given.unwrap_or(1),
     };
     let requests = Arc::new(Requests::default());
     let (tx, rx) = mpsc::channel();

@@ -80,8 +80,9 @@ pub struct LaunchRequest {
     pub max_restarts: Option<u32>,
     /// What an elastic job does when a worker fails.
     pub on_failure: Option<OnFailure>,
-    /// The fewest workers an elastic job that shrinks goes on with.
-    pub min_nproc: usize,
+    /// The fewest workers an elastic job goes on with (`None`: 1 when it shrinks; every
+    /// worker when it replaces them on one host).
+    pub min_nproc: Option<usize>,
     /// How a lost worker is recovered.
     pub recovery: Option<Recovery>,
     /// Steps between the copies or checkpoints of the baselines.
@@ -164,7 +165,7 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         meeting => (Some(Span { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr }), None),
     };
     let world = r.nproc * r.nnodes;
-    if r.min_nproc == 0 || r.min_nproc > world {
+    if r.min_nproc.is_some_and(|m| m == 0 || m > world) {
         return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
@@ -383,7 +384,7 @@ mod tests {
             quorum_timeout: 5.0,
             max_restarts: Some(1),
             on_failure: None,
-            min_nproc: 1,
+            min_nproc: None,
             recovery: None,
             save_every: 10,
             save_dir: None,
@@ -472,7 +473,7 @@ mod tests {
                 "two ways to meet",
             ),
             (
-                LaunchRequest { min_nproc: 3, ..request() },
+                LaunchRequest { min_nproc: Some(3), ..request() },
                 "--min-nproc must be between 1 and the job's workers at the start (2)",
             ),
             (

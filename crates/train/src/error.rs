@@ -118,6 +118,10 @@ pub enum TrainError {
     /// The coordinator of an elastic job stopped it (too few workers remain, say).
     #[error("the job stopped: {0}")]
     JobStopped(String),
+    /// This process joined an elastic job that had already finished (a replacement
+    /// started before its end): it holds nothing of the final state, and that is no error.
+    #[error("the job had finished before this process joined: every member holds the final state")]
+    JoinedAfterTheEnd,
     /// An elastic worker heard nothing from any coordinator of its job for the
     /// coordinator's heartbeat timeout and quorum timeout, and gave up (the text says for
     /// how long, since when, and why).

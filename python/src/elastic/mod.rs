@@ -56,6 +56,14 @@ pyo3::create_exception!(
     "The elastic job cannot go on: the coordinator stopped it, was lost, or its replicas diverged."
 );
 
+pyo3::create_exception!(
+    steadfast,
+    JobOver,
+    JobError,
+    "The elastic job had finished before this process joined (a replacement started before its end): \
+     this process holds nothing of the final state, and that is no failure."
+);
+
 /// What the job's launcher told this process, read from its environment.
 fn placed(check_every: u64, repair: bool) -> PyResult<Option<Placed>> {
     let flags = launch::place::WorkerFlags {
@@ -213,7 +221,10 @@ impl ElasticWorker {
         let id = d.slot as WorkerId;
         let incarnation = d.job.incarnation;
         let timeout = d.job.timeout;
-        let setup = |e: CommError| JobError::new_err(e.to_string());
+        let setup = |e: CommError| match e {
+            CommError::Aborted(reason) if reason == comm::control::JOINED_AFTER_THE_END => JobOver::new_err(reason),
+            e => JobError::new_err(e.to_string()),
+        };
         let listener = TcpListener::bind((d.bind, 0))
             .map_err(|e| JobError::new_err(format!("cannot listen on {}: {e}", d.bind)))?;
         let mut port = Port::open(listener, &d.secret, id).map_err(setup)?;
@@ -280,7 +291,8 @@ impl ElasticWorker {
     }
 
     /// Carries out the protocol's actions until Python has a step to compute: returns
-    /// `(step, rank, world)`, or `None` once the job is complete.
+    /// `(step, rank, world)`, or `None` once the job is complete. Raises `JobOver` when
+    /// the job had finished before this process joined.
     fn next(&mut self, py: Python<'_>, host: &Bound<'_, PyAny>) -> PyResult<Option<(u64, usize, usize)>> {
         if self.pending.is_some() {
             return Err(PyRuntimeError::new_err("the step handed out is not computed yet: call computed() first"));
@@ -356,6 +368,10 @@ impl ElasticWorker {
                     self.over = true;
                     self.finish_checkpoints(py)?;
                     return Ok(None);
+                }
+                Action::Stopped { reason } if reason == comm::control::JOINED_AFTER_THE_END => {
+                    self.over = true;
+                    return Err(JobOver::new_err(reason));
                 }
                 Action::Stopped { reason } => {
                     self.over = true;
@@ -724,6 +740,7 @@ fn hash_host(py: Python<'_>, host: &Bound<'_, PyAny>) -> PyResult<u64> {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("JobError", m.py().get_type::<JobError>())?;
+    m.add("JobOver", m.py().get_type::<JobOver>())?;
     m.add_class::<ElasticWorker>()?;
     m.add_function(wrap_pyfunction!(launched, m)?)?;
     m.add_function(wrap_pyfunction!(mean_of_micro_batches, m)?)

@@ -406,6 +406,22 @@ impl Drop for Background {
     }
 }
 
+/// The job's outcome as its last coordinator wrote it in etcd when the job ended
+/// (`finished`, or `stopped: ...`); `None` while it runs, before it starts, or when etcd
+/// does not answer within a lease's time (whoever asks then waits for a coordinator as
+/// before).
+pub fn outcome(target: &Target) -> Result<Option<String>, CommError> {
+    let give_up = AtomicBool::new(false);
+    runtime()?.block_on(async {
+        let asked = async {
+            let mut client = connect(target, &give_up).await?;
+            bounded(target, client.get(over_key(&target.job), None)).await
+        };
+        let got = tokio::time::timeout(target.ttl.max(Duration::from_secs(2)), asked).await.ok().flatten();
+        Ok(got.and_then(|r| r.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned())))
+    })
+}
+
 /// Keeps `directory` on the address of whoever holds `target`'s coordinator role, until
 /// dropped. (When the role's key goes, the address it named stays: the link to it fails
 /// on its own, and the next holder's address replaces it.)

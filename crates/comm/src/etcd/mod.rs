@@ -250,6 +250,11 @@ pub mod elastic {
     }
 
     /// Refuses: no etcd client.
+    pub fn outcome(target: &Target) -> Result<Option<String>, CommError> {
+        Err(missing(target))
+    }
+
+    /// Refuses: no etcd client.
     pub fn follow(target: &Target, _directory: Directory) -> Result<Background, CommError> {
         Err(missing(target))
     }

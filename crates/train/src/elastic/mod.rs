@@ -114,7 +114,12 @@ pub(crate) fn run(
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
     let (directory, in_etcd) =
-        comm::member::find_coordinator(&d.coordinator, id, incarnation, |note| tracing::warn!("{note}"))?;
+        comm::member::find_coordinator(&d.coordinator, id, incarnation, |note| tracing::warn!("{note}")).map_err(
+            |e| match e {
+                CommError::Aborted(r) if r == comm::control::JOINED_AFTER_THE_END => TrainError::JoinedAfterTheEnd,
+                e => e.into(),
+            },
+        )?;
     let (link, incoming) = Link::connect(&directory, secret, id, hello, timing.heartbeat, deadline, interrupt)
         .map_err(|e| with_finished_record(e, config.out_dir.as_deref(), deadline))?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
@@ -177,7 +182,7 @@ pub(crate) fn run(
     // why it stopped before the launcher ends it.
     let outcome = outcome.and_then(|()| shell.finish(&prepared, parameters));
     // The last report (finished or stopped) goes out before the link closes.
-    if matches!(outcome, Ok(_) | Err(TrainError::JobStopped(_))) {
+    if matches!(outcome, Ok(_) | Err(TrainError::JobStopped(_) | TrainError::JoinedAfterTheEnd)) {
         link.close();
     }
     for thread in in_etcd {

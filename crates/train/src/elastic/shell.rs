@@ -117,6 +117,9 @@ impl Shell<'_, '_, '_> {
                 }
                 Action::Diverged { step, outvoted } => return Err(self.diverged(step, &outvoted)),
                 Action::Finished => return Ok(()),
+                Action::Stopped { reason } if reason == comm::control::JOINED_AFTER_THE_END => {
+                    return Err(TrainError::JoinedAfterTheEnd);
+                }
                 Action::Stopped { reason } => return Err(TrainError::JobStopped(reason)),
             }
         }

@@ -3,7 +3,7 @@
 //! accuracy targets with default arguments are checked end to end through the binary in
 //! the `steadfast` crate's tests; here the GPT must beat the unigram baseline.
 
-mod common;
+use crate::common;
 
 use train::TrainConfig;
 use train::model::ModelKind;

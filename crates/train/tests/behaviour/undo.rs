@@ -2,10 +2,10 @@
 //! algebraically, Steadfast rolls the others forward. Rolling forward gives the bits of
 //! the run that never failed; the undo does not, and these tests measure by how much.
 //!
-//! `cargo test --release -p steadfast-train --test undo -- --nocapture` prints the figures
+//! `cargo test --release -p steadfast-train --test behaviour undo -- --nocapture` prints the figures
 //! quoted in `docs/recovery.md`.
 
-mod common;
+use crate::common;
 
 use train::driver::{Alone, Driver};
 use train::model::ModelKind;

@@ -2,7 +2,7 @@
 //! logged, is the state the stage reached, bit for bit, whether one helper replays it or
 //! several share the micro-batches; a damaged log is an error, never other bits.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

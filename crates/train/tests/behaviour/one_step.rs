@@ -2,7 +2,7 @@
 //! step's phases end with the same bits, and live faults fire at their hook points. (The
 //! campaign's simulated replicas are held to the same bits in `lab`'s tests.)
 
-mod common;
+use crate::common;
 
 use comm::ReduceMode;
 use train::driver::{Alone, Driver, Stop};

@@ -1,7 +1,7 @@
 //! The determinism contract on one worker: the final state's bits are a function of the
 //! configuration alone, whatever the thread count.
 
-mod common;
+use crate::common;
 
 use common::{fingerprint_with_threads, tiny};
 use train::model::ModelKind;

@@ -1,7 +1,7 @@
 //! A run stopped at step k and resumed from its checkpoint ends with the same bits as the
 //! run that never stopped: model, optimizer state, RNG and data position all restored.
 
-mod common;
+use crate::common;
 
 use common::tiny;
 use train::CheckpointConfig;

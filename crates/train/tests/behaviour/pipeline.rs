@@ -2,7 +2,7 @@
 //! thread with its own part of the state, the boundary tensors over the in-process
 //! transport, ends with the bits of `train` on the whole model.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `initial_params` (what `steadfast bench init` exports for other systems) is exactly
 //! what training starts from.
 
-mod common;
+use crate::common;
 
 use train::model::{ModelKind, initial_params};
 use train::trainer::Prepared;
