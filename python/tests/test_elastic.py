@@ -105,7 +105,9 @@ def test_a_worker_lost_at_a_random_moment_is_replaced_from_the_replicas_with_the
         going_on = ["--min-nproc", "2"] if blow == "kill" else []
         job = _launch(cli, fashion_mnist, 3, args, ["--max-restarts", "2", "--heartbeat-timeout", "2", *going_on], f)
         _wait_for(log, r"epoch 1 steps", 120)
-        time.sleep(draw.uniform(0.2, 3.0))
+        # (Within the job's few seconds of steps: a worker stopped after the end is killed
+        # only at the launcher's grace, two minutes on.)
+        time.sleep(draw.uniform(0.1, 1.5))
         victim = draw.randrange(3)
         pid = _pid(log.read_text(errors="replace"), victim)
         os.kill(pid, signal.SIGKILL if blow == "kill" else signal.SIGSTOP)
@@ -143,14 +145,16 @@ def test_a_job_that_shrinks_ends_with_the_same_bits(cli, fashion_mnist, tmp_path
     alone = _alone(fashion_mnist, *args)
     log = tmp_path / "launch.log"
     with open(log, "w") as f:
-        job = _launch(cli, fashion_mnist, 3, args, ["--on-failure", "shrink", "--min-nproc", "1"], f)
+        # (Four workers: with the single process and the transformer's two, the job's bits
+        # are checked on 1, 2, 3 and 4.)
+        job = _launch(cli, fashion_mnist, 4, args, ["--on-failure", "shrink", "--min-nproc", "1"], f)
         _wait_for(log, r"epoch 1 steps", 120)
         time.sleep(1.0)
         os.kill(_pid(log.read_text(errors="replace"), 1), signal.SIGKILL)
         text = _ended(job, log)
     assert job.returncode == 0, text
-    assert re.search(r"epoch 2: workers \[0, 2\]", text), text
-    assert SHA.findall(text) == [alone, alone], text
+    assert re.search(r"epoch 2: workers \[0, 2, 3\]", text), text
+    assert SHA.findall(text) == [alone] * 3, text
 
 
 def test_a_job_killed_whole_resumes_from_its_parted_checkpoints_on_another_worker_count(cli, fashion_mnist,
@@ -320,3 +324,36 @@ def test_pods_of_the_pytorch_jobset_survive_a_worker_their_kubelet_restarts(cli,
     alone = _alone(fashion_mnist, *SLOW)
     shas = [SHA.findall(log.read_text())[-1:] for log in logs]
     assert shas == [[alone], [alone]], said + "".join(log.read_text() for log in logs)
+
+
+def test_a_second_job_on_a_running_jobs_checkpoint_directory_is_refused(cli, fashion_mnist, tmp_path):
+    # Two runs on one directory: the second job's workers find the first's lock and stop
+    # before their first step, saying which process holds it; the first goes on untouched.
+    # (The first job is held still with SIGSTOP, its lock taken, while the second starts;
+    # its heartbeat timeout outlasts the pause.)
+    root = tmp_path / "ckpt"
+    saving = [*LONG, "--checkpoint-dir", str(root), "--checkpoint-every", "20"]
+    first_log = tmp_path / "first.log"
+    with open(first_log, "w") as f:
+        first = _launch(cli, fashion_mnist, 2, saving, ["--max-restarts", "0", "--heartbeat-timeout", "120"], f)
+        try:
+            _wait_for(first_log, r"epoch 1 steps", 120)
+            deadline = time.monotonic() + 60
+            while not list(root.glob("step-*")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.killpg(first.pid, signal.SIGSTOP)
+            before = sorted(p.name for p in root.iterdir())
+            second = subprocess.run([cli, "launch", "--nproc", "2", "--max-restarts", "0", "--", sys.executable,
+                                     str(EXAMPLE), "--data", str(fashion_mnist), *saving], env=_env(fashion_mnist),
+                                    capture_output=True, text=True, timeout=300)
+            said = second.stdout + second.stderr
+            assert second.returncode != 0, said
+            assert "two runs cannot write one checkpoint directory" in said, said
+            assert sorted(p.name for p in root.iterdir()) == before
+            os.killpg(first.pid, signal.SIGCONT)
+            text = _ended(first, first_log)
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 0, text
+    assert SHA.findall(text) == [_alone(fashion_mnist, *LONG)] * 2, text

@@ -91,6 +91,16 @@ pub fn holder(root: &Path, part: usize) -> Result<Option<Holder>> {
     }
 }
 
+/// Fails with [`CkptError::Busy`] when another run (a plain one, or another job than
+/// `job`) holds the lock of `root`: a job of several writers checks this before its first
+/// step, since it must not write beside that run.
+pub fn refuse_other_jobs(root: &Path, job: &str) -> Result<()> {
+    match holder(root, 0)? {
+        Some(h) if h.is_other_job(job) => Err(CkptError::Busy { dir: root.to_path_buf(), holder: h.text, job: h.job }),
+        _ => Ok(()),
+    }
+}
+
 /// The right to write part `part` of the checkpoints under a root, for as long as it lives.
 #[derive(Debug)]
 pub struct Owner {

@@ -33,12 +33,7 @@ impl Saving {
         total: u64,
         job: String,
     ) -> PyResult<Saving> {
-        if let Some(h) = ckpt::owner::holder(&dir, 0).map_err(|e| JobError::new_err(e.to_string()))?
-            && h.is_other_job(&job)
-        {
-            let e = ckpt::CkptError::Busy { dir: dir.clone(), holder: h.text, job: h.job };
-            return Err(JobError::new_err(e.to_string()));
-        }
+        ckpt::owner::refuse_other_jobs(&dir, &job).map_err(|e| JobError::new_err(e.to_string()))?;
         let retention = ckpt::Retention { keep_last, keep_every: None };
         let options = ckpt::SaveOptions { shards: 2, retention };
         Ok(Saving { share: Share::new(dir, options, ckpt::AsyncWriter::DEFAULT_PERSIST_NICE, job), every, total })

@@ -31,12 +31,7 @@ use crate::step::TrainState;
 /// checkpoint root of `config`: this job must not write beside it.
 pub(super) fn refuse_other_jobs(config: &TrainConfig, job: &str) -> Result<(), TrainError> {
     let Some(c) = &config.checkpoint else { return Ok(()) };
-    match ckpt::owner::holder(&c.dir, 0)? {
-        Some(h) if h.is_other_job(job) => {
-            Err(ckpt::CkptError::Busy { dir: c.dir.clone(), holder: h.text, job: h.job }.into())
-        }
-        _ => Ok(()),
-    }
+    Ok(ckpt::owner::refuse_other_jobs(&c.dir, job)?)
 }
 
 /// One worker's share of the job's checkpoints: the parts and their agreement
