@@ -70,7 +70,7 @@ pub enum TrainError {
     },
     /// Communication with the other workers failed.
     #[error(transparent)]
-    Comm(#[from] comm::transport::CommError),
+    Comm(comm::transport::CommError),
     /// A boundary log cannot be written or read.
     #[error(transparent)]
     Log(#[from] ckpt::log::LogError),
@@ -135,4 +135,17 @@ pub enum TrainError {
         /// The loss value.
         loss: f32,
     },
+}
+
+impl From<comm::transport::CommError> for TrainError {
+    /// A communication failure; the one that says the job had finished before this process
+    /// joined (a late replacement reaching etcd after the job's end) is no failure.
+    fn from(e: comm::transport::CommError) -> TrainError {
+        match e {
+            comm::transport::CommError::Aborted(r) if r == comm::control::JOINED_AFTER_THE_END => {
+                TrainError::JoinedAfterTheEnd
+            }
+            e => TrainError::Comm(e),
+        }
+    }
 }

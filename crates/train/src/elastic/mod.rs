@@ -114,12 +114,7 @@ pub(crate) fn run(
     let hello = Hello { incarnation, addr: port.addr() };
     let deadline = Instant::now() + d.job.timeout.max(Duration::from_secs(30));
     let (directory, in_etcd) =
-        comm::member::find_coordinator(&d.coordinator, id, incarnation, |note| tracing::warn!("{note}")).map_err(
-            |e| match e {
-                CommError::Aborted(r) if r == comm::control::JOINED_AFTER_THE_END => TrainError::JoinedAfterTheEnd,
-                e => e.into(),
-            },
-        )?;
+        comm::member::find_coordinator(&d.coordinator, id, incarnation, |note| tracing::warn!("{note}"))?;
     let (link, incoming) = Link::connect(&directory, secret, id, hello, timing.heartbeat, deadline, interrupt)
         .map_err(|e| with_finished_record(e, config.out_dir.as_deref(), deadline))?;
     let mut hooks = LiveFaults::new(config.inject.iter().cloned()).with_process(faults);
