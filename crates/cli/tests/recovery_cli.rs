@@ -234,12 +234,7 @@ fn a_worker_killed_from_outside_is_replaced_with_the_same_bits() {
     assert!(text.contains("worker 2 (process 1) exited with signal: 9"), "{text}");
     // The replacement fetches from the live replicas: both, or (when the kill landed in a
     // vote and a survivor rolls forward) the one already at the newest step.
-    assert!(
-        text.contains("[2] fetch the state from [0, 1]")
-            || text.contains("[2] fetch the state from [1]")
-            || text.contains("[2] fetch the state from [0]"),
-        "{text}"
-    );
+    assert!(common::fetched_from_others(&text, 2), "{text}");
     assert_eq!(common::fingerprints_in(&text), vec![reference(steps); 3], "{text}");
 }
 
@@ -388,9 +383,11 @@ fn live_bit_flips_are_repaired_from_the_healthy_replicas_and_the_bits_are_golden
     );
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stderr.contains("the state of worker 1 changed at rest"), "{stderr}");
-    assert!(stdout.contains("from step 10 (") && stdout.contains("[1] fetch the state from [0, 2]"), "{stdout}");
+    // Which replicas serve a repair depends on the moment it lands (a survivor one commit
+    // behind rolls forward instead): what must hold is that the sources are healthy others.
+    assert!(stdout.contains("from step 10 (") && common::fetched_from_others(&stdout, 1), "{stdout}");
     assert!(stderr.contains("the state of worker 2 changed before the update"), "{stderr}");
-    assert!(stdout.contains("[2] fetch the state from [0, 1]"), "{stdout}");
+    assert!(common::fetched_from_others(&stdout, 2), "{stdout}");
     assert!(!stdout.contains("replacing"), "no process was lost: {stdout}");
     assert_eq!(common::fingerprints_in(&stdout), vec![reference_40().to_owned(); 3], "{stdout}");
 }
