@@ -10,6 +10,7 @@
 #   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
 #   bench/run.sh ddp        # data-parallel steps/s for 1, 2, 4 workers against PyTorch DDP (gloo)
 #   bench/run.sh kernels    # the fixed-order matrix product against the framework's, per instruction set
+#   bench/run.sh hash       # XXH3-64 per instruction set against the xxhash-rust crate, in cache and not
 #   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (1, 2, 4 ranks)
 #   bench/run.sh engines-pairs  # elastic against static, one rank against train, Steadfast against MPI, as interleaved pairs
 #   bench/run.sh engines-hosts  # the all-reduce across namespace hosts against Open MPI's TCP and the ring bound (root)
@@ -53,6 +54,7 @@ case "$which" in
   engines) "$venv/bin/python" bench/engines.py ;;
   engines-pairs) python3 bench/engines_pairs.py ;;
   kernels) python3 bench/kernels.py ;;
+  hash) cargo bench --locked -q -p steadfast-kernels --bench hash ;;
   campaign) "$venv/bin/python" bench/campaign_speed.py ;;
   recovery) "$venv/bin/python" bench/recovery.py ;;
   recovery-hosts) python3 bench/recovery_hosts.py ;;
@@ -89,6 +91,7 @@ case "$which" in
     "$venv/bin/python" bench/ddp_vs_pytorch.py
     "$venv/bin/python" bench/engines.py
     python3 bench/kernels.py
+    cargo bench --locked -q -p steadfast-kernels --bench hash
     "$venv/bin/python" bench/campaign_speed.py
     "$venv/bin/python" bench/recovery.py
     python3 bench/pipeline.py
@@ -96,5 +99,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, kernels, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, kernels, hash, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
 esac

@@ -126,9 +126,15 @@ impl FromStr for Role {
     }
 }
 
-/// The checksum of a tensor's bytes as stored: xxh3-64.
+/// The checksum of a tensor's bytes as stored: xxh3-64 (its loop on the instruction set
+/// the process selected; the same digest on every one).
 pub fn checksum(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(bytes)
+    kernels::hash::xxh3_64(kernels::isa::selected(), bytes)
+}
+
+/// A streaming [`checksum`], for bytes hashed as they are written or read.
+pub(crate) fn checksummer() -> kernels::hash::Xxh3 {
+    kernels::hash::Xxh3::new(kernels::isa::selected())
 }
 
 #[cfg(test)]

@@ -840,7 +840,7 @@ type FileReads<'m, 'b> = Vec<(&'m TensorEntry, &'b mut [u8])>;
 /// Reads tensor `t`'s bytes from `file` into `buf` (of its length) and checks them
 /// against its checksum; chunk by chunk, so each chunk is hashed while in cache.
 fn read_checked(file: &File, path: &Path, t: &TensorEntry, buf: &mut [u8]) -> Result<()> {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut hasher = crate::checksummer();
     let mut offset = t.offset;
     for chunk in buf.chunks_mut(crate::store::IO_CHUNK) {
         file.read_exact_at(chunk, offset).map_err(CkptError::io("cannot read", path))?;

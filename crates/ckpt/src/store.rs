@@ -270,7 +270,7 @@ fn write_shard(
         let bytes = t.bytes;
         // Hash each chunk just before writing it, while it is in cache: one pass over
         // memory instead of two.
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut hasher = crate::checksummer();
         for chunk in bytes.chunks(IO_CHUNK) {
             hasher.update(chunk);
             file.write_all(chunk).map_err(CkptError::io("cannot write", path))?;

@@ -117,7 +117,7 @@ pub fn serve_described(mut stream: TcpStream, idle: Duration, describe: &mut Des
         };
         let sent = match answer {
             Ok(updates) => {
-                let sum = xxhash_rust::xxh3::xxh3_64(&reply[16..]);
+                let sum = kernels::hash::xxh3_64(kernels::isa::selected(), &reply[16..]);
                 reply[..8].copy_from_slice(&updates.to_le_bytes());
                 reply[8..16].copy_from_slice(&sum.to_le_bytes());
                 write_frame(&mut stream, KIND_PART, &reply)
@@ -393,7 +393,7 @@ fn get(stream: &mut TcpStream, want: &Want, range: &Range<usize>, payload: &mut 
         KIND_PART if payload.len() == 16 + 4 * range.len() => {
             let updates = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
             let sum = u64::from_le_bytes(payload[8..16].try_into().expect("8 bytes"));
-            if xxhash_rust::xxh3::xxh3_64(&payload[16..]) != sum {
+            if kernels::hash::xxh3_64(kernels::isa::selected(), &payload[16..]) != sum {
                 return Err(format!("chunk {range:?} failed its checksum"));
             }
             Ok(updates)

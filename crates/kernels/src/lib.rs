@@ -51,6 +51,7 @@ pub mod conv;
 pub mod fixed_point;
 pub mod gelu;
 pub mod gemm;
+pub mod hash;
 pub mod isa;
 mod lanes;
 pub mod math;

@@ -408,9 +408,7 @@ impl Reducer {
         let count = (parts.len().min(u32::MAX as usize) as u32).to_le_bytes();
         let own_exps = |range: std::ops::Range<usize>, acc: &mut [u8]| {
             let values = range.start.min(n)..range.end.min(n);
-            for p in parts {
-                repro::batched::max_exponents(&mut acc[..values.len()], &p.as_ref()[values.clone()]);
-            }
+            repro::batched::max_exponents_of(&mut acc[..values.len()], parts, values);
             for (k, &byte) in count.iter().enumerate() {
                 let at = n + 4 * rank + k;
                 if range.contains(&at) {
@@ -544,9 +542,7 @@ fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>
     let (world, n) = (t.world(), exps.len());
     let exps = &exps[..];
     let own = |range: std::ops::Range<usize>, acc: &mut [A]| {
-        for p in parts {
-            repro::batched::add_fixed(acc, &p.as_ref()[range.clone()], &exps[range.clone()], headroom);
-        }
+        repro::batched::add_fixed_of(acc, parts, range.clone(), &exps[range], headroom);
     };
     let (a, b) = chunk_buffers::<A>(n, world, sending, receiving);
     streamed_reduce_scatter(t, n, a, b, &own, timeout)

@@ -125,16 +125,12 @@ impl MpiWorld {
         let n = out.len();
         self.exps.clear();
         self.exps.resize(n, 0);
-        for p in parts {
-            repro::batched::max_exponents(&mut self.exps, p.as_ref());
-        }
+        repro::batched::max_exponents_of(&mut self.exps, parts, 0..n);
         self.exps_all.resize(n, 0);
         self.world.all_reduce_into(&self.exps[..], &mut self.exps_all[..], SystemOperation::max());
         self.acc.clear();
         let acc = repro::batched::words_as::<A>(&mut self.acc, n);
-        for p in parts {
-            repro::batched::add_fixed(acc, p.as_ref(), &self.exps_all, headroom);
-        }
+        repro::batched::add_fixed_of(acc, parts, 0..n, &self.exps_all, headroom);
         let acc_all = repro::batched::words_as::<A>(&mut self.acc_all, n);
         self.world.all_reduce_into(&*acc, &mut *acc_all, SystemOperation::sum());
         repro::batched::finish_into(acc_all, &self.exps_all, headroom, out);

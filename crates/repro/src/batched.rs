@@ -165,6 +165,43 @@ pub fn add_fixed<A: Fixed>(acc: &mut [A], values: &[f32], exps: &[u8], headroom:
     }
 }
 
+/// Elements per tile of [`max_exponents_of`] and [`add_fixed_of`]: a tile's accumulators
+/// (32 KiB in 64 bits) stay in a core's nearest cache while every part passes over them.
+pub const TILE: usize = 4096;
+
+/// Phase 1 over several parts: [`max_exponents`] of the elements `range` of every part
+/// into `exps` (the range's length), tile by tile, so that `exps` is read and written once
+/// per tile rather than once per part.
+pub fn max_exponents_of<P: AsRef<[f32]>>(exps: &mut [u8], parts: &[P], range: std::ops::Range<usize>) {
+    assert_eq!(exps.len(), range.len(), "exponent and range lengths differ");
+    for (t, tile) in exps.chunks_mut(TILE).enumerate() {
+        let start = range.start + t * TILE;
+        for p in parts {
+            max_exponents(tile, &p.as_ref()[start..start + tile.len()]);
+        }
+    }
+}
+
+/// Phase 2 over several parts: [`add_fixed`] of the elements `range` of every part into
+/// `acc` (the range's length), at the scales `exps` (the same length), tile by tile, so
+/// that a tile's accumulators stay in cache while every part is added. Integer addition:
+/// the tiling changes no bit.
+pub fn add_fixed_of<A: Fixed, P: AsRef<[f32]>>(
+    acc: &mut [A],
+    parts: &[P],
+    range: std::ops::Range<usize>,
+    exps: &[u8],
+    headroom: u32,
+) {
+    assert!(acc.len() == range.len() && exps.len() == range.len(), "lengths differ");
+    for (t, (tile, e)) in acc.chunks_mut(TILE).zip(exps.chunks(TILE)).enumerate() {
+        let start = range.start + t * TILE;
+        for p in parts {
+            add_fixed(tile, &p.as_ref()[start..start + tile.len()], e, headroom);
+        }
+    }
+}
+
 /// Converts the summed fixed-point values back to floats.
 pub fn finish<A: Fixed>(acc: &[A], exps: &[u8], headroom: u32) -> Vec<f32> {
     let mut out = vec![0.0; acc.len()];
@@ -253,12 +290,8 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
     let acc = words_as::<A>(acc, n);
     let block = |b: usize, out: &mut [f32], exps: &mut [u8], acc: &mut [A]| {
         let range = b * PAR_BLOCK..b * PAR_BLOCK + out.len();
-        for p in parts {
-            max_exponents(exps, &p.as_ref()[range.clone()]);
-        }
-        for p in parts {
-            add_fixed(acc, &p.as_ref()[range.clone()], exps, headroom);
-        }
+        max_exponents_of(exps, parts, range.clone());
+        add_fixed_of(acc, parts, range, exps, headroom);
         finish_into(acc, exps, headroom, out);
     };
     if on_pool(n, PAR_BLOCK) {

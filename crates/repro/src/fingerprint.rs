@@ -7,12 +7,19 @@
 //! collision). `-0.0` and `+0.0`, or two NaN payloads, are *different* here: the
 //! fingerprint is about bits, not values.
 
-use xxhash_rust::xxh3::Xxh3;
+use kernels::hash::Xxh3;
 
-/// Incremental fingerprint of a sequence of named tensors.
-#[derive(Clone, Default)]
+/// Incremental fingerprint of a sequence of named tensors (hashed on the instruction set
+/// the process selected: the same digest on every one).
+#[derive(Clone)]
 pub struct Fingerprinter {
     hasher: Xxh3,
+}
+
+impl Default for Fingerprinter {
+    fn default() -> Self {
+        Fingerprinter { hasher: Xxh3::new(kernels::isa::selected()) }
+    }
 }
 
 impl Fingerprinter {
