@@ -5,6 +5,7 @@
 #   bench/run.sh            # every benchmark
 #   bench/run.sh train      # training steps/s against PyTorch
 #   bench/run.sh ckpt       # checkpoint save/load/stall against dd, torch.save, safetensors
+#   bench/run.sh train-sweep  # the same by shape: MLP widths, LeNet-5, GPT widths, depths, contexts, micro-batches
 #   bench/run.sh overhead   # training throughput with a checkpoint every N steps
 #   bench/run.sh sum        # reproducible sum against naive, pairwise, xsum, accurate
 #   bench/run.sh allreduce  # all-reduce bus bandwidth against loopback TCP
@@ -46,6 +47,7 @@ cargo build --release --locked
 mkdir -p bench/out
 case "$which" in
   train) "$venv/bin/python" bench/train_vs_pytorch.py ;;
+  train-sweep) "$venv/bin/python" bench/train_sweep.py ;;
   ckpt) "$venv/bin/python" bench/ckpt_vs_peers.py ;;
   overhead) "$venv/bin/python" bench/ckpt_training_overhead.py ;;
   sum) "$venv/bin/python" bench/sum_vs_peers.py ;;
@@ -84,6 +86,7 @@ case "$which" in
     if [ "$which" = python-ckpt ]; then "$venv/bin/python" bench/python_ckpt_load.py; fi ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
+    "$venv/bin/python" bench/train_sweep.py
     "$venv/bin/python" bench/ckpt_vs_peers.py
     "$venv/bin/python" bench/ckpt_training_overhead.py
     "$venv/bin/python" bench/sum_vs_peers.py
@@ -99,5 +102,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, kernels, hash, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, train-sweep, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, kernels, hash, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
 esac

@@ -108,14 +108,20 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--width", type=int, default=256, help="the MLP's first hidden width")
+    ap.add_argument("--micro-batch", type=int, help="examples per forward/backward pass (default: the batch)")
+    ap.add_argument("--context", type=int, default=64, help="the GPT's tokens per sequence")
+    ap.add_argument("--gpt-width", type=int, default=128)
+    ap.add_argument("--gpt-blocks", type=int, default=4)
+    ap.add_argument("--gpt-heads", type=int, default=4)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     if a.model == "gpt":
-        batch, context = a.batch or 32, 64
+        batch, context = a.batch or 32, a.context
         text, vocab = load_fortunes()
-        model = Gpt(vocab, context)
+        model = Gpt(vocab, context, a.gpt_width, a.gpt_blocks, a.gpt_heads)
         starts = torch.from_numpy(rng.integers(0, len(text) - context - 1, size=(a.steps, batch)))
         offsets = torch.arange(context)
 
@@ -125,7 +131,7 @@ def main():
     else:
         batch = a.batch or 128
         x, y = load_images(a.data_dir, "train")
-        model = Mlp() if a.model == "mlp" else LeNet()
+        model = Mlp(a.width) if a.model == "mlp" else LeNet()
         perm = torch.from_numpy(rng.permutation(len(y)))
         per_epoch = len(y) // batch
 
@@ -138,9 +144,17 @@ def main():
     start = time.perf_counter()
     for step in range(a.steps):
         inputs, targets = example(step)
-        loss = F.cross_entropy(model(inputs), targets)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        # Micro-batches accumulate their share of the batch's mean loss into the gradients.
+        micro = a.micro_batch or len(inputs)
+        for at in range(0, len(inputs), micro):
+            part = slice(at, at + micro)
+            if a.model == "gpt":
+                logits, wanted = model(inputs[part]), targets.view(len(inputs), -1)[part].flatten()
+            else:
+                logits, wanted = model(inputs[part]), targets[part]
+            loss = F.cross_entropy(logits, wanted) * (micro / len(inputs))
+            loss.backward()
         t = time.perf_counter()
         opt.step()
         optim_s += time.perf_counter() - t

@@ -62,6 +62,18 @@ pub struct TrainArgs {
     /// 12000 about 83 M (a 1 GB state with AdamW's two slots).
     #[arg(long, value_name = "W")]
     width: Option<usize>,
+    /// The GPT's tokens per sequence [default: 64].
+    #[arg(long, value_name = "T")]
+    context: Option<usize>,
+    /// The GPT's residual width [default: 128].
+    #[arg(long, value_name = "D")]
+    gpt_width: Option<usize>,
+    /// The GPT's transformer blocks [default: 4].
+    #[arg(long, value_name = "N")]
+    gpt_blocks: Option<usize>,
+    /// The GPT's attention heads per block; they divide --gpt-width [default: 4].
+    #[arg(long, value_name = "H")]
+    gpt_heads: Option<usize>,
     /// Data set [default: fashion-mnist for mlp and cnn, fortunes for gpt].
     #[arg(long, value_parser = choice::of::<DataKind>())]
     data: Option<DataKind>,
@@ -219,6 +231,14 @@ impl TrainArgs {
             }
             c.mlp_width = w;
         }
+        let shape = [self.context, self.gpt_width, self.gpt_blocks, self.gpt_heads];
+        if shape.iter().any(Option::is_some) && self.model != ModelKind::Gpt {
+            anyhow::bail!("--context, --gpt-width, --gpt-blocks and --gpt-heads shape the GPT, not the {}", self.model);
+        }
+        c.gpt.context = self.context.unwrap_or(c.gpt.context);
+        c.gpt.width = self.gpt_width.unwrap_or(c.gpt.width);
+        c.gpt.blocks = self.gpt_blocks.unwrap_or(c.gpt.blocks);
+        c.gpt.heads = self.gpt_heads.unwrap_or(c.gpt.heads);
         if let Some(d) = self.data {
             c.data = d;
         }

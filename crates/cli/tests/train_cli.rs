@@ -149,6 +149,14 @@ fn settings_that_would_do_nothing_or_cannot_fit_are_refused() {
     assert!(err.contains("is a file, not a checkpoint"), "{err}");
     assert!(std::fs::read(file).unwrap() == b"not a directory", "the file is left as it was");
     fails_with(with(&["--on-divergence", "repair"]), "add --max-restarts");
+    fails_with(with(&["--context", "32"]), "shape the GPT, not the mlp");
+    let gpt = |extra: &[&str]| {
+        let mut args = ["train", "--model", "gpt", "--data", "synthetic", "--steps", "2"].map(String::from).to_vec();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    fails_with(gpt(&["--gpt-width", "64", "--gpt-heads", "3"]), "--gpt-heads 3 must divide --gpt-width 64");
+    fails_with(gpt(&["--gpt-blocks", "0"]), "--gpt-blocks");
     // 20 G parameters: refused before anything is allocated, with the estimate.
     let started = std::time::Instant::now();
     fails_with(with(&["--width", "200000"]), "this run needs at least");
@@ -161,4 +169,51 @@ fn help_shows_examples() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(text.contains("Examples:") && text.contains("steadfast train --model cnn"), "{text}");
+}
+
+#[test]
+fn a_gpt_of_another_shape_trains_and_its_checkpoints_resume_only_that_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let ckpt = ckpt.to_str().unwrap();
+    let shape = ["--context", "16", "--gpt-width", "32", "--gpt-blocks", "2", "--gpt-heads", "2"];
+    let run = |steps: &str, extra: &[&str]| {
+        let mut args = vec!["train", "--model", "gpt", "--data", "synthetic", "--batch", "4", "--steps", steps];
+        args.extend(["--eval-every", "0", "--eval-limit", "4", "--checkpoint-every", "2", "--checkpoint-dir", ckpt]);
+        args.extend(extra);
+        steadfast(&args, None)
+    };
+    let parameters = |out: &Output| {
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text.lines().find(|l| l.contains(" parameters")).unwrap_or_else(|| panic!("{text}")).to_owned();
+        line.split(", ").nth(1).unwrap().split(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    let small = run("2", &shape);
+    assert!(small.status.success(), "{}", String::from_utf8_lossy(&small.stderr));
+    // Width 32 and 2 blocks: about 1/32 of the default shape's weights in the blocks.
+    let out = dir.path().join("default");
+    let default = steadfast(
+        &[
+            "train",
+            "--model",
+            "gpt",
+            "--data",
+            "synthetic",
+            "--steps",
+            "1",
+            "--eval-limit",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(default.status.success(), "{}", String::from_utf8_lossy(&default.stderr));
+    assert!(parameters(&small) * 8 < parameters(&default), "{} vs {}", parameters(&small), parameters(&default));
+    // The shape is part of what a checkpoint resumes: the default shape is refused ...
+    let other = run("4", &["--resume", ckpt]);
+    assert!(!other.status.success(), "a checkpoint of another shape resumed");
+    // ... and the same shape goes on.
+    let same = run("4", &[&shape[..], &["--resume", ckpt]].concat());
+    assert!(same.status.success(), "{}", String::from_utf8_lossy(&same.stderr));
 }

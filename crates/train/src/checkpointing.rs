@@ -53,7 +53,12 @@ pub fn config_hash(c: &TrainConfig) -> u64 {
         KernelSet::Framework => String::new(),
         set => format!(";kernels={set}"),
     };
-    ckpt::checksum((text + &width + &kernels).as_bytes())
+    // So does the GPT's default shape.
+    let gpt = match c.gpt {
+        g if g == crate::config::GptShape::default() => String::new(),
+        g => format!(";gpt=context{},width{},blocks{},heads{}", g.context, g.width, g.blocks, g.heads),
+    };
+    ckpt::checksum((text + &width + &kernels + &gpt).as_bytes())
 }
 
 /// The manifest metadata of `state`, computed by `kernels` in a job of `world` workers.

@@ -23,6 +23,8 @@ pub struct TrainConfig {
     pub model: ModelKind,
     /// The MLP's first hidden width (its second is half that).
     pub mlp_width: usize,
+    /// The GPT's shape (its vocabulary is its text's).
+    pub gpt: GptShape,
     /// Data set.
     pub data: DataKind,
     /// Overrides the data set's directory.
@@ -199,6 +201,7 @@ impl TrainConfig {
         }
         self.check_faults_fire()?;
         self.check_pipeline()?;
+        self.gpt.check()?;
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return invalid(format!("--lr must be a positive number, not {}", self.optim.lr));
         }
@@ -292,6 +295,7 @@ impl TrainConfig {
         TrainConfig {
             model,
             mlp_width: crate::model::Mlp::DEFAULT_WIDTH,
+            gpt: GptShape::default(),
             data,
             data_dir: None,
             steps,
@@ -313,6 +317,56 @@ impl TrainConfig {
             inject: Vec::new(),
             faults: Vec::new(),
         }
+    }
+}
+
+/// The GPT's shape: `--context`, `--gpt-width`, `--gpt-blocks`, `--gpt-heads`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GptShape {
+    /// Tokens per sequence.
+    pub context: usize,
+    /// Width of the residual stream.
+    pub width: usize,
+    /// Transformer blocks.
+    pub blocks: usize,
+    /// Attention heads per block (they divide the width).
+    pub heads: usize,
+}
+
+impl Default for GptShape {
+    /// The size the GPT has always had: context 64, width 128, 4 blocks of 4 heads.
+    fn default() -> Self {
+        let small = crate::model::GptConfig::small(0);
+        GptShape { context: small.context, width: small.width, blocks: small.layers, heads: small.heads }
+    }
+}
+
+impl GptShape {
+    /// The model's configuration for a vocabulary of `vocab` tokens.
+    pub fn config(&self, vocab: usize) -> crate::model::GptConfig {
+        crate::model::GptConfig {
+            vocab,
+            context: self.context,
+            width: self.width,
+            layers: self.blocks,
+            heads: self.heads,
+        }
+    }
+
+    fn check(&self) -> Result<(), crate::ConfigError> {
+        let GptShape { context, width, blocks, heads } = *self;
+        if context < 2 || width == 0 || blocks == 0 || heads == 0 {
+            return Err(crate::ConfigError::Invalid(format!(
+                "the GPT needs --context of at least 2 and a --gpt-width, --gpt-blocks and --gpt-heads of at least 1 \
+                 (got {context}, {width}, {blocks}, {heads})"
+            )));
+        }
+        if !width.is_multiple_of(heads) {
+            return Err(crate::ConfigError::Invalid(format!(
+                "--gpt-heads {heads} must divide --gpt-width {width} (each head takes an equal share of the width)"
+            )));
+        }
+        Ok(())
     }
 }
 

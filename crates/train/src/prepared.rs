@@ -40,7 +40,7 @@ impl Prepared {
             ModelKind::Mlp | ModelKind::Cnn => Modality::Images,
             ModelKind::Gpt => Modality::Text,
         };
-        let probe = GptConfig::small(0);
+        let probe = config.gpt.config(0);
         let spec = DataSpec {
             kind: config.data,
             dir: config.data_dir.clone(),
@@ -50,7 +50,7 @@ impl Prepared {
         };
         let data = Dataset::load(&spec)?;
         let (gpt, tokens_per_example, unigram_perplexity) = match &data {
-            Dataset::Text(t) => (GptConfig::small(t.vocab.len()), t.context, Some(unigram_cross_entropy(t).exp())),
+            Dataset::Text(t) => (config.gpt.config(t.vocab.len()), t.context, Some(unigram_cross_entropy(t).exp())),
             Dataset::Images(_) => (probe, 1, None),
         };
         let sampler = Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use comm::port::Port;
 use comm::transport::CommError;
-use xxhash_rust::xxh3::Xxh3;
 
 use crate::host::host_bytes;
 
@@ -38,7 +37,7 @@ fn pieces<'a>(header: &'a [u8], tensors: &'a [At], length: &'a [u8; 8]) -> impl 
 /// The fingerprint of the state `(header, tensors)`: the xxh3-64 of its image.
 pub(crate) fn fingerprint(header: &[u8], tensors: &[At]) -> u64 {
     let length = (header.len() as u64).to_le_bytes();
-    let mut h = Xxh3::new();
+    let mut h = kernels::hash::Xxh3::new(kernels::isa::selected());
     for piece in pieces(header, tensors, &length) {
         h.update(piece);
     }
@@ -62,7 +61,7 @@ impl Image {
         for piece in pieces(header, tensors, &length) {
             bytes.extend_from_slice(piece);
         }
-        let fingerprint = xxhash_rust::xxh3::xxh3_64(&bytes);
+        let fingerprint = kernels::hash::xxh3_64(kernels::isa::selected(), &bytes);
         Image { step, fingerprint, layout: xxhash_rust::xxh3::xxh3_64(header), bytes }
     }
 
