@@ -114,6 +114,7 @@ def main():
     ap.add_argument("--gpt-width", type=int, default=128)
     ap.add_argument("--gpt-blocks", type=int, default=4)
     ap.add_argument("--gpt-heads", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=0, help="steps left out of warm_seconds")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -142,7 +143,10 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     optim_s = 0.0
     start = time.perf_counter()
+    warm = None
     for step in range(a.steps):
+        if step == a.warmup:
+            warm = time.perf_counter()
         inputs, targets = example(step)
         opt.zero_grad(set_to_none=True)
         # Micro-batches accumulate their share of the batch's mean loss into the gradients.
@@ -162,7 +166,8 @@ def main():
     h = hashlib.sha256()
     for p in model.state_dict().values():
         h.update(p.detach().numpy().tobytes())
-    print(json.dumps({"steps": a.steps, "seconds": seconds, "optimizer_seconds": optim_s,
+    warm_seconds = time.perf_counter() - warm if warm is not None else None
+    print(json.dumps({"steps": a.steps, "seconds": seconds, "warm_seconds": warm_seconds, "optimizer_seconds": optim_s,
                       "loss": float(loss.detach()), "weights_sha256": h.hexdigest()[:16],
                       "torch": torch.__version__}))
 

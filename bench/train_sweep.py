@@ -18,42 +18,50 @@ BIN = os.path.join(ROOT, "target", "release", "steadfast")
 REPEATS = int(os.environ.get("REPEATS", "3"))
 ONLY = os.environ.get("CELLS", "")
 
-# (label, model, steps, flags shared by both sides). Steps keep a run near two seconds here.
+# (label, model, steps, flags shared by both sides). Steps keep a run near three seconds here.
 GPT = ("--batch", "32", "--lr", "2e-3")
 CELLS = [
-    ("mlp W=256", "mlp", 400, ("--batch", "128", "--width", "256")),
-    ("mlp W=1024", "mlp", 150, ("--batch", "128", "--width", "1024")),
-    ("mlp W=4096", "mlp", 20, ("--batch", "128", "--width", "4096")),
-    ("lenet-5", "cnn", 60, ("--batch", "128", "--lr", "2e-3")),
-    ("gpt d=64", "gpt", 40, GPT + ("--gpt-width", "64")),
-    ("gpt d=128 (default)", "gpt", 20, GPT),
-    ("gpt d=256", "gpt", 8, GPT + ("--gpt-width", "256")),
-    ("gpt d=512 2 blocks", "gpt", 4, GPT + ("--gpt-width", "512", "--gpt-blocks", "2")),
-    ("gpt 2 blocks", "gpt", 30, GPT + ("--gpt-blocks", "2")),
-    ("gpt 8 blocks", "gpt", 10, GPT + ("--gpt-blocks", "8")),
-    ("gpt context 32", "gpt", 40, GPT + ("--context", "32")),
-    ("gpt context 256", "gpt", 4, GPT + ("--context", "256")),
-    ("gpt 4 micro-batches", "gpt", 20, GPT + ("--micro-batch", "8")),
-    ("gpt 16 micro-batches", "gpt", 15, GPT + ("--micro-batch", "2")),
+    ("mlp W=256", "mlp", 600, ("--batch", "128", "--width", "256")),
+    ("mlp W=1024", "mlp", 250, ("--batch", "128", "--width", "1024")),
+    ("mlp W=4096", "mlp", 25, ("--batch", "128", "--width", "4096")),
+    ("lenet-5", "cnn", 150, ("--batch", "128", "--lr", "2e-3")),
+    ("gpt d=64", "gpt", 60, GPT + ("--gpt-width", "64")),
+    ("gpt d=128 (default)", "gpt", 30, GPT),
+    ("gpt d=256", "gpt", 10, GPT + ("--gpt-width", "256")),
+    ("gpt d=512 2 blocks", "gpt", 6, GPT + ("--gpt-width", "512", "--gpt-blocks", "2")),
+    ("gpt 2 blocks", "gpt", 40, GPT + ("--gpt-blocks", "2")),
+    ("gpt 8 blocks", "gpt", 12, GPT + ("--gpt-blocks", "8")),
+    ("gpt context 32", "gpt", 50, GPT + ("--context", "32")),
+    ("gpt context 256", "gpt", 6, GPT + ("--context", "256")),
+    ("gpt 4 micro-batches", "gpt", 25, GPT + ("--micro-batch", "8")),
+    ("gpt 16 micro-batches", "gpt", 20, GPT + ("--micro-batch", "2")),
 ]
 
 
+def warmup(steps):
+    """Steps left out of a run's rate on both sides: the first fifth (allocations, caches)."""
+    return max(1, steps // 5)
+
+
 def steadfast(model, steps, flags, threads):
+    """Steps/s after the warm-up, from the times `train` writes after each step."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [BIN, "train", "--model", model, "--steps", str(steps), "--eval-every", "0", "--eval-limit", "1",
                "--out", out, *flags]
         env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         with open(os.path.join(out, "metrics.jsonl")) as f:
-            s = json.loads(f.read().splitlines()[-1])
-    return steps / s["train_seconds"], s["kernels"]
+            records = [json.loads(line) for line in f]
+    done = {r["step"]: r["time"] for r in records if r.get("kind") == "train"}
+    summary = records[-1]
+    return (steps - warmup(steps)) / (done[steps] - done[warmup(steps)]), summary["kernels"]
 
 
 def pytorch(model, steps, flags, threads):
     cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_train.py"), "--model", model, "--steps", str(steps),
-           "--threads", str(threads), *flags]
+           "--threads", str(threads), "--warmup", str(warmup(steps)), *flags]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    return steps / r["seconds"], r["torch"]
+    return (steps - warmup(steps)) / r["warm_seconds"], r["torch"]
 
 
 def plot(rows):
@@ -104,7 +112,8 @@ def main():
         "- Command: `bench/run.sh train-sweep` (driver: `bench/train_sweep.py`, PyTorch side: `bench/torch_train.py`).",
         "- fp32, AdamW, the MLP and LeNet-5 on Fashion-MNIST (batch 128), the character GPT on the fortunes text"
         " (32 sequences a step; by default width 128, 4 blocks of 4 heads, context 64, one micro-batch). Steps/s"
-        f" counts the training loop only; a cell is the median of {REPEATS} runs per side, the sides alternating.",
+        f" counts the training loop after its first fifth of steps (the warm-up, left out on both sides); a cell is"
+        f" the median of {REPEATS} runs per side, the sides alternating.",
         "",
         "| shape | threads | Steadfast kernels | Steadfast steps/s | PyTorch steps/s | Steadfast / PyTorch |",
         "|---|---|---|---|---|---|",

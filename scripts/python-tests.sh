@@ -24,4 +24,5 @@ if [ ! -x "$bin" ] || [ -n "$(find crates python Cargo.toml Cargo.lock -newer "$
   cargo build --release --locked -p steadfast
 fi
 export STEADFAST_REQUIRE_BINARY=1 STEADFAST_REQUIRE_DATA=1
-STEADFAST_BIN="$PWD/target/release/steadfast" "$venv/bin/python" -m pytest -q python/tests "$@"
+# The slowest tests are named at the end, so that the suite's time can be kept in check.
+STEADFAST_BIN="$PWD/target/release/steadfast" "$venv/bin/python" -m pytest -q --durations=12 python/tests "$@"

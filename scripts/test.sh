@@ -18,5 +18,6 @@ export STEADFAST_REQUIRE_ETCD=1
 export STEADFAST_REQUIRE_QEMU=1
 cargo test --release --locked --workspace "$@"
 if [ $# -eq 0 ]; then
+  echo "== the Python package's tests (at ${SECONDS} s)"
   scripts/python-tests.sh
 fi

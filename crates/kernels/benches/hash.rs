@@ -49,7 +49,13 @@ fn main() {
                 h.digest()
             });
             assert_eq!(got, want, "{isa} gives another digest");
-            println!("| {} | kernels::hash on {isa} | {:.1} | {:.2}x |", bytes, gb(s), base / s);
+            println!(
+                "| {} | kernels::hash on {isa}{} | {:.1} | {:.2}x |",
+                bytes,
+                if isa == Isa::Scalar { " (the crate's loop)" } else { "" },
+                gb(s),
+                base / s
+            );
         }
     }
 }

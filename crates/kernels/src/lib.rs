@@ -21,6 +21,11 @@
 //! - **Threads split outputs, never sums**: a thread computes whole outputs, so the thread
 //!   count changes only who computes them.
 //!
+//! Besides the arithmetic, two integer loops live here for the same reason (one copy per
+//! instruction set, the same bits from each): the conversions of the reproducible sum
+//! ([`fixed_point`]) and the loop of the XXH3-64 hash that fingerprints states and
+//! checksums checkpoints ([`hash`]).
+//!
 //! The instruction set is chosen once per process ([`isa::selected`]): the best the CPU
 //! has, or the one `STEADFAST_ISA=scalar|avx2|avx512` names. Every kernel also takes an
 //! explicit [`Isa`], so that tests compare the paths bit for bit in one process.
