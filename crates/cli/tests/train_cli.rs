@@ -176,10 +176,13 @@ fn a_gpt_of_another_shape_trains_and_its_checkpoints_resume_only_that_shape() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let ckpt = ckpt.to_str().unwrap();
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
     let shape = ["--context", "16", "--gpt-width", "32", "--gpt-blocks", "2", "--gpt-heads", "2"];
     let run = |steps: &str, extra: &[&str]| {
         let mut args = vec!["train", "--model", "gpt", "--data", "synthetic", "--batch", "4", "--steps", steps];
         args.extend(["--eval-every", "0", "--eval-limit", "4", "--checkpoint-every", "2", "--checkpoint-dir", ckpt]);
+        args.extend(["--out", out]);
         args.extend(extra);
         steadfast(&args, None)
     };
