@@ -133,7 +133,7 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 }
 
 /// A streaming [`checksum`], for bytes hashed as they are written or read.
-pub(crate) fn checksummer() -> kernels::hash::Xxh3 {
+pub fn checksummer() -> kernels::hash::Xxh3 {
     kernels::hash::Xxh3::new(kernels::isa::selected())
 }
 

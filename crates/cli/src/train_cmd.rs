@@ -237,7 +237,7 @@ impl TrainArgs {
         }
         c.gpt.context = self.context.unwrap_or(c.gpt.context);
         c.gpt.width = self.gpt_width.unwrap_or(c.gpt.width);
-        c.gpt.blocks = self.gpt_blocks.unwrap_or(c.gpt.blocks);
+        c.gpt.layers = self.gpt_blocks.unwrap_or(c.gpt.layers);
         c.gpt.heads = self.gpt_heads.unwrap_or(c.gpt.heads);
         if let Some(d) = self.data {
             c.data = d;

@@ -243,7 +243,8 @@ impl Stream {
             return;
         }
         self.total += data.len() as u64;
-        if self.pending_len + data.len() <= HEAD && self.total <= HEAD as u64 {
+        // Up to HEAD bytes, all of the input is pending (nothing is mixed yet).
+        if self.total <= HEAD as u64 {
             self.pending[self.pending_len..self.pending_len + data.len()].copy_from_slice(data);
             self.pending_len += data.len();
             return;
@@ -297,16 +298,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// `len` pseudo-random bytes, the same for the same seed.
     fn input(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        let words = crate::testing::uniform(len.div_ceil(4), seed, 1.0);
+        words.iter().flat_map(|w| w.to_le_bytes()).take(len).collect()
     }
 
     #[test]

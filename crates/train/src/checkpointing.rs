@@ -55,8 +55,8 @@ pub fn config_hash(c: &TrainConfig) -> u64 {
     };
     // So does the GPT's default shape.
     let gpt = match c.gpt {
-        g if g == crate::config::GptShape::default() => String::new(),
-        g => format!(";gpt=context{},width{},blocks{},heads{}", g.context, g.width, g.blocks, g.heads),
+        g if g == crate::model::GptConfig::small(g.vocab) => String::new(),
+        g => format!(";gpt=context{},width{},blocks{},heads{}", g.context, g.width, g.layers, g.heads),
     };
     ckpt::checksum((text + &width + &kernels + &gpt).as_bytes())
 }

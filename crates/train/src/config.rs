@@ -9,7 +9,7 @@ use comm::ReduceMode;
 pub use comm::job::{CoordinatorAt, DistConfig, ElasticWorker, JobSettings, MeshRank, OnDivergence, Rendezvous};
 
 use crate::data::DataKind;
-use crate::model::{KernelSet, ModelKind};
+use crate::model::{GptConfig, KernelSet, ModelKind};
 use crate::optim::{OptimConfig, OptimKind};
 
 // Where `steadfast train` writes its metrics (and, under it, its boundary logs and a
@@ -23,8 +23,9 @@ pub struct TrainConfig {
     pub model: ModelKind,
     /// The MLP's first hidden width (its second is half that).
     pub mlp_width: usize,
-    /// The GPT's shape (its vocabulary is its text's).
-    pub gpt: GptShape,
+    /// The GPT's shape (`--context`, `--gpt-width`, `--gpt-blocks`, `--gpt-heads`); its
+    /// vocabulary here is 0, the text's once it is loaded.
+    pub gpt: GptConfig,
     /// Data set.
     pub data: DataKind,
     /// Overrides the data set's directory.
@@ -201,7 +202,7 @@ impl TrainConfig {
         }
         self.check_faults_fire()?;
         self.check_pipeline()?;
-        self.gpt.check()?;
+        check_gpt(&self.gpt)?;
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return invalid(format!("--lr must be a positive number, not {}", self.optim.lr));
         }
@@ -295,7 +296,7 @@ impl TrainConfig {
         TrainConfig {
             model,
             mlp_width: crate::model::Mlp::DEFAULT_WIDTH,
-            gpt: GptShape::default(),
+            gpt: GptConfig::small(0),
             data,
             data_dir: None,
             steps,
@@ -320,54 +321,21 @@ impl TrainConfig {
     }
 }
 
-/// The GPT's shape: `--context`, `--gpt-width`, `--gpt-blocks`, `--gpt-heads`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GptShape {
-    /// Tokens per sequence.
-    pub context: usize,
-    /// Width of the residual stream.
-    pub width: usize,
-    /// Transformer blocks.
-    pub blocks: usize,
-    /// Attention heads per block (they divide the width).
-    pub heads: usize,
-}
-
-impl Default for GptShape {
-    /// The size the GPT has always had: context 64, width 128, 4 blocks of 4 heads.
-    fn default() -> Self {
-        let small = crate::model::GptConfig::small(0);
-        GptShape { context: small.context, width: small.width, blocks: small.layers, heads: small.heads }
+/// Refuses a GPT shape that cannot be built, naming the flags that set it.
+fn check_gpt(gpt: &GptConfig) -> Result<(), crate::ConfigError> {
+    let GptConfig { context, width, layers, heads, .. } = *gpt;
+    if context < 2 || width == 0 || layers == 0 || heads == 0 {
+        return Err(crate::ConfigError::Invalid(format!(
+            "the GPT needs --context of at least 2 and a --gpt-width, --gpt-blocks and --gpt-heads of at least 1 \
+             (got {context}, {width}, {layers}, {heads})"
+        )));
     }
-}
-
-impl GptShape {
-    /// The model's configuration for a vocabulary of `vocab` tokens.
-    pub fn config(&self, vocab: usize) -> crate::model::GptConfig {
-        crate::model::GptConfig {
-            vocab,
-            context: self.context,
-            width: self.width,
-            layers: self.blocks,
-            heads: self.heads,
-        }
+    if !width.is_multiple_of(heads) {
+        return Err(crate::ConfigError::Invalid(format!(
+            "--gpt-heads {heads} must divide --gpt-width {width} (each head takes an equal share of the width)"
+        )));
     }
-
-    fn check(&self) -> Result<(), crate::ConfigError> {
-        let GptShape { context, width, blocks, heads } = *self;
-        if context < 2 || width == 0 || blocks == 0 || heads == 0 {
-            return Err(crate::ConfigError::Invalid(format!(
-                "the GPT needs --context of at least 2 and a --gpt-width, --gpt-blocks and --gpt-heads of at least 1 \
-                 (got {context}, {width}, {blocks}, {heads})"
-            )));
-        }
-        if !width.is_multiple_of(heads) {
-            return Err(crate::ConfigError::Invalid(format!(
-                "--gpt-heads {heads} must divide --gpt-width {width} (each head takes an equal share of the width)"
-            )));
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Where and how often to checkpoint.

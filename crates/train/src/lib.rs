@@ -68,8 +68,8 @@ pub mod trainer;
 pub mod vocabulary;
 
 pub use config::{
-    BoundaryLog, CheckpointConfig, CoordinatorAt, DistConfig, ElasticWorker, GptShape, JobSettings, MeshRank,
-    OnDivergence, PipeSchedule, Pipeline, Rendezvous, TrainConfig, WhenBusy,
+    BoundaryLog, CheckpointConfig, CoordinatorAt, DistConfig, ElasticWorker, JobSettings, MeshRank, OnDivergence,
+    PipeSchedule, Pipeline, Rendezvous, TrainConfig, WhenBusy,
 };
 pub use error::{ConfigError, DataError, TrainError};
 pub use step::TrainState;

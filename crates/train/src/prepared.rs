@@ -40,7 +40,7 @@ impl Prepared {
             ModelKind::Mlp | ModelKind::Cnn => Modality::Images,
             ModelKind::Gpt => Modality::Text,
         };
-        let probe = config.gpt.config(0);
+        let probe = config.gpt;
         let spec = DataSpec {
             kind: config.data,
             dir: config.data_dir.clone(),
@@ -50,7 +50,9 @@ impl Prepared {
         };
         let data = Dataset::load(&spec)?;
         let (gpt, tokens_per_example, unigram_perplexity) = match &data {
-            Dataset::Text(t) => (config.gpt.config(t.vocab.len()), t.context, Some(unigram_cross_entropy(t).exp())),
+            Dataset::Text(t) => {
+                (GptConfig { vocab: t.vocab.len(), ..config.gpt }, t.context, Some(unigram_cross_entropy(t).exp()))
+            }
             Dataset::Images(_) => (probe, 1, None),
         };
         let sampler = Sampler::new(config.seed, data.len(Split::Train), config.batch, config.micro_batch)?;

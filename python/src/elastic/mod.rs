@@ -400,7 +400,7 @@ impl ElasticWorker {
                 self.reducer.sum_parts(&*mesh, &parts, out, mode, self.timeout).map_err(|e| e.to_string())?;
                 divide(out, self.micro_batches);
                 let finite = out.iter().all(|x| x.is_finite());
-                Ok((finite, kernels::hash::xxh3_64(kernels::isa::selected(), bytemuck::cast_slice(out))))
+                Ok((finite, ckpt::checksum(bytemuck::cast_slice(out))))
             }
             _ => Err("the epoch's mesh is gone".to_owned()),
         });
@@ -697,7 +697,7 @@ fn fetch_image(
     let stats = comm::transfer::fetch(&sources, &connect, &want, timeout, &mut |range, chunk| {
         bytes[4 * range.start..4 * range.end].copy_from_slice(chunk);
     })?;
-    let found = kernels::hash::xxh3_64(kernels::isa::selected(), &bytes);
+    let found = ckpt::checksum(&bytes);
     if found != fingerprint {
         return Err(CommError::Setup(format!(
             "the fetched image has fingerprint {}, not the sources' {}",

@@ -118,24 +118,18 @@ pub fn fingerprints_in(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The workers that `rank` fetched its state from, in every epoch whose plan has it fetch
-/// (from coordinator lines such as `[2] fetch the state from [0, 1]`).
+/// Whether `rank` fetched its state, in some epoch, from live replicas other than itself
+/// (a coordinator line such as `[2] fetch the state from [0, 1]`).
 ///
 /// Which live replicas a plan names depends on when the fault landed: a survivor that had
 /// not yet committed the newest step rolls forward instead of serving it. Tests assert on
 /// what must hold either way: the sources are live replicas, never the rank itself.
-pub fn fetch_sources(text: &str, rank: usize) -> Vec<Vec<usize>> {
-    let needle = format!("[{rank}] fetch the state from [");
-    text.lines()
-        .filter_map(|l| l.split_once(needle.as_str()))
-        .filter_map(|(_, rest)| rest.split_once(']'))
-        .map(|(list, _)| list.split(", ").filter_map(|r| r.trim().parse().ok()).collect())
-        .collect()
-}
-
-/// Whether `rank` fetched its state, in some epoch, from live replicas other than itself.
 pub fn fetched_from_others(text: &str, rank: usize) -> bool {
-    fetch_sources(text, rank).iter().any(|from| !from.is_empty() && !from.contains(&rank))
+    let needle = format!("[{rank}] fetch the state from [");
+    text.lines().filter_map(|l| l.split_once(needle.as_str())?.1.split_once(']')).any(|(list, _)| {
+        let from: Vec<usize> = list.split(", ").filter_map(|r| r.trim().parse().ok()).collect();
+        !from.is_empty() && !from.contains(&rank)
+    })
 }
 
 /// A loopback port that was free when asked (the caller binds it soon after).
