@@ -10,11 +10,13 @@
 #     single-process `train`'s fingerprint.
 #  2. The same job with `--on-failure shrink` loses host 1 for good at a drawn step, and
 #     host 0's workers finish it alone with that fingerprint.
-#  3. One pipeline of two stages, a stage on each host, checkpointing every 20 steps and
-#     logging its boundary to a directory both hosts see: host 1 is killed at a drawn step,
-#     so stage 1's state is lost with it; its launcher is started again, and its worker
-#     replays stage 1 from its checkpoint on stage 0's log while stage 0 keeps its state.
-#     Both workers end with that fingerprint.
+#  3. Two replicas of the pipeline laid stage by stage (`--place stages`): host 0 runs
+#     stage 0 of both replicas (slots 0 and 2), host 1 stage 1 (slots 1 and 3),
+#     checkpointing every 20 steps and logging the boundary to a directory both hosts see.
+#     Host 1 is killed at a drawn step, so stage 1's state is lost in every replica; its
+#     launcher is started again, and its workers replay stage 1 from its checkpoint on
+#     stage 0's logs (with a helper of stage 0) while stage 0 keeps its state. All four
+#     workers end with that fingerprint.
 #
 # Needs root and iproute2. Usage: scripts/netns-pipeline-test.sh path/to/steadfast
 # Exit status: 0 pass, 1 fail, 77 cannot run here (no namespaces).
@@ -85,29 +87,30 @@ check_exit shrink 0
 check_workers shrink 0
 [ "$status" = 0 ] || { cat "$work"/shrink-node*.log; }
 
-# 3. A stage on each host; host 1 killed at a drawn step, with stage 1's state.
+# 3. A stage on each host, of both replicas; host 1 killed at a drawn step, with stage 1.
 at=$((30 + RANDOM % 150))
-stages="--nproc-per-node 1 --min-nproc 2 --max-restarts 1"
+stages="--nproc-per-node 2 --place stages --min-nproc 4 --max-restarts 2 --replay-helpers 3"
 saving="--checkpoint-every 20 --checkpoint-dir $work/stage-ck --log-boundaries all --log-dir $work/stage-logs"
 for i in 0 1; do start_node stage "$stages" "$saving" "$i"; done
 wait_run_steps stage "$at" 1
 kill_host 1
-echo "ok: killed host 1 (stage 1) at step $(run_steps stage 1)"
+echo "ok: killed host 1 (stage 1 of both replicas) at step $(run_steps stage 1)"
 sleep 1
 start_node stage "$stages" "$saving" 1
 for i in 0 1; do wait_node "$i"; check_exit stage "$i"; done
-replayed=$(grep -oE "its workers \[[0-9, ]*\] replay it from its checkpoint of step [0-9]+" "$work/stage-node0.log" | head -1)
+replayed=$(grep -oE "its workers \[[0-9, ]*\] replay it from its checkpoint of step [0-9]+[^;]*" "$work/stage-node0.log" | head -1)
 if [ -n "$replayed" ] && ! grep -q "every stage goes back" "$work/stage-node0.log"; then
   echo "ok: stage 1's state was lost with host 1: $replayed"
 else
   echo "FAIL: stage 1 was not replayed alone"; status=1
 fi
-for i in 0 1; do
-  got=$(sed -n "s/^\[$i\] fingerprint: \([0-9a-f]*\).*/\1/p" "$work/stage-node$i.log" | tail -1)
+for at_host in "0 0" "2 0" "1 1" "3 1"; do
+  read -r rank i <<<"$at_host"
+  got=$(sed -n "s/^\[$rank\] fingerprint: \([0-9a-f]*\).*/\1/p" "$work/stage-node$i.log" | tail -1)
   if [ "$got" = "$reference" ]; then
-    echo "ok: stage: worker $i on host $i ended with the single-process fingerprint $got"
+    echo "ok: stage: worker $rank (stage $((rank % 2))) on host $i ended with the single-process fingerprint $got"
   else
-    echo "FAIL: stage: worker $i on host $i printed '$got', single-process train $reference"; status=1
+    echo "FAIL: stage: worker $rank on host $i printed '$got', single-process train $reference"; status=1
   fi
 done
 [ "$status" = 0 ] || { cat "$work"/stage-node*.log; }

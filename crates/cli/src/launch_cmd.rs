@@ -16,6 +16,7 @@ use clap::Args;
 
 use launch::OnFailure;
 use launch::request::{LaunchRequest, Recovery};
+use launch::slots::Placement;
 
 use crate::join_args::EngineArg;
 
@@ -57,8 +58,12 @@ Examples:
   steadfast launch --nnodes 3 --node-rank I --nproc-per-node 2 --coordinator 10.0.0.1:29500 \\
       --max-restarts 2 --min-nproc 2 -- train --reduce reproducible
   # The same with the coordinator elected in etcd: no node is a single point of failure
-  steadfast launch --nnodes 3 --node-rank I --nproc-per-node 2 --rendezvous etcd://10.0.0.9:2379/job \
+  steadfast launch --nnodes 3 --node-rank I --nproc-per-node 2 --rendezvous etcd://10.0.0.9:2379/job \\
       --max-restarts 2 --min-nproc 2 -- train --reduce reproducible
+  # Two replicas of a 2-stage pipeline, one stage of each on each node (I = 0 or 1): a
+  # lost node's stage is replayed on the other's boundary logs
+  steadfast launch --nnodes 2 --node-rank I --nproc-per-node 2 --coordinator 10.0.0.1:29500 \\
+      --place stages --recovery replay --max-restarts 1 -- train --pipeline-stages 2 --reduce reproducible
 
   # Four ranks on the system's MPI library (mpirun starts them); if one fails, run the
   # whole job again from the checkpoint written every 20 steps, at most twice
@@ -157,6 +162,12 @@ pub struct LaunchArgs {
     /// other stages (they sum reproducibly: give `--reduce reproducible`).
     #[arg(long, value_name = "R", default_value_t = 1)]
     replay_helpers: usize,
+    /// How a job of several nodes lays its worker slots on them: `replicas` (node I runs
+    /// slots I*N to I*N+N-1: with N = S, a pipeline's replica whole on each node) or
+    /// `stages` (slots taken stage by stage: with N = replicas, one stage of every replica
+    /// on each node, so a lost node's stage is replayed on its neighbours' logs).
+    #[arg(long, value_parser = crate::choice::of::<Placement>(), default_value = "replicas")]
+    place: Placement,
     /// How the workers reach each other: `steadfast` (this launcher starts them, and they
     /// meet at its coordinator or in etcd) or `mpi` (the launcher runs them under the MPI
     /// starter of --mpirun, with `--engine mpi`; a job of MPI is restarted whole from its
@@ -193,6 +204,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
         save_dir: args.save_dir,
         replay_helpers: args.replay_helpers,
         mpirun: (args.engine == EngineArg::Mpi).then_some(args.mpirun),
+        place: args.place,
         command: args.command,
     })?)
 }

@@ -80,9 +80,10 @@ fn a_pipeline_job_over_two_hosts_gets_a_lost_host_back_or_goes_on_without_it_wit
         assert!(text.contains("ok: host 1's new workers fetched their stages' states from host 0's"), "{text}");
         // Host 1 lost for good: host 0's workers finish the job, computing its micro-batches.
         assert_eq!(text.matches("ok: shrink: worker").count(), 2, "{text}");
-        // A stage on each host: host 1 lost with stage 1's state, which its new worker
-        // replays on stage 0's log, and both workers end with the bits.
-        assert!(text.contains("ok: stage 1's state was lost with host 1"), "{text}");
-        assert_eq!(text.matches("ok: stage: worker").count(), 2, "{text}");
+        // A stage of both replicas on each host (--place stages): host 1 lost with stage
+        // 1's state in every replica, which its new workers replay on stage 0's logs, and
+        // all four workers end with the bits.
+        assert!(text.contains("ok: stage 1's state was lost with host 1: its workers [1, 3] replay it"), "{text}");
+        assert_eq!(text.matches("ok: stage: worker").count(), 4, "{text}");
     }
 }

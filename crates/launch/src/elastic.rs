@@ -15,7 +15,8 @@
 //! address it listens on.
 //!
 //! On several nodes ([`Span`]) one launcher runs on each, as for a static job: node `I`
-//! starts the slots `I*N .. I*N+N-1`, and node 0's launcher also serves the coordinator
+//! starts the slots `I*N .. I*N+N-1` (or, with `--place stages`, its share of the slots
+//! taken stage by stage: [`crate::slots`]), and node 0's launcher also serves the coordinator
 //! on the port of `--coordinator`. Each launcher replaces its own workers; the
 //! coordinator's quorum decides whether the job goes on without a lost node (down to
 //! `--min-nproc` workers in all), and a node whose launcher is started again (or a new
@@ -40,6 +41,7 @@ use comm::protocol::coordinator::JobState;
 use comm::protocol::{Coordinator, Timing};
 
 use crate::record::Recorder;
+use crate::slots::{Placement, SlotMap};
 use crate::static_job::Meeting;
 use crate::workers::{Exited, Workers};
 use crate::{Exit, KILL_GRACE, LaunchError, OnFailure, Remedy, RestartPolicy, say};
@@ -91,6 +93,8 @@ pub struct Span {
     pub meeting: Meeting,
     /// Where this node's workers listen (`None`: the address that reaches the coordinator).
     pub local_addr: Option<IpAddr>,
+    /// How the job's slots are laid on its nodes.
+    pub placement: Placement,
 }
 
 /// What the launcher hears.
@@ -116,9 +120,9 @@ struct Supervisor<'p> {
     plan: &'p ElasticJob,
     started: Instant,
     workers: Workers<Heard>,
-    /// This node's first slot.
-    first: usize,
-    /// Processes started so far, by slot of this node (from `first`).
+    /// This node's slots, by local rank.
+    slots: Vec<usize>,
+    /// Processes started so far, by local rank.
     incarnations: Vec<u64>,
     policy: RestartPolicy,
     /// Whether this launcher serves the coordinator (one node, node 0 of several, or the
@@ -189,7 +193,12 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     // Said before anything else: who starts workers by hand reads the address here.
     let announce = announcement(&role, &meet_at.1, &plan)?;
     let world = plan.nproc * span.map_or(1, |s| s.nnodes);
-    let first = plan.nproc * span.map_or(0, |s| s.node_rank);
+    let stages = crate::replay::pipeline_stages(&plan.command);
+    let nodes = span.map(|s| SlotMap::new(s.placement, plan.nproc, s.nnodes, stages));
+    let slots = match (span, nodes) {
+        (Some(span), Some(nodes)) => nodes.of_node(span.node_rank),
+        _ => (0..plan.nproc).collect(),
+    };
     let timing = Timing::for_coordinator(plan.heartbeat_timeout, plan.settle, plan.quorum_timeout);
     let min_world = match (span, plan.on_failure, plan.min_nproc) {
         // On one host a replaced worker is waited for unless the user gave the fewest
@@ -218,7 +227,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         plan: &plan,
         started: Instant::now(),
         workers: Workers::new(&plan.command, env, tx.clone(), Heard::Exited)?,
-        first,
+        slots: slots.clone(),
         incarnations: vec![0; plan.nproc],
         policy: RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, local_min),
         serves: matches!(role, Coordinating::Serves(_)),
@@ -228,7 +237,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         over_since: None,
         killed: false,
         stopped_on_error: None,
-        record: Recorder::new(&plan.command, first..first + plan.nproc, span.map(|_| plan.nproc)),
+        record: Recorder::new(&plan.command, slots.clone(), nodes),
     };
     if job.serves {
         job.record.open(true);
@@ -236,7 +245,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     if let Some(line) = announce {
         say!(job.started, "{line}");
     }
-    for slot in first..first + plan.nproc {
+    for &slot in &slots {
         job.start(slot)?;
     }
     let started = job.started;
@@ -245,7 +254,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         let serving = Serving {
             key: secret.as_bytes(),
             world,
-            stages: crate::replay::pipeline_stages(&plan.command),
+            stages,
             helpers: plan.replay_helpers,
             min_world,
             timing,
@@ -448,9 +457,14 @@ struct Elected {
 }
 
 impl Supervisor<'_> {
+    /// The local rank of this node's `slot`.
+    fn local(&self, slot: usize) -> usize {
+        self.slots.iter().position(|&s| s == slot).expect("a slot of this node")
+    }
+
     /// Starts the slot's next process.
     fn start(&mut self, slot: usize) -> Result<(), LaunchError> {
-        let local = slot - self.first;
+        let local = self.local(slot);
         let incarnation = self.incarnations[local];
         let env = [
             ("STEADFAST_RANK".to_owned(), slot.to_string()),
@@ -579,9 +593,10 @@ impl Supervisor<'_> {
         match self.policy.on_exit(exit, over) {
             Remedy::Nothing | Remedy::Shrink => {}
             Remedy::Replace { restart } => {
-                self.incarnations[slot - self.first] += 1;
+                let local = self.local(slot);
+                self.incarnations[local] += 1;
                 say!(started, "replacing worker {slot} (restart {restart} of {})", self.plan.max_restarts);
-                let incarnation = self.incarnations[slot - self.first];
+                let incarnation = self.incarnations[local];
                 self.record.replaced(slot, incarnation, restart, self.plan.max_restarts);
                 self.start(slot)?;
             }

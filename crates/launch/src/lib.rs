@@ -44,6 +44,7 @@ pub mod record;
 pub mod replay;
 pub mod request;
 pub mod restart;
+pub mod slots;
 pub mod static_job;
 pub mod workers;
 

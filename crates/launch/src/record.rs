@@ -30,6 +30,8 @@ use std::process::ExitStatus;
 use comm::control::MembershipEvent;
 use comm::record::{EventKind, JobEvent, JobRecord};
 
+use crate::slots::SlotMap;
+
 /// The output directory of the worker command `command` (`train ... --out DIR`), where the
 /// job's record goes beside the workers' `metrics.jsonl`; `None` for a command that is not
 /// `train`.
@@ -91,10 +93,10 @@ pub struct Recorder {
     /// Where the record goes (`None`: the command is not `train`; nothing is recorded).
     dir: Option<PathBuf>,
     record: Option<JobRecord>,
-    /// Workers per node, in a job of several (a slot's node is `slot / per_node`).
-    per_node: Option<usize>,
+    /// Where each slot runs, in a job of several nodes.
+    nodes: Option<SlotMap>,
     /// This node's slots.
-    local: std::ops::Range<usize>,
+    local: Vec<usize>,
     /// The coordinator's reason for each local process it lost, and when, until the
     /// launcher reaps it.
     seen_lost: BTreeMap<(usize, u64), (String, f64)>,
@@ -111,13 +113,13 @@ pub struct Recorder {
 
 impl Recorder {
     /// A recorder for the job whose worker command is `command`, of whose slots this node
-    /// runs `local`; `per_node` in a job of several nodes. It writes nothing until
+    /// runs `local`; `nodes` in a job of several nodes. It writes nothing until
     /// [`Recorder::open`].
-    pub fn new(command: &[String], local: std::ops::Range<usize>, per_node: Option<usize>) -> Recorder {
+    pub fn new(command: &[String], local: Vec<usize>, nodes: Option<SlotMap>) -> Recorder {
         Recorder {
             dir: out_dir(command),
             record: None,
-            per_node,
+            nodes,
             local,
             seen_lost: BTreeMap::new(),
             killed: BTreeSet::new(),
@@ -147,7 +149,7 @@ impl Recorder {
     }
 
     fn node_of(&self, slot: usize) -> Option<u64> {
-        self.per_node.map(|n| (slot / n.max(1)) as u64)
+        self.nodes.map(|n| n.node_of(slot) as u64)
     }
 
     fn write(&mut self, event: JobEvent) {
@@ -263,6 +265,7 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slots::Placement;
     use std::os::unix::process::ExitStatusExt;
     use std::path::Path;
 
@@ -314,7 +317,7 @@ mod tests {
     fn a_killed_worker_is_one_loss_with_its_signal_then_a_replacement() {
         let tmp = Scratch::new("killed");
         let out = tmp.0.join("run");
-        let mut r = Recorder::new(&command(&out), 0..3, None);
+        let mut r = Recorder::new(&command(&out), vec![0, 1, 2], None);
         r.open(true);
         let quorum = |epoch, fetching: Vec<u32>| MembershipEvent::Quorum {
             quorum: comm::protocol::Quorum::of_replicas((epoch, vec![0, 1, 2]), (20, 1, None), vec![1, 2]),
@@ -357,7 +360,7 @@ mod tests {
         let tmp = Scratch::new("hung");
         let out = tmp.0.join("run");
         // Node 0 of two, two workers each.
-        let mut r = Recorder::new(&command(&out), 0..2, Some(2));
+        let mut r = Recorder::new(&command(&out), vec![0, 1], Some(SlotMap::new(Placement::Replicas, 2, 2, 1)));
         r.open(true);
         r.said(&MembershipEvent::Lost { id: 1, incarnation: 0, reason: "silent for 2.0 s".into() });
         r.killing(1, 0);

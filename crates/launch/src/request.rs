@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::elastic::Span;
+use crate::slots::Placement;
 use crate::static_job::{Meeting, Nodes, StaticJob};
 use crate::{LaunchError, OnFailure};
 
@@ -93,6 +94,8 @@ pub struct LaunchRequest {
     pub replay_helpers: usize,
     /// The MPI starter and its options, for a job under MPI.
     pub mpirun: Option<String>,
+    /// How the job's slots are laid on its nodes (`--place`).
+    pub place: Placement,
     /// The worker command.
     pub command: Vec<String>,
 }
@@ -145,6 +148,7 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         )));
     }
     let nodes = nodes(&r)?;
+    check_placement(&r)?;
     if !restarts {
         let failures = crate::static_job::run(&StaticJob {
             nproc: r.nproc,
@@ -162,7 +166,16 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
     let (span, here) = match nodes.meeting {
         Meeting::Coordinator(address) if r.max_nnodes == 1 => (None, Some(address)),
         Meeting::Loopback => (None, None),
-        meeting => (Some(Span { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr }), None),
+        meeting => (
+            Some(Span {
+                nnodes: r.nnodes,
+                node_rank: r.node_rank,
+                meeting,
+                local_addr: r.local_addr,
+                placement: r.place,
+            }),
+            None,
+        ),
     };
     let world = r.nproc * r.nnodes;
     if r.min_nproc.is_some_and(|m| m == 0 || m > world) {
@@ -304,9 +317,15 @@ fn failed_if_any(failures: Vec<String>) -> Result<(), LaunchError> {
 /// A job under the MPI starter, restarted whole from its last checkpoint with
 /// `max_restarts`.
 fn run_mpi(r: LaunchRequest) -> Result<(), LaunchError> {
-    if r.max_nnodes > 1 || r.coordinator.is_some() || r.rendezvous.is_some() || r.local_addr.is_some() {
+    if r.max_nnodes > 1
+        || r.coordinator.is_some()
+        || r.rendezvous.is_some()
+        || r.local_addr.is_some()
+        || r.place != Placement::Replicas
+    {
         return Err(bad("MPI places the ranks of --engine mpi and they meet through MPI: \
-             give hosts in --mpirun's options (e.g. --hostfile), not --nnodes, --coordinator, --rendezvous or --local-addr"));
+             give hosts in --mpirun's options (e.g. --hostfile), not --nnodes, --coordinator, --rendezvous, \
+             --local-addr or --place"));
     }
     if r.on_failure.is_some() || matches!(r.recovery, Some(Recovery::Live | Recovery::Memory)) {
         return Err(bad("an MPI job is not elastic (a rank's failure ends every rank): \
@@ -324,6 +343,33 @@ fn run_mpi(r: LaunchRequest) -> Result<(), LaunchError> {
         });
     }
     failed_if_any(starter.run(r.nproc, &r.command, &[])?)
+}
+
+/// `--place stages` lays the stages of whole pipelines on a fixed set of nodes.
+fn check_placement(r: &LaunchRequest) -> Result<(), LaunchError> {
+    if r.place == Placement::Replicas {
+        return Ok(());
+    }
+    let stages = crate::replay::pipeline_stages(&r.command);
+    let world = r.nproc * r.nnodes;
+    if stages < 2 {
+        return Err(bad("--place stages lays a pipeline's stages on the nodes, but the worker command has one \
+             stage: give `train --pipeline-stages S`, or leave --place out"));
+    }
+    if r.max_nnodes != r.nnodes {
+        return Err(bad(format!(
+            "--place stages lays the stages on a fixed set of nodes, but --nnodes {}:{} is a range (a node that \
+             joins would hold part of every stage): give one count, or place by replica (--place replicas)",
+            r.nnodes, r.max_nnodes
+        )));
+    }
+    if !world.is_multiple_of(stages) {
+        return Err(bad(format!(
+            "the job's {world} workers are not whole pipelines of {stages} stages: give a multiple of {stages} \
+             workers in all (--nproc-per-node x --nnodes)"
+        )));
+    }
+    Ok(())
 }
 
 /// Where this node's workers sit, from the request and torchrun's `PET_*` variables.
@@ -363,7 +409,7 @@ fn nodes(r: &LaunchRequest) -> Result<Nodes, LaunchError> {
             )));
         }
     };
-    Ok(Nodes { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr })
+    Ok(Nodes { nnodes: r.nnodes, node_rank: r.node_rank, meeting, local_addr: r.local_addr, placement: r.place })
 }
 
 #[cfg(test)]
@@ -390,6 +436,7 @@ mod tests {
             save_dir: None,
             replay_helpers: 1,
             mpirun: None,
+            place: Placement::Replicas,
             command: vec!["train".into()],
         }
     }
@@ -431,6 +478,28 @@ mod tests {
                 "restart training, not a benchmark",
             ),
             (LaunchRequest { save_every: 0, ..request() }, "--save-every must be at least 1"),
+            (LaunchRequest { place: Placement::Stages, ..request() }, "the worker command has one stage"),
+            (
+                LaunchRequest {
+                    nnodes: 2,
+                    max_nnodes: 3,
+                    coordinator: Some("h:1".into()),
+                    place: Placement::Stages,
+                    command: ["train", "--pipeline-stages", "2"].map(str::to_owned).to_vec(),
+                    ..request()
+                },
+                "--nnodes 2:3 is a range",
+            ),
+            (
+                LaunchRequest {
+                    nproc: 3,
+                    max_restarts: None,
+                    place: Placement::Stages,
+                    command: ["train", "--pipeline-stages", "2"].map(str::to_owned).to_vec(),
+                    ..request()
+                },
+                "not whole pipelines of 2 stages",
+            ),
             (
                 LaunchRequest { nnodes: 2, max_nnodes: 2, node_rank: 2, ..request() },
                 "--node-rank 2 is not one of the 2 nodes",

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use crate::slots::{Placement, SlotMap};
 use crate::workers::{Exited, Workers};
 use crate::{KILL_GRACE, LaunchError};
 
@@ -24,6 +25,8 @@ pub struct Nodes {
     /// Where this node's workers listen (`None`: the address that reaches the
     /// coordinator or etcd).
     pub local_addr: Option<IpAddr>,
+    /// How the job's slots are laid on its nodes.
+    pub placement: Placement,
 }
 
 /// Where a job's workers meet.
@@ -40,7 +43,7 @@ pub enum Meeting {
 impl Nodes {
     /// One node, with the coordinator on a free loopback port.
     pub fn single() -> Self {
-        Nodes { nnodes: 1, node_rank: 0, meeting: Meeting::Loopback, local_addr: None }
+        Nodes { nnodes: 1, node_rank: 0, meeting: Meeting::Loopback, local_addr: None, placement: Placement::Replicas }
     }
 }
 
@@ -81,7 +84,8 @@ enum Heard {
 pub fn run(job: &StaticJob<'_>) -> Result<Vec<String>, LaunchError> {
     let nodes = &job.nodes;
     let world = nodes.nnodes * job.nproc;
-    let first_rank = nodes.node_rank * job.nproc;
+    let stages = crate::replay::pipeline_stages(job.command);
+    let slots = SlotMap::new(nodes.placement, job.nproc, nodes.nnodes, stages).of_node(nodes.node_rank);
     // On one node the secret is the launcher's to draw; the nodes of a larger job must
     // share it.
     let secret = crate::shared_secret(nodes.nnodes > 1)?;
@@ -97,8 +101,7 @@ pub fn run(job: &StaticJob<'_>) -> Result<Vec<String>, LaunchError> {
     env.extend(nodes.local_addr.map(|ip| ("STEADFAST_BIND".to_owned(), ip.to_string())));
     env.extend(job.env.iter().cloned());
     let mut workers = Workers::new(job.command, env, tx.clone(), Heard::Exited)?;
-    for local in 0..job.nproc {
-        let rank = first_rank + local;
+    for (local, &rank) in slots.iter().enumerate() {
         let place = [("STEADFAST_RANK".to_owned(), rank.to_string()), ("LOCAL_RANK".to_owned(), local.to_string())];
         workers.start(rank, 0, &place)?;
     }
