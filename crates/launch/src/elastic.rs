@@ -193,7 +193,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     // Said before anything else: who starts workers by hand reads the address here.
     let announce = announcement(&role, &meet_at.1, &plan)?;
     let world = plan.nproc * span.map_or(1, |s| s.nnodes);
-    let stages = crate::replay::pipeline_stages(&plan.command);
+    let stages = crate::command::pipeline_stages(&plan.command);
     let nodes = span.map(|s| SlotMap::new(s.placement, plan.nproc, s.nnodes, stages));
     let slots = match (span, nodes) {
         (Some(span), Some(nodes)) => nodes.of_node(span.node_rank),

@@ -34,6 +34,7 @@
 
 use std::time::Duration;
 
+mod command;
 pub mod coordinator;
 pub mod elastic;
 pub mod launcher_gone;

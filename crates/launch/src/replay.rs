@@ -19,26 +19,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::command::{flag_value, pipeline_stages};
 use crate::{LaunchError, say};
-
-/// The value that the worker command `command` gives `flag` (`--flag VALUE` or
-/// `--flag=VALUE`; the last, when given twice).
-pub(crate) fn flag_value<'a>(command: &'a [String], flag: &str) -> Option<&'a str> {
-    let mut found = None;
-    for (i, a) in command.iter().enumerate() {
-        if a == flag {
-            found = command.get(i + 1).map(String::as_str);
-        } else if let Some(v) = a.strip_prefix(flag).and_then(|rest| rest.strip_prefix('=')) {
-            found = Some(v);
-        }
-    }
-    found
-}
-
-/// The pipeline stages that the worker command asks for (1: none).
-pub(crate) fn pipeline_stages(command: &[String]) -> usize {
-    flag_value(command, "--pipeline-stages").and_then(|v| v.parse().ok()).unwrap_or(1)
-}
 
 /// Where the job's checkpoints go: `--save-dir`, or `OUT/checkpoints` under the workers'
 /// `--out` (`train`'s default when the command gives none), beside the job's metrics and
@@ -149,11 +131,8 @@ mod tests {
     }
 
     #[test]
-    fn the_worker_command_s_flags_are_read_in_both_forms() {
+    fn the_checkpoints_go_under_save_dir_or_the_workers_out() {
         let command = words("train --pipeline-stages 3 --out=runs/a --steps 9");
-        assert_eq!(pipeline_stages(&command), 3);
-        assert_eq!(pipeline_stages(&words("train --pipeline-stages=2")), 2);
-        assert_eq!(pipeline_stages(&words("train --steps 9")), 1);
         assert_eq!(checkpoint_root(None, &command), PathBuf::from("runs/a/checkpoints"));
         let default = PathBuf::from(comm::job::DEFAULT_OUT).join("checkpoints");
         assert_eq!(checkpoint_root(None, &words("train --output-dir x")), default);

@@ -182,7 +182,7 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
         return Err(bad(format!("--min-nproc must be between 1 and the job's workers at the start ({world})")));
     }
     let recovery = r.recovery.unwrap_or(Recovery::Live);
-    let stages = crate::replay::pipeline_stages(&r.command);
+    let stages = crate::command::pipeline_stages(&r.command);
     if stages > 1 && !world.is_multiple_of(stages) {
         return Err(bad(format!(
             "the job's {world} workers are not whole pipelines of {stages} stages: give a multiple of {stages} \
@@ -191,7 +191,7 @@ pub fn run(r: LaunchRequest) -> Result<(), LaunchError> {
     }
     // A pipeline job recovers a lost stage worker from a live replica of its stage; the
     // in-memory copies of the rollback baseline hold whole models only.
-    if recovery == Recovery::Memory && crate::replay::pipeline_stages(&r.command) > 1 {
+    if recovery == Recovery::Memory && crate::command::pipeline_stages(&r.command) > 1 {
         return Err(bad(memory_pipeline_advice(&r)));
     }
     // The baselines serve a coordinator of their own on a free loopback port.
@@ -300,7 +300,7 @@ fn memory_pipeline_advice(r: &LaunchRequest) -> String {
          stages: a pipeline job recovers a lost stage worker from a live replica of its stage:\n  steadfast launch \
          {} -- {}\n(or replays its neighbours' boundary logs with --recovery replay, or restarts every worker from \
          the last checkpoint with --recovery checkpoint)",
-        crate::replay::pipeline_stages(&r.command),
+        crate::command::pipeline_stages(&r.command),
         flags.join(" "),
         r.command.join(" ")
     )
@@ -350,7 +350,7 @@ fn check_placement(r: &LaunchRequest) -> Result<(), LaunchError> {
     if r.place == Placement::Replicas {
         return Ok(());
     }
-    let stages = crate::replay::pipeline_stages(&r.command);
+    let stages = crate::command::pipeline_stages(&r.command);
     let world = r.nproc * r.nnodes;
     if stages < 2 {
         return Err(bad("--place stages lays a pipeline's stages on the nodes, but the worker command has one \

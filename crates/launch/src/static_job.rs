@@ -84,7 +84,7 @@ enum Heard {
 pub fn run(job: &StaticJob<'_>) -> Result<Vec<String>, LaunchError> {
     let nodes = &job.nodes;
     let world = nodes.nnodes * job.nproc;
-    let stages = crate::replay::pipeline_stages(job.command);
+    let stages = crate::command::pipeline_stages(job.command);
     let slots = SlotMap::new(nodes.placement, job.nproc, nodes.nnodes, stages).of_node(nodes.node_rank);
     // On one node the secret is the launcher's to draw; the nodes of a larger job must
     // share it.
