@@ -31,7 +31,7 @@
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,12 +43,9 @@ use comm::protocol::{Coordinator, Timing};
 use crate::record::Recorder;
 use crate::slots::{Placement, SlotMap};
 use crate::static_job::Meeting;
-use crate::workers::{Exited, Workers};
-use crate::{Exit, KILL_GRACE, LaunchError, OnFailure, Remedy, RestartPolicy, say};
-
-/// How long a launcher elected in etcd waits before it kills a worker its coordinator lost:
-/// time for the role's thread to find out whether the role is still held.
-const ROLE_CONFIRMED: Duration = Duration::from_secs(1);
+use crate::supervise::{Heard, Mode, Supervisor};
+use crate::workers::Workers;
+use crate::{LaunchError, OnFailure, RestartPolicy, say};
 
 /// How an elastic job is run.
 pub struct ElasticJob {
@@ -95,53 +92,6 @@ pub struct Span {
     pub local_addr: Option<IpAddr>,
     /// How the job's slots are laid on its nodes.
     pub placement: Placement,
-}
-
-/// What the launcher hears.
-enum Heard {
-    /// A worker's process exited.
-    Exited(Exited),
-    /// The coordinator lost process `incarnation` of `slot`.
-    Lost { slot: usize, incarnation: u64 },
-    /// Every member holds the final state: a failure is not replaced any more.
-    Finished,
-    /// The coordinator returned: the job is over.
-    CoordinatorDone,
-    /// This launcher was elected to the coordinator role (generation).
-    Elected(u64),
-    /// This launcher lost the coordinator role (why): another serves it now.
-    RoleLost(String),
-    /// The coordinator this launcher serves said this (for the job's record).
-    Said(MembershipEvent),
-}
-
-/// The launcher's side of the job while it runs.
-struct Supervisor<'p> {
-    plan: &'p ElasticJob,
-    started: Instant,
-    workers: Workers<Heard>,
-    /// This node's slots, by local rank.
-    slots: Vec<usize>,
-    /// Processes started so far, by local rank.
-    incarnations: Vec<u64>,
-    policy: RestartPolicy,
-    /// Whether this launcher serves the coordinator (one node, node 0 of several, or the
-    /// holder of the role in etcd).
-    serves: bool,
-    /// Whether it holds the role by election (in etcd), and the workers its coordinator
-    /// lost, to kill once the role is confirmed: a holder stopped past its lease and
-    /// continued first sees its workers' connections to it closed (they moved to the new
-    /// holder), and must not kill them for that.
-    elected: bool,
-    doomed: Vec<(Instant, usize, u64)>,
-    finished: bool,
-    /// Since when the job is over (a worker still running then is killed after a grace).
-    over_since: Option<Instant>,
-    /// Whether the workers left after the grace were killed.
-    killed: bool,
-    stopped_on_error: Option<usize>,
-    /// The job's record (`events.jsonl`), kept while this launcher serves the coordinator.
-    record: Recorder,
 }
 
 /// How this launcher takes part in coordinating the job.
@@ -223,31 +173,19 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     // A node of several never stops the job on its own count: the coordinator's quorum,
     // which sees every node, decides.
     let local_min = if span.is_some() { 0 } else { min_world };
-    let mut job = Supervisor {
-        plan: &plan,
-        started: Instant::now(),
-        workers: Workers::new(&plan.command, env, tx.clone(), Heard::Exited)?,
-        slots: slots.clone(),
-        incarnations: vec![0; plan.nproc],
-        policy: RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, local_min),
-        serves: matches!(role, Coordinating::Serves(_)),
-        elected: matches!(role, Coordinating::Candidate(..)),
-        doomed: Vec::new(),
-        finished: false,
-        over_since: None,
-        killed: false,
-        stopped_on_error: None,
-        record: Recorder::new(&plan.command, slots.clone(), nodes),
-    };
+    let policy = RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, local_min);
+    let workers = Workers::new(&plan.command, env, tx.clone(), Heard::Exited)?;
+    let record = Recorder::new(&plan.command, slots.clone(), nodes);
+    let mut job = Supervisor::new(Mode::Elastic { plan: &plan, policy }, workers, slots, record);
+    job.serves = matches!(role, Coordinating::Serves(_));
+    job.elected = matches!(role, Coordinating::Candidate(..));
     if job.serves {
         job.record.open(true);
     }
     if let Some(line) = announce {
         say!(job.started, "{line}");
     }
-    for &slot in &slots {
-        job.start(slot)?;
-    }
+    job.start_all()?;
     let started = job.started;
     let give_up = Arc::new(AtomicBool::new(false));
     let state = std::thread::scope(|s| -> Result<Option<JobState>, LaunchError> {
@@ -267,7 +205,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
             Coordinating::Not => None,
             role => Some(s.spawn(move || serving.serve(role))),
         };
-        let supervised = job.supervise(&rx, &requests);
+        let supervised = job.supervise(&rx, Some(requests.as_ref()));
         // Also when supervision failed: the coordinator's thread (or campaign) must end.
         give_up.store(true, Ordering::Relaxed);
         requests.shutdown.store(true, Ordering::Relaxed);
@@ -286,7 +224,7 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
         }
         Ok(Some(state))
     })?;
-    let (restarts, errored, finished) = (job.policy.restarts(), job.stopped_on_error.is_some(), job.finished);
+    let (restarts, errored, finished) = (job.restarts(), job.stopped_on_error.is_some(), job.finished);
     job.workers.join();
     outcome(state, restarts, (errored, finished), started)
 }
@@ -454,166 +392,4 @@ struct Elected {
     lost: Arc<AtomicBool>,
     /// The watch on the workers' leases, for as long as the role is held.
     _leases: comm::etcd::elastic::Background,
-}
-
-impl Supervisor<'_> {
-    /// The local rank of this node's `slot`.
-    fn local(&self, slot: usize) -> usize {
-        self.slots.iter().position(|&s| s == slot).expect("a slot of this node")
-    }
-
-    /// Starts the slot's next process.
-    fn start(&mut self, slot: usize) -> Result<(), LaunchError> {
-        let local = self.local(slot);
-        let incarnation = self.incarnations[local];
-        let env = [
-            ("STEADFAST_RANK".to_owned(), slot.to_string()),
-            ("LOCAL_RANK".to_owned(), local.to_string()),
-            ("STEADFAST_INCARNATION".to_owned(), incarnation.to_string()),
-        ];
-        let pid = self.workers.start(slot, incarnation, &env)?;
-        say!(self.started, "worker {slot} started: process {} (pid {pid})", incarnation + 1);
-        Ok(())
-    }
-
-    /// How long workers may outlive the end of the job. A node without the coordinator
-    /// learns of the end from its first worker that finished, so the others get the
-    /// time to hear it from the coordinator as well.
-    /// Workers of a job that ended well are evaluating the final state: they get longer.
-    fn grace(&self) -> Duration {
-        let grace = if self.serves { KILL_GRACE } else { KILL_GRACE + 2 * self.plan.heartbeat_timeout };
-        if self.finished { grace.max(crate::FINISHED_GRACE) } else { grace }
-    }
-
-    /// Handles what the launcher hears until no worker runs.
-    fn supervise(&mut self, rx: &Receiver<Heard>, requests: &Requests) -> Result<(), LaunchError> {
-        // The launcher that serves the coordinator stays while the job goes on elsewhere,
-        // even with none of its own workers left.
-        while self.workers.any_running() || (self.serves && self.over_since.is_none()) {
-            // Once the job is over, a worker still running after the grace is hung or was
-            // never told: it is killed.
-            let wait = match self.over_since {
-                Some(t) if !self.killed => self.grace().saturating_sub(t.elapsed()),
-                _ => Duration::from_secs(3600),
-            };
-            let wait = self
-                .doomed
-                .iter()
-                .map(|(at, ..)| at.saturating_duration_since(Instant::now()))
-                .fold(wait, Duration::min);
-            match rx.recv_timeout(wait) {
-                Ok(Heard::Exited(e)) => self.on_exit(e, requests)?,
-                // A worker the coordinator lost may still run (hung, or cut off): end it.
-                // (Only the process lost: its replacement may have started already.)
-                Ok(Heard::Lost { slot, incarnation }) if self.elected => {
-                    self.doomed.push((Instant::now() + ROLE_CONFIRMED, slot, incarnation));
-                }
-                Ok(Heard::Lost { slot, incarnation }) => self.kill_lost(slot, incarnation),
-                Ok(Heard::Finished) => self.finished = true,
-                Ok(Heard::CoordinatorDone) => {
-                    self.over_since.get_or_insert_with(Instant::now);
-                }
-                Ok(Heard::Said(event)) => self.record.said(&event),
-                Ok(Heard::Elected(generation)) => {
-                    self.record.elected(generation, self.plan.span.as_ref().map(|s| s.node_rank as u64));
-                    self.serves = true;
-                    say!(self.started, "this launcher holds the coordinator role (generation {generation})");
-                }
-                Ok(Heard::RoleLost(why)) => {
-                    self.record.role_lost(&why, self.plan.span.as_ref().map(|s| s.node_rank as u64));
-                    self.serves = false;
-                    say!(self.started, "this launcher lost the coordinator role: {why}");
-                }
-                Err(RecvTimeoutError::Timeout) if self.over_since.is_none() || self.killed => {}
-                Err(RecvTimeoutError::Timeout) => {
-                    self.killed = true;
-                    for slot in self.workers.running() {
-                        if self.workers.kill(slot, None).is_some() {
-                            say!(self.started, "killing worker {slot}: still running after the job ended");
-                        }
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-            if self.stopped_on_error.is_some() {
-                requests.shutdown.store(true, Ordering::Relaxed);
-            }
-            let now = Instant::now();
-            for (_, slot, incarnation) in self.doomed.extract_if(.., |(at, ..)| *at <= now).collect::<Vec<_>>() {
-                if self.serves {
-                    self.kill_lost(slot, incarnation);
-                } else {
-                    say!(
-                        self.started,
-                        "worker {slot} goes on: this launcher's coordinator lost it after losing the role"
-                    );
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Kills process `incarnation` of `slot`, which the coordinator lost (hung, or cut off);
-    /// its replacement may have started already, and lives.
-    fn kill_lost(&mut self, slot: usize, incarnation: u64) {
-        if let Some(pid) = self.workers.kill(slot, Some(incarnation)) {
-            self.record.killing(slot, incarnation);
-            say!(self.started, "killing worker {slot} (pid {pid}): the coordinator lost it");
-        }
-    }
-
-    /// A worker's process exited: the policy decides.
-    fn on_exit(&mut self, e: Exited, requests: &Requests) -> Result<(), LaunchError> {
-        self.workers.exited(&e);
-        let (slot, started) = (e.slot, self.started);
-        let status = e.status.map_err(|why| LaunchError::Failed(format!("cannot reap worker {slot}: {why}")))?;
-        let exit = Exit::of(status);
-        // (A worker killed after the end of the job was said to be.)
-        if exit != Exit::Success && !self.killed {
-            say!(started, "worker {slot} (process {}) exited with {status}", e.incarnation + 1);
-            self.record.exited(slot, e.incarnation, Ok(status));
-        }
-        if exit == Exit::Success {
-            // A worker exits with success only once the job has finished. A node without
-            // the coordinator hears it so: the rest of its workers have a grace to end.
-            self.finished = true;
-            if !self.serves {
-                self.over_since.get_or_insert_with(Instant::now);
-            }
-        }
-        let over = self.over_since.is_some() || self.finished;
-        // A worker that fails as it ends (its last checkpoint, evaluation or summary: an
-        // error, or a panic) fails the job, finished or not. One killed from outside once
-        // the job is over is a loss, not an error: its peers hold the final state, and a
-        // kill during the last checkpoint's agreement fails them, which fails the job.
-        let killed_from_outside = std::os::unix::process::ExitStatusExt::signal(&status).is_some();
-        if exit != Exit::Success && !self.killed && over && !killed_from_outside {
-            self.stopped_on_error.get_or_insert(slot);
-        }
-        match self.policy.on_exit(exit, over) {
-            Remedy::Nothing | Remedy::Shrink => {}
-            Remedy::Replace { restart } => {
-                let local = self.local(slot);
-                self.incarnations[local] += 1;
-                say!(started, "replacing worker {slot} (restart {restart} of {})", self.plan.max_restarts);
-                let incarnation = self.incarnations[local];
-                self.record.replaced(slot, incarnation, restart, self.plan.max_restarts);
-                self.start(slot)?;
-            }
-            Remedy::Fail => {
-                say!(started, "worker {slot} stopped on an error: the job ends");
-                let reason = format!("worker {slot} stopped on an error (its output says which)");
-                self.record.said(&MembershipEvent::Stopped { reason });
-                self.stopped_on_error = Some(slot);
-                self.over_since.get_or_insert_with(Instant::now);
-            }
-            Remedy::Stop { reason } => {
-                say!(started, "the job ends: {reason}");
-                // The coordinator tells every survivor why, and they exit.
-                *requests.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
-                self.over_since = Some(Instant::now());
-            }
-        }
-        Ok(())
-    }
 }

@@ -47,6 +47,7 @@ pub mod request;
 pub mod restart;
 pub mod slots;
 pub mod static_job;
+mod supervise;
 pub mod workers;
 
 pub use comm::etcd::Target;

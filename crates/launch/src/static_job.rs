@@ -2,17 +2,20 @@
 //!
 //! Node 0's launcher serves the rendezvous and then the membership by heartbeat
 //! ([`comm::supervisor`]); every node's launcher starts its workers, forwards their
-//! output, and kills those that outlive the job (a stopped process, say). A job whose
+//! output, and kills those that outlive the job (a stopped process, say), in the loop
+//! that supervises every kind of job ([`crate::supervise`]). A job whose
 //! workers all exit before it forms is reported at once, not at the rendezvous timeout.
 
 use std::net::{IpAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::sync::mpsc;
+use std::time::Duration;
 
+use crate::LaunchError;
+use crate::record::Recorder;
 use crate::slots::{Placement, SlotMap};
-use crate::workers::{Exited, Workers};
-use crate::{KILL_GRACE, LaunchError};
+use crate::supervise::{Heard, Mode, Supervisor};
+use crate::workers::Workers;
 
 /// Where this launcher's workers sit in a job of one or several nodes.
 pub struct Nodes {
@@ -71,14 +74,6 @@ pub(crate) fn port_of(address: &str) -> Result<u16, LaunchError> {
     port.parse().map_err(|e| bad(format!("has a bad port: {e}")))
 }
 
-/// What the launcher hears.
-enum Heard {
-    /// A worker's process exited.
-    Exited(Exited),
-    /// The coordinator's membership ended: no member is alive as far as it knows.
-    Over,
-}
-
 /// Runs a static job's workers on this node (and, on node 0, its coordinator); returns
 /// what failed (nothing when every worker succeeded).
 pub fn run(job: &StaticJob<'_>) -> Result<Vec<String>, LaunchError> {
@@ -100,17 +95,16 @@ pub fn run(job: &StaticJob<'_>) -> Result<Vec<String>, LaunchError> {
     ];
     env.extend(nodes.local_addr.map(|ip| ("STEADFAST_BIND".to_owned(), ip.to_string())));
     env.extend(job.env.iter().cloned());
-    let mut workers = Workers::new(job.command, env, tx.clone(), Heard::Exited)?;
-    for (local, &rank) in slots.iter().enumerate() {
-        let place = [("STEADFAST_RANK".to_owned(), rank.to_string()), ("LOCAL_RANK".to_owned(), local.to_string())];
-        workers.start(rank, 0, &place)?;
-    }
+    let workers = Workers::new(job.command, env, tx.clone(), Heard::Exited)?;
     let (timeout, heartbeat) = (job.rendezvous_timeout, job.heartbeat_timeout);
     // How long the others take to learn of a lost worker.
     let lost_after = match &nodes.meeting {
         Meeting::Etcd(target) => target.ttl,
         _ => heartbeat,
     };
+    let record = Recorder::new(job.command, slots.clone(), None);
+    let mut supervisor = Supervisor::new(Mode::Static { lost_after }, workers, slots, record);
+    supervisor.start_all()?;
     let secret_bytes = secret.into_bytes();
     // Set once every worker of this node has exited: a job that has not formed by then
     // never will, and its rendezvous is not waited out.
@@ -126,12 +120,14 @@ pub fn run(job: &StaticJob<'_>) -> Result<Vec<String>, LaunchError> {
                                 eprintln!("[coordinator] {event}");
                             })
                         });
-                let _ = tx.send(Heard::Over);
+                let _ = tx.send(Heard::CoordinatorDone);
                 result
             })
         });
-        let mut failures = watch(&mut workers, &rx, lost_after);
+        let supervised = supervisor.supervise(&rx, None);
         workers_gone.store(true, Ordering::Relaxed);
+        supervised?;
+        let mut failures = std::mem::take(&mut supervisor.failures);
         match coordinator.map(|c| c.join()) {
             None => {}
             Some(Ok(Err(e))) => failures.push(format!("rendezvous: {e}")),
@@ -142,7 +138,7 @@ pub fn run(job: &StaticJob<'_>) -> Result<Vec<String>, LaunchError> {
         }
         Ok(failures)
     });
-    workers.join();
+    supervisor.workers.join();
     outcome
 }
 
@@ -162,52 +158,4 @@ fn meeting_point(nodes: &Nodes) -> Result<(Option<TcpListener>, (&'static str, S
         }
         (Meeting::Coordinator(address), _) => (None, ("STEADFAST_COORDINATOR", address.clone())),
     })
-}
-
-/// Waits for every worker to exit; after the first failure, or once the coordinator has
-/// no member left, whoever still runs past the loss bound and a grace is killed (it is
-/// hung or stopped). Returns what failed.
-fn watch(workers: &mut Workers<Heard>, rx: &Receiver<Heard>, lost_after: Duration) -> Vec<String> {
-    let mut failures = Vec::new();
-    let mut kill_at: Option<Instant> = None;
-    let mut killed: Vec<usize> = Vec::new();
-    while workers.any_running() {
-        let wait = kill_at.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
-        match rx.recv_timeout(wait) {
-            Ok(Heard::Exited(e)) => {
-                workers.exited(&e);
-                let rank = e.slot;
-                match e.status {
-                    _ if killed.contains(&rank) => {}
-                    Ok(status) if status.success() => {}
-                    Ok(status) => failures.push(format!("rank {rank} exited with {status}")),
-                    Err(why) => failures.push(format!("rank {rank} could not be reaped: {why}")),
-                }
-                // The others learn of a failure within the loss bound (from the
-                // coordinator, or from etcd when the job has none).
-                if !failures.is_empty() && killed.is_empty() {
-                    sooner(&mut kill_at, Instant::now() + lost_after + KILL_GRACE);
-                }
-            }
-            Ok(Heard::Over) if killed.is_empty() => sooner(&mut kill_at, Instant::now() + KILL_GRACE),
-            Ok(Heard::Over) => {}
-            Err(RecvTimeoutError::Timeout) if kill_at.is_some() => {
-                for rank in workers.running() {
-                    if workers.kill(rank, None).is_some() {
-                        failures.push(format!("rank {rank} was killed: still running after the job ended"));
-                        killed.push(rank);
-                    }
-                }
-                kill_at = None;
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    failures
-}
-
-/// Moves `deadline` to `at` if that is sooner.
-fn sooner(deadline: &mut Option<Instant>, at: Instant) {
-    *deadline = Some(deadline.map_or(at, |d| d.min(at)));
 }
