@@ -4,8 +4,8 @@ on `torch.distributed`'s gloo backend, one process per rank, with the same input
 Two modes, as Steadfast's:
 - `fast`: `all_reduce(SUM)` of the f32 vector, whatever order gloo's algorithm adds in.
 - `reproducible`: Steadfast's two-phase fixed-point sum written with torch operations on
-  gloo's integer collectives (the per-element maximum exponent with MAX on uint8, then the
-  64-bit fixed-point terms with SUM on int64). Integer sums are associative, so the bits do
+  gloo's integer collectives (the maximum exponent of each block of 64 elements with MAX on
+  uint8, then the 64-bit fixed-point terms with SUM on int64). Integer sums are associative, so the bits do
   not depend on the world size or on gloo's algorithm; they are those of Steadfast's sum.
   This port handles finite values only (the benchmark's inputs), not NaN or infinities.
 
@@ -34,30 +34,38 @@ def collective_input(rank, n):
 CHUNK = 1 << 22  # elements converted at a time, to bound the temporaries' memory
 
 
+BLOCK = 64  # elements that share one scale, as repro::batched::EXP_BLOCK
+
+
 def reproducible_sum(x, group=None):
     """The element-wise sum over the ranks of f32 `x`, with the bits of Steadfast's
     reproducible all-reduce (finite values only)."""
     bits = x.view(torch.int32)
-    exps = torch.empty(x.numel(), dtype=torch.uint8)
-    for i in range(0, x.numel(), CHUNK):
+    n = x.numel()
+    exps = torch.empty((n + BLOCK - 1) // BLOCK, dtype=torch.uint8)
+    for i in range(0, n, CHUNK):
         field = (bits[i:i + CHUNK] >> 23) & 0xFF
         if bool((field == 0xFF).any()):
             raise ValueError("the reproducible port handles finite values only")
-        exps[i:i + CHUNK] = field.clamp(min=1)
+        padded = torch.nn.functional.pad(field.clamp(min=1), (0, (-field.numel()) % BLOCK), value=1)
+        exps[i // BLOCK:(i + field.numel() + BLOCK - 1) // BLOCK] = padded.reshape(-1, BLOCK).amax(1)
     dist.all_reduce(exps, op=dist.ReduceOp.MAX, group=group)
-    acc = torch.empty(x.numel(), dtype=torch.int64)
-    for i in range(0, x.numel(), CHUNK):
+    acc = torch.empty(n, dtype=torch.int64)
+    for i in range(0, n, CHUNK):
         b = bits[i:i + CHUNK]
+        scale = exps[i // BLOCK:(i + b.numel() + BLOCK - 1) // BLOCK].repeat_interleave(BLOCK)[:b.numel()]
         field = (b >> 23) & 0xFF
         mant = ((b & 0x7FFFFF) | ((field != 0).to(torch.int32) << 23)).to(torch.int64)
-        k = field.clamp(min=1).to(torch.int64) - exps[i:i + CHUNK].to(torch.int64) + SHIFT
+        k = field.clamp(min=1).to(torch.int64) - scale.to(torch.int64) + SHIFT
         magnitude = (mant << k.clamp(min=0)) >> (-k).clamp(0, 63)
         acc[i:i + CHUNK] = torch.where(b < 0, -magnitude, magnitude)
     dist.all_reduce(acc, op=dist.ReduceOp.SUM, group=group)
     # One rounding to f32, then an exact scaling by 2^(e - 150 - SHIFT) in f64.
     out = torch.empty_like(x)
-    for i in range(0, x.numel(), CHUNK):
-        unit = ((exps[i:i + CHUNK].to(torch.int64) - 150 - SHIFT + 1023) << 52).view(torch.float64)
+    for i in range(0, n, CHUNK):
+        m = min(CHUNK, n - i)
+        scale = exps[i // BLOCK:(i + m + BLOCK - 1) // BLOCK].repeat_interleave(BLOCK)[:m]
+        unit = ((scale.to(torch.int64) - 150 - SHIFT + 1023) << 52).view(torch.float64)
         out[i:i + CHUNK] = acc[i:i + CHUNK].to(torch.float32).to(torch.float64) * unit
     return out
 

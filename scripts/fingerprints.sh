@@ -20,7 +20,7 @@
 # Checked (the fixed-order kernels' cases run once per instruction set this CPU has,
 # STEADFAST_ISA=scalar|avx2|avx512, since the docs promise one fingerprint for all):
 #   README.md:50, docs/determinism.md:12  ccec08d34ddbd619  `steadfast train` (the defaults)
-#   README.md:23  cbe7400740948249  scripts/demo.sh: the undisturbed run, and the 3-worker job that
+#   README.md:23  46404ae18f6aee24  scripts/demo.sh: the undisturbed run, and the 3-worker job that
 #                 loses worker 1 at step 700 and a bit of worker 2 before step 1400 (about 55 s)
 #   docs/determinism.md:105-107, :35  9a1bbcea6ca95d75 (MLP), a1fca554858829e8 (LeNet-5),
 #                 fixed-order kernels, every ISA
@@ -28,16 +28,19 @@
 #   docs/determinism.md:107  d6a2bc595108f44d  MLP, --kernels framework, under qemu-x86_64 -cpu qemu64
 #   docs/determinism.md:120  8d94d5114d9d5d6d  GPT, --kernels framework, under qemu-x86_64 -cpu qemu64
 #   docs/benchmarks.md:156  4f23aca6bf562476, 86d83b830b7b2b3e  the GPT on fortunes, 40 and 60 steps
-#   docs/benchmarks.md:470-472  b4ef702b0c1afffe  MLP, reproducible, 1000 steps: one `train` process
-#                 and `launch` jobs of 1, 2 and 4 workers
+#   docs/benchmarks.md:481  c6ca955519453718  MLP, reproducible, 1000 steps: one `train` process
+#                 and `launch` jobs of 1, 2 and 4 workers (the DDP table's note)
 #   docs/recovery.md:325  bb5563f964cde29d  scripts/chaos.sh's reference: one process and a
 #                 `launch --nproc 3 --max-restarts 2` job (undisturbed)
-#   docs/benchmarks.md:655  dbd33490bfc45348 (reproducible, 2 and 4 ranks), d81ec76a545f6181 and
+#   docs/benchmarks.md:669  73edc71221576d1f (reproducible, 2 and 4 ranks), d81ec76a545f6181 and
 #                 2cc492b65f9cc4a7 (fast, 2 and 4 ranks): the engines table's runs today
 #
 # Skipped:
 #   docs/benchmarks.md:470-472  c66b2b0f7e5086f3, 8d633670f4414ce6, d7f9f4717ea307d5: SHA-256
 #       prefixes of PyTorch DDP's final weights (needs PyTorch; not a Steadfast fingerprint).
+#   docs/benchmarks.md:470-472, 651-653  b4ef702b0c1afffe: what the tables' reproducible runs
+#       printed before the sum's scales became per block (2026-11-30); the notes under the
+#       tables give today's values, which are checked above.
 #   docs/benchmarks.md:650-653  the engines table: its MPI column needs MPI, its DDP column
 #       (6c9dbf8c57c25511, 675608151aa23a39, c6922b404ef1981e) PyTorch; and its Steadfast
 #       column (2d27caa5ea681bfe, 0e73f0b1aa54501b, 25e92ccf41d45514, a953b8ae65088e32) was
@@ -91,26 +94,26 @@ add 601e5494abdb9d98 docs/determinism.md:118 1 '@ISA $BIN train --model gpt --da
 add bb5563f964cde29d docs/recovery.md:325 1 "\$BIN $chaos"
 add bb5563f964cde29d docs/recovery.md:325 3 "\$BIN launch --nproc 3 --max-restarts 2 -- $chaos"
 add ccec08d34ddbd619 README.md:50 1 '$BIN train'
-add cbe7400740948249 README.md:23 1 "\$BIN $demo"
-add b4ef702b0c1afffe docs/benchmarks.md:470 1 "\$BIN $ddp"
-add b4ef702b0c1afffe docs/benchmarks.md:470 1 "\$BIN launch --nproc 1 -- $ddp"
-add b4ef702b0c1afffe docs/benchmarks.md:471 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $ddp"
-add b4ef702b0c1afffe docs/benchmarks.md:472 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $ddp"
-add dbd33490bfc45348 docs/benchmarks.md:655 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $engines --reduce reproducible"
-add dbd33490bfc45348 docs/benchmarks.md:655 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $engines --reduce reproducible"
-add d81ec76a545f6181 docs/benchmarks.md:655 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $engines --reduce fast"
-add 2cc492b65f9cc4a7 docs/benchmarks.md:655 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $engines --reduce fast"
+add 46404ae18f6aee24 README.md:23 1 "\$BIN $demo"
+add c6ca955519453718 docs/benchmarks.md:481 1 "\$BIN $ddp"
+add c6ca955519453718 docs/benchmarks.md:481 1 "\$BIN launch --nproc 1 -- $ddp"
+add c6ca955519453718 docs/benchmarks.md:481 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $ddp"
+add c6ca955519453718 docs/benchmarks.md:481 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $ddp"
+add 73edc71221576d1f docs/benchmarks.md:669 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $engines --reduce reproducible"
+add 73edc71221576d1f docs/benchmarks.md:669 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $engines --reduce reproducible"
+add d81ec76a545f6181 docs/benchmarks.md:669 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $engines --reduce fast"
+add 2cc492b65f9cc4a7 docs/benchmarks.md:669 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $engines --reduce fast"
 add 4f23aca6bf562476 docs/benchmarks.md:156 1 'RAYON_NUM_THREADS=1 $BIN train --model gpt --data fortunes --steps 40 --batch 32 --lr 2e-3 --eval-every 0 --eval-limit 1'
 add 86d83b830b7b2b3e docs/benchmarks.md:156 1 'RAYON_NUM_THREADS=1 $BIN train --model gpt --data fortunes --steps 60 --batch 32 --lr 2e-3 --eval-every 0 --eval-limit 1'
 add d6a2bc595108f44d docs/determinism.md:107 1 'qemu-x86_64 -cpu qemu64 $BIN train --model mlp --data synthetic --steps 20 --eval-every 0 --kernels framework'
 add 8d94d5114d9d5d6d docs/determinism.md:120 1 'qemu-x86_64 -cpu qemu64 $BIN train --model gpt --data synthetic --steps 2 --batch 2 --micro-batch 2 --eval-every 0 --eval-limit 2 --kernels framework'
-add cbe7400740948249 README.md:23 3 "\$BIN launch --nproc 3 --max-restarts 1 -- $demo --on-divergence repair --fault 'crash:rank=1,step=700,phase=update' --inject 'step=1400,rank=2,state=param,bits=exponent,count=1,seed=7'"
+add 46404ae18f6aee24 README.md:23 3 "\$BIN launch --nproc 3 --max-restarts 1 -- $demo --on-divergence repair --fault 'crash:rank=1,step=700,phase=update' --inject 'step=1400,rank=2,state=param,bits=exponent,count=1,seed=7'"
 
 # Values quoted in the docs that are deliberately not checked (see the top of this file).
 skipped='c66b2b0f7e5086f3 8d633670f4414ce6 d7f9f4717ea307d5 6c9dbf8c57c25511 675608151aa23a39
 c6922b404ef1981e 2d27caa5ea681bfe 0e73f0b1aa54501b 25e92ccf41d45514 a953b8ae65088e32
 f28b9b437bef7304 b94062c8c82ea9f0 04aa6be4b11e1abe 2d25dbd79a004c85 f1d6fc0467948685
-bf9c5a180cbe6614 f94166bc5e1f47ac 982779b22e5a9154 3ba864da8aac8026'
+bf9c5a180cbe6614 f94166bc5e1f47ac 982779b22e5a9154 3ba864da8aac8026 b4ef702b0c1afffe'
 
 # The DOC:LINE to print: as given if that line still quotes the value, else the first line of
 # the file that does (marked `*`), else the given one marked `(gone)`.

@@ -4,8 +4,8 @@
 //! same bits).
 //!
 //! A data-parallel step sums the gradients of every micro-batch of every rank. Each rank
-//! calls [`fixed_exponents`] on its micro-batches' gradients, the job takes the maximum of
-//! the exponents (an all-reduce of bytes with `MAX`), each rank converts its terms with
+//! calls [`fixed_exponents`] on its micro-batches' gradients (one scale byte per block of
+//! 64 elements), the job takes the maximum of the scales (an all-reduce of bytes with `MAX`), each rank converts its terms with
 //! [`fixed_add`] at those scales into one 64-bit sum, the job sums the integers (an
 //! all-reduce with `SUM`), and [`fixed_finish`] turns the sum back into floats divided by
 //! the number of micro-batches. Integer sums do not depend on their order or grouping, so
@@ -64,19 +64,38 @@ fn check_headroom(terms: usize, headroom: u32) -> PyResult<()> {
     Ok(())
 }
 
-/// Writes into the `n`-byte tensor `out` each element's largest exponent field over the
-/// float32 `terms` (each of `n` elements, in pieces).
+/// The number of scale bytes of a sum of `n` elements (one per block of
+/// `repro::batched::EXP_BLOCK`).
 #[pyfunction]
-fn fixed_exponents(py: Python<'_>, terms: Vec<Vec<At>>, out: At) -> PyResult<()> {
+fn fixed_scales(n: usize) -> usize {
+    batched::blocks_of(n)
+}
+
+/// Writes into the tensor `out` (one byte per block of the sum's `n` elements) each
+/// block's largest exponent field over the float32 `terms` (each of `n` elements, in
+/// pieces).
+#[pyfunction]
+fn fixed_exponents(py: Python<'_>, terms: Vec<Vec<At>>, n: usize, out: At) -> PyResult<()> {
     let exps = host_bytes_mut(out.0, out.1);
     py.allow_threads(|| {
-        let terms = terms_of(&terms, exps.len())?;
+        check_scales(exps.len(), n)?;
+        let terms = terms_of(&terms, n)?;
         exps.fill(0);
         for (at, piece) in terms.iter().flatten() {
-            batched::max_exponents(&mut exps[*at..at + piece.len()], piece);
+            batched::max_exponents(exps, piece, *at);
         }
         Ok(())
     })
+}
+
+fn check_scales(scales: usize, n: usize) -> PyResult<()> {
+    if scales != batched::blocks_of(n) {
+        return Err(PyValueError::new_err(format!(
+            "{scales} scale bytes for a sum of {n} elements, which has {} blocks",
+            batched::blocks_of(n)
+        )));
+    }
+    Ok(())
 }
 
 /// Writes into the int64 tensor `out` the fixed-point sum of `terms` (in pieces) at the
@@ -87,15 +106,22 @@ fn fixed_add(py: Python<'_>, terms: Vec<Vec<At>>, exps: At, out: At, headroom: u
     let acc: &mut [i64] = bytemuck::try_cast_slice_mut(host_bytes_mut(out.0, out.1))
         .map_err(|e| PyValueError::new_err(format!("the sum is not a whole, aligned int64 tensor: {e}")))?;
     py.allow_threads(|| {
-        if acc.len() != exps.len() {
-            return Err(PyValueError::new_err(format!("{} sums for {} exponents", acc.len(), exps.len())));
-        }
-        let terms = terms_of(&terms, exps.len())?;
+        check_scales(exps.len(), acc.len())?;
+        let terms = terms_of(&terms, acc.len())?;
         check_headroom(terms.len(), headroom)?;
-        acc.fill(0);
-        for (at, piece) in terms.iter().flatten() {
-            let span = *at..at + piece.len();
-            batched::add_fixed(&mut acc[span.clone()], piece, &exps[span], headroom);
+        if terms.is_empty() {
+            acc.fill(0);
+        }
+        // The first term's pieces cover the sum once: written, the others added.
+        for (k, term) in terms.iter().enumerate() {
+            for (at, piece) in term {
+                let acc = &mut acc[*at..at + piece.len()];
+                if k == 0 {
+                    batched::write_fixed(acc, piece, exps, *at, headroom);
+                } else {
+                    batched::add_fixed(acc, piece, exps, *at, headroom);
+                }
+            }
         }
         Ok(())
     })
@@ -111,16 +137,12 @@ fn fixed_finish(py: Python<'_>, acc: At, exps: At, headroom: u32, divisor: f32, 
     let out: &mut [f32] = bytemuck::try_cast_slice_mut(host_bytes_mut(out.0, out.1))
         .map_err(|e| PyValueError::new_err(format!("the output is not a whole, aligned float32 tensor: {e}")))?;
     py.allow_threads(|| {
-        if acc.len() != exps.len() || out.len() != exps.len() {
-            return Err(PyValueError::new_err(format!(
-                "{} sums, {} exponents and {} outputs",
-                acc.len(),
-                exps.len(),
-                out.len()
-            )));
+        if acc.len() != out.len() {
+            return Err(PyValueError::new_err(format!("{} sums and {} outputs", acc.len(), out.len())));
         }
+        check_scales(exps.len(), acc.len())?;
         check_headroom(1, headroom)?;
-        batched::finish_into(acc, exps, headroom, out);
+        batched::finish_into(acc, exps, 0, headroom, out);
         if divisor != 1.0 {
             out.iter_mut().for_each(|o| *o /= divisor);
         }
@@ -129,6 +151,7 @@ fn fixed_finish(py: Python<'_>, acc: At, exps: At, headroom: u32, divisor: f32, 
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(fixed_scales, m)?)?;
     m.add_function(wrap_pyfunction!(fixed_exponents, m)?)?;
     m.add_function(wrap_pyfunction!(fixed_add, m)?)?;
     m.add_function(wrap_pyfunction!(fixed_finish, m)?)

@@ -10,8 +10,8 @@ micro-batches adds them in float first. So a job's weights change with its size.
 fixed number of micro-batches; micro-batch ``i`` runs on rank ``i % world``. Each
 micro-batch's gradient is kept apart (never added in float), and the hook sums all of
 them with Steadfast's order-independent fixed-point sum: the job agrees on each element's
-largest exponent (an all-reduce of bytes with ``MAX``), every rank converts its terms to
-64-bit integers at that scale and adds them, the job sums the integers (an all-reduce
+largest exponent, one byte per block of 64 elements (an all-reduce of bytes with
+``MAX``), every rank converts its terms to 64-bit integers at its block's scale and adds them, the job sums the integers (an all-reduce
 with ``SUM``), and each rank converts back and divides by the number of micro-batches.
 Integer addition does not care about order or grouping, so the mean gradient, and with it
 every weight, has the same bits whichever ranks computed which micro-batches. The
@@ -238,11 +238,11 @@ def _hook(state, bucket):
     # micro-batch's gradients in the bucket's parameter order (no copy into one buffer).
     terms = [[_at(grads)]] + [[_at(kept[k]) for k in ks] for kept in state._kept]
     exps, acc = state._buffers.get(bucket.index(), (None, None))
-    if exps is None or exps.numel() != n:
-        exps, acc = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.int64)
+    if acc is None or acc.numel() != n:
+        exps, acc = torch.empty(_steadfast.fixed_scales(n), dtype=torch.uint8), torch.empty(n, dtype=torch.int64)
         state._buffers[bucket.index()] = (exps, acc)
     t = state._tick("lay out the terms", t)
-    _steadfast.fixed_exponents(terms, _at(exps))
+    _steadfast.fixed_exponents(terms, n, _at(exps))
     t = state._tick("exponents (Rust)", t)
     dist.all_reduce(exps, op=dist.ReduceOp.MAX, group=state.group)
     t = state._tick("all-reduce MAX u8", t)

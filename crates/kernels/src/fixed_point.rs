@@ -43,6 +43,171 @@ per_isa! {
     }
 }
 
+/// Elements that share one scale in the block forms of the loops below.
+pub const SCALE_BLOCK: usize = 64;
+
+/// The largest exponent field among `values`, raised to at least 1.
+#[inline(always)]
+fn top_field(values: &[f32]) -> u8 {
+    // The largest exponent field is that of the largest magnitude's bits.
+    let top = values.iter().fold(0u32, |m, x| m.max(x.to_bits() & 0x7F80_0000));
+    field(top) as u8
+}
+
+per_isa! {
+    /// `exps[b] = max(exps[b], field)` over the values of block `b` (`values[b *
+    /// SCALE_BLOCK ..]`, the last block possibly shorter): the first phase of a sum whose
+    /// scale is shared by a block of elements. Panics unless `exps` has one byte per
+    /// block of `values`.
+    pub fn max_block_exponents(exps: &mut [u8], values: &[f32]) {
+        assert_eq!(exps.len(), values.len().div_ceil(SCALE_BLOCK), "block exponent and value lengths differ");
+        let whole = values.chunks_exact(SCALE_BLOCK);
+        let rest = whole.remainder();
+        for (e, chunk) in exps.iter_mut().zip(whole) {
+            *e = (*e).max(top_field(chunk));
+        }
+        if !rest.is_empty() {
+            let e = exps.last_mut().expect("a block for the rest");
+            *e = (*e).max(top_field(rest));
+        }
+    }
+}
+
+/// The blocks of `len` values whose first is element `offset` of its block: each block's
+/// scale (from `exps`, the first that of the first value) and its range of the values.
+#[inline(always)]
+fn blocks(len: usize, exps: &[u8], offset: usize) -> impl Iterator<Item = (u8, std::ops::Range<usize>)> + '_ {
+    let mut start = 0;
+    exps.iter().map_while(move |&e| {
+        if start >= len {
+            return None;
+        }
+        let end = if start == 0 { (SCALE_BLOCK - offset).min(len) } else { (start + SCALE_BLOCK).min(len) };
+        let r = start..end;
+        start = end;
+        Some((e, r))
+    })
+}
+
+/// `sign · ⌊m · 2^(f - e + s)⌋` of a finite `x` at scale `e` (see [`add_fixed64`]).
+#[inline(always)]
+fn fixed64(x: f32, e: u32, s: i32) -> i64 {
+    let bits = x.to_bits();
+    let k = field(bits) as i32 - e as i32 + s;
+    let magnitude = (i64::from(significand(bits)) << k.max(0)) >> (-k).clamp(0, 63);
+    // Conditional negation: (m ^ -1) + 1 for negatives, m for positives.
+    let neg = -i64::from(bits >> 31);
+    (magnitude ^ neg) - neg
+}
+
+/// `x` at scale `e` rounded to the nearest integer, halves away from zero (see
+/// [`add_fixed32`]).
+#[inline(always)]
+fn fixed32(x: f32, e: u32, s: i32) -> i32 {
+    let bits = x.to_bits();
+    let k = field(bits) as i32 - e as i32 + s;
+    let j = (-k).clamp(0, 31) as u32;
+    let half = (1u32 << j) >> 1;
+    let magnitude = ((significand(bits) << k.max(0)) + half) >> j;
+    let neg = -((bits >> 31) as i32);
+    (magnitude as i32 ^ neg) - neg
+}
+
+per_isa! {
+    /// [`add_fixed64`] with one scale per block of [`SCALE_BLOCK`] elements: `values[0]` is
+    /// element `offset` of its block, whose scale is `exps[0]` (the same bits as
+    /// [`add_fixed64`] at each element's block's scale). Whole blocks run as fixed-length
+    /// loops with their scale held in a register. With `overwrite` the terms replace what
+    /// `acc` held (a sum's first term, with no pass to zero it first). Every scale must be
+    /// below 255. Panics unless `acc` and `values` have the same length and `exps` covers
+    /// them.
+    pub fn add_fixed64_blocks(acc: &mut [i64], values: &[f32], exps: &[u8], offset: usize, s: i32, overwrite: bool) {
+        assert!(acc.len() == values.len() && offset < SCALE_BLOCK, "lengths differ");
+        assert!(exps.len() >= (offset + values.len()).div_ceil(SCALE_BLOCK), "too few block scales");
+        for (e, r) in blocks(values.len(), exps, offset) {
+            let e = u32::from(e);
+            let (acc, values) = (&mut acc[r.clone()], &values[r]);
+            if acc.len() == SCALE_BLOCK {
+                let a: &mut [i64; SCALE_BLOCK] = acc.try_into().expect("a whole block");
+                let v: &[f32; SCALE_BLOCK] = values.try_into().expect("a whole block");
+                if overwrite {
+                    for i in 0..SCALE_BLOCK {
+                        a[i] = fixed64(v[i], e, s);
+                    }
+                } else {
+                    for i in 0..SCALE_BLOCK {
+                        a[i] += fixed64(v[i], e, s);
+                    }
+                }
+            } else {
+                for (a, &x) in acc.iter_mut().zip(values) {
+                    *a = if overwrite { 0 } else { *a } + fixed64(x, e, s);
+                }
+            }
+        }
+    }
+}
+
+per_isa! {
+    /// [`add_fixed32`] with one scale per block of [`SCALE_BLOCK`] elements (see
+    /// [`add_fixed64_blocks`]). Every scale must be below 255, and `s` at most 7.
+    pub fn add_fixed32_blocks(acc: &mut [i32], values: &[f32], exps: &[u8], offset: usize, s: i32, overwrite: bool) {
+        assert!(acc.len() == values.len() && offset < SCALE_BLOCK, "lengths differ");
+        assert!(exps.len() >= (offset + values.len()).div_ceil(SCALE_BLOCK), "too few block scales");
+        for (e, r) in blocks(values.len(), exps, offset) {
+            let e = u32::from(e);
+            let (acc, values) = (&mut acc[r.clone()], &values[r]);
+            if acc.len() == SCALE_BLOCK {
+                let a: &mut [i32; SCALE_BLOCK] = acc.try_into().expect("a whole block");
+                let v: &[f32; SCALE_BLOCK] = values.try_into().expect("a whole block");
+                if overwrite {
+                    for i in 0..SCALE_BLOCK {
+                        a[i] = fixed32(v[i], e, s);
+                    }
+                } else {
+                    for i in 0..SCALE_BLOCK {
+                        a[i] += fixed32(v[i], e, s);
+                    }
+                }
+            } else {
+                for (a, &x) in acc.iter_mut().zip(values) {
+                    *a = if overwrite { 0 } else { *a } + fixed32(x, e, s);
+                }
+            }
+        }
+    }
+}
+
+per_isa! {
+    /// [`finish64`] with one scale per block of [`SCALE_BLOCK`] elements (`out[0]` is element
+    /// `offset` of its block, whose scale is `exps[0]`). Every scale must be below 255.
+    pub fn finish64_blocks(out: &mut [f32], acc: &[i64], exps: &[u8], offset: usize, s: i32) {
+        assert!(acc.len() == out.len() && offset < SCALE_BLOCK, "lengths differ");
+        assert!(exps.len() >= (offset + out.len()).div_ceil(SCALE_BLOCK), "too few block scales");
+        for (e, r) in blocks(out.len(), exps, offset) {
+            let u = unit(e, s);
+            for (o, &a) in out[r.clone()].iter_mut().zip(&acc[r]) {
+                *o = ((a as f32) as f64 * u) as f32;
+            }
+        }
+    }
+}
+
+per_isa! {
+    /// [`finish32`] with one scale per block of [`SCALE_BLOCK`] elements (see
+    /// [`finish64_blocks`]).
+    pub fn finish32_blocks(out: &mut [f32], acc: &[i32], exps: &[u8], offset: usize, s: i32) {
+        assert!(acc.len() == out.len() && offset < SCALE_BLOCK, "lengths differ");
+        assert!(exps.len() >= (offset + out.len()).div_ceil(SCALE_BLOCK), "too few block scales");
+        for (e, r) in blocks(out.len(), exps, offset) {
+            let u = unit(e, s);
+            for (o, &a) in out[r.clone()].iter_mut().zip(&acc[r]) {
+                *o = ((a as f32) as f64 * u) as f32;
+            }
+        }
+    }
+}
+
 per_isa! {
     /// Adds each finite `values[i]` at scale `exps[i]` into the 64-bit `acc[i]`, truncated
     /// toward zero: `acc[i] += sign · ⌊m · 2^(f - e + s)⌋`. The scale is the maximum field,
@@ -51,12 +216,7 @@ per_isa! {
     pub fn add_fixed64(acc: &mut [i64], values: &[f32], exps: &[u8], s: i32) {
         assert!(acc.len() == values.len() && exps.len() == values.len(), "lengths differ");
         for ((a, &x), &e) in acc.iter_mut().zip(values).zip(exps) {
-            let bits = x.to_bits();
-            let k = field(bits) as i32 - i32::from(e) + s;
-            let magnitude = (i64::from(significand(bits)) << k.max(0)) >> (-k).clamp(0, 63);
-            // Conditional negation: (m ^ -1) + 1 for negatives, m for positives.
-            let neg = -i64::from(bits >> 31);
-            *a += (magnitude ^ neg) - neg;
+            *a += fixed64(x, u32::from(e), s);
         }
     }
 }
@@ -70,13 +230,7 @@ per_isa! {
     pub fn add_fixed32(acc: &mut [i32], values: &[f32], exps: &[u8], s: i32) {
         assert!(acc.len() == values.len() && exps.len() == values.len(), "lengths differ");
         for ((a, &x), &e) in acc.iter_mut().zip(values).zip(exps) {
-            let bits = x.to_bits();
-            let k = field(bits) as i32 - i32::from(e) + s;
-            let j = (-k).clamp(0, 31) as u32;
-            let half = (1u32 << j) >> 1;
-            let magnitude = ((significand(bits) << k.max(0)) + half) >> j;
-            let neg = -((bits >> 31) as i32);
-            *a += (magnitude as i32 ^ neg) - neg;
+            *a += fixed32(x, u32::from(e), s);
         }
     }
 }
@@ -162,6 +316,92 @@ mod tests {
                 finish32(Isa::Scalar, &mut f1, &a32, &exps, 0);
                 finish32(isa, &mut f2, &b32, &exps, 0);
                 prop_assert_eq!(f1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), f2.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn a_block_s_exponent_is_the_largest_of_its_elements_on_every_instruction_set(
+            values in proptest::collection::vec(any::<u32>().prop_map(f32::from_bits), 0..400),
+        ) {
+            let mut per_element = vec![0u8; values.len()];
+            max_exponents(Isa::Scalar, &mut per_element, &values);
+            let expected: Vec<u8> =
+                per_element.chunks(SCALE_BLOCK).map(|c| c.iter().copied().max().unwrap_or(0)).collect();
+            for isa in Isa::all_available() {
+                let mut exps = vec![0u8; values.len().div_ceil(SCALE_BLOCK)];
+                max_block_exponents(isa, &mut exps, &values);
+                prop_assert_eq!(&exps, &expected);
+            }
+        }
+
+        /// The block forms give the per-element loops' bits at each element's block scale,
+        /// on every instruction set, from any offset into the first block.
+        #[test]
+        fn block_scaled_loops_give_the_per_element_loops_bits(
+            parts in proptest::collection::vec(proptest::collection::vec(finite(), 300), 1..4),
+            len in 0usize..300,
+            offset in 0usize..SCALE_BLOCK,
+        ) {
+            let blocks = (offset + len).div_ceil(SCALE_BLOCK).max(1);
+            // Scales as the first phase makes them: over the parts, per block.
+            let mut exps = vec![1u8; blocks];
+            for p in &parts {
+                let mut padded = vec![0f32; offset];
+                padded.extend_from_slice(&p[..len]);
+                padded.resize(blocks * SCALE_BLOCK, 0.0);
+                max_block_exponents(Isa::Scalar, &mut exps, &padded);
+            }
+            let per_element: Vec<u8> = (0..len).map(|i| exps[(offset + i) / SCALE_BLOCK]).collect();
+            for isa in Isa::all_available() {
+                let (mut a64, mut b64) = (vec![0i64; len], vec![0i64; len]);
+                let (mut a32, mut b32) = (vec![0i32; len], vec![0i32; len]);
+                let (mut c32, mut d32) = (vec![0i32; len], vec![0i32; len]);
+                for p in &parts {
+                    add_fixed64(Isa::Scalar, &mut a64, &p[..len], &per_element, 23);
+                    add_fixed64_blocks(isa, &mut b64, &p[..len], &exps, offset, 23, false);
+                    add_fixed32(Isa::Scalar, &mut a32, &p[..len], &per_element, 0);
+                    add_fixed32_blocks(isa, &mut b32, &p[..len], &exps, offset, 0, false);
+                    add_fixed32(Isa::Scalar, &mut c32, &p[..len], &per_element, 4);
+                    add_fixed32_blocks(isa, &mut d32, &p[..len], &exps, offset, 4, false);
+                }
+                prop_assert_eq!(&a64, &b64);
+                prop_assert_eq!(&a32, &b32);
+                prop_assert_eq!(&c32, &d32);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let (mut f1, mut f2) = (vec![0f32; len], vec![0f32; len]);
+                finish64(Isa::Scalar, &mut f1, &a64, &per_element, 23);
+                finish64_blocks(isa, &mut f2, &b64, &exps, offset, 23);
+                prop_assert_eq!(bits(&f1), bits(&f2));
+                finish32(Isa::Scalar, &mut f1, &a32, &per_element, 0);
+                finish32_blocks(isa, &mut f2, &b32, &exps, offset, 0);
+                prop_assert_eq!(bits(&f1), bits(&f2));
+            }
+        }
+
+        /// The widest shift each width allows, where the scaled terms come closest to the
+        /// integers' limits.
+        #[test]
+        fn block_scaled_loops_hold_at_the_largest_shifts(values in proptest::collection::vec(finite(), 1..200)) {
+            let mut exps = vec![0u8; values.len().div_ceil(SCALE_BLOCK)];
+            max_block_exponents(Isa::Scalar, &mut exps, &values);
+            let per_element: Vec<u8> = (0..values.len()).map(|i| exps[i / SCALE_BLOCK]).collect();
+            for isa in Isa::all_available() {
+                let (mut a, mut b) = (vec![0i64; values.len()], vec![0i64; values.len()]);
+                add_fixed64(Isa::Scalar, &mut a, &values, &per_element, 39);
+                add_fixed64_blocks(isa, &mut b, &values, &exps, 0, 39, false);
+                let mut c = vec![7i64; values.len()];
+                add_fixed64_blocks(isa, &mut c, &values, &exps, 0, 39, true);
+                prop_assert_eq!(&a, &c);
+                prop_assert_eq!(&a, &b);
+                let (mut a, mut b) = (vec![0i32; values.len()], vec![0i32; values.len()]);
+                add_fixed32(Isa::Scalar, &mut a, &values, &per_element, 7);
+                add_fixed32_blocks(isa, &mut b, &values, &exps, 0, 7, false);
+                let mut c = vec![-3i32; values.len()];
+                add_fixed32_blocks(isa, &mut c, &values, &exps, 0, 7, true);
+                prop_assert_eq!(&a, &c);
+                prop_assert_eq!(&a, &b);
             }
         }
     }

@@ -20,8 +20,8 @@
 //! - `fast` and `deterministic`: f32 sums. The order in which a chunk's contributions are
 //!   added is fixed by the ring for a given world size, so both are deterministic here;
 //!   `fast` leaves room for faster, order-free algorithms.
-//! - `reproducible`: the two phases of [`repro::batched`]: a ring max of one exponent byte
-//!   per element, then a reduce-scatter of 64-bit fixed-point integers. Integer addition
+//! - `reproducible`: the two phases of [`repro::batched`]: a ring max of one scale byte
+//!   per block of 64 elements, then a reduce-scatter of 64-bit fixed-point integers. Integer addition
 //!   is associative, so each finished chunk is the same for any world size and any order;
 //!   its owner converts it back to f32 once, and the all-gather circulates those f32 bits
 //!   (half the bytes of the integers). The result is bitwise equal to
@@ -406,17 +406,25 @@ impl Reducer {
         // is a gather): every rank learns the total and refuses a sum that its integers
         // cannot hold, all of them alike.
         let count = (parts.len().min(u32::MAX as usize) as u32).to_le_bytes();
-        let own_exps = |range: std::ops::Range<usize>, acc: &mut [u8]| {
-            let values = range.start.min(n)..range.end.min(n);
-            repro::batched::max_exponents_of(&mut acc[..values.len()], parts, values);
+        let nb = repro::batched::blocks_of(n);
+        let own_exps = |range: std::ops::Range<usize>, acc: &mut [u8], fresh: bool| {
+            if fresh {
+                acc.fill(0);
+            }
+            // The scales of blocks `range` (those below `nb`), over their elements.
+            let blocks = range.start.min(nb)..range.end.min(nb);
+            let block = repro::batched::EXP_BLOCK;
+            let elements = (blocks.start * block).min(n)..(blocks.end * block).min(n);
+            let parts: Vec<&[f32]> = parts.iter().map(|p| &p.as_ref()[elements.clone()]).collect();
+            repro::batched::max_exponents_of(&mut acc[..blocks.len()], &parts, 0..elements.len());
             for (k, &byte) in count.iter().enumerate() {
-                let at = n + 4 * rank + k;
+                let at = nb + 4 * rank + k;
                 if range.contains(&at) {
                     acc[at - range.start] = acc[at - range.start].max(byte);
                 }
             }
         };
-        let len = n + 4 * world;
+        let len = nb + 4 * world;
         let (a, b) = chunk_buffers::<u8>(len, world, sending, receiving);
         let mine = streamed_reduce_scatter(t, len, &mut *a, &mut *b, &own_exps, timeout)?;
         let sum = if mine.in_first { a } else { b };
@@ -426,13 +434,13 @@ impl Reducer {
             all_gather(t, exps, timeout)?;
         }
         let total: u64 =
-            exps[n..].chunks_exact(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))).sum();
-        exps.truncate(n);
+            exps[nb..].chunks_exact(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))).sum();
+        exps.truncate(nb);
         mode.check_parts(total, world)?;
         if mode == ReduceMode::Reproducible32 {
-            fixed_reduce_scatter::<i32, P>(t, parts, repro::batched::NARROW_HEADROOM, timeout, self)
+            fixed_reduce_scatter::<i32, P>(t, parts, n, repro::batched::NARROW_HEADROOM, timeout, self)
         } else {
-            fixed_reduce_scatter::<i64, P>(t, parts, repro::batched::DEFAULT_HEADROOM, timeout, self)
+            fixed_reduce_scatter::<i64, P>(t, parts, n, repro::batched::DEFAULT_HEADROOM, timeout, self)
         }
     }
 
@@ -449,10 +457,10 @@ impl Reducer {
     fn finish_as<A: repro::batched::Fixed>(&mut self, world: usize, headroom: u32, owned: Owned, out: &mut [f32]) {
         let Reducer { exps, sending, receiving, .. } = self;
         // The same carving as the reduce-scatter's, so the same words.
-        let (a, b) = chunk_buffers::<A>(exps.len(), world, sending, receiving);
+        let (a, b) = chunk_buffers::<A>(out.len(), world, sending, receiving);
         let sum = if owned.in_first { a } else { b };
         let r = owned.range;
-        repro::batched::finish_into(&sum[..r.len()], &exps[r.clone()], headroom, &mut out[r]);
+        repro::batched::finish_into(&sum[..r.len()], exps, r.start, headroom, &mut out[r]);
     }
 }
 
@@ -478,8 +486,9 @@ fn chunk_buffers<'a, T: bytemuck::Pod>(
 }
 
 /// A reduce-scatter in which this rank's contribution is computed where it is needed:
-/// `own(range, acc)` combines the contribution to elements `range` into `acc`, and
-/// received values are copied before it runs, so `own` must be the combining operation.
+/// `own(range, acc, fresh)` combines the contribution to elements `range` into `acc` (or,
+/// when `fresh`, writes it there over what `acc` held), and received values are copied
+/// before it runs, so `own` must be the combining operation.
 /// Each chunk of this rank's contribution is computed exactly once: the first, segment by
 /// segment in the sending thread just before each segment leaves; the others as their
 /// partial sums arrive from the left neighbour, received straight into their place.
@@ -490,14 +499,13 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
     n: usize,
     mut a: &'a mut [T],
     mut b: &'a mut [T],
-    own: &(impl Fn(std::ops::Range<usize>, &mut [T]) + Sync),
+    own: &(impl Fn(std::ops::Range<usize>, &mut [T], bool) + Sync),
     timeout: Duration,
 ) -> Result<Owned, CommError> {
     let (world, rank) = (t.world(), t.rank());
     let first = chunk_range(n, world, rank);
     if world == 1 {
-        a[..n].fill(T::default());
-        own(0..n, &mut a[..n]);
+        own(0..n, &mut a[..n], true);
         return Ok(Owned { range: first, in_first: true });
     }
     let mut owned = Owned { range: first, in_first: true };
@@ -505,13 +513,12 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
         let sr = chunk_range(n, world, (rank + world - s) % world);
         let rr = chunk_range(n, world, (rank + world - s - 1) % world);
         let fresh = |offset: usize, seg: &mut [T]| {
-            seg.fill(T::default());
             let start = sr.start + offset;
-            own(start..start + seg.len(), seg);
+            own(start..start + seg.len(), seg, true);
         };
         let add_own = |offset: usize, dst: &mut [T]| {
             let start = rr.start + offset;
-            own(start..start + dst.len(), dst);
+            own(start..start + dst.len(), dst, false);
         };
         let (send, recv) = (&mut a[..sr.len()], &mut b[..rr.len()]);
         let deadline = Instant::now() + timeout;
@@ -534,15 +541,20 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
 fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>(
     t: &dyn Transport,
     parts: &[P],
+    n: usize,
     headroom: u32,
     timeout: Duration,
     r: &mut Reducer,
 ) -> Result<Owned, CommError> {
     let Reducer { exps, sending, receiving, .. } = r;
-    let (world, n) = (t.world(), exps.len());
+    let world = t.world();
     let exps = &exps[..];
-    let own = |range: std::ops::Range<usize>, acc: &mut [A]| {
-        repro::batched::add_fixed_of(acc, parts, range.clone(), &exps[range], headroom);
+    let own = |range: std::ops::Range<usize>, acc: &mut [A], fresh: bool| {
+        if fresh {
+            repro::batched::write_fixed_of(acc, parts, range, exps, headroom);
+        } else {
+            repro::batched::add_fixed_of(acc, parts, range, exps, headroom);
+        }
     };
     let (a, b) = chunk_buffers::<A>(n, world, sending, receiving);
     streamed_reduce_scatter(t, n, a, b, &own, timeout)

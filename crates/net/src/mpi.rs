@@ -116,24 +116,24 @@ impl MpiWorld {
         Ok(())
     }
 
-    /// The reproducible modes: the exponents' maximum, then the sum of `A` integers.
+    /// The reproducible modes: the blocks' scales (their exponents' maximum), then the sum
+    /// of `A` integers.
     fn reproducible<A, P>(&mut self, parts: &[P], out: &mut [f32], headroom: u32)
     where
         A: repro::batched::Fixed + Equivalence,
         P: AsRef<[f32]>,
     {
-        let n = out.len();
+        let (n, nb) = (out.len(), repro::batched::blocks_of(out.len()));
         self.exps.clear();
-        self.exps.resize(n, 0);
+        self.exps.resize(nb, 0);
         repro::batched::max_exponents_of(&mut self.exps, parts, 0..n);
-        self.exps_all.resize(n, 0);
+        self.exps_all.resize(nb, 0);
         self.world.all_reduce_into(&self.exps[..], &mut self.exps_all[..], SystemOperation::max());
-        self.acc.clear();
         let acc = repro::batched::words_as::<A>(&mut self.acc, n);
-        repro::batched::add_fixed_of(acc, parts, 0..n, &self.exps_all, headroom);
+        repro::batched::write_fixed_of(acc, parts, 0..n, &self.exps_all, headroom);
         let acc_all = repro::batched::words_as::<A>(&mut self.acc_all, n);
         self.world.all_reduce_into(&*acc, &mut *acc_all, SystemOperation::sum());
-        repro::batched::finish_into(acc_all, &self.exps_all, headroom, out);
+        repro::batched::finish_into(acc_all, &self.exps_all, 0, headroom, out);
     }
 
     /// Every rank's `words` (the same count on every rank), indexed by rank.

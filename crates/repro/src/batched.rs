@@ -4,36 +4,40 @@
 //!
 //! # The two phases
 //!
-//! 1. **Exponents.** For each element, the maximum exponent field over all parts (one
-//!    byte per element; combined with `max`, which is associative and commutative).
-//! 2. **Fixed point.** Each part converts each element to a 64-bit integer at a scale
-//!    fixed by that element's maximum exponent, and the integers are summed (associative
-//!    and commutative; the headroom below guarantees no overflow). The sum is converted
-//!    back to f32 once.
+//! 1. **Scales.** For each block of [`EXP_BLOCK`] consecutive elements, the maximum
+//!    exponent field over every element of the block in every part (one byte per block;
+//!    combined with `max`, which is associative and commutative).
+//! 2. **Fixed point.** Each part converts each element to a 64-bit integer at the scale of
+//!    its block, and the integers are summed (associative and commutative; the headroom
+//!    below guarantees no overflow). The sum is converted back to f32 once.
 //!
-//! Because every term is converted at a scale that depends only on the global maximum,
-//! the integers, their sum, and the result are functions of the multiset of terms alone.
-//! On the wire this costs 1 + 8 bytes per element, 2.25 times an f32 all-reduce. The
-//! same phases with 32-bit integers ([`Fixed`], [`sum_parts_as`]) cost 1 + 4 bytes, at
-//! about the accuracy of a float sum.
+//! Because every term is converted at a scale that depends only on the global maximum of
+//! its block, the integers, their sum, and the result are functions of the multiset of
+//! terms alone. On the wire the scales cost 1/64 of a byte per element, so a distributed
+//! sum moves the integers' bytes (8 per element; 4 in the 32-bit form of [`Fixed`] and
+//! [`sum_parts_as`], at about the accuracy of a float sum) and one small round of scales.
 //!
-//! The loops over memory (the exponent maximum and both conversions) are
+//! The loops over memory (the block maximum and both conversions) are
 //! `kernels::fixed_point`'s, run on the instruction set the process selected: integer
 //! operations only, so every instruction set gives the same bits.
 //!
 //! # Accuracy
 //!
-//! With `headroom = h` bits (at most `2^h` parts), element `i` with maximum magnitude
-//! `M_i` over the parts is computed with an error below `n * 2^(h - 62) * M_i` from the
-//! terms' truncation (toward zero, one unit of `2^-(62 - h)` relative to `M_i` per term),
-//! plus half an ulp of the result for the final rounding. For the default `h = 16` that is
-//! below `2^-30 * M_i` for up to 65,536 parts, far below the `n * 2^-24 * M_i` bound of a
-//! naive f32 sum. Terms smaller than `2^-(62 - h)` times the element's maximum vanish.
+//! With `headroom = h` bits (at most `2^h` parts), element `i` whose block has the largest
+//! magnitude `M_b` over the parts is computed with an error below `n * 2^(h - 62) * M_b`
+//! from the terms' truncation (toward zero, one unit of `2^-(62 - h)` relative to `M_b` per
+//! term), plus half an ulp of the result for the final rounding. For the default `h = 16`
+//! that is below `2^-30 * M_b` for up to 65,536 parts: an element within `2^-22` of its
+//! block's largest keeps every bit a float sum could, and the error is far below the
+//! `n * 2^-24 * Σ|terms|` bound of a naive f32 sum. Terms smaller than `2^-(62 - h)` times
+//! their block's largest vanish.
 //!
 //! # Special values
 //!
-//! An element with any NaN, or both infinities, is NaN; otherwise an infinity wins. A zero
-//! sum is `+0.0` (the sign of zero is not kept).
+//! An element with any NaN, or both infinities, is NaN; otherwise an infinity wins. The
+//! finite elements of a block that holds an infinity or NaN in any part are NaN (no scale
+//! was agreed for them: the sum is not to be used). A zero sum is `+0.0` (the sign of zero
+//! is not kept).
 
 /// Default headroom of the 64-bit sum: up to 65,536 parts.
 pub const DEFAULT_HEADROOM: u32 = 16;
@@ -63,10 +67,20 @@ pub trait Fixed: bytemuck::Pod + Default + Send + Sync + std::fmt::Debug + Parti
         assert!(headroom <= Self::MAX_HEADROOM, "headroom {headroom} exceeds {} for this width", Self::MAX_HEADROOM);
         (Self::MAX_HEADROOM - headroom) as i32
     }
-    /// Adds finite values at finite scales (see `kernels::fixed_point`).
-    fn add_finite(isa: kernels::Isa, acc: &mut [Self], values: &[f32], exps: &[u8], s: i32);
-    /// Converts finished sums at finite scales back to floats.
-    fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[Self], exps: &[u8], s: i32);
+    /// Adds finite values at the finite scales of their blocks (`values[0]` is element
+    /// `offset` of the block whose scale is `exps[0]`; see `kernels::fixed_point`).
+    /// With `overwrite` the terms replace what `acc` held.
+    fn add_finite(
+        isa: kernels::Isa,
+        acc: &mut [Self],
+        values: &[f32],
+        exps: &[u8],
+        offset: usize,
+        s: i32,
+        overwrite: bool,
+    );
+    /// Converts finished sums at the finite scales of their blocks back to floats.
+    fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[Self], exps: &[u8], offset: usize, s: i32);
     /// Counts a NaN or infinity of an element whose scale is 255: three counters packed
     /// into the integer, 21 bits each in an `i64` (enough for the default headroom's
     /// 65,536 parts) and 9 bits each in an `i32` (enough for its 128).
@@ -93,19 +107,30 @@ fn special_value(acc: i64, w: u32) -> f32 {
         f32::NAN
     } else if pos > 0 {
         f32::INFINITY
-    } else {
+    } else if neg > 0 {
         f32::NEG_INFINITY
+    } else {
+        // A finite element of a block with a special term: no scale was agreed for it.
+        f32::NAN
     }
 }
 
 impl Fixed for i64 {
     /// 24 + 39 = 63 bits: the largest term at shift 0 sits 39 bits below the sign.
     const MAX_HEADROOM: u32 = 39;
-    fn add_finite(isa: kernels::Isa, acc: &mut [i64], values: &[f32], exps: &[u8], s: i32) {
-        kernels::fixed_point::add_fixed64(isa, acc, values, exps, s)
+    fn add_finite(
+        isa: kernels::Isa,
+        acc: &mut [i64],
+        values: &[f32],
+        exps: &[u8],
+        offset: usize,
+        s: i32,
+        overwrite: bool,
+    ) {
+        kernels::fixed_point::add_fixed64_blocks(isa, acc, values, exps, offset, s, overwrite)
     }
-    fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[i64], exps: &[u8], s: i32) {
-        kernels::fixed_point::finish64(isa, out, acc, exps, s)
+    fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[i64], exps: &[u8], offset: usize, s: i32) {
+        kernels::fixed_point::finish64_blocks(isa, out, acc, exps, offset, s)
     }
     fn count_special(acc: &mut i64, bits: u32) {
         *acc += special_one(bits, 21);
@@ -118,11 +143,19 @@ impl Fixed for i64 {
 impl Fixed for i32 {
     /// 24 + 7 = 31 bits.
     const MAX_HEADROOM: u32 = 7;
-    fn add_finite(isa: kernels::Isa, acc: &mut [i32], values: &[f32], exps: &[u8], s: i32) {
-        kernels::fixed_point::add_fixed32(isa, acc, values, exps, s)
+    fn add_finite(
+        isa: kernels::Isa,
+        acc: &mut [i32],
+        values: &[f32],
+        exps: &[u8],
+        offset: usize,
+        s: i32,
+        overwrite: bool,
+    ) {
+        kernels::fixed_point::add_fixed32_blocks(isa, acc, values, exps, offset, s, overwrite)
     }
-    fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[i32], exps: &[u8], s: i32) {
-        kernels::fixed_point::finish32(isa, out, acc, exps, s)
+    fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[i32], exps: &[u8], offset: usize, s: i32) {
+        kernels::fixed_point::finish32_blocks(isa, out, acc, exps, offset, s)
     }
     fn count_special(acc: &mut i32, bits: u32) {
         *acc += special_one(bits, 9) as i32;
@@ -132,58 +165,105 @@ impl Fixed for i32 {
     }
 }
 
-/// Phase 1: `exps[i] = max(exps[i], exponent(values[i]))`. Start from zeros.
-pub fn max_exponents(exps: &mut [u8], values: &[f32]) {
-    kernels::fixed_point::max_exponents(kernels::isa::selected(), exps, values);
+/// Elements that share one scale: the first phase keeps one byte per block of this many
+/// consecutive elements (block `b` holds elements `b * EXP_BLOCK ..`), so that it moves
+/// 1/64 of a byte per element instead of a byte.
+pub const EXP_BLOCK: usize = kernels::fixed_point::SCALE_BLOCK;
+
+/// Scale blocks of a vector of `n` elements.
+pub fn blocks_of(n: usize) -> usize {
+    n.div_ceil(EXP_BLOCK)
 }
 
-/// Blocks of this many elements take the vector loop unless one holds a special scale.
-const BLOCK: usize = 1024;
+/// Phase 1: raises the scale of each block of `exps` (one byte per block of the whole
+/// vector) to the largest exponent among `values`, which are the vector's elements from
+/// `offset` on. Start from zeros.
+pub fn max_exponents(exps: &mut [u8], values: &[f32], offset: usize) {
+    let isa = kernels::isa::selected();
+    // A first block that `values` enters part of the way.
+    let head = ((EXP_BLOCK - offset % EXP_BLOCK) % EXP_BLOCK).min(values.len());
+    if head > 0 {
+        let b = offset / EXP_BLOCK;
+        kernels::fixed_point::max_block_exponents(isa, &mut exps[b..=b], &values[..head]);
+    }
+    let rest = &values[head..];
+    let first = (offset + head) / EXP_BLOCK;
+    kernels::fixed_point::max_block_exponents(isa, &mut exps[first..first + blocks_of(rest.len())], rest);
+}
 
-/// Phase 2: adds `values` converted to fixed point at the scales of `exps` into `acc`.
-pub fn add_fixed<A: Fixed>(acc: &mut [A], values: &[f32], exps: &[u8], headroom: u32) {
-    assert!(acc.len() == values.len() && exps.len() == values.len(), "lengths differ");
+/// The stretches of the elements `offset .. offset + len` of a vector whose block scales are
+/// `exps`, as `(range relative to offset, special)`: runs of blocks with finite scales, and
+/// each block whose scale is special (an infinity or NaN among its terms) alone.
+fn stretches(exps: &[u8], offset: usize, len: usize) -> impl Iterator<Item = (std::ops::Range<usize>, bool)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= len {
+            return None;
+        }
+        let start = i;
+        let block_end = |i: usize| ((((offset + i) / EXP_BLOCK) + 1) * EXP_BLOCK - offset).min(len);
+        if exps[(offset + i) / EXP_BLOCK] == SPECIAL {
+            i = block_end(i);
+            return Some((start..i, true));
+        }
+        while i < len && exps[(offset + i) / EXP_BLOCK] != SPECIAL {
+            i = block_end(i);
+        }
+        Some((start..i, false))
+    })
+}
+
+/// Phase 2: adds `values` (the vector's elements from `offset` on) converted to fixed
+/// point at their blocks' scales in `exps` into `acc` (aligned with `values`).
+pub fn add_fixed<A: Fixed>(acc: &mut [A], values: &[f32], exps: &[u8], offset: usize, headroom: u32) {
+    convert(acc, values, exps, offset, headroom, false);
+}
+
+/// [`add_fixed`] into an `acc` whose contents are replaced: the first term of a sum, with
+/// no pass to zero the accumulator first.
+pub fn write_fixed<A: Fixed>(acc: &mut [A], values: &[f32], exps: &[u8], offset: usize, headroom: u32) {
+    convert(acc, values, exps, offset, headroom, true);
+}
+
+fn convert<A: Fixed>(acc: &mut [A], values: &[f32], exps: &[u8], offset: usize, headroom: u32, overwrite: bool) {
+    assert_eq!(acc.len(), values.len(), "accumulator and value lengths differ");
     let s = A::shift(headroom);
     let isa = kernels::isa::selected();
-    // Blocks without special values (nearly all) take the vector loop; a block with one
-    // takes it element by element.
-    for ((a, v), e) in acc.chunks_mut(BLOCK).zip(values.chunks(BLOCK)).zip(exps.chunks(BLOCK)) {
-        if !e.contains(&SPECIAL) {
-            A::add_finite(isa, a, v, e, s);
+    for (r, special) in stretches(exps, offset, values.len()) {
+        let at = offset + r.start;
+        if !special {
+            A::add_finite(isa, &mut acc[r.clone()], &values[r], &exps[at / EXP_BLOCK..], at % EXP_BLOCK, s, overwrite);
             continue;
         }
-        for i in 0..a.len() {
-            if e[i] == SPECIAL {
-                let bits = v[i].to_bits();
-                if (bits >> 23) & 0xFF == 0xFF {
-                    A::count_special(&mut a[i], bits);
-                }
-            } else {
-                A::add_finite(kernels::Isa::Scalar, &mut a[i..=i], &v[i..=i], &e[i..=i], s);
+        // A block whose scale is special counts its special values; its finite terms add
+        // nothing, and an element with no special term comes out NaN (see the module's
+        // documentation).
+        if overwrite {
+            acc[r.clone()].fill(A::default());
+        }
+        for (a, v) in acc[r.clone()].iter_mut().zip(&values[r]) {
+            let bits = v.to_bits();
+            if (bits >> 23) & 0xFF == 0xFF {
+                A::count_special(a, bits);
             }
         }
     }
 }
 
-/// Elements per tile of [`max_exponents_of`] and [`add_fixed_of`]: a tile's accumulators
-/// (32 KiB in 64 bits) stay in a core's nearest cache while every part passes over them.
-pub const TILE: usize = 4096;
-
 /// Phase 1 over several parts: [`max_exponents`] of the elements `range` of every part
-/// into `exps` (the range's length), tile by tile, so that `exps` is read and written once
-/// per tile rather than once per part.
+/// into `exps`, the scales of the blocks of the whole vector.
 pub fn max_exponents_of<P: AsRef<[f32]>>(exps: &mut [u8], parts: &[P], range: std::ops::Range<usize>) {
-    assert_eq!(exps.len(), range.len(), "exponent and range lengths differ");
-    for (t, tile) in exps.chunks_mut(TILE).enumerate() {
-        let start = range.start + t * TILE;
-        for p in parts {
-            max_exponents(tile, &p.as_ref()[start..start + tile.len()]);
-        }
+    for p in parts {
+        max_exponents(exps, &p.as_ref()[range.clone()], range.start);
     }
 }
 
+/// Elements per tile of [`add_fixed_of`]: a tile's accumulators (32 KiB in 64 bits) stay
+/// in a core's nearest cache while every part passes over them.
+pub const TILE: usize = 4096;
+
 /// Phase 2 over several parts: [`add_fixed`] of the elements `range` of every part into
-/// `acc` (the range's length), at the scales `exps` (the same length), tile by tile, so
+/// `acc` (the range's length), at the scales of their blocks in `exps`, tile by tile, so
 /// that a tile's accumulators stay in cache while every part is added. Integer addition:
 /// the tiling changes no bit.
 pub fn add_fixed_of<A: Fixed, P: AsRef<[f32]>>(
@@ -193,40 +273,62 @@ pub fn add_fixed_of<A: Fixed, P: AsRef<[f32]>>(
     exps: &[u8],
     headroom: u32,
 ) {
-    assert!(acc.len() == range.len() && exps.len() == range.len(), "lengths differ");
-    for (t, (tile, e)) in acc.chunks_mut(TILE).zip(exps.chunks(TILE)).enumerate() {
+    sum_fixed_of(acc, parts, range, exps, headroom, false);
+}
+
+/// [`add_fixed_of`] into an `acc` whose contents are replaced by the parts' sum (zeros
+/// when there are no parts).
+pub fn write_fixed_of<A: Fixed, P: AsRef<[f32]>>(
+    acc: &mut [A],
+    parts: &[P],
+    range: std::ops::Range<usize>,
+    exps: &[u8],
+    headroom: u32,
+) {
+    sum_fixed_of(acc, parts, range, exps, headroom, true);
+}
+
+fn sum_fixed_of<A: Fixed, P: AsRef<[f32]>>(
+    acc: &mut [A],
+    parts: &[P],
+    range: std::ops::Range<usize>,
+    exps: &[u8],
+    headroom: u32,
+    overwrite: bool,
+) {
+    assert_eq!(acc.len(), range.len(), "accumulator and range lengths differ");
+    if parts.is_empty() && overwrite {
+        acc.fill(A::default());
+    }
+    for (t, tile) in acc.chunks_mut(TILE).enumerate() {
         let start = range.start + t * TILE;
-        for p in parts {
-            add_fixed(tile, &p.as_ref()[start..start + tile.len()], e, headroom);
+        for (k, p) in parts.iter().enumerate() {
+            convert(tile, &p.as_ref()[start..start + tile.len()], exps, start, headroom, overwrite && k == 0);
         }
     }
 }
 
-/// Converts the summed fixed-point values back to floats.
+/// Converts the summed fixed-point values back to floats (the vector from its start).
 pub fn finish<A: Fixed>(acc: &[A], exps: &[u8], headroom: u32) -> Vec<f32> {
     let mut out = vec![0.0; acc.len()];
-    finish_into(acc, exps, headroom, &mut out);
+    finish_into(acc, exps, 0, headroom, &mut out);
     out
 }
 
-/// [`finish`] into `out` (of the same length), for callers that reuse their buffers.
-pub fn finish_into<A: Fixed>(acc: &[A], exps: &[u8], headroom: u32, out: &mut [f32]) {
-    assert!(acc.len() == exps.len() && out.len() == acc.len(), "lengths differ");
+/// [`finish`] of the sums `acc` of the vector's elements from `offset` on, into `out` (of
+/// the same length), for callers that reuse their buffers.
+pub fn finish_into<A: Fixed>(acc: &[A], exps: &[u8], offset: usize, headroom: u32, out: &mut [f32]) {
+    assert_eq!(acc.len(), out.len(), "lengths differ");
     let s = A::shift(headroom);
     let isa = kernels::isa::selected();
-    for ((o, a), e) in out.chunks_mut(BLOCK).zip(acc.chunks(BLOCK)).zip(exps.chunks(BLOCK)) {
-        if !e.contains(&SPECIAL) {
-            A::finish_finite(isa, o, a, e, s);
-            continue;
-        }
-        for i in 0..o.len() {
-            o[i] = if e[i] == SPECIAL {
-                A::finish_special(a[i])
-            } else {
-                let mut one = [0f32];
-                A::finish_finite(kernels::Isa::Scalar, &mut one, &a[i..=i], &e[i..=i], s);
-                one[0]
-            };
+    for (r, special) in stretches(exps, offset, acc.len()) {
+        let at = offset + r.start;
+        if special {
+            for (o, &a) in out[r.clone()].iter_mut().zip(&acc[r]) {
+                *o = A::finish_special(a);
+            }
+        } else {
+            A::finish_finite(isa, &mut out[r.clone()], &acc[r], &exps[at / EXP_BLOCK..], at % EXP_BLOCK, s);
         }
     }
 }
@@ -285,21 +387,24 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
     let n = out.len();
     let Scratch { exps, acc } = scratch;
     exps.clear();
-    exps.resize(n, 0);
-    acc.clear();
+    exps.resize(blocks_of(n), 0);
+    // Written, not added to: the accumulators need no zeroing first.
     let acc = words_as::<A>(acc, n);
+    // A parallel block is a whole number of scale blocks: each works on its own slices
+    // of the parts, scales and sums, counted from its start.
+    const SCALES: usize = PAR_BLOCK / EXP_BLOCK;
     let block = |b: usize, out: &mut [f32], exps: &mut [u8], acc: &mut [A]| {
         let range = b * PAR_BLOCK..b * PAR_BLOCK + out.len();
-        max_exponents_of(exps, parts, range.clone());
-        add_fixed_of(acc, parts, range, exps, headroom);
-        finish_into(acc, exps, headroom, out);
+        let parts: Vec<&[f32]> = parts.iter().map(|p| &p.as_ref()[range.clone()]).collect();
+        max_exponents_of(exps, &parts, 0..out.len());
+        write_fixed_of(acc, &parts, 0..out.len(), exps, headroom);
+        finish_into(acc, exps, 0, headroom, out);
     };
     if on_pool(n, PAR_BLOCK) {
-        let blocks =
-            out.par_chunks_mut(PAR_BLOCK).zip(exps.par_chunks_mut(PAR_BLOCK)).zip(acc.par_chunks_mut(PAR_BLOCK));
+        let blocks = out.par_chunks_mut(PAR_BLOCK).zip(exps.par_chunks_mut(SCALES)).zip(acc.par_chunks_mut(PAR_BLOCK));
         blocks.enumerate().for_each(|(b, ((out, exps), acc))| block(b, out, exps, acc));
     } else {
-        let blocks = out.chunks_mut(PAR_BLOCK).zip(exps.chunks_mut(PAR_BLOCK)).zip(acc.chunks_mut(PAR_BLOCK));
+        let blocks = out.chunks_mut(PAR_BLOCK).zip(exps.chunks_mut(SCALES)).zip(acc.chunks_mut(PAR_BLOCK));
         blocks.enumerate().for_each(|(b, ((out, exps), acc))| block(b, out, exps, acc));
     }
 }
@@ -312,11 +417,13 @@ pub fn words_as<T: bytemuck::Pod>(words: &mut Vec<i64>, n: usize) -> &mut [T] {
     &mut bytemuck::cast_slice_mut(&mut words[..])[..n]
 }
 
-/// Wire format of a phase-2 accumulator: magic `RBS1`, headroom (u8), element count (u64
-/// LE), the exponents (one byte each), then the fixed-point values (i64 LE each).
+/// Wire format of a phase-2 accumulator: magic `RBS2`, headroom (u8), element count (u64
+/// LE), the scales (one byte per block of [`EXP_BLOCK`] elements), then the fixed-point
+/// values (i64 LE each).
 pub fn encode(acc: &[i64], exps: &[u8], headroom: u32) -> Vec<u8> {
+    assert_eq!(exps.len(), blocks_of(acc.len()), "one scale per block");
     let mut out = Vec::with_capacity(13 + exps.len() + 8 * acc.len());
-    out.extend_from_slice(b"RBS1");
+    out.extend_from_slice(b"RBS2");
     out.push(headroom as u8);
     out.extend_from_slice(&(acc.len() as u64).to_le_bytes());
     out.extend_from_slice(exps);
@@ -328,7 +435,7 @@ pub fn encode(acc: &[i64], exps: &[u8], headroom: u32) -> Vec<u8> {
 
 /// Parses [`encode`]'s output: `(acc, exps, headroom)`.
 pub fn decode(bytes: &[u8]) -> Result<(Vec<i64>, Vec<u8>, u32), String> {
-    if bytes.len() < 13 || &bytes[..4] != b"RBS1" {
+    if bytes.len() < 13 || &bytes[..4] != b"RBS2" {
         return Err("not a batched-sum accumulator (bad magic or too short)".into());
     }
     let headroom = u32::from(bytes[4]);
@@ -336,12 +443,13 @@ pub fn decode(bytes: &[u8]) -> Result<(Vec<i64>, Vec<u8>, u32), String> {
         return Err(format!("headroom {headroom} is out of range"));
     }
     let n = u64::from_le_bytes(bytes[5..13].try_into().expect("8 bytes")) as usize;
-    let need = n.checked_mul(9).and_then(|b| b.checked_add(13)).ok_or("element count overflows")?;
+    let need = n.checked_mul(8).and_then(|b| b.checked_add(13 + blocks_of(n))).ok_or("element count overflows")?;
     if bytes.len() != need {
         return Err(format!("{} bytes for {n} elements, expected {need}", bytes.len()));
     }
-    let exps = bytes[13..13 + n].to_vec();
-    let acc = bytes[13 + n..].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+    let scales = 13 + blocks_of(n);
+    let exps = bytes[13..scales].to_vec();
+    let acc = bytes[scales..].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
     Ok((acc, exps, headroom))
 }
 
@@ -349,28 +457,70 @@ pub fn decode(bytes: &[u8]) -> Result<(Vec<i64>, Vec<u8>, u32), String> {
 mod tests {
     use super::*;
 
+    /// `values` at the start of a block of their own each (the rest of the block zeros).
+    fn in_blocks(values: &[f32]) -> Vec<f32> {
+        let mut v = vec![0.0; values.len() * EXP_BLOCK];
+        for (i, &x) in values.iter().enumerate() {
+            v[i * EXP_BLOCK] = x;
+        }
+        v
+    }
+
     #[test]
     fn sums_simple_vectors_and_specials() {
-        let a = [1.0f32, -2.5, 1e-3, f32::INFINITY, 0.0, f32::NAN];
-        let b = [2.0f32, 2.5, 1e-3, 1.0, -0.0, 1.0];
-        let c = [0.5f32, 0.0, 1e-3, f32::NEG_INFINITY, 0.0, 2.0];
+        let a = in_blocks(&[1.0f32, -2.5, 1e-3, f32::INFINITY, 0.0, f32::NAN, f32::INFINITY]);
+        let b = in_blocks(&[2.0f32, 2.5, 1e-3, 1.0, -0.0, 1.0, 3.0]);
+        let c = in_blocks(&[0.5f32, 0.0, 1e-3, f32::NEG_INFINITY, 0.0, 2.0, 1.0]);
         let s = sum_parts(&[&a, &b, &c], DEFAULT_HEADROOM);
-        assert_eq!(s[0], 3.5);
-        assert_eq!(s[1], 0.0);
-        assert!((s[2] - 3e-3).abs() < 1e-9);
-        assert!(s[3].is_nan());
-        assert_eq!(s[4], 0.0);
-        assert!(s[5].is_nan());
-        let s = sum_parts(&[&a[3..4], &b[3..4]], DEFAULT_HEADROOM);
-        assert_eq!(s[0], f32::INFINITY);
+        let at = |i: usize| s[i * EXP_BLOCK];
+        assert_eq!(at(0), 3.5);
+        assert_eq!(at(1), 0.0);
+        assert!((at(2) - 3e-3).abs() < 1e-9);
+        assert!(at(3).is_nan());
+        assert_eq!(at(4), 0.0);
+        assert!(at(5).is_nan());
+        assert_eq!(at(6), f32::INFINITY);
+        // The zeros that share a block with a special term have no agreed scale: NaN.
+        assert!(s[3 * EXP_BLOCK + 1].is_nan() && s[5 * EXP_BLOCK + 1].is_nan());
+        assert_eq!(s[EXP_BLOCK + 1], 0.0);
+    }
+
+    #[test]
+    fn written_sums_equal_sums_added_into_zeros_special_blocks_too() {
+        let mut a = in_blocks(&[1.5f32, f32::NAN, -2.0, f32::INFINITY]);
+        a[1] = 3.0;
+        let b = in_blocks(&[0.25f32, 1.0, f32::NEG_INFINITY, 2.0]);
+        let mut exps = vec![0u8; blocks_of(a.len())];
+        max_exponents_of(&mut exps, &[&a, &b], 0..a.len());
+        let mut added = vec![0i64; a.len()];
+        add_fixed_of(&mut added, &[&a, &b], 0..a.len(), &exps, DEFAULT_HEADROOM);
+        let mut written = vec![12345i64; a.len()];
+        write_fixed_of(&mut written, &[&a, &b], 0..a.len(), &exps, DEFAULT_HEADROOM);
+        assert_eq!(added, written);
+        let mut none = vec![7i32; 5];
+        write_fixed_of::<i32, &[f32]>(&mut none, &[], 0..5, &exps, NARROW_HEADROOM);
+        assert_eq!(none, vec![0; 5]);
+    }
+
+    #[test]
+    fn a_block_shares_the_scale_of_its_largest_term() {
+        // Beside 2^20 in its block, 1 + 2^-23 keeps the bits a 64-bit sum with 16 bits of
+        // headroom keeps below 2^20's last place (2^-23 · 2^-3 here: all of them); beside
+        // 2^40 it keeps those above 2^(40 - 46) only.
+        let tiny = 1.0 + f32::EPSILON;
+        let mut a = vec![0.0f32; 2 * EXP_BLOCK];
+        (a[0], a[1], a[EXP_BLOCK], a[EXP_BLOCK + 1]) = (2f32.powi(20), tiny, 2f32.powi(40), tiny);
+        let s = sum_parts(&[&a], DEFAULT_HEADROOM);
+        assert_eq!(s[1], tiny);
+        assert_eq!(s[EXP_BLOCK + 1], 1.0);
     }
 
     #[test]
     fn wire_format_round_trips_and_rejects_damage() {
-        let (acc, exps) = (vec![5i64, -7, 1 << 40], vec![127u8, 130, 255]);
+        let (acc, exps) = (vec![5i64, -7, 1 << 40], vec![127u8]);
         let bytes = encode(&acc, &exps, 16);
         assert_eq!(decode(&bytes).unwrap(), (acc, exps, 16));
         assert!(decode(&bytes[..bytes.len() - 1]).is_err());
-        assert!(decode(b"RBS2").is_err());
+        assert!(decode(b"RBS1").is_err());
     }
 }

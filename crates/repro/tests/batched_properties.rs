@@ -3,19 +3,19 @@
 
 use proptest::prelude::*;
 use repro::batched::{
-    DEFAULT_HEADROOM, NARROW_HEADROOM, Scratch, add_fixed, decode, encode, finish, max_exponents, sum_parts,
-    sum_parts_as,
+    DEFAULT_HEADROOM, EXP_BLOCK, NARROW_HEADROOM, Scratch, add_fixed, blocks_of, decode, encode, finish, max_exponents,
+    sum_parts, sum_parts_as,
 };
 
 /// Sums `parts` the way W workers would: each reduces its own parts, then the workers'
 /// exponents are max-combined and their fixed-point sums added in `order`.
 fn as_workers(parts: &[Vec<f32>], owner: &[usize], workers: usize, order: &[usize]) -> Vec<f32> {
     let n = parts[0].len();
-    let mut local_exps = vec![vec![0u8; n]; workers];
+    let mut local_exps = vec![vec![0u8; blocks_of(n)]; workers];
     for (p, &w) in parts.iter().zip(owner) {
-        max_exponents(&mut local_exps[w], p);
+        max_exponents(&mut local_exps[w], p, 0);
     }
-    let mut exps = vec![0u8; n];
+    let mut exps = vec![0u8; blocks_of(n)];
     for &w in order {
         for (e, &l) in exps.iter_mut().zip(&local_exps[w]) {
             *e = (*e).max(l);
@@ -23,7 +23,7 @@ fn as_workers(parts: &[Vec<f32>], owner: &[usize], workers: usize, order: &[usiz
     }
     let mut local_acc = vec![vec![0i64; n]; workers];
     for (p, &w) in parts.iter().zip(owner) {
-        add_fixed(&mut local_acc[w], p, &exps, DEFAULT_HEADROOM);
+        add_fixed(&mut local_acc[w], p, &exps, 0, DEFAULT_HEADROOM);
     }
     let mut acc = vec![0i64; n];
     for &w in order {
@@ -60,12 +60,13 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Checks each element of `sum` against the exact sum of `parts` within
-/// `per_term * n * max|term| + half an ulp of the result` (plus the f64 reference's own
-/// rounding).
+/// `per_term * n * M + half an ulp of the result` (plus the f64 reference's own
+/// rounding), `M` the largest magnitude in the element's block of every part.
 fn within_bound(parts: &[Vec<f32>], sum: &[f32], per_term: f64) -> Result<(), TestCaseError> {
     for i in 0..sum.len() {
         let exact: f64 = parts.iter().map(|p| f64::from(p[i])).sum();
-        let max = parts.iter().map(|p| p[i].abs()).fold(0.0f32, f32::max) as f64;
+        let block = (i / EXP_BLOCK) * EXP_BLOCK..((i / EXP_BLOCK + 1) * EXP_BLOCK).min(sum.len());
+        let max = parts.iter().flat_map(|p| &p[block.clone()]).map(|x| x.abs()).fold(0.0f32, f32::max) as f64;
         let bound =
             parts.len() as f64 * per_term * max + f64::from(sum[i]).abs() * 2f64.powi(-24) + max * 2f64.powi(-45); // the f64 reference itself rounds
         prop_assert!((f64::from(sum[i]) - exact).abs() <= bound, "element {i}: {} vs {exact}", sum[i]);
@@ -82,7 +83,7 @@ proptest! {
 
     #[test]
     fn any_worker_count_grouping_and_order_gives_the_same_bits(
-        parts in (1usize..20, 1usize..12).prop_flat_map(|(p, n)| prop::collection::vec(prop::collection::vec(value(), n), p)),
+        parts in (1usize..20, 1usize..200).prop_flat_map(|(p, n)| prop::collection::vec(prop::collection::vec(value(), n), p)),
         workers in 1usize..6,
         seed in any::<u64>(),
     ) {
@@ -114,15 +115,15 @@ fn far_more_accurate_than_a_naive_f32_sum_on_cancellation() {
 /// The 32-bit sum as W workers would run it: local accumulators added in `order`.
 fn as_workers_narrow(parts: &[Vec<f32>], owner: &[usize], workers: usize, order: &[usize]) -> Vec<f32> {
     let n = parts[0].len();
-    let mut exps = vec![0u8; n];
+    let mut exps = vec![0u8; blocks_of(n)];
     for &w in order {
         for (p, _) in parts.iter().zip(owner).filter(|(_, o)| **o == w) {
-            max_exponents(&mut exps, p);
+            max_exponents(&mut exps, p, 0);
         }
     }
     let mut local = vec![vec![0i32; n]; workers];
     for (p, &w) in parts.iter().zip(owner) {
-        add_fixed(&mut local[w], p, &exps, NARROW_HEADROOM);
+        add_fixed(&mut local[w], p, &exps, 0, NARROW_HEADROOM);
     }
     let mut acc = vec![0i32; n];
     for &w in order {
@@ -144,7 +145,7 @@ proptest! {
 
     #[test]
     fn the_32_bit_sum_is_reproducible_and_as_accurate_as_a_float_sum(
-        parts in (1usize..129, 1usize..8).prop_flat_map(|(p, n)| prop::collection::vec(prop::collection::vec(value(), n), p)),
+        parts in (1usize..129, 1usize..150).prop_flat_map(|(p, n)| prop::collection::vec(prop::collection::vec(value(), n), p)),
         workers in 1usize..6,
         seed in any::<u64>(),
     ) {
@@ -161,13 +162,17 @@ proptest! {
 
 #[test]
 fn the_32_bit_sum_keeps_special_values_and_refuses_too_many_parts() {
-    let a = [1.0f32, f32::INFINITY, f32::NAN, f32::NEG_INFINITY, -2.0];
-    let b = [2.0f32, 1.0, 1.0, f32::INFINITY, 2.0];
+    // Each value at the start of a block of its own.
+    let spaced =
+        |v: &[f32]| -> Vec<f32> { v.iter().flat_map(|&x| std::iter::once(x).chain([0.0; EXP_BLOCK - 1])).collect() };
+    let a = spaced(&[1.0f32, f32::INFINITY, f32::NAN, f32::NEG_INFINITY, -2.0]);
+    let b = spaced(&[2.0f32, 1.0, 1.0, f32::INFINITY, 2.0]);
     let s = narrow(&[&a, &b]);
-    assert_eq!(s[0], 3.0);
-    assert_eq!(s[1], f32::INFINITY);
-    assert!(s[2].is_nan() && s[3].is_nan());
-    assert_eq!(s[4].to_bits(), 0.0f32.to_bits());
+    let at = |i: usize| s[i * EXP_BLOCK];
+    assert_eq!(at(0), 3.0);
+    assert_eq!(at(1), f32::INFINITY);
+    assert!(at(2).is_nan() && at(3).is_nan());
+    assert_eq!(at(4).to_bits(), 0.0f32.to_bits());
     // 128 copies of the largest finite value still fit; 129 parts are refused.
     let big = vec![vec![f32::MAX; 3]; 128];
     let refs: Vec<&[f32]> = big.iter().map(|p| p.as_slice()).collect();
@@ -203,9 +208,95 @@ fn blocks_and_threads_change_no_bit_of_a_long_sum() {
     };
     let (one, three) = (on(1), on(3));
     assert_eq!((bits(&one.0), bits(&one.1)), (bits(&three.0), bits(&three.1)));
-    // Element by element, alone: the blocks put every element where it belongs.
-    for i in (0..n).step_by(997).chain([n - 1]) {
-        let column: Vec<&[f32]> = parts.iter().map(|p| &p[i..=i]).collect();
-        assert_eq!(sum_parts(&column, DEFAULT_HEADROOM)[0].to_bits(), one.0[i].to_bits(), "element {i}");
+    // Scale block by scale block, alone: the parallel blocks put every element where it
+    // belongs.
+    for b in (0..blocks_of(n)).step_by(97).chain([blocks_of(n) - 1]) {
+        let range = b * EXP_BLOCK..((b + 1) * EXP_BLOCK).min(n);
+        let column: Vec<&[f32]> = parts.iter().map(|p| &p[range.clone()]).collect();
+        assert_eq!(bits(&sum_parts(&column, DEFAULT_HEADROOM)), bits(&one.0[range.clone()]), "block {b}");
+    }
+}
+
+/// Finite floats of every kind, and their negations, for sums that cancel: zeros, subnormals,
+/// normals over the whole range, the largest.
+fn adversarial() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        any::<u32>().prop_map(|b| f32::from_bits(b & 0x7F7F_FFFF | (b & 0x8000_0000))),
+        any::<u32>().prop_map(|b| f32::from_bits(b & 0x807F_FFFF)),
+        Just(f32::MAX),
+        Just(-f32::MAX),
+        Just(0.0f32),
+        Just(-0.0f32),
+        (-1.0f32..1.0),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The sums that break float sums (cancellation of huge terms, subnormals beside the
+    /// largest values, terms and their negations in any order): every grouping and order
+    /// gives the single process's bits, in both widths.
+    #[test]
+    fn adversarial_sums_have_the_same_bits_for_every_grouping_and_order(
+        (parts, n) in (1usize..40, 1usize..160).prop_flat_map(|(p, n)| {
+            (prop::collection::vec(prop::collection::vec(adversarial(), n), p), Just(n))
+        }),
+        negate in any::<bool>(),
+        workers in 1usize..7,
+        seed in any::<u64>(),
+    ) {
+        let mut parts = parts;
+        if negate {
+            // Every term beside its negation, shuffled by the grouping below.
+            let negated: Vec<Vec<f32>> = parts.iter().map(|p| p.iter().map(|x| -x).collect()).collect();
+            parts.extend(negated);
+        }
+        prop_assume!(parts.len() <= 128 && n > 0);
+        let refs: Vec<&[f32]> = parts.iter().map(|p| p.as_slice()).collect();
+        let single = sum_parts(&refs, DEFAULT_HEADROOM);
+        let (owner, order) = grouping(parts.len(), workers, seed);
+        prop_assert_eq!(bits(&single), bits(&as_workers(&parts, &owner, workers, &order)));
+        prop_assert_eq!(bits(&narrow(&refs)), bits(&as_workers_narrow(&parts, &owner, workers, &order)));
+        if negate {
+            // Terms and their negations cancel exactly: the integers sum to zero.
+            prop_assert!(single.iter().all(|&x| x.to_bits() == 0 || x.is_nan()), "{single:?}");
+        }
+    }
+
+    /// A vector cut into pieces at arbitrary offsets (a gradient bucket's parameters, a
+    /// ring's segments) gives the scales and sums of the whole.
+    #[test]
+    fn pieces_at_any_offsets_give_the_whole_vector_s_scales_and_sums(
+        values in prop::collection::vec(adversarial(), 1..400),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+    ) {
+        let n = values.len();
+        let mut at: Vec<usize> = cuts.iter().map(|c| c.index(n)).chain([0, n]).collect();
+        at.sort_unstable();
+        at.dedup();
+        let (mut whole, mut pieced) = (vec![0u8; blocks_of(n)], vec![0u8; blocks_of(n)]);
+        max_exponents(&mut whole, &values, 0);
+        for w in at.windows(2) {
+            max_exponents(&mut pieced, &values[w[0]..w[1]], w[0]);
+        }
+        prop_assert_eq!(&whole, &pieced);
+        let (mut a, mut b) = (vec![0i64; n], vec![0i64; n]);
+        add_fixed(&mut a, &values, &whole, 0, DEFAULT_HEADROOM);
+        for w in at.windows(2) {
+            add_fixed(&mut b[w[0]..w[1]], &values[w[0]..w[1]], &whole, w[0], DEFAULT_HEADROOM);
+        }
+        prop_assert_eq!(&a, &b);
+        // Written over whatever the accumulator held: the sum added into zeros.
+        let mut c = vec![-99i64; n];
+        for w in at.windows(2) {
+            repro::batched::write_fixed(&mut c[w[0]..w[1]], &values[w[0]..w[1]], &whole, w[0], DEFAULT_HEADROOM);
+        }
+        prop_assert_eq!(&a, &c);
+        let mut out = vec![0f32; n];
+        for w in at.windows(2) {
+            repro::batched::finish_into(&b[w[0]..w[1]], &whole, w[0], DEFAULT_HEADROOM, &mut out[w[0]..w[1]]);
+        }
+        prop_assert_eq!(bits(&out), bits(&finish(&a, &whole, DEFAULT_HEADROOM)));
     }
 }
