@@ -79,13 +79,18 @@ def main():
     import torch
 
     rows, profiles = [], {}
-    kinds = ("default", "steadfast", "elastic")
+    kinds = ("default", "steadfast", "steadfast32", "elastic")
     for width in WIDTHS:
         for world in (2, 4):
             times = {k: [] for k in kinds}
             for r in range(REPEAT):
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-                    seconds = (run_elastic(world, width) if kind == "elastic" else run(world, kind, width))["step_seconds"]
+                    if kind == "elastic":
+                        seconds = run_elastic(world, width)["step_seconds"]
+                    elif kind == "steadfast32":
+                        seconds = run(world, "steadfast", width, "--lanes", "32")["step_seconds"]
+                    else:
+                        seconds = run(world, kind, width)["step_seconds"]
                     times[kind].append(seconds)
                     print(width, world, kind, seconds, flush=True)
             rows.append((width, world, *(statistics.median(times[k]) for k in kinds)))
@@ -94,6 +99,8 @@ def main():
     for hook in ("default", "steadfast"):
         digests = [run(world, hook, 256, steps=30)["weights_sha256"] for world in (1, 2, 4)]
         same[hook] = digests
+    same["steadfast, 32-bit lanes"] = [run(world, "steadfast", 256, "--lanes", "32", steps=30)["weights_sha256"]
+                                       for world in (1, 2, 4)]
     elastic = [alone_elastic(256, 30)] + ["/".join(run_elastic(world, 256, steps=30)["weights_sha256"])
                                          for world in (2, 4)]
     same["elastic"] = elastic
@@ -109,18 +116,20 @@ def main():
         "- The study's MLP (784-W-128-10) trained by AdamW on Fashion-MNIST, global batch 256 in 8 micro-batches."
         f" A cell is the median over {REPEAT} runs (interleaved) of the seconds per step (the slowest rank's mean"
         " over the steps after the first). *default*: DDP's own hook, each rank's micro-batches accumulated in"
-        " float under `no_sync`; *hook*: `steadfast.ddp.ReproducibleGradients` (two gloo all-reduces);"
+        " float under `no_sync`; *hook*: `steadfast.ddp.ReproducibleGradients` (two gloo all-reduces: the"
+        " blocks' scales, 1/64 of a byte per element, and the integers); *hook32*: the same with `lanes=32`"
+        " (4 bytes per element, as DDP's);"
         " *elastic*: a worker of `steadfast.elastic` under `steadfast launch --max-restarts 0` (the reproducible"
         " sum on Steadfast's mesh, the vote, the state hashed after every update and checked at rest, the"
         " replicas compared every step; a cosine LR schedule besides).",
         "",
-        "| W | parameters | processes | default (ms/step) | hook (ms/step) | elastic (ms/step) | hook / default"
-        " | elastic / default |",
-        "|---|---|---|---|---|---|---|---|",
+        "| W | parameters | processes | default (ms/step) | hook (ms/step) | hook32 (ms/step) | elastic (ms/step)"
+        " | hook / default | hook32 / default | elastic / default |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for width, world, d, s, e in rows:
-        lines.append(f"| {width} | {params(width):,} | {world} | {d * 1e3:.2f} | {s * 1e3:.2f} | {e * 1e3:.2f}"
-                     f" | {s / d:.2f}x | {e / d:.2f}x |")
+    for width, world, d, s, s32, e in rows:
+        lines.append(f"| {width} | {params(width):,} | {world} | {d * 1e3:.2f} | {s * 1e3:.2f} | {s32 * 1e3:.2f}"
+                     f" | {e * 1e3:.2f} | {s / d:.2f}x | {s32 / d:.2f}x | {e / d:.2f}x |")
     lines += ["", f"The hook's phases (seconds summed over the {STEPS} steps of rank 0, with `--profile`, which waits"
               " for the integer all-reduce inside the hook to time it):", "",
               "| phase | " + " | ".join(f"W={w}" for w in WIDTHS) + " |", "|---|" + "---|" * len(WIDTHS)]

@@ -68,6 +68,8 @@ __all__ = ["ReproducibleGradients", "DEFAULT_HEADROOM", "MAX_HEADROOM"]
 DEFAULT_HEADROOM = 16
 #: The most headroom a 64-bit sum of float32 terms has.
 MAX_HEADROOM = 39
+#: The most headroom a 32-bit sum of float32 terms has (up to 128 terms).
+NARROW_MAX_HEADROOM = 7
 
 
 def _at(t):
@@ -82,10 +84,18 @@ class ReproducibleGradients:
     the world size; each rank runs those whose index is its rank modulo the world size).
     The step's gradient is the mean of the micro-batches' gradients. ``profile=True``
     keeps the seconds spent in each phase of the hook in :attr:`profile`.
+
+    ``lanes`` is the width of the integers the job sums: 64 (the default: 46 bits below
+    each block's largest term, with ``headroom`` bits for up to ``2**headroom``
+    micro-batches) or 32 (the bytes of DDP's own float all-reduce, for up to 128
+    micro-batches: the headroom is the fewest bits that hold ``micro_batches`` terms, and a
+    block's largest term keeps ``31 - headroom`` bits, about a float sum's accuracy for the
+    block's largest elements, while an element ``2**-(31 - headroom)`` below its block's
+    largest is lost). Either width gives the same bits on any number of ranks.
     """
 
     def __init__(self, module: torch.nn.parallel.DistributedDataParallel, micro_batches: int, *, group: Any = None,
-                 headroom: int = DEFAULT_HEADROOM, profile: bool = False) -> None:
+                 headroom: int = DEFAULT_HEADROOM, lanes: int = 64, profile: bool = False) -> None:
         if not isinstance(module, torch.nn.parallel.DistributedDataParallel):
             raise TypeError("ReproducibleGradients needs a DistributedDataParallel module")
         self.module = module
@@ -94,6 +104,14 @@ class ReproducibleGradients:
         self.rank = dist.get_rank(group)
         if micro_batches < self.world:
             raise ValueError(f"{micro_batches} micro-batches for {self.world} ranks: every rank needs at least one")
+        if lanes not in (32, 64):
+            raise ValueError(f"lanes={lanes}: the integer sum has 32- or 64-bit lanes")
+        if lanes == 32:
+            # The fewest bits that hold the step's terms: the rest keep the largest's bits.
+            headroom = max(0, (micro_batches - 1).bit_length())
+            if headroom > NARROW_MAX_HEADROOM:
+                raise ValueError(f"{micro_batches} micro-batches do not fit 32-bit lanes (at most "
+                                 f"{2 ** NARROW_MAX_HEADROOM}): use lanes=64")
         if not 0 <= headroom <= MAX_HEADROOM:
             raise ValueError(f"headroom {headroom}: give 0 to {MAX_HEADROOM} bits")
         if micro_batches > 2 ** headroom:
@@ -105,6 +123,7 @@ class ReproducibleGradients:
                             f"{odd[0][1]} on {odd[0][2]}")
         self.micro_batches = micro_batches
         self.headroom = headroom
+        self.lanes = lanes
         self.mine = list(range(self.rank, micro_batches, self.world))
         #: Seconds per phase of the hook, summed over its calls (with ``profile=True``).
         self.profile = defaultdict(float) if profile else None
@@ -239,25 +258,27 @@ def _hook(state, bucket):
     terms = [[_at(grads)]] + [[_at(kept[k]) for k in ks] for kept in state._kept]
     exps, acc = state._buffers.get(bucket.index(), (None, None))
     if acc is None or acc.numel() != n:
-        exps, acc = torch.empty(_steadfast.fixed_scales(n), dtype=torch.uint8), torch.empty(n, dtype=torch.int64)
+        lanes = torch.int64 if state.lanes == 64 else torch.int32
+        exps, acc = torch.empty(_steadfast.fixed_scales(n), dtype=torch.uint8), torch.empty(n, dtype=lanes)
         state._buffers[bucket.index()] = (exps, acc)
     t = state._tick("lay out the terms", t)
     _steadfast.fixed_exponents(terms, n, _at(exps))
     t = state._tick("exponents (Rust)", t)
     dist.all_reduce(exps, op=dist.ReduceOp.MAX, group=state.group)
     t = state._tick("all-reduce MAX u8", t)
-    _steadfast.fixed_add(terms, _at(exps), _at(acc), state.headroom)
+    _steadfast.fixed_add(terms, _at(exps), _at(acc), state.headroom, state.lanes)
     t = state._tick("to fixed point (Rust)", t)
     work = dist.all_reduce(acc, group=state.group, async_op=True)
 
     def finish(fut):
         start = time.perf_counter()
-        _steadfast.fixed_finish(_at(acc), _at(exps), state.headroom, float(state.micro_batches), _at(grads))
+        _steadfast.fixed_finish(_at(acc), _at(exps), state.headroom, float(state.micro_batches), _at(grads),
+                                state.lanes)
         if state.profile is not None:
             state.profile["from fixed point (Rust)"] += time.perf_counter() - start
         return grads
 
     if state.profile is not None:
         work.wait()
-        state._tick("all-reduce SUM i64", t)
+        state._tick(f"all-reduce SUM i{state.lanes}", t)
     return work.get_future().then(finish)

@@ -27,6 +27,9 @@ def run(world, data, *args):
 def test_the_final_weights_are_the_same_bits_on_1_2_and_4_processes(fashion_mnist):
     runs = [run(world, fashion_mnist) for world in (1, 2, 4)]
     assert len({r["weights_sha256"] for r in runs}) == 1, runs
+    # The 32-bit lanes too, with other bits than the 64-bit sum's.
+    narrow = [run(world, fashion_mnist, "--lanes", "32")["weights_sha256"] for world in (1, 4)]
+    assert narrow[0] == narrow[1] != runs[0]["weights_sha256"]
     # DDP's own hook (micro-batches accumulated in float, then a float all-reduce) does
     # not give the 1-process bits on 4 processes.
     default = [run(world, fashion_mnist, "--hook", "default")["weights_sha256"] for world in (1, 4)]
@@ -72,6 +75,20 @@ def test_the_sum_is_the_same_bits_in_any_order_and_grouping():
     _steadfast.fixed_add(pieces, _at(exps), _at(acc), DEFAULT_HEADROOM)
     _steadfast.fixed_finish(_at(acc), _at(exps), DEFAULT_HEADROOM, 8.0, _at(out))
     assert torch.equal(out, whole)
+    # 32-bit lanes, written and summed the same way, in pieces or whole.
+    narrow = []
+    for pieces_of in ([[_at(t)] for t in terms], pieces):
+        exps = torch.empty(_steadfast.fixed_scales(n), dtype=torch.uint8)
+        acc32, out32 = torch.empty(n, dtype=torch.int32), torch.empty(n)
+        _steadfast.fixed_exponents(pieces_of, n, _at(exps))
+        _steadfast.fixed_add(pieces_of, _at(exps), _at(acc32), 3, 32)
+        _steadfast.fixed_finish(_at(acc32), _at(exps), 3, 8.0, _at(out32), 32)
+        narrow.append(out32)
+    assert torch.equal(narrow[0], narrow[1]) and not torch.equal(narrow[0], whole)
+    with pytest.raises(ValueError, match="headroom at most 7 in 32-bit lanes"):
+        _steadfast.fixed_add(pieces, _at(exps), _at(acc32), 8, 32)
+    with pytest.raises(ValueError, match="lanes=16"):
+        _steadfast.fixed_add(pieces, _at(exps), _at(acc32), 3, 16)
     # Within the documented bound of the float64 mean: 8 terms, each truncated at 2^-46 of
     # the largest magnitude in its block of 64 elements, and the final rounding.
     stacked = torch.stack([t.double() for t in terms])
@@ -131,6 +148,10 @@ def test_what_the_hook_cannot_sum_is_refused_before_it_runs_or_named_after(tmp_p
             ReproducibleGradients(DDP(torch.nn.Linear(3, 1).double()), 2)
         with pytest.raises(ValueError, match="headroom 40"):
             ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, headroom=40)
+        with pytest.raises(ValueError, match="lanes=16"):
+            ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, lanes=16)
+        with pytest.raises(ValueError, match="129 micro-batches do not fit 32-bit lanes"):
+            ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 129, lanes=32)
 
         class Unused(torch.nn.Module):
             def __init__(self):
