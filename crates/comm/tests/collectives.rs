@@ -241,12 +241,12 @@ fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
         assert!(err.to_string().contains("bytes"), "{mode}: {err}");
     }
     // A segment of the right length but of another kind, on the way that reads it into
-    // place: the first exchange of a 2-rank reproducible sum of 8 values moves half of 8
-    // exponent bytes and 2 x 4 bytes of part counts, 8 bytes.
+    // place: the first exchange of a 2-rank reproducible sum of 8 values moves a chunk of
+    // its one block's scale byte and 2 x 4 bytes of part counts: 5 of those 9 bytes to rank 0.
     let answered = std::sync::Barrier::new(2);
     let out = on_tcp(2, |r, t| {
         if r == 1 {
-            t.send(0, 9, &[0; 8]).unwrap();
+            t.send(0, 9, &[0; 5]).unwrap();
             answered.wait();
             return None;
         }
@@ -404,10 +404,21 @@ fn messages_of_many_segments_reduce_exactly_as_small_ones() {
         for (repro, det) in &out {
             assert_eq!(bits(repro), bits(&single), "world {world}");
             assert_eq!(bits(det), bits(&out[0].1), "every rank holds the same deterministic sum");
-            // A float sum of six terms errs by at most 6 ulps of the sum of magnitudes.
             for (i, (a, b)) in det.iter().zip(&single).enumerate() {
-                let magnitude: f32 = all.iter().map(|p| p[i].abs()).sum();
-                assert!((a - b).abs() <= 6.0 * f32::EPSILON * magnitude, "element {i}: {a} vs {b}");
+                let exact: f64 = all.iter().map(|p| f64::from(p[i])).sum();
+                // A float sum of six terms errs by at most 6 ulps of the sum of magnitudes.
+                let magnitude: f64 = all.iter().map(|p| f64::from(p[i].abs())).sum();
+                let float_bound = 6.0 * f64::from(f32::EPSILON) * magnitude;
+                assert!((f64::from(*a) - exact).abs() <= float_bound, "element {i}: {a} vs {exact}");
+                // The reproducible sum: six truncations at 2^-46 of the block's largest
+                // magnitude, and the final rounding.
+                let block = i / repro::batched::EXP_BLOCK * repro::batched::EXP_BLOCK;
+                let largest = all
+                    .iter()
+                    .flat_map(|p| &p[block..(block + repro::batched::EXP_BLOCK).min(n)])
+                    .fold(0.0f64, |m, x| m.max(f64::from(x.abs())));
+                let repro_bound = 6.0 * 2f64.powi(-46) * largest + 2f64.powi(-24) * f64::from(b.abs());
+                assert!((f64::from(*b) - exact).abs() <= repro_bound, "element {i}: {b} vs {exact}");
             }
         }
     }

@@ -415,8 +415,9 @@ impl Reducer {
             let blocks = range.start.min(nb)..range.end.min(nb);
             let block = repro::batched::EXP_BLOCK;
             let elements = (blocks.start * block).min(n)..(blocks.end * block).min(n);
-            let parts: Vec<&[f32]> = parts.iter().map(|p| &p.as_ref()[elements.clone()]).collect();
-            repro::batched::max_exponents_of(&mut acc[..blocks.len()], &parts, 0..elements.len());
+            for p in parts {
+                repro::batched::max_exponents(&mut acc[..blocks.len()], &p.as_ref()[elements.clone()], 0);
+            }
             for (k, &byte) in count.iter().enumerate() {
                 let at = nb + 4 * rank + k;
                 if range.contains(&at) {

@@ -273,7 +273,7 @@ pub fn add_fixed_of<A: Fixed, P: AsRef<[f32]>>(
     exps: &[u8],
     headroom: u32,
 ) {
-    sum_fixed_of(acc, parts, range, exps, headroom, false);
+    sum_fixed_of(acc, parts, range, exps, 0, headroom, false);
 }
 
 /// [`add_fixed_of`] into an `acc` whose contents are replaced by the parts' sum (zeros
@@ -285,14 +285,17 @@ pub fn write_fixed_of<A: Fixed, P: AsRef<[f32]>>(
     exps: &[u8],
     headroom: u32,
 ) {
-    sum_fixed_of(acc, parts, range, exps, headroom, true);
+    sum_fixed_of(acc, parts, range, exps, 0, headroom, true);
 }
 
+/// [`add_fixed_of`] (or [`write_fixed_of`]) with `exps` the scales of the blocks from element
+/// `base` on (a multiple of [`EXP_BLOCK`]).
 fn sum_fixed_of<A: Fixed, P: AsRef<[f32]>>(
     acc: &mut [A],
     parts: &[P],
     range: std::ops::Range<usize>,
     exps: &[u8],
+    base: usize,
     headroom: u32,
     overwrite: bool,
 ) {
@@ -303,7 +306,7 @@ fn sum_fixed_of<A: Fixed, P: AsRef<[f32]>>(
     for (t, tile) in acc.chunks_mut(TILE).enumerate() {
         let start = range.start + t * TILE;
         for (k, p) in parts.iter().enumerate() {
-            convert(tile, &p.as_ref()[start..start + tile.len()], exps, start, headroom, overwrite && k == 0);
+            convert(tile, &p.as_ref()[start..start + tile.len()], exps, start - base, headroom, overwrite && k == 0);
         }
     }
 }
@@ -391,13 +394,15 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
     // Written, not added to: the accumulators need no zeroing first.
     let acc = words_as::<A>(acc, n);
     // A parallel block is a whole number of scale blocks: each works on its own slices
-    // of the parts, scales and sums, counted from its start.
+    // of the scales and sums, counted from its start (no allocation: a training step's sum
+    // allocates nothing once its buffers have grown).
     const SCALES: usize = PAR_BLOCK / EXP_BLOCK;
     let block = |b: usize, out: &mut [f32], exps: &mut [u8], acc: &mut [A]| {
         let range = b * PAR_BLOCK..b * PAR_BLOCK + out.len();
-        let parts: Vec<&[f32]> = parts.iter().map(|p| &p.as_ref()[range.clone()]).collect();
-        max_exponents_of(exps, &parts, 0..out.len());
-        write_fixed_of(acc, &parts, 0..out.len(), exps, headroom);
+        for p in parts {
+            max_exponents(exps, &p.as_ref()[range.clone()], 0);
+        }
+        sum_fixed_of(acc, parts, range.clone(), exps, range.start, headroom, true);
         finish_into(acc, exps, 0, headroom, out);
     };
     if on_pool(n, PAR_BLOCK) {
