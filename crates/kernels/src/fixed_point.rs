@@ -113,6 +113,60 @@ fn fixed32(x: f32, e: u32, s: i32) -> i32 {
     (magnitude as i32 ^ neg) - neg
 }
 
+/// The loop of the block forms below: `acc[i] += term(values[i], scale)` (or `=`, with
+/// `overwrite`), the scale `exps[b]` held for each block, whole blocks as fixed-length loops.
+#[inline(always)]
+fn add_blocks<T: Copy + Default + std::ops::Add<Output = T>>(
+    acc: &mut [T],
+    values: &[f32],
+    (exps, offset): (&[u8], usize),
+    overwrite: bool,
+    term: impl Fn(f32, u32) -> T,
+) {
+    assert!(acc.len() == values.len() && offset < SCALE_BLOCK, "lengths differ");
+    assert!(exps.len() >= (offset + values.len()).div_ceil(SCALE_BLOCK), "too few block scales");
+    for (e, r) in blocks(values.len(), exps, offset) {
+        let e = u32::from(e);
+        let (acc, values) = (&mut acc[r.clone()], &values[r]);
+        if acc.len() == SCALE_BLOCK {
+            let a: &mut [T; SCALE_BLOCK] = acc.try_into().expect("a whole block");
+            let v: &[f32; SCALE_BLOCK] = values.try_into().expect("a whole block");
+            if overwrite {
+                for i in 0..SCALE_BLOCK {
+                    a[i] = term(v[i], e);
+                }
+            } else {
+                for i in 0..SCALE_BLOCK {
+                    a[i] = a[i] + term(v[i], e);
+                }
+            }
+        } else {
+            for (a, &x) in acc.iter_mut().zip(values) {
+                *a = if overwrite { T::default() } else { *a } + term(x, e);
+            }
+        }
+    }
+}
+
+/// The loop of the block forms of `finish`: `out[i] = back(acc[i], unit of its block)`.
+#[inline(always)]
+fn finish_blocks<T: Copy>(
+    out: &mut [f32],
+    acc: &[T],
+    (exps, offset): (&[u8], usize),
+    s: i32,
+    back: impl Fn(T, f64) -> f32,
+) {
+    assert!(acc.len() == out.len() && offset < SCALE_BLOCK, "lengths differ");
+    assert!(exps.len() >= (offset + out.len()).div_ceil(SCALE_BLOCK), "too few block scales");
+    for (e, r) in blocks(out.len(), exps, offset) {
+        let u = unit(e, s);
+        for (o, &a) in out[r.clone()].iter_mut().zip(&acc[r]) {
+            *o = back(a, u);
+        }
+    }
+}
+
 per_isa! {
     /// [`add_fixed64`] with one scale per block of [`SCALE_BLOCK`] elements: `values[0]` is
     /// element `offset` of its block, whose scale is `exps[0]` (the same bits as
@@ -122,29 +176,7 @@ per_isa! {
     /// below 255. Panics unless `acc` and `values` have the same length and `exps` covers
     /// them.
     pub fn add_fixed64_blocks(acc: &mut [i64], values: &[f32], exps: &[u8], offset: usize, s: i32, overwrite: bool) {
-        assert!(acc.len() == values.len() && offset < SCALE_BLOCK, "lengths differ");
-        assert!(exps.len() >= (offset + values.len()).div_ceil(SCALE_BLOCK), "too few block scales");
-        for (e, r) in blocks(values.len(), exps, offset) {
-            let e = u32::from(e);
-            let (acc, values) = (&mut acc[r.clone()], &values[r]);
-            if acc.len() == SCALE_BLOCK {
-                let a: &mut [i64; SCALE_BLOCK] = acc.try_into().expect("a whole block");
-                let v: &[f32; SCALE_BLOCK] = values.try_into().expect("a whole block");
-                if overwrite {
-                    for i in 0..SCALE_BLOCK {
-                        a[i] = fixed64(v[i], e, s);
-                    }
-                } else {
-                    for i in 0..SCALE_BLOCK {
-                        a[i] += fixed64(v[i], e, s);
-                    }
-                }
-            } else {
-                for (a, &x) in acc.iter_mut().zip(values) {
-                    *a = if overwrite { 0 } else { *a } + fixed64(x, e, s);
-                }
-            }
-        }
+        add_blocks(acc, values, (exps, offset), overwrite, |x, e| fixed64(x, e, s));
     }
 }
 
@@ -152,29 +184,7 @@ per_isa! {
     /// [`add_fixed32`] with one scale per block of [`SCALE_BLOCK`] elements (see
     /// [`add_fixed64_blocks`]). Every scale must be below 255, and `s` at most 7.
     pub fn add_fixed32_blocks(acc: &mut [i32], values: &[f32], exps: &[u8], offset: usize, s: i32, overwrite: bool) {
-        assert!(acc.len() == values.len() && offset < SCALE_BLOCK, "lengths differ");
-        assert!(exps.len() >= (offset + values.len()).div_ceil(SCALE_BLOCK), "too few block scales");
-        for (e, r) in blocks(values.len(), exps, offset) {
-            let e = u32::from(e);
-            let (acc, values) = (&mut acc[r.clone()], &values[r]);
-            if acc.len() == SCALE_BLOCK {
-                let a: &mut [i32; SCALE_BLOCK] = acc.try_into().expect("a whole block");
-                let v: &[f32; SCALE_BLOCK] = values.try_into().expect("a whole block");
-                if overwrite {
-                    for i in 0..SCALE_BLOCK {
-                        a[i] = fixed32(v[i], e, s);
-                    }
-                } else {
-                    for i in 0..SCALE_BLOCK {
-                        a[i] += fixed32(v[i], e, s);
-                    }
-                }
-            } else {
-                for (a, &x) in acc.iter_mut().zip(values) {
-                    *a = if overwrite { 0 } else { *a } + fixed32(x, e, s);
-                }
-            }
-        }
+        add_blocks(acc, values, (exps, offset), overwrite, |x, e| fixed32(x, e, s));
     }
 }
 
@@ -182,14 +192,7 @@ per_isa! {
     /// [`finish64`] with one scale per block of [`SCALE_BLOCK`] elements (`out[0]` is element
     /// `offset` of its block, whose scale is `exps[0]`). Every scale must be below 255.
     pub fn finish64_blocks(out: &mut [f32], acc: &[i64], exps: &[u8], offset: usize, s: i32) {
-        assert!(acc.len() == out.len() && offset < SCALE_BLOCK, "lengths differ");
-        assert!(exps.len() >= (offset + out.len()).div_ceil(SCALE_BLOCK), "too few block scales");
-        for (e, r) in blocks(out.len(), exps, offset) {
-            let u = unit(e, s);
-            for (o, &a) in out[r.clone()].iter_mut().zip(&acc[r]) {
-                *o = ((a as f32) as f64 * u) as f32;
-            }
-        }
+        finish_blocks(out, acc, (exps, offset), s, |a, u| ((a as f32) as f64 * u) as f32);
     }
 }
 
@@ -197,14 +200,7 @@ per_isa! {
     /// [`finish32`] with one scale per block of [`SCALE_BLOCK`] elements (see
     /// [`finish64_blocks`]).
     pub fn finish32_blocks(out: &mut [f32], acc: &[i32], exps: &[u8], offset: usize, s: i32) {
-        assert!(acc.len() == out.len() && offset < SCALE_BLOCK, "lengths differ");
-        assert!(exps.len() >= (offset + out.len()).div_ceil(SCALE_BLOCK), "too few block scales");
-        for (e, r) in blocks(out.len(), exps, offset) {
-            let u = unit(e, s);
-            for (o, &a) in out[r.clone()].iter_mut().zip(&acc[r]) {
-                *o = ((a as f32) as f64 * u) as f32;
-            }
-        }
+        finish_blocks(out, acc, (exps, offset), s, |a, u| ((a as f32) as f64 * u) as f32);
     }
 }
 
