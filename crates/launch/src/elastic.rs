@@ -176,7 +176,13 @@ pub fn run(plan: ElasticJob) -> Result<(), LaunchError> {
     let policy = RestartPolicy::new(plan.nproc, plan.on_failure, plan.max_restarts, local_min);
     let workers = Workers::new(&plan.command, env, tx.clone(), Heard::Exited)?;
     let record = Recorder::new(&plan.command, slots.clone(), nodes);
-    let mut job = Supervisor::new(Mode::Elastic { plan: &plan, policy }, workers, slots, record);
+    let mode = Mode::Elastic {
+        policy,
+        max_restarts: plan.max_restarts,
+        heartbeat_timeout: plan.heartbeat_timeout,
+        node: span.map(|s| s.node_rank as u64),
+    };
+    let mut job = Supervisor::new(mode, workers, slots, record);
     job.serves = matches!(role, Coordinating::Serves(_));
     job.elected = matches!(role, Coordinating::Candidate(..));
     if job.serves {

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use comm::control::{MembershipEvent, Requests};
 
-use crate::elastic::ElasticJob;
 use crate::record::Recorder;
 use crate::workers::{Exited, Workers};
 use crate::{Exit, FINISHED_GRACE, KILL_GRACE, LaunchError, Remedy, RestartPolicy, say};
@@ -42,18 +41,20 @@ pub(crate) enum Heard {
 }
 
 /// What decides a worker's exit.
-pub(crate) enum Mode<'p> {
+pub(crate) enum Mode {
     /// A static job: a worker that fails fails the job, and its peers learn of it within
     /// `lost_after` (from the coordinator, or from etcd), after which those still running
     /// are killed.
     Static { lost_after: Duration },
-    /// An elastic job: its restart policy decides, within its plan.
-    Elastic { plan: &'p ElasticJob, policy: RestartPolicy },
+    /// An elastic job: its restart policy decides. `heartbeat_timeout` is the silence after
+    /// which a worker is lost, `max_restarts` the replacements allowed, `node` this node's
+    /// index in a job of several (for the job's record).
+    Elastic { policy: RestartPolicy, max_restarts: u32, heartbeat_timeout: Duration, node: Option<u64> },
 }
 
 /// The launcher's side of the job while it runs.
-pub(crate) struct Supervisor<'p> {
-    mode: Mode<'p>,
+pub(crate) struct Supervisor {
+    mode: Mode,
     pub started: Instant,
     pub workers: Workers<Heard>,
     /// This node's slots, by local rank.
@@ -85,9 +86,9 @@ pub(crate) struct Supervisor<'p> {
     pub failures: Vec<String>,
 }
 
-impl<'p> Supervisor<'p> {
+impl Supervisor {
     /// The supervision of `workers` in `slots` (this node's, by local rank).
-    pub fn new(mode: Mode<'p>, workers: Workers<Heard>, slots: Vec<usize>, record: Recorder) -> Self {
+    pub fn new(mode: Mode, workers: Workers<Heard>, slots: Vec<usize>, record: Recorder) -> Self {
         Supervisor {
             mode,
             started: Instant::now(),
@@ -108,10 +109,15 @@ impl<'p> Supervisor<'p> {
         }
     }
 
-    /// An elastic job's plan, `None` in a static job.
-    fn plan(&self) -> Option<&'p ElasticJob> {
+    /// Whether the job is elastic.
+    fn elastic(&self) -> bool {
+        matches!(self.mode, Mode::Elastic { .. })
+    }
+
+    /// This node's index in an elastic job of several nodes.
+    fn node(&self) -> Option<u64> {
         match self.mode {
-            Mode::Elastic { plan, .. } => Some(plan),
+            Mode::Elastic { node, .. } => node,
             Mode::Static { .. } => None,
         }
     }
@@ -144,11 +150,11 @@ impl<'p> Supervisor<'p> {
         let incarnation = self.incarnations[local];
         let mut env =
             vec![("STEADFAST_RANK".to_owned(), slot.to_string()), ("LOCAL_RANK".to_owned(), local.to_string())];
-        if self.plan().is_some() {
+        if self.elastic() {
             env.push(("STEADFAST_INCARNATION".to_owned(), incarnation.to_string()));
         }
         let pid = self.workers.start(slot, incarnation, &env)?;
-        if self.plan().is_some() {
+        if self.elastic() {
             say!(self.started, "worker {slot} started: process {} (pid {pid})", incarnation + 1);
         }
         Ok(())
@@ -166,12 +172,12 @@ impl<'p> Supervisor<'p> {
                 let failed = self.failed_at.map(|t| t + lost_after + KILL_GRACE);
                 failed.into_iter().chain(self.over_since.map(|t| t + KILL_GRACE)).min()
             }
-            Mode::Elastic { plan, .. } => {
+            Mode::Elastic { heartbeat_timeout, .. } => {
                 // A node without the coordinator learns of the end from its first worker
                 // that finished, so the others get the time to hear it from the
                 // coordinator as well. Workers of a job that ended well are evaluating the
                 // final state: they get longer.
-                let grace = if self.serves { KILL_GRACE } else { KILL_GRACE + 2 * plan.heartbeat_timeout };
+                let grace = if self.serves { KILL_GRACE } else { KILL_GRACE + 2 * heartbeat_timeout };
                 let grace = if self.finished { grace.max(FINISHED_GRACE) } else { grace };
                 self.over_since.map(|t| t + grace)
             }
@@ -204,14 +210,12 @@ impl<'p> Supervisor<'p> {
                 }
                 Ok(Heard::Said(event)) => self.record.said(&event),
                 Ok(Heard::Elected(generation)) => {
-                    let node = self.plan().and_then(|p| p.span.as_ref()).map(|s| s.node_rank as u64);
-                    self.record.elected(generation, node);
+                    self.record.elected(generation, self.node());
                     self.serves = true;
                     say!(self.started, "this launcher holds the coordinator role (generation {generation})");
                 }
                 Ok(Heard::RoleLost(why)) => {
-                    let node = self.plan().and_then(|p| p.span.as_ref()).map(|s| s.node_rank as u64);
-                    self.record.role_lost(&why, node);
+                    self.record.role_lost(&why, self.node());
                     self.serves = false;
                     say!(self.started, "this launcher lost the coordinator role: {why}");
                 }
@@ -273,7 +277,7 @@ impl<'p> Supervisor<'p> {
     /// A worker's process exited: the job's mode decides.
     fn on_exit(&mut self, e: Exited, requests: Option<&Requests>) -> Result<(), LaunchError> {
         self.workers.exited(&e);
-        if self.plan().is_none() {
+        if !self.elastic() {
             self.on_static_exit(e);
             return Ok(());
         }
@@ -303,8 +307,8 @@ impl<'p> Supervisor<'p> {
         if exit != Exit::Success && !killed && over && !killed_from_outside {
             self.stopped_on_error.get_or_insert(slot);
         }
-        let Mode::Elastic { plan, policy } = &mut self.mode else { unreachable!("an elastic job's exit") };
-        let (remedy, max_restarts) = (policy.on_exit(exit, over), plan.max_restarts);
+        let Mode::Elastic { policy, max_restarts, .. } = &mut self.mode else { unreachable!("an elastic job's exit") };
+        let (remedy, max_restarts) = (policy.on_exit(exit, over), *max_restarts);
         match remedy {
             Remedy::Nothing | Remedy::Shrink => {}
             Remedy::Replace { restart } => {
