@@ -1,7 +1,8 @@
 """Side-by-side all-reduce times of two `steadfast` binaries (before and after a change to the
 sum), on two transports of one host: loopback TCP (`steadfast bench allreduce`, each rank a
 thread with its own TCP mesh) and the default mesh, whose ranks on one host exchange frames
-through shared memory (`steadfast launch --nproc W -- bench collective`). The binaries take
+through shared memory (`steadfast launch --nproc W -- bench collective`). Both sum as a
+training step does: the rank's part read, the sum written beside it. The binaries take
 turns run by run, REPEAT times; each cell is the median over the runs of the ratio
 reproducible / fast measured within one run, and of the reproducible time.
 
@@ -10,6 +11,7 @@ Prints a Markdown table.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 
@@ -27,9 +29,11 @@ def loopback(binary, world, mbs):
 
 
 def shared_memory(binary, world, mbs):
+    # Threads per rank = cores / ranks (at least one), as a job is run.
+    env = dict(os.environ, RAYON_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // world)))
     out = subprocess.run([binary, "launch", "--nproc", str(world), "--", "bench", "collective", "--mb",
-                          ",".join(map(str, mbs)), "--repeats", "5", "--reduce", "fast,reproducible"],
-                         capture_output=True, text=True, check=True, timeout=600).stdout
+                          ",".join(map(str, mbs)), "--repeats", "5", "--reduce", "fast,reproducible,reproducible32"],
+                         capture_output=True, text=True, check=True, timeout=600, env=env).stdout
     rows = {}
     for line in out.splitlines():
         if line.startswith("[0] {"):

@@ -94,7 +94,7 @@ type Combine<'f, T> = &'f dyn Fn(usize, &mut [T], &[u8]);
 enum Fold<'f, T> {
     /// Received straight into its place, with no buffer in between; then
     /// `after(offset, dst)` works on it there (`offset` elements into the chunk).
-    Into(&'f dyn Fn(usize, &mut [T])),
+    Into(&'f mut dyn FnMut(usize, &mut [T])),
     /// Received into `buf`; then `combine(offset, dst, bytes)` folds it into place.
     Combine { combine: Combine<'f, T>, buf: &'f mut Vec<u8> },
 }
@@ -226,7 +226,7 @@ fn all_gather<T: Wire>(t: &dyn Transport, data: &mut [T], timeout: Duration) -> 
         let send_c = (rank + 1 + world - s) % world;
         let recv_c = (rank + world - s) % world;
         let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
-        exchange(t, send, &as_is, recv, Instant::now() + timeout, Fold::Into(&nothing))?;
+        exchange(t, send, &as_is, recv, Instant::now() + timeout, Fold::Into(&mut nothing))?;
     }
     Ok(())
 }
@@ -338,7 +338,9 @@ impl Reducer {
             // In place: no copy of the message on either side of the ring.
             ReduceMode::Fast | ReduceMode::Deterministic => ring(t, data, |a, b| *a += b, timeout, &mut self.buf),
             ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
-                let owned = self.reproducible(t, &[&*data], data.len(), mode, timeout)?;
+                // The message is its own part, so its sum cannot be written while the
+                // ring still reads it: the owned chunk is converted after the ring.
+                let owned = self.reproducible(t, &[&*data], data.len(), mode, None, timeout)?;
                 self.finish(t.world(), mode, owned, data);
                 if t.world() > 1 {
                     all_gather(t, data, timeout)?;
@@ -378,8 +380,9 @@ impl Reducer {
                 Ok(())
             }
             ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
-                let owned = self.reproducible(t, parts, out.len(), mode, timeout)?;
-                self.finish(t.world(), mode, owned, out);
+                // The owned chunk's sum is converted to f32 segment by segment as the
+                // last ring step completes it, while the segment is still in cache.
+                self.reproducible(t, parts, out.len(), mode, Some(&mut *out), timeout)?;
                 if t.world() > 1 {
                     all_gather(t, out, timeout)?;
                 }
@@ -389,14 +392,16 @@ impl Reducer {
     }
 
     /// A reproducible mode up to the all-gather: the exponents' reduce-scatter and
-    /// all-gather, then the fixed-point reduce-scatter. Leaves the integer sum of the
-    /// chunk this rank owns in one of the two chunk buffers, for [`Reducer::finish`].
+    /// all-gather, then the fixed-point reduce-scatter. With `out`, the sum of the chunk
+    /// this rank owns is converted into its place there as it completes; without, it is
+    /// left in one of the two chunk buffers, for [`Reducer::finish`].
     fn reproducible<P: AsRef<[f32]> + Sync>(
         &mut self,
         t: &dyn Transport,
         parts: &[P],
         n: usize,
         mode: ReduceMode,
+        out: Option<&mut [f32]>,
         timeout: Duration,
     ) -> Result<Owned, CommError> {
         let (world, rank) = (t.world(), t.rank());
@@ -427,7 +432,7 @@ impl Reducer {
         };
         let len = nb + 4 * world;
         let (a, b) = chunk_buffers::<u8>(len, world, sending, receiving);
-        let mine = streamed_reduce_scatter(t, len, &mut *a, &mut *b, &own_exps, timeout)?;
+        let mine = streamed_reduce_scatter(t, len, &mut *a, &mut *b, &own_exps, &mut |_, _| {}, timeout)?;
         let sum = if mine.in_first { a } else { b };
         exps.resize(len, 0);
         exps[mine.range.clone()].copy_from_slice(&sum[..mine.range.len()]);
@@ -439,9 +444,9 @@ impl Reducer {
         exps.truncate(nb);
         mode.check_parts(total, world)?;
         if mode == ReduceMode::Reproducible32 {
-            fixed_reduce_scatter::<i32, P>(t, parts, n, repro::batched::NARROW_HEADROOM, timeout, self)
+            fixed_reduce_scatter::<i32, P>(t, parts, n, repro::batched::NARROW_HEADROOM, out, timeout, self)
         } else {
-            fixed_reduce_scatter::<i64, P>(t, parts, n, repro::batched::DEFAULT_HEADROOM, timeout, self)
+            fixed_reduce_scatter::<i64, P>(t, parts, n, repro::batched::DEFAULT_HEADROOM, out, timeout, self)
         }
     }
 
@@ -489,7 +494,8 @@ fn chunk_buffers<'a, T: bytemuck::Pod>(
 /// A reduce-scatter in which this rank's contribution is computed where it is needed:
 /// `own(range, acc, fresh)` combines the contribution to elements `range` into `acc` (or,
 /// when `fresh`, writes it there over what `acc` held), and received values are copied
-/// before it runs, so `own` must be the combining operation.
+/// before it runs, so `own` must be the combining operation. `then(range, acc)` sees each
+/// segment of the owned chunk's finished sum right after its `own` (still in cache).
 /// Each chunk of this rank's contribution is computed exactly once: the first, segment by
 /// segment in the sending thread just before each segment leaves; the others as their
 /// partial sums arrive from the left neighbour, received straight into their place.
@@ -501,12 +507,14 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
     mut a: &'a mut [T],
     mut b: &'a mut [T],
     own: &(impl Fn(std::ops::Range<usize>, &mut [T], bool) + Sync),
+    then: &mut dyn FnMut(std::ops::Range<usize>, &mut [T]),
     timeout: Duration,
 ) -> Result<Owned, CommError> {
     let (world, rank) = (t.world(), t.rank());
     let first = chunk_range(n, world, rank);
     if world == 1 {
         own(0..n, &mut a[..n], true);
+        then(0..n, &mut a[..n]);
         return Ok(Owned { range: first, in_first: true });
     }
     let mut owned = Owned { range: first, in_first: true };
@@ -517,16 +525,20 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
             let start = sr.start + offset;
             own(start..start + seg.len(), seg, true);
         };
-        let add_own = |offset: usize, dst: &mut [T]| {
+        let last = s == world - 2;
+        let mut add_own = |offset: usize, dst: &mut [T]| {
             let start = rr.start + offset;
             own(start..start + dst.len(), dst, false);
+            if last {
+                then(start..start + dst.len(), dst);
+            }
         };
         let (send, recv) = (&mut a[..sr.len()], &mut b[..rr.len()]);
         let deadline = Instant::now() + timeout;
         if s == 0 {
-            exchange(t, send, &fresh, recv, deadline, Fold::Into(&add_own))?;
+            exchange(t, send, &fresh, recv, deadline, Fold::Into(&mut add_own))?;
         } else {
-            exchange(t, send, &as_is, recv, deadline, Fold::Into(&add_own))?;
+            exchange(t, send, &as_is, recv, deadline, Fold::Into(&mut add_own))?;
         }
         std::mem::swap(&mut a, &mut b);
         owned = Owned { range: rr, in_first: !owned.in_first };
@@ -537,13 +549,15 @@ fn streamed_reduce_scatter<'a, T: Wire + Default>(
 /// The reproducible reduce-scatter in `A` integers: the fixed-point form of a chunk
 /// exists only while the chunk passes through this rank (two chunk-sized buffers, not
 /// one integer per element of the message), and this rank's contribution is converted
-/// as the chunks pass ([`streamed_reduce_scatter`]). Returns where the integer sum of the
-/// chunk this rank ends up owning is.
+/// as the chunks pass ([`streamed_reduce_scatter`]). With `out`, the owned chunk's sum is
+/// converted into its place there segment by segment; returns where the integer sum of
+/// the chunk this rank ends up owning is.
 fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>(
     t: &dyn Transport,
     parts: &[P],
     n: usize,
     headroom: u32,
+    mut out: Option<&mut [f32]>,
     timeout: Duration,
     r: &mut Reducer,
 ) -> Result<Owned, CommError> {
@@ -557,8 +571,13 @@ fn fixed_reduce_scatter<A: repro::batched::Fixed + Wire, P: AsRef<[f32]> + Sync>
             repro::batched::add_fixed_of(acc, parts, range, exps, headroom);
         }
     };
+    let mut then = |range: std::ops::Range<usize>, acc: &mut [A]| {
+        if let Some(out) = out.as_deref_mut() {
+            repro::batched::finish_into(acc, exps, range.start, headroom, &mut out[range]);
+        }
+    };
     let (a, b) = chunk_buffers::<A>(n, world, sending, receiving);
-    streamed_reduce_scatter(t, n, a, b, &own, timeout)
+    streamed_reduce_scatter(t, n, a, b, &own, &mut then, timeout)
 }
 
 /// Every rank's `value`, indexed by rank, on every rank.

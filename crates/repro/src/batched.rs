@@ -416,9 +416,14 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
 
 /// `n` values of `T` (an accumulator of either width, or exponent bytes) viewed in a
 /// buffer of 64-bit words, grown as needed: a caller keeps one buffer across calls and
-/// element types. New words are zero; old ones keep their contents.
+/// element types. New words are zero; old ones keep their contents. The buffer never
+/// shrinks: a caller that asks for a short view (the scales) between two long ones (the
+/// sums) would otherwise have every word past it zeroed again at the next long one.
 pub fn words_as<T: bytemuck::Pod>(words: &mut Vec<i64>, n: usize) -> &mut [T] {
-    words.resize((n * std::mem::size_of::<T>()).div_ceil(8), 0);
+    let needed = (n * std::mem::size_of::<T>()).div_ceil(8);
+    if words.len() < needed {
+        words.resize(needed, 0);
+    }
     &mut bytemuck::cast_slice_mut(&mut words[..])[..n]
 }
 
@@ -469,6 +474,16 @@ mod tests {
             v[i * EXP_BLOCK] = x;
         }
         v
+    }
+
+    #[test]
+    fn a_short_view_between_long_ones_keeps_the_buffer() {
+        let mut words = Vec::new();
+        words_as::<i32>(&mut words, 1000).fill(7);
+        assert_eq!(words_as::<u8>(&mut words, 10).len(), 10);
+        // Not zeroed again: the long view finds what the first one left.
+        assert!(words_as::<i32>(&mut words, 1000).iter().all(|&x| x == 7));
+        assert_eq!(words.len(), 500);
     }
 
     #[test]

@@ -303,50 +303,61 @@ pub fn allreduce(b: &AllreduceBench) -> Result<Vec<serde_json::Value>, LabError>
             .map(|(rank, l)| {
                 let (addrs, config) = (&addrs, &config);
                 s.spawn(move || -> Result<Vec<serde_json::Value>, comm::transport::CommError> {
-                    let mesh = comm::transport::TcpMesh::connect(rank, l, addrs, config)?;
-                    let mut reducer = comm::collective::Reducer::default();
-                    let mut rows = Vec::new();
-                    for &mb in &b.mb {
-                        let n = (mb * 1_000_000 / 4) as usize;
-                        let data: Vec<f32> = (0..n).map(|i| ((i * (rank + 1)) % 1000) as f32 * 1e-3).collect();
-                        let mut row = json!({
-                            "world": world, "mb": mb, "loopback_mb_per_s": loopback_mbps,
-                            "ring_loopback_mb_per_s": ring_mbps,
-                        });
-                        // The modes take turns, repetition by repetition, so that a slow
-                        // spell of this noisy machine falls on all of them alike.
-                        let mut times = vec![Vec::new(); modes.len()];
-                        let mut cpu = vec![Vec::new(); modes.len()];
-                        let mut spans = vec![Vec::new(); modes.len()];
-                        for _ in 0..b.repeats.max(1) {
-                            for (k, mode) in modes.iter().enumerate() {
-                                let mut d = data.clone();
-                                comm::collective::barrier(&mesh, timeout)?;
-                                let (t, c) = (Instant::now(), process_cpu());
-                                reducer.sum(&mesh, &mut d, *mode, timeout)?;
-                                times[k].push(t.elapsed());
-                                // Every rank's CPU time (they are threads of this process),
-                                // once all of them are done, over the wall time of the same
-                                // span.
-                                comm::collective::barrier(&mesh, timeout)?;
-                                cpu[k].push(process_cpu().saturating_sub(c));
-                                spans[k].push(t.elapsed());
+                    // Each rank works on one thread, as each process of a job with a rank
+                    // per core does: otherwise the ranks' local sums would all queue on
+                    // one shared pool.
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(1)
+                        .build()
+                        .map_err(|e| comm::transport::CommError::Setup(format!("cannot start a rank's pool: {e}")))?;
+                    pool.install(|| -> Result<Vec<serde_json::Value>, comm::transport::CommError> {
+                        let mesh = comm::transport::TcpMesh::connect(rank, l, addrs, config)?;
+                        let mut reducer = comm::collective::Reducer::default();
+                        let mut rows = Vec::new();
+                        for &mb in &b.mb {
+                            let n = (mb * 1_000_000 / 4) as usize;
+                            let data: Vec<f32> = (0..n).map(|i| ((i * (rank + 1)) % 1000) as f32 * 1e-3).collect();
+                            let mut out = vec![0f32; n];
+                            let mut row = json!({
+                                "world": world, "mb": mb, "loopback_mb_per_s": loopback_mbps,
+                                "ring_loopback_mb_per_s": ring_mbps,
+                            });
+                            // The modes take turns, repetition by repetition, so that a slow
+                            // spell of this noisy machine falls on all of them alike.
+                            let mut times = vec![Vec::new(); modes.len()];
+                            let mut cpu = vec![Vec::new(); modes.len()];
+                            let mut spans = vec![Vec::new(); modes.len()];
+                            for _ in 0..b.repeats.max(1) {
+                                for (k, mode) in modes.iter().enumerate() {
+                                    comm::collective::barrier(&mesh, timeout)?;
+                                    let (t, c) = (Instant::now(), process_cpu());
+                                    // As a training step sums its gradient: the rank's part
+                                    // read, the sum written beside it.
+                                    reducer.sum_parts(&mesh, &[&data[..]], &mut out, *mode, timeout)?;
+                                    times[k].push(t.elapsed());
+                                    // Every rank's CPU time (they are threads of this process),
+                                    // once all of them are done, over the wall time of the same
+                                    // span.
+                                    comm::collective::barrier(&mesh, timeout)?;
+                                    cpu[k].push(process_cpu().saturating_sub(c));
+                                    spans[k].push(t.elapsed());
+                                }
                             }
+                            for (k, mode) in modes.iter().enumerate() {
+                                let (cpu, span) = (median(cpu[k].clone()), median(spans[k].clone()));
+                                row[format!("{mode}_cpu_seconds")] = json!(cpu.as_secs_f64());
+                                row[format!("{mode}_cores_busy")] = json!(cpu.as_secs_f64() / span.as_secs_f64());
+                                let times = times[k].clone();
+                                let secs = median(times).as_secs_f64();
+                                // Bus bandwidth as NCCL defines it: 2(W-1)/W of the message per second.
+                                let bus = 2.0 * (world as f64 - 1.0) / world as f64 * (mb as f64) / secs;
+                                row[format!("{mode}_seconds")] = json!(secs);
+                                row[format!("{mode}_bus_mb_per_s")] = json!(bus);
+                            }
+                            rows.push(row);
                         }
-                        for (k, mode) in modes.iter().enumerate() {
-                            let (cpu, span) = (median(cpu[k].clone()), median(spans[k].clone()));
-                            row[format!("{mode}_cpu_seconds")] = json!(cpu.as_secs_f64());
-                            row[format!("{mode}_cores_busy")] = json!(cpu.as_secs_f64() / span.as_secs_f64());
-                            let times = times[k].clone();
-                            let secs = median(times).as_secs_f64();
-                            // Bus bandwidth as NCCL defines it: 2(W-1)/W of the message per second.
-                            let bus = 2.0 * (world as f64 - 1.0) / world as f64 * (mb as f64) / secs;
-                            row[format!("{mode}_seconds")] = json!(secs);
-                            row[format!("{mode}_bus_mb_per_s")] = json!(bus);
-                        }
-                        rows.push(row);
-                    }
-                    Ok(rows)
+                        Ok(rows)
+                    })
                 })
             })
             .collect();
