@@ -10,7 +10,7 @@
 #              TCP: no two ranks share a host), in the modes MODES (default
 #              fast,reproducible; add reproducible32 to time the 32-bit sum too), each
 #              size and mode timed REPEATS times (default 5) after a warm-up;
-#   mpi        the same command with `--engine mpi` under Open MPI, whose daemons reach the
+#   mpi        the same command (the same modes) with `--engine mpi` under Open MPI, whose daemons reach the
 #              other namespaces through an agent that stands in for ssh, with its TCP
 #              transport only (`--mca btl tcp,self`).
 # bench/engines_hosts.py reads OUT and writes the table.
@@ -31,7 +31,7 @@ if [ "$rate" = 0 ]; then
   . "$(dirname "$0")/../scripts/netns-hosts.sh"
   make_hosts "$most"
 else
-  . "$(dirname "$0")/shaped_hosts.sh" "$rate"
+  . "$(dirname "$0")/shaped_hosts.sh" "$rate" "$most"
 fi
 export STEADFAST_SECRET=engines-hosts OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Each rank has one core's worth of threads at most (the hosts share this machine's).
@@ -76,7 +76,7 @@ mpi() { # world
   on_host 0 mpirun -n "$w" --host "$hosts" --bind-to none \
     --mca plm_rsh_agent "$work/agent" --mca btl tcp,self \
     --mca btl_tcp_if_include "$net.0/24" --mca oob_tcp_if_include "$net.0/24" \
-    "$bin" bench collective --mb "$mb" --reduce fast,reproducible --engine mpi >"$work/mpi.log" 2>&1
+    "$bin" bench collective --mb "$mb" --reduce "$modes" --engine mpi >"$work/mpi.log" 2>&1
   grep -h '^{' "$work/mpi.log" >"$out/$w-mpi.jsonl" || { cat "$work/mpi.log" >&2; return 1; }
 }
 

@@ -79,7 +79,9 @@ def main():
     import torch
 
     rows, profiles = [], {}
-    kinds = ("default", "steadfast", "steadfast32", "elastic")
+    kinds = ("default", "steadfast", "steadfast32", "mesh", "mesh32", "elastic")
+    extra = {"steadfast32": ("--lanes", "32"), "mesh": ("--transport", "steadfast"),
+             "mesh32": ("--transport", "steadfast", "--lanes", "32")}
     for width in WIDTHS:
         for world in (2, 4):
             times = {k: [] for k in kinds}
@@ -87,8 +89,8 @@ def main():
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):
                     if kind == "elastic":
                         seconds = run_elastic(world, width)["step_seconds"]
-                    elif kind == "steadfast32":
-                        seconds = run(world, "steadfast", width, "--lanes", "32")["step_seconds"]
+                    elif kind in extra:
+                        seconds = run(world, "steadfast", width, *extra[kind])["step_seconds"]
                     else:
                         seconds = run(world, kind, width)["step_seconds"]
                     times[kind].append(seconds)
@@ -101,6 +103,11 @@ def main():
         same[hook] = digests
     same["steadfast, 32-bit lanes"] = [run(world, "steadfast", 256, "--lanes", "32", steps=30)["weights_sha256"]
                                        for world in (1, 2, 4)]
+    same["steadfast on Steadfast's mesh"] = [run(world, "steadfast", 256, "--transport", "steadfast",
+                                                 steps=30)["weights_sha256"] for world in (1, 2, 4)]
+    same["steadfast on Steadfast's mesh, 32-bit lanes"] = [
+        run(world, "steadfast", 256, "--transport", "steadfast", "--lanes", "32", steps=30)["weights_sha256"]
+        for world in (1, 2, 4)]
     elastic = [alone_elastic(256, 30)] + ["/".join(run_elastic(world, 256, steps=30)["weights_sha256"])
                                          for world in (2, 4)]
     same["elastic"] = elastic
@@ -118,18 +125,22 @@ def main():
         " over the steps after the first). *default*: DDP's own hook, each rank's micro-batches accumulated in"
         " float under `no_sync`; *hook*: `steadfast.ddp.ReproducibleGradients` (two gloo all-reduces: the"
         " blocks' scales, 1/64 of a byte per element, and the integers); *hook32*: the same with `lanes=32`"
-        " (4 bytes per element, as DDP's);"
+        " (4 bytes per element, as DDP's); *mesh* and *mesh32*: the same hook with `transport=\"steadfast\"` (each"
+        " bucket's whole sum in one call on Steadfast's mesh, shared-memory rings between these processes, instead"
+        " of two gloo all-reduces);"
         " *elastic*: a worker of `steadfast.elastic` under `steadfast launch --max-restarts 0` (the reproducible"
         " sum on Steadfast's mesh, the vote, the state hashed after every update and checked at rest, the"
         " replicas compared every step; a cosine LR schedule besides).",
         "",
-        "| W | parameters | processes | default (ms/step) | hook (ms/step) | hook32 (ms/step) | elastic (ms/step)"
-        " | hook / default | hook32 / default | elastic / default |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| W | parameters | processes | default (ms/step) | hook (ms/step) | hook32 (ms/step) | mesh (ms/step)"
+        " | mesh32 (ms/step) | elastic (ms/step) | hook / default | hook32 / default | mesh / default"
+        " | mesh32 / default | elastic / default |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for width, world, d, s, s32, e in rows:
-        lines.append(f"| {width} | {params(width):,} | {world} | {d * 1e3:.2f} | {s * 1e3:.2f} | {s32 * 1e3:.2f}"
-                     f" | {e * 1e3:.2f} | {s / d:.2f}x | {s32 / d:.2f}x | {e / d:.2f}x |")
+    for width, world, d, *others in rows:
+        lines.append(f"| {width} | {params(width):,} | {world} | {d * 1e3:.2f} | "
+                     + " | ".join(f"{x * 1e3:.2f}" for x in others) + " | "
+                     + " | ".join(f"{x / d:.2f}x" for x in others) + " |")
     lines += ["", f"The hook's phases (seconds summed over the {STEPS} steps of rank 0, with `--profile`, which waits"
               " for the integer all-reduce inside the hook to time it):", "",
               "| phase | " + " | ".join(f"W={w}" for w in WIDTHS) + " |", "|---|" + "---|" * len(WIDTHS)]

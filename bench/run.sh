@@ -15,6 +15,7 @@
 #   bench/run.sh engines    # all-reduce and data-parallel steps/s: Steadfast's mesh, MPI, gloo (1, 2, 4 ranks)
 #   bench/run.sh engines-pairs  # elastic against static, one rank against train, Steadfast against MPI, as interleaved pairs
 #   bench/run.sh engines-hosts  # the all-reduce across namespace hosts against Open MPI's TCP and the ring bound (root)
+#   bench/run.sh repro-cost  # fast, reproducible and reproducible32 all-reduces and training steps on every transport (root for the shaped hosts)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
 #   bench/run.sh recovery-hosts  # the recovery timeline across namespace hosts over tc-shaped links (root)
@@ -61,6 +62,7 @@ case "$which" in
   recovery) "$venv/bin/python" bench/recovery.py ;;
   recovery-hosts) python3 bench/recovery_hosts.py ;;
   engines-hosts) python3 bench/engines_hosts.py ;;
+  repro-cost) python3 bench/repro_cost.py ;;
   pipeline) python3 bench/pipeline.py ;;  # runs PyTorch from bench/.venv
   study) "$venv/bin/python" bench/study/study.py "${@:2}" ;;
   sdc-study) "$venv/bin/python" bench/sdc/study.py "${@:2}" ;;  # installs its pinned PyTorch and Horovod in bench/.venv-horovod
@@ -102,5 +104,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, train-sweep, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, kernels, hash, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, train-sweep, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, repro-cost, kernels, hash, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
 esac

@@ -44,7 +44,7 @@ def worker(rank, a, rendezvous, results):
     torch.manual_seed(a.seed)
     model = DDP(mlp(a.width))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    grads = (ReproducibleGradients(model, a.micro_batches, lanes=a.lanes, profile=a.profile)
+    grads = (ReproducibleGradients(model, a.micro_batches, lanes=a.lanes, profile=a.profile, transport=a.transport)
              if a.hook == "steadfast" else None)
     mine = list(range(rank, a.micro_batches, a.world))
     batches = st.ResumableSampler(len(x), seed=a.seed).batches(a.batch)
@@ -89,6 +89,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lanes", type=int, choices=[32, 64], default=64,
                     help="the width of the hook's integer sum (32: DDP's bytes, for up to 128 micro-batches)")
+    ap.add_argument("--transport", choices=["gloo", "steadfast"], default="gloo",
+                    help="where the reproducible hook's sums run: the process group's all-reduces or Steadfast's mesh")
     ap.add_argument("--profile", action="store_true", help="report the seconds of each phase of the hook")
     a = ap.parse_args()
     if a.micro_batches % a.world:

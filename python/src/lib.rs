@@ -35,6 +35,7 @@ mod fpna;
 mod host;
 mod inject;
 mod memory;
+mod mesh;
 mod reduce;
 
 use pyo3::prelude::*;
@@ -77,6 +78,7 @@ fn _steadfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     elastic::register(m)?;
     fpna::register(m)?;
     reduce::register(m)?;
+    mesh::register(m)?;
     inject::register(m)?;
     memory::register(m)
 }

@@ -15,8 +15,12 @@ largest exponent, one byte per block of 64 elements (an all-reduce of bytes with
 with ``SUM``), and each rank converts back and divides by the number of micro-batches.
 Integer addition does not care about order or grouping, so the mean gradient, and with it
 every weight, has the same bits whichever ranks computed which micro-batches. The
-conversions run in Rust (``steadfast._steadfast``); the all-reduces are the process
-group's (gloo on CPU).
+conversions run in Rust (``steadfast._steadfast``). The all-reduces are the process
+group's (gloo on CPU) by default; with ``transport="steadfast"`` the whole sum runs on
+Steadfast's own mesh instead (shared-memory rings between the ranks of one host,
+authenticated TCP between hosts, met through the process group once): one call per
+bucket, the scales' round and the integers' ring with the conversions done as the chunks
+pass. Both transports compute the same function and give the same bits.
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -53,6 +57,8 @@ step's all-reduce until the process group's timeout.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 from collections import defaultdict
 from typing import Any, Iterator, Sequence
@@ -92,10 +98,17 @@ class ReproducibleGradients:
     block's largest term keeps ``31 - headroom`` bits, about a float sum's accuracy for the
     block's largest elements, while an element ``2**-(31 - headroom)`` below its block's
     largest is lost). Either width gives the same bits on any number of ranks.
+
+    ``transport`` is where the sums run: ``"gloo"`` (the default: two all-reduces of the
+    process group per bucket) or ``"steadfast"`` (Steadfast's mesh, set up here with one
+    exchange of addresses over the process group; ``address`` is this rank's address that
+    the others reach, found from ``MASTER_ADDR`` when not given; a lost rank makes the
+    sum fail on the others within ``timeout`` seconds). The same bits either way.
     """
 
     def __init__(self, module: torch.nn.parallel.DistributedDataParallel, micro_batches: int, *, group: Any = None,
-                 headroom: int = DEFAULT_HEADROOM, lanes: int = 64, profile: bool = False) -> None:
+                 headroom: int = DEFAULT_HEADROOM, lanes: int = 64, profile: bool = False,
+                 transport: str = "gloo", address: str | None = None, timeout: float = 60.0) -> None:
         if not isinstance(module, torch.nn.parallel.DistributedDataParallel):
             raise TypeError("ReproducibleGradients needs a DistributedDataParallel module")
         self.module = module
@@ -106,6 +119,9 @@ class ReproducibleGradients:
             raise ValueError(f"{micro_batches} micro-batches for {self.world} ranks: every rank needs at least one")
         if lanes not in (32, 64):
             raise ValueError(f"lanes={lanes}: the integer sum has 32- or 64-bit lanes")
+        if transport not in ("gloo", "steadfast"):
+            raise ValueError(f"transport={transport!r}: give 'gloo' (the process group's all-reduces) or "
+                             "'steadfast' (Steadfast's mesh)")
         if lanes == 32:
             # The fewest bits that hold the step's terms: the rest keep the largest's bits.
             headroom = max(0, (micro_batches - 1).bit_length())
@@ -124,6 +140,8 @@ class ReproducibleGradients:
         self.micro_batches = micro_batches
         self.headroom = headroom
         self.lanes = lanes
+        self.transport = transport
+        self.mesh = _join_mesh(group, self.rank, address, timeout) if transport == "steadfast" else None
         self.mine = list(range(self.rank, micro_batches, self.world))
         #: Seconds per phase of the hook, summed over its calls (with ``profile=True``).
         self.profile = defaultdict(float) if profile else None
@@ -228,6 +246,32 @@ _OUTSIDE = ("a backward pass reached the parameters outside grads.micro_batch(i)
             f"would be wrong; {_WHAT_TO_DO}")
 
 
+def _reachable_address():
+    """An address of this host that the job's other ranks reach: the one this host sends
+    from toward ``MASTER_ADDR`` (no packet leaves: a UDP socket only picks its route)."""
+    master = os.environ.get("MASTER_ADDR")
+    if not master:
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, int(os.environ.get("MASTER_PORT", "9"))))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _join_mesh(group, rank, address, timeout):
+    """Steadfast's mesh among the process group's ranks: each listens, the addresses and
+    a secret drawn by the group's first rank go round the group, and every rank connects."""
+    mesh = _steadfast.Mesh(address or _reachable_address())
+    addresses = [None] * dist.get_world_size(group)
+    dist.all_gather_object(addresses, mesh.address(), group=group)
+    secret = [os.urandom(16).hex() if rank == 0 else None]
+    dist.broadcast_object_list(secret, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+    mesh.connect(rank, addresses, bytes.fromhex(secret[0]), timeout)
+    return mesh
+
+
 def _hook(state, bucket):
     t = time.perf_counter()
     # Refused before any all-reduce: every rank that runs the same code refuses here too.
@@ -256,6 +300,13 @@ def _hook(state, bucket):
     # Each term is a list of pieces laid end to end: the bucket itself, then each kept
     # micro-batch's gradients in the bucket's parameter order (no copy into one buffer).
     terms = [[_at(grads)]] + [[_at(kept[k]) for k in ks] for kept in state._kept]
+    if state.mesh is not None:
+        t = state._tick("lay out the terms", t)
+        state.mesh.mean(terms, _at(grads), state.lanes, state.headroom, float(state.micro_batches))
+        state._tick("sum on Steadfast's mesh (Rust)", t)
+        done = torch.futures.Future()
+        done.set_result(grads)
+        return done
     exps, acc = state._buffers.get(bucket.index(), (None, None))
     if acc is None or acc.numel() != n:
         lanes = torch.int64 if state.lanes == 64 else torch.int32

@@ -30,6 +30,10 @@ def test_the_final_weights_are_the_same_bits_on_1_2_and_4_processes(fashion_mnis
     # The 32-bit lanes too, with other bits than the 64-bit sum's.
     narrow = [run(world, fashion_mnist, "--lanes", "32")["weights_sha256"] for world in (1, 4)]
     assert narrow[0] == narrow[1] != runs[0]["weights_sha256"]
+    # On Steadfast's mesh instead of gloo's all-reduces: the same function, so the same bits.
+    for lanes, expected in (("64", runs[0]), ("32", {"weights_sha256": narrow[0]})):
+        mesh = [run(world, fashion_mnist, "--lanes", lanes, "--transport", "steadfast") for world in (1, 2)]
+        assert {r["weights_sha256"] for r in mesh} == {expected["weights_sha256"]}, (lanes, mesh)
     # DDP's own hook (micro-batches accumulated in float, then a float all-reduce) does
     # not give the 1-process bits on 4 processes.
     default = [run(world, fashion_mnist, "--hook", "default")["weights_sha256"] for world in (1, 4)]
@@ -152,6 +156,10 @@ def test_what_the_hook_cannot_sum_is_refused_before_it_runs_or_named_after(tmp_p
             ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, lanes=16)
         with pytest.raises(ValueError, match="129 micro-batches do not fit 32-bit lanes"):
             ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 129, lanes=32)
+        with pytest.raises(ValueError, match="transport='nccl'"):
+            ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, transport="nccl")
+        with pytest.raises(RuntimeError, match="cannot listen on 203.0.113.7"):
+            ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, transport="steadfast", address="203.0.113.7")
 
         class Unused(torch.nn.Module):
             def __init__(self):

@@ -66,6 +66,42 @@ fn the_32_bit_reproducible_all_reduce_matches_the_local_sum_for_every_world_size
     }
 }
 
+#[test]
+fn a_sum_in_the_callers_integers_matches_the_local_sum_for_every_world_size_and_refuses_what_they_cannot_hold() {
+    use comm::collective::FixedPoint;
+    let all = parts(1001);
+    let refs: Vec<&[f32]> = all.iter().map(|p| p.as_slice()).collect();
+    // 32-bit lanes with 3 bits of headroom (the fewest for six parts, as PyTorch's hook
+    // picks): neither mode's integers, and the local sum's bits at every world size.
+    let narrow = FixedPoint { wide: false, headroom: 3 };
+    let mut local = vec![0.0; 1001];
+    repro::batched::sum_parts_as::<i32, _>(&refs, 3, &mut local, &mut Default::default());
+    assert_ne!(bits(&local), bits(&comm::sum_parts(ReduceMode::Reproducible32, &refs)));
+    for world in 1..=5 {
+        let out = on_mem(world, |r, t| {
+            let mut out = vec![f32::NAN; 1001];
+            Reducer::default().sum_fixed(t, &mine(&all, r, world), &mut out, narrow, TIMEOUT).unwrap();
+            out
+        });
+        assert!(out.iter().all(|o| bits(o) == bits(&local)), "world {world}");
+    }
+    // A mode's own integers give the mode's bits.
+    let wide = FixedPoint::of(ReduceMode::Reproducible).unwrap();
+    let out = on_mem(3, |r, t| {
+        let mut out = vec![0.0; 1001];
+        Reducer::default().sum_fixed(t, &mine(&all, r, 3), &mut out, wide, TIMEOUT).unwrap();
+        out
+    });
+    assert!(out.iter().all(|o| bits(o) == bits(&comm::sum_parts(ReduceMode::Reproducible, &refs))));
+    // Nine parts over 3 bits of headroom, refused on every rank; a headroom the lanes lack.
+    let nine: Vec<&[f32]> = vec![&all[0][..]; 3];
+    let out = on_mem(3, |_, t| Reducer::default().sum_fixed(t, &nine, &mut [0.0; 1001], narrow, TIMEOUT));
+    assert!(out.iter().all(|o| o.as_ref().unwrap_err().to_string().contains("9 parts over 3 ranks exceed the 8")));
+    let too_much = FixedPoint { wide: false, headroom: 8 };
+    let out = on_mem(2, |_, t| Reducer::default().sum_fixed(t, &nine, &mut [0.0; 1001], too_much, TIMEOUT));
+    assert!(out.iter().all(|o| o.as_ref().unwrap_err().to_string().contains("headroom of 8 bits in 32-bit lanes")));
+}
+
 /// The local sum of every part in `mode` (what an all-reduce of them must give).
 fn local_sum(mode: ReduceMode, all: &[Vec<f32>]) -> Vec<f32> {
     let refs: Vec<&[f32]> = all.iter().map(|p| p.as_slice()).collect();

@@ -340,8 +340,10 @@ impl Reducer {
             ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
                 // The message is its own part, so its sum cannot be written while the
                 // ring still reads it: the owned chunk is converted after the ring.
-                let owned = self.reproducible(t, &[&*data], data.len(), mode, None, timeout)?;
-                self.finish(t.world(), mode, owned, data);
+                let fixed = FixedPoint::of(mode).expect("a reproducible mode");
+                let check = |total, world| mode.check_parts(total, world);
+                let owned = self.reproducible(t, &[&*data], data.len(), fixed, &check, None, timeout)?;
+                self.finish(t.world(), fixed, owned, data);
                 if t.world() > 1 {
                     all_gather(t, data, timeout)?;
                 }
@@ -372,35 +374,72 @@ impl Reducer {
                 crate::sum_parts_into(mode, parts, out, &mut self.local);
                 self.sum(t, out, mode, timeout)
             }
-            ReduceMode::Reproducible | ReduceMode::Reproducible32 if t.world() == 1 => {
-                // One rank: the ring phases would move nothing, and the local sum gives
-                // the same bits (a reproducible sum does not depend on the grouping).
-                mode.check_parts(parts.len() as u64, 1)?;
-                crate::sum_parts_into(mode, parts, out, &mut self.local);
-                Ok(())
-            }
             ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
-                // The owned chunk's sum is converted to f32 segment by segment as the
-                // last ring step completes it, while the segment is still in cache.
-                self.reproducible(t, parts, out.len(), mode, Some(&mut *out), timeout)?;
-                if t.world() > 1 {
-                    all_gather(t, out, timeout)?;
-                }
-                Ok(())
+                let fixed = FixedPoint::of(mode).expect("a reproducible mode");
+                self.fixed_sum(t, parts, out, fixed, &|total, world| mode.check_parts(total, world), timeout)
             }
         }
+    }
+
+    /// [`Reducer::sum_parts`] as a reproducible sum in the integers `fixed` (the modes'
+    /// sums are [`FixedPoint::of`] them; a caller with its own, such as PyTorch's gradient
+    /// hook, gives its lanes and headroom). Refuses, on every rank alike, a sum of more
+    /// parts than `2^headroom`.
+    pub fn sum_fixed<P: AsRef<[f32]> + Sync>(
+        &mut self,
+        t: &dyn Transport,
+        parts: &[P],
+        out: &mut [f32],
+        fixed: FixedPoint,
+        timeout: Duration,
+    ) -> Result<(), CommError> {
+        if parts.iter().any(|p| p.as_ref().len() != out.len()) {
+            return Err(CommError::Setup("parts of different lengths".into()));
+        }
+        fixed.valid()?;
+        self.fixed_sum(t, parts, out, fixed, &|total, world| fixed.check_parts(total, world), timeout)
+    }
+
+    fn fixed_sum<P: AsRef<[f32]> + Sync>(
+        &mut self,
+        t: &dyn Transport,
+        parts: &[P],
+        out: &mut [f32],
+        fixed: FixedPoint,
+        check: &dyn Fn(u64, usize) -> Result<(), CommError>,
+        timeout: Duration,
+    ) -> Result<(), CommError> {
+        if t.world() == 1 {
+            // One rank: the ring phases would move nothing, and the local sum gives the
+            // same bits (a reproducible sum does not depend on the grouping).
+            check(parts.len() as u64, 1)?;
+            if parts.is_empty() {
+                out.fill(0.0);
+            } else if fixed.wide {
+                repro::batched::sum_parts_as::<i64, P>(parts, fixed.headroom, out, &mut self.local);
+            } else {
+                repro::batched::sum_parts_as::<i32, P>(parts, fixed.headroom, out, &mut self.local);
+            }
+            return Ok(());
+        }
+        // The owned chunk's sum is converted to f32 segment by segment as the last ring
+        // step completes it, while the segment is still in cache.
+        self.reproducible(t, parts, out.len(), fixed, check, Some(&mut *out), timeout)?;
+        all_gather(t, out, timeout)
     }
 
     /// A reproducible mode up to the all-gather: the exponents' reduce-scatter and
     /// all-gather, then the fixed-point reduce-scatter. With `out`, the sum of the chunk
     /// this rank owns is converted into its place there as it completes; without, it is
     /// left in one of the two chunk buffers, for [`Reducer::finish`].
+    #[allow(clippy::too_many_arguments)]
     fn reproducible<P: AsRef<[f32]> + Sync>(
         &mut self,
         t: &dyn Transport,
         parts: &[P],
         n: usize,
-        mode: ReduceMode,
+        fixed: FixedPoint,
+        check: &dyn Fn(u64, usize) -> Result<(), CommError>,
         out: Option<&mut [f32]>,
         timeout: Duration,
     ) -> Result<Owned, CommError> {
@@ -442,21 +481,21 @@ impl Reducer {
         let total: u64 =
             exps[nb..].chunks_exact(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))).sum();
         exps.truncate(nb);
-        mode.check_parts(total, world)?;
-        if mode == ReduceMode::Reproducible32 {
-            fixed_reduce_scatter::<i32, P>(t, parts, n, repro::batched::NARROW_HEADROOM, out, timeout, self)
+        check(total, world)?;
+        if fixed.wide {
+            fixed_reduce_scatter::<i64, P>(t, parts, n, fixed.headroom, out, timeout, self)
         } else {
-            fixed_reduce_scatter::<i64, P>(t, parts, n, repro::batched::DEFAULT_HEADROOM, out, timeout, self)
+            fixed_reduce_scatter::<i32, P>(t, parts, n, fixed.headroom, out, timeout, self)
         }
     }
 
     /// Converts the integer sum that [`Reducer::reproducible`] left to f32, into its
     /// place in `out`.
-    fn finish(&mut self, world: usize, mode: ReduceMode, owned: Owned, out: &mut [f32]) {
-        if mode == ReduceMode::Reproducible32 {
-            self.finish_as::<i32>(world, repro::batched::NARROW_HEADROOM, owned, out);
+    fn finish(&mut self, world: usize, fixed: FixedPoint, owned: Owned, out: &mut [f32]) {
+        if fixed.wide {
+            self.finish_as::<i64>(world, fixed.headroom, owned, out);
         } else {
-            self.finish_as::<i64>(world, repro::batched::DEFAULT_HEADROOM, owned, out);
+            self.finish_as::<i32>(world, fixed.headroom, owned, out);
         }
     }
 
@@ -467,6 +506,63 @@ impl Reducer {
         let sum = if owned.in_first { a } else { b };
         let r = owned.range;
         repro::batched::finish_into(&sum[..r.len()], exps, r.start, headroom, &mut out[r]);
+    }
+}
+
+/// The integers of a reproducible sum: 64-bit lanes (`wide`) or 32-bit, and the headroom,
+/// the bits kept above a block's largest term so that up to `2^headroom` terms add
+/// without overflow (each term keeps `63 - headroom` or `31 - headroom` bits below its
+/// block's largest exponent). Every choice is order- and grouping-independent; different
+/// choices are different functions, with different bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedPoint {
+    /// 64-bit lanes (otherwise 32-bit).
+    pub wide: bool,
+    /// Bits of headroom: at most `2^headroom` terms.
+    pub headroom: u32,
+}
+
+impl FixedPoint {
+    /// The integers of a reproducible mode (`None` for the float modes).
+    pub fn of(mode: ReduceMode) -> Option<FixedPoint> {
+        match mode {
+            ReduceMode::Reproducible => Some(FixedPoint { wide: true, headroom: repro::batched::DEFAULT_HEADROOM }),
+            ReduceMode::Reproducible32 => Some(FixedPoint { wide: false, headroom: repro::batched::NARROW_HEADROOM }),
+            ReduceMode::Fast | ReduceMode::Deterministic => None,
+        }
+    }
+
+    fn bits(self) -> u32 {
+        if self.wide { 64 } else { 32 }
+    }
+
+    fn max_headroom(self) -> u32 {
+        use repro::batched::Fixed;
+        if self.wide { i64::MAX_HEADROOM } else { i32::MAX_HEADROOM }
+    }
+
+    fn valid(self) -> Result<(), CommError> {
+        if self.headroom > self.max_headroom() {
+            return Err(CommError::Setup(format!(
+                "a headroom of {} bits in {}-bit lanes (at most {})",
+                self.headroom,
+                self.bits(),
+                self.max_headroom()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_parts(self, total: u64, world: usize) -> Result<(), CommError> {
+        if total > 1u64 << self.headroom {
+            return Err(CommError::Setup(format!(
+                "{total} parts over {world} ranks exceed the {} that {}-bit lanes with {} bits of headroom hold",
+                1u64 << self.headroom,
+                self.bits(),
+                self.headroom
+            )));
+        }
+        Ok(())
     }
 }
 
