@@ -148,6 +148,13 @@ class ReproducibleGradients:
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._index = {id(p): k for k, p in enumerate(self._params)}   # a parameter's place in a kept list
         self._kept = []          # per earlier micro-batch of this step: one gradient per parameter
+        # The kept gradients live in one buffer per earlier micro-batch, reused every step,
+        # laid out as the buckets lay out their parameters (once the hook has seen them), so
+        # that a bucket's share of a kept micro-batch is one piece of memory, not one per
+        # parameter: the sums read it where it lies.
+        self._order = {}         # bucket index -> its parameters' places, as the hook last saw them
+        self._layout = None      # the places in the kept buffers' order
+        self._flat = []          # per kept slot: {place: a view of the slot's buffer}
         self._done = 0           # micro-batches of this step whose backward has run
         self._buffers = {}       # bucket index -> (exponents, integer sum), reused every step
         self._summed = set()     # ids of the parameters whose gradients the hook summed this step
@@ -221,15 +228,33 @@ class ReproducibleGradients:
                 raise RuntimeError(f"the hook did not sum the gradients of {missed[:3]}: a parameter the loss does "
                                    "not use needs DistributedDataParallel(..., find_unused_parameters=True)")
             return
-        kept = []
-        for p in self._params:
+        kept = self._slot(len(self._kept))
+        for k, p in enumerate(self._params):
             if p.grad is None:
-                kept.append(torch.zeros_like(p, memory_format=torch.contiguous_format))
+                kept[k].zero_()
             else:
-                kept.append(p.grad.detach().clone(memory_format=torch.contiguous_format))
+                kept[k].copy_(p.grad)
                 p.grad.zero_()
         self._kept.append(kept)
         self._done += 1
+
+    def _slot(self, i):
+        """The views of kept buffer ``i``, one per parameter, in the buckets' order once
+        every parameter's bucket is known (the parameters' own order before)."""
+        layout = [k for b in sorted(self._order) for k in self._order[b]]
+        if sorted(layout) != list(range(len(self._params))):
+            layout = list(range(len(self._params)))
+        if layout != self._layout:
+            self._layout, self._flat = layout, []
+        while len(self._flat) <= i:
+            buf = torch.empty(sum(p.numel() for p in self._params), dtype=torch.float32)
+            views, at = {}, 0
+            for k in layout:
+                n = self._params[k].numel()
+                views[k] = buf[at:at + n].view(self._params[k].shape)
+                at += n
+            self._flat.append(views)
+        return self._flat[i]
 
     def _tick(self, phase, since):
         if self.profile is not None:
@@ -272,6 +297,17 @@ def _join_mesh(group, rank, address, timeout):
     return mesh
 
 
+def _coalesced(pieces):
+    """``(address, bytes)`` pieces with each run of adjacent ones joined into one."""
+    out = []
+    for at, size in pieces:
+        if out and out[-1][0] + out[-1][1] == at:
+            out[-1] = (out[-1][0], out[-1][1] + size)
+        else:
+            out.append((at, size))
+    return out
+
+
 def _hook(state, bucket):
     t = time.perf_counter()
     # Refused before any all-reduce: every rank that runs the same code refuses here too.
@@ -299,13 +335,20 @@ def _hook(state, bucket):
         raise RuntimeError(f"the bucket's gradients hold {at} of its {n} elements")
     # Each term is a list of pieces laid end to end: the bucket itself, then each kept
     # micro-batch's gradients in the bucket's parameter order (no copy into one buffer).
-    terms = [[_at(grads)]] + [[_at(kept[k]) for k in ks] for kept in state._kept]
+    state._order[bucket.index()] = ks
+    terms = [[_at(grads)]] + [_coalesced([_at(kept[k]) for k in ks]) for kept in state._kept]
     if state.mesh is not None:
         t = state._tick("lay out the terms", t)
-        state.mesh.mean(terms, _at(grads), state.lanes, state.headroom, float(state.micro_batches))
-        state._tick("sum on Steadfast's mesh (Rust)", t)
+        # In the hook, on the backward pass's thread: a thread of its own let the backward
+        # pass go on meanwhile, and was slower where the processes fill every core.
         done = torch.futures.Future()
-        done.set_result(grads)
+        try:
+            state.mesh.mean(terms, _at(grads), state.lanes, state.headroom, float(state.micro_batches))
+        except Exception as e:  # handed to DDP, which raises it in the backward pass
+            done.set_exception(e)
+        else:
+            done.set_result(grads)
+        state._tick("sum on Steadfast's mesh (Rust)", t)
         return done
     exps, acc = state._buffers.get(bucket.index(), (None, None))
     if acc is None or acc.numel() != n:
