@@ -341,14 +341,11 @@ def _hook(state, bucket):
         t = state._tick("lay out the terms", t)
         # In the hook, on the backward pass's thread: a thread of its own let the backward
         # pass go on meanwhile, and was slower where the processes fill every core.
-        done = torch.futures.Future()
-        try:
-            state.mesh.mean(terms, _at(grads), state.lanes, state.headroom, float(state.micro_batches))
-        except Exception as e:  # handed to DDP, which raises it in the backward pass
-            done.set_exception(e)
-        else:
-            done.set_result(grads)
+        # A lost rank raises here, out of the backward pass, on every survivor.
+        state.mesh.mean(terms, _at(grads), state.lanes, state.headroom, float(state.micro_batches))
         state._tick("sum on Steadfast's mesh (Rust)", t)
+        done = torch.futures.Future()
+        done.set_result(grads)
         return done
     exps, acc = state._buffers.get(bucket.index(), (None, None))
     if acc is None or acc.numel() != n:

@@ -332,3 +332,41 @@ def test_a_backward_the_hook_cannot_account_for_raises_on_both_ranks(tmp_path):
 
 def test_a_backward_the_hook_cannot_account_for_raises_on_one_rank(tmp_path):
     check_misuse(misuse(tmp_path, world=1, micro_batches=2), 2)
+
+
+LOSES_A_RANK = """
+import os, sys, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from steadfast.ddp import ReproducibleGradients
+rank = int(sys.argv[1])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(20, 3))
+grads = ReproducibleGradients(model, 2, transport="steadfast", timeout=float(sys.argv[3]))
+x, y = torch.randn(8, 20), torch.randint(0, 3, (8,))
+start = time.monotonic()
+for step in range(100000):
+    if rank == 1 and step == 20:
+        os._exit(9)                  # gone mid-job, as a SIGKILL leaves it: no goodbye
+    try:
+        for i, part in grads.split(list(range(8))):
+            with grads.micro_batch(i):
+                torch.nn.functional.cross_entropy(model(x[part]), y[part]).backward()
+    except RuntimeError as e:
+        print(f"step {step} after {time.monotonic() - start:.1f} s: {e}", flush=True)
+        sys.exit(3)
+    model.zero_grad()
+"""
+
+
+def test_on_the_mesh_a_lost_rank_fails_the_survivors_step_with_its_name_not_a_hang(tmp_path):
+    script = tmp_path / "loses_a_rank.py"
+    script.write_text(LOSES_A_RANK)
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "rdv"), "5"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[1].returncode == 9, outs[1]
+    assert procs[0].returncode == 3, outs[0]
+    assert "step 20 " in outs[0] and "the reproducible sum on the hook's mesh failed" in outs[0], outs[0]
+    assert "rank 1" in outs[0], outs[0]
