@@ -341,8 +341,7 @@ impl Reducer {
                 // The message is its own part, so its sum cannot be written while the
                 // ring still reads it: the owned chunk is converted after the ring.
                 let fixed = FixedPoint::of(mode).expect("a reproducible mode");
-                let check = |total, world| mode.check_parts(total, world);
-                let owned = self.reproducible(t, &[&*data], data.len(), fixed, &check, None, timeout)?;
+                let owned = self.reproducible(t, &[&*data], data.len(), fixed, None, timeout)?;
                 self.finish(t.world(), fixed, owned, data);
                 if t.world() > 1 {
                     all_gather(t, data, timeout)?;
@@ -375,8 +374,7 @@ impl Reducer {
                 self.sum(t, out, mode, timeout)
             }
             ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
-                let fixed = FixedPoint::of(mode).expect("a reproducible mode");
-                self.fixed_sum(t, parts, out, fixed, &|total, world| mode.check_parts(total, world), timeout)
+                self.fixed_sum(t, parts, out, FixedPoint::of(mode).expect("a reproducible mode"), timeout)
             }
         }
     }
@@ -397,7 +395,7 @@ impl Reducer {
             return Err(CommError::Setup("parts of different lengths".into()));
         }
         fixed.valid()?;
-        self.fixed_sum(t, parts, out, fixed, &|total, world| fixed.check_parts(total, world), timeout)
+        self.fixed_sum(t, parts, out, fixed, timeout)
     }
 
     fn fixed_sum<P: AsRef<[f32]> + Sync>(
@@ -406,13 +404,12 @@ impl Reducer {
         parts: &[P],
         out: &mut [f32],
         fixed: FixedPoint,
-        check: &dyn Fn(u64, usize) -> Result<(), CommError>,
         timeout: Duration,
     ) -> Result<(), CommError> {
         if t.world() == 1 {
             // One rank: the ring phases would move nothing, and the local sum gives the
             // same bits (a reproducible sum does not depend on the grouping).
-            check(parts.len() as u64, 1)?;
+            fixed.check_parts(parts.len() as u64, 1)?;
             if parts.is_empty() {
                 out.fill(0.0);
             } else if fixed.wide {
@@ -424,7 +421,7 @@ impl Reducer {
         }
         // The owned chunk's sum is converted to f32 segment by segment as the last ring
         // step completes it, while the segment is still in cache.
-        self.reproducible(t, parts, out.len(), fixed, check, Some(&mut *out), timeout)?;
+        self.reproducible(t, parts, out.len(), fixed, Some(&mut *out), timeout)?;
         all_gather(t, out, timeout)
     }
 
@@ -432,14 +429,12 @@ impl Reducer {
     /// all-gather, then the fixed-point reduce-scatter. With `out`, the sum of the chunk
     /// this rank owns is converted into its place there as it completes; without, it is
     /// left in one of the two chunk buffers, for [`Reducer::finish`].
-    #[allow(clippy::too_many_arguments)]
     fn reproducible<P: AsRef<[f32]> + Sync>(
         &mut self,
         t: &dyn Transport,
         parts: &[P],
         n: usize,
         fixed: FixedPoint,
-        check: &dyn Fn(u64, usize) -> Result<(), CommError>,
         out: Option<&mut [f32]>,
         timeout: Duration,
     ) -> Result<Owned, CommError> {
@@ -481,7 +476,7 @@ impl Reducer {
         let total: u64 =
             exps[nb..].chunks_exact(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))).sum();
         exps.truncate(nb);
-        check(total, world)?;
+        fixed.check_parts(total, world)?;
         if fixed.wide {
             fixed_reduce_scatter::<i64, P>(t, parts, n, fixed.headroom, out, timeout, self)
         } else {
@@ -556,7 +551,8 @@ impl FixedPoint {
     fn check_parts(self, total: u64, world: usize) -> Result<(), CommError> {
         if total > 1u64 << self.headroom {
             return Err(CommError::Setup(format!(
-                "{total} parts over {world} ranks exceed the {} that {}-bit lanes with {} bits of headroom hold",
+                "{total} parts over {world} ranks exceed the {} that a reproducible sum in {}-bit lanes with {} bits \
+                 of headroom holds",
                 1u64 << self.headroom,
                 self.bits(),
                 self.headroom
