@@ -361,9 +361,7 @@ impl Reducer {
         mode: ReduceMode,
         timeout: Duration,
     ) -> Result<(), CommError> {
-        if parts.iter().any(|p| p.as_ref().len() != out.len()) {
-            return Err(CommError::Setup("parts of different lengths".into()));
-        }
+        same_lengths(parts, out)?;
         match mode {
             ReduceMode::Fast | ReduceMode::Deterministic if t.world() > 1 && !parts.is_empty() => {
                 parts_reduce_scatter(t, parts, out, timeout, &mut self.buf)?;
@@ -391,9 +389,7 @@ impl Reducer {
         fixed: FixedPoint,
         timeout: Duration,
     ) -> Result<(), CommError> {
-        if parts.iter().any(|p| p.as_ref().len() != out.len()) {
-            return Err(CommError::Setup("parts of different lengths".into()));
-        }
+        same_lengths(parts, out)?;
         fixed.valid()?;
         self.fixed_sum(t, parts, out, fixed, timeout)
     }
@@ -502,6 +498,14 @@ impl Reducer {
         let r = owned.range;
         repro::batched::finish_into(&sum[..r.len()], exps, r.start, headroom, &mut out[r]);
     }
+}
+
+/// Refuses parts whose lengths differ from the sum's.
+fn same_lengths<P: AsRef<[f32]>>(parts: &[P], out: &[f32]) -> Result<(), CommError> {
+    if parts.iter().any(|p| p.as_ref().len() != out.len()) {
+        return Err(CommError::Setup("parts of different lengths".into()));
+    }
+    Ok(())
 }
 
 /// The integers of a reproducible sum: 64-bit lanes (`wide`) or 32-bit, and the headroom,
