@@ -114,14 +114,16 @@ pub fn backward(
     (dy.par_chunks(chunk), xhat.par_chunks(chunk), rstd.par_chunks(ROWS_PER_TASK), dx.par_chunks_mut(chunk))
         .into_par_iter()
         .for_each(|(dy, xhat, rstd, dx)| backward_rows(isa, dy, gamma, xhat, rstd, dx));
+    // Both are sums down the columns, from zero, rows in order: dbeta is dy's column sum.
     dgamma.fill(0.0);
-    dbeta.fill(0.0);
-    for (dy, xhat) in dy.chunks_exact(d).zip(xhat.chunks_exact(d)) {
-        for (((g, b), &v), &h) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy).zip(xhat) {
-            *g += v * h;
-            *b += v;
+    crate::rows::by_columns(d, dy.len(), dgamma, |cols, dgamma| {
+        for (dy, xhat) in dy.chunks_exact(d).zip(xhat.chunks_exact(d)) {
+            for ((g, &v), &h) in dgamma.iter_mut().zip(&dy[cols.clone()]).zip(&xhat[cols.clone()]) {
+                *g += v * h;
+            }
         }
-    }
+    });
+    crate::rows::sum_rows(dy, dbeta);
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! The column sum adds the rows in order, from zero, each column on its own: a vector
 //! unit may add many columns at once (the compiler vectorises the loop across them), but
 //! every column's chain of additions is the same, so the bits do not depend on the CPU.
+//! Threads split the columns, never a column's rows ([`by_columns`]).
 //!
 //! A sum along one row ([`sum8`], [`dot8`]) keeps [`CHAINS`] partial sums, element `j`
 //! going to chain `j % 8`, and combines them in one fixed tree. Eight is part of the
@@ -22,11 +23,36 @@ pub fn sum_rows(x: &[f32], out: &mut [f32]) {
         return;
     }
     assert!(x.len().is_multiple_of(cols), "{} values are not rows of {cols}", x.len());
-    for row in x.chunks_exact(cols) {
-        for (o, &v) in out.iter_mut().zip(row) {
-            *o += v;
+    by_columns(cols, x.len(), out, |range, out| {
+        for row in x.chunks_exact(cols) {
+            for (o, &v) in out.iter_mut().zip(&row[range.clone()]) {
+                *o += v;
+            }
         }
+    });
+}
+
+/// Below this many values read, a column-wise loop stays on one thread.
+const PARALLEL_VALUES: usize = 1 << 16;
+/// The fewest columns a thread takes (a cache line's worth, so that threads write apart).
+const MIN_COLUMNS: usize = 16;
+
+/// Runs `work(columns, out[columns])` over ranges of the `cols` columns that together
+/// cover them once, on the thread pool when the loop reads `values` values or more: for
+/// loops whose outputs are per column and whose order runs down the rows, so that the
+/// split changes who adds a column, never in which order.
+pub fn by_columns<F>(cols: usize, values: usize, out: &mut [f32], work: F)
+where
+    F: Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
+{
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads();
+    if threads == 1 || values < PARALLEL_VALUES || cols < 2 * MIN_COLUMNS {
+        work(0..cols, out);
+        return;
     }
+    let width = cols.div_ceil(threads).next_multiple_of(MIN_COLUMNS);
+    out.par_chunks_mut(width).enumerate().for_each(|(i, out)| work(i * width..i * width + out.len(), out));
 }
 
 /// Partial sums of [`sum8`] and [`dot8`].

@@ -7,15 +7,21 @@
 //! e[j]  = exp(z[j] - m)                       (crate::math::exp)
 //! s     = ((e[0] + e[1]) + e[2]) + ...        (in column order, from zero)
 //! nll   = (m + ln s) - z[y]                   (crate::math::ln)
-//! dz[j] = (e[j] / s - [j == y]) * scale
+//! dz[j] = (e[j] / s) * scale,  then  dz[y] = dz[y] - scale
 //! ```
 //!
-//! and the loss is the sum of the rows' `nll` in row order, from zero. Every step is a
+//! and the loss is the sum of the rows' `nll` in row order, from zero. Rows are tasks of the
+//! thread pool; only that last sum waits for them all. Every step is a
 //! correctly rounded operation or one of this crate's elementary functions, so the bits do
 //! not depend on the CPU. A NaN logit makes its row's loss and gradient NaN (the maximum
 //! skips it, the exponential does not), as corruption should.
 
+use rayon::prelude::*;
+
 use crate::math;
+
+/// Rows per task of the thread pool.
+const ROWS_PER_TASK: usize = 64;
 
 /// Why a cross-entropy cannot be computed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -48,24 +54,42 @@ pub fn softmax_cross_entropy(
     let n = labels.len();
     assert_eq!(logits.len(), n * classes, "{n} rows of {classes} logits");
     assert_eq!(grad.len(), logits.len(), "the gradient has the logits' shape");
-    let mut total = 0.0f32;
-    for (row, ((z, dz), &label)) in
-        logits.chunks_exact(classes).zip(grad.chunks_exact_mut(classes)).zip(labels).enumerate()
-    {
-        let y = usize::try_from(label).ok().filter(|&y| y < classes).ok_or(LossError::Label { row, label, classes })?;
-        let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut s = 0.0f32;
-        for (d, &v) in dz.iter_mut().zip(z) {
-            *d = math::exp(v - m);
-            s += *d;
-        }
-        total += (m + math::ln(s)) - z[y];
-        for d in dz.iter_mut() {
-            *d = (*d / s) * scale;
-        }
-        dz[y] -= scale;
+    // The labels are checked first, so that a bad one is reported by its first row.
+    if let Some((row, &label)) = labels.iter().enumerate().find(|(_, l)| !(0..classes as i64).contains(l)) {
+        return Err(LossError::Label { row, label, classes });
     }
-    Ok(total)
+    let mut losses = vec![0.0f32; n];
+    let chunk = ROWS_PER_TASK * classes.max(1);
+    (
+        logits.par_chunks(chunk),
+        grad.par_chunks_mut(chunk),
+        labels.par_chunks(ROWS_PER_TASK),
+        losses.par_chunks_mut(ROWS_PER_TASK),
+    )
+        .into_par_iter()
+        .for_each(|(logits, grad, labels, losses)| {
+            let rows = logits.chunks_exact(classes).zip(grad.chunks_exact_mut(classes)).zip(labels).zip(losses);
+            for (((z, dz), &label), loss) in rows {
+                *loss = row_loss(z, dz, label as usize, scale);
+            }
+        });
+    Ok(losses.iter().fold(0.0f32, |total, &l| total + l))
+}
+
+/// One row's `nll`, its gradient times `scale` in `dz`.
+fn row_loss(z: &[f32], dz: &mut [f32], y: usize, scale: f32) -> f32 {
+    let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut s = 0.0f32;
+    for (d, &v) in dz.iter_mut().zip(z) {
+        *d = math::exp(v - m);
+        s += *d;
+    }
+    let nll = (m + math::ln(s)) - z[y];
+    for d in dz.iter_mut() {
+        *d = (*d / s) * scale;
+    }
+    dz[y] -= scale;
+    nll
 }
 
 #[cfg(test)]

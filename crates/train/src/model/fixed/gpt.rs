@@ -26,6 +26,7 @@ use kernels::attention::{self, Heads};
 use kernels::{gelu, norm};
 use rayon::prelude::*;
 
+use super::scratch::Scratch;
 use super::{linear, linear_backward, loss_gradient, score};
 use crate::grad::GradBuffer;
 use crate::model::EvalSums;
@@ -53,7 +54,7 @@ const PROJ: usize = 4;
 const LN2: usize = 6;
 const FC: usize = 8;
 const OUT: usize = 10;
-/// Elements per task of GELU's parallel loop.
+/// Elements per task of the element-wise loops (GELU, the residual additions).
 const GELU_CHUNK: usize = 1 << 14;
 
 /// The sizes of a pass, read from the parameters and the batch.
@@ -126,14 +127,14 @@ fn layers_of(params: &[NamedTensor]) -> usize {
 
 /// A layer norm's output and what its backward pass needs.
 struct Normed {
-    out: Vec<f32>,
-    xhat: Vec<f32>,
-    rstd: Vec<f32>,
+    out: Scratch,
+    xhat: Scratch,
+    rstd: Scratch,
 }
 
 fn normed(isa: Isa, x: &[f32], gamma: &NamedTensor, beta: &NamedTensor) -> Normed {
     let rows = x.len() / gamma.data.len();
-    let mut n = Normed { out: vec![0.0; x.len()], xhat: vec![0.0; x.len()], rstd: vec![0.0; rows] };
+    let mut n = Normed { out: Scratch::output(x.len()), xhat: Scratch::output(x.len()), rstd: Scratch::output(rows) };
     norm::forward(isa, x, &gamma.data, &beta.data, &mut n.out, &mut n.xhat, &mut n.rstd);
     n
 }
@@ -141,12 +142,12 @@ fn normed(isa: Isa, x: &[f32], gamma: &NamedTensor, beta: &NamedTensor) -> Norme
 /// What a block's backward pass needs from its forward pass.
 struct BlockCache {
     ln1: Normed,
-    qkv: Vec<f32>,
-    probs: Vec<f32>,
-    attended: Vec<f32>,
+    qkv: Scratch,
+    probs: Scratch,
+    attended: Scratch,
     ln2: Normed,
-    activated: Vec<f32>,
-    slope: Vec<f32>,
+    activated: Scratch,
+    slope: Scratch,
 }
 
 /// What a forward pass through consecutive units keeps for the backward pass.
@@ -159,7 +160,7 @@ pub(in crate::model) struct Units {
     /// The final unit's layer norm, if it ran.
     ln_f: Option<Normed>,
     /// The residual stream after the last unit, or the logits after the final unit.
-    out: Vec<f32>,
+    out: Scratch,
 }
 
 impl Units {
@@ -169,10 +170,13 @@ impl Units {
     }
 }
 
+/// `x += y`, element by element, on the thread pool.
 fn add_into(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
+    x.par_chunks_mut(GELU_CHUNK).zip(y.par_chunks(GELU_CHUNK)).for_each(|(x, y)| {
+        for (a, &b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
+    });
 }
 
 /// The token ids as table rows.
@@ -201,10 +205,10 @@ pub(in crate::model) fn forward_units(
     let at = |u: usize| unit_tensor(layers, u) - unit_tensor(layers, units.start);
     let (rows, w) = (d.rows(), d.w);
     let token_ids = if units.start == 0 { token_rows(tokens, params[0].shape[0]) } else { Vec::new() };
-    let mut x = input;
+    let mut x = Scratch::adopt(input);
     if units.start == 0 {
         let (tok, pos) = (&params[0].data, &params[1].data);
-        x = vec![0.0f32; rows * w];
+        x = Scratch::output(rows * w);
         for (r, (row, &id)) in x.chunks_exact_mut(w).zip(&token_ids).enumerate() {
             let p = r % d.t;
             for ((v, &a), &b) in row.iter_mut().zip(&tok[id * w..(id + 1) * w]).zip(&pos[p * w..(p + 1) * w]) {
@@ -220,7 +224,7 @@ pub(in crate::model) fn forward_units(
     if units.end == unit_count(layers) {
         let last = at(layers + 1);
         let normed = normed(isa, &x, &params[last], &params[last + 1]);
-        let mut logits = Vec::new();
+        let mut logits = Scratch::output(rows * params[last + 2].shape[1]);
         linear(isa, &normed.out, rows, &params[last + 2], &params[last + 3], &mut logits);
         (x, ln_f) = (logits, Some(normed));
     }
@@ -231,17 +235,18 @@ pub(in crate::model) fn forward_units(
 fn block_forward(isa: Isa, p: &[NamedTensor], d: Dims, x: &mut [f32]) -> BlockCache {
     let (rows, w) = (d.rows(), d.w);
     let ln1 = normed(isa, x, &p[LN1], &p[LN1 + 1]);
-    let mut qkv = Vec::new();
+    let mut qkv = Scratch::output(rows * 3 * w);
     linear(isa, &ln1.out, rows, &p[QKV], &p[QKV + 1], &mut qkv);
-    let (mut attended, mut probs) = (vec![0.0; rows * w], vec![0.0; d.n * d.heads.heads * d.t * d.t]);
+    let mut attended = Scratch::output(rows * w);
+    let mut probs = Scratch::output(d.n * d.heads.heads * d.heads.probs_per_head());
     attention::forward(isa, d.heads, &qkv, &mut attended, &mut probs);
-    let mut branch = Vec::new();
+    let mut branch = Scratch::output(rows * w);
     linear(isa, &attended, rows, &p[PROJ], &p[PROJ + 1], &mut branch);
     add_into(x, &branch);
     let ln2 = normed(isa, x, &p[LN2], &p[LN2 + 1]);
-    let mut hidden = Vec::new();
+    let mut hidden = Scratch::output(rows * p[FC].shape[1]);
     linear(isa, &ln2.out, rows, &p[FC], &p[FC + 1], &mut hidden);
-    let (mut activated, mut slope) = (vec![0.0; hidden.len()], vec![0.0; hidden.len()]);
+    let (mut activated, mut slope) = (Scratch::output(hidden.len()), Scratch::output(hidden.len()));
     (hidden.par_chunks(GELU_CHUNK), activated.par_chunks_mut(GELU_CHUNK), slope.par_chunks_mut(GELU_CHUNK))
         .into_par_iter()
         .for_each(|(h, a, s)| gelu::gelu_with_slope(isa, h, a, s));
@@ -261,7 +266,7 @@ fn norm_backward(
     grads: &mut GradBuffer,
     dx: &mut [f32],
 ) {
-    let mut d_in = vec![0.0; dy.len()];
+    let mut d_in = Scratch::output(dy.len());
     let (dgamma, dbeta) = grads.grad_pair_mut(index);
     norm::backward(isa, dy, &params[index].data, &n.xhat, &n.rstd, &mut d_in, dgamma, dbeta);
     add_into(dx, &d_in);
@@ -276,10 +281,11 @@ fn dense_backward(
     x: &[f32],
     dy: &[f32],
     grads: &mut GradBuffer,
-) -> Vec<f32> {
-    let mut dx = Vec::new();
+) -> Scratch {
+    let (n, d_in) = (x.len() / params[index].shape[0], params[index].shape[0]);
+    let mut dx = Scratch::output(n * d_in);
     let (dw, db) = grads.grad_pair_mut(index);
-    linear_backward(isa, x, x.len() / params[index].shape[0], &params[index], dy, dw, db, Some(&mut dx));
+    linear_backward(isa, x, n, &params[index], dy, dw, db, Some(&mut dx));
     dx
 }
 
@@ -301,31 +307,43 @@ pub(in crate::model) fn backward_units(
     if let Some(ln_f) = &fwd.ln_f {
         let last = at(d.layers + 1);
         let d_final = dense_backward(isa, params, last + 2, &ln_f.out, dy, grads);
-        dx = vec![0.0; d.rows() * d.w];
+        dx = Scratch::zeros(d.rows() * d.w);
         norm_backward(isa, params, last, ln_f, &d_final, grads, &mut dx);
     } else {
-        dx = dy.to_vec();
+        dx = Scratch::output(dy.len());
+        dx.copy_from_slice(dy);
     }
     let first_block = units.start.max(1);
     for (j, c) in fwd.blocks.iter().enumerate().rev() {
         block_backward(isa, params, at(first_block + j), d, c, grads, &mut dx);
     }
     if units.start > 0 {
-        return dx;
+        return dx.into_vec();
     }
+    // Each table row gathers its rows of dx in order; threads split the table's rows.
     let w = d.w;
-    let dtok = grads.grad_mut(0);
-    dtok.fill(0.0);
-    for (row, &id) in dx.chunks_exact(w).zip(&fwd.tokens) {
-        add_into(&mut dtok[id * w..(id + 1) * w], row);
-    }
-    let dpos = grads.grad_mut(1);
-    dpos.fill(0.0);
-    for (r, row) in dx.chunks_exact(w).enumerate() {
-        let p = r % d.t;
-        add_into(&mut dpos[p * w..(p + 1) * w], row);
-    }
+    scatter_rows(&dx, w, |r| fwd.tokens[r], grads.grad_mut(0));
+    scatter_rows(&dx, w, |r| r % d.t, grads.grad_mut(1));
     Vec::new()
+}
+
+/// `table = 0`, then `table[row_of(r)] += dx[r]` for the rows `r` of `dx` (of `w` values)
+/// in order: a task owns a band of the table's rows and adds the rows of `dx` that fall in it.
+fn scatter_rows(dx: &[f32], w: usize, row_of: impl Fn(usize) -> usize + Sync, table: &mut [f32]) {
+    let band = (table.len() / w).div_ceil(rayon::current_num_threads()).max(1);
+    let sources: Vec<usize> = (0..dx.len() / w).map(row_of).collect();
+    table.par_chunks_mut(band * w).enumerate().for_each(|(b, rows)| {
+        rows.fill(0.0);
+        let owned = b * band..b * band + rows.len() / w;
+        for (row, &to) in dx.chunks_exact(w).zip(&sources) {
+            if owned.contains(&to) {
+                let at = (to - owned.start) * w;
+                for (t, &v) in rows[at..at + w].iter_mut().zip(row) {
+                    *t += v;
+                }
+            }
+        }
+    });
 }
 
 /// The backward pass of the block whose first tensor is `first`, with `dx` the residual
@@ -340,13 +358,15 @@ fn block_backward(
     dx: &mut [f32],
 ) {
     let mut dhidden = dense_backward(isa, params, first + OUT, &c.activated, dx, grads);
-    for (g, &s) in dhidden.iter_mut().zip(&c.slope) {
-        *g *= s;
-    }
+    dhidden.par_chunks_mut(GELU_CHUNK).zip(c.slope.par_chunks(GELU_CHUNK)).for_each(|(g, s)| {
+        for (g, &s) in g.iter_mut().zip(s) {
+            *g *= s;
+        }
+    });
     let dln2 = dense_backward(isa, params, first + FC, &c.ln2.out, &dhidden, grads);
     norm_backward(isa, params, first + LN2, &c.ln2, &dln2, grads, dx);
     let dattended = dense_backward(isa, params, first + PROJ, &c.attended, dx, grads);
-    let mut dqkv = vec![0.0; c.qkv.len()];
+    let mut dqkv = Scratch::output(c.qkv.len());
     attention::backward(isa, d.heads, &c.qkv, &c.probs, &dattended, &mut dqkv);
     let dln1 = dense_backward(isa, params, first + QKV, &c.ln1.out, &dqkv, grads);
     norm_backward(isa, params, first + LN1, &c.ln1, &dln1, grads, dx);
@@ -379,4 +399,36 @@ pub(in crate::model) fn evaluate(
     let layers = layers_of(params);
     let fwd = forward_units(isa, params, (layers, heads), 0..unit_count(layers), (n, x), Vec::new());
     score(fwd.output(), fwd.d.rows(), y)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::prelude::Device;
+
+    use super::*;
+    use crate::grad::GradLayout;
+    use crate::model::{GptConfig, Model, ModelKind};
+
+    /// The loss and gradients of one step on a small GPT, as bits.
+    fn step(params: &[NamedTensor], heads: usize, x: &[i64], y: &[i64]) -> Vec<u32> {
+        let mut grads = GradBuffer::zeros(std::sync::Arc::new(GradLayout::of(params)));
+        loss_and_grads(Isa::detect(), params, heads, (2, x, y), 2 * 40, &mut grads);
+        std::iter::once(grads.loss()).chain(grads.grads().iter().copied()).map(f32::to_bits).collect()
+    }
+
+    #[test]
+    fn reused_buffers_never_reach_a_result() {
+        // Two sequences of 40 tokens: two causal blocks, the second cut short.
+        let config = GptConfig { layers: 2, context: 40, ..GptConfig::small(10) };
+        let model = Model::new(ModelKind::Gpt, 3, config, 16, &Device::flex().autodiff());
+        let params = model.params();
+        let x: Vec<i64> = (0..80).map(|i| (i * 7 % 10) as i64).collect();
+        let y: Vec<i64> = (0..80).map(|i| (i * 3 % 10) as i64).collect();
+        let first = step(&params, config.heads, &x, &y);
+        // Every buffer the step handed back now holds NaN; a value read before it is
+        // written would make the second step differ.
+        super::super::scratch::poison();
+        assert_eq!(step(&params, config.heads, &x, &y), first);
+        assert!(first.iter().all(|&b| f32::from_bits(b).is_finite()));
+    }
 }

@@ -60,6 +60,7 @@ pub(in crate::model) fn forward_layers(
         let (done, rest) = out.outputs.split_at_mut(j);
         let input = done.last().map_or(x, |v| v.as_slice());
         let y = &mut rest[0];
+        y.resize(n * params[2 * j].shape[1], 0.0);
         linear(isa, input, n, &params[2 * j], &params[2 * j + 1], y);
         out.flipped[j] = taps.tap_slice(LAYERS[l], y);
         if l + 1 < LAYERS.len() {
@@ -108,7 +109,10 @@ pub(in crate::model) fn backward_layers(
         let input = if j == 0 { x } else { &fwd.outputs[j - 1] };
         let (dw, db) = grads.grad_pair_mut(first + 2 * j);
         let want_dx = j > 0 || input_grad;
-        linear_backward(isa, input, n, &params[2 * j], &dy, dw, db, want_dx.then_some(&mut dx));
+        if want_dx {
+            dx.resize(n * params[2 * j].shape[0], 0.0);
+        }
+        linear_backward(isa, input, n, &params[2 * j], &dy, dw, db, want_dx.then_some(dx.as_mut_slice()));
         if j > 0 {
             relu_backward(&fwd.outputs[j - 1], &mut dx);
             std::mem::swap(&mut dy, &mut dx);

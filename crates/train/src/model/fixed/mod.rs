@@ -15,28 +15,34 @@
 pub(super) mod cnn;
 pub(super) mod gpt;
 pub(super) mod mlp;
+mod scratch;
 
 use kernels::Isa;
 use kernels::gemm::{MatRef, matmul};
+use rayon::prelude::*;
 
 use crate::model::EvalSums;
 use crate::state::NamedTensor;
 
 /// `y = x · w + b` for `x` of `n` rows: `w` is `[d_in, d_out]`, `b` is `[d_out]`; each
-/// output is the product's fma chain, then one addition of the bias.
-fn linear(isa: Isa, x: &[f32], n: usize, w: &NamedTensor, b: &NamedTensor, y: &mut Vec<f32>) {
+/// output is the product's fma chain, then one addition of the bias. `y` (`n * d_out`
+/// values) is overwritten.
+fn linear(isa: Isa, x: &[f32], n: usize, w: &NamedTensor, b: &NamedTensor, y: &mut [f32]) {
     let (d_in, d_out) = (w.shape[0], w.shape[1]);
-    y.resize(n * d_out, 0.0);
     matmul(isa, MatRef::row_major(x, n, d_in), MatRef::row_major(&w.data, d_in, d_out), y);
-    for row in y.chunks_exact_mut(d_out) {
-        for (v, &bias) in row.iter_mut().zip(&b.data) {
-            *v += bias;
+    let rows_per_task = (1usize << 14).div_ceil(d_out.max(1));
+    y.par_chunks_mut(rows_per_task * d_out).for_each(|rows| {
+        for row in rows.chunks_exact_mut(d_out) {
+            for (v, &bias) in row.iter_mut().zip(&b.data) {
+                *v += bias;
+            }
         }
-    }
+    });
 }
 
 /// The backward pass of [`linear`] for the gradient `dy` of its output: `dw = xᵀ · dy`,
-/// `db` the column sums of `dy`, and, when asked, `dx = dy · wᵀ`.
+/// `db` the column sums of `dy`, and, when asked, `dx = dy · wᵀ` (`n * d_in` values,
+/// overwritten).
 #[allow(clippy::too_many_arguments)]
 fn linear_backward(
     isa: Isa,
@@ -46,14 +52,13 @@ fn linear_backward(
     dy: &[f32],
     dw: &mut [f32],
     db: &mut [f32],
-    dx: Option<&mut Vec<f32>>,
+    dx: Option<&mut [f32]>,
 ) {
     let (d_in, d_out) = (w.shape[0], w.shape[1]);
     let dy_m = MatRef::row_major(dy, n, d_out);
     matmul(isa, MatRef::row_major(x, n, d_in).t(), dy_m, dw);
     kernels::rows::sum_rows(dy, db);
     if let Some(dx) = dx {
-        dx.resize(n * d_in, 0.0);
         matmul(isa, dy_m, MatRef::row_major(&w.data, d_in, d_out).t(), dx);
     }
 }
