@@ -150,7 +150,19 @@ fn product(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32], accumulate: bo
         let block = Block { a, b, direct, k0, kc, packed_b, n, first: k0 == 0 && !accumulate };
         let work = |(index, rows): (usize, &mut [f32])| {
             let mut packed_a = Scratch::take(&PACKED_A, kc * mr);
-            block.rows(isa, mr, index * chunk, rows, &mut packed_a);
+            // Whole tiles, then the rows left over in the lowest tile that holds them with
+            // the fewest empty rows (4 rows left by a 64-row product run as a 6-row tile,
+            // not a 12-row one).
+            let (height, i0) = (rows.len() / n, index * chunk);
+            let whole = height / mr * mr;
+            let (tiles, rest) = rows.split_at_mut(whole * n);
+            if whole > 0 {
+                block.rows(isa, mr, i0, tiles, &mut packed_a);
+            }
+            if height > whole {
+                let low = tile_rows(isa, height - whole);
+                block.rows(isa, low, i0 + whole, rest, &mut packed_a[..kc * low]);
+            }
         };
         if parallel {
             c.par_chunks_mut(chunk * n).enumerate().for_each(work);

@@ -132,9 +132,15 @@ struct Normed {
     rstd: Scratch,
 }
 
+impl Normed {
+    /// Buffers for `rows` rows of `w` values, to be written.
+    fn output(rows: usize, w: usize) -> Normed {
+        Normed { out: Scratch::output(rows * w), xhat: Scratch::output(rows * w), rstd: Scratch::output(rows) }
+    }
+}
+
 fn normed(isa: Isa, x: &[f32], gamma: &NamedTensor, beta: &NamedTensor) -> Normed {
-    let rows = x.len() / gamma.data.len();
-    let mut n = Normed { out: Scratch::output(x.len()), xhat: Scratch::output(x.len()), rstd: Scratch::output(rows) };
+    let mut n = Normed::output(x.len() / gamma.data.len(), gamma.data.len());
     norm::forward(isa, x, &gamma.data, &beta.data, &mut n.out, &mut n.xhat, &mut n.rstd);
     n
 }
@@ -232,27 +238,83 @@ pub(in crate::model) fn forward_units(
 }
 
 /// One block on the residual stream `x` (changed in place), with `p` its tensors.
+///
+/// Every step of a block works row by row except attention, which works sequence by
+/// sequence, so a task of the thread pool takes one sequence through the whole block: one
+/// hand-off per block rather than one per step, and the sequence's values stay in the
+/// core's caches between the steps. A row's values are those of a pass over all rows at
+/// once (no kernel's order depends on how many rows it is given).
 fn block_forward(isa: Isa, p: &[NamedTensor], d: Dims, x: &mut [f32]) -> BlockCache {
-    let (rows, w) = (d.rows(), d.w);
-    let ln1 = normed(isa, x, &p[LN1], &p[LN1 + 1]);
-    let mut qkv = Scratch::output(rows * 3 * w);
-    linear(isa, &ln1.out, rows, &p[QKV], &p[QKV + 1], &mut qkv);
-    let mut attended = Scratch::output(rows * w);
-    let mut probs = Scratch::output(d.n * d.heads.heads * d.heads.probs_per_head());
-    attention::forward(isa, d.heads, &qkv, &mut attended, &mut probs);
-    let mut branch = Scratch::output(rows * w);
-    linear(isa, &attended, rows, &p[PROJ], &p[PROJ + 1], &mut branch);
-    add_into(x, &branch);
-    let ln2 = normed(isa, x, &p[LN2], &p[LN2 + 1]);
-    let mut hidden = Scratch::output(rows * p[FC].shape[1]);
-    linear(isa, &ln2.out, rows, &p[FC], &p[FC + 1], &mut hidden);
-    let (mut activated, mut slope) = (Scratch::output(hidden.len()), Scratch::output(hidden.len()));
-    (hidden.par_chunks(GELU_CHUNK), activated.par_chunks_mut(GELU_CHUNK), slope.par_chunks_mut(GELU_CHUNK))
-        .into_par_iter()
-        .for_each(|(h, a, s)| gelu::gelu_with_slope(isa, h, a, s));
-    linear(isa, &activated, rows, &p[OUT], &p[OUT + 1], &mut branch);
-    add_into(x, &branch);
-    BlockCache { ln1, qkv, probs, attended, ln2, activated, slope }
+    let (rows, w, hidden) = (d.rows(), d.w, p[FC].shape[1]);
+    let mut c = BlockCache {
+        ln1: Normed::output(rows, w),
+        qkv: Scratch::output(rows * 3 * w),
+        probs: Scratch::output(d.n * d.heads.heads * d.heads.probs_per_head()),
+        attended: Scratch::output(rows * w),
+        ln2: Normed::output(rows, w),
+        activated: Scratch::output(rows * hidden),
+        slope: Scratch::output(rows * hidden),
+    };
+    let one = Dims { n: 1, ..d };
+    sequences(&mut c, x, d.n).into_par_iter().for_each(|s| sequence_forward(isa, p, one, s));
+    c
+}
+
+/// One sequence's rows of a block's cache and of the residual stream.
+struct SequenceRows<'a> {
+    x: &'a mut [f32],
+    /// The first layer norm's output, normalised values and reciprocal deviations.
+    ln1: [&'a mut [f32]; 3],
+    qkv: &'a mut [f32],
+    probs: &'a mut [f32],
+    attended: &'a mut [f32],
+    ln2: [&'a mut [f32]; 3],
+    activated: &'a mut [f32],
+    slope: &'a mut [f32],
+}
+
+/// The rows of each of `n` sequences in `c` and `x`.
+fn sequences<'a>(c: &'a mut BlockCache, x: &'a mut [f32], n: usize) -> Vec<SequenceRows<'a>> {
+    fn split(buf: &mut [f32], n: usize) -> std::slice::ChunksExactMut<'_, f32> {
+        buf.chunks_exact_mut(buf.len() / n)
+    }
+    let [mut xs, mut qkv, mut probs, mut attended, mut activated, mut slope] =
+        [x, &mut c.qkv, &mut c.probs, &mut c.attended, &mut c.activated, &mut c.slope].map(|b| split(b, n));
+    let mut ln1 = [&mut c.ln1.out, &mut c.ln1.xhat, &mut c.ln1.rstd].map(|b| split(b, n));
+    let mut ln2 = [&mut c.ln2.out, &mut c.ln2.xhat, &mut c.ln2.rstd].map(|b| split(b, n));
+    let mut next = |parts: &mut std::slice::ChunksExactMut<'a, f32>| parts.next().expect("n parts");
+    (0..n)
+        .map(|_| SequenceRows {
+            x: next(&mut xs),
+            ln1: ln1.each_mut().map(&mut next),
+            qkv: next(&mut qkv),
+            probs: next(&mut probs),
+            attended: next(&mut attended),
+            ln2: ln2.each_mut().map(&mut next),
+            activated: next(&mut activated),
+            slope: next(&mut slope),
+        })
+        .collect()
+}
+
+/// The block's steps on one sequence (`d.n` is 1).
+fn sequence_forward(isa: Isa, p: &[NamedTensor], d: Dims, s: SequenceRows<'_>) {
+    let (t, w) = (d.t, d.w);
+    let add = |x: &mut [f32], y: &[f32]| x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
+    let [out1, xhat1, rstd1] = s.ln1;
+    norm::forward(isa, s.x, &p[LN1].data, &p[LN1 + 1].data, out1, xhat1, rstd1);
+    linear(isa, out1, t, &p[QKV], &p[QKV + 1], s.qkv);
+    attention::forward(isa, d.heads, s.qkv, s.attended, s.probs);
+    let mut branch = Scratch::output(t * w);
+    linear(isa, s.attended, t, &p[PROJ], &p[PROJ + 1], &mut branch);
+    add(s.x, &branch);
+    let [out2, xhat2, rstd2] = s.ln2;
+    norm::forward(isa, s.x, &p[LN2].data, &p[LN2 + 1].data, out2, xhat2, rstd2);
+    let mut hidden = Scratch::output(s.activated.len());
+    linear(isa, out2, t, &p[FC], &p[FC + 1], &mut hidden);
+    gelu::gelu_with_slope(isa, &hidden, s.activated, s.slope);
+    linear(isa, s.activated, t, &p[OUT], &p[OUT + 1], &mut branch);
+    add(s.x, &branch);
 }
 
 /// The backward pass of a layer norm whose gamma is tensor `index`: its input's gradient
