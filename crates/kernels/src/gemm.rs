@@ -13,8 +13,8 @@
 //! which is exactly what [`reference`] computes one element at a time. The fast paths get
 //! their speed elsewhere: they keep a tile of `MR x NR` outputs in registers (vectors run
 //! across the `NR` columns, each lane its own output) and work on it in place in `C`; they
-//! read a row-major `A` or `B` where it lies and pack any other view (and the tiles cut
-//! short by the edges) for contiguous access; and they split the rows of `C` between
+//! read a row-major `A` or `B` where it lies (a `B` of short rows only) and pack any other
+//! view (and the tiles cut short by the edges) for contiguous access; and they split the rows of `C` between
 //! threads. The inner dimension is
 //! blocked by [`KC`] for the caches, but a block goes on from the partial results of the
 //! block before it (they are stored in `C` and loaded back), so blocking changes no
@@ -34,6 +34,10 @@ mod x86;
 pub const KC: usize = 256;
 /// Most rows of `C` per task of the thread pool (a multiple of every path's `MR`).
 const MC: usize = 96;
+/// The longest row of a row-major `B` that is read in place. A tile reads one row of its
+/// panel per step, so a panel of longer rows puts every step on a page of its own, and
+/// the address translations, not the arithmetic, set the pace: such a `B` is packed.
+const DIRECT_STRIDE: usize = 512;
 /// Below this many multiply-adds, one thread does all the work.
 const PARALLEL_WORK: usize = 1 << 20;
 
@@ -133,7 +137,7 @@ fn product(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32], accumulate: bo
     let (mr, nr) = (tile_rows(isa, m), tile(isa).1);
     // A row-major B is read in place, but for its last panel when that is narrower than
     // a tile; any other B is packed whole.
-    let direct = b.col_stride == 1;
+    let direct = b.col_stride == 1 && b.row_stride <= DIRECT_STRIDE;
     let panels = n.div_ceil(nr);
     let packed_panels = if direct { usize::from(n % nr != 0) } else { panels };
     let mut packed_b = Scratch::take(&PACKED_B, KC.min(k) * packed_panels * nr);
@@ -575,13 +579,17 @@ mod tests {
 
     #[test]
     fn every_path_gives_the_reference_bits_on_awkward_shapes() {
-        // Short products (6, 8, 16 and 40 rows) take the lower tiles.
+        // Short products (6, 8, 16 and 40 rows) take the lower tiles; 130 rows leave 10
+        // past the whole tiles.
         // (50, 600, 70): whole tiles of the tallest height whose chains go on from C
         // across three inner blocks.
         let shapes =
             [(1, 1, 1), (3, 5, 7), (17, 1, 33), (6, 300, 16), (9, 513, 31), (130, 70, 65), (50, 600, 70), (2, 0, 3)];
         let short = [(8, 25, 100), (16, 150, 70), (40, 9, 33)];
-        for &(m, k, n) in shapes.iter().chain(&short) {
+        // Rows of B longer than DIRECT_STRIDE: B packed although row-major, its last
+        // panel cut short.
+        let wide = [(30, 300, DIRECT_STRIDE + 45)];
+        for &(m, k, n) in shapes.iter().chain(&short).chain(&wide) {
             let (a, b) = (values(m * k, 1), values(k * n, 2));
             assert_paths_match_reference(MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
         }
