@@ -240,10 +240,12 @@ pub(in crate::model) fn forward_units(
 /// One block on the residual stream `x` (changed in place), with `p` its tensors.
 ///
 /// Every step of a block works row by row except attention, which works sequence by
-/// sequence, so a task of the thread pool takes one sequence through the whole block: one
-/// hand-off per block rather than one per step, and the sequence's values stay in the
-/// core's caches between the steps. A row's values are those of a pass over all rows at
-/// once (no kernel's order depends on how many rows it is given).
+/// sequence, so a task of the thread pool takes a group of whole sequences through the
+/// whole block: one hand-off per block rather than one per step, and the group's values
+/// stay in the core's caches between the steps. Two groups per thread balance the load
+/// while each product still has rows enough to pay for packing its weight. A row's values
+/// are those of a pass over all rows at once (no kernel's order depends on how many rows
+/// it is given).
 fn block_forward(isa: Isa, p: &[NamedTensor], d: Dims, x: &mut [f32]) -> BlockCache {
     let (rows, w, hidden) = (d.rows(), d.w, p[FC].shape[1]);
     let mut c = BlockCache {
@@ -255,12 +257,12 @@ fn block_forward(isa: Isa, p: &[NamedTensor], d: Dims, x: &mut [f32]) -> BlockCa
         activated: Scratch::output(rows * hidden),
         slope: Scratch::output(rows * hidden),
     };
-    let one = Dims { n: 1, ..d };
-    sequences(&mut c, x, d.n).into_par_iter().for_each(|s| sequence_forward(isa, p, one, s));
+    let per_group = d.n.div_ceil(2 * rayon::current_num_threads());
+    sequences(&mut c, x, d.n, per_group).into_par_iter().for_each(|s| sequence_forward(isa, p, d, s));
     c
 }
 
-/// One sequence's rows of a block's cache and of the residual stream.
+/// A group of sequences' rows of a block's cache and of the residual stream.
 struct SequenceRows<'a> {
     x: &'a mut [f32],
     /// The first layer norm's output, normalised values and reciprocal deviations.
@@ -273,17 +275,16 @@ struct SequenceRows<'a> {
     slope: &'a mut [f32],
 }
 
-/// The rows of each of `n` sequences in `c` and `x`.
-fn sequences<'a>(c: &'a mut BlockCache, x: &'a mut [f32], n: usize) -> Vec<SequenceRows<'a>> {
-    fn split(buf: &mut [f32], n: usize) -> std::slice::ChunksExactMut<'_, f32> {
-        buf.chunks_exact_mut(buf.len() / n)
-    }
+/// The rows in `c` and `x` of `n` sequences, by groups of `per_group` (the last one may
+/// be shorter).
+fn sequences<'a>(c: &'a mut BlockCache, x: &'a mut [f32], n: usize, per_group: usize) -> Vec<SequenceRows<'a>> {
+    let split = |buf: &'a mut [f32]| buf.chunks_mut(buf.len() / n * per_group);
     let [mut xs, mut qkv, mut probs, mut attended, mut activated, mut slope] =
-        [x, &mut c.qkv, &mut c.probs, &mut c.attended, &mut c.activated, &mut c.slope].map(|b| split(b, n));
-    let mut ln1 = [&mut c.ln1.out, &mut c.ln1.xhat, &mut c.ln1.rstd].map(|b| split(b, n));
-    let mut ln2 = [&mut c.ln2.out, &mut c.ln2.xhat, &mut c.ln2.rstd].map(|b| split(b, n));
-    let mut next = |parts: &mut std::slice::ChunksExactMut<'a, f32>| parts.next().expect("n parts");
-    (0..n)
+        [x, &mut c.qkv, &mut c.probs, &mut c.attended, &mut c.activated, &mut c.slope].map(split);
+    let mut ln1 = [&mut c.ln1.out, &mut c.ln1.xhat, &mut c.ln1.rstd].map(|b| split(b));
+    let mut ln2 = [&mut c.ln2.out, &mut c.ln2.xhat, &mut c.ln2.rstd].map(|b| split(b));
+    let mut next = |parts: &mut std::slice::ChunksMut<'a, f32>| parts.next().expect("a part per group");
+    (0..n.div_ceil(per_group))
         .map(|_| SequenceRows {
             x: next(&mut xs),
             ln1: ln1.each_mut().map(&mut next),
@@ -297,23 +298,24 @@ fn sequences<'a>(c: &'a mut BlockCache, x: &'a mut [f32], n: usize) -> Vec<Seque
         .collect()
 }
 
-/// The block's steps on one sequence (`d.n` is 1).
+/// The block's steps on a group of sequences (`d` is the whole batch's).
 fn sequence_forward(isa: Isa, p: &[NamedTensor], d: Dims, s: SequenceRows<'_>) {
-    let (t, w) = (d.t, d.w);
+    let (w, heads) = (d.w, d.heads);
+    let rows = s.x.len() / w;
     let add = |x: &mut [f32], y: &[f32]| x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
     let [out1, xhat1, rstd1] = s.ln1;
     norm::forward(isa, s.x, &p[LN1].data, &p[LN1 + 1].data, out1, xhat1, rstd1);
-    linear(isa, out1, t, &p[QKV], &p[QKV + 1], s.qkv);
-    attention::forward(isa, d.heads, s.qkv, s.attended, s.probs);
-    let mut branch = Scratch::output(t * w);
-    linear(isa, s.attended, t, &p[PROJ], &p[PROJ + 1], &mut branch);
+    linear(isa, out1, rows, &p[QKV], &p[QKV + 1], s.qkv);
+    attention::forward(isa, heads, s.qkv, s.attended, s.probs);
+    let mut branch = Scratch::output(rows * w);
+    linear(isa, s.attended, rows, &p[PROJ], &p[PROJ + 1], &mut branch);
     add(s.x, &branch);
     let [out2, xhat2, rstd2] = s.ln2;
     norm::forward(isa, s.x, &p[LN2].data, &p[LN2 + 1].data, out2, xhat2, rstd2);
     let mut hidden = Scratch::output(s.activated.len());
-    linear(isa, out2, t, &p[FC], &p[FC + 1], &mut hidden);
+    linear(isa, out2, rows, &p[FC], &p[FC + 1], &mut hidden);
     gelu::gelu_with_slope(isa, &hidden, s.activated, s.slope);
-    linear(isa, s.activated, t, &p[OUT], &p[OUT + 1], &mut branch);
+    linear(isa, s.activated, rows, &p[OUT], &p[OUT + 1], &mut branch);
     add(s.x, &branch);
 }
 
@@ -474,23 +476,29 @@ mod tests {
     /// The loss and gradients of one step on a small GPT, as bits.
     fn step(params: &[NamedTensor], heads: usize, x: &[i64], y: &[i64]) -> Vec<u32> {
         let mut grads = GradBuffer::zeros(std::sync::Arc::new(GradLayout::of(params)));
-        loss_and_grads(Isa::detect(), params, heads, (2, x, y), 2 * 40, &mut grads);
+        loss_and_grads(Isa::detect(), params, heads, (5, x, y), 5 * 40, &mut grads);
         std::iter::once(grads.loss()).chain(grads.grads().iter().copied()).map(f32::to_bits).collect()
     }
 
     #[test]
     fn reused_buffers_never_reach_a_result() {
-        // Two sequences of 40 tokens: two causal blocks, the second cut short.
+        // Five sequences of 40 tokens: groups of unequal size, two causal blocks, the
+        // second cut short.
         let config = GptConfig { layers: 2, context: 40, ..GptConfig::small(10) };
         let model = Model::new(ModelKind::Gpt, 3, config, 16, &Device::flex().autodiff());
         let params = model.params();
-        let x: Vec<i64> = (0..80).map(|i| (i * 7 % 10) as i64).collect();
-        let y: Vec<i64> = (0..80).map(|i| (i * 3 % 10) as i64).collect();
+        let x: Vec<i64> = (0..200).map(|i| (i * 7 % 10) as i64).collect();
+        let y: Vec<i64> = (0..200).map(|i| (i * 3 % 10) as i64).collect();
         let first = step(&params, config.heads, &x, &y);
         // Every buffer the step handed back now holds NaN; a value read before it is
         // written would make the second step differ.
         super::super::scratch::poison();
         assert_eq!(step(&params, config.heads, &x, &y), first);
         assert!(first.iter().all(|&b| f32::from_bits(b).is_finite()));
+        // And the groups a thread count makes change nothing either.
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            assert_eq!(pool.install(|| step(&params, config.heads, &x, &y)), first, "{threads} threads");
+        }
     }
 }
