@@ -14,12 +14,11 @@
 //! their speed elsewhere: they keep a tile of `MR x NR` outputs in registers (vectors run
 //! across the `NR` columns, each lane its own output) and work on it in place in `C`; they
 //! read a row-major `A` or `B` where it lies (a `B` of short rows only) and pack any other
-//! view (and the tiles cut short by the edges) for contiguous access; and they split the rows of `C` between
-//! threads. The inner dimension is
-//! blocked by [`KC`] for the caches, but a block goes on from the partial results of the
-//! block before it (they are stored in `C` and loaded back), so blocking changes no
-//! rounding. None of the tile sizes, the vector width or the thread count appears in the
-//! arithmetic; only the shapes do.
+//! view (and the tiles cut short by the edges) for contiguous access; and they split the
+//! rows of `C` between threads. The inner dimension is blocked by [`KC`] for the caches,
+//! but a block goes on from the partial results of the block before it (they are stored
+//! in `C` and loaded back), so blocking changes no rounding. None of the tile sizes, the
+//! vector width or the thread count appears in the arithmetic; only the shapes do.
 
 use std::cell::Cell;
 
@@ -135,8 +134,8 @@ fn product(isa: Isa, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32], accumulate: bo
         return;
     }
     let (mr, nr) = (tile_rows(isa, m), tile(isa).1);
-    // A row-major B is read in place, but for its last panel when that is narrower than
-    // a tile; any other B is packed whole.
+    // A row-major B of rows up to DIRECT_STRIDE long is read in place, but for its last
+    // panel when that is narrower than a tile; any other B is packed whole.
     let direct = b.col_stride == 1 && b.row_stride <= DIRECT_STRIDE;
     let panels = n.div_ceil(nr);
     let packed_panels = if direct { usize::from(n % nr != 0) } else { panels };
