@@ -54,8 +54,8 @@ const PROJ: usize = 4;
 const LN2: usize = 6;
 const FC: usize = 8;
 const OUT: usize = 10;
-/// Elements per task of the element-wise loops (GELU, the residual additions).
-const GELU_CHUNK: usize = 1 << 14;
+/// Elements per task of the element-wise loops on the thread pool.
+const ELEMENTWISE_CHUNK: usize = 1 << 14;
 
 /// The sizes of a pass, read from the parameters and the batch.
 #[derive(Clone, Copy)]
@@ -176,13 +176,16 @@ impl Units {
     }
 }
 
-/// `x += y`, element by element, on the thread pool.
+/// `x += y`, element by element.
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// [`add`] on the thread pool.
 fn add_into(x: &mut [f32], y: &[f32]) {
-    x.par_chunks_mut(GELU_CHUNK).zip(y.par_chunks(GELU_CHUNK)).for_each(|(x, y)| {
-        for (a, &b) in x.iter_mut().zip(y) {
-            *a += b;
-        }
-    });
+    x.par_chunks_mut(ELEMENTWISE_CHUNK).zip(y.par_chunks(ELEMENTWISE_CHUNK)).for_each(|(x, y)| add(x, y));
 }
 
 /// The token ids as table rows.
@@ -258,12 +261,12 @@ fn block_forward(isa: Isa, p: &[NamedTensor], d: Dims, x: &mut [f32]) -> BlockCa
         slope: Scratch::output(rows * hidden),
     };
     let per_group = d.n.div_ceil(2 * rayon::current_num_threads());
-    sequences(&mut c, x, d.n, per_group).into_par_iter().for_each(|s| sequence_forward(isa, p, d, s));
+    groups(&mut c, x, d.n, per_group).into_par_iter().for_each(|g| group_forward(isa, p, d, g));
     c
 }
 
 /// A group of sequences' rows of a block's cache and of the residual stream.
-struct SequenceRows<'a> {
+struct GroupRows<'a> {
     x: &'a mut [f32],
     /// The first layer norm's output, normalised values and reciprocal deviations.
     ln1: [&'a mut [f32]; 3],
@@ -277,7 +280,7 @@ struct SequenceRows<'a> {
 
 /// The rows in `c` and `x` of `n` sequences, by groups of `per_group` (the last one may
 /// be shorter).
-fn sequences<'a>(c: &'a mut BlockCache, x: &'a mut [f32], n: usize, per_group: usize) -> Vec<SequenceRows<'a>> {
+fn groups<'a>(c: &'a mut BlockCache, x: &'a mut [f32], n: usize, per_group: usize) -> Vec<GroupRows<'a>> {
     let split = |buf: &'a mut [f32]| buf.chunks_mut(buf.len() / n * per_group);
     let [mut xs, mut qkv, mut probs, mut attended, mut activated, mut slope] =
         [x, &mut c.qkv, &mut c.probs, &mut c.attended, &mut c.activated, &mut c.slope].map(split);
@@ -285,7 +288,7 @@ fn sequences<'a>(c: &'a mut BlockCache, x: &'a mut [f32], n: usize, per_group: u
     let mut ln2 = [&mut c.ln2.out, &mut c.ln2.xhat, &mut c.ln2.rstd].map(|b| split(b));
     let mut next = |parts: &mut std::slice::ChunksMut<'a, f32>| parts.next().expect("a part per group");
     (0..n.div_ceil(per_group))
-        .map(|_| SequenceRows {
+        .map(|_| GroupRows {
             x: next(&mut xs),
             ln1: ln1.each_mut().map(&mut next),
             qkv: next(&mut qkv),
@@ -299,10 +302,9 @@ fn sequences<'a>(c: &'a mut BlockCache, x: &'a mut [f32], n: usize, per_group: u
 }
 
 /// The block's steps on a group of sequences (`d` is the whole batch's).
-fn sequence_forward(isa: Isa, p: &[NamedTensor], d: Dims, s: SequenceRows<'_>) {
+fn group_forward(isa: Isa, p: &[NamedTensor], d: Dims, s: GroupRows<'_>) {
     let (w, heads) = (d.w, d.heads);
     let rows = s.x.len() / w;
-    let add = |x: &mut [f32], y: &[f32]| x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
     let [out1, xhat1, rstd1] = s.ln1;
     norm::forward(isa, s.x, &p[LN1].data, &p[LN1 + 1].data, out1, xhat1, rstd1);
     linear(isa, out1, rows, &p[QKV], &p[QKV + 1], s.qkv);
@@ -422,7 +424,7 @@ fn block_backward(
     dx: &mut [f32],
 ) {
     let mut dhidden = dense_backward(isa, params, first + OUT, &c.activated, dx, grads);
-    dhidden.par_chunks_mut(GELU_CHUNK).zip(c.slope.par_chunks(GELU_CHUNK)).for_each(|(g, s)| {
+    dhidden.par_chunks_mut(ELEMENTWISE_CHUNK).zip(c.slope.par_chunks(ELEMENTWISE_CHUNK)).for_each(|(g, s)| {
         for (g, &s) in g.iter_mut().zip(s) {
             *g *= s;
         }

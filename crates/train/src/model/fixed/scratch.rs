@@ -29,7 +29,6 @@ fn free() -> MutexGuard<'static, Vec<Vec<f32>>> {
 }
 
 /// An `f32` buffer borrowed from the process's free list and given back when dropped.
-#[derive(Default)]
 pub(in crate::model) struct Scratch(Vec<f32>);
 
 impl Scratch {
