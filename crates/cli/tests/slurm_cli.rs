@@ -100,19 +100,27 @@ fn kill_task(cluster: &Cluster, job: &str, rank: u32) {
 
 /// The pid of the task of global rank `rank` in the job's newest step.
 fn task_pid(cluster: &Cluster, job: &str, rank: u32) -> u32 {
-    let out = cluster.command("scontrol").args(["listpids", job]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    // PID JOBID STEPID LOCALID GLOBALID: the tasks of numbered steps (not the batch script).
-    let (_, pid) = text
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let step: u32 = f.get(2)?.parse().ok()?;
-            (f.get(4)?.parse::<u32>().ok()? == rank).then(|| (step, f[0].to_owned()))
-        })
-        .max()
-        .unwrap_or_else(|| panic!("no task of rank {rank} in job {job}:\n{text}"));
-    pid.parse().unwrap()
+    // A step's tasks register with slurmd one by one, so a listing taken as the step starts may
+    // name some ranks and not yet others: ask again until this rank appears.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = cluster.command("scontrol").args(["listpids", job]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        // PID JOBID STEPID LOCALID GLOBALID: the tasks of numbered steps (not the batch script).
+        let found = text
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let step: u32 = f.get(2)?.parse().ok()?;
+                (f.get(4)?.parse::<u32>().ok()? == rank).then(|| (step, f[0].to_owned()))
+            })
+            .max();
+        match found {
+            Some((_, pid)) => return pid.parse().unwrap(),
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            None => panic!("no task of rank {rank} in job {job} after 30 s:\n{text}"),
+        }
+    }
 }
 
 /// The fingerprints the job's workers printed.
