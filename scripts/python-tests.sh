@@ -10,10 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=target/python-env
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+scripts/python-env.sh
 export PATH="$PWD/$venv/bin:$PATH"   # the build backend runs `maturin` by name
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  "torch==2.15.0" "numpy>=1.21" "pytest>=7" safetensors "maturin>=1.7,<2"
 # No build isolation: maturin comes from the environment, and cargo shares target/.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 # After `cargo test --release --workspace` the binary is built, and newer than every source:

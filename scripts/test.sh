@@ -16,8 +16,19 @@ export STEADFAST_REQUIRE_MPI=1
 export STEADFAST_REQUIRE_SLURM=1
 export STEADFAST_REQUIRE_ETCD=1
 export STEADFAST_REQUIRE_QEMU=1
+if [ $# -eq 0 ]; then
+  # The Python tests' packages download while the Rust tests build and run.
+  mkdir -p target
+  scripts/python-env.sh > target/python-env.log 2>&1 &
+  env_job=$!
+fi
 cargo test --release --locked --workspace "$@"
 if [ $# -eq 0 ]; then
+  if ! wait "$env_job"; then
+    cat target/python-env.log >&2
+    echo "the Python tests' environment could not be installed (above)" >&2
+    exit 1
+  fi
   echo "== the Python package's tests (at ${SECONDS} s)"
   scripts/python-tests.sh
 fi
