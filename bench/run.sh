@@ -17,6 +17,7 @@
 #   bench/run.sh engines-hosts  # the all-reduce across namespace hosts against Open MPI's TCP and the ring bound (root)
 #   bench/run.sh repro-cost  # fast, reproducible and reproducible32 all-reduces and training steps on every transport (root for the shaped hosts)
 #   bench/run.sh campaign   # 1000 bit-flip trials on the MLP against altering checkpoint files
+#   bench/run.sh sdc-lab    # 1000 bit-flip trials of the study's MLP in PyTorch (steadfast.lab) beside steadfast campaign
 #   bench/run.sh recovery   # state transfer from live replicas, a recovery timeline, the failure-free cost
 #   bench/run.sh recovery-hosts  # the recovery timeline across namespace hosts over tc-shaped links (root)
 #   bench/run.sh pipeline   # pipeline steps/s by stage count, boundary logging's cost, recovery times
@@ -80,11 +81,14 @@ case "$which" in
       "$tf/bin/pip" install -q "opentelemetry-exporter-otlp-proto-http>=1.39.0" "opentelemetry-sdk>=1.39.0"
     fi
     PATH="$PWD/$tf/bin:$PATH" "$tf/bin/python" bench/side_by_side_torchft.py ;;
-  python-ckpt|python-ddp|torch-determinism)
+  python-ckpt|python-ddp|torch-determinism|sdc-lab)
     # The Python package, built into this environment (maturin shares target/).
     "$venv/bin/pip" install -q "maturin>=1.7,<2"
     PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps ./python
-    "$venv/bin/python" "bench/${which//-/_}.py"
+    case "$which" in
+      sdc-lab) "$venv/bin/python" bench/sdc_lab_speed.py ;;
+      *) "$venv/bin/python" "bench/${which//-/_}.py" ;;
+    esac
     if [ "$which" = python-ckpt ]; then "$venv/bin/python" bench/python_ckpt_load.py; fi ;;
   all)
     "$venv/bin/python" bench/train_vs_pytorch.py
@@ -104,5 +108,5 @@ case "$which" in
     python3 bench/engines_hosts.py
     "$venv/bin/python" bench/study/study.py
     ;;
-  *) echo "unknown benchmark: $which (expected: all, train, train-sweep, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, repro-cost, kernels, hash, campaign, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (expected: all, train, train-sweep, ckpt, overhead, sum, allreduce, ddp, engines, engines-pairs, engines-hosts, repro-cost, kernels, hash, campaign, sdc-lab, recovery, recovery-hosts, study, sdc-study, python-ckpt, python-ddp, torchft, torch-determinism)" >&2; exit 2 ;;
 esac

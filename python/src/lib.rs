@@ -13,6 +13,9 @@
 //!   `steadfast inject`'s plans, logs, replay and undo (the `fault` crate's), and
 //!   [`memory`]: the same in tensors where they lie in memory.
 //! - [`fpna`]: the FPNA lab's variability metrics on a framework's results.
+//! - [`lab`]: fault campaigns on a PyTorch model: the spec, each trial's fault, the
+//!   classification and the record (tables, summary) of `steadfast campaign`, so that
+//!   `steadfast report` renders a PyTorch campaign too.
 //! - [`reduce`]: the conversions of the reproducible gradient sum that `steadfast.ddp`'s
 //!   DDP communication hook runs around its two all-reduces.
 //! - [`data_order`]: the order in which an epoch visits the data, the one `steadfast
@@ -34,6 +37,7 @@ mod elastic;
 mod fpna;
 mod host;
 mod inject;
+mod lab;
 mod memory;
 mod mesh;
 mod reduce;
@@ -80,5 +84,6 @@ fn _steadfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     reduce::register(m)?;
     mesh::register(m)?;
     inject::register(m)?;
+    lab::register(m)?;
     memory::register(m)
 }

@@ -1,6 +1,6 @@
 """Type stubs of the native module (python/src). The public API is steadfast.torch."""
 from os import PathLike
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 _Path = Union[str, PathLike[str]]
 # (name, role, dtype, shape, address of the little-endian bytes in host memory, their length)
@@ -121,3 +121,18 @@ class ElasticWorker:
     def next(self, host: object) -> Optional[Tuple[int, int, int]]: ...
     def computed(self, terms: Sequence[_At]) -> None: ...
     def close(self) -> None: ...
+
+# Fault campaigns on a PyTorch model (steadfast.lab): specs as TOML text, records as JSON.
+def lab_spec(text: str) -> str:
+    """The spec with every default of [trials], [detect] and [classify] written out, [run] as given."""
+def lab_trial(text: str, index: int) -> dict[str, Any]:
+    """Trial `index`'s fault (index, step, rank, state, seed, target, role, bits, flips, burst)."""
+def lab_classify(
+    text: str, crashed: bool, diverged: bool, acted_on_alarm: bool, bitwise_golden: bool, accuracy_drop: float,
+    loss_rise: float,
+) -> str:
+    """The class of a trial's outcome under the spec's response and thresholds."""
+def lab_write(dir: _Path, text: str, record: str, elapsed: float) -> str:
+    """Writes the tables, summary.md and spec.toml (text) of a record into dir; returns the summary."""
+def lab_trial_text(text: str, result: str) -> str:
+    """One trial's result in a few lines, as `steadfast campaign --replay` prints it."""

@@ -1,7 +1,9 @@
 //! `steadfast campaign`: run a fault-injection campaign from its TOML spec and write its
-//! tables; or replay single trials of it.
+//! tables; or replay single trials of it. A PyTorch campaign's spec (`framework =
+//! "pytorch"` in [run]) runs from Python, where its model trains; here its trials replay
+//! through the interpreter the spec names.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -23,6 +25,10 @@ Examples:
 
   # Then render the report
   steadfast report runs/sdc-mlp
+
+  # Replay trial 17 of a PyTorch campaign (run from Python by steadfast.lab), with the
+  # interpreter its spec names in [run] python
+  steadfast campaign runs/sdc-torch/spec.toml --replay 17
 
 A spec ([run] must name the model and [trials] the count; every other key has a default):
   [run]
@@ -74,6 +80,9 @@ pub struct CampaignArgs {
 
 pub fn run(args: CampaignArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.spec).with_context(|| format!("cannot read {}", args.spec.display()))?;
+    if sdc::about::run_string(&text, "framework").as_deref() == Some(sdc::about::PYTORCH) {
+        return replay_pytorch(&args.spec, &text, &args.replay);
+    }
     let mut spec = lab::campaign::Spec::parse(&text).with_context(|| format!("in {}", args.spec.display()))?;
     if let Some(n) = args.trials {
         spec.trials.count = n;
@@ -111,5 +120,43 @@ pub fn run(args: CampaignArgs) -> anyhow::Result<()> {
     println!("{summary}");
     println!("Tables in {} (trials.csv, steps.csv, propagation.csv, detectors.csv, ...).", out.display());
     println!("Render them with: steadfast report {}", out.display());
+    Ok(())
+}
+
+/// A PyTorch campaign: its trials replay in Python (`python -m steadfast.lab replay DIR
+/// --trials N,M`, with the interpreter of `[run] python`), since only Python can train its
+/// model; running the whole campaign is Python's too.
+fn replay_pytorch(path: &Path, text: &str, replay: &[u64]) -> anyhow::Result<()> {
+    sdc::About::parse(text).with_context(|| format!("in {}", path.display()))?;
+    if replay.is_empty() {
+        anyhow::bail!(
+            "{} is a PyTorch campaign, which runs from Python, where its model trains (`python -m steadfast.lab` \
+             or `steadfast.lab.campaign`); here only its trials replay (--replay N)",
+            path.display()
+        );
+    }
+    let python = sdc::about::run_string(text, "python").with_context(|| {
+        format!(
+            "{} names no interpreter to replay its trials with: [run] needs `python`, the Python that has \
+             the steadfast package and the campaign's model",
+            path.display()
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let trials = replay.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let status = std::process::Command::new(&python)
+        .args(["-m", "steadfast.lab", "replay"])
+        .arg(dir)
+        .args(["--trials", &trials])
+        .status()
+        .with_context(|| format!("cannot run {python}"))?;
+    anyhow::ensure!(
+        status.success(),
+        "`{python} -m steadfast.lab replay {} --trials {trials}` failed ({status})",
+        dir.display()
+    );
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! `steadfast campaign` and `steadfast report` on small campaigns over synthetic data:
 //! the tables, exact replay of single trials, independence from the thread count, what
-//! each detector must catch, repair from a healthy replica, refusal of bad specs, and the
-//! report as a browser renders it.
+//! each detector must catch, repair from a healthy replica, refusal of bad specs, a
+//! PyTorch campaign's spec (replayed through its interpreter), and the report as a
+//! browser renders it.
 
 mod common;
 
@@ -185,6 +186,53 @@ fn bad_specs_are_refused_with_the_reason() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
     assert!(!tmp.path().join("x").exists(), "nothing is written for a refused spec");
+}
+
+/// A PyTorch campaign's spec: its model trains in Python, which runs the campaign.
+const TORCH: &str = r#"
+[run]
+model = "mlp-pytorch"
+framework = "pytorch"
+[trials]
+count = 3
+inject_at = [5]
+steps_after = 4
+state = ["param"]
+"#;
+
+#[test]
+fn a_pytorch_campaign_runs_from_python_and_replays_through_its_interpreter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = spec(tmp.path(), "spec.toml", TORCH);
+    let out = steadfast(&["campaign", &s, "--out", tmp.path().join("x").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("runs from Python") && err.contains("python -m steadfast.lab"), "{err}");
+    assert!(!tmp.path().join("x").exists());
+    let out = steadfast(&["campaign", &s, "--replay", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("[run] needs `python`"), "{err}");
+
+    // An interpreter that writes down how it was called, and one that fails.
+    use std::os::unix::fs::PermissionsExt;
+    let args = tmp.path().join("args.txt");
+    for (name, body) in [("python", format!("echo \"$@\" > {}", args.display())), ("failing", "exit 3".into())] {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let with = |python: &str| {
+        TORCH.replace("[trials]", &format!("python = \"{}\"\n[trials]", tmp.path().join(python).display()))
+    };
+    let s = spec(tmp.path(), "spec.toml", &with("python"));
+    ok(steadfast(&["campaign", &s, "--replay", "2,0"]));
+    let called = std::fs::read_to_string(&args).unwrap();
+    assert_eq!(called.trim(), format!("-m steadfast.lab replay {} --trials 2,0", tmp.path().display()));
+    let s = spec(tmp.path(), "spec.toml", &with("failing"));
+    let out = steadfast(&["campaign", &s, "--replay", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("failed"));
 }
 
 #[test]

@@ -15,6 +15,9 @@ pub enum LabError {
     /// The experiment's spec cannot be run as written.
     #[error("invalid spec: {0}")]
     Spec(String),
+    /// A campaign's record does not fit its spec.
+    #[error(transparent)]
+    Record(sdc::SdcError),
     /// Writing an output failed.
     #[error("cannot write {path}: {source}")]
     Output {
@@ -37,6 +40,18 @@ pub enum LabError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// The record's errors as the lab's (a table that cannot be read is [`LabError::Input`]
+/// whoever reads it).
+impl From<sdc::SdcError> for LabError {
+    fn from(e: sdc::SdcError) -> LabError {
+        match e {
+            sdc::SdcError::Output { path, source } => LabError::Output { path, source },
+            sdc::SdcError::Input { path, reason } => LabError::Input { path, reason },
+            other => LabError::Record(other),
+        }
+    }
 }
 
 impl LabError {

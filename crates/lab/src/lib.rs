@@ -6,7 +6,8 @@
 //! - [`campaign`]: fault-injection campaigns: a golden run, then many trials, each resumed
 //!   from the golden state in memory, injected, trained on over simulated data-parallel
 //!   replicas that take the one step of [`train::step`], and judged; the detectors and
-//!   their responses; the tables ([`campaign::output`]);
+//!   their responses; their record (tables, summary, spec) is the `sdc` crate's, shared
+//!   with the Python package's campaigns ([`campaign::output`]);
 //! - [`report`]: a campaign's tables as one HTML page with plots;
 //! - [`run_report`]: a training run's progress against time, with its failures and
 //!   recoveries marked, from its `metrics.jsonl` and its job's record (`events.jsonl`);
@@ -36,6 +37,6 @@ pub mod export;
 pub mod fpna;
 pub mod report;
 pub mod run_report;
-pub mod table;
 
 pub use error::LabError;
+pub use sdc::table;

@@ -1,7 +1,8 @@
 //! A campaign's report: one self-contained HTML page with SVG plots of its tables (outcome
 //! by bit position, by kind of state, loss curves against golden, the propagation heat
-//! map) and its summary tables, rendered from the files that [`crate::campaign::output`]
-//! writes.
+//! map) and its summary tables, rendered from the files of its record (`sdc`'s, which
+//! [`crate::campaign::output`] writes for a lab campaign and the Python package's
+//! `steadfast.lab` for a PyTorch one).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -11,8 +12,8 @@ use fault::campaign::Outcome;
 use plotters::prelude::*;
 
 use crate::LabError;
+use crate::campaign::output;
 use crate::campaign::rows::{PropagationRow, SensitivityRow, Tables};
-use crate::campaign::{Spec, output};
 use crate::table;
 
 /// The colour of an outcome class in every plot.
@@ -43,13 +44,18 @@ fn distinct<T, K: PartialEq + Clone>(rows: &[T], key: impl Fn(&T) -> K) -> Vec<K
 pub fn render(dir: &Path) -> Result<String, LabError> {
     let tables = Tables::read(dir)?;
     let spec_path = dir.join("spec.toml");
-    let spec = std::fs::read_to_string(&spec_path)
+    let about = std::fs::read_to_string(&spec_path)
         .map_err(|e| e.to_string())
-        .and_then(|text| Spec::parse(&text).map_err(|e| e.to_string()))
+        .and_then(|text| sdc::About::parse(&text).map_err(|e| e.to_string()))
         .map_err(|reason| LabError::Input { path: spec_path, reason })?;
-    let title = output::headline(&spec);
+    let title = output::headline(&about);
     let compute: f64 = tables.trials.iter().map(|t| t.seconds).sum();
-    let about = format!("{} The trials took {compute:.1} s of compute.", output::faults(&spec));
+    let intro = format!("{} The trials took {compute:.1} s of compute.", output::faults(&about));
+    let replay = if about.is_pytorch() {
+        "python -m steadfast.lab replay DIR --trials N"
+    } else {
+        "steadfast campaign SPEC --replay N"
+    };
 
     let plots: Vec<(String, String)> = vec![
         ("Outcome by bit position".into(), outcome_bars(&tables.by_bit, "bit flipped (highest, if several)")?),
@@ -73,7 +79,7 @@ pub fn render(dir: &Path) -> Result<String, LabError> {
          .swatch{{width:12px;height:12px;display:inline-block;margin-right:4px;vertical-align:middle}}</style></head>\n<body>\n",
         escape(&title)
     );
-    let _ = writeln!(html, "<h1>{}</h1>\n<p>{}</p>", escape(&title), escape(&about));
+    let _ = writeln!(html, "<h1>{}</h1>\n<p>{}</p>", escape(&title), escape(&intro));
     html.push_str("<p class=\"legend\">");
     for o in Outcome::ALL {
         let c = colour(o);
@@ -96,8 +102,7 @@ pub fn render(dir: &Path) -> Result<String, LabError> {
     html.push_str(&html_table(&tables.detectors, &[])?);
     let _ = writeln!(
         html,
-        "<p>Tables: <code>{}</code> (trials.csv has one row per trial, replayable with \
-         <code>steadfast campaign SPEC --replay N</code>).</p>",
+        "<p>Tables: <code>{}</code> (trials.csv has one row per trial, replayable with <code>{replay}</code>).</p>",
         escape(&dir.display().to_string())
     );
     html.push_str("</body></html>\n");

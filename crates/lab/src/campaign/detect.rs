@@ -14,67 +14,8 @@
 //! the golden run anyway). The numeric ones are heuristics with thresholds in the spec.
 
 use fault::campaign::DetectSpec;
-use repro::words::Word;
 
-/// One detector (a [`Word`]: its word names it in tables).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Detector {
-    /// Per-tensor checksums of stored state.
-    Checksum,
-    /// Digests of the summed gradient compared across replicas.
-    Vote,
-    /// State fingerprints compared across replicas.
-    Fingerprint,
-    /// NaN or Inf in the gradient or the loss.
-    NonFinite,
-    /// The gradient norm far above its running average.
-    GradNorm,
-    /// The loss far above its running average.
-    LossSpike,
-}
-
-impl Word for Detector {
-    const KIND: &'static str = "detector";
-    const ALL: &'static [Self] = &Detector::ALL;
-    fn word(self) -> &'static str {
-        match self {
-            Detector::Checksum => "checksum",
-            Detector::Vote => "vote",
-            Detector::Fingerprint => "fingerprint",
-            Detector::NonFinite => "nonfinite",
-            Detector::GradNorm => "grad_norm",
-            Detector::LossSpike => "loss_spike",
-        }
-    }
-    fn help(self) -> &'static str {
-        match self {
-            Detector::Checksum => "per-tensor checksums of stored state",
-            Detector::Vote => "digests of the summed gradient compared across replicas",
-            Detector::Fingerprint => "state fingerprints compared across replicas",
-            Detector::NonFinite => "NaN or Inf in the gradient or the loss",
-            Detector::GradNorm => "the gradient norm far above its running average",
-            Detector::LossSpike => "the loss far above its running average",
-        }
-    }
-}
-repro::text_form!(Detector);
-
-impl Detector {
-    /// Every detector, in report order.
-    pub const ALL: [Detector; 6] = [
-        Detector::Checksum,
-        Detector::Vote,
-        Detector::Fingerprint,
-        Detector::NonFinite,
-        Detector::GradNorm,
-        Detector::LossSpike,
-    ];
-
-    /// Position in [`Detector::ALL`].
-    pub fn index(self) -> usize {
-        Detector::ALL.iter().position(|&d| d == self).expect("listed")
-    }
-}
+pub use sdc::Detector;
 
 /// A detector that fired, and the replicas it blames (empty: it cannot tell).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -27,9 +27,10 @@
 mod detect;
 mod group;
 pub mod output;
-pub mod rows;
 mod spec;
 
+pub use sdc::rows;
+pub use sdc::{GoldenRecord, TrialResult};
 pub use spec::{RunSpec, Spec};
 
 use std::collections::BTreeMap;
@@ -37,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use comm::ReduceMode;
 use fault::campaign::{Evidence, Outcome, Response, Trial};
-use fault::live::{LiveFlip, StateKind};
+use fault::live::StateKind;
 use rayon::prelude::*;
 
 use detect::Monitors;
@@ -57,24 +58,13 @@ pub struct Campaign {
     prepared: Prepared,
 }
 
-/// The fault-free reference of one reduction strategy.
+/// The fault-free reference of one reduction strategy: its record (what the tables need)
+/// and the states that trials resume from.
 pub struct Golden {
-    /// The strategy.
-    pub reduce: ReduceMode,
-    /// Training loss of every step from 0.
-    pub losses: Vec<f32>,
-    /// Gradient norm of every step from 0.
-    pub grad_norms: Vec<f64>,
-    /// The detectors that fired at each step (false positives).
-    pub alarms: Vec<Vec<Detector>>,
-    /// Held-out (loss, accuracy) at each step where a trial ends.
-    pub evals: BTreeMap<u64, (f64, f64)>,
-    /// Names of the state tensors, parameters then slots, with their element counts.
-    pub tensors: Vec<(String, usize)>,
+    /// Losses, gradient norms, false alarms, held-out quality, tensors, time.
+    pub record: GoldenRecord,
     first: u64,
     states: Vec<(Replica, Monitors)>,
-    /// Wall-clock time of the golden run.
-    pub time: Duration,
 }
 
 impl Golden {
@@ -87,41 +77,6 @@ impl Golden {
     pub fn fingerprint(&self) -> u64 {
         self.states.last().expect("the golden run keeps its final state").0.state.fingerprint()
     }
-}
-
-/// What happened in one trial under one strategy.
-#[derive(Clone, Debug)]
-pub struct TrialResult {
-    /// The fault.
-    pub trial: Trial,
-    /// The strategy.
-    pub reduce: ReduceMode,
-    /// The class.
-    pub outcome: Outcome,
-    /// What the classification saw.
-    pub evidence: Evidence,
-    /// The bits that were flipped, with the replica.
-    pub flips: Vec<(usize, LiveFlip)>,
-    /// The first step at which each detector fired ([`Detector::ALL`] order).
-    pub first_alarm: [Option<u64>; 6],
-    /// Training loss of each step from the injection step on.
-    pub losses: Vec<f32>,
-    /// Per step, per replica: elements that differ from golden after the step.
-    pub replica_differing: Vec<Vec<u64>>,
-    /// Per step, per tensor: elements that differ from golden in the worst replica.
-    pub tensor_differing: Vec<Vec<u64>>,
-    /// Final held-out (loss, accuracy), the worst over the replicas.
-    pub quality: Option<(f64, f64)>,
-    /// The step after which the trial's state was golden's again.
-    pub rejoined: Option<u64>,
-    /// Steps rolled back and redone.
-    pub rollbacks: u32,
-    /// Replicas repaired by copying from a healthy one.
-    pub repairs: u32,
-    /// Why the trial crashed.
-    pub error: Option<String>,
-    /// Wall-clock time.
-    pub time: Duration,
 }
 
 impl Campaign {
@@ -206,35 +161,34 @@ impl Campaign {
         let first = self.spec.trials.inject_at.iter().min().copied().unwrap_or(0);
         let last = self.spec.last_step();
         let ends: Vec<u64> = self.spec.trials.inject_at.iter().map(|s| s + self.spec.trials.steps_after).collect();
-        let mut golden = Golden {
+        let mut record = GoldenRecord {
             reduce,
             losses: Vec::new(),
             grad_norms: Vec::new(),
             alarms: Vec::new(),
             evals: BTreeMap::new(),
             tensors,
-            first,
-            states: Vec::new(),
             time: Duration::ZERO,
         };
+        let mut states = Vec::new();
         for step in 0..last {
             if step >= first {
-                golden.states.push((group.replicas[0].clone(), group.monitors.clone()));
+                states.push((group.replicas[0].clone(), group.monitors.clone()));
             }
             let report = group.step(&env, &mut engine, &mut bufs, &mut no_faults)?;
             if !report.loss.is_finite() {
                 return Err(train::TrainError::Diverged { step, loss: report.loss }.into());
             }
-            golden.losses.push(report.loss);
-            golden.grad_norms.push(report.grad_norm);
-            golden.alarms.push(report.alarms.iter().map(|a| a.detector).collect());
+            record.losses.push(report.loss);
+            record.grad_norms.push(report.grad_norm);
+            record.alarms.push(report.alarms.iter().map(|a| a.detector).collect());
             if ends.contains(&(step + 1)) {
-                golden.evals.insert(step + 1, self.quality(&mut engine, &group.replicas[0].state));
+                record.evals.insert(step + 1, self.quality(&mut engine, &group.replicas[0].state));
             }
         }
-        golden.states.push((group.replicas[0].clone(), group.monitors.clone()));
-        golden.time = started.elapsed();
-        Ok(golden)
+        states.push((group.replicas[0].clone(), group.monitors.clone()));
+        record.time = started.elapsed();
+        Ok(Golden { record, first, states })
     }
 
     /// Runs trial `trial` under `golden`'s strategy. Never fails: an error or a panic
@@ -243,7 +197,7 @@ impl Campaign {
         let started = Instant::now();
         let mut result = TrialResult {
             trial: trial.clone(),
-            reduce: golden.reduce,
+            reduce: golden.record.reduce,
             outcome: Outcome::Crashed,
             evidence: Evidence::default(),
             flips: Vec::new(),
@@ -285,7 +239,7 @@ impl Campaign {
     fn trial_inner(&self, golden: &Golden, trial: &Trial, out: &mut TrialResult) -> Result<(), LabError> {
         let response = self.spec.detect.response;
         let env = self.env(response);
-        let (_, mut engine) = self.start(golden.reduce);
+        let (_, mut engine) = self.start(golden.record.reduce);
         let (start, monitors) = golden.state(trial.fault.step);
         let mut group = Group { replicas: vec![start.clone(); self.spec.run.replicas], monitors: monitors.clone() };
         let mut bufs = Buffers::new(&engine, group.world());
@@ -315,7 +269,7 @@ impl Campaign {
                     continue;
                 }
             }
-            let golden_loss = golden.losses[step as usize];
+            let golden_loss = golden.record.losses[step as usize];
             out.losses.push(report.loss);
             let (replicas, tensors) = differing(&group, &golden.state(step + 1).0);
             let rejoined =
@@ -330,9 +284,9 @@ impl Campaign {
             if rejoined && step < end {
                 out.rejoined = Some(step);
                 for s in step..end {
-                    out.losses.push(golden.losses[s as usize]);
+                    out.losses.push(golden.record.losses[s as usize]);
                     out.replica_differing.push(vec![0; self.spec.run.replicas]);
-                    out.tensor_differing.push(vec![0; golden.tensors.len()]);
+                    out.tensor_differing.push(vec![0; golden.record.tensors.len()]);
                 }
                 step = end;
             }
@@ -342,7 +296,7 @@ impl Campaign {
         out.evidence.bitwise_golden =
             finished && out.replica_differing.last().is_some_and(|r| r.iter().all(|&d| d == 0));
         if finished {
-            let (g_loss, g_acc) = golden.evals[&end];
+            let (g_loss, g_acc) = golden.record.evals[&end];
             let quality = if out.evidence.bitwise_golden {
                 (g_loss, g_acc)
             } else {

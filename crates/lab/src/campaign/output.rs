@@ -1,23 +1,17 @@
-//! A campaign's results as files: the CSV tables of [`super::rows`], the spec it ran,
-//! and a Markdown summary for people.
-//!
-//! | file | holds |
-//! |------|-------|
-//! | `*.csv` | the tables, one row type each ([`Tables`]) |
-//! | `spec.toml` | the spec, with every default written out |
-//! | `summary.md` | the same tables, condensed |
+//! A lab campaign's results as files: the record of the `sdc` crate ([`sdc::output`]: the
+//! CSV tables, `summary.md`, `spec.toml`), written from a [`Campaign`] and its golden runs.
+//! The texts (a campaign's headline, a trial in a few lines) are the record's too, so that
+//! a PyTorch campaign's read the same.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
-use fault::campaign::Outcome;
+pub use sdc::output::{faults, headline, trial};
 
-use super::rows::{SensitivityRow, Tables, sensitivity_rows};
-use super::{Campaign, Detector, Golden, Spec, TrialResult};
+use super::{Campaign, Golden, TrialResult};
 use crate::LabError;
 
-/// Writes every table of a finished campaign, its spec and its summary into `dir`;
-/// returns the Markdown summary.
+/// Writes every table of a finished campaign, its spec (with every default written out)
+/// and its summary into `dir`; returns the Markdown summary.
 pub fn write(
     dir: &Path,
     campaign: &Campaign,
@@ -25,157 +19,7 @@ pub fn write(
     results: &[TrialResult],
     elapsed: std::time::Duration,
 ) -> Result<String, LabError> {
-    std::fs::create_dir_all(dir).map_err(LabError::output(dir))?;
-    let tables = Tables::of(campaign, goldens, results);
-    tables.write(dir)?;
-    let golden_time: f64 = goldens.iter().map(|g| g.time.as_secs_f64()).sum();
-    let summary = summary_md(&campaign.spec, &tables, elapsed.as_secs_f64(), golden_time);
-    let path = dir.join("summary.md");
-    std::fs::write(&path, &summary).map_err(LabError::output(&path))?;
     let spec = toml::to_string(&campaign.spec).map_err(|e| LabError::Spec(format!("cannot write the spec: {e}")))?;
-    let path = dir.join("spec.toml");
-    std::fs::write(&path, spec).map_err(LabError::output(&path))?;
-    Ok(summary)
-}
-
-/// The campaign's title: what was trained, on how many replicas, how many trials.
-pub fn headline(spec: &Spec) -> String {
-    format!(
-        "Campaign: {} on {}, {} replica(s), {} trial(s) x {} strategy(ies)",
-        spec.run.model,
-        spec.run.data,
-        spec.run.replicas,
-        spec.trials.count,
-        spec.run.reduce.len()
-    )
-}
-
-/// What the trials inject, where, and what an alarm does.
-pub fn faults(spec: &Spec) -> String {
-    format!(
-        "Faults: {} flip(s) of `{}` bits, burst {}, in {:?}, injected at steps {:?}, then {} steps; \
-         response to alarms: {:?}.",
-        spec.trials.flips,
-        spec.trials.bits,
-        spec.trials.burst,
-        spec.trials.state.iter().map(|k| k.name()).collect::<Vec<_>>(),
-        spec.trials.inject_at,
-        spec.trials.steps_after,
-        spec.detect.response,
-    )
-}
-
-/// Trials grouped by the class of the highest bit flipped (`none`: nothing flipped).
-fn by_bit_class(tables: &Tables) -> Vec<SensitivityRow> {
-    sensitivity_rows(&tables.trials, |t| {
-        Some(t.top_bit().map_or("none", |b| fault::BitClass::of_f32_bit(b).name()).to_owned())
-    })
-}
-
-fn outcome_table(s: &mut String, key: &str, rows: &[SensitivityRow]) {
-    let _ = write!(s, "| strategy | {key} | trials |");
-    for o in Outcome::ALL {
-        let _ = write!(s, " {} |", o.name());
-    }
-    let _ = write!(s, "\n|---|---|---:|");
-    for _ in Outcome::ALL {
-        s.push_str("---:|");
-    }
-    s.push('\n');
-    for r in rows {
-        let _ = write!(s, "| {} | {} | {} |", r.reduce, r.key, r.trials);
-        for o in Outcome::ALL {
-            match r.count(o) {
-                0 => s.push_str(" 0 |"),
-                c => {
-                    let _ = write!(s, " {c} ({:.0}%) |", 100.0 * c as f64 / r.trials as f64);
-                }
-            }
-        }
-        s.push('\n');
-    }
-    s.push('\n');
-}
-
-fn summary_md(spec: &Spec, tables: &Tables, elapsed: f64, golden_time: f64) -> String {
-    let mut s = String::new();
-    let _ = writeln!(s, "# {}\n", headline(spec));
-    let _ = writeln!(s, "{} Wall-clock {elapsed:.1} s ({golden_time:.1} s for the golden runs).\n", faults(spec));
-    s.push_str("## Outcomes by kind of state\n\n");
-    outcome_table(&mut s, "state", &tables.by_state);
-    s.push_str("## Outcomes by bit class\n\n");
-    outcome_table(&mut s, "bits", &by_bit_class(tables));
-    s.push_str("## Detectors\n\n");
-    if spec.detect.response != fault::campaign::Response::Observe {
-        s.push_str(
-            "Detection rates are meaningful with `response = \"observe\"`: here an alarm acts at once, so a \
-             caught fault leaves no difference from golden to count as affected.\n\n",
-        );
-    }
-    s.push_str(
-        "| strategy | detector | caught / affected | caught / harmful | mean latency (steps) | false alarms / golden steps |\n\
-         |---|---|---:|---:|---:|---:|\n",
-    );
-    for d in &tables.detectors {
-        let mean = d.mean_latency_steps.map_or("-".to_owned(), |m| format!("{m:.2}"));
-        let _ = writeln!(
-            s,
-            "| {} | {} | {}/{} | {}/{} | {mean} | {}/{} |",
-            d.reduce,
-            d.detector,
-            d.detected,
-            d.affected_trials,
-            d.harmful_detected,
-            d.harmful_trials,
-            d.false_alarms,
-            d.golden_steps
-        );
-    }
-    s
-}
-
-/// One trial in a few lines (what `steadfast campaign --replay` prints): its fault, the
-/// flips, which detectors fired when, and how it ended.
-pub fn trial(r: &TrialResult) -> String {
-    let mut out = String::new();
-    let t = &r.trial;
-    let _ = writeln!(
-        out,
-        "trial {} [{}]: {} of rank {} at step {} (flip seed {}) -> {}",
-        t.index,
-        r.reduce,
-        t.fault.state.name(),
-        t.fault.rank,
-        t.fault.step,
-        t.fault.flips.seed,
-        r.outcome.name()
-    );
-    for (rank, f) in &r.flips {
-        let _ = writeln!(
-            out,
-            "  flipped {}[{}] bits {:?} on rank {rank}: {} -> {}",
-            f.tensor, f.element, f.bits, f.old, f.new
-        );
-    }
-    for d in Detector::ALL {
-        if let Some(step) = r.first_alarm[d.index()] {
-            let _ = writeln!(out, "  {} fired at step {step} ({} after the fault)", d, step - t.fault.step);
-        }
-    }
-    if let Some((loss, acc)) = r.quality {
-        let _ = writeln!(
-            out,
-            "  final test loss {loss:.6}, accuracy {acc:.4}; bitwise golden: {}",
-            r.evidence.bitwise_golden
-        );
-    }
-    if let Some(s) = r.rejoined {
-        let _ = writeln!(out, "  state equal to golden again after step {s}");
-    }
-    let most = r.replica_differing.iter().flatten().max().copied().unwrap_or(0);
-    let _ = writeln!(out, "  at most {most} elements differed from golden in one replica");
-    if let Some(e) = &r.error {
-        let _ = writeln!(out, "  error: {e}");
-    }
-    out
+    let records: Vec<sdc::GoldenRecord> = goldens.iter().map(|g| g.record.clone()).collect();
+    Ok(sdc::output::write(dir, &campaign.spec.about(), &spec, &records, results, elapsed)?)
 }

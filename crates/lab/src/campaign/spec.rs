@@ -24,6 +24,7 @@ use std::path::PathBuf;
 
 use comm::ReduceMode;
 use fault::campaign::{BadSpec, DetectSpec, Thresholds, Trial, TrialSpec};
+use sdc::About;
 use serde::{Deserialize, Serialize};
 use train::data::DataKind;
 use train::model::ModelKind;
@@ -157,6 +158,20 @@ impl Spec {
     pub fn trial(&self, index: u64) -> Trial {
         self.trials.trial(index, self.run.replicas)
     }
+
+    /// What the campaign's record says of it (its model and data by name).
+    pub fn about(&self) -> About {
+        About {
+            model: self.run.model.to_string(),
+            data: self.run.data.to_string(),
+            replicas: self.run.replicas,
+            reduce: self.run.reduce.clone(),
+            framework: None,
+            trials: self.trials.clone(),
+            detect: self.detect.clone(),
+            classify: self.classify.clone(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -217,6 +232,13 @@ mod tests {
         let err = Spec::parse("[run]\nmodel = \"cnn\"\n[trials]\nseed = 3").unwrap_err().to_string();
         assert!(err.contains("[trials] needs `count`"), "{err}");
         assert!(Spec::parse("[run]\nmodel = \"cnn\"\n[trials]\ncount = 3").is_ok());
+    }
+
+    #[test]
+    fn the_record_reads_a_written_spec_as_the_lab_describes_it() {
+        let s = spec("state = [\"grad\"]").unwrap();
+        assert_eq!(About::parse(&toml::to_string(&s).unwrap()).unwrap(), s.about());
+        assert_eq!((s.about().model.as_str(), s.about().data.as_str()), ("mlp", "synthetic"));
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Tables as CSV files of typed rows.
 //!
-//! Every table the lab writes has one row type, a serde struct whose fields are its
-//! columns in order. The writer and every reader (`steadfast report`, the tests, a
-//! notebook) go through that struct, so the schema is written down once: a column that
-//! is renamed, dropped or given another type fails to read with the file, line and
+//! Every table a campaign (or the FPNA lab) writes has one row type, a serde struct whose
+//! fields are its columns in order. The writer and every reader (`steadfast report`, the
+//! tests, a notebook) go through that struct, so the schema is written down once: a column
+//! that is renamed, dropped or given another type fails to read with the file, line and
 //! field named, never as a silently misread number.
 //!
 //! An empty field is `None` for an `Option` column. A column holding a list (the bits a
@@ -16,34 +16,34 @@ use std::str::FromStr;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::LabError;
+use crate::SdcError;
 
 /// Writes `rows` to `path` as CSV with a header row. (A table without rows is an empty
 /// file: the header comes from the first row.)
-pub fn write<T: Serialize>(path: &Path, rows: &[T]) -> Result<(), LabError> {
+pub fn write<T: Serialize>(path: &Path, rows: &[T]) -> Result<(), SdcError> {
     let mut w = csv::Writer::from_writer(Vec::new());
     for r in rows {
-        w.serialize(r).map_err(|e| LabError::Output { path: path.to_owned(), source: std::io::Error::other(e) })?;
+        w.serialize(r).map_err(|e| SdcError::Output { path: path.to_owned(), source: std::io::Error::other(e) })?;
     }
-    let bytes = w.into_inner().map_err(|e| LabError::Output { path: path.to_owned(), source: e.into_error() })?;
-    std::fs::write(path, bytes).map_err(LabError::output(path))
+    let bytes = w.into_inner().map_err(|e| SdcError::Output { path: path.to_owned(), source: e.into_error() })?;
+    std::fs::write(path, bytes).map_err(SdcError::output(path))
 }
 
 /// Reads every row of the table at `path`.
-pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, LabError> {
+pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, SdcError> {
     let mut r = csv::Reader::from_path(path).map_err(|e| input_error(path, e))?;
     r.deserialize().collect::<Result<Vec<T>, _>>().map_err(|e| input_error(path, e))
 }
 
 /// The header and the fields of `rows` as the file holds them: for showing a table
 /// whatever its type.
-pub fn cells<T: Serialize>(rows: &[T]) -> Result<(Vec<String>, Vec<Vec<String>>), LabError> {
+pub fn cells<T: Serialize>(rows: &[T]) -> Result<(Vec<String>, Vec<Vec<String>>), SdcError> {
     let here = Path::new("(in memory)");
     let mut w = csv::Writer::from_writer(Vec::new());
     for r in rows {
         w.serialize(r).map_err(|e| input_error(here, e))?;
     }
-    let bytes = w.into_inner().map_err(|e| LabError::Output { path: here.to_owned(), source: e.into_error() })?;
+    let bytes = w.into_inner().map_err(|e| SdcError::Output { path: here.to_owned(), source: e.into_error() })?;
     let mut reader = csv::Reader::from_reader(bytes.as_slice());
     let header = reader.headers().map_err(|e| input_error(here, e))?.iter().map(str::to_owned).collect();
     let rows = reader
@@ -54,8 +54,8 @@ pub fn cells<T: Serialize>(rows: &[T]) -> Result<(Vec<String>, Vec<Vec<String>>)
     Ok((header, rows))
 }
 
-fn input_error(path: &Path, e: csv::Error) -> LabError {
-    LabError::Input { path: path.to_owned(), reason: e.to_string() }
+fn input_error(path: &Path, e: csv::Error) -> SdcError {
+    SdcError::Input { path: path.to_owned(), reason: e.to_string() }
 }
 
 /// A list in one field: its items joined by `;` (an empty field is an empty list).

@@ -1,5 +1,5 @@
 //! The rows of a campaign's tables: one struct per CSV file, computed here from the
-//! trials' results, written by [`super::output`] and read back by [`crate::report`] (and
+//! trials' results, written by [`crate::output`] and read back by `steadfast report` (and
 //! by anyone with [`crate::table::read`]).
 //!
 //! | file | row | one row per |
@@ -19,9 +19,8 @@ use fault::campaign::{Outcome, Thresholds};
 use fault::live::StateKind;
 use serde::{Deserialize, Serialize};
 
-use super::{Campaign, Detector, Golden, TrialResult};
-use crate::LabError;
 use crate::table::{self, List};
+use crate::{About, Detector, GoldenRecord, SdcError, TrialResult};
 
 /// `trials.csv`: one trial under one strategy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -288,8 +287,9 @@ pub struct Tables {
 }
 
 impl Tables {
-    /// The tables of a finished campaign.
-    pub fn of(campaign: &Campaign, goldens: &[Golden], results: &[TrialResult]) -> Tables {
+    /// The tables of a finished campaign, whose record fits its spec ([`crate::check`];
+    /// this panics on golden runs shorter than the trials).
+    pub fn of(about: &About, goldens: &[GoldenRecord], results: &[TrialResult]) -> Tables {
         let trials: Vec<TrialRow> = results.iter().map(TrialRow::of).collect();
         Tables {
             steps: step_rows(goldens, results),
@@ -298,7 +298,7 @@ impl Tables {
             by_bit: sensitivity_rows(&trials, |r| r.top_bit().map(|b| b.to_string())),
             by_state: sensitivity_rows(&trials, |r| Some(r.state.to_string())),
             by_tensor: sensitivity_rows(&trials, |r| (!r.tensor.is_empty()).then(|| r.tensor.clone())),
-            detectors: detector_rows(campaign, goldens, results),
+            detectors: detector_rows(about, goldens, results),
             trials,
         }
     }
@@ -316,7 +316,7 @@ impl Tables {
     ];
 
     /// Writes every table into `dir`.
-    pub fn write(&self, dir: &Path) -> Result<(), LabError> {
+    pub fn write(&self, dir: &Path) -> Result<(), SdcError> {
         let [trials, steps, golden, propagation, bit, state, tensor, detectors] = Self::FILES.map(|f| dir.join(f));
         table::write(&trials, &self.trials)?;
         table::write(&steps, &self.steps)?;
@@ -329,11 +329,14 @@ impl Tables {
     }
 
     /// Reads every table from `dir`, as [`Tables::write`] left them.
-    pub fn read(dir: &Path) -> Result<Tables, LabError> {
+    pub fn read(dir: &Path) -> Result<Tables, SdcError> {
         if !dir.join(Self::FILES[0]).is_file() {
-            return Err(LabError::Input {
+            return Err(SdcError::Input {
                 path: dir.join(Self::FILES[0]),
-                reason: format!("no such file: is {} the output of `steadfast campaign`?", dir.display()),
+                reason: format!(
+                    "no such file: is {} the output of `steadfast campaign` (or of `steadfast.lab`)?",
+                    dir.display()
+                ),
             });
         }
         let [trials, steps, golden, propagation, bit, state, tensor, detectors] = Self::FILES.map(|f| dir.join(f));
@@ -350,11 +353,11 @@ impl Tables {
     }
 }
 
-fn golden_of(goldens: &[Golden], reduce: ReduceMode) -> &Golden {
+fn golden_of(goldens: &[GoldenRecord], reduce: ReduceMode) -> &GoldenRecord {
     goldens.iter().find(|g| g.reduce == reduce).expect("a golden run per strategy")
 }
 
-fn step_rows(goldens: &[Golden], results: &[TrialResult]) -> Vec<StepRow> {
+fn step_rows(goldens: &[GoldenRecord], results: &[TrialResult]) -> Vec<StepRow> {
     let mut rows = Vec::new();
     for r in results {
         let golden = golden_of(goldens, r.reduce);
@@ -373,7 +376,7 @@ fn step_rows(goldens: &[Golden], results: &[TrialResult]) -> Vec<StepRow> {
     rows
 }
 
-fn golden_rows(goldens: &[Golden]) -> Vec<GoldenRow> {
+fn golden_rows(goldens: &[GoldenRecord]) -> Vec<GoldenRow> {
     let mut rows = Vec::new();
     for g in goldens {
         for (i, (&loss, &grad_norm)) in g.losses.iter().zip(&g.grad_norms).enumerate() {
@@ -391,7 +394,7 @@ fn golden_rows(goldens: &[Golden]) -> Vec<GoldenRow> {
 
 /// Mean fraction of each tensor's elements that differ from golden, by kind of state hit
 /// and steps since the fault, over the trials still running.
-fn propagation_rows(goldens: &[Golden], results: &[TrialResult]) -> Vec<PropagationRow> {
+fn propagation_rows(goldens: &[GoldenRecord], results: &[TrialResult]) -> Vec<PropagationRow> {
     let mut sums: BTreeMap<(ReduceMode, StateKind, usize, u64), (f64, u64)> = BTreeMap::new();
     for r in results {
         let golden = golden_of(goldens, r.reduce);
@@ -417,7 +420,7 @@ fn propagation_rows(goldens: &[Golden], results: &[TrialResult]) -> Vec<Propagat
 
 /// The trials grouped by strategy and by a key (those without one are left out); numeric
 /// keys in numeric order, words in alphabetical order.
-pub(super) fn sensitivity_rows(
+pub(crate) fn sensitivity_rows(
     trials: &[TrialRow],
     key_of: impl Fn(&TrialRow) -> Option<String>,
 ) -> Vec<SensitivityRow> {
@@ -467,27 +470,27 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
     (b > 0).then(|| a as f64 / b as f64)
 }
 
-fn detector_rows(campaign: &Campaign, goldens: &[Golden], results: &[TrialResult]) -> Vec<DetectorRow> {
-    let window = window(campaign);
+fn detector_rows(about: &About, goldens: &[GoldenRecord], results: &[TrialResult]) -> Vec<DetectorRow> {
+    let window = window(about);
     let mut rows = Vec::new();
     for g in goldens {
         let mine: Vec<&TrialResult> = results.iter().filter(|r| r.reduce == g.reduce).collect();
         for d in Detector::ALL {
-            rows.push(detector_row(d, g, &mine, window, &campaign.spec.classify));
+            rows.push(detector_row(d, g, &mine, window, &about.classify));
         }
     }
     rows
 }
 
 /// The golden steps over which false positives are counted: those trials can reach.
-fn window(campaign: &Campaign) -> u64 {
-    let first = campaign.spec.trials.inject_at.iter().min().copied().unwrap_or(0);
-    campaign.spec.last_step() - first
+fn window(about: &About) -> u64 {
+    let first = about.trials.inject_at.iter().min().copied().unwrap_or(0);
+    about.trials.last_step() - first
 }
 
 fn detector_row(
     d: Detector,
-    golden: &Golden,
+    golden: &GoldenRecord,
     results: &[&TrialResult],
     window: u64,
     thresholds: &Thresholds,
@@ -533,5 +536,124 @@ fn detector_row(
         false_alarms,
         false_positive_rate: ratio(false_alarms, window),
         alarms_on_unaffected: on_harmless,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fault::campaign::Evidence;
+    use fault::live::LiveFlip;
+
+    use super::*;
+    use crate::check;
+
+    fn about() -> About {
+        About::parse(
+            "[run]\nmodel = \"m\"\nframework = \"pytorch\"\nreplicas = 2\n[trials]\ncount = 3\ninject_at = [2]\n\
+             steps_after = 2\nstate = [\"param\"]",
+        )
+        .unwrap()
+    }
+
+    fn golden() -> GoldenRecord {
+        let mut alarms = vec![Vec::new(); 4];
+        // A false alarm before the trials' window is not counted; one inside it is.
+        alarms[0].push(Detector::GradNorm);
+        alarms[3].push(Detector::LossSpike);
+        GoldenRecord {
+            reduce: ReduceMode::Deterministic,
+            losses: vec![2.0, 1.5, 1.25, 1.0],
+            grad_norms: vec![1.0; 4],
+            alarms,
+            evals: BTreeMap::from([(4, (1.0, 0.5))]),
+            tensors: vec![("model.a".into(), 10), ("model.b".into(), 20)],
+            time: Duration::ZERO,
+        }
+    }
+
+    /// Trial `index`, which flipped `bit` of `tensor`, ended as `outcome`.
+    fn result(index: u64, tensor: &str, bit: u32, outcome: Outcome, differing: Vec<Vec<u64>>) -> TrialResult {
+        let flip = LiveFlip { tensor: tensor.into(), element: 1, bits: vec![bit], old: 1.0, new: -1.0 };
+        let per_tensor = differing.iter().map(|d| vec![d.iter().sum(), 0]).collect();
+        TrialResult {
+            trial: about().trial(index),
+            reduce: ReduceMode::Deterministic,
+            outcome,
+            evidence: Evidence::default(),
+            flips: vec![(0, flip)],
+            first_alarm: [None; 6],
+            losses: vec![1.25; differing.len()],
+            replica_differing: differing,
+            tensor_differing: per_tensor,
+            quality: Some((1.0, 0.5)),
+            rejoined: None,
+            rollbacks: 0,
+            repairs: 0,
+            error: None,
+            time: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn the_tables_count_outcomes_by_key_and_what_each_detector_caught() {
+        let mut masked = result(0, "model.a", 30, Outcome::Masked, vec![vec![0, 0], vec![0, 0]]);
+        masked.evidence.bitwise_golden = true;
+        masked.first_alarm[Detector::Checksum.index()] = Some(2);
+        let mut degraded = result(1, "model.b", 30, Outcome::Degraded, vec![vec![0, 4], vec![3, 9]]);
+        degraded.evidence.accuracy_drop = 0.1;
+        degraded.first_alarm[Detector::Checksum.index()] = Some(2);
+        degraded.first_alarm[Detector::LossSpike.index()] = Some(3);
+        let mut diverged = result(2, "model.a", 5, Outcome::Diverged, vec![vec![1, 1]]);
+        diverged.evidence.diverged = true;
+        let results = [masked, degraded, diverged];
+        check(&about(), &[golden()], &results).unwrap();
+        let t = Tables::of(&about(), &[golden()], &results);
+
+        let counts = |rows: &[SensitivityRow]| -> Vec<(String, u64, u64, u64, u64)> {
+            rows.iter().map(|r| (r.key.clone(), r.trials, r.masked, r.degraded, r.diverged)).collect()
+        };
+        let row = |k: &str, n, m, dg, dv| (k.to_owned(), n, m, dg, dv);
+        assert_eq!(counts(&t.by_bit), [row("5", 1, 0, 0, 1), row("30", 2, 1, 1, 0)], "bits in numeric order");
+        assert_eq!(counts(&t.by_state), [row("param", 3, 1, 1, 1)]);
+        assert_eq!(counts(&t.by_tensor), [row("model.a", 2, 1, 0, 1), row("model.b", 1, 0, 1, 0)]);
+
+        assert_eq!(t.detectors.iter().map(|d| d.detector).collect::<Vec<_>>(), Detector::ALL);
+        let of = |d: Detector| &t.detectors[d.index()];
+        let checksum = of(Detector::Checksum);
+        assert_eq!((checksum.affected_trials, checksum.detected, checksum.detection_rate), (2, 1, Some(0.5)));
+        assert_eq!((checksum.harmful_trials, checksum.harmful_detected), (2, 1));
+        assert_eq!((checksum.mean_latency_steps, checksum.max_latency_steps), (Some(0.0), Some(0)));
+        assert_eq!(checksum.alarms_on_unaffected, 1, "the alarm of the masked trial that changed nothing");
+        let spike = of(Detector::LossSpike);
+        assert_eq!((spike.detected, spike.mean_latency_steps), (1, Some(1.0)));
+        assert_eq!((spike.golden_steps, spike.false_alarms, spike.false_positive_rate), (2, 1, Some(0.5)));
+        let norm = of(Detector::GradNorm);
+        assert_eq!((norm.detected, norm.false_alarms, norm.detection_rate), (0, 0, Some(0.0)));
+
+        assert_eq!(t.trials.len(), 3);
+        assert_eq!((t.trials[1].max_differing, t.trials[1].top_bit()), (9, Some(30)));
+        assert_eq!(t.steps.len(), 5, "one row per step each trial trained");
+        assert_eq!((t.steps[0].step, t.steps[0].golden_loss), (3, 1.25));
+        assert_eq!(t.golden.len(), 4);
+        let first = t.propagation.iter().find(|p| p.tensor == "model.a" && p.since == 1).unwrap();
+        assert_eq!((first.trials, first.mean_fraction), (3, (0.0 + 0.4 + 0.2) / 3.0));
+    }
+
+    #[test]
+    fn a_record_that_does_not_fit_its_spec_is_refused_with_the_field() {
+        let mut short = golden();
+        short.losses.pop();
+        let err = check(&about(), &[short], &[]).unwrap_err().to_string();
+        assert!(err.contains("goldens[0].losses"), "{err}");
+        let mut other = result(0, "model.a", 3, Outcome::Masked, vec![vec![0, 0]]);
+        other.reduce = ReduceMode::Reproducible;
+        let err = check(&about(), &[golden()], &[other]).unwrap_err().to_string();
+        assert!(err.contains("results[0].reduce: no golden run of reproducible"), "{err}");
+        let mut long = result(0, "model.a", 3, Outcome::Masked, vec![vec![0, 0]; 3]);
+        long.tensor_differing[0].push(0);
+        let err = check(&about(), &[golden()], &[long]).unwrap_err().to_string();
+        assert!(err.contains("results[0].losses"), "{err}");
     }
 }
