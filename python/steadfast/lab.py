@@ -64,7 +64,9 @@ final bits are golden's).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
+import fcntl
 import dataclasses
 import hashlib
 import importlib.util
@@ -607,8 +609,8 @@ def _check_worker(_):
     return os.getpid()
 
 
-def _run_worker(index):
-    return _WORKER.trial(index)
+def _run_worker(indices):
+    return [_WORKER.trial(i) for i in indices]
 
 
 def _finite(x):
@@ -648,13 +650,13 @@ def _workers(n):
     return n
 
 
-def campaign(job: Callable[[], Job], out: Union[str, "os.PathLike[str]"], *, trials: int,
+def campaign(job: Union[Callable[[], Job], str], out: Union[str, "os.PathLike[str]"], *, trials: int,
              inject_at: Sequence[int], steps_after: int, state: Iterable[str] = ("param", "optim"),
              where: str = "live", target: Optional[str] = None, bits: Union[str, int] = "any", flips: int = 1,
              burst: int = 1, seed: int = 1, detect: Optional[dict] = None, classify: Optional[dict] = None,
              workers: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None) -> str:
     """Runs a campaign of ``trials`` trials of ``job`` (a module-level function returning a
-    :class:`Job`) and writes its tables, spec, summary, golden trajectory and flip logs
+    :class:`Job`, or ``"file.py:function"`` naming one) and writes its tables, spec, summary, golden trajectory and flip logs
     into ``out``; returns the summary (Markdown).
 
     The knobs are ``steadfast campaign``'s ``[trials]`` (``inject_at``, ``steps_after``,
@@ -671,11 +673,15 @@ def campaign(job: Callable[[], Job], out: Union[str, "os.PathLike[str]"], *, tri
     if where == "checkpoint" and any(k not in ("param", "optim") for k in state):
         raise ValueError("a checkpoint holds parameters and optimizer state: with where='checkpoint', state may "
                          f"name only param and optim (got {state})")
-    ref = _job_ref(job)
+    if isinstance(job, (str, os.PathLike)):
+        path, sep, name = os.fspath(job).rpartition(":")
+        if not sep or not path:
+            raise ValueError(f"job {job!r}: give a function, or 'file.py:function'")
+        ref = f"{os.path.abspath(path)}:{name}"
+    else:
+        ref = _job_ref(job)
     workers = _workers(workers)
-    the_job = job()
-    if not isinstance(the_job, Job):
-        raise LabError(f"{ref} returned {type(the_job).__name__}, not a steadfast.lab.Job")
+    the_job = _load_job(ref)
     run = {"model": the_job.name, "framework": "pytorch", "data": the_job.data, "replicas": 1,
            "reduce": ["deterministic"], "where": where, "job": ref, "python": sys.executable,
            "torch": torch.__version__}
@@ -694,6 +700,19 @@ def campaign(job: Callable[[], Job], out: Union[str, "os.PathLike[str]"], *, tri
 
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / ".campaign.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise LabError(f"another campaign is running in {out}") from None
+    try:
+        return _campaign(ref, the_job, spec, text, out, trials, workers, progress)
+    finally:
+        lock.close()
+
+
+def _campaign(ref, the_job, spec, text, out, trials, workers, progress):
     if (out / "trials.csv").exists():
         raise LabError(f"{out} already holds a campaign's tables: give another directory, or remove it first")
     started = time.perf_counter()
@@ -722,12 +741,21 @@ def campaign(job: Callable[[], Job], out: Union[str, "os.PathLike[str]"], *, tri
         if progress is not None:
             progress(len(results), trials)
 
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(workers, initializer=_start_worker, initargs=(ref, text, str(golden_path))) as pool:
-        # Every worker resumes the golden run once and must reach its bits.
-        pool.map(_check_worker, range(workers), chunksize=1)
-        for res, log in pool.imap_unordered(_run_worker, range(trials), chunksize=max(1, trials // (8 * workers))):
-            take(res, log)
+    chunk = max(1, min(16, trials // (4 * workers)))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_start_worker,
+                                                initargs=(ref, text, str(golden_path))) as pool:
+        try:
+            # The workers resume the golden run and must reach its bits before any trial runs.
+            for f in [pool.submit(_check_worker, i) for i in range(workers)]:
+                f.result()
+            pending = [pool.submit(_run_worker, range(i, min(i + chunk, trials))) for i in range(0, trials, chunk)]
+            for f in concurrent.futures.as_completed(pending):
+                for res, log in f.result():
+                    take(res, log)
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise LabError(f"a worker process died ({e}): killed, or out of memory; the trials it ran are lost, "
+                           f"and {out} holds no tables") from None
     record = {"goldens": [_golden_record(golden)], "results": [results[i] for i in range(trials)]}
     return _steadfast.lab_write(str(out), text, json.dumps(record), time.perf_counter() - started)
 
