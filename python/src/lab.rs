@@ -37,15 +37,15 @@ fn lab_spec(text: &str) -> PyResult<String> {
 }
 
 /// The fault of trial `index`, drawn from the campaign seed as `steadfast campaign` draws
-/// it: `index`, `step`, `rank`, `state`, `seed`, `target`, `role`, `bits`, `flips`, `burst`.
+/// it: `index`, `step`, `rank`, `state`, `seed`, `target`, `role`, `bits`, `flips`, `rate` (or None), `burst`.
 #[pyfunction]
 fn lab_trial<'py>(py: Python<'py>, text: &str, index: u64) -> PyResult<Bound<'py, PyDict>> {
     let about = about(text)?;
     let trial = about.trial(index);
     let (fault, flips) = (&trial.fault, &trial.fault.flips);
-    let count = match flips.amount {
-        Amount::Count(n) => n,
-        Amount::Rate(_) => about.trials.flips,
+    let (count, rate) = match flips.amount {
+        Amount::Count(n) => (n, None),
+        Amount::Rate(r) => (about.trials.flips, Some(r)),
     };
     let d = PyDict::new(py);
     d.set_item("index", trial.index)?;
@@ -57,6 +57,7 @@ fn lab_trial<'py>(py: Python<'py>, text: &str, index: u64) -> PyResult<Bound<'py
     d.set_item("role", flips.target.role.map(|r| r.as_str()))?;
     d.set_item("bits", flips.bits.to_string())?;
     d.set_item("flips", count)?;
+    d.set_item("rate", rate)?;
     d.set_item("burst", flips.burst)?;
     Ok(d)
 }

@@ -126,7 +126,7 @@ class ElasticWorker:
 def lab_spec(text: str) -> str:
     """The spec with every default of [trials], [detect] and [classify] written out, [run] as given."""
 def lab_trial(text: str, index: int) -> dict[str, Any]:
-    """Trial `index`'s fault (index, step, rank, state, seed, target, role, bits, flips, burst)."""
+    """Trial `index`'s fault (index, step, rank, state, seed, target, role, bits, flips, rate, burst)."""
 def lab_classify(
     text: str, crashed: bool, diverged: bool, acted_on_alarm: bool, bitwise_golden: bool, accuracy_drop: float,
     loss_rise: float,

@@ -287,6 +287,11 @@ class _Run:
         return float(loss), float(acc)
 
 
+def _amount(fault):
+    """How many bits a trial flips, as :func:`steadfast.inject` takes it."""
+    return {"count": None, "rate": fault["rate"]} if fault["rate"] is not None else {"count": fault["flips"]}
+
+
 def _bits_of(t):
     t = t.detach().contiguous().view(-1)
     size = t.element_size()
@@ -432,7 +437,7 @@ class _Worker:
         s, end = fault["step"], fault["step"] + trials["steps_after"]
         res = {"trial": index, "reduce": "deterministic", "state": fault["state"], "rank": fault["rank"], "step": s,
                "flip_seed": fault["seed"], "target": fault["target"], "role": fault["role"], "bits": fault["bits"],
-               "flips": fault["flips"], "burst": fault["burst"], "flips_done": [], "first_alarm": {},
+               "flips": fault["flips"], "rate": fault["rate"], "burst": fault["burst"], "flips_done": [], "first_alarm": {},
                "losses": [], "replica_differing": [], "tensor_differing": [], "quality": None, "rejoined": None,
                "rollbacks": 0, "repairs": 0, "error": None}
         evidence = {"crashed": False, "diverged": False, "acted_on_alarm": False, "bitwise_golden": False,
@@ -454,8 +459,8 @@ class _Worker:
         return res, log
 
     def _inject_live(self, fault, subject):
-        return _inject(subject, target=fault["target"], bits=fault["bits"], count=fault["flips"],
-                       burst=fault["burst"], seed=fault["seed"])
+        return _inject(subject, target=fault["target"], bits=fault["bits"], **_amount(fault), burst=fault["burst"],
+                       seed=fault["seed"])
 
     def _run_trial(self, fault, res, evidence, keep):
         run_spec, trials, detect, classify = _settings(self.spec)
@@ -469,7 +474,7 @@ class _Worker:
             with tempfile.TemporaryDirectory() as tmp:
                 altered = keep or os.path.join(tmp, "altered")
                 log = _inject(g["checkpoints"][s], out=altered, target=fault["target"], role=fault["role"],
-                              bits=fault["bits"], count=fault["flips"], burst=fault["burst"], seed=fault["seed"],
+                              bits=fault["bits"], **_amount(fault), burst=fault["burst"], seed=fault["seed"],
                               log=os.path.join(tmp, "log.json"))
                 state = _checkpoints.load(altered)
             run.model.load_state_dict(state["model"])
@@ -552,10 +557,11 @@ class _Worker:
 
     def _compare(self, res, after):
         """Records the elements differing from golden's state after ``after`` steps."""
-        differing = _differing(self.run.tensors(), self.golden_state(after))
+        mine = self.run.tensors()
+        differing = _differing(mine, self.golden_state(after))
         order = {n: i for i, (n, _) in enumerate(self.golden["tensors"])}
         row = [0] * len(order)
-        for (n, _), d in zip(self.run.tensors(), differing):
+        for (n, _), d in zip(mine, differing):
             if n in order:
                 row[order[n]] = d
         res["tensor_differing"].append(row)
@@ -653,7 +659,7 @@ def _workers(n):
 def campaign(job: Union[Callable[[], Job], str], out: Union[str, "os.PathLike[str]"], *, trials: int,
              inject_at: Sequence[int], steps_after: int, state: Iterable[str] = ("param", "optim"),
              where: str = "live", target: Optional[str] = None, bits: Union[str, int] = "any", flips: int = 1,
-             burst: int = 1, seed: int = 1, detect: Optional[dict] = None, classify: Optional[dict] = None,
+             rate: Optional[float] = None, burst: int = 1, seed: int = 1, detect: Optional[dict] = None, classify: Optional[dict] = None,
              workers: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None) -> str:
     """Runs a campaign of ``trials`` trials of ``job`` (a module-level function returning a
     :class:`Job`, or ``"file.py:function"`` naming one) and writes its tables, spec, summary, golden trajectory and flip logs
@@ -661,8 +667,8 @@ def campaign(job: Union[Callable[[], Job], str], out: Union[str, "os.PathLike[st
 
     The knobs are ``steadfast campaign``'s ``[trials]`` (``inject_at``, ``steps_after``,
     ``state``: kinds among param, grad, optim, activation; ``target``: a glob over tensor
-    names; ``bits``: sign, exponent, mantissa, any, ``N`` or ``N-M``; ``flips``;
-    ``burst``; ``seed``), ``[detect]`` and ``[classify]`` (dicts of those tables' keys);
+    names; ``bits``: sign, exponent, mantissa, any, ``N`` or ``N-M``; ``flips`` bursts, or
+    each candidate bit with probability ``rate``; ``burst`` adjacent bits; ``seed``), ``[detect]`` and ``[classify]`` (dicts of those tables' keys);
     ``where`` is ``live`` or ``checkpoint``. Trials run in ``workers`` processes (default:
     one per core), each resuming from the golden state at its injection step; the
     results do not depend on how many. ``progress(done, total)`` is called as trials
@@ -687,7 +693,7 @@ def campaign(job: Union[Callable[[], Job], str], out: Union[str, "os.PathLike[st
            "torch": torch.__version__}
     text = _toml_table("run", run) + _toml_table("trials", {
         "count": trials, "seed": seed, "inject_at": list(inject_at), "steps_after": steps_after, "state": state,
-        "target": target, "bits": str(bits), "flips": flips, "burst": burst})
+        "target": target, "bits": str(bits), "flips": flips, "rate": rate, "burst": burst})
     if detect:
         text += _toml_table("detect", detect)
     if classify:

@@ -144,11 +144,13 @@ def test_a_live_trial_s_log_undoes_on_the_golden_state(live):
 
 def test_a_checkpoint_campaign_alters_copies_and_its_trials_undo(tmp_path, cli):
     out = tmp_path / "ckpt"
+    # A rate of corruption rather than a count: each exponent bit with probability 2e-4.
     lab.campaign(jobs.small_job, out, trials=6, inject_at=[4], steps_after=4, state=["param", "optim"],
-                 where="checkpoint", bits="exponent", workers=1)
+                 where="checkpoint", bits="exponent", rate=2e-4, workers=1)
     trials = rows(out)
     assert {r["state"] for r in trials} <= {"param", "optim"}
     assert all(r["alarm_checksum"] == "" for r in trials), "the file's checksums were rewritten with the flips"
+    assert "probability 0.0002" in (out / "summary.md").read_text()
     golden = next((out / "golden" / "checkpoints").iterdir())
     altered = tmp_path / "altered"
     [(_, res, log)] = lab.replay(out, [2], keep=str(altered))
@@ -190,6 +192,8 @@ def test_bad_campaigns_are_refused_with_the_reason(tmp_path):
     kw = dict(trials=2, inject_at=[2], steps_after=2, workers=1)
     with pytest.raises(ValueError, match="weights"):
         lab.campaign(jobs.small_job, tmp_path / "a", state=["weights"], **kw)
+    with pytest.raises(ValueError, match="rate"):
+        lab.campaign(jobs.small_job, tmp_path / "a", rate=1.5, **kw)
     with pytest.raises(ValueError, match="where"):
         lab.campaign(jobs.small_job, tmp_path / "b", where="disk", **kw)
     with pytest.raises(ValueError, match="only param and optim"):

@@ -46,7 +46,7 @@ A spec ([run] must name the model and [trials] the count; every other key has a 
   state = [\"param\", \"optim\", \"grad\", \"activation\"]
   target = \"model.*\"           # tensor-name glob (act.* for activations)
   bits = \"any\"                 # sign | exponent | mantissa | any | N | N-M
-  flips = 1
+  flips = 1                    # or: rate = 1e-6 (each candidate bit with this probability)
   burst = 1
   [detect]
   fingerprint_every = 1

@@ -49,6 +49,9 @@ pub struct TrialSpec {
     pub bits: BitSpec,
     /// Bursts flipped per trial.
     pub flips: u64,
+    /// Instead of `flips`: each candidate bit of the hit kind of state flipped with this
+    /// probability (a rate of corruption rather than a count; may flip none).
+    pub rate: Option<f64>,
     /// Adjacent bits per burst.
     pub burst: u32,
     /// Replicas a fault may hit [default: all].
@@ -66,6 +69,7 @@ impl Default for TrialSpec {
             target: None,
             bits: BitSpec::Class(crate::bits::BitClass::Any),
             flips: 1,
+            rate: None,
             burst: 1,
             ranks: None,
         }
@@ -170,12 +174,22 @@ impl TrialSpec {
         if self.flips == 0 || self.burst == 0 {
             return bad("trials.flips and trials.burst must be at least 1".into());
         }
+        if let Some(rate) = self.rate
+            && !(rate > 0.0 && rate <= 1.0)
+        {
+            return bad(format!("trials.rate ({rate}) must lie in (0, 1]"));
+        }
         if let Some(ranks) = &self.ranks
             && (ranks.is_empty() || ranks.iter().any(|&x| x >= replicas))
         {
             return bad(format!("trials.ranks must name replicas below {replicas}"));
         }
         Ok(())
+    }
+
+    /// How many bits a trial flips: `rate` if given, else `flips` bursts.
+    pub fn amount(&self) -> Amount {
+        self.rate.map_or(Amount::Count(self.flips), Amount::Rate)
     }
 
     /// The last step any trial trains.
@@ -197,7 +211,7 @@ impl TrialSpec {
         let flips = FlipSpec {
             target: Target { glob: self.target.clone(), role: Some(state.role()) },
             bits: self.bits,
-            amount: Amount::Count(self.flips),
+            amount: self.amount(),
             burst: self.burst,
             seed: rng.next_u64(),
         };
@@ -334,6 +348,13 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_replaces_the_count_of_flips() {
+        assert_eq!(trials("").unwrap().trial(0, 2).fault.flips.amount, Amount::Count(1));
+        let t = trials("rate = 1e-6").unwrap();
+        assert_eq!(t.trial(4, 2).fault.flips.amount, Amount::Rate(1e-6));
+    }
+
+    #[test]
     fn malformed_trials_are_refused_with_the_reason() {
         for (text, needle) in [
             ("colour = 1", "colour"),
@@ -343,6 +364,8 @@ mod tests {
             ("flips = 0", "flips"),
             ("ranks = [2]", "ranks"),
             ("inject_at = []", "inject_at"),
+            ("rate = 0.0", "rate"),
+            ("rate = 1.5", "rate"),
         ] {
             let err = trials(text).map(|_| ()).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");

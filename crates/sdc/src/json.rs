@@ -14,7 +14,7 @@
 //! | `seconds` | its wall-clock time |
 //!
 //! A trial's result `R` ([`TrialResult`]): its fault (`trial`, `reduce`, `state`, `rank`,
-//! `step`, `flip_seed`, `target` and `role` or null, `bits` as written in a spec, `flips`,
+//! `step`, `flip_seed`, `target` and `role` or null, `bits` as written in a spec, `flips` (and `rate` or null),
 //! `burst`), `outcome`, `evidence` (`crashed`, `diverged`, `acted_on_alarm`,
 //! `bitwise_golden`, `accuracy_drop`, `loss_rise`), `flips_done` (`[{"rank", "tensor",
 //! "element", "bits": [...], "old", "new"}]`), `first_alarm` (`{"<detector>": step}`, a
@@ -193,7 +193,10 @@ fn result(r: &Fields<'_>) -> Result<TrialResult, SdcError> {
     let flips = FlipSpec {
         target: Target { glob: r.opt("target")?, role },
         bits: r.get("bits")?,
-        amount: Amount::Count(r.get("flips")?),
+        amount: match r.opt::<f64>("rate")? {
+            Some(rate) => Amount::Rate(rate),
+            None => Amount::Count(r.get("flips")?),
+        },
         burst: r.get("burst")?,
         seed: r.get("flip_seed")?,
     };

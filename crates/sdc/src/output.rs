@@ -63,10 +63,13 @@ fn framework_name(word: &str) -> &str {
 
 /// What the trials inject, where, and what an alarm does.
 pub fn faults(about: &About) -> String {
+    let amount = match about.trials.rate {
+        Some(rate) => format!("each candidate bit flipped with probability {rate}"),
+        None => format!("{} flip(s)", about.trials.flips),
+    };
     format!(
-        "Faults: {} flip(s) of `{}` bits, burst {}, in {:?}, injected at steps {:?}, then {} steps; \
+        "Faults: {amount} of `{}` bits, burst {}, in {:?}, injected at steps {:?}, then {} steps; \
          response to alarms: {:?}.",
-        about.trials.flips,
         about.trials.bits,
         about.trials.burst,
         about.trials.state.iter().map(|k| k.name()).collect::<Vec<_>>(),
