@@ -120,11 +120,14 @@ def main():
         if done == total or done % max(1, total // 20) == 0:
             print(f"  {done}/{total} trials, {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
-    summary = lab.campaign(
-        {"mlp": mlp_job, "cnn": cnn_job}[a.model], a.out, trials=a.trials,
-        inject_at=[int(s) for s in a.inject_at.split(",")], steps_after=a.steps_after,
-        state=a.state.split(","), where=a.where, bits=a.bits, flips=a.flips, seed=a.seed,
-        detect={"response": a.response}, workers=a.workers, progress=progress)
+    try:
+        summary = lab.campaign(
+            {"mlp": mlp_job, "cnn": cnn_job}[a.model], a.out, trials=a.trials,
+            inject_at=[int(s) for s in a.inject_at.split(",")], steps_after=a.steps_after,
+            state=a.state.split(","), where=a.where, bits=a.bits, flips=a.flips, seed=a.seed,
+            detect={"response": a.response}, workers=a.workers, progress=progress)
+    except (lab.LabError, ValueError) as e:
+        sys.exit(f"error: {e}")
     print(summary)
     print(f"Tables in {a.out}; the report: steadfast report {a.out}")
 
