@@ -27,9 +27,10 @@ def main():
     for bits in CLASSES:
         out = os.path.join(a.out, bits)
         if not os.path.exists(os.path.join(out, "trials.csv")):
-            subprocess.run([sys.executable, EXAMPLE, "--model", "cnn", "--where", "checkpoint", "--state", "param,optim",
-                            "--bits", bits, "--inject-at", "200,400", "--steps-after", "30", "--trials",
-                            str(a.trials), "--seed", "5", "--out", out], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([sys.executable, EXAMPLE, "--model", "cnn", "--where", "checkpoint",
+                            "--state", "param,optim", "--bits", bits, "--inject-at", "200,400", "--steps-after", "30",
+                            "--trials", str(a.trials), "--seed", "5", "--out", out],
+                           check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(out, "trials.csv"), newline="") as f:
             rows += [dict(r, bit_class=bits) for r in csv.DictReader(f)]
     print("| role | bit class | trials | " + " | ".join(OUTCOMES) + " |")

@@ -75,7 +75,6 @@ import math
 import multiprocessing
 import os
 import pathlib
-import shutil
 import sys
 import tempfile
 import time
@@ -432,12 +431,13 @@ class _Worker:
         With ``keep`` (checkpoint faults), the altered checkpoint is left there."""
         started = time.perf_counter()
         fault = _steadfast.lab_trial(self.text, index)
-        run_spec, trials, detect, classify = _settings(self.spec)
-        g, run = self.golden, self.run
+        trials = self.spec["trials"]
+        g = self.golden
         s, end = fault["step"], fault["step"] + trials["steps_after"]
         res = {"trial": index, "reduce": "deterministic", "state": fault["state"], "rank": fault["rank"], "step": s,
                "flip_seed": fault["seed"], "target": fault["target"], "role": fault["role"], "bits": fault["bits"],
-               "flips": fault["flips"], "rate": fault["rate"], "burst": fault["burst"], "flips_done": [], "first_alarm": {},
+               "flips": fault["flips"], "rate": fault["rate"], "burst": fault["burst"], "flips_done": [],
+               "first_alarm": {},
                "losses": [], "replica_differing": [], "tensor_differing": [], "quality": None, "rejoined": None,
                "rollbacks": 0, "repairs": 0, "error": None}
         evidence = {"crashed": False, "diverged": False, "acted_on_alarm": False, "bitwise_golden": False,
@@ -486,7 +486,7 @@ class _Worker:
             # before this step's fault, so that redoing the step redoes it without).
             before = (run.snapshot(), monitors.copy()) if detect["response"] == "repair" else None
             alarms = []
-            on_grads, hooks = None, []
+            on_grads, hooks = None, []   # a gradient fault sets on_grads, an activation fault hooks
             if step == s and not fired and run_spec["where"] == "live":
                 fired = True
                 if kind == "param":
@@ -494,9 +494,10 @@ class _Worker:
                 elif kind == "optim":
                     log = self._inject_live(fault, {"optimizer": run.opt})
                 elif kind == "grad":
-                    def on_grads():
+                    def flip_grads():
                         grads = {n: p.grad for n, p in run.model.named_parameters() if p.grad is not None}
                         log.update(self._inject_live(fault, {"grad": grads}))
+                    on_grads = flip_grads
                 else:
                     log, hooks = self._activation_fault(fault)
                 if kind in ("param", "optim"):
@@ -643,7 +644,8 @@ def _record(res, log):
 
 
 def _golden_record(g):
-    return {"reduce": "deterministic", "losses": [_finite(x) for x in g["losses"]], "grad_norms": [_finite(x) for x in g["grad_norms"]],
+    return {"reduce": "deterministic", "losses": [_finite(x) for x in g["losses"]],
+            "grad_norms": [_finite(x) for x in g["grad_norms"]],
             "alarms": g["alarms"], "evals": {str(k): list(v) for k, v in g["evals"].items()},
             "tensors": [list(t) for t in g["tensors"]], "seconds": g["seconds"]}
 
@@ -659,20 +661,21 @@ def _workers(n):
 def campaign(job: Union[Callable[[], Job], str], out: Union[str, "os.PathLike[str]"], *, trials: int,
              inject_at: Sequence[int], steps_after: int, state: Iterable[str] = ("param", "optim"),
              where: str = "live", target: Optional[str] = None, bits: Union[str, int] = "any", flips: int = 1,
-             rate: Optional[float] = None, burst: int = 1, seed: int = 1, detect: Optional[dict] = None, classify: Optional[dict] = None,
+             rate: Optional[float] = None, burst: int = 1, seed: int = 1, detect: Optional[dict] = None,
+             classify: Optional[dict] = None,
              workers: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None) -> str:
     """Runs a campaign of ``trials`` trials of ``job`` (a module-level function returning a
-    :class:`Job`, or ``"file.py:function"`` naming one) and writes its tables, spec, summary, golden trajectory and flip logs
-    into ``out``; returns the summary (Markdown).
+    :class:`Job`, or ``"file.py:function"`` naming one) and writes its tables, spec, summary,
+    golden trajectory and flip logs into ``out``; returns the summary (Markdown).
 
     The knobs are ``steadfast campaign``'s ``[trials]`` (``inject_at``, ``steps_after``,
     ``state``: kinds among param, grad, optim, activation; ``target``: a glob over tensor
     names; ``bits``: sign, exponent, mantissa, any, ``N`` or ``N-M``; ``flips`` bursts, or
-    each candidate bit with probability ``rate``; ``burst`` adjacent bits; ``seed``), ``[detect]`` and ``[classify]`` (dicts of those tables' keys);
-    ``where`` is ``live`` or ``checkpoint``. Trials run in ``workers`` processes (default:
-    one per core), each resuming from the golden state at its injection step; the
-    results do not depend on how many. ``progress(done, total)`` is called as trials
-    finish."""
+    each candidate bit with probability ``rate``; ``burst`` adjacent bits; ``seed``),
+    ``[detect]`` and ``[classify]`` (dicts of those tables' keys); ``where`` is ``live`` or
+    ``checkpoint``. Trials run in ``workers`` processes (default: one per core), each
+    resuming from the golden state at its injection step; the results do not depend on how
+    many. ``progress(done, total)`` is called as trials finish."""
     if where not in ("live", "checkpoint"):
         raise ValueError(f"where={where!r}: give 'live' or 'checkpoint'")
     state = list(state)
