@@ -751,20 +751,41 @@ def _campaign(ref, the_job, spec, text, out, trials, workers, progress):
             progress(len(results), trials)
 
     chunk = max(1, min(16, trials // (4 * workers)))
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=_start_worker,
-                                                initargs=(ref, text, str(golden_path))) as pool:
-        try:
-            # The workers resume the golden run and must reach its bits before any trial runs.
-            for f in [pool.submit(_check_worker, i) for i in range(workers)]:
-                f.result()
-            pending = [pool.submit(_run_worker, range(i, min(i + chunk, trials))) for i in range(0, trials, chunk)]
-            for f in concurrent.futures.as_completed(pending):
+    # A chunk of trials costs about its steps of the golden run; one that takes far longer
+    # (a worker stopped by SIGSTOP, or stuck) must not hang the campaign for ever.
+    per_step = golden["seconds"] / max(1, len(golden["losses"]))
+    stall = 120.0 + 50 * per_step * (spec["trials"]["steps_after"] + 1) * chunk
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_start_worker, initargs=(ref, text, str(golden_path)))
+    finished = False
+    try:
+        # The workers resume the golden run and must reach its bits before any trial runs.
+        for f in [pool.submit(_check_worker, i) for i in range(workers)]:
+            f.result(timeout=stall + golden["seconds"] * 50)
+        pending = {pool.submit(_run_worker, range(i, min(i + chunk, trials))) for i in range(0, trials, chunk)}
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=stall,
+                                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            if not done:
+                raise LabError(f"no trial finished in {stall:.0f} s: a worker process is stopped or stuck; "
+                               f"{out} holds no tables")
+            for f in done:
                 for res, log in f.result():
                     take(res, log)
-        except concurrent.futures.process.BrokenProcessPool as e:
-            raise LabError(f"a worker process died ({e}): killed, or out of memory; the trials it ran are lost, "
-                           f"and {out} holds no tables") from None
+        finished = True
+    except concurrent.futures.process.BrokenProcessPool as e:
+        raise LabError(f"a worker process died ({e}): killed, or out of memory; the trials it ran are lost, "
+                       f"and {out} holds no tables") from None
+    except concurrent.futures.TimeoutError:
+        raise LabError(f"a worker process did not resume the golden run in time; {out} holds no tables") from None
+    finally:
+        # Workers left running (the campaign failed, or was interrupted) are ended, not
+        # waited for: a stopped one would never finish. (The executor keeps no public list.)
+        if not finished:
+            for p in list((getattr(pool, "_processes", None) or {}).values()):
+                if p.is_alive():
+                    p.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
     record = {"goldens": [_golden_record(golden)], "results": [results[i] for i in range(trials)]}
     return _steadfast.lab_write(str(out), text, json.dumps(record), time.perf_counter() - started)
 
