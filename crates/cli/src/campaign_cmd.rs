@@ -80,7 +80,7 @@ pub struct CampaignArgs {
 
 pub fn run(args: CampaignArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.spec).with_context(|| format!("cannot read {}", args.spec.display()))?;
-    if sdc::about::run_string(&text, "framework").as_deref() == Some(sdc::about::PYTORCH) {
+    if sdc::replay::is_pytorch(&text) {
         return replay_pytorch(&args.spec, &text, &args.replay);
     }
     let mut spec = lab::campaign::Spec::parse(&text).with_context(|| format!("in {}", args.spec.display()))?;
@@ -123,40 +123,11 @@ pub fn run(args: CampaignArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A PyTorch campaign: its trials replay in Python (`python -m steadfast.lab replay DIR
-/// --trials N,M`, with the interpreter of `[run] python`), since only Python can train its
-/// model; running the whole campaign is Python's too.
+/// A PyTorch campaign: its trials replay in Python, with the campaign's interpreter.
 fn replay_pytorch(path: &Path, text: &str, replay: &[u64]) -> anyhow::Result<()> {
-    sdc::About::parse(text).with_context(|| format!("in {}", path.display()))?;
-    if replay.is_empty() {
-        anyhow::bail!(
-            "{} is a PyTorch campaign, which runs from Python, where its model trains (`python -m steadfast.lab` \
-             or `steadfast.lab.campaign`); here only its trials replay (--replay N)",
-            path.display()
-        );
-    }
-    let python = sdc::about::run_string(text, "python").with_context(|| {
-        format!(
-            "{} names no interpreter to replay its trials with: [run] needs `python`, the Python that has \
-             the steadfast package and the campaign's model",
-            path.display()
-        )
-    })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let trials = replay.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-    let status = std::process::Command::new(&python)
-        .args(["-m", "steadfast.lab", "replay"])
-        .arg(dir)
-        .args(["--trials", &trials])
-        .status()
-        .with_context(|| format!("cannot run {python}"))?;
-    anyhow::ensure!(
-        status.success(),
-        "`{python} -m steadfast.lab replay {} --trials {trials}` failed ({status})",
-        dir.display()
-    );
+    let mut command =
+        sdc::replay::python_command(path, text, replay).with_context(|| format!("in {}", path.display()))?;
+    let status = command.status().with_context(|| format!("cannot run {:?}", command.get_program()))?;
+    anyhow::ensure!(status.success(), "`{command:?}` failed ({status})");
     Ok(())
 }

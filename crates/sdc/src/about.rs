@@ -94,6 +94,18 @@ struct Run {
     framework: Option<String>,
 }
 
+/// Checks that a spec's text is TOML naming `run.model` and `trials.count`, which have no
+/// default (every runner's spec, whatever else its `[run]` holds).
+pub fn check_required(text: &str) -> Result<(), BadSpec> {
+    let raw: toml::Table = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
+    for (table, key) in REQUIRED {
+        if raw.get(table).and_then(|t| t.get(key)).is_none() {
+            return Err(BadSpec(format!("[{table}] needs `{key}`: it has no default")));
+        }
+    }
+    Ok(())
+}
+
 fn one() -> usize {
     1
 }
@@ -109,12 +121,7 @@ impl About {
     /// what it trains nor how many trials it runs is a mistake, not a request for the
     /// defaults.
     pub fn parse(text: &str) -> Result<About, BadSpec> {
-        let raw: toml::Table = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
-        for (table, key) in REQUIRED {
-            if raw.get(table).and_then(|t| t.get(key)).is_none() {
-                return Err(BadSpec(format!("[{table}] needs `{key}`: it has no default")));
-            }
-        }
+        check_required(text)?;
         let w: Written = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
         let about = About {
             model: w.run.model,

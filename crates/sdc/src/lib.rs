@@ -16,7 +16,8 @@
 //! - [`output`]: the directory (tables, `summary.md`, `spec.toml`) and the texts that
 //!   describe a campaign and one trial;
 //! - [`table`]: CSV files of typed rows, which every reader goes through;
-//! - [`Detector`]: the detectors whose alarms the tables count.
+//! - [`Detector`]: the detectors whose alarms the tables count;
+//! - [`replay`]: the command that replays a PyTorch campaign's trials in Python.
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -74,6 +75,7 @@ pub mod error;
 pub mod json;
 pub mod output;
 mod record;
+pub mod replay;
 pub mod rows;
 pub mod table;
 

@@ -46,9 +46,6 @@ pub struct Spec {
     pub classify: Thresholds,
 }
 
-/// The fields a spec must name, by table.
-const REQUIRED: [(&str, &str); 2] = [("run", "model"), ("trials", "count")];
-
 /// The golden run's configuration.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -104,12 +101,7 @@ impl Spec {
     /// what it trains nor how many trials it runs is a mistake, not a request for the
     /// defaults. The other fields default as [`RunSpec`] and [`TrialSpec`] say.
     pub fn parse(text: &str) -> Result<Spec, BadSpec> {
-        let raw: toml::Table = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
-        for (table, key) in REQUIRED {
-            if raw.get(table).and_then(|t| t.get(key)).is_none() {
-                return Err(BadSpec(format!("[{table}] needs `{key}`: it has no default")));
-            }
-        }
+        sdc::about::check_required(text)?;
         let spec: Spec = toml::from_str(text).map_err(|e| BadSpec(e.to_string()))?;
         spec.validate()?;
         Ok(spec)
