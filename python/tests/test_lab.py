@@ -200,6 +200,10 @@ def test_bad_campaigns_are_refused_with_the_reason(tmp_path):
         lab.campaign(jobs.small_job, tmp_path / "c", where="checkpoint", state=["grad"], **kw)
     with pytest.raises(lab.LabError, match="top level"):
         lab.campaign(lambda: jobs.small_job(), tmp_path / "d", **kw)
+    with pytest.raises(lab.LabError, match="matches no param tensor at step 2 .they are: model.0.weight"):
+        lab.campaign(jobs.small_job, tmp_path / "g", state=["param"], target="model.fc9.*", **kw)
+    with pytest.raises(lab.LabError, match="no optim tensor at step 0 .they are: none: the optimizer holds no state"):
+        lab.campaign(jobs.small_job, tmp_path / "h", **dict(kw, inject_at=[0]), state=["optim"])
     with pytest.raises(lab.LabError, match="not deterministic"):
         lab.campaign(jobs.unseeded_job, tmp_path / "e", **kw)
     lab.campaign(jobs.small_job, tmp_path / "f", **kw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import fcntl
+import fnmatch
 import json
 import math
 import multiprocessing
@@ -39,6 +40,27 @@ def _toml_table(name, fields):
     lines = [f"[{name}]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items() if v is not None]
     return "\n".join(lines) + "\n"
+
+
+def _check_targets(spec, golden):
+    """Every kind of state a trial may hit has a tensor its target matches at every
+    injection step, so that no trial fails for want of one (as the CLI's campaign checks)."""
+    target = spec["trials"].get("target") or "*"
+    for step in spec["trials"]["inject_at"]:
+        model, opt, _ = golden["states"][step]
+        names = {
+            "param": [f"model.{k}" for k in model],
+            "grad": [f"grad.{n}" for n in golden["params"]],
+            "optim": [f"optimizer.state.{i}.{k}" for i, slots in sorted(opt["state"].items())
+                      for k, v in sorted(slots.items()) if torch.is_tensor(v)],
+            "activation": [n for n, _, _ in golden["activations"]],
+        }
+        for kind in spec["trials"]["state"]:
+            if not any(fnmatch.fnmatchcase(n, target) for n in names[kind]):
+                listed = ", ".join(names[kind])
+                if not listed:
+                    listed = "none: the optimizer holds no state before its first step" if kind == "optim" else "none"
+                raise LabError(f"trials.target {target!r} matches no {kind} tensor at step {step} (they are: {listed})")
 
 
 def _finite(x):
@@ -155,6 +177,7 @@ def _campaign(ref, the_job, spec, text, out, trials, workers, progress):
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
+    _check_targets(spec, golden)
     golden_path = out / "golden" / "trajectory.pt"
     golden_path.parent.mkdir(exist_ok=True)
     torch.save(golden, golden_path)

@@ -198,6 +198,7 @@ def _golden(job: Job, spec: dict, checkpoints: pathlib.Path) -> dict:
     g["states"][last] = run.snapshot()
     g["monitors"][last] = monitors.key()
     g["tensors"] = [(n, t.numel()) for n, t in run.tensors()]
+    g["params"] = [n for n, _ in run.model.named_parameters()]
     g["digest"] = run.digest()
     g["seconds"] = time.perf_counter() - started
     return g
