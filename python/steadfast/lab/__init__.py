@@ -45,8 +45,8 @@ Where a fault lands (``state``), in the tensor names that ``target`` globs over:
   run's Steadfast checkpoint of that step (a copy, its checksums rewritten as corruption
   before checksumming would leave them), which the trial loads and trains on from.
 
-The golden run and every trial run on one thread each, in the deterministic mode PyTorch
-offers (``torch.use_deterministic_algorithms``), and before any trial a worker process
+The golden run and every trial run on the CPU, on one thread each, in the deterministic
+mode PyTorch offers (``torch.use_deterministic_algorithms``), and before any trial a worker process
 resumes the golden run from its first snapshot and must reach its final bits: a job whose
 training is not a function of its state and step (an unseeded shuffle, a random draw
 outside torch's generator) is refused rather than judged wrongly.
