@@ -126,7 +126,7 @@ def main():
             inject_at=[int(s) for s in a.inject_at.split(",")], steps_after=a.steps_after,
             state=a.state.split(","), where=a.where, bits=a.bits, flips=a.flips, seed=a.seed,
             detect={"response": a.response}, workers=a.workers, progress=progress)
-    except (lab.LabError, ValueError) as e:
+    except (lab.LabError, ValueError, OSError) as e:   # OSError: a full disk, a directory not writable
         sys.exit(f"error: {e}")
     print(summary)
     print(f"Tables in {a.out}; the report: steadfast report {a.out}")

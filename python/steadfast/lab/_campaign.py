@@ -180,7 +180,11 @@ def _campaign(ref, the_job, spec, text, out, trials, workers, progress):
     _check_targets(spec, golden)
     golden_path = out / "golden" / "trajectory.pt"
     golden_path.parent.mkdir(exist_ok=True)
-    torch.save(golden, golden_path)
+    try:
+        torch.save(golden, golden_path)
+    except (OSError, RuntimeError) as e:   # torch's writer reports a full disk as a RuntimeError
+        golden_path.unlink(missing_ok=True)
+        raise LabError(f"cannot write {golden_path}: {e} (is the disk full?)") from None
     (out / "spec.toml").write_text(text)
 
     results = {}
@@ -189,8 +193,12 @@ def _campaign(ref, the_job, spec, text, out, trials, workers, progress):
 
     def take(res, log):
         results[res["trial"]] = _record(res, log)
-        with open(logs / f"trial-{res['trial']:06}.json", "w") as f:
-            json.dump(log, f)
+        path = logs / f"trial-{res['trial']:06}.json"
+        try:
+            with open(path, "w") as f:
+                json.dump(log, f)
+        except OSError as e:
+            raise LabError(f"cannot write {path}: {e}; {out} holds no tables") from None
         if progress is not None:
             progress(len(results), trials)
 
