@@ -20,7 +20,7 @@ import torch
 
 from .. import _steadfast
 from ._job import Job, LabError, _job_ref, _load_job
-from ._training import _golden
+from ._training import _golden, named, one_thread
 from ._trial import _Worker, _check_worker, _run_worker, _start_worker
 
 
@@ -51,8 +51,7 @@ def _check_targets(spec, golden):
         names = {
             "param": [f"model.{k}" for k in model],
             "grad": [f"grad.{n}" for n in golden["params"]],
-            "optim": [f"optimizer.state.{i}.{k}" for i, slots in sorted(opt["state"].items())
-                      for k, v in sorted(slots.items()) if torch.is_tensor(v)],
+            "optim": [n for n, _ in named({}, opt)],
             "activation": [n for n, _, _ in golden["activations"]],
         }
         for kind in spec["trials"]["state"]:
@@ -168,15 +167,8 @@ def _campaign(ref, the_job, spec, text, out, trials, workers, progress):
     if (out / "trials.csv").exists():
         raise LabError(f"{out} already holds a campaign's tables: give another directory, or remove it first")
     started = time.perf_counter()
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    try:
+    with one_thread():
         golden = _golden(the_job, spec, out / "golden" / "checkpoints")
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
     _check_targets(spec, golden)
     golden_path = out / "golden" / "trajectory.pt"
     golden_path.parent.mkdir(exist_ok=True)
@@ -255,11 +247,7 @@ def replay(out: Union[str, "os.PathLike[str]"], trials: Sequence[int], *, keep: 
     if spec["run"].get("framework") != "pytorch":
         raise LabError(f"{out} holds a campaign of steadfast's own models: replay it with `steadfast campaign "
                        f"SPEC --replay N`")
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    try:
+    with one_thread():
         worker = _Worker(_load_job(spec["run"]["job"]), text, torch.load(out / "golden" / "trajectory.pt",
                                                                               weights_only=False))
         recorded = {}
@@ -276,6 +264,3 @@ def replay(out: Union[str, "os.PathLike[str]"], trials: Sequence[int], *, keep: 
                                f"{recorded[index]}: the job or its environment changed")
             done.append((_steadfast.lab_trial_text(text, json.dumps(_record(res, log))), res, log))
         return done
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)

@@ -2,6 +2,7 @@
 averages, bitwise comparison; and the golden run that trials are judged against."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import math
@@ -12,6 +13,30 @@ import torch
 
 from .. import torch as _checkpoints
 from ._job import Job, LabError
+
+
+def named(model_state, optim_state):
+    """``(name, tensor)`` of a model's and an optimizer's state dicts: the model's tensors,
+    then the optimizer's, named as a checkpoint of ``{"model": ..., "optimizer": ...}``
+    names them (``model.fc1.weight``, ``optimizer.state.0.exp_avg``)."""
+    out = [(f"model.{k}", v) for k, v in model_state.items()]
+    for i, slots in sorted(optim_state["state"].items()):
+        out += [(f"optimizer.state.{i}.{k}", v) for k, v in sorted(slots.items()) if torch.is_tensor(v)]
+    return out
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Torch on one thread in its deterministic mode (what the golden run, the workers and
+    a replay train in, so that their bits agree), restored afterwards."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
 
 
 class _Monitors:
@@ -54,12 +79,8 @@ class _Run:
         self.model.train()
 
     def tensors(self):
-        """``(name, tensor)`` of the state: the model's state dict, then the optimizer's
-        tensors, named as a checkpoint of ``{"model": ..., "optimizer": ...}`` names them."""
-        out = [(f"model.{k}", v) for k, v in self.model.state_dict().items()]
-        for i, slots in sorted(self.opt.state_dict()["state"].items()):
-            out += [(f"optimizer.state.{i}.{k}", v) for k, v in sorted(slots.items()) if torch.is_tensor(v)]
-        return out
+        """``(name, tensor)`` of the state (see :func:`named`)."""
+        return named(self.model.state_dict(), self.opt.state_dict())
 
     def snapshot(self):
         return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},

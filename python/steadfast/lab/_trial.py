@@ -16,7 +16,7 @@ from .. import torch as _checkpoints
 from ..faults import inject as _inject
 from ._job import Job, LabError, _load_job
 from ._training import (_Monitors, _Replace, _Run, _amount, _differing, _flip_in_place, _leaves,
-                        _settings)
+                        _settings, named)
 
 
 class _Worker:
@@ -27,15 +27,13 @@ class _Worker:
         self.spec = tomllib.loads(spec_text)
         self.run = _Run(job)
         self.golden_tensors = {}
+        self.order = {n: i for i, (n, _) in enumerate(golden["tensors"])}
 
     def golden_state(self, step):
         """The golden state's tensors after ``step`` steps, named as :meth:`_Run.tensors`."""
         if step not in self.golden_tensors:
             model, opt, _ = self.golden["states"][step]
-            out = [(f"model.{k}", v) for k, v in model.items()]
-            for i, slots in sorted(opt["state"].items()):
-                out += [(f"optimizer.state.{i}.{k}", v) for k, v in sorted(slots.items()) if torch.is_tensor(v)]
-            self.golden_tensors[step] = out
+            self.golden_tensors[step] = named(model, opt)
         return self.golden_tensors[step]
 
     def check_determinism(self):
@@ -185,11 +183,10 @@ class _Worker:
         """Records the elements differing from golden's state after ``after`` steps."""
         mine = self.run.tensors()
         differing = _differing(mine, self.golden_state(after))
-        order = {n: i for i, (n, _) in enumerate(self.golden["tensors"])}
-        row = [0] * len(order)
+        row = [0] * len(self.order)
         for (n, _), d in zip(mine, differing):
-            if n in order:
-                row[order[n]] = d
+            if n in self.order:
+                row[self.order[n]] = d
         res["tensor_differing"].append(row)
         res["replica_differing"].append([sum(differing)])
         return differing
