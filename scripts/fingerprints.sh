@@ -24,10 +24,10 @@
 #                 loses worker 1 at step 700 and a bit of worker 2 before step 1400 (about 55 s)
 #   docs/determinism.md:105-107, :35  9a1bbcea6ca95d75 (MLP), a1fca554858829e8 (LeNet-5),
 #                 fixed-order kernels, every ISA
-#   docs/determinism.md:118-120  601e5494abdb9d98 (GPT), fixed-order kernels, every ISA
+#   docs/determinism.md:127-129  684cdfa73dbacd65 (GPT), fixed-order kernels, every ISA
 #   docs/determinism.md:107  d6a2bc595108f44d  MLP, --kernels framework, under qemu-x86_64 -cpu qemu64
-#   docs/determinism.md:120  8d94d5114d9d5d6d  GPT, --kernels framework, under qemu-x86_64 -cpu qemu64
-#   docs/benchmarks.md:156  4f23aca6bf562476, 86d83b830b7b2b3e  the GPT on fortunes, 40 and 60 steps
+#   docs/determinism.md:129  8d94d5114d9d5d6d  GPT, --kernels framework, under qemu-x86_64 -cpu qemu64
+#   docs/benchmarks.md:156  4bbb241722f96718, bbeb134850998421  the GPT on fortunes, 40 and 60 steps
 #   docs/benchmarks.md:481  c6ca955519453718  MLP, reproducible, 1000 steps: one `train` process
 #                 and `launch` jobs of 1, 2 and 4 workers (the DDP table's note)
 #   docs/recovery.md:325  bb5563f964cde29d  scripts/chaos.sh's reference: one process and a
@@ -47,6 +47,8 @@
 #       recorded 2026-11-23 on an Intel Xeon (commit 2b58ab3) before the fixed-order kernels
 #       became the MLP's default (38ac3f9), i.e. with the framework's kernels, whose bits depend
 #       on the CPU; the table's note gives today's values, which are checked above.
+#   docs/benchmarks.md:156  4f23aca6bf562476, 86d83b830b7b2b3e: the same GPT runs before GELU
+#       moved to f32 (2026-11-30); the values checked above are today's.
 #   docs/checkpoint-study.md:340  f28b9b437bef7304, b94062c8c82ea9f0: checksums of one tensor
 #       of a checkpoint shard (a damaged-checkpoint trial of the Python study), not fingerprints.
 #   docs/determinism.md:105  04aa6be4b11e1abe, 2d25dbd79a004c85; :118 f1d6fc0467948685: the
@@ -90,7 +92,7 @@ engines='train --model mlp --data fashion-mnist --steps 300 --batch 128 --micro-
 
 add 9a1bbcea6ca95d75 docs/determinism.md:105 1 '@ISA $BIN train --model mlp --data synthetic --steps 20 --eval-every 0'
 add a1fca554858829e8 docs/determinism.md:105 1 '@ISA $BIN train --model cnn --data synthetic --steps 20 --eval-every 0'
-add 601e5494abdb9d98 docs/determinism.md:118 1 '@ISA $BIN train --model gpt --data synthetic --steps 2 --batch 2 --micro-batch 2 --eval-every 0 --eval-limit 2'
+add 684cdfa73dbacd65 docs/determinism.md:118 1 '@ISA $BIN train --model gpt --data synthetic --steps 2 --batch 2 --micro-batch 2 --eval-every 0 --eval-limit 2'
 add bb5563f964cde29d docs/recovery.md:325 1 "\$BIN $chaos"
 add bb5563f964cde29d docs/recovery.md:325 3 "\$BIN launch --nproc 3 --max-restarts 2 -- $chaos"
 add ccec08d34ddbd619 README.md:50 1 '$BIN train'
@@ -103,8 +105,8 @@ add 73edc71221576d1f docs/benchmarks.md:669 2 "RAYON_NUM_THREADS=1 \$BIN launch 
 add 73edc71221576d1f docs/benchmarks.md:669 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $engines --reduce reproducible"
 add d81ec76a545f6181 docs/benchmarks.md:669 2 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 2 -- $engines --reduce fast"
 add 2cc492b65f9cc4a7 docs/benchmarks.md:669 4 "RAYON_NUM_THREADS=1 \$BIN launch --nproc 4 -- $engines --reduce fast"
-add 4f23aca6bf562476 docs/benchmarks.md:156 1 'RAYON_NUM_THREADS=1 $BIN train --model gpt --data fortunes --steps 40 --batch 32 --lr 2e-3 --eval-every 0 --eval-limit 1'
-add 86d83b830b7b2b3e docs/benchmarks.md:156 1 'RAYON_NUM_THREADS=1 $BIN train --model gpt --data fortunes --steps 60 --batch 32 --lr 2e-3 --eval-every 0 --eval-limit 1'
+add 4bbb241722f96718 docs/benchmarks.md:156 1 'RAYON_NUM_THREADS=1 $BIN train --model gpt --data fortunes --steps 40 --batch 32 --lr 2e-3 --eval-every 0 --eval-limit 1'
+add bbeb134850998421 docs/benchmarks.md:156 1 'RAYON_NUM_THREADS=1 $BIN train --model gpt --data fortunes --steps 60 --batch 32 --lr 2e-3 --eval-every 0 --eval-limit 1'
 add d6a2bc595108f44d docs/determinism.md:107 1 'qemu-x86_64 -cpu qemu64 $BIN train --model mlp --data synthetic --steps 20 --eval-every 0 --kernels framework'
 add 8d94d5114d9d5d6d docs/determinism.md:120 1 'qemu-x86_64 -cpu qemu64 $BIN train --model gpt --data synthetic --steps 2 --batch 2 --micro-batch 2 --eval-every 0 --eval-limit 2 --kernels framework'
 add 46404ae18f6aee24 README.md:23 3 "\$BIN launch --nproc 3 --max-restarts 1 -- $demo --on-divergence repair --fault 'crash:rank=1,step=700,phase=update' --inject 'step=1400,rank=2,state=param,bits=exponent,count=1,seed=7'"
@@ -113,7 +115,8 @@ add 46404ae18f6aee24 README.md:23 3 "\$BIN launch --nproc 3 --max-restarts 1 -- 
 skipped='c66b2b0f7e5086f3 8d633670f4414ce6 d7f9f4717ea307d5 6c9dbf8c57c25511 675608151aa23a39
 c6922b404ef1981e 2d27caa5ea681bfe 0e73f0b1aa54501b 25e92ccf41d45514 a953b8ae65088e32
 f28b9b437bef7304 b94062c8c82ea9f0 04aa6be4b11e1abe 2d25dbd79a004c85 f1d6fc0467948685
-bf9c5a180cbe6614 f94166bc5e1f47ac 982779b22e5a9154 3ba864da8aac8026 b4ef702b0c1afffe'
+bf9c5a180cbe6614 f94166bc5e1f47ac 982779b22e5a9154 3ba864da8aac8026 b4ef702b0c1afffe
+4f23aca6bf562476 86d83b830b7b2b3e'
 
 # The DOC:LINE to print: as given if that line still quotes the value, else the first line of
 # the file that does (marked `*`), else the given one marked `(gone)`.
