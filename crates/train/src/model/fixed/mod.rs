@@ -56,11 +56,20 @@ fn linear_backward(
 ) {
     let (d_in, d_out) = (w.shape[0], w.shape[1]);
     let dy_m = MatRef::row_major(dy, n, d_out);
-    matmul(isa, MatRef::row_major(x, n, d_in).t(), dy_m, dw);
-    kernels::rows::sum_rows(dy, db);
-    if let Some(dx) = dx {
-        matmul(isa, dy_m, MatRef::row_major(&w.data, d_in, d_out).t(), dx);
-    }
+    // The weights' gradient and the input's are independent products. Side by side, each
+    // still split its own way (so their bits are the same as one after the other), the
+    // threads take up one product's last pieces of work while the other's finish.
+    rayon::join(
+        || {
+            matmul(isa, MatRef::row_major(x, n, d_in).t(), dy_m, dw);
+            kernels::rows::sum_rows(dy, db);
+        },
+        || {
+            if let Some(dx) = dx {
+                matmul(isa, dy_m, MatRef::row_major(&w.data, d_in, d_out).t(), dx);
+            }
+        },
+    );
 }
 
 /// Softmax cross-entropy of `n` rows of `logits` against labels `y`: the sum of the
