@@ -44,11 +44,10 @@ pub(crate) fn exp_lanes(x: f32) -> f32 {
     if x < EXP_UNDERFLOW { 0.0 } else { y }
 }
 
-/// `e^x` in `f64` for `x` in `[-170, 170]` (or NaN), within about 1e-15 of the true value:
-/// [`exp`]'s arithmetic, without a branch. ([`exp`] needs `[-104, 89]`; GELU goes down to
-/// `-121`.)
+/// `e^x` in `f64` for `x` in `[-170, 170]` (or NaN), within about 1e-15 of the true value,
+/// without a branch: [`exp`]'s arithmetic once its argument is clamped to `[-104, 89]`.
 #[inline(always)]
-pub(crate) fn exp_in_range(x: f64) -> f64 {
+fn exp_in_range(x: f64) -> f64 {
     // x = k ln2 + r with |r| <= ln2 / 2.
     let shifted = x * LOG2_E + ROUND;
     let k = shifted - ROUND;
