@@ -3,8 +3,9 @@
 # tests: the data sets, libhdf5, Open MPI, Slurm and munge, etcd, Python's safetensors, NumPy and h5py,
 # a headless Chromium, qemu-user), then run the whole suite with those peers required, so that a test that
 # needs one fails rather than skips; then the Python package's pytest suite with PyTorch
-# (scripts/python-tests.sh). Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p
-# steadfast-ckpt`), and then the Python suite is left out.
+# (scripts/python-tests.sh). The Rust tests run as `cargo test --release --workspace` would,
+# two test binaries at a time (scripts/rust-tests.py); extra arguments go to `cargo test`
+# instead (e.g. `scripts/test.sh -p steadfast-ckpt`), and then the Python suite is left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh tests
@@ -22,7 +23,12 @@ if [ $# -eq 0 ]; then
   scripts/python-env.sh > target/python-env.log 2>&1 &
   env_job=$!
 fi
-cargo test --release --locked --workspace "$@"
+if [ $# -eq 0 ]; then
+  # `cargo test --release --workspace`, two test binaries at a time (scripts/rust-tests.py).
+  python3 scripts/rust-tests.py
+else
+  cargo test --release --locked --workspace "$@"
+fi
 if [ $# -eq 0 ]; then
   if ! wait "$env_job"; then
     cat target/python-env.log >&2

@@ -89,8 +89,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lanes", type=int, choices=[32, 64], default=64,
                     help="the width of the hook's integer sum (32: DDP's bytes, for up to 128 micro-batches)")
-    ap.add_argument("--transport", choices=["gloo", "steadfast"], default="gloo",
-                    help="where the reproducible hook's sums run: the process group's all-reduces or Steadfast's mesh")
+    ap.add_argument("--transport", choices=["auto", "gloo", "steadfast"], default="auto",
+                    help="where the reproducible hook's sums run: Steadfast's mesh, the process group's all-reduces, "
+                         "or (auto) the mesh where the ranks can reach each other")
     ap.add_argument("--profile", action="store_true", help="report the seconds of each phase of the hook")
     a = ap.parse_args()
     if a.micro_batches % a.world:

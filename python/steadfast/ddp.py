@@ -15,12 +15,13 @@ largest exponent, one byte per block of 64 elements (an all-reduce of bytes with
 with ``SUM``), and each rank converts back and divides by the number of micro-batches.
 Integer addition does not care about order or grouping, so the mean gradient, and with it
 every weight, has the same bits whichever ranks computed which micro-batches. The
-conversions run in Rust (``steadfast._steadfast``). The all-reduces are the process
-group's (gloo on CPU) by default; with ``transport="steadfast"`` the whole sum runs on
-Steadfast's own mesh instead (shared-memory rings between the ranks of one host,
-authenticated TCP between hosts, met through the process group once): one call per
-bucket, the scales' round and the integers' ring with the conversions done as the chunks
-pass. Both transports compute the same function and give the same bits.
+conversions run in Rust (``steadfast._steadfast``). By default the whole sum runs on
+Steadfast's own mesh (shared-memory rings between the ranks of one host, authenticated TCP
+between hosts, met through the process group once): one call per bucket, the scales' round
+and the integers' ring with the conversions done as the chunks pass. Where the ranks span
+hosts and no address leads to them (no ``MASTER_ADDR``, no ``address=``), it runs on the
+process group's all-reduces instead (gloo on CPU; two per bucket), as
+``transport="gloo"`` asks. Both transports compute the same function and give the same bits.
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -99,16 +100,19 @@ class ReproducibleGradients:
     block's largest elements, while an element ``2**-(31 - headroom)`` below its block's
     largest is lost). Either width gives the same bits on any number of ranks.
 
-    ``transport`` is where the sums run: ``"gloo"`` (the default: two all-reduces of the
-    process group per bucket) or ``"steadfast"`` (Steadfast's mesh, set up here with one
-    exchange of addresses over the process group; ``address`` is this rank's address that
-    the others reach, found from ``MASTER_ADDR`` when not given; a lost rank makes the
-    sum fail on the others within ``timeout`` seconds). The same bits either way.
+    ``transport`` is where the sums run: ``"steadfast"`` (Steadfast's mesh, set up here with
+    one exchange of addresses over the process group; ``address`` is this rank's address
+    that the others reach, found from ``MASTER_ADDR`` when not given; a lost rank makes the
+    sum fail on the others within ``timeout`` seconds), ``"gloo"`` (two all-reduces of the
+    process group per bucket), or ``"auto"`` (the default: the mesh, unless the ranks span
+    hosts and neither ``address`` nor ``MASTER_ADDR`` gives this rank's address, then gloo;
+    every rank decides alike). The same bits either way; the mesh's one call per bucket is
+    the faster (``docs/benchmarks.md``). :attr:`transport` says which one runs.
     """
 
     def __init__(self, module: torch.nn.parallel.DistributedDataParallel, micro_batches: int, *, group: Any = None,
                  headroom: int = DEFAULT_HEADROOM, lanes: int = 64, profile: bool = False,
-                 transport: str = "gloo", address: str | None = None, timeout: float = 60.0) -> None:
+                 transport: str = "auto", address: str | None = None, timeout: float = 60.0) -> None:
         if not isinstance(module, torch.nn.parallel.DistributedDataParallel):
             raise TypeError("ReproducibleGradients needs a DistributedDataParallel module")
         self.module = module
@@ -119,9 +123,9 @@ class ReproducibleGradients:
             raise ValueError(f"{micro_batches} micro-batches for {self.world} ranks: every rank needs at least one")
         if lanes not in (32, 64):
             raise ValueError(f"lanes={lanes}: the integer sum has 32- or 64-bit lanes")
-        if transport not in ("gloo", "steadfast"):
-            raise ValueError(f"transport={transport!r}: give 'gloo' (the process group's all-reduces) or "
-                             "'steadfast' (Steadfast's mesh)")
+        if transport not in ("auto", "gloo", "steadfast"):
+            raise ValueError(f"transport={transport!r}: give 'steadfast' (Steadfast's mesh), 'gloo' (the process "
+                             "group's all-reduces) or 'auto' (the mesh where the ranks can reach each other)")
         if lanes == 32:
             # The fewest bits that hold the step's terms: the rest keep the largest's bits.
             headroom = max(0, (micro_batches - 1).bit_length())
@@ -140,6 +144,9 @@ class ReproducibleGradients:
         self.micro_batches = micro_batches
         self.headroom = headroom
         self.lanes = lanes
+        if transport == "auto":
+            transport = "steadfast" if _mesh_reachable(group, address) else "gloo"
+        #: Where the sums run: ``"steadfast"`` (the mesh) or ``"gloo"`` (the process group).
         self.transport = transport
         self.mesh = _join_mesh(group, self.rank, address, timeout) if transport == "steadfast" else None
         self.mine = list(range(self.rank, micro_batches, self.world))
@@ -283,6 +290,22 @@ def _reachable_address():
             return s.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+def _mesh_reachable(group, address):
+    """Whether the mesh can connect the group's ranks: they share a host (the loopback
+    address serves), or every rank knows an address of its own that the others reach.
+    Decided from what every rank tells the group, so every rank decides alike."""
+    known = address is not None or bool(os.environ.get("MASTER_ADDR"))
+    told = [None] * dist.get_world_size(group)
+    dist.all_gather_object(told, (socket.gethostname(), known), group=group)
+    return _reachable(told)
+
+
+def _reachable(told):
+    """The rule of :func:`_mesh_reachable` over each rank's ``(host name, whether it knows
+    its own reachable address)``."""
+    return len({host for host, _ in told}) == 1 or all(known for _, known in told)
 
 
 def _join_mesh(group, rank, address, timeout):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from steadfast import _steadfast
-from steadfast.ddp import DEFAULT_HEADROOM
+from steadfast.ddp import DEFAULT_HEADROOM, _reachable
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "reproducible_ddp.py"
 
@@ -25,20 +25,26 @@ def run(world, data, *args):
 
 
 def test_the_final_weights_are_the_same_bits_on_1_2_and_4_processes(fashion_mnist):
-    runs = [run(world, fashion_mnist) for world in (1, 2, 4)]
-    assert len({r["weights_sha256"] for r in runs}) == 1, runs
+    # By default (transport="auto") the sums run on Steadfast's mesh, as all of these
+    # processes share a host; two processes on the process group's gloo all-reduces
+    # instead: the same function, so the same bits.
+    wide = [run(1, fashion_mnist), run(2, fashion_mnist, "--transport", "gloo"), run(4, fashion_mnist)]
+    assert len({r["weights_sha256"] for r in wide}) == 1, wide
     # The 32-bit lanes too, with other bits than the 64-bit sum's.
-    narrow = [run(world, fashion_mnist, "--lanes", "32")["weights_sha256"] for world in (1, 4)]
-    assert narrow[0] == narrow[1] != runs[0]["weights_sha256"]
-    # On Steadfast's mesh instead of gloo's all-reduces: the same function, so the same bits
-    # as one process (a mesh of one sends nothing, so two processes are the case to try).
-    for lanes, expected in (("64", runs[0]["weights_sha256"]), ("32", narrow[0])):
-        mesh = run(2, fashion_mnist, "--lanes", lanes, "--transport", "steadfast")
-        assert mesh["weights_sha256"] == expected, (lanes, mesh)
+    narrow = [run(1, fashion_mnist, "--lanes", "32"), run(2, fashion_mnist, "--lanes", "32", "--transport", "gloo"),
+              run(4, fashion_mnist, "--lanes", "32")]
+    assert len({r["weights_sha256"] for r in narrow}) == 1, narrow
+    assert narrow[0]["weights_sha256"] != wide[0]["weights_sha256"]
     # DDP's own hook (micro-batches accumulated in float, then a float all-reduce) does
     # not give the 1-process bits on 4 processes.
     default = [run(world, fashion_mnist, "--hook", "default")["weights_sha256"] for world in (1, 4)]
     assert default[0] != default[1]
+
+
+def test_auto_takes_the_mesh_unless_ranks_on_other_hosts_lack_an_address():
+    assert _reachable([("a", False), ("a", False)])          # one host: the loopback address serves
+    assert _reachable([("a", True), ("b", True)])            # every rank knows where it is reached
+    assert not _reachable([("a", True), ("b", False)])       # the second rank would give 127.0.0.1: gloo
 
 
 def _at(t):
@@ -157,6 +163,9 @@ def test_what_the_hook_cannot_sum_is_refused_before_it_runs_or_named_after(tmp_p
             ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, lanes=16)
         with pytest.raises(ValueError, match="129 micro-batches do not fit 32-bit lanes"):
             ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 129, lanes=32)
+        # One host: the mesh by default (a mesh of one sends nothing).
+        assert ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2).transport == "steadfast"
+        assert ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, transport="gloo").transport == "gloo"
         with pytest.raises(ValueError, match="transport='nccl'"):
             ReproducibleGradients(DDP(torch.nn.Linear(3, 1)), 2, transport="nccl")
         with pytest.raises(RuntimeError, match="cannot listen on 203.0.113.7"):
