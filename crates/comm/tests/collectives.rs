@@ -144,6 +144,75 @@ fn one_reducer_sums_one_vector_per_rank_across_modes_sizes_and_world_sizes() {
     }
 }
 
+/// `world` parts of `n` elements whose blocks test a sum's scales: any bit pattern of a
+/// finite float (subnormals, zeros of either sign, the largest values), values that a
+/// block's largest exponent leaves far behind, and in some blocks an infinity or a NaN
+/// held by one rank only.
+fn adversarial(n: usize, world: usize) -> Vec<Vec<f32>> {
+    let mut s = repro::rng::Stream::new(5, n as u64);
+    (0..world)
+        .map(|_| {
+            (0..n)
+                .map(|_| match s.below(16) {
+                    0 => f32::from_bits(s.next_u32() & 0x807F_FFFF), // a subnormal or a zero
+                    1 => f32::from_bits(s.next_u32() & 0xFF7F_FFFF), // finite: exponent field at most 254
+                    2 if s.below(40) == 0 => [f32::INFINITY, f32::NEG_INFINITY, f32::NAN][s.below(3) as usize],
+                    _ => s.uniform_symmetric(1.0) * 2f32.powi(s.below(60) as i32 - 30),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn one_part_on_every_rank_sums_at_the_chunks_owners_with_the_local_sums_bits() {
+    // Each rank holding one part takes the way of the owners' sums (comm::collective's
+    // docs); the bits are the local sum's for every size (blocks and segments cut by the
+    // chunks or not, chunks left empty), mode and world size, on both transports, one
+    // reducer reused throughout. A round with two parts on rank 0 (the ring's way, after
+    // the other ranks' terms are drained) leaves the links clean for the rounds after it.
+    let sizes = [0, 1, 63, 65, 1001, comm::collective::SEGMENT_BYTES / 2 + 4099];
+    let modes = [ReduceMode::Reproducible32, ReduceMode::Reproducible];
+    for world in 2..=5 {
+        let inputs: Vec<Vec<Vec<f32>>> = sizes.iter().map(|&n| adversarial(n, world)).collect();
+        let extra = adversarial(1001, 1).remove(0);
+        let run = |r: usize, t: &dyn Transport| {
+            let mut reducer = Reducer::default();
+            let mut got = Vec::new();
+            for (k, all) in inputs.iter().enumerate() {
+                for &mode in &modes {
+                    let mut out = vec![0.0; sizes[k]];
+                    let mut parts = vec![&all[r][..]];
+                    if sizes[k] == 1001 && mode == ReduceMode::Reproducible && r == 0 {
+                        parts.push(&extra);
+                    }
+                    reducer.sum_parts(t, &parts, &mut out, mode, TIMEOUT).unwrap();
+                    got.push(out);
+                }
+            }
+            got
+        };
+        let mut want = Vec::new();
+        for (all, &n) in inputs.iter().zip(&sizes) {
+            for &mode in &modes {
+                let mut terms = all.clone();
+                if n == 1001 && mode == ReduceMode::Reproducible {
+                    terms.push(extra.clone());
+                }
+                want.push(local_sum(mode, &terms));
+            }
+        }
+        for (net, out) in [("memory", on_mem(world, run)), ("tcp", on_tcp(world, run))] {
+            for (rank, got) in out.iter().enumerate() {
+                for (k, (got, want)) in got.iter().zip(&want).enumerate() {
+                    let (n, mode) = (sizes[k / 2], modes[k % 2]);
+                    assert_eq!(bits(got), bits(want), "{net}, world {world}, rank {rank}, {n} elements, {mode}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_reproducible_sum_with_more_parts_than_its_integers_hold_fails_on_every_rank() {
     // 3 ranks with 50 parts each: 150 > 128 for the 32-bit sum (each rank alone is within).
@@ -276,13 +345,12 @@ fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
         assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{mode}: {err}");
         assert!(err.to_string().contains("bytes"), "{mode}: {err}");
     }
-    // A segment of the right length but of another kind, on the way that reads it into
-    // place: the first exchange of a 2-rank reproducible sum of 8 values moves a chunk of
-    // its one block's scale byte and 2 x 4 bytes of part counts: 5 of those 9 bytes to rank 0.
+    // A frame of the right length but of another kind: a reproducible sum opens with
+    // each rank's count of parts, 4 bytes, to every other rank.
     let answered = std::sync::Barrier::new(2);
     let out = on_tcp(2, |r, t| {
         if r == 1 {
-            t.send(0, 9, &[0; 5]).unwrap();
+            t.send(0, 9, &[0; 4]).unwrap();
             answered.wait();
             return None;
         }
@@ -293,6 +361,23 @@ fn tcp_peer_that_sends_garbage_or_hangs_up_is_reported_not_a_hang() {
     let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
     assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{err}");
     assert!(err.to_string().contains("kind 9"), "{err}");
+    // A rank that says it holds one part (kind 4, a count of 1), then sends a segment of
+    // its terms (kind 5) of the wrong length: read straight into its place, refused.
+    let answered = std::sync::Barrier::new(2);
+    let out = on_tcp(2, |r, t| {
+        if r == 1 {
+            t.send(0, 4, &1u32.to_le_bytes()).unwrap();
+            t.send(0, 5, &[0; 12]).unwrap();
+            answered.wait();
+            return None;
+        }
+        let result = all_reduce_parts(t, &[&[1.0f32; 200]], 200, ReduceMode::Reproducible32, deadline);
+        answered.wait();
+        Some(result)
+    });
+    let err = out[0].as_ref().unwrap().as_ref().unwrap_err();
+    assert!(matches!(err, CommError::Protocol { peer: 1, .. }), "{err}");
+    assert!(err.to_string().contains("bytes"), "{err}");
 
     // Rank 1 hangs up before rank 0 starts its all-reduce.
     let mut meshes = tcp_meshes(2);

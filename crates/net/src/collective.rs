@@ -29,6 +29,14 @@
 //! - `reproducible32`: the same with 32-bit integers (equal to
 //!   [`repro::batched::sum_parts_as`] for `i32`).
 //!
+//! A reproducible sum of parts ([`Reducer::sum_parts`], [`Reducer::sum_fixed`]) opens with
+//! each rank's count of parts, a few bytes to every other rank. When every rank holds one
+//! part, the ring of scales and integers gives way to a cheaper route to the same bits: the
+//! chunks (cut at the scales' blocks) travel as floats straight to their owners, each owner
+//! finds its blocks' scales over every term, converts, adds and converts back in cache, and
+//! the all-gather follows (`owner_sum`). The reduce-scatter then moves the float sum's 4
+//! bytes per element, and no pass over the message precedes it.
+//!
 //! In every reduce-scatter of a sum of parts (the exponents', the integers', and the
 //! floats' of [`Reducer::sum_parts`]) a rank never computes its whole contribution up
 //! front: it computes each chunk of it in the pass that needs it, the first segment by
@@ -221,11 +229,21 @@ fn reduce_scatter<T: Wire>(
 /// The all-gather half of the ring: every rank starts holding chunk `rank + 1` and ends
 /// holding all of them.
 fn all_gather<T: Wire>(t: &dyn Transport, data: &mut [T], timeout: Duration) -> Result<(), CommError> {
+    all_gather_chunks(t, data, timeout, chunk_range)
+}
+
+/// [`all_gather`] of the chunks that `chunk(n, world, c)` cuts.
+fn all_gather_chunks<T: Wire>(
+    t: &dyn Transport,
+    data: &mut [T],
+    timeout: Duration,
+    chunk: fn(usize, usize, usize) -> std::ops::Range<usize>,
+) -> Result<(), CommError> {
     let (world, rank, n) = (t.world(), t.rank(), data.len());
     for s in 0..world - 1 {
         let send_c = (rank + 1 + world - s) % world;
         let recv_c = (rank + world - s) % world;
-        let (send, recv) = split_chunks(data, chunk_range(n, world, send_c), chunk_range(n, world, recv_c));
+        let (send, recv) = split_chunks(data, chunk(n, world, send_c), chunk(n, world, recv_c));
         exchange(t, send, &as_is, recv, Instant::now() + timeout, Fold::Into(&mut nothing))?;
     }
     Ok(())
@@ -415,6 +433,18 @@ impl Reducer {
             }
             return Ok(());
         }
+        // One part on every rank: the terms meet at their chunk's owner, which sums them
+        // (crate::owner_sum), and the chunks of whole blocks go round as the ring's do.
+        let Reducer { sending, receiving, .. } = &mut *self;
+        let deadline = Instant::now() + timeout;
+        let summed = if fixed.wide {
+            crate::owner_sum::reduce_scatter::<i64, P>(t, parts, out, fixed, deadline, sending, receiving)?
+        } else {
+            crate::owner_sum::reduce_scatter::<i32, P>(t, parts, out, fixed, deadline, sending, receiving)?
+        };
+        if summed {
+            return all_gather_chunks(t, out, timeout, crate::owner_sum::block_chunk);
+        }
         // The owned chunk's sum is converted to f32 segment by segment as the last ring
         // step completes it, while the segment is still in cache.
         self.reproducible(t, parts, out.len(), fixed, Some(&mut *out), timeout)?;
@@ -552,7 +582,7 @@ impl FixedPoint {
         Ok(())
     }
 
-    fn check_parts(self, total: u64, world: usize) -> Result<(), CommError> {
+    pub(crate) fn check_parts(self, total: u64, world: usize) -> Result<(), CommError> {
         if total > 1u64 << self.headroom {
             return Err(CommError::Setup(format!(
                 "{total} parts over {world} ranks exceed the {} that a reproducible sum in {}-bit lanes with {} bits \

@@ -42,6 +42,7 @@ pub mod handshake;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+mod owner_sum;
 pub mod transport;
 
 use repro::words::Word;

@@ -1,0 +1,249 @@
+//! The reproducible reduce-scatter when every rank holds one part: the terms go to the
+//! chunk's owner as they are, and the owner sums them.
+//!
+//! A reproducible sum scales every term of a block of [`repro::batched::EXP_BLOCK`]
+//! elements by one power of two fixed by the block's largest exponent among *all* terms.
+//! The ring of [`crate::collective`] therefore agrees on the scales first (a ring of its
+//! own, and a pass over the message to find them) and then adds integers. When each rank
+//! holds a single term per element (one micro-batch per rank: the common data-parallel
+//! step), there is a cheaper way to the same bits: every rank sends the floats of chunk
+//! `c` straight to the rank that owns it (4 bytes per element, the float sum's bytes, where
+//! the 64-bit sum's ring moves 8), and the owner, holding every term of its chunk, finds
+//! each block's scale and converts and adds all of them tile by tile while the tile is in
+//! cache, then converts the sum back to floats. No scales' round and no pass over memory
+//! before the sum, and the result is the same function: the same scales (a maximum over
+//! the same terms), the same integers, added in another order, which integers ignore.
+//!
+//! Chunks here are cut at block boundaries, so that every block's terms meet at one owner
+//! (rank `r` owns chunk `r + 1`, as after the ring's reduce-scatter, so that the ring's
+//! all-gather follows unchanged with these chunks).
+//!
+//! Whether every rank holds one part is not known in advance, so each rank says how many
+//! parts it holds in a small frame to every owner, and a rank with one part sends its
+//! floats right behind it without waiting for the others' answers. Every rank reads every
+//! other's count, so all of them see the same counts and take the same way: the terms'
+//! sum when all are one, and otherwise the ring (after draining the floats that the
+//! one-part ranks had sent, unread).
+//!
+//! The sends follow a fixed schedule, segment by segment and, within a segment, to the
+//! ranks `r + 1, r + 2, ...` in turn, while the receives take the same segment from
+//! `r - 1, r - 2, ...`: at every stage the ranks pair off (each sends to the one that is
+//! receiving from it), so that with the sends on their own thread no rank waits on another
+//! that waits on it, whatever the links buffer.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use repro::batched::{EXP_BLOCK, Fixed};
+
+use crate::collective::{FixedPoint, SEGMENT_BYTES};
+use crate::transport::{CommError, Transport};
+
+/// A rank's count of parts, before its terms.
+const KIND_PARTS: u8 = 4;
+/// A segment of a chunk's terms.
+const KIND_TERMS: u8 = 5;
+
+/// Elements per segment frame.
+const PER: usize = SEGMENT_BYTES / 4;
+/// Elements the owner sums at a time (whole blocks), every term of them in cache.
+const TILE: usize = 4096;
+
+/// Elements of chunk `c` of `n` elements over `world` ranks, cut at block boundaries: the
+/// blocks are shared out as evenly as they go.
+pub(crate) fn block_chunk(n: usize, world: usize, c: usize) -> Range<usize> {
+    let blocks = n.div_ceil(EXP_BLOCK);
+    let (q, r) = (blocks / world, blocks % world);
+    let start = c * q + c.min(r);
+    let end = start + q + usize::from(c < r);
+    (start * EXP_BLOCK).min(n)..(end * EXP_BLOCK).min(n)
+}
+
+/// The chunk rank `rank` owns.
+fn owned(n: usize, world: usize, rank: usize) -> Range<usize> {
+    block_chunk(n, world, (rank + 1) % world)
+}
+
+/// Segment frames of a chunk of `len` elements: at least one, so that an empty chunk
+/// still travels as an (empty) frame and both sides count the same frames.
+fn segments(len: usize) -> usize {
+    len.div_ceil(PER).max(1)
+}
+
+/// Segment `k` of `chunk`.
+fn segment(chunk: &Range<usize>, k: usize) -> Range<usize> {
+    (chunk.start + k * PER).min(chunk.end)..(chunk.start + (k + 1) * PER).min(chunk.end)
+}
+
+/// The reduce-scatter of a reproducible sum whose every rank holds `parts`: when every
+/// rank holds exactly one, the sum of the chunk this rank owns ([`block_chunk`]) is written
+/// into its place in `out` and this returns `true`; otherwise nothing is written, every
+/// rank returns `false` alike, and the links are left clean for the ring. `scratch` and
+/// `terms` are kept by the caller between calls.
+pub(crate) fn reduce_scatter<A: Fixed, P: AsRef<[f32]> + Sync>(
+    t: &dyn Transport,
+    parts: &[P],
+    out: &mut [f32],
+    fixed: FixedPoint,
+    deadline: Instant,
+    scratch: &mut Vec<i64>,
+    terms: &mut Vec<i64>,
+) -> Result<bool, CommError> {
+    let (world, rank, n) = (t.world(), t.rank(), out.len());
+    let single = match parts {
+        [one] => Some(one.as_ref()),
+        _ => None,
+    };
+    let count = (parts.len().min(u32::MAX as usize) as u32).to_le_bytes();
+    let send = || send_terms(t, &count, single, n);
+    // Every frame fits the links' free room now (shared memory): send, then receive, on
+    // this thread; otherwise the sends run on a thread of their own.
+    let fits = (1..world).all(|d| {
+        let peer = (rank + d) % world;
+        let len = owned(n, world, peer).len();
+        4 * len + (segments(len) + 1) * (crate::frame::HEADER_BYTES + 8) <= t.room(peer)
+    });
+    let receive = |scratch: &mut Vec<i64>, terms: &mut Vec<i64>, out: &mut [f32]| {
+        receive_terms::<A>(t, parts.len(), single, out, fixed, deadline, scratch, terms)
+    };
+    // A rank without one part sends only its count, a few bytes that no link refuses.
+    if fits || single.is_none() {
+        send()?;
+        return receive(scratch, terms, out);
+    }
+    let (sent, got) = std::thread::scope(|s| {
+        let sender = s.spawn(send);
+        let got = receive(scratch, terms, out);
+        (sender.join().unwrap_or_else(|_| Err(CommError::Setup("sender thread panicked".into()))), got)
+    });
+    // A receive failure is the more telling one (it names the silent or broken peer).
+    let got = got?;
+    sent?;
+    Ok(got)
+}
+
+/// The sending side: this rank's count to every other rank, then, when it holds one part,
+/// the part's elements of each rank's chunk, segment by segment.
+fn send_terms(t: &dyn Transport, count: &[u8; 4], single: Option<&[f32]>, n: usize) -> Result<(), CommError> {
+    let (world, rank) = (t.world(), t.rank());
+    for d in 1..world {
+        t.send((rank + d) % world, KIND_PARTS, count)?;
+    }
+    let Some(part) = single else { return Ok(()) };
+    let most = (1..world).map(|d| segments(owned(n, world, (rank + d) % world).len())).max().unwrap_or(0);
+    for k in 0..most {
+        for d in 1..world {
+            let peer = (rank + d) % world;
+            let chunk = owned(n, world, peer);
+            if k < segments(chunk.len()) {
+                t.send(peer, KIND_TERMS, bytemuck::cast_slice(&part[segment(&chunk, k)]))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The receiving side: every other rank's count, then the terms of this rank's chunk from
+/// those that hold one part, summed segment by segment when all of them do.
+#[allow(clippy::too_many_arguments)]
+fn receive_terms<A: Fixed>(
+    t: &dyn Transport,
+    mine: usize,
+    single: Option<&[f32]>,
+    out: &mut [f32],
+    fixed: FixedPoint,
+    deadline: Instant,
+    scratch: &mut Vec<i64>,
+    terms: &mut Vec<i64>,
+) -> Result<bool, CommError> {
+    let (world, rank, n) = (t.world(), t.rank(), out.len());
+    let from = |d: usize| (rank + world - d) % world;
+    let mut counts = vec![0u64; world];
+    counts[rank] = mine as u64;
+    let mut frame = Vec::new();
+    for d in 1..world {
+        let kind = t.recv_into(from(d), deadline, &mut frame)?;
+        match <[u8; 4]>::try_from(&frame[..]) {
+            Ok(bytes) if kind == KIND_PARTS => counts[from(d)] = u64::from(u32::from_le_bytes(bytes)),
+            _ => {
+                let len = frame.len();
+                let reason =
+                    format!("expected a count of parts (4 bytes of kind {KIND_PARTS}), got {len} bytes of kind {kind}");
+                return Err(protocol(from(d), reason));
+            }
+        }
+    }
+    let all_one = counts.iter().all(|&c| c == 1);
+    // Checked by every rank alike, after the terms are drained, so that the links stay clean.
+    let fits = fixed.check_parts(world as u64, world);
+    let chunk = owned(n, world, rank);
+    // Room for one segment from each other rank.
+    let received: &mut [f32] = repro::batched::words_as(terms, (world - 1) * PER.min(chunk.len().max(1)));
+    let stride = received.len() / (world - 1);
+    for k in 0..segments(chunk.len()) {
+        let seg = segment(&chunk, k);
+        for d in (1..world).filter(|&d| counts[from(d)] == 1) {
+            let into = &mut received[(d - 1) * stride..][..seg.len()];
+            let kind = t.recv_exact(from(d), deadline, bytemuck::cast_slice_mut(into))?;
+            if kind != KIND_TERMS {
+                return Err(protocol(from(d), format!("expected a segment of terms, got a frame of kind {kind}")));
+            }
+        }
+        if all_one && fits.is_ok() {
+            let own = single.expect("this rank holds one part");
+            let others: Vec<&[f32]> = (1..world).map(|d| &received[(d - 1) * stride..][..seg.len()]).collect();
+            sum_segment::<A>(&own[seg.clone()], &others, &mut out[seg], fixed.headroom, scratch);
+        }
+    }
+    if all_one {
+        fits?;
+    }
+    Ok(all_one)
+}
+
+/// The sum of every rank's terms of one segment (whole blocks from its start), tile by
+/// tile: each block's scale over all the terms, the terms converted and added, the sum
+/// converted back into `out`.
+fn sum_segment<A: Fixed>(own: &[f32], others: &[&[f32]], out: &mut [f32], headroom: u32, scratch: &mut Vec<i64>) {
+    let acc: &mut [A] = repro::batched::words_as(scratch, TILE.min(out.len()));
+    let mut exps = [0u8; TILE / EXP_BLOCK];
+    for (i, o) in out.chunks_mut(TILE).enumerate() {
+        let tile = i * TILE..i * TILE + o.len();
+        let exps = &mut exps[..o.len().div_ceil(EXP_BLOCK)];
+        exps.fill(0);
+        repro::batched::max_exponents(exps, &own[tile.clone()], 0);
+        for other in others {
+            repro::batched::max_exponents(exps, &other[tile.clone()], 0);
+        }
+        let acc = &mut acc[..o.len()];
+        repro::batched::write_fixed(acc, &own[tile.clone()], exps, 0, headroom);
+        for other in others {
+            repro::batched::add_fixed(acc, &other[tile.clone()], exps, 0, headroom);
+        }
+        repro::batched::finish_into(acc, exps, 0, headroom, o);
+    }
+}
+
+fn protocol(peer: usize, reason: String) -> CommError {
+    CommError::Protocol { peer, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_whole_blocks_that_cover_the_message_once() {
+        for n in [0, 1, 63, 64, 65, 640, 1000, 4096 * 3 + 5] {
+            for world in 1..=9 {
+                let chunks: Vec<_> = (0..world).map(|c| block_chunk(n, world, c)).collect();
+                assert_eq!(chunks[0].start, 0);
+                assert_eq!(chunks[world - 1].end, n);
+                for w in chunks.windows(2) {
+                    assert_eq!(w[0].end, w[1].start, "n {n} world {world}");
+                    assert!(w[0].end % EXP_BLOCK == 0 || w[0].end == n);
+                }
+            }
+        }
+    }
+}
