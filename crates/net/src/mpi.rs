@@ -14,14 +14,20 @@
 //!   each element is the maximum over ranks (`MPI_MAX` on bytes), and the fixed-point terms
 //!   are summed as 64-bit integers (`MPI_SUM`). Both operations are associative and
 //!   commutative on integers, so however the library groups them the sum has the bits of
-//!   single-process `train`, for every world size.
+//!   single-process `train`, for every world size. When every rank holds one part, the
+//!   terms go to their chunk's owner as floats instead (`MPI_Alltoallv`), the owner sums
+//!   them as `crate::owner_sum` describes, and the owners' sums are gathered
+//!   (`MPI_Allgatherv`): the same bits, the float sum's 4 bytes per element each way, and
+//!   no pass for the scales before the sum.
 //!
 //! MPI's collectives have no deadline: a rank that dies takes the job down with it (the
 //! library's default error handler aborts every rank). That is the static-cluster mode:
 //! the job is restarted from its last checkpoint (`steadfast launch --engine mpi`), and the
 //! fault-tolerant path of recovery from live replicas stays on Steadfast's transport.
 
+use mpi::Count;
 use mpi::collective::SystemOperation;
+use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Equivalence};
 
@@ -101,15 +107,23 @@ impl MpiWorld {
                 }
             }
             ReduceMode::Reproducible | ReduceMode::Reproducible32 => {
-                // Every rank learns the total count of parts and refuses, alike, a sum that
-                // its integers cannot hold.
-                let mut total = 0u64;
-                self.world.all_reduce_into(&(parts.len() as u64), &mut total, SystemOperation::sum());
-                mode.check_parts(total, self.world())?;
-                if mode == ReduceMode::Reproducible32 {
-                    self.reproducible::<i32, P>(parts, out, repro::batched::NARROW_HEADROOM)
-                } else {
-                    self.reproducible::<i64, P>(parts, out, repro::batched::DEFAULT_HEADROOM)
+                // Every rank learns the total count of parts, and refuses, alike, a sum that
+                // its integers cannot hold; and whether every rank holds exactly one.
+                let mut counts = [0u64; 2];
+                let mine = [parts.len() as u64, u64::from(parts.len() != 1)];
+                self.world.all_reduce_into(&mine[..], &mut counts[..], SystemOperation::sum());
+                mode.check_parts(counts[0], self.world())?;
+                // MPI counts elements in C ints.
+                let one_each = counts[1] == 0 && n as u64 + 64 * self.world() as u64 <= Count::MAX as u64;
+                match (mode, one_each) {
+                    (ReduceMode::Reproducible32, true) => {
+                        self.at_owners::<i32>(parts[0].as_ref(), out, repro::batched::NARROW_HEADROOM)
+                    }
+                    (_, true) => self.at_owners::<i64>(parts[0].as_ref(), out, repro::batched::DEFAULT_HEADROOM),
+                    (ReduceMode::Reproducible32, false) => {
+                        self.reproducible::<i32, P>(parts, out, repro::batched::NARROW_HEADROOM)
+                    }
+                    (_, false) => self.reproducible::<i64, P>(parts, out, repro::batched::DEFAULT_HEADROOM),
                 }
             }
         }
@@ -134,6 +148,29 @@ impl MpiWorld {
         let acc_all = repro::batched::words_as::<A>(&mut self.acc_all, n);
         self.world.all_reduce_into(&*acc, &mut *acc_all, SystemOperation::sum());
         repro::batched::finish_into(acc_all, &self.exps_all, 0, headroom, out);
+    }
+
+    /// The reproducible modes when every rank holds one part, `part`: each rank receives
+    /// every rank's terms of its chunk (whole blocks), sums them, and the sums are gathered.
+    fn at_owners<A: repro::batched::Fixed>(&mut self, part: &[f32], out: &mut [f32], headroom: u32) {
+        let (world, rank, n) = (self.world(), self.rank(), out.len());
+        let chunks: Vec<_> = (0..world).map(|c| crate::owner_sum::block_chunk(n, world, c)).collect();
+        let lens: Vec<Count> = chunks.iter().map(|c| c.len() as Count).collect();
+        let starts: Vec<Count> = chunks.iter().map(|c| c.start as Count).collect();
+        let len = chunks[rank].len();
+        // Every rank's terms of this rank's chunk, one rank after another.
+        self.gathered.resize(world * len, 0.0);
+        let (from_each, at): (Vec<Count>, Vec<Count>) = (0..world).map(|r| (len as Count, (r * len) as Count)).unzip();
+        self.world.all_to_all_varcount_into(
+            &Partition::new(part, &lens[..], &starts[..]),
+            &mut PartitionMut::new(&mut self.gathered[..], &from_each[..], &at[..]),
+        );
+        self.mine.resize(len, 0.0);
+        if len > 0 {
+            let terms: Vec<&[f32]> = self.gathered.chunks_exact(len).collect();
+            crate::owner_sum::sum_terms::<A>(&terms, &mut self.mine, headroom, &mut self.acc);
+        }
+        self.world.all_gather_varcount_into(&self.mine[..], &mut PartitionMut::new(out, &lens[..], &starts[..]));
     }
 
     /// Every rank's `words` (the same count on every rank), indexed by rank.

@@ -191,8 +191,10 @@ fn receive_terms<A: Fixed>(
         }
         if all_one && fits.is_ok() {
             let own = single.expect("this rank holds one part");
-            let others: Vec<&[f32]> = (1..world).map(|d| &received[(d - 1) * stride..][..seg.len()]).collect();
-            sum_segment::<A>(&own[seg.clone()], &others, &mut out[seg], fixed.headroom, scratch);
+            let terms: Vec<&[f32]> = std::iter::once(&own[seg.clone()])
+                .chain((1..world).map(|d| &received[(d - 1) * stride..][..seg.len()]))
+                .collect();
+            sum_terms::<A>(&terms, &mut out[seg], fixed.headroom, scratch);
         }
     }
     if all_one {
@@ -201,24 +203,26 @@ fn receive_terms<A: Fixed>(
     Ok(all_one)
 }
 
-/// The sum of every rank's terms of one segment (whole blocks from its start), tile by
-/// tile: each block's scale over all the terms, the terms converted and added, the sum
-/// converted back into `out`.
-fn sum_segment<A: Fixed>(own: &[f32], others: &[&[f32]], out: &mut [f32], headroom: u32, scratch: &mut Vec<i64>) {
+/// The reproducible sum of `terms` (every term of elements that start a block; at least
+/// one) into `out`, tile by tile: each block's scale over all the terms, the terms converted
+/// and added, the sum converted back. The bits of [`repro::batched::sum_parts_as`].
+pub(crate) fn sum_terms<A: Fixed>(terms: &[&[f32]], out: &mut [f32], headroom: u32, scratch: &mut Vec<i64>) {
     let acc: &mut [A] = repro::batched::words_as(scratch, TILE.min(out.len()));
     let mut exps = [0u8; TILE / EXP_BLOCK];
     for (i, o) in out.chunks_mut(TILE).enumerate() {
         let tile = i * TILE..i * TILE + o.len();
         let exps = &mut exps[..o.len().div_ceil(EXP_BLOCK)];
         exps.fill(0);
-        repro::batched::max_exponents(exps, &own[tile.clone()], 0);
-        for other in others {
-            repro::batched::max_exponents(exps, &other[tile.clone()], 0);
+        for term in terms {
+            repro::batched::max_exponents(exps, &term[tile.clone()], 0);
         }
         let acc = &mut acc[..o.len()];
-        repro::batched::write_fixed(acc, &own[tile.clone()], exps, 0, headroom);
-        for other in others {
-            repro::batched::add_fixed(acc, &other[tile.clone()], exps, 0, headroom);
+        for (k, term) in terms.iter().enumerate() {
+            if k == 0 {
+                repro::batched::write_fixed(acc, &term[tile.clone()], exps, 0, headroom);
+            } else {
+                repro::batched::add_fixed(acc, &term[tile.clone()], exps, 0, headroom);
+            }
         }
         repro::batched::finish_into(acc, exps, 0, headroom, o);
     }
