@@ -22,8 +22,8 @@
 //! parts it holds in a small frame to every owner, and a rank with one part sends its
 //! floats right behind it without waiting for the others' answers. Every rank reads every
 //! other's count, so all of them see the same counts and take the same way: the terms'
-//! sum when all are one, and otherwise the ring (after draining the floats that the
-//! one-part ranks had sent, unread).
+//! sum when all are one, and otherwise the ring (after reading, and setting aside, the
+//! floats that the one-part ranks had already sent).
 //!
 //! The sends follow a fixed schedule, segment by segment and, within a segment, to the
 //! ranks `r + 1, r + 2, ...` in turn, while the receives take the same segment from
