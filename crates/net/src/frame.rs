@@ -169,6 +169,11 @@ fn read_payload(r: &mut impl Read, payload: &mut [u8]) -> Result<(), FrameError>
     Ok(())
 }
 
+/// Bytes per frame within a step of a collective ([`crate::collective`]): small enough
+/// that the receiver's work on one segment overlaps the transfer of the next, large
+/// enough to keep system calls few.
+pub const SEGMENT_BYTES: usize = 1 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,7 @@
 #![deny(missing_docs)]
 
 pub mod collective;
+mod fixed;
 pub mod frame;
 pub mod gate;
 pub mod group;

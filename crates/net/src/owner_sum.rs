@@ -36,7 +36,8 @@ use std::time::Instant;
 
 use repro::batched::{EXP_BLOCK, Fixed};
 
-use crate::collective::{FixedPoint, SEGMENT_BYTES};
+use crate::fixed::FixedPoint;
+use crate::frame::SEGMENT_BYTES;
 use crate::transport::{CommError, Transport};
 
 /// A rank's count of parts, before its terms.
