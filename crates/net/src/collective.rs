@@ -30,12 +30,13 @@
 //!   [`repro::batched::sum_parts_as`] for `i32`).
 //!
 //! A reproducible sum of parts ([`Reducer::sum_parts`], [`Reducer::sum_fixed`]) opens with
-//! each rank's count of parts, a few bytes to every other rank. When every rank holds one
-//! part, the ring of scales and integers gives way to a cheaper route to the same bits: the
-//! chunks (cut at the scales' blocks) travel as floats straight to their owners, each owner
-//! finds its blocks' scales over every term, converts, adds and converts back in cache, and
-//! the all-gather follows (`owner_sum`). The reduce-scatter then moves the float sum's 4
-//! bytes per element, and no pass over the message precedes it.
+//! each rank's count of parts, a few bytes to every other rank. When no rank holds more
+//! parts than its integers' bytes carry as floats (one in 32-bit lanes, two in 64-bit), the
+//! ring of scales and integers gives way to a cheaper route to the same bits: the chunks
+//! (cut at the scales' blocks) of every part travel as floats straight to their owners,
+//! each owner finds its blocks' scales over every term, converts, adds and converts back in
+//! cache, and the all-gather follows (`owner_sum`). No more bytes cross than in the ring,
+//! and no pass over the message precedes the sum.
 //!
 //! In every reduce-scatter of a sum of parts (the exponents', the integers', and the
 //! floats' of [`Reducer::sum_parts`]) a rank never computes its whole contribution up
@@ -431,7 +432,7 @@ impl Reducer {
             }
             return Ok(());
         }
-        // One part on every rank: the terms meet at their chunk's owner, which sums them
+        // Few parts on every rank: the terms meet at their chunk's owner, which sums them
         // (crate::owner_sum), and the chunks of whole blocks go round as the ring's do.
         let Reducer { sending, receiving, .. } = &mut *self;
         let deadline = Instant::now() + timeout;

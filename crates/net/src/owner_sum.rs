@@ -1,29 +1,30 @@
-//! The reproducible reduce-scatter when every rank holds one part: the terms go to the
+//! The reproducible reduce-scatter when every rank holds few parts: the terms go to the
 //! chunk's owner as they are, and the owner sums them.
 //!
 //! A reproducible sum scales every term of a block of [`repro::batched::EXP_BLOCK`]
 //! elements by one power of two fixed by the block's largest exponent among *all* terms.
 //! The ring of [`crate::collective`] therefore agrees on the scales first (a ring of its
-//! own, and a pass over the message to find them) and then adds integers. When each rank
-//! holds a single term per element (one micro-batch per rank: the common data-parallel
-//! step), there is a cheaper way to the same bits: every rank sends the floats of chunk
-//! `c` straight to the rank that owns it (4 bytes per element, the float sum's bytes, where
-//! the 64-bit sum's ring moves 8), and the owner, holding every term of its chunk, finds
-//! each block's scale and converts and adds all of them tile by tile while the tile is in
-//! cache, then converts the sum back to floats. No scales' round and no pass over memory
-//! before the sum, and the result is the same function: the same scales (a maximum over
-//! the same terms), the same integers, added in another order, which integers ignore.
+//! own, and a pass over the message to find them) and then adds integers. When every rank
+//! holds few parts (one micro-batch per rank, the common data-parallel step; or two, in
+//! 64-bit lanes), there is a cheaper way to the same bits: every rank sends the floats of
+//! chunk `c` of each of its parts straight to the rank that owns it, no more bytes than the
+//! ring's integers would take (4 bytes per element and part, against 8 or 4 per element),
+//! and the owner, holding every term of its chunk, finds each block's scale and converts
+//! and adds all of them tile by tile while the tile is in cache, then converts the sum back
+//! to floats. No scales' round and no pass over memory before the sum, and the result is
+//! the same function: the same scales (a maximum over the same terms), the same integers,
+//! added in another order, which integers ignore.
 //!
 //! Chunks here are cut at block boundaries, so that every block's terms meet at one owner
 //! (rank `r` owns chunk `r + 1`, as after the ring's reduce-scatter, so that the ring's
 //! all-gather follows unchanged with these chunks).
 //!
-//! Whether every rank holds one part is not known in advance, so each rank says how many
-//! parts it holds in a small frame to every owner, and a rank with one part sends its
-//! floats right behind it without waiting for the others' answers. Every rank reads every
-//! other's count, so all of them see the same counts and take the same way: the terms'
-//! sum when all are one, and otherwise the ring (after reading, and setting aside, the
-//! floats that the one-part ranks had already sent).
+//! How many parts the other ranks hold is not known in advance, so each rank says how many
+//! it holds in a small frame to every owner, and a rank with few enough sends their floats
+//! right behind it without waiting for the others' answers. Every rank reads every other's
+//! count, so all of them see the same counts and take the same way: the owners' sum when
+//! every rank holds few enough, and otherwise the ring (after reading, and setting aside,
+//! the floats that the other ranks had already sent).
 //!
 //! The sends follow a fixed schedule, segment by segment and, within a segment, to the
 //! ranks `r + 1, r + 2, ...` in turn, while the receives take the same segment from
@@ -76,11 +77,18 @@ fn segment(chunk: &Range<usize>, k: usize) -> Range<usize> {
     (chunk.start + k * PER).min(chunk.end)..(chunk.start + (k + 1) * PER).min(chunk.end)
 }
 
-/// The reduce-scatter of a reproducible sum whose every rank holds `parts`: when every
-/// rank holds exactly one, the sum of the chunk this rank owns ([`block_chunk`]) is written
-/// into its place in `out` and this returns `true`; otherwise nothing is written, every
-/// rank returns `false` alike, and the links are left clean for the ring. `scratch` and
-/// `terms` are kept by the caller between calls.
+/// The most parts a rank may hold for the owners' route in integers of `fixed`: as many as
+/// send no more bytes as floats than the ring's integers would (two for 64-bit lanes, one
+/// for 32-bit).
+fn most_parts(fixed: FixedPoint) -> usize {
+    if fixed.wide { 2 } else { 1 }
+}
+
+/// The reduce-scatter of a reproducible sum whose every rank holds `parts`: when no rank
+/// holds more than [`most_parts`], the sum of the chunk this rank owns ([`block_chunk`])
+/// is written into its place in `out` and this returns `true`; otherwise nothing is
+/// written, every rank returns `false` alike, and the links are left clean for the ring.
+/// `scratch` and `terms` are kept by the caller between calls.
 pub(crate) fn reduce_scatter<A: Fixed, P: AsRef<[f32]> + Sync>(
     t: &dyn Transport,
     parts: &[P],
@@ -91,24 +99,24 @@ pub(crate) fn reduce_scatter<A: Fixed, P: AsRef<[f32]> + Sync>(
     terms: &mut Vec<i64>,
 ) -> Result<bool, CommError> {
     let (world, rank, n) = (t.world(), t.rank(), out.len());
-    let single = match parts {
-        [one] => Some(one.as_ref()),
-        _ => None,
-    };
+    // The parts this rank sends as they are: all of them, or none when they are too many.
+    let sent: Vec<&[f32]> =
+        if parts.len() <= most_parts(fixed) { parts.iter().map(|p| p.as_ref()).collect() } else { Vec::new() };
     let count = (parts.len().min(u32::MAX as usize) as u32).to_le_bytes();
-    let send = || send_terms(t, &count, single, n);
+    let send = || send_terms(t, &count, &sent, n);
     // Every frame fits the links' free room now (shared memory): send, then receive, on
     // this thread; otherwise the sends run on a thread of their own.
     let fits = (1..world).all(|d| {
         let peer = (rank + d) % world;
         let len = owned(n, world, peer).len();
-        4 * len + (segments(len) + 1) * (crate::frame::HEADER_BYTES + 8) <= t.room(peer)
+        sent.len() * (4 * len + segments(len) * (crate::frame::HEADER_BYTES + 8)) + crate::frame::HEADER_BYTES + 8
+            <= t.room(peer)
     });
     let receive = |scratch: &mut Vec<i64>, terms: &mut Vec<i64>, out: &mut [f32]| {
-        receive_terms::<A>(t, parts.len(), single, out, fixed, deadline, scratch, terms)
+        receive_terms::<A>(t, parts.len(), &sent, out, fixed, deadline, scratch, terms)
     };
-    // A rank without one part sends only its count, a few bytes that no link refuses.
-    if fits || single.is_none() {
+    // A rank that sends only its count sends a few bytes that no link refuses.
+    if fits || sent.is_empty() {
         send()?;
         return receive(scratch, terms, out);
     }
@@ -123,21 +131,25 @@ pub(crate) fn reduce_scatter<A: Fixed, P: AsRef<[f32]> + Sync>(
     Ok(got)
 }
 
-/// The sending side: this rank's count to every other rank, then, when it holds one part,
-/// the part's elements of each rank's chunk, segment by segment.
-fn send_terms(t: &dyn Transport, count: &[u8; 4], single: Option<&[f32]>, n: usize) -> Result<(), CommError> {
+/// The sending side: this rank's count to every other rank, then the elements of each
+/// rank's chunk of every part in `sent`, segment by segment.
+fn send_terms(t: &dyn Transport, count: &[u8; 4], sent: &[&[f32]], n: usize) -> Result<(), CommError> {
     let (world, rank) = (t.world(), t.rank());
     for d in 1..world {
         t.send((rank + d) % world, KIND_PARTS, count)?;
     }
-    let Some(part) = single else { return Ok(()) };
+    if sent.is_empty() {
+        return Ok(());
+    }
     let most = (1..world).map(|d| segments(owned(n, world, (rank + d) % world).len())).max().unwrap_or(0);
     for k in 0..most {
         for d in 1..world {
             let peer = (rank + d) % world;
             let chunk = owned(n, world, peer);
             if k < segments(chunk.len()) {
-                t.send(peer, KIND_TERMS, bytemuck::cast_slice(&part[segment(&chunk, k)]))?;
+                for part in sent {
+                    t.send(peer, KIND_TERMS, bytemuck::cast_slice(&part[segment(&chunk, k)]))?;
+                }
             }
         }
     }
@@ -145,12 +157,12 @@ fn send_terms(t: &dyn Transport, count: &[u8; 4], single: Option<&[f32]>, n: usi
 }
 
 /// The receiving side: every other rank's count, then the terms of this rank's chunk from
-/// those that hold one part, summed segment by segment when all of them do.
+/// the ranks that sent theirs, summed segment by segment when every rank did.
 #[allow(clippy::too_many_arguments)]
 fn receive_terms<A: Fixed>(
     t: &dyn Transport,
     mine: usize,
-    single: Option<&[f32]>,
+    own: &[&[f32]],
     out: &mut [f32],
     fixed: FixedPoint,
     deadline: Instant,
@@ -159,13 +171,13 @@ fn receive_terms<A: Fixed>(
 ) -> Result<bool, CommError> {
     let (world, rank, n) = (t.world(), t.rank(), out.len());
     let from = |d: usize| (rank + world - d) % world;
-    let mut counts = vec![0u64; world];
-    counts[rank] = mine as u64;
+    let mut counts = vec![0usize; world];
+    counts[rank] = mine;
     let mut frame = Vec::new();
     for d in 1..world {
         let kind = t.recv_into(from(d), deadline, &mut frame)?;
         match <[u8; 4]>::try_from(&frame[..]) {
-            Ok(bytes) if kind == KIND_PARTS => counts[from(d)] = u64::from(u32::from_le_bytes(bytes)),
+            Ok(bytes) if kind == KIND_PARTS => counts[from(d)] = u32::from_le_bytes(bytes) as usize,
             _ => {
                 let len = frame.len();
                 let reason =
@@ -174,40 +186,53 @@ fn receive_terms<A: Fixed>(
             }
         }
     }
-    let all_one = counts.iter().all(|&c| c == 1);
+    // What each rank sent: its parts when it held few enough, nothing otherwise.
+    let sent = |r: usize| if counts[r] <= most_parts(fixed) { counts[r] } else { 0 };
+    let every = counts.iter().all(|&c| c <= most_parts(fixed));
     // Checked by every rank alike, after the terms are drained, so that the links stay clean.
-    let fits = fixed.check_parts(world as u64, world);
+    let total = counts.iter().map(|&c| c as u64).sum();
+    let fits = fixed.check_parts(total, world);
     let chunk = owned(n, world, rank);
-    // Room for one segment from each other rank.
-    let received: &mut [f32] = repro::batched::words_as(terms, (world - 1) * PER.min(chunk.len().max(1)));
-    let stride = received.len() / (world - 1);
+    // Room for one segment of every term the others send.
+    let others: usize = (1..world).map(|d| sent(from(d))).sum();
+    let stride = PER.min(chunk.len().max(1));
+    let received: &mut [f32] = repro::batched::words_as(terms, others.max(1) * stride);
     for k in 0..segments(chunk.len()) {
         let seg = segment(&chunk, k);
-        for d in (1..world).filter(|&d| counts[from(d)] == 1) {
-            let into = &mut received[(d - 1) * stride..][..seg.len()];
-            let kind = t.recv_exact(from(d), deadline, bytemuck::cast_slice_mut(into))?;
-            if kind != KIND_TERMS {
-                return Err(protocol(from(d), format!("expected a segment of terms, got a frame of kind {kind}")));
+        let mut at = 0;
+        for d in 1..world {
+            for _ in 0..sent(from(d)) {
+                let into = &mut received[at * stride..][..seg.len()];
+                let kind = t.recv_exact(from(d), deadline, bytemuck::cast_slice_mut(into))?;
+                if kind != KIND_TERMS {
+                    return Err(protocol(from(d), format!("expected a segment of terms, got a frame of kind {kind}")));
+                }
+                at += 1;
             }
         }
-        if all_one && fits.is_ok() {
-            let own = single.expect("this rank holds one part");
-            let terms: Vec<&[f32]> = std::iter::once(&own[seg.clone()])
-                .chain((1..world).map(|d| &received[(d - 1) * stride..][..seg.len()]))
+        if every && fits.is_ok() {
+            let terms: Vec<&[f32]> = own
+                .iter()
+                .map(|p| &p[seg.clone()])
+                .chain((0..others).map(|i| &received[i * stride..][..seg.len()]))
                 .collect();
             sum_terms::<A>(&terms, &mut out[seg], fixed.headroom, scratch);
         }
     }
-    if all_one {
+    if every {
         fits?;
     }
-    Ok(all_one)
+    Ok(every)
 }
 
-/// The reproducible sum of `terms` (every term of elements that start a block; at least
-/// one) into `out`, tile by tile: each block's scale over all the terms, the terms converted
+/// The reproducible sum of `terms` (every term of elements that start a block; zeros
+/// when there are none) into `out`, tile by tile: each block's scale over all the terms, the terms converted
 /// and added, the sum converted back. The bits of [`repro::batched::sum_parts_as`].
 pub(crate) fn sum_terms<A: Fixed>(terms: &[&[f32]], out: &mut [f32], headroom: u32, scratch: &mut Vec<i64>) {
+    if terms.is_empty() {
+        out.fill(0.0);
+        return;
+    }
     let acc: &mut [A] = repro::batched::words_as(scratch, TILE.min(out.len()));
     let mut exps = [0u8; TILE / EXP_BLOCK];
     for (i, o) in out.chunks_mut(TILE).enumerate() {
