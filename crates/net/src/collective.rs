@@ -129,18 +129,12 @@ fn exchange<T: Wire>(
     let left = (t.rank() + world - 1) % world;
     let per = (SEGMENT_BYTES / T::SIZE).max(1);
     let frames = send.len().div_ceil(per).max(1);
-    if send.len() * T::SIZE + frames * crate::frame::HEADER_BYTES <= t.room(right) {
-        send_segments(t, right, send, per, prepare)?;
-        return receive_segments(t, left, recv, per, deadline, &mut fold);
-    }
-    let (sent, got) = std::thread::scope(|s| {
-        let sender = s.spawn(|| send_segments(t, right, send, per, prepare));
-        let got = receive_segments(t, left, recv, per, deadline, &mut fold);
-        (sender.join().unwrap_or_else(|_| Err(CommError::Setup("sender thread panicked".into()))), got)
-    });
-    // A receive failure is the more telling one (it names the silent or broken peer).
-    got?;
-    sent
+    let fits = send.len() * T::SIZE + frames * crate::frame::HEADER_BYTES <= t.room(right);
+    crate::transport::send_and_receive(
+        fits,
+        || send_segments(t, right, send, per, prepare),
+        || receive_segments(t, left, recv, per, deadline, &mut fold),
+    )
 }
 
 /// The sending half of a ring step: `send` to `right` in segments of `per` elements.

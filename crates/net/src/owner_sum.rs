@@ -104,31 +104,17 @@ pub(crate) fn reduce_scatter<A: Fixed, P: AsRef<[f32]> + Sync>(
         if parts.len() <= most_parts(fixed) { parts.iter().map(|p| p.as_ref()).collect() } else { Vec::new() };
     let count = (parts.len().min(u32::MAX as usize) as u32).to_le_bytes();
     let send = || send_terms(t, &count, &sent, n);
-    // Every frame fits the links' free room now (shared memory): send, then receive, on
-    // this thread; otherwise the sends run on a thread of their own.
+    // Whether every frame fits the links' free room now (shared memory).
     let fits = (1..world).all(|d| {
         let peer = (rank + d) % world;
         let len = owned(n, world, peer).len();
         sent.len() * (4 * len + segments(len) * (crate::frame::HEADER_BYTES + 8)) + crate::frame::HEADER_BYTES + 8
             <= t.room(peer)
     });
-    let receive = |scratch: &mut Vec<i64>, terms: &mut Vec<i64>, out: &mut [f32]| {
-        receive_terms::<A>(t, parts.len(), &sent, out, fixed, deadline, scratch, terms)
-    };
     // A rank that sends only its count sends a few bytes that no link refuses.
-    if fits || sent.is_empty() {
-        send()?;
-        return receive(scratch, terms, out);
-    }
-    let (sent, got) = std::thread::scope(|s| {
-        let sender = s.spawn(send);
-        let got = receive(scratch, terms, out);
-        (sender.join().unwrap_or_else(|_| Err(CommError::Setup("sender thread panicked".into()))), got)
-    });
-    // A receive failure is the more telling one (it names the silent or broken peer).
-    let got = got?;
-    sent?;
-    Ok(got)
+    crate::transport::send_and_receive(fits || sent.is_empty(), send, || {
+        receive_terms::<A>(t, parts.len(), &sent, out, fixed, deadline, scratch, terms)
+    })
 }
 
 /// The sending side: this rank's count to every other rank, then the elements of each

@@ -104,6 +104,30 @@ pub trait Transport: Sync {
     }
 }
 
+/// One step of a collective that sends and receives: `send` and then `receive` on this
+/// thread when `sends_fit` (every frame fits the links' free room now, so no send waits on
+/// a receive), otherwise `send` on a thread of its own while this one receives, so that
+/// ranks sending to each other never wait on each other. A receive failure is the one
+/// returned when both fail: it names the silent or broken peer.
+pub(crate) fn send_and_receive<R>(
+    sends_fit: bool,
+    send: impl FnOnce() -> Result<(), CommError> + Send,
+    receive: impl FnOnce() -> Result<R, CommError>,
+) -> Result<R, CommError> {
+    if sends_fit {
+        send()?;
+        return receive();
+    }
+    let (sent, got) = std::thread::scope(|s| {
+        let sender = s.spawn(send);
+        let got = receive();
+        (sender.join().unwrap_or_else(|_| Err(CommError::Setup("sender thread panicked".into()))), got)
+    });
+    let got = got?;
+    sent?;
+    Ok(got)
+}
+
 fn frame_error(peer: usize, waited: Duration, e: FrameError) -> CommError {
     match e {
         FrameError::Timeout => CommError::Timeout { peer, waited },
