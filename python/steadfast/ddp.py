@@ -18,7 +18,8 @@ every weight, has the same bits whichever ranks computed which micro-batches. Th
 conversions run in Rust (``steadfast._steadfast``). By default the whole sum runs on
 Steadfast's own mesh (shared-memory rings between the ranks of one host, authenticated TCP
 between hosts, met through the process group once): one call per bucket, the scales' round
-and the integers' ring with the conversions done as the chunks pass. Where the ranks span
+and the integers' ring with the conversions done as the chunks pass (with one micro-batch
+per rank, the floats summed at each chunk's owner instead, to the same bits). Where the ranks span
 hosts and no address leads to them (no ``MASTER_ADDR``, no ``address=``), it runs on the
 process group's all-reduces instead (gloo on CPU; two per bucket), as
 ``transport="gloo"`` asks. Both transports compute the same function and give the same bits.
