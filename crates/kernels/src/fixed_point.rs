@@ -73,6 +73,71 @@ per_isa! {
     }
 }
 
+/// The smallest exponent field among the nonzero `values`, raised to at least 1 (a
+/// subnormal's); 255 when every value is a zero.
+#[inline(always)]
+fn low_field(values: &[f32]) -> u8 {
+    // The smallest nonzero magnitude's bits hold the smallest field; a zero's magnitude
+    // less one wraps to all ones and never holds the minimum.
+    let low = values.iter().fold(u32::MAX, |m, x| m.min((x.to_bits() & 0x7FFF_FFFF).wrapping_sub(1)));
+    if low == u32::MAX { 255 } else { field(low + 1) as u8 }
+}
+
+per_isa! {
+    /// [`max_block_exponents`] into `tops`, and `lows[b] = min(lows[b], field)` over the
+    /// nonzero values of block `b` (255 stands for a block of zeros; start `lows` at 255):
+    /// the spread of a block's exponents, which tells whether every term of the block sits
+    /// on its scale's grid (see [`sum_exact`]). Panics unless `tops` and `lows` have one byte
+    /// per block of `values`.
+    pub fn block_exponent_spans(tops: &mut [u8], lows: &mut [u8], values: &[f32]) {
+        let blocks = values.len().div_ceil(SCALE_BLOCK);
+        assert!(tops.len() == blocks && lows.len() == blocks, "block exponent and value lengths differ");
+        let whole = values.chunks_exact(SCALE_BLOCK);
+        let rest = whole.remainder();
+        for ((t, l), chunk) in tops.iter_mut().zip(lows.iter_mut()).zip(whole) {
+            let chunk: &[f32; SCALE_BLOCK] = chunk.try_into().expect("a whole block");
+            *t = (*t).max(top_field(chunk));
+            *l = (*l).min(low_field(chunk));
+        }
+        if !rest.is_empty() {
+            let (t, l) = (tops.last_mut().expect("a block for the rest"), lows.last_mut().expect("a block"));
+            *t = (*t).max(top_field(rest));
+            *l = (*l).min(low_field(rest));
+        }
+    }
+}
+
+per_isa! {
+    /// `out[i] = Σ_k terms[k][start + i]`, added in `f64` from `+0.0` and rounded once to
+    /// `f32`: the correctly rounded sum when the `f64` additions are exact, which holds when
+    /// every term is a multiple of one power of two `u` and the terms' magnitudes add up to
+    /// less than `2^53 · u` (a reproducible sum's blocks whose exponents spread no wider than
+    /// its shift; see `repro::batched`). A zero sum is `+0.0`. Panics if a term is shorter
+    /// than `start + out.len()`.
+    pub fn sum_exact(out: &mut [f32], terms: &[&[f32]], start: usize) {
+        for (c, o) in out.chunks_mut(SCALE_BLOCK).enumerate() {
+            let at = start + c * SCALE_BLOCK;
+            let mut acc = [0.0f64; SCALE_BLOCK];
+            for term in terms {
+                let term = &term[at..at + o.len()];
+                // Whole blocks as fixed-length loops, the sums held in registers.
+                if let Ok(term) = <&[f32; SCALE_BLOCK]>::try_from(term) {
+                    for i in 0..SCALE_BLOCK {
+                        acc[i] += f64::from(term[i]);
+                    }
+                } else {
+                    for (a, &x) in acc.iter_mut().zip(term) {
+                        *a += f64::from(x);
+                    }
+                }
+            }
+            for (o, &a) in o.iter_mut().zip(&acc) {
+                *o = a as f32;
+            }
+        }
+    }
+}
+
 /// The blocks of `len` values whose first is element `offset` of its block: each block's
 /// scale (from `exps`, the first that of the first value) and its range of the values.
 #[inline(always)]
@@ -400,6 +465,62 @@ mod tests {
                 prop_assert_eq!(&a, &b);
             }
         }
+    }
+
+    proptest! {
+        /// The spans' pass gives the scalar loop's bits on every instruction set: the
+        /// largest field of each block, and the smallest among its nonzero values (255 for
+        /// a block of zeros).
+        #[test]
+        fn a_block_s_span_is_its_nonzero_values_fields_on_every_instruction_set(
+            values in proptest::collection::vec(
+                prop_oneof![any::<u32>().prop_map(f32::from_bits), Just(0.0f32), Just(-0.0f32)], 0..400),
+        ) {
+            let blocks = values.len().div_ceil(SCALE_BLOCK);
+            let mut tops = vec![0u8; blocks];
+            max_block_exponents(Isa::Scalar, &mut tops, &values);
+            let lows: Vec<u8> = values
+                .chunks(SCALE_BLOCK)
+                .map(|c| c.iter().filter(|x| x.to_bits() << 1 != 0).map(|x| field(x.to_bits()) as u8).min().unwrap_or(255))
+                .collect();
+            for isa in Isa::all_available() {
+                let (mut t, mut l) = (vec![0u8; blocks], vec![255u8; blocks]);
+                block_exponent_spans(isa, &mut t, &mut l, &values);
+                prop_assert_eq!(&t, &tops);
+                prop_assert_eq!(&l, &lows);
+            }
+        }
+
+        /// The `f64` sum gives the scalar loop's bits on every instruction set, from any
+        /// start, and a zero sum is `+0.0`.
+        #[test]
+        fn the_f64_sum_gives_the_scalar_bits_on_every_instruction_set(
+            terms in proptest::collection::vec(proptest::collection::vec(finite(), 300), 0..5),
+            start in 0usize..100,
+            len in 0usize..200,
+        ) {
+            let refs: Vec<&[f32]> = terms.iter().map(|t| t.as_slice()).collect();
+            let mut expected = vec![0f32; len];
+            sum_exact(Isa::Scalar, &mut expected, &refs, start);
+            for (i, e) in expected.iter().enumerate() {
+                let s: f64 = refs.iter().fold(0.0, |a, t| a + f64::from(t[start + i]));
+                prop_assert_eq!(e.to_bits(), (s as f32).to_bits());
+            }
+            for isa in Isa::all_available() {
+                let mut out = vec![1f32; len];
+                sum_exact(isa, &mut out, &refs, start);
+                prop_assert_eq!(out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    expected.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn negative_zeros_sum_to_positive_zero_in_f64() {
+        let z = [-0.0f32; 3];
+        let mut out = [1.0f32; 3];
+        sum_exact(Isa::Scalar, &mut out, &[&z, &z], 0);
+        assert!(out.iter().all(|x| x.to_bits() == 0));
     }
 
     #[test]

@@ -212,31 +212,16 @@ fn receive_terms<A: Fixed>(
 }
 
 /// The reproducible sum of `terms` (every term of elements that start a block; zeros
-/// when there are none) into `out`, tile by tile: each block's scale over all the terms, the terms converted
-/// and added, the sum converted back. The bits of [`repro::batched::sum_parts_as`].
+/// when there are none) into `out`, tile by tile while the tile's terms are in cache
+/// ([`repro::batched::sum_range`]): the bits of [`repro::batched::sum_parts_as`].
 pub(crate) fn sum_terms<A: Fixed>(terms: &[&[f32]], out: &mut [f32], headroom: u32, scratch: &mut Vec<i64>) {
-    if terms.is_empty() {
-        out.fill(0.0);
-        return;
-    }
     let acc: &mut [A] = repro::batched::words_as(scratch, TILE.min(out.len()));
-    let mut exps = [0u8; TILE / EXP_BLOCK];
+    let (mut tops, mut lows) = ([0u8; TILE / EXP_BLOCK], [0u8; TILE / EXP_BLOCK]);
     for (i, o) in out.chunks_mut(TILE).enumerate() {
-        let tile = i * TILE..i * TILE + o.len();
-        let exps = &mut exps[..o.len().div_ceil(EXP_BLOCK)];
-        exps.fill(0);
-        for term in terms {
-            repro::batched::max_exponents(exps, &term[tile.clone()], 0);
-        }
-        let acc = &mut acc[..o.len()];
-        for (k, term) in terms.iter().enumerate() {
-            if k == 0 {
-                repro::batched::write_fixed(acc, &term[tile.clone()], exps, 0, headroom);
-            } else {
-                repro::batched::add_fixed(acc, &term[tile.clone()], exps, 0, headroom);
-            }
-        }
-        repro::batched::finish_into(acc, exps, 0, headroom, o);
+        let blocks = o.len().div_ceil(EXP_BLOCK);
+        let room =
+            repro::batched::Room { tops: &mut tops[..blocks], lows: &mut lows[..blocks], acc: &mut acc[..o.len()] };
+        repro::batched::sum_range(terms, i * TILE..i * TILE + o.len(), o, headroom, room);
     }
 }
 

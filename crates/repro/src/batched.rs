@@ -350,6 +350,7 @@ pub fn sum_parts(parts: &[&[f32]], headroom: u32) -> Vec<f32> {
 #[derive(Clone, Debug, Default)]
 pub struct Scratch {
     exps: Vec<u8>,
+    lows: Vec<u8>,
     acc: Vec<i64>,
 }
 
@@ -388,29 +389,129 @@ pub fn sum_parts_as<A: Fixed, P: AsRef<[f32]> + Sync>(
     assert!(parts.len() as u64 <= 1u64 << headroom, "{} parts exceed the headroom of 2^{headroom}", parts.len());
     assert!(parts.iter().all(|p| p.as_ref().len() == out.len()), "parts of different lengths");
     let n = out.len();
-    let Scratch { exps, acc } = scratch;
-    exps.clear();
-    exps.resize(blocks_of(n), 0);
-    // Written, not added to: the accumulators need no zeroing first.
+    let Scratch { exps, lows, acc } = scratch;
+    for bytes in [&mut *exps, &mut *lows] {
+        bytes.resize(blocks_of(n), 0);
+    }
     let acc = words_as::<A>(acc, n);
     // A parallel block is a whole number of scale blocks: each works on its own slices
     // of the scales and sums, counted from its start (no allocation: a training step's sum
     // allocates nothing once its buffers have grown).
     const SCALES: usize = PAR_BLOCK / EXP_BLOCK;
-    let block = |b: usize, out: &mut [f32], exps: &mut [u8], acc: &mut [A]| {
-        let range = b * PAR_BLOCK..b * PAR_BLOCK + out.len();
-        for p in parts {
-            max_exponents(exps, &p.as_ref()[range.clone()], 0);
-        }
-        sum_fixed_of(acc, parts, range.clone(), exps, range.start, headroom, true);
-        finish_into(acc, exps, 0, headroom, out);
+    let block = |b: usize, out: &mut [f32], room: Room<'_, A>| {
+        sum_range(parts, b * PAR_BLOCK..b * PAR_BLOCK + out.len(), out, headroom, room);
     };
     if on_pool(n, PAR_BLOCK) {
-        let blocks = out.par_chunks_mut(PAR_BLOCK).zip(exps.par_chunks_mut(SCALES)).zip(acc.par_chunks_mut(PAR_BLOCK));
-        blocks.enumerate().for_each(|(b, ((out, exps), acc))| block(b, out, exps, acc));
+        let rooms = (exps.par_chunks_mut(SCALES).zip(lows.par_chunks_mut(SCALES)))
+            .zip(acc.par_chunks_mut(PAR_BLOCK))
+            .map(|((tops, lows), acc)| Room { tops, lows, acc });
+        out.par_chunks_mut(PAR_BLOCK).zip(rooms).enumerate().for_each(|(b, (out, room))| block(b, out, room));
     } else {
-        let blocks = out.chunks_mut(PAR_BLOCK).zip(exps.chunks_mut(SCALES)).zip(acc.chunks_mut(PAR_BLOCK));
-        blocks.enumerate().for_each(|(b, ((out, exps), acc))| block(b, out, exps, acc));
+        let rooms = (exps.chunks_mut(SCALES).zip(lows.chunks_mut(SCALES)))
+            .zip(acc.chunks_mut(PAR_BLOCK))
+            .map(|((tops, lows), acc)| Room { tops, lows, acc });
+        out.chunks_mut(PAR_BLOCK).zip(rooms).enumerate().for_each(|(b, (out, room))| block(b, out, room));
+    }
+}
+
+/// The most terms that [`sum_range`] adds in `f64` (in the 64-bit sum with the default
+/// headroom: 64 terms below `2^47` units each stay below `2^53` units).
+pub const MOST_EXACT_TERMS: usize = 64;
+
+/// Whether a sum of `terms` terms at shift `s` takes the exact path of [`sum_range`] in the
+/// blocks where it can: when the terms' magnitudes, below `2^(24 + s)` units each, add up
+/// below `2^53` units (so that `f64` adds them exactly), and the shift is wide enough (at
+/// least 16 bits: the 64-bit sums) that most blocks of real data have their terms on the
+/// grid; in 32 bits (a shift of at most 7) few blocks would, and the spread's pass would
+/// be wasted.
+fn exact_path(terms: usize, s: i32) -> bool {
+    s >= 16 && terms <= MOST_EXACT_TERMS && (terms as u128) << (24 + s) <= 1u128 << 53
+}
+
+/// Whether every term of a block whose nonzero terms' exponent fields run from `low` (255
+/// when all are zeros) to its scale `top` sits on the grid of the scale's unit
+/// `2^(top - 150 - s)`: a field at least `top - s` places a 24-bit significand at or above
+/// the unit, so that its conversion to fixed point drops no bit.
+fn on_grid(top: u8, low: u8, s: i32) -> bool {
+    top != SPECIAL && i32::from(low) + s >= i32::from(top)
+}
+
+/// The working room of [`sum_range`]: a byte per scale block (`tops`, `lows`) and an
+/// accumulator per element, each as long as the range. Its contents on entry do not matter.
+pub struct Room<'a, A> {
+    /// The blocks' scales.
+    pub tops: &'a mut [u8],
+    /// The blocks' smallest exponent fields among nonzero terms.
+    pub lows: &'a mut [u8],
+    /// Fixed-point accumulators.
+    pub acc: &'a mut [A],
+}
+
+/// The elements `range` of the reproducible sum of `parts` (at least the range's length
+/// each) into `out`, for a range that starts at a block boundary: the bits of
+/// [`sum_parts_as`], which runs this block by block.
+///
+/// Where a block's terms all sit on the grid of its scale's unit (their exponents spread
+/// no wider than the shift: for the default 64-bit sum, 23 binades below the block's
+/// largest; the rule in real data) the conversion to fixed point drops no bit, so the
+/// integer sum is the exact sum of the terms and its conversion back rounds the exact sum
+/// once. For up to [`MOST_EXACT_TERMS`] terms `f64` holds that exact sum too, so such
+/// blocks are added in `f64` and rounded once to `f32`, with no integers: the same bits
+/// (a zero sum is `+0.0` on both paths; a subnormal sum is exact on both), at the cost of
+/// a float sum. The other blocks, and every block of a sum of more terms or in 32-bit
+/// lanes, go through the integers.
+pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
+    parts: &[P],
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+    headroom: u32,
+    room: Room<'_, A>,
+) {
+    let n = range.len();
+    let Room { tops, lows, acc } = room;
+    assert!(range.start.is_multiple_of(EXP_BLOCK), "a range that starts inside a block");
+    assert!(out.len() == n && acc.len() == n, "output, accumulator and range lengths differ");
+    assert!(tops.len() == blocks_of(n) && lows.len() == blocks_of(n), "one scale per block");
+    let isa = kernels::isa::selected();
+    let s = A::shift(headroom);
+    let exact = exact_path(parts.len(), s);
+    tops.fill(0);
+    lows.fill(SPECIAL);
+    for p in parts {
+        let values = &p.as_ref()[range.clone()];
+        if exact {
+            kernels::fixed_point::block_exponent_spans(isa, tops, lows, values);
+        } else {
+            kernels::fixed_point::max_block_exponents(isa, tops, values);
+        }
+    }
+    if !exact {
+        sum_fixed_of(acc, parts, range.clone(), tops, range.start, headroom, true);
+        finish_into(acc, tops, 0, headroom, out);
+        return;
+    }
+    let mut terms: [&[f32]; MOST_EXACT_TERMS] = [&[]; MOST_EXACT_TERMS];
+    for (t, p) in terms.iter_mut().zip(parts) {
+        *t = p.as_ref();
+    }
+    let terms = &terms[..parts.len()];
+    // Runs of blocks that take one path.
+    let mut b = 0;
+    while b < tops.len() {
+        let grid = on_grid(tops[b], lows[b], s);
+        let mut e = b + 1;
+        while e < tops.len() && on_grid(tops[e], lows[e], s) == grid {
+            e += 1;
+        }
+        let r = b * EXP_BLOCK..(e * EXP_BLOCK).min(n);
+        let at = range.start + r.start..range.start + r.end;
+        if grid {
+            kernels::fixed_point::sum_exact(isa, &mut out[r], terms, at.start);
+        } else {
+            sum_fixed_of(&mut acc[r.clone()], parts, at.clone(), &tops[b..], at.start, headroom, true);
+            finish_into(&acc[r.clone()], &tops[b..], 0, headroom, &mut out[r]);
+        }
+        b = e;
     }
 }
 

@@ -300,3 +300,74 @@ proptest! {
         prop_assert_eq!(bits(&out), bits(&finish(&a, &whole, DEFAULT_HEADROOM)));
     }
 }
+
+/// Terms whose exponent fields lie within `spread` of `top` in every block (signed zeros,
+/// and subnormals where the range reaches field 1, among them): the blocks a sum adds in
+/// `f64` when the spread is within the shift (23 for the default 64-bit sum), and just
+/// beyond it, where it adds integers.
+fn near(top: u32, spread: u32) -> impl Strategy<Value = f32> {
+    let low = top.saturating_sub(spread).max(1);
+    let finite = (any::<bool>(), low..=top, 0u32..1 << 23, any::<bool>()).prop_map(|(neg, f, m, sub)| {
+        // Field 1 is also the subnormals' (exponent bits 0).
+        let e = if f == 1 && sub { 0 } else { f };
+        f32::from_bits(u32::from(neg) << 31 | e << 23 | m)
+    });
+    prop_oneof![8 => finite, 1 => Just(0.0f32), 1 => Just(-0.0f32)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Blocks whose terms sit on their scale's grid are added in `f64` by a single process
+    /// (up to 64 parts): the same bits as the integers of every grouping, at both ends of
+    /// the exponent range (sums that overflow to infinity, subnormal sums), at spreads on
+    /// both sides of the shift, with more parts than the `f64` path takes, and with terms
+    /// beside their negations (exact zeros, `+0.0`).
+    #[test]
+    fn sums_of_terms_on_their_grid_have_the_integers_bits(
+        (parts, n) in (
+            prop_oneof![Just(1u32), Just(2), Just(24), 1u32..255, Just(253), Just(254)],
+            prop_oneof![0u32..27, 22u32..25],
+            prop_oneof![1usize..4, 1usize..70],
+            1usize..200,
+        )
+            .prop_flat_map(|(top, spread, p, n)| (prop::collection::vec(prop::collection::vec(near(top, spread), n), p), Just(n))),
+        negate in 0..3,
+        workers in 1usize..5,
+        seed in any::<u64>(),
+    ) {
+        let mut parts = parts;
+        let negated = |p: &Vec<f32>| p.iter().map(|x| -x).collect::<Vec<f32>>();
+        match negate {
+            // Every part beside its negation: exact zeros.
+            1 => parts.extend(parts.iter().map(negated).collect::<Vec<_>>()),
+            // The first part's negation: the sum is that of the others, its last bits
+            // uncovered by the cancellation of the largest terms.
+            2 => parts.push(negated(&parts[0])),
+            _ => {}
+        }
+        let refs: Vec<&[f32]> = parts.iter().map(|p| p.as_slice()).collect();
+        let single = sum_parts(&refs, DEFAULT_HEADROOM);
+        let (owner, order) = grouping(parts.len(), workers, seed);
+        prop_assert_eq!(bits(&single), bits(&as_workers(&parts, &owner, workers, &order)));
+        if negate == 1 {
+            prop_assert!(single.iter().all(|&x| x.to_bits() == 0), "{single:?}");
+        }
+        prop_assert_eq!(single.len(), n);
+    }
+}
+
+#[test]
+fn two_largest_terms_overflow_and_two_subnormals_add_exactly_on_the_f64_path() {
+    let big = vec![f32::MAX; EXP_BLOCK];
+    let half = vec![f32::MAX / 2.0; EXP_BLOCK];
+    let sum = sum_parts(&[&big, &half], DEFAULT_HEADROOM);
+    assert!(sum.iter().all(|&x| x == f32::INFINITY));
+    let sum = sum_parts(&[&big, &big.iter().map(|x| -x).collect::<Vec<_>>()], DEFAULT_HEADROOM);
+    assert!(sum.iter().all(|&x| x.to_bits() == 0));
+    let (a, b) = (vec![f32::from_bits(3); EXP_BLOCK], vec![f32::from_bits(0x0040_0000); EXP_BLOCK]);
+    let sum = sum_parts(&[&a, &b], DEFAULT_HEADROOM);
+    assert!(sum.iter().all(|&x| x.to_bits() == 0x0040_0003));
+    let zeros = vec![-0.0f32; EXP_BLOCK];
+    assert!(sum_parts(&[&zeros, &zeros], DEFAULT_HEADROOM).iter().all(|&x| x.to_bits() == 0));
+}
