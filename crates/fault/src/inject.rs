@@ -5,7 +5,7 @@
 //! 1. copy the input to `--out` if asked (a Steadfast checkpoint directory is copied
 //!    whole), and work on the copy;
 //! 2. locate every tensor ([`ckpt::foreign::locate`]) and draw the flips
-//!    ([`plan`](crate::plan::plan));
+//!    ([`plan`]);
 //! 3. read every element to alter, and compute its new bytes; a tensor of a Steadfast
 //!    checkpoint is read whole and checked against its checksum in the manifest first;
 //! 4. refuse, before anything is copied or written, if a tensor to alter already fails

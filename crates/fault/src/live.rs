@@ -3,7 +3,7 @@
 //! A [`LiveFault`] names a step, a rank, the kind of state ([`StateKind`]: parameters,
 //! their summed gradient, or optimizer slots) and a flip spec. The trainer calls
 //! [`LiveFault::apply`] at the right moment of the step with the named f32 buffers of
-//! that kind; the flips are drawn exactly as for files ([`plan`](crate::plan::plan)), so
+//! that kind; the flips are drawn exactly as for files ([`plan`]), so
 //! the same seed picks the same elements and bits whether the state is in memory or in a
 //! checkpoint.
 //!

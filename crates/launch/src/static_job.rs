@@ -3,7 +3,7 @@
 //! Node 0's launcher serves the rendezvous and then the membership by heartbeat
 //! ([`comm::supervisor`]); every node's launcher starts its workers, forwards their
 //! output, and kills those that outlive the job (a stopped process, say), in the loop
-//! that supervises every kind of job ([`crate::supervise`]). A job whose
+//! that supervises every kind of job (the `supervise` module). A job whose
 //! workers all exit before it forms is reported at once, not at the rendezvous timeout.
 
 use std::net::{IpAddr, TcpListener};
