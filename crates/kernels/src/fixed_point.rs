@@ -269,6 +269,69 @@ per_isa! {
     }
 }
 
+/// The loop of the fused block sums below: for each block of `out` (element `start` of
+/// every term on), its scale over every term into `tops`, and where the scale is finite
+/// the terms converted at it, added in registers and converted back, with no accumulator
+/// in memory. A block whose scale is 255 (an infinity or NaN among its terms) is left for
+/// the caller.
+#[inline(always)]
+fn sum_fixed_blocks<T: Copy + Default + std::ops::Add<Output = T>>(
+    out: &mut [f32],
+    tops: &mut [u8],
+    terms: &[&[f32]],
+    start: usize,
+    (term, back): (impl Fn(f32, u32) -> T, impl Fn(T, f64) -> f32),
+    s: i32,
+) {
+    assert_eq!(tops.len(), out.len().div_ceil(SCALE_BLOCK), "one scale per block");
+    for (c, (o, top)) in out.chunks_mut(SCALE_BLOCK).zip(tops.iter_mut()).enumerate() {
+        let at = start + c * SCALE_BLOCK..start + c * SCALE_BLOCK + o.len();
+        let e = terms.iter().map(|t| top_field(&t[at.clone()])).max().unwrap_or(1);
+        *top = e;
+        if e == 255 {
+            continue;
+        }
+        let mut acc = [T::default(); SCALE_BLOCK];
+        for t in terms {
+            let t = &t[at.clone()];
+            if let Ok(t) = <&[f32; SCALE_BLOCK]>::try_from(t) {
+                for i in 0..SCALE_BLOCK {
+                    acc[i] = acc[i] + term(t[i], u32::from(e));
+                }
+            } else {
+                for (a, &x) in acc.iter_mut().zip(t) {
+                    *a = *a + term(x, u32::from(e));
+                }
+            }
+        }
+        let u = unit(e, s);
+        for (o, &a) in o.iter_mut().zip(&acc) {
+            *o = back(a, u);
+        }
+    }
+}
+
+per_isa! {
+    /// The reproducible sum of `terms` (elements `start ..` of each) into `out` in 64-bit
+    /// integers, block by block in registers: for each block its scale into `tops` (the
+    /// largest field over every term, at least 1), and where it is finite
+    /// `finish64(Σ add_fixed64)` of the block, the bits of [`add_fixed64_blocks`] and
+    /// [`finish64_blocks`]. Blocks whose scale is 255 are not written. Panics unless
+    /// `tops` has one byte per block of `out` and every term reaches `start + out.len()`.
+    pub fn sum_fixed64_blocks(out: &mut [f32], tops: &mut [u8], terms: &[&[f32]], start: usize, s: i32) {
+        let back = |a: i64, u: f64| ((a as f32) as f64 * u) as f32;
+        sum_fixed_blocks(out, tops, terms, start, (|x, e| fixed64(x, e, s), back), s);
+    }
+}
+
+per_isa! {
+    /// [`sum_fixed64_blocks`] in 32-bit integers (`s` at most 7).
+    pub fn sum_fixed32_blocks(out: &mut [f32], tops: &mut [u8], terms: &[&[f32]], start: usize, s: i32) {
+        let back = |a: i32, u: f64| ((a as f32) as f64 * u) as f32;
+        sum_fixed_blocks(out, tops, terms, start, (|x, e| fixed32(x, e, s), back), s);
+    }
+}
+
 per_isa! {
     /// Adds each finite `values[i]` at scale `exps[i]` into the 64-bit `acc[i]`, truncated
     /// toward zero: `acc[i] += sign · ⌊m · 2^(f - e + s)⌋`. The scale is the maximum field,
@@ -511,6 +574,55 @@ mod tests {
                 sum_exact(isa, &mut out, &refs, start);
                 prop_assert_eq!(out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     expected.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    proptest! {
+        /// The sums in registers give the bits of the loops through memory (the block
+        /// scales, the conversions into an accumulator, the conversion back) on every
+        /// instruction set, in both widths, from any start; a block with an infinity or NaN
+        /// gets its scale, 255, and is left as it was.
+        #[test]
+        fn sums_in_registers_give_the_loops_through_memory_bits(
+            terms in proptest::collection::vec(proptest::collection::vec(
+                prop_oneof![20 => finite(), 1 => Just(f32::INFINITY), 1 => Just(f32::NAN)], 300), 0..5),
+            start in 0usize..100,
+            len in 0usize..200,
+        ) {
+            let refs: Vec<&[f32]> = terms.iter().map(|t| &t[start..start + len]).collect();
+            let blocks = len.div_ceil(SCALE_BLOCK);
+            let mut tops = vec![1u8; blocks];
+            for t in &refs {
+                max_block_exponents(Isa::Scalar, &mut tops, t);
+            }
+            let finite: Vec<u8> = tops.iter().map(|&e| e.min(254)).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (mut a64, mut a32) = (vec![0i64; len], vec![0i32; len]);
+            for t in &refs {
+                add_fixed64_blocks(Isa::Scalar, &mut a64, t, &finite, 0, 23, false);
+                add_fixed32_blocks(Isa::Scalar, &mut a32, t, &finite, 0, 0, false);
+            }
+            let (mut want64, mut want32) = (vec![7f32; len], vec![7f32; len]);
+            finish64_blocks(Isa::Scalar, &mut want64, &a64, &finite, 0, 23);
+            finish32_blocks(Isa::Scalar, &mut want32, &a32, &finite, 0, 0);
+            for (b, &e) in tops.iter().enumerate() {
+                if e == 255 {
+                    let r = b * SCALE_BLOCK..((b + 1) * SCALE_BLOCK).min(len);
+                    want64[r.clone()].fill(7.0);
+                    want32[r].fill(7.0);
+                }
+            }
+            let all: Vec<&[f32]> = terms.iter().map(|t| t.as_slice()).collect();
+            for isa in Isa::all_available() {
+                let (mut out, mut got) = (vec![7f32; len], vec![0u8; blocks]);
+                sum_fixed64_blocks(isa, &mut out, &mut got, &all, start, 23);
+                prop_assert_eq!(&got, &tops);
+                prop_assert_eq!(bits(&out), bits(&want64));
+                let (mut out, mut got) = (vec![7f32; len], vec![0u8; blocks]);
+                sum_fixed32_blocks(isa, &mut out, &mut got, &all, start, 0);
+                prop_assert_eq!(&got, &tops);
+                prop_assert_eq!(bits(&out), bits(&want32));
             }
         }
     }

@@ -81,6 +81,9 @@ pub trait Fixed: bytemuck::Pod + Default + Send + Sync + std::fmt::Debug + Parti
     );
     /// Converts finished sums at the finite scales of their blocks back to floats.
     fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[Self], exps: &[u8], offset: usize, s: i32);
+    /// Sums the blocks of `terms` (elements `start ..`) into `out` in registers, each
+    /// block's scale into `tops`; the blocks whose scale is 255 are left unwritten.
+    fn sum_blocks(isa: kernels::Isa, out: &mut [f32], tops: &mut [u8], terms: &[&[f32]], start: usize, s: i32);
     /// Counts a NaN or infinity of an element whose scale is 255: three counters packed
     /// into the integer, 21 bits each in an `i64` (enough for the default headroom's
     /// 65,536 parts) and 9 bits each in an `i32` (enough for its 128).
@@ -132,6 +135,9 @@ impl Fixed for i64 {
     fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[i64], exps: &[u8], offset: usize, s: i32) {
         kernels::fixed_point::finish64_blocks(isa, out, acc, exps, offset, s)
     }
+    fn sum_blocks(isa: kernels::Isa, out: &mut [f32], tops: &mut [u8], terms: &[&[f32]], start: usize, s: i32) {
+        kernels::fixed_point::sum_fixed64_blocks(isa, out, tops, terms, start, s)
+    }
     fn count_special(acc: &mut i64, bits: u32) {
         *acc += special_one(bits, 21);
     }
@@ -156,6 +162,9 @@ impl Fixed for i32 {
     }
     fn finish_finite(isa: kernels::Isa, out: &mut [f32], acc: &[i32], exps: &[u8], offset: usize, s: i32) {
         kernels::fixed_point::finish32_blocks(isa, out, acc, exps, offset, s)
+    }
+    fn sum_blocks(isa: kernels::Isa, out: &mut [f32], tops: &mut [u8], terms: &[&[f32]], start: usize, s: i32) {
+        kernels::fixed_point::sum_fixed32_blocks(isa, out, tops, terms, start, s)
     }
     fn count_special(acc: &mut i32, bits: u32) {
         *acc += special_one(bits, 9) as i32;
@@ -451,15 +460,20 @@ pub struct Room<'a, A> {
 /// each) into `out`, for a range that starts at a block boundary: the bits of
 /// [`sum_parts_as`], which runs this block by block.
 ///
+/// Up to [`MOST_EXACT_TERMS`] terms are summed a block at a time with every term's block
+/// in cache: its scale over the terms, then each term converted at it and added in
+/// registers, and the sum converted back, with no accumulator in memory.
+///
 /// Where a block's terms all sit on the grid of its scale's unit (their exponents spread
 /// no wider than the shift: for the default 64-bit sum, 23 binades below the block's
 /// largest; the rule in real data) the conversion to fixed point drops no bit, so the
 /// integer sum is the exact sum of the terms and its conversion back rounds the exact sum
-/// once. For up to [`MOST_EXACT_TERMS`] terms `f64` holds that exact sum too, so such
-/// blocks are added in `f64` and rounded once to `f32`, with no integers: the same bits
-/// (a zero sum is `+0.0` on both paths; a subnormal sum is exact on both), at the cost of
-/// a float sum. The other blocks, and every block of a sum of more terms or in 32-bit
-/// lanes, go through the integers.
+/// once. `f64` holds that exact sum too, so in the 64-bit sum such blocks are added in
+/// `f64` and rounded once to `f32`, with no integers: the same bits (a zero sum is `+0.0`
+/// on both paths; a subnormal sum is exact on both), at the cost of a float sum.
+///
+/// Blocks with an infinity or NaN among their terms, and sums of more terms, take the
+/// integers through memory, tile by tile.
 pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
     parts: &[P],
     range: std::ops::Range<usize>,
@@ -474,20 +488,8 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
     assert!(tops.len() == blocks_of(n) && lows.len() == blocks_of(n), "one scale per block");
     let isa = kernels::isa::selected();
     let s = A::shift(headroom);
-    let exact = exact_path(parts.len(), s);
-    tops.fill(0);
-    lows.fill(SPECIAL);
-    for p in parts {
-        let values = &p.as_ref()[range.clone()];
-        if exact {
-            kernels::fixed_point::block_exponent_spans(isa, tops, lows, values);
-        } else {
-            kernels::fixed_point::max_block_exponents(isa, tops, values);
-        }
-    }
-    if !exact {
-        sum_fixed_of(acc, parts, range.clone(), tops, range.start, headroom, true);
-        finish_into(acc, tops, 0, headroom, out);
+    if parts.len() > MOST_EXACT_TERMS {
+        through_memory(parts, range, out, tops, acc, headroom);
         return;
     }
     let mut terms: [&[f32]; MOST_EXACT_TERMS] = [&[]; MOST_EXACT_TERMS];
@@ -495,24 +497,59 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
         *t = p.as_ref();
     }
     let terms = &terms[..parts.len()];
-    // Runs of blocks that take one path.
+    // Runs of blocks on the grid (summed in f64) and off it (in registers).
+    let grid = |b: usize, tops: &[u8], lows: &[u8]| on_grid(tops[b], lows[b], s);
+    let exact = exact_path(parts.len(), s);
+    if exact {
+        tops.fill(0);
+        lows.fill(SPECIAL);
+        for t in terms {
+            kernels::fixed_point::block_exponent_spans(isa, tops, lows, &t[range.clone()]);
+        }
+    }
     let mut b = 0;
     while b < tops.len() {
-        let grid = on_grid(tops[b], lows[b], s);
+        let on = exact && grid(b, tops, lows);
         let mut e = b + 1;
-        while e < tops.len() && on_grid(tops[e], lows[e], s) == grid {
+        while e < tops.len() && (exact && grid(e, tops, lows)) == on {
             e += 1;
         }
         let r = b * EXP_BLOCK..(e * EXP_BLOCK).min(n);
-        let at = range.start + r.start..range.start + r.end;
-        if grid {
-            kernels::fixed_point::sum_exact(isa, &mut out[r], terms, at.start);
+        if on {
+            kernels::fixed_point::sum_exact(isa, &mut out[r.clone()], terms, range.start + r.start);
         } else {
-            sum_fixed_of(&mut acc[r.clone()], parts, at.clone(), &tops[b..], at.start, headroom, true);
-            finish_into(&acc[r.clone()], &tops[b..], 0, headroom, &mut out[r]);
+            A::sum_blocks(isa, &mut out[r], &mut tops[b..e], terms, range.start + b * EXP_BLOCK, s);
+            // The blocks with an infinity or NaN, which the registers leave.
+            for k in b..e {
+                if tops[k] == SPECIAL {
+                    let r = k * EXP_BLOCK..((k + 1) * EXP_BLOCK).min(n);
+                    let at = range.start + r.start..range.start + r.end;
+                    through_memory(parts, at, &mut out[r.clone()], &mut tops[k..=k], &mut acc[r], headroom);
+                }
+            }
         }
         b = e;
     }
+}
+
+/// The elements `range` (from a block boundary) of the sum of `parts` into `out` through
+/// integers in memory, tile by tile, with the scales of its blocks in `tops` and an
+/// accumulator per element in `acc`: the way of any number of terms and of special values.
+fn through_memory<A: Fixed, P: AsRef<[f32]>>(
+    parts: &[P],
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+    tops: &mut [u8],
+    acc: &mut [A],
+    headroom: u32,
+) {
+    let isa = kernels::isa::selected();
+    tops.fill(0);
+    for p in parts {
+        kernels::fixed_point::max_block_exponents(isa, tops, &p.as_ref()[range.clone()]);
+    }
+    sum_fixed_of(acc, parts, range.clone(), tops, range.start, headroom, true);
+    finish_into(acc, tops, 0, headroom, out);
 }
 
 /// `n` values of `T` (an accumulator of either width, or exponent bytes) viewed in a

@@ -304,7 +304,8 @@ proptest! {
 /// Terms whose exponent fields lie within `spread` of `top` in every block (signed zeros,
 /// and subnormals where the range reaches field 1, among them): the blocks a sum adds in
 /// `f64` when the spread is within the shift (23 for the default 64-bit sum), and just
-/// beyond it, where it adds integers.
+/// beyond it, where it adds integers in registers; now and then an infinity or a NaN,
+/// whose block takes the integers through memory.
 fn near(top: u32, spread: u32) -> impl Strategy<Value = f32> {
     let low = top.saturating_sub(spread).max(1);
     let finite = (any::<bool>(), low..=top, 0u32..1 << 23, any::<bool>()).prop_map(|(neg, f, m, sub)| {
@@ -312,7 +313,8 @@ fn near(top: u32, spread: u32) -> impl Strategy<Value = f32> {
         let e = if f == 1 && sub { 0 } else { f };
         f32::from_bits(u32::from(neg) << 31 | e << 23 | m)
     });
-    prop_oneof![8 => finite, 1 => Just(0.0f32), 1 => Just(-0.0f32)]
+    let special = prop_oneof![Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(f32::NAN)];
+    prop_oneof![80 => finite, 10 => Just(0.0f32), 10 => Just(-0.0f32), 1 => special]
 }
 
 proptest! {
@@ -351,7 +353,10 @@ proptest! {
         let (owner, order) = grouping(parts.len(), workers, seed);
         prop_assert_eq!(bits(&single), bits(&as_workers(&parts, &owner, workers, &order)));
         if negate == 1 {
-            prop_assert!(single.iter().all(|&x| x.to_bits() == 0), "{single:?}");
+            prop_assert!(single.iter().all(|&x| x.to_bits() == 0 || x.is_nan()), "{single:?}");
+        }
+        if parts.len() <= 1 << NARROW_HEADROOM {
+            prop_assert_eq!(bits(&narrow(&refs)), bits(&as_workers_narrow(&parts, &owner, workers, &order)));
         }
         prop_assert_eq!(single.len(), n);
     }
