@@ -21,6 +21,11 @@
 //! `kernels::fixed_point`'s, run on the instruction set the process selected: integer
 //! operations only, so every instruction set gives the same bits.
 //!
+//! A sum of few terms ([`sum_range`], which [`sum_parts_as`] and the owners of a
+//! distributed sum run) takes both phases a block at a time in registers, and adds a
+//! block whose terms sit on its scale's grid in `f64`: the exact sum that the integers
+//! would hold, rounded once, at a float sum's cost and with the same bits.
+//!
 //! # Accuracy
 //!
 //! With `headroom = h` bits (at most `2^h` parts), element `i` whose block has the largest
