@@ -98,10 +98,16 @@ pub fn have_mpirun() -> bool {
 /// `mpirun -n N` of the binary with `args`, oversubscribed (more ranks than cores), as root
 /// where the tests run as root.
 pub fn mpirun(n: usize, args: &[&str]) -> Output {
+    mpirun_with(n, args, &[])
+}
+
+/// [`mpirun`] with `env` added to the ranks' environment.
+pub fn mpirun_with(n: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new("mpirun")
         .args(["--oversubscribe", "-n", &n.to_string(), env!("CARGO_BIN_EXE_steadfast")])
         .args(args)
         .envs(OMPI_AS_ROOT)
+        .envs(env.iter().copied())
         .output()
         .expect("run mpirun")
 }
