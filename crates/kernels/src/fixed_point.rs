@@ -9,6 +9,13 @@
 //! instruction set gives the same bits; the vector paths exist because on a baseline x86-64
 //! build these loops run two lanes at a time with emulated variable shifts.
 //!
+//! A sum of few terms also has fused forms that take a block of [`SCALE_BLOCK`] elements
+//! of every term at a time and keep its sums in registers: the three steps with no
+//! accumulator in memory ([`sum_fixed64_blocks`], [`sum_fixed32_blocks`]), and, for blocks
+//! whose exponents spread narrowly enough ([`block_exponent_spans`]), the exact sum in
+//! `f64` rounded once ([`sum_exact`]: additions that are exact, so every instruction set
+//! gives the same bits there too).
+//!
 //! Conventions shared by the loops:
 //!
 //! - The exponent field of `x` is `(bits >> 23) & 0xFF`, raised to at least 1 (zeros and
