@@ -264,7 +264,7 @@ per_isa! {
     /// [`finish64`] with one scale per block of [`SCALE_BLOCK`] elements (`out[0]` is element
     /// `offset` of its block, whose scale is `exps[0]`). Every scale must be below 255.
     pub fn finish64_blocks(out: &mut [f32], acc: &[i64], exps: &[u8], offset: usize, s: i32) {
-        finish_blocks(out, acc, (exps, offset), s, |a, u| ((a as f32) as f64 * u) as f32);
+        finish_blocks(out, acc, (exps, offset), s, back64);
     }
 }
 
@@ -272,7 +272,7 @@ per_isa! {
     /// [`finish32`] with one scale per block of [`SCALE_BLOCK`] elements (see
     /// [`finish64_blocks`]).
     pub fn finish32_blocks(out: &mut [f32], acc: &[i32], exps: &[u8], offset: usize, s: i32) {
-        finish_blocks(out, acc, (exps, offset), s, |a, u| ((a as f32) as f64 * u) as f32);
+        finish_blocks(out, acc, (exps, offset), s, back32);
     }
 }
 
@@ -326,16 +326,14 @@ per_isa! {
     /// [`finish64_blocks`]. Blocks whose scale is 255 are not written. Panics unless
     /// `tops` has one byte per block of `out` and every term reaches `start + out.len()`.
     pub fn sum_fixed64_blocks(out: &mut [f32], tops: &mut [u8], terms: &[&[f32]], start: usize, s: i32) {
-        let back = |a: i64, u: f64| ((a as f32) as f64 * u) as f32;
-        sum_fixed_blocks(out, tops, terms, start, (|x, e| fixed64(x, e, s), back), s);
+        sum_fixed_blocks(out, tops, terms, start, (|x, e| fixed64(x, e, s), back64), s);
     }
 }
 
 per_isa! {
     /// [`sum_fixed64_blocks`] in 32-bit integers (`s` at most 7).
     pub fn sum_fixed32_blocks(out: &mut [f32], tops: &mut [u8], terms: &[&[f32]], start: usize, s: i32) {
-        let back = |a: i32, u: f64| ((a as f32) as f64 * u) as f32;
-        sum_fixed_blocks(out, tops, terms, start, (|x, e| fixed32(x, e, s), back), s);
+        sum_fixed_blocks(out, tops, terms, start, (|x, e| fixed32(x, e, s), back32), s);
     }
 }
 
@@ -366,6 +364,19 @@ per_isa! {
     }
 }
 
+/// A finished 64-bit sum `a` in units of `u` as `f32`: the integer rounded once to `f32`,
+/// scaled exactly in `f64` (a second rounding only where the result is subnormal).
+#[inline(always)]
+fn back64(a: i64, u: f64) -> f32 {
+    ((a as f32) as f64 * u) as f32
+}
+
+/// [`back64`] for 32-bit sums.
+#[inline(always)]
+fn back32(a: i32, u: f64) -> f32 {
+    ((a as f32) as f64 * u) as f32
+}
+
 /// `2^(e - 150 - s)`, the unit of an integer at scale `e`, built from its bits (exact: the
 /// exponent is always within `f64`'s normal range).
 #[inline(always)]
@@ -381,7 +392,7 @@ per_isa! {
     pub fn finish64(out: &mut [f32], acc: &[i64], exps: &[u8], s: i32) {
         assert!(acc.len() == exps.len() && out.len() == acc.len(), "lengths differ");
         for ((o, &a), &e) in out.iter_mut().zip(acc).zip(exps) {
-            *o = ((a as f32) as f64 * unit(e, s)) as f32;
+            *o = back64(a, unit(e, s));
         }
     }
 }
@@ -391,7 +402,7 @@ per_isa! {
     pub fn finish32(out: &mut [f32], acc: &[i32], exps: &[u8], s: i32) {
         assert!(acc.len() == exps.len() && out.len() == acc.len(), "lengths differ");
         for ((o, &a), &e) in out.iter_mut().zip(acc).zip(exps) {
-            *o = ((a as f32) as f64 * unit(e, s)) as f32;
+            *o = back32(a, unit(e, s));
         }
     }
 }

@@ -503,8 +503,8 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
     }
     let terms = &terms[..parts.len()];
     // Runs of blocks on the grid (summed in f64) and off it (in registers).
-    let grid = |b: usize, tops: &[u8], lows: &[u8]| on_grid(tops[b], lows[b], s);
     let exact = exact_path(parts.len(), s);
+    let in_f64 = |b: usize, tops: &[u8], lows: &[u8]| exact && on_grid(tops[b], lows[b], s);
     if exact {
         tops.fill(0);
         lows.fill(SPECIAL);
@@ -514,9 +514,9 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
     }
     let mut b = 0;
     while b < tops.len() {
-        let on = exact && grid(b, tops, lows);
+        let on = in_f64(b, tops, lows);
         let mut e = b + 1;
-        while e < tops.len() && (exact && grid(e, tops, lows)) == on {
+        while e < tops.len() && in_f64(e, tops, lows) == on {
             e += 1;
         }
         let r = b * EXP_BLOCK..(e * EXP_BLOCK).min(n);
