@@ -12,7 +12,14 @@
 #              size and mode timed REPEATS times (default 5) after a warm-up;
 #   mpi        the same command (the same modes) with `--engine mpi` under Open MPI, whose daemons reach the
 #              other namespaces through an agent that stands in for ssh, with its TCP
-#              transport only (`--mca btl tcp,self`).
+#              transport only (`--mca btl tcp,self`). Its ranks yield the core while
+#              they wait (`--mca mpi_yield_when_idle 1`): the hosts share this machine's
+#              cores, but each looks to Open MPI like a machine of its own, so it would
+#              not yield by itself, and ranks spinning on their receives take the core
+#              from the ranks with work to do (the 1 MB float all-reduce on 4 hosts
+#              took 24 ms spinning, 11 ms yielding; Steadfast's mesh, which blocks in
+#              the kernel, 12 ms). STEADFAST_MPI_OWNERS, when set, is passed to the
+#              ranks (docs/clusters.md: how the reproducible sum's terms travel).
 # bench/engines_hosts.py reads OUT and writes the table.
 #
 # Needs root, iproute2 and Open MPI (exit status 77 without namespaces). Usage:
@@ -74,10 +81,12 @@ mpi() { # world
   local w=$1 i hosts=""
   for ((i = 0; i < w; i++)); do hosts+="${hosts:+,}$net.$((10 + i))"; done
   on_host 0 mpirun -n "$w" --host "$hosts" --bind-to none \
-    --mca plm_rsh_agent "$work/agent" --mca btl tcp,self \
+    --mca plm_rsh_agent "$work/agent" --mca btl tcp,self --mca mpi_yield_when_idle 1 \
+    ${STEADFAST_MPI_OWNERS:+-x STEADFAST_MPI_OWNERS} \
     --mca btl_tcp_if_include "$net.0/24" --mca oob_tcp_if_include "$net.0/24" \
-    "$bin" bench collective --mb "$mb" --reduce "$modes" --engine mpi >"$work/mpi.log" 2>&1
-  grep -h '^{' "$work/mpi.log" >"$out/$w-mpi.jsonl" || { cat "$work/mpi.log" >&2; return 1; }
+    "$bin" bench collective --mb "$mb" --reduce "$modes" --engine mpi >"$work/mpi.log" 2>&1 ||
+    { cat "$work/mpi.log" >&2; return 1; }
+  grep -h '^{' "$work/mpi.log" >"$out/$w-mpi.jsonl"
 }
 
 for w in ${worlds//,/ }; do

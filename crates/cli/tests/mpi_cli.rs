@@ -41,14 +41,14 @@ fn mpirun_on_one_to_four_ranks_gives_the_bits_of_single_process_train() {
         assert_eq!(prints.len(), n, "every rank reports");
         assert!(prints.iter().all(|p| *p == single), "{n} ranks: {prints:?}, single process: {single}");
     }
-    // Three ranks of one micro-batch each sum at the chunks' owners; their sums gathered as
-    // padded pieces (the way across nodes, forced here on one) give the same bits, and a
-    // misspelt choice is refused.
-    let padded = common::mpirun_with(3, &mpi, &[("STEADFAST_MPI_GATHER", "padded")]);
-    assert_eq!(fingerprints(&padded), vec![single; 3]);
-    let wrong = common::mpirun_with(1, &mpi, &[("STEADFAST_MPI_GATHER", "pad")]);
+    // Three ranks of one micro-batch each sum at the chunks' owners; the terms sent and the
+    // sums gathered as messages (the way across nodes, forced here on one) give the same
+    // bits, and a misspelt choice is refused.
+    let messages = common::mpirun_with(3, &mpi, &[("STEADFAST_MPI_OWNERS", "messages")]);
+    assert_eq!(fingerprints(&messages), vec![single; 3]);
+    let wrong = common::mpirun_with(1, &mpi, &[("STEADFAST_MPI_OWNERS", "message")]);
     assert!(!wrong.status.success());
-    assert!(String::from_utf8_lossy(&wrong.stderr).contains("STEADFAST_MPI_GATHER is \"pad\""));
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("STEADFAST_MPI_OWNERS is \"message\""));
 }
 
 #[test]

@@ -15,11 +15,14 @@
 //!   are summed as 64-bit integers (`MPI_SUM`). Both operations are associative and
 //!   commutative on integers, so however the library groups them the sum has the bits of
 //!   single-process `train`, for every world size. When every rank holds one part, the
-//!   terms go to their chunk's owner as floats instead (`MPI_Alltoallv`), the owner sums
-//!   them as `crate::owner_sum` describes, and the owners' sums are gathered
-//!   (`MPI_Allgatherv` on one node, `MPI_Allgather` of the chunks padded to one length
-//!   across nodes): the same bits, the float sum's 4 bytes per element each way, and
-//!   no pass for the scales before the sum.
+//!   terms go to their chunk's owner as floats instead, the owner sums them as
+//!   `crate::owner_sum` describes, and the owners' sums are gathered: the same bits, the
+//!   float sum's 4 bytes per element each way, and no pass for the scales before the sum.
+//!   On one node the terms travel by `MPI_Alltoallv` and the sums by `MPI_Allgatherv`;
+//!   across nodes as messages, one from each rank to each owner, all posted at once, and
+//!   the sums round a ring of `MPI_Sendrecv` (Open MPI's own schedules for those two
+//!   collectives were up to 1.3x slower on 4 hosts at 1 Gbit/s, docs/clusters.md).
+//!   `STEADFAST_MPI_OWNERS=collectives` or `=messages` overrides the choice.
 //!
 //! MPI's collectives have no deadline: a rank that dies takes the job down with it (the
 //! library's default error handler aborts every rank). That is the static-cluster mode:
@@ -30,10 +33,25 @@ use mpi::Count;
 use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator, CommunicatorCollectives, Equivalence};
+use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Equivalence, Source};
 
 use crate::ReduceMode;
 use crate::transport::CommError;
+
+/// How the terms of a reproducible sum of one part per rank reach their owners, and the
+/// owners' sums every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OwnersRoute {
+    /// `MPI_Alltoallv`, then `MPI_Allgatherv`: the faster when every rank shares a node.
+    Collectives,
+    /// One message from each rank to each owner, all posted at once, then the sums round a
+    /// ring (`MPI_Sendrecv`): the faster across nodes.
+    Messages,
+}
+
+/// The tags of the owners' route's messages: the terms, and the owners' sums.
+const TERMS: i32 = 1;
+const SUMS: i32 = 2;
 
 /// This process's place in an MPI job, and the buffers its collectives reuse.
 pub struct MpiWorld {
@@ -44,9 +62,8 @@ pub struct MpiWorld {
     acc: Vec<i64>,
     acc_all: Vec<i64>,
     gathered: Vec<f32>,
-    /// Whether the owners' sums are gathered with `MPI_Allgatherv` (every rank on one
-    /// node, or `STEADFAST_MPI_GATHER=counts`) rather than as padded pieces.
-    gather_by_counts: bool,
+    /// How the reproducible sums of one part per rank reach the owners and back.
+    owners_route: OwnersRoute,
     local: repro::batched::Scratch,
     // Declared last, so dropped last: finalizes MPI after the communicator is gone.
     _universe: mpi::environment::Universe,
@@ -59,16 +76,18 @@ impl MpiWorld {
         let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
             .ok_or_else(|| CommError::Setup("MPI is already initialized in this process".into()))?;
         let world = universe.world();
-        let gather_by_counts = match std::env::var("STEADFAST_MPI_GATHER").as_deref() {
-            Ok("counts") => true,
-            Ok("padded") => false,
+        let owners_route = match std::env::var("STEADFAST_MPI_OWNERS").as_deref() {
+            Ok("collectives") => OwnersRoute::Collectives,
+            Ok("messages") => OwnersRoute::Messages,
             Ok(other) => {
                 return Err(CommError::Setup(format!(
-                    "STEADFAST_MPI_GATHER is {other:?}: say \"counts\" (MPI_Allgatherv) or \"padded\" \
-                     (MPI_Allgather of padded chunks), or leave it unset to choose by whether the ranks share a node"
+                    "STEADFAST_MPI_OWNERS is {other:?}: say \"collectives\" (MPI_Alltoallv, MPI_Allgatherv) \
+                     or \"messages\" (point to point, the sums round a ring), or leave it unset to choose by \
+                     whether the ranks share a node"
                 )));
             }
-            Err(_) => world.split_shared(world.rank()).size() == world.size(),
+            Err(_) if world.split_shared(world.rank()).size() == world.size() => OwnersRoute::Collectives,
+            Err(_) => OwnersRoute::Messages,
         };
         Ok(MpiWorld {
             world,
@@ -78,7 +97,7 @@ impl MpiWorld {
             acc: Vec::new(),
             acc_all: Vec::new(),
             gathered: Vec::new(),
-            gather_by_counts,
+            owners_route,
             local: repro::batched::Scratch::default(),
             _universe: universe,
         })
@@ -172,37 +191,87 @@ impl MpiWorld {
     fn at_owners<A: repro::batched::Fixed>(&mut self, part: &[f32], out: &mut [f32], headroom: u32) {
         let (world, rank, n) = (self.world(), self.rank(), out.len());
         let chunks: Vec<_> = (0..world).map(|c| crate::owner_sum::block_chunk(n, world, c)).collect();
-        let lens: Vec<Count> = chunks.iter().map(|c| c.len() as Count).collect();
-        let starts: Vec<Count> = chunks.iter().map(|c| c.start as Count).collect();
         let len = chunks[rank].len();
-        // Every rank's terms of this rank's chunk, one rank after another.
-        self.gathered.resize(world * len, 0.0);
-        let (from_each, at): (Vec<Count>, Vec<Count>) = (0..world).map(|r| (len as Count, (r * len) as Count)).unzip();
-        self.world.all_to_all_varcount_into(
-            &Partition::new(part, &lens[..], &starts[..]),
-            &mut PartitionMut::new(&mut self.gathered[..], &from_each[..], &at[..]),
-        );
-        self.mine.clear();
-        self.mine.resize(len, 0.0);
+        match self.owners_route {
+            OwnersRoute::Collectives => {
+                let lens: Vec<Count> = chunks.iter().map(|c| c.len() as Count).collect();
+                let starts: Vec<Count> = chunks.iter().map(|c| c.start as Count).collect();
+                // Every rank's terms of this rank's chunk, one rank after another.
+                self.gathered.resize(world * len, 0.0);
+                let (from_each, at): (Vec<Count>, Vec<Count>) =
+                    (0..world).map(|r| (len as Count, (r * len) as Count)).unzip();
+                self.world.all_to_all_varcount_into(
+                    &Partition::new(part, &lens[..], &starts[..]),
+                    &mut PartitionMut::new(&mut self.gathered[..], &from_each[..], &at[..]),
+                );
+                self.mine.clear();
+                self.mine.resize(len, 0.0);
+                self.sum_gathered::<A>(len, headroom);
+                self.world
+                    .all_gather_varcount_into(&self.mine[..], &mut PartitionMut::new(out, &lens[..], &starts[..]));
+            }
+            OwnersRoute::Messages => {
+                self.exchange_terms(part, &chunks);
+                self.mine.clear();
+                self.mine.resize(len, 0.0);
+                self.sum_gathered::<A>(len, headroom);
+                out[chunks[rank].clone()].copy_from_slice(&self.mine);
+                self.ring_gather(&chunks, out);
+            }
+        }
+    }
+
+    /// The sum of the `world` terms of `len` elements each in `gathered`, into `mine`.
+    fn sum_gathered<A: repro::batched::Fixed>(&mut self, len: usize, headroom: u32) {
         if len > 0 {
             let terms: Vec<&[f32]> = self.gathered.chunks_exact(len).collect();
             crate::owner_sum::sum_terms::<A>(&terms, &mut self.mine, headroom, &mut self.acc);
         }
-        if self.gather_by_counts {
-            self.world.all_gather_varcount_into(&self.mine[..], &mut PartitionMut::new(out, &lens[..], &starts[..]));
-            return;
-        }
-        // Across nodes the sums are gathered as equal pieces, each chunk padded to the
-        // longest (they differ by a block at most), for Open MPI's `MPI_Allgather`: the 1 MB
-        // sum on 4 hosts at 1 Gbit/s took 32 ms in each of four runs, against 32-40 ms with
-        // `MPI_Allgatherv`. On one node `MPI_Allgatherv` is the faster, with no copy out of
-        // a padded buffer.
-        let most = chunks.iter().map(|c| c.len()).max().unwrap_or(0).max(1);
-        self.mine.resize(most, 0.0);
-        self.gathered.resize(world * most, 0.0);
-        self.world.all_gather_into(&self.mine[..], &mut self.gathered[..]);
-        for (chunk, piece) in chunks.iter().zip(self.gathered.chunks_exact(most)) {
-            out[chunk.clone()].copy_from_slice(&piece[..chunk.len()]);
+    }
+
+    /// [`Self::at_owners`] across nodes: every rank's terms of this rank's chunk arrive as
+    /// one message from each rank (all posted at once), and the owners' sums travel round
+    /// a ring, a chunk a step. Across 4 hosts at 1 Gbit/s this took 0.86x `fast` where
+    /// Open MPI's `MPI_Alltoallv` and `MPI_Allgatherv` took 1.18x (16 MB; docs/clusters.md).
+    fn exchange_terms(&mut self, part: &[f32], chunks: &[std::ops::Range<usize>]) {
+        let (world, rank) = (self.world(), self.rank());
+        let len = chunks[rank].len();
+        self.gathered.resize(world * len, 0.0);
+        self.gathered[rank * len..][..len].copy_from_slice(&part[chunks[rank].clone()]);
+        let (comm, mut slots) = (&self.world, &mut self.gathered[..]);
+        mpi::request::scope(|scope| {
+            let mut pending = Vec::with_capacity(2 * world);
+            for from in 0..world {
+                let (slot, rest) = std::mem::take(&mut slots).split_at_mut(len);
+                slots = rest;
+                if from != rank {
+                    pending.push(comm.process_at_rank(from as i32).immediate_receive_into_with_tag(scope, slot, TERMS));
+                }
+            }
+            // Each rank sends first to the rank after it, so that no owner is every
+            // rank's first destination.
+            for step in 1..world {
+                let to = (rank + step) % world;
+                let piece = &part[chunks[to].clone()];
+                pending.push(comm.process_at_rank(to as i32).immediate_send_with_tag(scope, piece, TERMS));
+            }
+            for request in pending {
+                request.wait();
+            }
+        });
+    }
+
+    /// The owners' sums, `out[chunks[rank]]` on each rank, gathered into every rank's `out`
+    /// round a ring: at each step a rank passes on the chunk it last received.
+    fn ring_gather(&self, chunks: &[std::ops::Range<usize>], out: &mut [f32]) {
+        let (world, rank) = (self.world(), self.rank());
+        let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
+        let (to, from) = (self.world.process_at_rank(next as i32), self.world.process_at_rank(previous as i32));
+        for step in 0..world - 1 {
+            let sent = &chunks[(rank + world - step) % world];
+            let received = &chunks[(rank + world - step - 1) % world];
+            let (piece, slot) = apart(out, sent.clone(), received.clone());
+            mpi::point_to_point::send_receive_into_with_tags(piece, &to, SUMS, slot, &from, SUMS);
         }
     }
 
@@ -216,5 +285,16 @@ impl MpiWorld {
     /// Waits until every rank has called it.
     pub fn barrier(&self) {
         self.world.barrier();
+    }
+}
+
+/// `out[sent]` to read and `out[received]` to write, two ranges that do not overlap.
+fn apart(out: &mut [f32], sent: std::ops::Range<usize>, received: std::ops::Range<usize>) -> (&[f32], &mut [f32]) {
+    if sent.start < received.start {
+        let (low, high) = out.split_at_mut(received.start);
+        (&low[sent], &mut high[..received.len()])
+    } else {
+        let (low, high) = out.split_at_mut(sent.start);
+        (&high[..sent.len()], &mut low[received])
     }
 }
