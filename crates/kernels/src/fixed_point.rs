@@ -80,36 +80,46 @@ per_isa! {
     }
 }
 
-/// The smallest exponent field among the nonzero `values`, raised to at least 1 (a
-/// subnormal's); 255 when every value is a zero.
+/// The magnitude's bits of `x` less one: a zero's wraps to all ones, so that the minimum
+/// over values is that of the smallest nonzero magnitude.
 #[inline(always)]
-fn low_field(values: &[f32]) -> u8 {
-    // The smallest nonzero magnitude's bits hold the smallest field; a zero's magnitude
-    // less one wraps to all ones and never holds the minimum.
-    let low = values.iter().fold(u32::MAX, |m, x| m.min((x.to_bits() & 0x7FFF_FFFF).wrapping_sub(1)));
-    if low == u32::MAX { 255 } else { field(low + 1) as u8 }
+fn magnitude_less_one(x: f32) -> u32 {
+    (x.to_bits() & 0x7FFF_FFFF).wrapping_sub(1)
 }
 
 per_isa! {
-    /// [`max_block_exponents`] into `tops`, and `lows[b] = min(lows[b], field)` over the
-    /// nonzero values of block `b` (255 stands for a block of zeros; start `lows` at 255):
-    /// the spread of a block's exponents, which tells whether every term of the block sits
-    /// on its scale's grid (see [`sum_exact`]). Panics unless `tops` and `lows` have one byte
-    /// per block of `values`.
-    pub fn block_exponent_spans(tops: &mut [u8], lows: &mut [u8], values: &[f32]) {
-        let blocks = values.len().div_ceil(SCALE_BLOCK);
-        assert!(tops.len() == blocks && lows.len() == blocks, "block exponent and value lengths differ");
-        let whole = values.chunks_exact(SCALE_BLOCK);
-        let rest = whole.remainder();
-        for ((t, l), chunk) in tops.iter_mut().zip(lows.iter_mut()).zip(whole) {
-            let chunk: &[f32; SCALE_BLOCK] = chunk.try_into().expect("a whole block");
-            *t = (*t).max(top_field(chunk));
-            *l = (*l).min(low_field(chunk));
-        }
-        if !rest.is_empty() {
-            let (t, l) = (tops.last_mut().expect("a block for the rest"), lows.last_mut().expect("a block"));
-            *t = (*t).max(top_field(rest));
-            *l = (*l).min(low_field(rest));
+    /// The spread of each block's exponents over every term: for block `b` of the elements
+    /// `start..start + len`, `tops[b]` is the largest exponent field among the terms'
+    /// values (as [`max_block_exponents`]; 1 when there are no terms) and `lows[b]` the
+    /// smallest among their nonzero values (255 for a block of zeros). It tells whether
+    /// every term of the block sits on its scale's grid (see [`sum_exact`]). The terms are
+    /// folded lane by lane and each block reduced across its lanes once, whatever the
+    /// count of terms. Panics unless `tops` and `lows` have one byte per block and every
+    /// term reaches `start + len`.
+    pub fn block_exponent_spans(tops: &mut [u8], lows: &mut [u8], terms: &[&[f32]], start: usize, len: usize) {
+        assert!(tops.len() == len.div_ceil(SCALE_BLOCK) && lows.len() == tops.len(), "one span per block");
+        for (b, (t, l)) in tops.iter_mut().zip(lows.iter_mut()).enumerate() {
+            let at = start + b * SCALE_BLOCK;
+            let n = SCALE_BLOCK.min(start + len - at);
+            let (mut high, mut low) = ([0u32; SCALE_BLOCK], [u32::MAX; SCALE_BLOCK]);
+            for term in terms {
+                let term = &term[at..at + n];
+                // Whole blocks as fixed-length loops, the lanes held in registers.
+                if let Ok(term) = <&[f32; SCALE_BLOCK]>::try_from(term) {
+                    for i in 0..SCALE_BLOCK {
+                        high[i] = high[i].max(term[i].to_bits() & 0x7F80_0000);
+                        low[i] = low[i].min(magnitude_less_one(term[i]));
+                    }
+                } else {
+                    for (i, &x) in term.iter().enumerate() {
+                        high[i] = high[i].max(x.to_bits() & 0x7F80_0000);
+                        low[i] = low[i].min(magnitude_less_one(x));
+                    }
+                }
+            }
+            let (high, low) = (high.iter().fold(0, |m, &x| m.max(x)), low.iter().fold(u32::MAX, |m, &x| m.min(x)));
+            *t = field(high) as u8;
+            *l = if low == u32::MAX { 255 } else { field(low + 1) as u8 };
         }
     }
 }
@@ -554,19 +564,32 @@ mod tests {
         /// a block of zeros).
         #[test]
         fn a_block_s_span_is_its_nonzero_values_fields_on_every_instruction_set(
-            values in proptest::collection::vec(
-                prop_oneof![any::<u32>().prop_map(f32::from_bits), Just(0.0f32), Just(-0.0f32)], 0..400),
+            terms in proptest::collection::vec(proptest::collection::vec(
+                prop_oneof![any::<u32>().prop_map(f32::from_bits), Just(0.0f32), Just(-0.0f32)], 400), 0..6),
+            start_block in 0usize..3,
+            len in 0usize..270,
         ) {
-            let blocks = values.len().div_ceil(SCALE_BLOCK);
-            let mut tops = vec![0u8; blocks];
-            max_block_exponents(Isa::Scalar, &mut tops, &values);
-            let lows: Vec<u8> = values
-                .chunks(SCALE_BLOCK)
-                .map(|c| c.iter().filter(|x| x.to_bits() << 1 != 0).map(|x| field(x.to_bits()) as u8).min().unwrap_or(255))
+            let start = start_block * SCALE_BLOCK;
+            let refs: Vec<&[f32]> = terms.iter().map(|t| t.as_slice()).collect();
+            let blocks = len.div_ceil(SCALE_BLOCK);
+            let mut tops = vec![1u8; blocks];
+            for t in &refs {
+                max_block_exponents(Isa::Scalar, &mut tops, &t[start..start + len]);
+            }
+            let lows: Vec<u8> = (0..blocks)
+                .map(|b| {
+                    let r = start + b * SCALE_BLOCK..(start + (b + 1) * SCALE_BLOCK).min(start + len);
+                    refs.iter()
+                        .flat_map(|t| &t[r.clone()])
+                        .filter(|x| x.to_bits() << 1 != 0)
+                        .map(|x| field(x.to_bits()) as u8)
+                        .min()
+                        .unwrap_or(255)
+                })
                 .collect();
             for isa in Isa::all_available() {
-                let (mut t, mut l) = (vec![0u8; blocks], vec![255u8; blocks]);
-                block_exponent_spans(isa, &mut t, &mut l, &values);
+                let (mut t, mut l) = (vec![7u8; blocks], vec![7u8; blocks]);
+                block_exponent_spans(isa, &mut t, &mut l, &refs, start, len);
                 prop_assert_eq!(&t, &tops);
                 prop_assert_eq!(&l, &lows);
             }

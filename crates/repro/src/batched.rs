@@ -506,11 +506,7 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
     let exact = exact_path(parts.len(), s);
     let in_f64 = |b: usize, tops: &[u8], lows: &[u8]| exact && on_grid(tops[b], lows[b], s);
     if exact {
-        tops.fill(0);
-        lows.fill(SPECIAL);
-        for t in terms {
-            kernels::fixed_point::block_exponent_spans(isa, tops, lows, &t[range.clone()]);
-        }
+        kernels::fixed_point::block_exponent_spans(isa, tops, lows, terms, range.start, n);
     }
     let mut b = 0;
     while b < tops.len() {
