@@ -40,8 +40,10 @@ def main():
         f"- Date: {datetime.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores; {mpi_version}.",
         "- Command: `bench/run.sh engines-hosts` (driver: `bench/engines_hosts.py`, hosts: `bench/engines_hosts.sh`).",
         f"- W network-namespace hosts on this machine joined by a bridge ({link}), one rank per host: no two ranks"
-        " share a host, so Steadfast's mesh runs over TCP. MPI: `mpirun --mca btl tcp,self` with its daemons"
-        " started in the namespaces by an agent in place of ssh. *ring bound* = the per-stream bandwidth of raw TCP"
+        " share a host, so Steadfast's mesh runs over TCP. MPI: `mpirun --mca btl tcp,self --mca"
+        " mpi_yield_when_idle 1` with its daemons started in the namespaces by an agent in place of ssh (the hosts"
+        " share the cores, which Open MPI cannot see, and its ranks would otherwise spin on their receives)."
+        " *ring bound* = the per-stream bandwidth of raw TCP"
         " streams in a ring, every host sending to the next while receiving from the previous (`bench/tcp_ring.py`,"
         " 256 MB, median of 3), which is what a ring all-reduce's bus bandwidth can reach. The hosts share this"
         " machine's cores, so the kernel's work for every link competes with the ranks.",

@@ -140,10 +140,12 @@ def report(times, ratios, steps, shaped):
         "- *shared memory*: `steadfast launch --nproc W` on this host (the default mesh); *loopback TCP*: the same"
         " mesh with `STEADFAST_SHARED_MEMORY=0`; *MPI*: `mpirun -n W ... --engine mpi` (Open MPI) on this host;"
         f" *hosts at {RATE} Mbit/s*: one rank on each of W network-namespace hosts whose links `tc` shapes to"
-        f" {RATE} Mbit/s each way, on Steadfast's mesh and on MPI's TCP transport. Threads per rank = cores / W"
+        f" {RATE} Mbit/s each way, on Steadfast's mesh and on MPI's TCP transport (whose ranks yield the shared"
+        " cores while they wait: `--mca mpi_yield_when_idle 1`). Threads per rank = cores / W"
         " (at least one); with more ranks than cores the ranks share them.",
         "- A cell is the median over the runs of the ratio of the mode's time to `fast`'s, measured within one run"
-        " (each mode timed by `steadfast bench collective`: a warm-up, then the median of 5), with `fast`'s time"
+        " (each mode timed by `steadfast bench collective`: a warm-up, then the median of 5, the modes taking turns"
+        " repetition by repetition), with `fast`'s time"
         " beside it.",
         "",
         "### All-reduce: time over `fast`'s (reproducible / reproducible32)",

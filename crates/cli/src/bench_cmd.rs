@@ -64,7 +64,7 @@ struct CollectiveArgs {
     /// Summation modes, comma-separated.
     #[arg(long, value_delimiter = ',', value_parser = choice::of::<train::ReduceMode>(), default_value = "fast,reproducible")]
     reduce: Vec<train::ReduceMode>,
-    /// Repetitions per size and mode (the median is reported), after one untimed warm-up.
+    /// Repetitions per size and mode, the modes in turn (the median is reported), after a warm-up.
     #[arg(long, default_value_t = 5)]
     repeats: usize,
     #[command(flatten)]

@@ -1,6 +1,7 @@
 //! The training step's all-reduce in a job of one process per rank (`steadfast bench
 //! collective`, started by `steadfast launch`, `mpirun` or `srun`), timed on whichever
-//! engine the job runs. `bench/torch_collective.py` times PyTorch's on the same inputs.
+//! engine the job runs, the modes taking turns repetition by repetition.
+//! `bench/torch_collective.py` times PyTorch's on the same inputs.
 
 use serde_json::json;
 
@@ -40,16 +41,24 @@ pub fn collective(
         let n = usize::try_from(mb * 1_000_000 / 4).map_err(|_| LabError::Bench("message too large".into()))?;
         let input = collective_input(rank, n);
         let mut out = vec![0.0f32; n];
-        for &mode in &b.modes {
-            let mut times = Vec::with_capacity(b.repeats);
-            for i in 0..=b.repeats.max(1) {
+        // The modes take turns, one repetition each, so that a drift of the machine's speed
+        // (another process, the clock) falls on every mode alike.
+        let mut times = vec![Vec::with_capacity(b.repeats); b.modes.len()];
+        let mut prints = vec![String::new(); b.modes.len()];
+        for i in 0..=b.repeats.max(1) {
+            for (m, &mode) in b.modes.iter().enumerate() {
                 job.barrier()?;
                 let t = std::time::Instant::now();
                 job.sum_parts(&mut reducer, &[&input[..]], &mut out, mode)?;
                 if i > 0 {
-                    times.push(t.elapsed().as_secs_f64());
+                    times[m].push(t.elapsed().as_secs_f64());
+                }
+                if i == b.repeats.max(1) && rank == 0 {
+                    prints[m] = repro::fingerprint::hex(repro::fingerprint::fingerprint([("sum", &out[..])]));
                 }
             }
+        }
+        for ((&mode, times), print) in b.modes.iter().zip(&mut times).zip(prints) {
             times.sort_by(f64::total_cmp);
             let seconds = times[times.len() / 2];
             if rank == 0 {
@@ -57,8 +66,7 @@ pub fn collective(
                 let bus = 2.0 * (world as f64 - 1.0) / world as f64 * mb as f64 / seconds;
                 row(json!({
                     "engine": engine, "world": world, "mb": mb, "mode": mode.to_string(),
-                    "seconds": seconds, "bus_mb_per_s": bus,
-                    "sum_fingerprint": repro::fingerprint::hex(repro::fingerprint::fingerprint([("sum", &out[..])])),
+                    "seconds": seconds, "bus_mb_per_s": bus, "sum_fingerprint": print,
                 }));
             }
         }
