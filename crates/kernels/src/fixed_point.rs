@@ -12,9 +12,9 @@
 //! A sum of few terms also has fused forms that take a block of [`SCALE_BLOCK`] elements
 //! of every term at a time and keep its sums in registers: the three steps with no
 //! accumulator in memory ([`sum_fixed64_blocks`], [`sum_fixed32_blocks`]), and, for blocks
-//! whose exponents spread narrowly enough ([`block_exponent_spans`]), the exact sum in
-//! `f64` rounded once ([`sum_exact`]: additions that are exact, so every instruction set
-//! gives the same bits there too).
+//! whose exponents spread narrowly enough, the exact sum in `f64` rounded once ([`sum_exact`],
+//! which finds each block's spread in the same pass: additions that are exact there, so
+//! every instruction set gives the same bits too).
 //!
 //! Conventions shared by the loops:
 //!
@@ -88,69 +88,51 @@ fn magnitude_less_one(x: f32) -> u32 {
 }
 
 per_isa! {
-    /// The spread of each block's exponents over every term: for block `b` of the elements
-    /// `start..start + len`, `tops[b]` is the largest exponent field among the terms'
-    /// values (as [`max_block_exponents`]; 1 when there are no terms) and `lows[b]` the
-    /// smallest among their nonzero values (255 for a block of zeros). It tells whether
-    /// every term of the block sits on its scale's grid (see [`sum_exact`]). The terms are
-    /// folded lane by lane and each block reduced across its lanes once, whatever the
-    /// count of terms. Panics unless `tops` and `lows` have one byte per block and every
-    /// term reaches `start + len`.
-    pub fn block_exponent_spans(tops: &mut [u8], lows: &mut [u8], terms: &[&[f32]], start: usize, len: usize) {
-        assert!(tops.len() == len.div_ceil(SCALE_BLOCK) && lows.len() == tops.len(), "one span per block");
-        for (b, (t, l)) in tops.iter_mut().zip(lows.iter_mut()).enumerate() {
-            let at = start + b * SCALE_BLOCK;
-            let n = SCALE_BLOCK.min(start + len - at);
+    /// In one pass over the terms, two things per block of [`SCALE_BLOCK`] elements (the
+    /// last possibly shorter) of `out`:
+    ///
+    /// - `out[i] = Σ_k terms[k][start + i]`, added in `f64` from `+0.0` and rounded once to
+    ///   `f32`: the correctly rounded sum when the `f64` additions are exact, which holds
+    ///   when every term is a multiple of one power of two `u` and the terms' magnitudes
+    ///   add up to less than `2^53 · u` (a reproducible sum's blocks whose exponents spread
+    ///   no wider than its shift; see `repro::batched`). A zero sum is `+0.0`.
+    /// - the block's exponent span, which tells whether that holds: `tops[b]` is the
+    ///   largest exponent field among its terms' values (as [`max_block_exponents`]; 1 when
+    ///   there are no terms) and `lows[b]` the smallest among their nonzero values (255 for
+    ///   a block of zeros).
+    ///
+    /// The caller keeps a block's sum where its span allows and sums the others again by
+    /// another way. Panics unless `tops` and `lows` have one byte per block of `out` and
+    /// every term reaches `start + out.len()`.
+    pub fn sum_exact(out: &mut [f32], tops: &mut [u8], lows: &mut [u8], terms: &[&[f32]], start: usize) {
+        assert!(tops.len() == out.len().div_ceil(SCALE_BLOCK) && lows.len() == tops.len(), "one span per block");
+        for (c, ((o, t), l)) in out.chunks_mut(SCALE_BLOCK).zip(tops.iter_mut()).zip(lows.iter_mut()).enumerate() {
+            let at = start + c * SCALE_BLOCK;
+            let mut acc = [0.0f64; SCALE_BLOCK];
             let (mut high, mut low) = ([0u32; SCALE_BLOCK], [u32::MAX; SCALE_BLOCK]);
             for term in terms {
-                let term = &term[at..at + n];
+                let term = &term[at..at + o.len()];
                 // Whole blocks as fixed-length loops, the lanes held in registers.
                 if let Ok(term) = <&[f32; SCALE_BLOCK]>::try_from(term) {
                     for i in 0..SCALE_BLOCK {
+                        acc[i] += f64::from(term[i]);
                         high[i] = high[i].max(term[i].to_bits() & 0x7F80_0000);
                         low[i] = low[i].min(magnitude_less_one(term[i]));
                     }
                 } else {
                     for (i, &x) in term.iter().enumerate() {
+                        acc[i] += f64::from(x);
                         high[i] = high[i].max(x.to_bits() & 0x7F80_0000);
                         low[i] = low[i].min(magnitude_less_one(x));
-                    }
-                }
-            }
-            let (high, low) = (high.iter().fold(0, |m, &x| m.max(x)), low.iter().fold(u32::MAX, |m, &x| m.min(x)));
-            *t = field(high) as u8;
-            *l = if low == u32::MAX { 255 } else { field(low + 1) as u8 };
-        }
-    }
-}
-
-per_isa! {
-    /// `out[i] = Σ_k terms[k][start + i]`, added in `f64` from `+0.0` and rounded once to
-    /// `f32`: the correctly rounded sum when the `f64` additions are exact, which holds when
-    /// every term is a multiple of one power of two `u` and the terms' magnitudes add up to
-    /// less than `2^53 · u` (a reproducible sum's blocks whose exponents spread no wider than
-    /// its shift; see `repro::batched`). A zero sum is `+0.0`. Panics if a term is shorter
-    /// than `start + out.len()`.
-    pub fn sum_exact(out: &mut [f32], terms: &[&[f32]], start: usize) {
-        for (c, o) in out.chunks_mut(SCALE_BLOCK).enumerate() {
-            let at = start + c * SCALE_BLOCK;
-            let mut acc = [0.0f64; SCALE_BLOCK];
-            for term in terms {
-                let term = &term[at..at + o.len()];
-                // Whole blocks as fixed-length loops, the sums held in registers.
-                if let Ok(term) = <&[f32; SCALE_BLOCK]>::try_from(term) {
-                    for i in 0..SCALE_BLOCK {
-                        acc[i] += f64::from(term[i]);
-                    }
-                } else {
-                    for (a, &x) in acc.iter_mut().zip(term) {
-                        *a += f64::from(x);
                     }
                 }
             }
             for (o, &a) in o.iter_mut().zip(&acc) {
                 *o = a as f32;
             }
+            let (high, low) = (high.iter().fold(0, |m, &x| m.max(x)), low.iter().fold(u32::MAX, |m, &x| m.min(x)));
+            *t = field(high) as u8;
+            *l = if low == u32::MAX { 255 } else { field(low + 1) as u8 };
         }
     }
 }
@@ -589,7 +571,8 @@ mod tests {
                 .collect();
             for isa in Isa::all_available() {
                 let (mut t, mut l) = (vec![7u8; blocks], vec![7u8; blocks]);
-                block_exponent_spans(isa, &mut t, &mut l, &refs, start, len);
+                let mut out = vec![0f32; len];
+                sum_exact(isa, &mut out, &mut t, &mut l, &refs, start);
                 prop_assert_eq!(&t, &tops);
                 prop_assert_eq!(&l, &lows);
             }
@@ -605,14 +588,15 @@ mod tests {
         ) {
             let refs: Vec<&[f32]> = terms.iter().map(|t| t.as_slice()).collect();
             let mut expected = vec![0f32; len];
-            sum_exact(Isa::Scalar, &mut expected, &refs, start);
+            let mut spans = vec![0u8; len.div_ceil(SCALE_BLOCK)];
+            sum_exact(Isa::Scalar, &mut expected, &mut spans.clone(), &mut spans, &refs, start);
             for (i, e) in expected.iter().enumerate() {
                 let s: f64 = refs.iter().fold(0.0, |a, t| a + f64::from(t[start + i]));
                 prop_assert_eq!(e.to_bits(), (s as f32).to_bits());
             }
             for isa in Isa::all_available() {
                 let mut out = vec![1f32; len];
-                sum_exact(isa, &mut out, &refs, start);
+                sum_exact(isa, &mut out, &mut spans.clone(), &mut spans, &refs, start);
                 prop_assert_eq!(out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     expected.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
             }
@@ -672,7 +656,8 @@ mod tests {
     fn negative_zeros_sum_to_positive_zero_in_f64() {
         let z = [-0.0f32; 3];
         let mut out = [1.0f32; 3];
-        sum_exact(Isa::Scalar, &mut out, &[&z, &z], 0);
+        let mut spans = vec![0u8; out.len().div_ceil(SCALE_BLOCK)];
+        sum_exact(Isa::Scalar, &mut out, &mut spans.clone(), &mut spans, &[&z, &z], 0);
         assert!(out.iter().all(|x| x.to_bits() == 0));
     }
 

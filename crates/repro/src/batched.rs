@@ -506,7 +506,8 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
     let exact = exact_path(parts.len(), s);
     let in_f64 = |b: usize, tops: &[u8], lows: &[u8]| exact && on_grid(tops[b], lows[b], s);
     if exact {
-        kernels::fixed_point::block_exponent_spans(isa, tops, lows, terms, range.start, n);
+        // Every block in f64, with its span; the blocks off the grid are summed again below.
+        kernels::fixed_point::sum_exact(isa, out, tops, lows, terms, range.start);
     }
     let mut b = 0;
     while b < tops.len() {
@@ -515,10 +516,8 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
         while e < tops.len() && in_f64(e, tops, lows) == on {
             e += 1;
         }
-        let r = b * EXP_BLOCK..(e * EXP_BLOCK).min(n);
-        if on {
-            kernels::fixed_point::sum_exact(isa, &mut out[r.clone()], terms, range.start + r.start);
-        } else {
+        if !on {
+            let r = b * EXP_BLOCK..(e * EXP_BLOCK).min(n);
             A::sum_blocks(isa, &mut out[r], &mut tops[b..e], terms, range.start + b * EXP_BLOCK, s);
             // The blocks with an infinity or NaN, which the registers leave.
             for k in b..e {
