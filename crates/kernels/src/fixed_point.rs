@@ -87,24 +87,33 @@ fn magnitude_less_one(x: f32) -> u32 {
     (x.to_bits() & 0x7FFF_FFFF).wrapping_sub(1)
 }
 
+/// Whether every term of a block whose nonzero terms' exponent fields run from `low` (255
+/// when all are zeros) to its scale `top` sits on the grid of the scale's unit
+/// `2^(top - 150 - s)` at shift `s`: a field at least `top - s` places a 24-bit significand
+/// at or above the unit, so that its conversion to fixed point drops no bit. A block with
+/// an infinity or NaN (`top` 255) is on no grid.
+pub fn on_grid(top: u8, low: u8, s: i32) -> bool {
+    top != 255 && i32::from(low) + s >= i32::from(top)
+}
+
 per_isa! {
-    /// In one pass over the terms, two things per block of [`SCALE_BLOCK`] elements (the
-    /// last possibly shorter) of `out`:
+    /// In one pass over the terms, per block of [`SCALE_BLOCK`] elements of `out` (the last
+    /// possibly shorter):
     ///
-    /// - `out[i] = Σ_k terms[k][start + i]`, added in `f64` from `+0.0` and rounded once to
+    /// - the block's exponent span: `tops[b]` is the largest exponent field among its terms'
+    ///   values (as [`max_block_exponents`]; 1 when there are no terms) and `lows[b]` the
+    ///   smallest among their nonzero values (255 for a block of zeros);
+    /// - where that span puts every term on the grid of its scale at shift `s` ([`on_grid`]),
+    ///   `out[i] = Σ_k terms[k][start + i]`, added in `f64` from `+0.0` and rounded once to
     ///   `f32`: the correctly rounded sum when the `f64` additions are exact, which holds
     ///   when every term is a multiple of one power of two `u` and the terms' magnitudes
-    ///   add up to less than `2^53 · u` (a reproducible sum's blocks whose exponents spread
-    ///   no wider than its shift; see `repro::batched`). A zero sum is `+0.0`.
-    /// - the block's exponent span, which tells whether that holds: `tops[b]` is the
-    ///   largest exponent field among its terms' values (as [`max_block_exponents`]; 1 when
-    ///   there are no terms) and `lows[b]` the smallest among their nonzero values (255 for
-    ///   a block of zeros).
+    ///   add up to less than `2^53 · u` (see `repro::batched`). A zero sum is `+0.0`.
     ///
-    /// The caller keeps a block's sum where its span allows and sums the others again by
-    /// another way. Panics unless `tops` and `lows` have one byte per block of `out` and
-    /// every term reaches `start + out.len()`.
-    pub fn sum_exact(out: &mut [f32], tops: &mut [u8], lows: &mut [u8], terms: &[&[f32]], start: usize) {
+    /// The other blocks of `out` are not written, and a block is written only after every
+    /// term's values in it are read: the caller sums those blocks by another way, from
+    /// terms that are intact even where `out` is one of them. Panics unless `tops` and
+    /// `lows` have one byte per block of `out` and every term reaches `start + out.len()`.
+    pub fn sum_exact(out: &mut [f32], tops: &mut [u8], lows: &mut [u8], terms: &[&[f32]], start: usize, s: i32) {
         assert!(tops.len() == out.len().div_ceil(SCALE_BLOCK) && lows.len() == tops.len(), "one span per block");
         for (c, ((o, t), l)) in out.chunks_mut(SCALE_BLOCK).zip(tops.iter_mut()).zip(lows.iter_mut()).enumerate() {
             let at = start + c * SCALE_BLOCK;
@@ -127,12 +136,14 @@ per_isa! {
                     }
                 }
             }
-            for (o, &a) in o.iter_mut().zip(&acc) {
-                *o = a as f32;
-            }
             let (high, low) = (high.iter().fold(0, |m, &x| m.max(x)), low.iter().fold(u32::MAX, |m, &x| m.min(x)));
             *t = field(high) as u8;
             *l = if low == u32::MAX { 255 } else { field(low + 1) as u8 };
+            if on_grid(*t, *l, s) {
+                for (o, &a) in o.iter_mut().zip(&acc) {
+                    *o = a as f32;
+                }
+            }
         }
     }
 }
@@ -572,7 +583,7 @@ mod tests {
             for isa in Isa::all_available() {
                 let (mut t, mut l) = (vec![7u8; blocks], vec![7u8; blocks]);
                 let mut out = vec![0f32; len];
-                sum_exact(isa, &mut out, &mut t, &mut l, &refs, start);
+                sum_exact(isa, &mut out, &mut t, &mut l, &refs, start, 23);
                 prop_assert_eq!(&t, &tops);
                 prop_assert_eq!(&l, &lows);
             }
@@ -588,15 +599,17 @@ mod tests {
         ) {
             let refs: Vec<&[f32]> = terms.iter().map(|t| t.as_slice()).collect();
             let mut expected = vec![0f32; len];
-            let mut spans = vec![0u8; len.div_ceil(SCALE_BLOCK)];
-            sum_exact(Isa::Scalar, &mut expected, &mut spans.clone(), &mut spans, &refs, start);
+            let blocks = len.div_ceil(SCALE_BLOCK);
+            let (mut tops, mut lows) = (vec![0u8; blocks], vec![0u8; blocks]);
+            // A shift as wide as the fields: every block of finite terms is written.
+            sum_exact(Isa::Scalar, &mut expected, &mut tops, &mut lows, &refs, start, 255);
             for (i, e) in expected.iter().enumerate() {
                 let s: f64 = refs.iter().fold(0.0, |a, t| a + f64::from(t[start + i]));
                 prop_assert_eq!(e.to_bits(), (s as f32).to_bits());
             }
             for isa in Isa::all_available() {
                 let mut out = vec![1f32; len];
-                sum_exact(isa, &mut out, &mut spans.clone(), &mut spans, &refs, start);
+                sum_exact(isa, &mut out, &mut tops, &mut lows, &refs, start, 255);
                 prop_assert_eq!(out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     expected.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
             }
@@ -656,9 +669,26 @@ mod tests {
     fn negative_zeros_sum_to_positive_zero_in_f64() {
         let z = [-0.0f32; 3];
         let mut out = [1.0f32; 3];
-        let mut spans = vec![0u8; out.len().div_ceil(SCALE_BLOCK)];
-        sum_exact(Isa::Scalar, &mut out, &mut spans.clone(), &mut spans, &[&z, &z], 0);
+        let (mut tops, mut lows) = ([0u8; 1], [0u8; 1]);
+        sum_exact(Isa::Scalar, &mut out, &mut tops, &mut lows, &[&z, &z], 0, 23);
         assert!(out.iter().all(|x| x.to_bits() == 0));
+    }
+
+    /// A block whose terms spread wider than the shift is not written (its caller sums it
+    /// from the terms, which may include `out` itself), on every instruction set; the
+    /// blocks on the grid beside it are.
+    #[test]
+    fn blocks_off_the_grid_are_left_unwritten() {
+        let mut wide = vec![1.0f32; 2 * SCALE_BLOCK];
+        wide[SCALE_BLOCK + 3] = 2f32.powi(-30);
+        for isa in Isa::all_available() {
+            let mut out = vec![7.0f32; 2 * SCALE_BLOCK];
+            let (mut tops, mut lows) = ([0u8; 2], [0u8; 2]);
+            sum_exact(isa, &mut out, &mut tops, &mut lows, &[&wide, &wide], 0, 23);
+            assert!(out[..SCALE_BLOCK].iter().all(|&x| x == 2.0), "{isa:?}");
+            assert!(out[SCALE_BLOCK..].iter().all(|&x| x == 7.0), "{isa:?}");
+            assert_eq!((lows[1], tops[1]), (127 - 30, 127));
+        }
     }
 
     #[test]

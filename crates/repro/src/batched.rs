@@ -442,14 +442,6 @@ fn exact_path(terms: usize, s: i32) -> bool {
     s >= 16 && terms <= MOST_EXACT_TERMS && (terms as u128) << (24 + s) <= 1u128 << 53
 }
 
-/// Whether every term of a block whose nonzero terms' exponent fields run from `low` (255
-/// when all are zeros) to its scale `top` sits on the grid of the scale's unit
-/// `2^(top - 150 - s)`: a field at least `top - s` places a 24-bit significand at or above
-/// the unit, so that its conversion to fixed point drops no bit.
-fn on_grid(top: u8, low: u8, s: i32) -> bool {
-    top != SPECIAL && i32::from(low) + s >= i32::from(top)
-}
-
 /// The working room of [`sum_range`]: a byte per scale block (`tops`, `lows`) and an
 /// accumulator per element, each as long as the range. Its contents on entry do not matter.
 pub struct Room<'a, A> {
@@ -479,6 +471,11 @@ pub struct Room<'a, A> {
 ///
 /// Blocks with an infinity or NaN among their terms, and sums of more terms, take the
 /// integers through memory, tile by tile.
+///
+/// A block of `out` is written only once every term's values in it have been read, by
+/// whichever way sums it: a caller whose output buffer is one of the terms (the Python
+/// package's hook sums a bucket's micro-batches into the last one's gradients) gets the
+/// same bits.
 pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
     parts: &[P],
     range: std::ops::Range<usize>,
@@ -504,10 +501,11 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
     let terms = &terms[..parts.len()];
     // Runs of blocks on the grid (summed in f64) and off it (in registers).
     let exact = exact_path(parts.len(), s);
-    let in_f64 = |b: usize, tops: &[u8], lows: &[u8]| exact && on_grid(tops[b], lows[b], s);
+    let in_f64 = |b: usize, tops: &[u8], lows: &[u8]| exact && kernels::fixed_point::on_grid(tops[b], lows[b], s);
     if exact {
-        // Every block in f64, with its span; the blocks off the grid are summed again below.
-        kernels::fixed_point::sum_exact(isa, out, tops, lows, terms, range.start);
+        // The blocks on the grid in f64, and every block's span; the others are summed
+        // below, from terms that no write has touched (`out` may be one of them).
+        kernels::fixed_point::sum_exact(isa, out, tops, lows, terms, range.start, s);
     }
     let mut b = 0;
     while b < tops.len() {
