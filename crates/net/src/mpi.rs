@@ -20,8 +20,8 @@
 //!   float sum's 4 bytes per element each way, and no pass for the scales before the sum.
 //!   On one node the terms travel by `MPI_Alltoallv` and the sums by `MPI_Allgatherv`;
 //!   across nodes as messages, one from each rank to each owner, all posted at once, and
-//!   the sums round a ring of `MPI_Sendrecv` (Open MPI's own schedules for those two
-//!   collectives were up to 1.3x slower on 4 hosts at 1 Gbit/s, docs/clusters.md).
+//!   the sums round a ring of `MPI_Sendrecv` (on 4 hosts at 1 Gbit/s Open MPI's own
+//!   schedules for those two collectives took up to 1.4x as long, docs/clusters.md).
 //!   `STEADFAST_MPI_OWNERS=collectives` or `=messages` overrides the choice.
 //!
 //! MPI's collectives have no deadline: a rank that dies takes the job down with it (the
@@ -206,26 +206,15 @@ impl MpiWorld {
                 );
                 self.mine.clear();
                 self.mine.resize(len, 0.0);
-                self.sum_gathered::<A>(len, headroom);
+                sum_gathered::<A>(&self.gathered, &mut self.mine, headroom, &mut self.acc);
                 self.world
                     .all_gather_varcount_into(&self.mine[..], &mut PartitionMut::new(out, &lens[..], &starts[..]));
             }
             OwnersRoute::Messages => {
                 self.exchange_terms(part, &chunks);
-                self.mine.clear();
-                self.mine.resize(len, 0.0);
-                self.sum_gathered::<A>(len, headroom);
-                out[chunks[rank].clone()].copy_from_slice(&self.mine);
+                sum_gathered::<A>(&self.gathered, &mut out[chunks[rank].clone()], headroom, &mut self.acc);
                 self.ring_gather(&chunks, out);
             }
-        }
-    }
-
-    /// The sum of the `world` terms of `len` elements each in `gathered`, into `mine`.
-    fn sum_gathered<A: repro::batched::Fixed>(&mut self, len: usize, headroom: u32) {
-        if len > 0 {
-            let terms: Vec<&[f32]> = self.gathered.chunks_exact(len).collect();
-            crate::owner_sum::sum_terms::<A>(&terms, &mut self.mine, headroom, &mut self.acc);
         }
     }
 
@@ -285,6 +274,15 @@ impl MpiWorld {
     /// Waits until every rank has called it.
     pub fn barrier(&self) {
         self.world.barrier();
+    }
+}
+
+/// The sum of the terms in `gathered` (one after another, each as long as `into`) into
+/// `into`.
+fn sum_gathered<A: repro::batched::Fixed>(gathered: &[f32], into: &mut [f32], headroom: u32, acc: &mut Vec<i64>) {
+    if !into.is_empty() {
+        let terms: Vec<&[f32]> = gathered.chunks_exact(into.len()).collect();
+        crate::owner_sum::sum_terms::<A>(&terms, into, headroom, acc);
     }
 }
 
