@@ -499,7 +499,7 @@ pub fn sum_range<A: Fixed, P: AsRef<[f32]>>(
         *t = p.as_ref();
     }
     let terms = &terms[..parts.len()];
-    // Runs of blocks on the grid (summed in f64) and off it (in registers).
+    // The blocks on the grid are summed in f64; the runs of the others in registers.
     let exact = exact_path(parts.len(), s);
     let in_f64 = |b: usize, tops: &[u8], lows: &[u8]| exact && kernels::fixed_point::on_grid(tops[b], lows[b], s);
     if exact {
